@@ -1,0 +1,112 @@
+-- qtgd migrate: apply sql/NNNN_name.sql in order, each in its own
+-- transaction, recorded in schema_migrations with a checksum.  Idempotent;
+-- refuses to go on when an applied file was edited afterwards (write a new
+-- migration instead).  An advisory lock serialises concurrent migrators.
+local qtg = require("qtg")
+local lfs = require("lfs")
+
+local M = {}
+
+local MIGRATION_LOCK = 7460281 -- any constant shared by every qtgd
+
+local function list_files(dir)
+  local files = {}
+  local ok, iter, state = pcall(lfs.dir, dir)
+  if not ok then error("cannot read the migrations directory " .. dir .. ": " .. tostring(iter), 0) end
+  for name in iter, state do
+    if name:match("^%d%d%d%d_[%w_%-]+%.sql$") then files[#files + 1] = name end
+  end
+  table.sort(files)
+  return files
+end
+
+local function read_file(path)
+  local f, err = io.open(path, "rb")
+  if not f then error("cannot read " .. tostring(err), 0) end
+  local body = f:read("*a")
+  f:close()
+  return body
+end
+
+-- Returns applied, skipped counts; raises a message on refusal or failure.
+function M.apply(s, dir, log)
+  log = log or function() end
+  s:exec([[CREATE TABLE IF NOT EXISTS schema_migrations (
+    version text PRIMARY KEY, checksum text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now())]])
+  s:query("SELECT pg_advisory_lock($1)", MIGRATION_LOCK)
+  local ok, applied, skipped = pcall(function()
+    local done = {}
+    for _, row in ipairs(s:query("SELECT version, checksum FROM schema_migrations")) do
+      done[row.version] = row.checksum
+    end
+    local napplied, nskipped = 0, 0
+    for _, name in ipairs(list_files(dir)) do
+      local body = read_file(dir .. "/" .. name)
+      local sum = s:query("SELECT md5($1) AS sum", body)[1].sum
+      if done[name] then
+        if done[name] ~= sum then
+          error(("migration %s was changed after it was applied (checksum %s, applied %s): "
+            .. "refusing to continue; restore the file and put the change in a new migration")
+            :format(name, sum, done[name]), 0)
+        end
+        nskipped = nskipped + 1
+      else
+        s:begin()
+        local ran, err = pcall(s.exec, s, body)
+        if not ran then
+          s:rollback()
+          error(("migration %s failed: %s"):format(name, tostring(err)), 0)
+        end
+        s:query("INSERT INTO schema_migrations (version, checksum) VALUES ($1, $2)", name, sum)
+        s:commit()
+        log("applied " .. name)
+        napplied = napplied + 1
+      end
+    end
+    return napplied, nskipped
+  end)
+  s:query("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK)
+  if not ok then error(applied, 0) end
+  return applied, skipped
+end
+
+-- Migrations present on disk but not applied (for `qtgd check`).
+function M.pending(s, dir)
+  local done = {}
+  local exists = s:query("SELECT to_regclass('schema_migrations') IS NOT NULL AS ok")[1].ok
+  if exists then
+    for _, row in ipairs(s:query("SELECT version, checksum FROM schema_migrations")) do
+      done[row.version] = row.checksum
+    end
+  end
+  local pending, changed = {}, {}
+  for _, name in ipairs(list_files(dir)) do
+    if not done[name] then
+      pending[#pending + 1] = name
+    else
+      local sum = s:query("SELECT md5($1) AS sum", read_file(dir .. "/" .. name))[1].sum
+      if sum ~= done[name] then changed[#changed + 1] = name end
+    end
+  end
+  return pending, changed
+end
+
+function M.dir()
+  return qtg.root .. "/sql"
+end
+
+function M.run(args)
+  local dir = args[1] or M.dir()
+  local s = qtg.db.acquire()
+  local ok, applied, skipped = pcall(M.apply, s, dir, function(msg) qtg.log.info(msg, {command = "migrate"}) end)
+  s:release()
+  if not ok then
+    io.stderr:write("qtgd migrate: ", tostring(applied), "\n")
+    return 1
+  end
+  io.stdout:write(("migrations: %d applied, %d already applied\n"):format(applied, skipped))
+  return 0
+end
+
+return M

@@ -1,0 +1,85 @@
+-- qtg.main: `qtgd run`.  Starts the console, seeds heartbeats, and starts
+-- every enabled worker from the registry (lua/qtg/workers/init.lua), then
+-- returns: the loop keeps running until SIGTERM/SIGINT or a core failure.
+local qtg = require("qtg")
+
+local M = {}
+
+local function module_exists(name)
+  return package.searchpath(name, package.path) ~= nil
+end
+
+-- Load each enabled worker's module first, so that a broken script stops
+-- start-up with its file and line before any worker runs.
+local function load_workers(registry)
+  local plan = {}
+  for _, w in ipairs(registry) do
+    if w.skip_reason then
+      qtg.log.warn("worker skipped: " .. w.skip_reason, {worker = w.name})
+    elseif w.enabled then
+      if not module_exists(w.module) then
+        qtg.log.warn("worker not available in this build", {worker = w.name, module = w.module})
+      else
+        local ok, mod = pcall(require, w.module)
+        if not ok then error("cannot load worker " .. w.name .. ": " .. tostring(mod), 0) end
+        if type(mod) ~= "table" or type(mod.tick) ~= "function" then
+          error("worker module " .. w.module .. " must return a table with tick(session)", 0)
+        end
+        plan[#plan + 1] = {spec = w, mod = mod}
+      end
+    end
+  end
+  return plan
+end
+
+function M.start_workers(settings)
+  local registry = require("qtg.workers").registry(settings)
+  local plan = load_workers(registry)
+  for _, p in ipairs(plan) do
+    local w = p.spec
+    qtg.runtime.start_worker{
+      name = w.name, group = w.group, interval = w.interval, jitter = w.jitter,
+      tick = p.mod.tick, drain = w.drain,
+    }
+  end
+  return plan
+end
+
+local function optional(name)
+  if module_exists(name) then return require(name) end
+end
+
+function M.run()
+  local settings = qtg.settings
+  if settings.console_enabled and qtg.console_server and qtg.console_server.start then
+    qtg.console_server.start()
+  end
+  local ok, plan = pcall(M.start_workers, settings)
+  if not ok then
+    qtg.log.error(tostring(plan))
+    return 1
+  end
+  local heartbeats = optional("qtg.heartbeats")
+  if heartbeats and #plan > 0 then
+    local names = {}
+    for i, p in ipairs(plan) do names[i] = {name = p.spec.name, group = p.spec.group} end
+    local hb_ok, err = pcall(qtg.db.with_session, heartbeats.seed, names)
+    if not hb_ok then qtg.log.warn("cannot seed worker heartbeats: " .. tostring(err)) end
+  end
+  local wakeups = optional("qtg.wakeups")
+  if wakeups and settings.wakeups_enabled then wakeups.start() end
+  qtg.log.info("qtgd running", {workers = #plan, network_class = settings.network_class,
+                                pid = tostring(qtg.pid and qtg.pid() or "")})
+  return 0
+end
+
+function M.on_sighup()
+  local reload = optional("qtg.reload")
+  if not reload then
+    qtg.log.warn("SIGHUP: live reload is not available in this build")
+    return
+  end
+  reload.reload("sighup")
+end
+
+return M

@@ -1,0 +1,211 @@
+-- The qtg.db binding against a real PostgreSQL: typed values, errors,
+-- concurrency on the pool, savepoints and locks, SKIP LOCKED, LISTEN, and a
+-- server restart under a running host.
+local qtg = require("qtg")
+local db = qtg.db
+local support = require("spec.lua.host_support")
+
+describe("qtg.db", function()
+  it("returns typed values and the NULL sentinel", function()
+    local rows = support.query([[SELECT 1::int AS i, 9007199254740993::bigint AS big, 2.50::numeric AS num,
+      true AS b, '{"k":[1,2,null]}'::jsonb AS j, NULL::text AS n, 'x' AS s,
+      timestamptz '2026-01-02 03:04:05.5+00' AS t, $1::jsonb AS param]], {a = 1})
+    local r = rows[1]
+    assert.are.equal(1, r.i)
+    assert.are.equal("9007199254740993", r.big) -- beyond 2^53 stays exact as text
+    assert.are.equal("2.50", r.num)
+    assert.is_true(r.b)
+    assert.are.equal(2, r.j.k[2])
+    assert.are.equal(db.NULL, r.j.k[3])
+    assert.are.equal(db.NULL, r.n)
+    assert.are.equal("x", r.s)
+    assert.are.equal("2026-01-02T03:04:05.5Z", r.t)
+    assert.are.equal(1, r.param.a)
+  end)
+
+  it("raises SQL errors as structured values and the session stays usable", function()
+    local s = db.acquire()
+    local ok, err = pcall(s.query, s, "SELEC 1")
+    assert.is_false(ok)
+    assert.are.equal("sql", err.kind)
+    assert.are.equal("42601", err.sqlstate)
+    assert.matches("syntax error", tostring(err))
+    assert.are.equal(3, s:query("SELECT 3 AS v")[1].v)
+    local ok2, err2 = pcall(s.query, s, "SELECT $1::int", "not a number")
+    assert.is_false(ok2)
+    assert.are.equal("22P02", err2.sqlstate)
+    s:release()
+  end)
+
+  it("refuses unusable parameters before sending anything", function()
+    local s = db.acquire()
+    assert.has_error(function() s:query("SELECT $1", function() end) end)
+    assert.has_error(function() s:query("SELECT $1::float8", 0 / 0) end)
+    assert.are.equal(1, s:query("SELECT 1 AS v")[1].v)
+    s:release()
+  end)
+
+  it("gives 200 concurrent tasks their own results on a pool of 8", function()
+    local handles = {}
+    for i = 1, 200 do
+      handles[i] = qtg.spawn(function(n)
+        local s = db.acquire()
+        local r = s:query("SELECT $1::int * 3 AS v, pg_backend_pid() AS pid FROM pg_sleep(0.002)", n)
+        s:release()
+        return r[1].v, r[1].pid
+      end, i)
+    end
+    local pids, wrong = {}, 0
+    for i = 1, 200 do
+      local ok, v, pid = qtg.join(handles[i])
+      if not ok or v ~= i * 3 then wrong = wrong + 1 end
+      pids[pid or 0] = true
+    end
+    local distinct = 0
+    for _ in pairs(pids) do distinct = distinct + 1 end
+    assert.are.equal(0, wrong)
+    assert.is_true(distinct <= 8, "at most 8 connections, saw " .. distinct)
+    assert.are.equal(8, db.stats().size)
+    assert.is_true(db.stats().open <= 8)
+  end)
+
+  it("a savepoint rollback releases the locks taken inside it and keeps the outer ones", function()
+    support.query("DROP TABLE IF EXISTS spec_locks")
+    support.query("CREATE TABLE spec_locks (id int PRIMARY KEY)")
+    support.query("INSERT INTO spec_locks VALUES (1), (2)")
+    local s = db.acquire()
+    s:begin()
+    s:query("SELECT * FROM spec_locks WHERE id = 1 FOR UPDATE")
+    s:savepoint("inner")
+    s:query("SELECT * FROM spec_locks WHERE id = 2 FOR UPDATE")
+    local function locked(id)
+      local o = db.acquire()
+      o:begin()
+      local r = o:query("SELECT id FROM spec_locks WHERE id = $1 FOR UPDATE SKIP LOCKED", id)
+      o:rollback()
+      o:release()
+      return #r == 0
+    end
+    local function tuple_locks()
+      return #s:query([[SELECT 1 FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = 'transactionid']])
+    end
+    assert.is_true(locked(1))
+    assert.is_true(locked(2))
+    local before = tuple_locks()
+    s:rollback_to("inner")
+    assert.is_true(locked(1), "outer lock kept")
+    assert.is_false(locked(2), "inner lock released")
+    assert.is_true(tuple_locks() < before, "the subtransaction's lock entry is gone from pg_locks")
+    s:rollback()
+    s:release()
+  end)
+
+  it("FOR UPDATE SKIP LOCKED between two sessions never hands out a row twice", function()
+    support.query("DROP TABLE IF EXISTS spec_jobs")
+    support.query("CREATE TABLE spec_jobs (id int PRIMARY KEY)")
+    support.query("INSERT INTO spec_jobs SELECT g FROM generate_series(1, 10) g")
+    local a, b = db.acquire(), db.acquire()
+    a:begin()
+    b:begin()
+    local ra = a:query("SELECT id FROM spec_jobs ORDER BY id LIMIT 3 FOR UPDATE SKIP LOCKED")
+    local rb = b:query("SELECT id FROM spec_jobs ORDER BY id LIMIT 3 FOR UPDATE SKIP LOCKED")
+    assert.are.same({1, 2, 3}, {ra[1].id, ra[2].id, ra[3].id})
+    assert.are.same({4, 5, 6}, {rb[1].id, rb[2].id, rb[3].id})
+    a:rollback()
+    b:rollback()
+    a:release()
+    b:release()
+  end)
+
+  it("claim.one skips a candidate whose request is locked and keeps no lock on it", function()
+    support.query("DROP TABLE IF EXISTS spec_cn")
+    support.query("DROP TABLE IF EXISTS spec_cr")
+    support.query("CREATE TABLE spec_cr (id int PRIMARY KEY, created_at int)")
+    support.query("CREATE TABLE spec_cn (id int PRIMARY KEY, req int REFERENCES spec_cr, state text)")
+    support.query("INSERT INTO spec_cr VALUES (1, 1), (2, 2)")
+    support.query("INSERT INTO spec_cn VALUES (10, 1, 'READY'), (20, 2, 'READY')")
+    local holder = db.acquire()
+    holder:begin()
+    holder:query("SELECT * FROM spec_cr WHERE id = 1 FOR UPDATE")
+    local s = db.acquire()
+    s:begin()
+    local row = db.claim.one(s, {
+      candidates_sql = [[SELECT n.id FROM spec_cn n JOIN spec_cr r ON r.id = n.req
+        WHERE n.state = $2 AND NOT (n.id::text = ANY($1::text[])) ORDER BY r.created_at LIMIT 1]],
+      claim_sql = [[SELECT n.* FROM spec_cn n JOIN spec_cr r ON r.id = n.req
+        WHERE n.id = $1::int AND n.state = $2 FOR UPDATE OF n, r SKIP LOCKED]],
+      args = {"READY"},
+    })
+    assert.are.equal(20, row.id)
+    -- node 10 was partially locked during the miss; the savepoint rollback freed it
+    local probe = db.acquire()
+    probe:begin()
+    assert.are.equal(1, #probe:query("SELECT id FROM spec_cn WHERE id = 10 FOR UPDATE NOWAIT"))
+    probe:rollback()
+    probe:release()
+    -- the hit stays locked in s's transaction
+    assert.is_nil(db.claim.try(holder, "SELECT * FROM spec_cn WHERE id = $1::int FOR UPDATE SKIP LOCKED", 20))
+    s:rollback()
+    holder:rollback()
+    s:release()
+    holder:release()
+  end)
+
+  it("claim needs an open transaction and reports SQL errors", function()
+    local s = db.acquire()
+    assert.has_error(function() db.claim.try(s, "SELECT 1 WHERE $1::int = 1", 1) end)
+    s:begin()
+    local ok, err = pcall(db.claim.try, s, "SELECT * FROM no_such_table WHERE id = $1", 1)
+    assert.is_false(ok)
+    assert.are.equal("42P01", err.sqlstate)
+    s:rollback()
+    s:release()
+  end)
+
+  it("LISTEN delivers a NOTIFY to a Lua callback", function()
+    local got = {}
+    db.listen("spec_channel", function(payload, channel)
+      got[#got + 1] = {payload = payload, channel = channel}
+    end)
+    local ok = support.eventually(function()
+      support.query("SELECT pg_notify('spec_channel', 'hello')")
+      return #got > 0 and got[#got].payload == "hello"
+    end, 10, 0.1)
+    db.unlisten("spec_channel")
+    assert.is_truthy(ok)
+    assert.are.equal("spec_channel", got[1].channel)
+  end)
+
+  it("survives a server restart: in-flight calls fail clearly, later calls succeed", function()
+    local pgdir = os.getenv("QTG_PG_DIR")
+    assert.is_truthy(pgdir, "QTG_PG_DIR names the throwaway cluster")
+    local notified = {}
+    db.listen("spec_restart", function(payload) notified[#notified + 1] = payload or "(reconnected)" end)
+    support.eventually(function()
+      support.query("SELECT pg_notify('spec_restart', 'before')")
+      return #notified > 0
+    end, 10, 0.1)
+    local inflight = qtg.spawn(function()
+      local s = db.acquire()
+      local ok, err = pcall(s.query, s, "SELECT pg_sleep(30)")
+      s:release()
+      return ok, err
+    end)
+    qtg.sleep(0.2)
+    local rc, out = support.run({}, {support.root .. "/tools/pg", "--dir", pgdir, "restart"})
+    assert.are.equal(0, rc, out)
+    local _, ok, err = qtg.join(inflight)
+    assert.is_false(ok)
+    assert.is_truthy(err.kind == "connection" or err.sqlstate == "57P01", tostring(err))
+    local v = support.eventually(function()
+      local ok2, rows = pcall(support.query, "SELECT 42 AS v")
+      return ok2 and rows[1].v
+    end, 20, 0.2)
+    assert.are.equal(42, v)
+    -- the listener came back and asked its owner to catch up
+    assert.is_truthy(support.eventually(function()
+      for _, p in ipairs(notified) do if p == "(reconnected)" then return true end end
+    end, 20, 0.2))
+    db.unlisten("spec_restart")
+  end)
+end)

@@ -1,0 +1,520 @@
+/* lua_db.c -- qtg.db: PostgreSQL sessions for Lua (see docs/host-api.md).
+ *
+ * A session is a userdata holding one pooled connection.  Every call that
+ * talks to the server yields the calling task; the pool's callback converts
+ * the result on the main Lua state (a suspended coroutine must not run
+ * code), moves it onto the task's stack and resumes the task.  Raw bindings
+ * return (value) or (nil, err); thin Lua wrappers in the prelude raise. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "qtg_host.h"
+#include "qtg_log.h"
+#include "qtg_pg.h"
+
+#define QTG_DB_SESSION "qtg.db.session"
+#define QTG_DB_MAX_PARAMS 64
+
+const char *qtg_pg_pool_last_error(const qtg_pg_pool *p);
+void qtg_db_claim_register(lua_State *L);
+
+typedef struct {
+  qtg_pg_conn *conn;
+  qtg_host *h;
+} qtg_db_session;
+
+typedef struct {
+  qtg_host *h;
+  qtg_task *task;
+  qtg_db_session *sess;
+} qtg_db_req;
+
+static const char qtg_db_cjson_key = 'j';
+
+/* ---- value conversion ---------------------------------------------------- */
+
+static void qtg_db_push_cjson(lua_State *L, const char *fn) {
+  lua_pushlightuserdata(L, (void *)&qtg_db_cjson_key);
+  lua_rawget(L, LUA_REGISTRYINDEX);
+  lua_getfield(L, -1, fn);
+  lua_remove(L, -2);
+}
+
+/* OIDs from pg_type.h (stable across versions). */
+enum {
+  QTG_OID_BOOL = 16, QTG_OID_INT8 = 20, QTG_OID_INT2 = 21, QTG_OID_INT4 = 23, QTG_OID_OID = 26,
+  QTG_OID_JSON = 114, QTG_OID_FLOAT4 = 700, QTG_OID_FLOAT8 = 701, QTG_OID_TIMESTAMP = 1114,
+  QTG_OID_TIMESTAMPTZ = 1184, QTG_OID_JSONB = 3802
+};
+
+static void qtg_db_push_timestamp(lua_State *L, const char *v, size_t len) {
+  /* "2026-11-30 03:34:35.123+00" -> "2026-11-30T03:34:35.123Z" */
+  char buf[64];
+  if (len >= sizeof buf - 2 || len < 19) {
+    lua_pushlstring(L, v, len);
+    return;
+  }
+  memcpy(buf, v, len);
+  buf[len] = '\0';
+  if (buf[10] == ' ') buf[10] = 'T';
+  if (len > 3 && strcmp(buf + len - 3, "+00") == 0) {
+    buf[len - 3] = 'Z';
+    buf[len - 2] = '\0';
+  }
+  lua_pushstring(L, buf);
+}
+
+static void qtg_db_push_value(lua_State *L, PGresult *res, int row, int col, Oid type) {
+  if (PQgetisnull(res, row, col)) {
+    lua_pushlightuserdata(L, NULL);
+    return;
+  }
+  const char *v = PQgetvalue(res, row, col);
+  size_t len = (size_t)PQgetlength(res, row, col);
+  switch (type) {
+  case QTG_OID_BOOL:
+    lua_pushboolean(L, v[0] == 't');
+    return;
+  case QTG_OID_INT2:
+  case QTG_OID_INT4:
+  case QTG_OID_OID:
+  case QTG_OID_FLOAT4:
+  case QTG_OID_FLOAT8:
+    lua_pushnumber(L, strtod(v, NULL));
+    return;
+  case QTG_OID_INT8: {
+    /* Exact as a number up to 2^53; beyond that a string keeps every digit. */
+    long long x = strtoll(v, NULL, 10);
+    if (llabs(x) <= (1LL << 53)) lua_pushnumber(L, (double)x);
+    else lua_pushlstring(L, v, len);
+    return;
+  }
+  case QTG_OID_JSON:
+  case QTG_OID_JSONB:
+    qtg_db_push_cjson(L, "decode");
+    lua_pushlstring(L, v, len);
+    lua_call(L, 1, 1); /* inside the converter's pcall */
+    return;
+  case QTG_OID_TIMESTAMP:
+  case QTG_OID_TIMESTAMPTZ:
+    qtg_db_push_timestamp(L, v, len);
+    return;
+  default:
+    lua_pushlstring(L, v, len);
+  }
+}
+
+/* pcall'd: (lightuserdata PGresult) -> rows, affected */
+static int qtg_db_convert(lua_State *L) {
+  PGresult *res = lua_touserdata(L, 1);
+  int nrows = PQntuples(res), ncols = PQnfields(res);
+  lua_createtable(L, nrows, 0);
+  for (int r = 0; r < nrows; r++) {
+    lua_createtable(L, 0, ncols);
+    for (int c = 0; c < ncols; c++) {
+      qtg_db_push_value(L, res, r, c, PQftype(res, c));
+      lua_setfield(L, -2, PQfname(res, c));
+    }
+    lua_rawseti(L, -2, r + 1);
+  }
+  const char *aff = PQcmdTuples(res);
+  lua_pushnumber(L, aff && aff[0] ? strtod(aff, NULL) : nrows);
+  return 2;
+}
+
+/* Push {kind="sql", sqlstate=, message=, detail=, hint=, constraint=}. */
+static void qtg_db_push_sql_error(lua_State *L, PGresult *res) {
+  const char *msg = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
+  qtg_push_error(L, "sql", "%s", msg ? msg : PQresultErrorMessage(res));
+  static const struct { int code; const char *name; } fields[] = {
+    {PG_DIAG_SQLSTATE, "sqlstate"}, {PG_DIAG_MESSAGE_DETAIL, "detail"},
+    {PG_DIAG_MESSAGE_HINT, "hint"}, {PG_DIAG_CONSTRAINT_NAME, "constraint"},
+    {PG_DIAG_TABLE_NAME, "table"}, {PG_DIAG_STATEMENT_POSITION, "position"},
+  };
+  for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+    const char *v = PQresultErrorField(res, fields[i].code);
+    if (v) {
+      lua_pushstring(L, v);
+      lua_setfield(L, -2, fields[i].name);
+    }
+  }
+}
+
+static void qtg_db_push_conn_error(lua_State *L, const char *err) {
+  qtg_push_error(L, "connection", "%s", err);
+  lua_pushliteral(L, "08006");
+  lua_setfield(L, -2, "sqlstate");
+}
+
+/* Push (rows, affected) or (nil, err) for res onto L; returns 2. */
+static int qtg_db_push_result(lua_State *L, PGresult *res, const char *err) {
+  if (err || !res) {
+    lua_pushnil(L);
+    qtg_db_push_conn_error(L, err ? err : "no result");
+    return 2;
+  }
+  ExecStatusType st = PQresultStatus(res);
+  if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK && st != PGRES_EMPTY_QUERY) {
+    lua_pushnil(L);
+    qtg_db_push_sql_error(L, res);
+    return 2;
+  }
+  lua_pushcfunction(L, qtg_db_convert);
+  lua_pushlightuserdata(L, res);
+  if (lua_pcall(L, 1, 2, 0) != 0) {
+    const char *m = lua_tostring(L, -1);
+    qtg_push_error(L, "decode", "cannot convert a result row: %s", m ? m : "?");
+    lua_remove(L, -2);
+    lua_pushnil(L);
+    lua_insert(L, -2);
+  }
+  return 2;
+}
+
+int qtg_db_push_result_public(lua_State *L, PGresult *res, const char *err) {
+  return qtg_db_push_result(L, res, err);
+}
+
+/* ---- query ------------------------------------------------------------------ */
+
+static void qtg_db_query_done(qtg_pg_conn *conn, PGresult *res, const char *err, void *data) {
+  qtg_db_req *q = data;
+  (void)conn;
+  qtg_host *h = q->h;
+  qtg_task *t = q->task;
+  free(q);
+  qtg_task_set_cancel(t, NULL, NULL);
+  int n = qtg_db_push_result(h->L, res, err);
+  lua_xmove(h->L, qtg_task_thread(t), n);
+  qtg_task_resume(t, n);
+}
+
+static void qtg_db_query_cancel(qtg_task *t, void *arg) {
+  qtg_db_req *q = arg;
+  qtg_pg_forget(q->sess->conn); /* the connection is discarded on release */
+  free(q);
+  lua_State *co = qtg_task_thread(t);
+  lua_pushnil(co);
+  qtg_push_error(co, "interrupted", "query interrupted by the operator");
+  qtg_task_resume(t, 2);
+}
+
+static qtg_db_session *qtg_db_check_session(lua_State *L) {
+  qtg_db_session *s = luaL_checkudata(L, 1, QTG_DB_SESSION);
+  if (!s->conn) luaL_error(L, "qtg.db: session already released");
+  if (qtg_pg_busy(s->conn)) luaL_error(L, "qtg.db: session is busy with another query (one query at a time per session)");
+  return s;
+}
+
+/* Lua value at idx -> text parameter (NULL for SQL NULL), anchored on L. */
+static const char *qtg_db_param(lua_State *L, int idx) {
+  switch (lua_type(L, idx)) {
+  case LUA_TNIL:
+    return NULL;
+  case LUA_TLIGHTUSERDATA:
+    if (lua_touserdata(L, idx) == NULL) return NULL;
+    break;
+  case LUA_TBOOLEAN:
+    return lua_toboolean(L, idx) ? "true" : "false";
+  case LUA_TNUMBER: {
+    double d = lua_tonumber(L, idx);
+    if (!isfinite(d)) luaL_error(L, "qtg.db: parameter $%d is not a finite number", idx - 2);
+    char buf[64];
+    if (d == floor(d) && fabs(d) < 9.2e18) snprintf(buf, sizeof buf, "%lld", (long long)d);
+    else snprintf(buf, sizeof buf, "%.17g", d);
+    lua_pushstring(L, buf);
+    lua_replace(L, idx);
+    return lua_tostring(L, idx);
+  }
+  case LUA_TSTRING:
+    return lua_tostring(L, idx);
+  case LUA_TTABLE:
+    qtg_db_push_cjson(L, "encode");
+    lua_pushvalue(L, idx);
+    if (lua_pcall(L, 1, 1, 0) != 0)
+      luaL_error(L, "qtg.db: parameter $%d cannot be encoded as JSON: %s", idx - 2, lua_tostring(L, -1));
+    lua_replace(L, idx);
+    return lua_tostring(L, idx);
+  default:
+    break;
+  }
+  luaL_error(L, "qtg.db: parameter $%d has unsupported type %s", idx - 2, luaL_typename(L, idx));
+  return NULL;
+}
+
+const char *qtg_db_param_public(lua_State *L, int idx) { return qtg_db_param(L, idx); }
+
+static int qtg_db_send(lua_State *L, int simple) {
+  qtg_db_session *s = qtg_db_check_session(L);
+  const char *sql = luaL_checkstring(L, 2);
+  int n = lua_gettop(L) - 2;
+  if (n > QTG_DB_MAX_PARAMS) return luaL_error(L, "qtg.db: at most %d parameters", QTG_DB_MAX_PARAMS);
+  if (simple && n > 0) return luaL_error(L, "qtg.db: exec takes no parameters (use query)");
+  const char *values[QTG_DB_MAX_PARAMS];
+  for (int i = 0; i < n; i++) values[i] = qtg_db_param(L, i + 3);
+  qtg_task *t = qtg_task_check(L);
+  qtg_db_req *q = calloc(1, sizeof *q);
+  if (!q) return luaL_error(L, "qtg.db: out of memory");
+  q->h = s->h;
+  q->task = t;
+  q->sess = s;
+  int rc = simple ? qtg_pg_exec(s->conn, sql, qtg_db_query_done, q)
+                  : qtg_pg_query(s->conn, sql, n, values, 1, qtg_db_query_done, q);
+  if (rc != 0) {
+    free(q);
+    lua_pushnil(L);
+    qtg_db_push_conn_error(L, qtg_pg_broken(s->conn) ? "connection to PostgreSQL lost" : "cannot send the query");
+    return 2;
+  }
+  qtg_task_set_cancel(t, qtg_db_query_cancel, q);
+  return qtg_task_yield(L);
+}
+
+static int qtg_db_raw_query(lua_State *L) { return qtg_db_send(L, 0); }
+static int qtg_db_raw_exec(lua_State *L) { return qtg_db_send(L, 1); }
+
+/* ---- sessions -------------------------------------------------------------- */
+
+static void qtg_db_push_session(lua_State *L, qtg_host *h, qtg_pg_conn *conn) {
+  qtg_db_session *s = lua_newuserdata(L, sizeof *s);
+  s->conn = conn;
+  s->h = h;
+  luaL_getmetatable(L, QTG_DB_SESSION);
+  lua_setmetatable(L, -2);
+}
+
+static void qtg_db_acquired(qtg_pg_conn *conn, const char *err, void *data) {
+  qtg_db_req *q = data;
+  qtg_host *h = q->h;
+  qtg_task *t = q->task;
+  free(q);
+  qtg_task_set_cancel(t, NULL, NULL);
+  lua_State *co = qtg_task_thread(t);
+  if (!conn) {
+    lua_pushnil(co);
+    qtg_db_push_conn_error(co, err ? err : "cannot connect");
+  } else {
+    qtg_db_push_session(co, h, conn);
+    lua_pushnil(co);
+  }
+  qtg_task_resume(t, 2);
+}
+
+static void qtg_db_acquire_cancel(qtg_task *t, void *arg) {
+  qtg_db_req *q = arg;
+  qtg_pg_acquire_cancel(q->h->pool, q);
+  free(q);
+  lua_State *co = qtg_task_thread(t);
+  lua_pushnil(co);
+  qtg_push_error(co, "interrupted", "waiting for a database session interrupted");
+  qtg_task_resume(t, 2);
+}
+
+static int qtg_db_raw_acquire(lua_State *L) {
+  qtg_host *h = qtg_host_from_lua(L);
+  qtg_task *t = qtg_task_check(L);
+  qtg_db_req *q = calloc(1, sizeof *q);
+  if (!q) return luaL_error(L, "qtg.db: out of memory");
+  q->h = h;
+  q->task = t;
+  qtg_pg_conn *conn = NULL;
+  int rc = qtg_pg_acquire(h->pool, qtg_db_acquired, q, &conn);
+  if (rc == 1) {
+    free(q);
+    qtg_db_push_session(L, h, conn);
+    return 1;
+  }
+  if (rc < 0) {
+    free(q);
+    lua_pushnil(L);
+    qtg_db_push_conn_error(L, qtg_pg_pool_last_error(h->pool));
+    return 2;
+  }
+  qtg_task_set_cancel(t, qtg_db_acquire_cancel, q);
+  return qtg_task_yield(L);
+}
+
+static int qtg_db_release(lua_State *L) {
+  qtg_db_session *s = luaL_checkudata(L, 1, QTG_DB_SESSION);
+  if (s->conn && s->h->pool) qtg_pg_release(s->conn);
+  s->conn = NULL;
+  return 0;
+}
+
+static int qtg_db_in_transaction(lua_State *L) {
+  qtg_db_session *s = luaL_checkudata(L, 1, QTG_DB_SESSION);
+  lua_pushboolean(L, s->conn && qtg_pg_txn_status(s->conn) != PQTRANS_IDLE &&
+                         qtg_pg_txn_status(s->conn) != PQTRANS_UNKNOWN);
+  return 1;
+}
+
+static int qtg_db_pid(lua_State *L) {
+  qtg_db_session *s = luaL_checkudata(L, 1, QTG_DB_SESSION);
+  if (!s->conn) return 0;
+  lua_pushinteger(L, qtg_pg_backend_pid(s->conn));
+  return 1;
+}
+
+static int qtg_db_session_tostring(lua_State *L) {
+  qtg_db_session *s = luaL_checkudata(L, 1, QTG_DB_SESSION);
+  if (s->conn) lua_pushfstring(L, "qtg.db.session(pid %d)", qtg_pg_backend_pid(s->conn));
+  else lua_pushliteral(L, "qtg.db.session(released)");
+  return 1;
+}
+
+static int qtg_db_stats(lua_State *L) {
+  qtg_host *h = qtg_host_from_lua(L);
+  int size, open, in_use, waiting;
+  qtg_pg_pool_stats(h->pool, &size, &open, &in_use, &waiting);
+  lua_createtable(L, 0, 4);
+  lua_pushinteger(L, size);
+  lua_setfield(L, -2, "size");
+  lua_pushinteger(L, open);
+  lua_setfield(L, -2, "open");
+  lua_pushinteger(L, in_use);
+  lua_setfield(L, -2, "in_use");
+  lua_pushinteger(L, waiting);
+  lua_setfield(L, -2, "waiting");
+  return 1;
+}
+
+/* ---- LISTEN ------------------------------------------------------------------ */
+
+static void qtg_db_notified(const char *channel, const char *payload, void *data) {
+  qtg_host *h = data;
+  lua_State *L = h->L;
+  if (!L || h->listen_ref == LUA_NOREF) return;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, h->listen_ref);
+  lua_getfield(L, -1, channel);
+  lua_remove(L, -2);
+  if (!lua_isfunction(L, -1)) {
+    lua_pop(L, 1);
+    return;
+  }
+  if (payload) lua_pushstring(L, payload);
+  else lua_pushnil(L);
+  lua_pushstring(L, channel);
+  char name[80];
+  snprintf(name, sizeof name, "notify:%s", channel);
+  qtg_task_spawn(h, name, 2, 0, NULL, NULL);
+}
+
+static int qtg_db_listen(lua_State *L) {
+  const char *channel = luaL_checkstring(L, 1);
+  luaL_checktype(L, 2, LUA_TFUNCTION);
+  qtg_host *h = qtg_host_from_lua(L);
+  if (h->listen_ref == LUA_NOREF) {
+    lua_newtable(L);
+    h->listen_ref = qtg_ref(L);
+  }
+  if (!h->listener &&
+      qtg_pg_listener_new(h->loop, qtg_settings_str(h->settings, QTG_S_DATABASE_URL), qtg_db_notified, h,
+                          &h->listener) != 0)
+    return luaL_error(L, "qtg.db.listen: cannot start the listener");
+  lua_rawgeti(L, LUA_REGISTRYINDEX, h->listen_ref);
+  lua_pushvalue(L, 2);
+  lua_setfield(L, -2, channel);
+  lua_pop(L, 1);
+  if (qtg_pg_listener_add(h->listener, channel) != 0) return luaL_error(L, "qtg.db.listen: out of memory");
+  return 0;
+}
+
+static int qtg_db_unlisten(lua_State *L) {
+  const char *channel = luaL_checkstring(L, 1);
+  qtg_host *h = qtg_host_from_lua(L);
+  if (h->listen_ref != LUA_NOREF) {
+    lua_rawgeti(L, LUA_REGISTRYINDEX, h->listen_ref);
+    lua_pushnil(L);
+    lua_setfield(L, -2, channel);
+    lua_pop(L, 1);
+  }
+  if (h->listener) qtg_pg_listener_remove(h->listener, channel);
+  return 0;
+}
+
+/* ---- subsystem --------------------------------------------------------------- */
+
+int qtg_pg_open(qtg_host *h, char *err, size_t errlen) {
+  const char *url = qtg_settings_str(h->settings, QTG_S_DATABASE_URL);
+  h->listen_ref = LUA_NOREF;
+  if (!url[0]) {
+    snprintf(err, errlen, "MG_DATABASE_URL is empty (qtgd resolves the embedded default before start-up)");
+    return -1;
+  }
+  if (qtg_pg_pool_new(h->loop, url, (int)qtg_settings_num(h->settings, QTG_S_DB_POOL_SIZE), &h->pool) != 0) {
+    snprintf(err, errlen, "out of memory creating the PostgreSQL pool");
+    return -1;
+  }
+  return 0;
+}
+
+void qtg_pg_close(qtg_host *h) {
+  qtg_pg_listener_free(h->listener);
+  h->listener = NULL;
+  qtg_pg_pool_free(h->pool);
+  h->pool = NULL;
+}
+
+/* Wrappers that raise instead of returning (nil, err). */
+static const char qtg_db_prelude[] =
+  "local db, session = ...\n"
+  "local raw_acquire, raw_query, raw_exec = db.raw_acquire, session.raw_query, session.raw_exec\n"
+  "function db.acquire() local s, err = raw_acquire() if s == nil then error(err, 2) end return s end\n"
+  "function session:query(sql, ...) local rows, n = raw_query(self, sql, ...) if rows == nil then error(n, 2) end return rows, n end\n"
+  "function session:exec(sql) local rows, n = raw_exec(self, sql) if rows == nil then error(n, 2) end return rows, n end\n"
+  "function session:begin() return self:query('BEGIN') end\n"
+  "function session:commit() return self:query('COMMIT') end\n"
+  "function session:rollback() return self:query('ROLLBACK') end\n"
+  "local function ident(name) assert(type(name) == 'string' and name:match('^[%a_][%w_]*$'), 'savepoint name must be an identifier') return name end\n"
+  "function session:savepoint(name) return self:exec('SAVEPOINT \"' .. ident(name) .. '\"') end\n"
+  "function session:rollback_to(name) return self:exec('ROLLBACK TO SAVEPOINT \"' .. ident(name) .. '\"') end\n"
+  "function session:release_savepoint(name) return self:exec('RELEASE SAVEPOINT \"' .. ident(name) .. '\"') end\n"
+  "local claim = db.claim\n"
+  "function claim.one(s, spec) local row, err = claim.raw_one(s, spec) if row == nil and err ~= nil then error(err, 2) end return row end\n"
+  "function claim.try(s, sql, id, ...) local row, err = claim.raw_try(s, sql, id, ...) if row == nil and err ~= nil then error(err, 2) end return row end\n"
+  "function db.with_session(fn, ...) local s = db.acquire() local ok, a, b, c = pcall(fn, s, ...) s:release() if not ok then error(a, 0) end return a, b, c end\n";
+
+int luaopen_qtg_db(lua_State *L) {
+  static const luaL_Reg session_methods[] = {
+    {"raw_query", qtg_db_raw_query}, {"raw_exec", qtg_db_raw_exec},
+    {"release", qtg_db_release},     {"in_transaction", qtg_db_in_transaction},
+    {"pid", qtg_db_pid},             {NULL, NULL},
+  };
+  static const luaL_Reg db_funcs[] = {
+    {"raw_acquire", qtg_db_raw_acquire}, {"stats", qtg_db_stats}, {"listen", qtg_db_listen},
+    {"unlisten", qtg_db_unlisten},       {NULL, NULL},
+  };
+  /* cjson for json/jsonb values and table parameters */
+  lua_getglobal(L, "require");
+  lua_pushliteral(L, "cjson");
+  if (lua_pcall(L, 1, 1, 0) != 0) return luaL_error(L, "qtg.db needs lua-cjson: %s", lua_tostring(L, -1));
+  lua_pushlightuserdata(L, (void *)&qtg_db_cjson_key);
+  lua_insert(L, -2);
+  lua_rawset(L, LUA_REGISTRYINDEX);
+
+  lua_newtable(L); /* db */
+  luaL_register(L, NULL, db_funcs);
+  lua_pushlightuserdata(L, NULL);
+  lua_setfield(L, -2, "NULL");
+  qtg_db_claim_register(L);
+  lua_setfield(L, -2, "claim");
+  luaL_newmetatable(L, QTG_DB_SESSION);
+  lua_pushcfunction(L, qtg_db_release);
+  lua_setfield(L, -2, "__gc");
+  lua_pushcfunction(L, qtg_db_session_tostring);
+  lua_setfield(L, -2, "__tostring");
+  lua_newtable(L); /* methods */
+  luaL_register(L, NULL, session_methods);
+  lua_pushvalue(L, -1);
+  lua_setfield(L, -3, "__index");
+  /* stack: db, mt, methods */
+  if (luaL_loadbuffer(L, qtg_db_prelude, sizeof qtg_db_prelude - 1, "=qtg.db.prelude") != 0)
+    return lua_error(L);
+  lua_pushvalue(L, -4);
+  lua_pushvalue(L, -3);
+  lua_call(L, 2, 0);
+  lua_pop(L, 2);
+  return 1;
+}

@@ -1,0 +1,285 @@
+/* lua_db_claim.c -- the row-claim primitives, written once in C and used by
+ * the policies (docs/host-api.md, "Claim primitives").
+ *
+ *   qtg.db.claim.one(s, {candidates_sql=, claim_sql=, args={...}, max_misses=})
+ *     Walk unlocked FIFO candidates one at a time: candidates_sql gets
+ *     $1 = the text[] of ids already tried, then args as $2...; it returns
+ *     at most one row with an `id` column.  Each candidate is claimed by
+ *     claim_sql ($1 = the id, then args) under SAVEPOINT qtg_claim: a miss
+ *     rolls the savepoint back (so a partial lock taken on the node before
+ *     SKIP LOCKED rejected its request is released) and excludes the id; a
+ *     hit releases the savepoint and keeps the locks in the caller's open
+ *     transaction.  Returns the claimed row, or nil when nothing is left.
+ *   qtg.db.claim.try(s, claim_sql, id, ...)
+ *     The same savepoint dance for one known id (the observer's per-id
+ *     re-select).  Returns the row or nil.
+ *
+ * Both require an open transaction on s (savepoints need one).  Errors are
+ * raised as the session's query errors are. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "qtg_host.h"
+#include "qtg_pg.h"
+
+#define QTG_CLAIM_MAX_ARGS 16
+
+typedef struct {
+  qtg_pg_conn *conn;
+  qtg_host *h;
+} qtg_claim_session; /* layout of lua_db.c's session userdata */
+
+typedef enum {
+  QTG_CLAIM_CANDIDATES, QTG_CLAIM_SAVEPOINT, QTG_CLAIM_SELECT, QTG_CLAIM_RELEASE, QTG_CLAIM_ROLLBACK_TO
+} qtg_claim_step;
+
+typedef struct {
+  qtg_host *h;
+  qtg_task *task;
+  qtg_pg_conn *conn;
+  qtg_claim_step step;
+  int misses, max_misses;
+  char *candidates_sql, *claim_sql;
+  int nargs;
+  char *args[QTG_CLAIM_MAX_ARGS];
+  char *excluded;  /* "{id,id}" text[] literal */
+  char *candidate;
+  PGresult *hit;
+} qtg_claim;
+
+int qtg_db_push_result_public(lua_State *L, PGresult *res, const char *err);
+
+static void qtg_claim_free(qtg_claim *c) {
+  free(c->candidates_sql);
+  free(c->claim_sql);
+  for (int i = 0; i < c->nargs; i++) free(c->args[i]);
+  free(c->excluded);
+  free(c->candidate);
+  if (c->hit) PQclear(c->hit);
+  free(c);
+}
+
+/* Resume the task with (row) / (nil) / (nil, err). */
+static void qtg_claim_finish(qtg_claim *c, PGresult *err_res, const char *err) {
+  qtg_host *h = c->h;
+  qtg_task *t = c->task;
+  lua_State *L = h->L;
+  int n;
+  qtg_task_set_cancel(t, NULL, NULL);
+  if (err || err_res) {
+    n = qtg_db_push_result_public(L, err_res, err); /* nil, err */
+  } else if (c->hit) {
+    qtg_db_push_result_public(L, c->hit, NULL); /* rows, affected */
+    lua_pop(L, 1);
+    lua_rawgeti(L, -1, 1);
+    lua_remove(L, -2);
+    n = 1;
+  } else {
+    lua_pushnil(L);
+    n = 1;
+  }
+  qtg_claim_free(c);
+  lua_xmove(L, qtg_task_thread(t), n);
+  qtg_task_resume(t, n);
+}
+
+static void qtg_claim_next(qtg_claim *c);
+
+static int qtg_claim_ok(PGresult *res) {
+  ExecStatusType st = res ? PQresultStatus(res) : PGRES_FATAL_ERROR;
+  return st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK;
+}
+
+static int qtg_claim_exclude(qtg_claim *c) {
+  size_t old = c->excluded ? strlen(c->excluded) : 2;
+  size_t need = old + strlen(c->candidate) + 4;
+  char *e = malloc(need);
+  if (!e) return -1;
+  if (!c->excluded || strcmp(c->excluded, "{}") == 0) snprintf(e, need, "{%s}", c->candidate);
+  else snprintf(e, need, "%.*s,%s}", (int)(old - 1), c->excluded, c->candidate);
+  free(c->excluded);
+  c->excluded = e;
+  return 0;
+}
+
+static void qtg_claim_step_done(qtg_pg_conn *conn, PGresult *res, const char *err, void *data) {
+  qtg_claim *c = data;
+  (void)conn;
+  if (err || !qtg_claim_ok(res)) {
+    qtg_claim_finish(c, res, err);
+    return;
+  }
+  switch (c->step) {
+  case QTG_CLAIM_CANDIDATES: {
+    if (PQntuples(res) == 0) {
+      qtg_claim_finish(c, NULL, NULL);
+      return;
+    }
+    int col = PQfnumber(res, "id");
+    free(c->candidate);
+    c->candidate = strdup(PQgetvalue(res, 0, col >= 0 ? col : 0));
+    if (!c->candidate) {
+      qtg_claim_finish(c, NULL, "out of memory");
+      return;
+    }
+    c->step = QTG_CLAIM_SAVEPOINT;
+    break;
+  }
+  case QTG_CLAIM_SAVEPOINT:
+    c->step = QTG_CLAIM_SELECT;
+    break;
+  case QTG_CLAIM_SELECT:
+    if (PQntuples(res) > 0) {
+      /* the result is cleared by the pool after this callback: copy it */
+      c->hit = PQcopyResult(res, PG_COPYRES_ATTRS | PG_COPYRES_TUPLES);
+      if (!c->hit) {
+        qtg_claim_finish(c, NULL, "out of memory");
+        return;
+      }
+      c->step = QTG_CLAIM_RELEASE;
+    } else {
+      c->step = QTG_CLAIM_ROLLBACK_TO;
+    }
+    break;
+  case QTG_CLAIM_RELEASE:
+    qtg_claim_finish(c, NULL, NULL);
+    return;
+  case QTG_CLAIM_ROLLBACK_TO:
+    c->misses++;
+    if (!c->candidates_sql || c->misses >= c->max_misses || qtg_claim_exclude(c) != 0) {
+      qtg_claim_finish(c, NULL, NULL);
+      return;
+    }
+    c->step = QTG_CLAIM_CANDIDATES;
+    break;
+  }
+  qtg_claim_next(c);
+}
+
+static void qtg_claim_next(qtg_claim *c) {
+  const char *values[QTG_CLAIM_MAX_ARGS + 1];
+  int rc;
+  switch (c->step) {
+  case QTG_CLAIM_CANDIDATES:
+    values[0] = c->excluded ? c->excluded : "{}";
+    for (int i = 0; i < c->nargs; i++) values[i + 1] = c->args[i];
+    rc = qtg_pg_query(c->conn, c->candidates_sql, c->nargs + 1, values, 1, qtg_claim_step_done, c);
+    break;
+  case QTG_CLAIM_SAVEPOINT:
+    rc = qtg_pg_query(c->conn, "SAVEPOINT qtg_claim", 0, NULL, 1, qtg_claim_step_done, c);
+    break;
+  case QTG_CLAIM_SELECT:
+    values[0] = c->candidate;
+    for (int i = 0; i < c->nargs; i++) values[i + 1] = c->args[i];
+    rc = qtg_pg_query(c->conn, c->claim_sql, c->nargs + 1, values, 1, qtg_claim_step_done, c);
+    break;
+  case QTG_CLAIM_RELEASE:
+    rc = qtg_pg_query(c->conn, "RELEASE SAVEPOINT qtg_claim", 0, NULL, 1, qtg_claim_step_done, c);
+    break;
+  default:
+    rc = qtg_pg_query(c->conn, "ROLLBACK TO SAVEPOINT qtg_claim", 0, NULL, 1, qtg_claim_step_done, c);
+    break;
+  }
+  if (rc != 0) qtg_claim_finish(c, NULL, "cannot send a claim statement (connection lost?)");
+}
+
+static void qtg_claim_cancel(qtg_task *t, void *arg) {
+  qtg_claim *c = arg;
+  qtg_pg_forget(c->conn);
+  qtg_claim_free(c);
+  lua_State *co = qtg_task_thread(t);
+  lua_pushnil(co);
+  qtg_push_error(co, "interrupted", "claim interrupted by the operator");
+  qtg_task_resume(t, 2);
+}
+
+const char *qtg_db_param_public(lua_State *L, int idx);
+
+static qtg_claim *qtg_claim_new(lua_State *L, qtg_claim_session *s) {
+  if (!s->conn) luaL_error(L, "qtg.db.claim: session already released");
+  if (qtg_pg_busy(s->conn)) luaL_error(L, "qtg.db.claim: session is busy");
+  if (qtg_pg_txn_status(s->conn) == PQTRANS_IDLE)
+    luaL_error(L, "qtg.db.claim: needs an open transaction (call s:begin() first)");
+  qtg_claim *c = calloc(1, sizeof *c);
+  if (!c) luaL_error(L, "qtg.db.claim: out of memory");
+  c->h = s->h;
+  c->conn = s->conn;
+  return c;
+}
+
+static int qtg_claim_add_arg(qtg_claim *c, lua_State *L, int idx) {
+  if (c->nargs >= QTG_CLAIM_MAX_ARGS) return -1;
+  const char *v = qtg_db_param_public(L, idx);
+  if (v && !(c->args[c->nargs] = strdup(v))) return -1;
+  c->nargs++;
+  return 0;
+}
+
+static int qtg_claim_start(lua_State *L, qtg_claim *c) {
+  c->task = qtg_task_check(L);
+  qtg_claim_next(c);
+  qtg_task_set_cancel(c->task, qtg_claim_cancel, c);
+  return qtg_task_yield(L);
+}
+
+static int qtg_lua_claim_one(lua_State *L) {
+  qtg_claim_session *s = luaL_checkudata(L, 1, "qtg.db.session");
+  luaL_checktype(L, 2, LUA_TTABLE);
+  lua_getfield(L, 2, "candidates_sql");
+  const char *cand = luaL_checkstring(L, -1);
+  lua_getfield(L, 2, "claim_sql");
+  const char *claim = luaL_checkstring(L, -1);
+  lua_getfield(L, 2, "max_misses");
+  int max_misses = (int)luaL_optinteger(L, -1, 50);
+  lua_getfield(L, 2, "args");
+  int args_idx = lua_gettop(L);
+  qtg_claim *c = qtg_claim_new(L, s);
+  c->max_misses = max_misses > 0 ? max_misses : 1;
+  c->candidates_sql = strdup(cand);
+  c->claim_sql = strdup(claim);
+  if (!c->candidates_sql || !c->claim_sql) {
+    qtg_claim_free(c);
+    return luaL_error(L, "qtg.db.claim: out of memory");
+  }
+  if (lua_istable(L, args_idx)) {
+    int n = (int)lua_objlen(L, args_idx);
+    for (int i = 1; i <= n; i++) {
+      lua_rawgeti(L, args_idx, i);
+      if (qtg_claim_add_arg(c, L, lua_gettop(L)) != 0) {
+        qtg_claim_free(c);
+        return luaL_error(L, "qtg.db.claim: at most %d args", QTG_CLAIM_MAX_ARGS);
+      }
+    }
+  }
+  c->step = QTG_CLAIM_CANDIDATES;
+  return qtg_claim_start(L, c);
+}
+
+static int qtg_lua_claim_try(lua_State *L) {
+  qtg_claim_session *s = luaL_checkudata(L, 1, "qtg.db.session");
+  const char *claim = luaL_checkstring(L, 2);
+  luaL_checkany(L, 3);
+  int top = lua_gettop(L);
+  qtg_claim *c = qtg_claim_new(L, s);
+  c->claim_sql = strdup(claim);
+  const char *id = qtg_db_param_public(L, 3);
+  c->candidate = id ? strdup(id) : NULL;
+  if (!c->claim_sql || !c->candidate) {
+    qtg_claim_free(c);
+    return luaL_error(L, "qtg.db.claim.try: bad id or out of memory");
+  }
+  for (int i = 4; i <= top; i++) {
+    if (qtg_claim_add_arg(c, L, i) != 0) {
+      qtg_claim_free(c);
+      return luaL_error(L, "qtg.db.claim: at most %d args", QTG_CLAIM_MAX_ARGS);
+    }
+  }
+  c->step = QTG_CLAIM_SAVEPOINT;
+  return qtg_claim_start(L, c);
+}
+
+void qtg_db_claim_register(lua_State *L) {
+  static const luaL_Reg funcs[] = {{"raw_one", qtg_lua_claim_one}, {"raw_try", qtg_lua_claim_try}, {NULL, NULL}};
+  lua_newtable(L);
+  luaL_register(L, NULL, funcs);
+}

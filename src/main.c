@@ -1,0 +1,304 @@
+/* main.c -- qtgd's command line: parse the command, load the settings,
+ * resolve the database (the embedded default when MG_DATABASE_URL is unset),
+ * start the host and hand the command to Lua (lua/qtg/cli.lua).
+ *
+ * Exit codes: 0 success, 1 command failed, 2 usage or invalid settings,
+ * 3 a core worker died (the service manager restarts us). */
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <luajit.h>
+
+#include "qtg_host.h"
+#include "qtg_log.h"
+#include "qtg_runtime.h"
+#include "qtg_console_client.h"
+
+typedef struct {
+  const char *name;
+  const char *args;
+  const char *help;
+  int needs_db;
+} qtg_command;
+
+static const qtg_command qtg_commands[] = {
+  {"run", "", "run the daemon: workers, console, wake-ups (the default command)", 1},
+  {"migrate", "", "apply sql/NNNN_*.sql in order, each once, in a transaction", 1},
+  {"exec", "FILE [ARGS...]", "run a Lua script inside the host (it may query); exits with what it returns", 1},
+  {"templates", "load DIR", "validate and compile movement templates into plan versions", 1},
+  {"check", "", "validate settings, database, migrations, templates and policy scripts", 1},
+  {"console", "[-e CODE] [--socket PATH]", "attach a Lua console to the running daemon", 0},
+  {"settings", "[--markdown]", "print every MG_* setting with its value and default", 0},
+  {"version", "", "print the version", 0},
+  {"help", "", "print this help", 0},
+};
+#define QTG_NCOMMANDS (sizeof qtg_commands / sizeof qtg_commands[0])
+
+static void qtg_usage(FILE *out) {
+  fprintf(out, "usage: qtgd [COMMAND] [ARGS...]\n\ncommands:\n");
+  for (size_t i = 0; i < QTG_NCOMMANDS; i++) {
+    char left[64];
+    snprintf(left, sizeof left, "%s %s", qtg_commands[i].name, qtg_commands[i].args);
+    fprintf(out, "  %-34s %s\n", left, qtg_commands[i].help);
+  }
+  fprintf(out, "\nSettings come from MG_* environment variables (qtgd settings lists them).\n"
+               "Without MG_DATABASE_URL, qtgd uses the private cluster under the repo (tools/pg).\n");
+}
+
+static const char *qtg_env(const char *name, void *ud) {
+  (void)ud;
+  return getenv(name);
+}
+
+static int qtg_is_file(const char *path) {
+  struct stat st;
+  return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* Where lua/, sql/ and templates/ are: $QTG_ROOT, else the source tree this
+ * binary was built in (build/qtgd -> ..), else the packaged data dir. */
+static int qtg_find_root(char *out, size_t cap) {
+  char probe[PATH_MAX + 32];
+  const char *env = getenv("QTG_ROOT");
+  if (env && env[0]) {
+    snprintf(out, cap, "%s", env);
+    return 0;
+  }
+  char exe[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n > 0) {
+    exe[n] = '\0';
+    char *slash = strrchr(exe, '/');
+    if (slash) {
+      *slash = '\0';
+      snprintf(probe, sizeof probe, "%s/../lua/qtg/cli.lua", exe);
+      if (qtg_is_file(probe)) {
+        char *real = realpath(exe, NULL);
+        if (real) {
+          snprintf(out, cap, "%s", real);
+          free(real);
+          char *s2 = strrchr(out, '/');
+          if (s2) *s2 = '\0';
+          return 0;
+        }
+      }
+    }
+  }
+  snprintf(probe, sizeof probe, "%s/lua/qtg/cli.lua", QTG_INSTALL_DATADIR);
+  if (qtg_is_file(probe)) {
+    snprintf(out, cap, "%s", QTG_INSTALL_DATADIR);
+    return 0;
+  }
+  snprintf(probe, sizeof probe, "%s/lua/qtg/cli.lua", QTG_SOURCE_DIR);
+  if (qtg_is_file(probe)) {
+    snprintf(out, cap, "%s", QTG_SOURCE_DIR);
+    return 0;
+  }
+  return -1;
+}
+
+/* The embedded default: `tools/pg ensure` starts the private cluster if
+ * needed and prints its URL. */
+static int qtg_resolve_database(qtg_settings *s, const char *root) {
+  if (qtg_settings_str(s, QTG_S_DATABASE_URL)[0]) return 0;
+  char tool[PATH_MAX + 16];
+  snprintf(tool, sizeof tool, "%s/tools/pg", root);
+  if (access(tool, X_OK) != 0) {
+    fprintf(stderr, "qtgd: MG_DATABASE_URL is not set and there is no embedded cluster tool (%s).\n"
+                    "Set MG_DATABASE_URL to a PostgreSQL URL (the packaged daemon reads /etc/qtg/qtg.env).\n",
+            tool);
+    return -1;
+  }
+  char cmd[PATH_MAX + 64];
+  snprintf(cmd, sizeof cmd, "'%s' ensure", tool);
+  FILE *p = popen(cmd, "r");
+  if (!p) {
+    fprintf(stderr, "qtgd: cannot run %s\n", tool);
+    return -1;
+  }
+  char url[1024] = "";
+  char *got = fgets(url, sizeof url, p);
+  int rc = pclose(p);
+  if (!got || rc != 0) {
+    fprintf(stderr, "qtgd: the embedded PostgreSQL did not start (%s ensure failed); see its log under var/pg\n",
+            tool);
+    return -1;
+  }
+  url[strcspn(url, "\r\n")] = '\0';
+  char *copy = strdup(url);
+  if (!copy) return -1;
+  free(s->v[QTG_S_DATABASE_URL].s);
+  s->v[QTG_S_DATABASE_URL].s = copy;
+  return 0;
+}
+
+static void qtg_on_signal(uv_signal_t *sig, int signum) {
+  qtg_host *h = sig->data;
+  if (signum == SIGHUP) {
+    /* Reload runs as a task: policy modules are compiled, then swapped. */
+    lua_State *L = h->L;
+    lua_getglobal(L, "require");
+    lua_pushliteral(L, "qtg.main");
+    if (lua_pcall(L, 1, 1, 0) != 0) {
+      qtg_log_error("SIGHUP: %s", lua_tostring(L, -1));
+      lua_pop(L, 1);
+      return;
+    }
+    lua_getfield(L, -1, "on_sighup");
+    lua_remove(L, -2);
+    if (!lua_isfunction(L, -1)) {
+      lua_pop(L, 1);
+      return;
+    }
+    qtg_task_spawn(h, "sighup", 0, 0, NULL, NULL);
+    return;
+  }
+  qtg_runtime_shutdown(h, 0, signum == SIGTERM ? "SIGTERM" : "SIGINT");
+}
+
+static int qtg_arm_signals(qtg_host *h) {
+  uv_signal_t *sigs[] = {&h->sigterm, &h->sigint, &h->sighup};
+  int nums[] = {SIGTERM, SIGINT, SIGHUP};
+  for (int i = 0; i < 3; i++) {
+    if (uv_signal_init(h->loop, sigs[i]) != 0) return -1;
+    sigs[i]->data = h;
+    if (uv_signal_start(sigs[i], qtg_on_signal, nums[i]) != 0) return -1;
+  }
+  h->signals_armed = 1;
+  return 0;
+}
+
+typedef struct {
+  int exit_code;
+  int finished;
+  int daemon;
+} qtg_main_state;
+
+/* The command's task ended: its return value is the exit code, unless the
+ * command started workers (run), in which case the loop keeps going. */
+static void qtg_command_done(qtg_task *t, int ok, int nres, void *data) {
+  qtg_main_state *ms = data;
+  lua_State *co = qtg_task_thread(t);
+  ms->finished = 1;
+  if (!ok) {
+    ms->exit_code = 1;
+  } else if (nres > 0 && lua_isnumber(co, -nres)) {
+    ms->exit_code = (int)lua_tointeger(co, -nres);
+  } else if (nres > 0 && lua_toboolean(co, -nres) == 0 && !lua_isnil(co, -nres)) {
+    ms->exit_code = 1;
+  } else {
+    ms->exit_code = 0;
+  }
+  qtg_host *h = qtg_host_from_lua(co);
+  if (!ms->daemon && qtg_runtime_running_ticks(h) == 0) qtg_host_stop(h, ms->exit_code);
+  else if (!ms->daemon || ms->exit_code != 0) qtg_runtime_shutdown(h, ms->exit_code, "command finished");
+}
+
+static int qtg_run_command(const char *root, qtg_settings *s, const char *cmd, int argc, char **argv) {
+  qtg_host h;
+  if (qtg_host_init(&h, s, root) != 0) return 1;
+  qtg_main_state ms = {0, 0, strcmp(cmd, "run") == 0};
+  if (ms.daemon && qtg_arm_signals(&h) != 0) {
+    qtg_log_error("cannot install signal handlers");
+    qtg_host_close(&h);
+    return 1;
+  }
+  lua_State *L = h.L;
+  lua_getglobal(L, "require");
+  lua_pushliteral(L, "qtg.cli");
+  if (lua_pcall(L, 1, 1, 0) != 0) {
+    qtg_log_error("cannot load the command line module: %s", lua_tostring(L, -1));
+    qtg_host_close(&h);
+    return 1;
+  }
+  lua_getfield(L, -1, "main");
+  lua_remove(L, -2);
+  lua_pushstring(L, cmd);
+  lua_createtable(L, argc, 0);
+  for (int i = 0; i < argc; i++) {
+    lua_pushstring(L, argv[i]);
+    lua_rawseti(L, -2, i + 1);
+  }
+  qtg_task_spawn(&h, cmd, 2, 0, qtg_command_done, &ms);
+  int code = qtg_host_run(&h);
+  if (!ms.daemon && ms.finished) code = ms.exit_code;
+  qtg_host_close(&h);
+  return code;
+}
+
+int main(int argc, char **argv) {
+  const char *cmd = "run";
+  int argi = 1;
+  if (argc > 1) {
+    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) cmd = "help";
+    else if (strcmp(argv[1], "--version") == 0) cmd = "version";
+    else if (argv[1][0] == '-') {
+      fprintf(stderr, "qtgd: unknown option '%s'\n\n", argv[1]);
+      qtg_usage(stderr);
+      return 2;
+    } else cmd = argv[1];
+    argi = 2;
+  }
+  const qtg_command *c = NULL;
+  for (size_t i = 0; i < QTG_NCOMMANDS; i++)
+    if (strcmp(qtg_commands[i].name, cmd) == 0) c = &qtg_commands[i];
+  if (!c) {
+    fprintf(stderr, "qtgd: unknown command '%s'\n\n", cmd);
+    qtg_usage(stderr);
+    return 2;
+  }
+  if (strcmp(cmd, "help") == 0) {
+    qtg_usage(stdout);
+    return 0;
+  }
+  if (strcmp(cmd, "version") == 0) {
+    printf("qtgd %s (%s)\n", QTG_VERSION, LUAJIT_VERSION);
+    return 0;
+  }
+  if (strcmp(cmd, "settings") == 0 && argc > argi && strcmp(argv[argi], "--markdown") == 0) {
+    qtg_settings_print_markdown();
+    return 0;
+  }
+
+  qtg_settings s;
+  char err[512];
+  if (qtg_settings_load(&s, qtg_env, NULL, err, sizeof err) != 0) {
+    fprintf(stderr, "qtgd: %s\n", err);
+    return 2;
+  }
+  qtg_log_set_level((qtg_log_level)qtg_log_level_parse(qtg_settings_str(&s, QTG_S_LOG_LEVEL)));
+  if (strcmp(cmd, "settings") == 0) {
+    for (int i = 0; i < QTG_S__COUNT; i++) {
+      const qtg_setting_def *d = &qtg_setting_defs[i];
+      const char *v = d->type == QTG_SET_SECRET ? (s.v[i].s && s.v[i].s[0] ? "(set, hidden)" : "(unset)")
+                                                : getenv(d->name) ? getenv(d->name) : d->def;
+      printf("%-48s %s%s\n", d->name, v, s.v[i].set ? "" : "  (default)");
+    }
+    qtg_settings_free(&s);
+    return 0;
+  }
+  char root[PATH_MAX];
+  if (qtg_find_root(root, sizeof root) != 0) {
+    fprintf(stderr, "qtgd: cannot find the policy scripts (lua/qtg); set QTG_ROOT\n");
+    qtg_settings_free(&s);
+    return 1;
+  }
+  if (strcmp(cmd, "console") == 0) {
+    int rc = qtg_console_client_main(argc - argi + 1, argv + argi - 1, &s, root);
+    qtg_settings_free(&s);
+    return rc;
+  }
+  signal(SIGPIPE, SIG_IGN);
+  if (c->needs_db && qtg_resolve_database(&s, root) != 0) {
+    qtg_settings_free(&s);
+    return 1;
+  }
+  int rc = qtg_run_command(root, &s, cmd, argc - argi, argv + argi);
+  qtg_settings_free(&s);
+  return rc;
+}

@@ -1,0 +1,354 @@
+/* qtg_host.c -- the host: loop, Lua state, subsystems, and the task
+ * scheduler (see qtg_host.h for the contract bindings follow).
+ *
+ * A task is a Lua thread anchored in the registry plus a small C struct.
+ * It runs until it yields inside a binding (waiting for I/O) or ends.
+ * Nested resumes are fine (a task may spawn another that runs at once), so
+ * h->current is saved and restored around every resume. */
+#include "qtg_host.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <luajit.h>
+
+#include "qtg_log.h"
+#include "qtg_modules_decl.h"
+
+struct qtg_task {
+  qtg_host *h;
+  lua_State *co;
+  int co_ref;
+  int flags;
+  int waiting;
+  int interrupted;
+  qtg_task_done_cb done;
+  void *data;
+  void (*cancel)(qtg_task *, void *);
+  void *cancel_arg;
+  qtg_task *prev, *next; /* live tasks, so close can free the stragglers */
+  char name[64];
+};
+
+static const char qtg_host_key = 'h';
+
+qtg_host *qtg_host_from_lua(lua_State *L) {
+  lua_pushlightuserdata(L, (void *)&qtg_host_key);
+  lua_rawget(L, LUA_REGISTRYINDEX);
+  qtg_host *h = lua_touserdata(L, -1);
+  lua_pop(L, 1);
+  return h;
+}
+
+int qtg_ref(lua_State *L) {
+  qtg_host *h = qtg_host_from_lua(L);
+  int ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  if (ref != LUA_NOREF && ref != LUA_REFNIL && h) h->live_refs++;
+  return ref;
+}
+
+void qtg_unref(lua_State *L, int ref) {
+  if (ref == LUA_NOREF || ref == LUA_REFNIL) return;
+  qtg_host *h = qtg_host_from_lua(L);
+  luaL_unref(L, LUA_REGISTRYINDEX, ref);
+  if (h) h->live_refs--;
+}
+
+/* ---- structured errors ------------------------------------------------ */
+
+static int qtg_error_tostring(lua_State *L) {
+  lua_getfield(L, 1, "kind");
+  lua_getfield(L, 1, "message");
+  lua_pushfstring(L, "%s: %s", luaL_optstring(L, -2, "error"), luaL_optstring(L, -1, "?"));
+  return 1;
+}
+
+void qtg_push_error_v(lua_State *L, const char *kind, const char *fmt, va_list ap) {
+  lua_createtable(L, 0, 3);
+  lua_pushstring(L, kind);
+  lua_setfield(L, -2, "kind");
+  lua_pushvfstring(L, fmt, ap);
+  lua_setfield(L, -2, "message");
+  if (luaL_newmetatable(L, "qtg.error")) {
+    lua_pushcfunction(L, qtg_error_tostring);
+    lua_setfield(L, -2, "__tostring");
+  }
+  lua_setmetatable(L, -2);
+}
+
+void qtg_push_error(lua_State *L, const char *kind, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  qtg_push_error_v(L, kind, fmt, ap);
+  va_end(ap);
+}
+
+int qtg_raise(lua_State *L, const char *kind, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  qtg_push_error_v(L, kind, fmt, ap);
+  va_end(ap);
+  return lua_error(L);
+}
+
+/* ---- tasks --------------------------------------------------------------- */
+
+lua_State *qtg_task_thread(qtg_task *t) { return t->co; }
+const char *qtg_task_name(qtg_task *t) { return t->name; }
+
+qtg_task *qtg_task_check(lua_State *L) {
+  qtg_host *h = qtg_host_from_lua(L);
+  qtg_task *t = h ? h->current : NULL;
+  if (!t || t->co != L)
+    luaL_error(L, "qtg: I/O outside a host task (not in a worker tick, console command, "
+                  "exec script or qtg.spawn'ed function; or inside a plain Lua coroutine)");
+  return t;
+}
+
+int qtg_task_yield(lua_State *L) {
+  qtg_task *t = qtg_task_check(L);
+  t->waiting = 1;
+  return lua_yield(L, 0);
+}
+
+static void qtg_task_free(qtg_task *t) {
+  qtg_host *h = t->h;
+  if (t->prev) t->prev->next = t->next;
+  if (t->next) t->next->prev = t->prev;
+  if (h->tasks == t) h->tasks = t->next;
+  h->live_tasks--;
+  free(t);
+}
+
+/* Turn the error on top of co into "message\ntraceback" for the log. */
+static void qtg_task_log_error(qtg_task *t) {
+  lua_State *co = t->co;
+  const char *msg = NULL;
+  if (luaL_callmeta(co, -1, "__tostring")) {
+    msg = lua_tostring(co, -1);
+  } else {
+    lua_pushvalue(co, -1);
+    msg = lua_tostring(co, -1);
+  }
+  luaL_traceback(co, co, msg ? msg : "(error object is not a string)", 0);
+  const char *fields[] = {"task", t->name, "error", lua_tostring(co, -1), NULL};
+  qtg_log_fields(QTG_LOG_ERROR, "task failed", fields);
+  lua_pop(co, 2);
+}
+
+static void qtg_task_finish(qtg_task *t, int ok, int nres) {
+  qtg_host *h = t->h;
+  if (!ok && !(t->flags & QTG_TASK_QUIET)) qtg_task_log_error(t);
+  if (t->done) t->done(t, ok, nres, t->data);
+  qtg_unref(h->L, t->co_ref);
+  qtg_task_free(t);
+}
+
+static void qtg_task_interrupt_hook(lua_State *L, lua_Debug *ar) {
+  (void)ar;
+  qtg_host *h = qtg_host_from_lua(L);
+  qtg_task *t = h ? h->current : NULL;
+  if (t && t->co == L && t->interrupted) {
+    t->interrupted = 0;
+    qtg_raise(L, "interrupted", "interrupted by the operator");
+  }
+}
+
+static void qtg_task_run(qtg_task *t, int nargs) {
+  qtg_host *h = t->h;
+  qtg_task *prev = h->current;
+  h->current = t;
+  int st = lua_resume(t->co, nargs);
+  h->current = prev;
+  if (st == LUA_YIELD) {
+    if (t->waiting) return;
+    /* A bare coroutine.yield() in task code would strand the task. */
+    lua_settop(t->co, 0);
+    qtg_push_error(t->co, "usage",
+                   "coroutine.yield() outside a host binding in task '%s' (use qtg.sleep or I/O)",
+                   t->name);
+    qtg_task_finish(t, 0, 1);
+    return;
+  }
+  if (st == 0) {
+    qtg_task_finish(t, 1, lua_gettop(t->co));
+    return;
+  }
+  qtg_task_finish(t, 0, 1);
+}
+
+qtg_task *qtg_task_spawn(qtg_host *h, const char *name, int nargs, int flags,
+                         qtg_task_done_cb done, void *data) {
+  lua_State *L = h->L;
+  qtg_task *t = calloc(1, sizeof *t);
+  if (!t) {
+    lua_pop(L, nargs + 1);
+    qtg_log_error("out of memory starting task %s", name);
+    return NULL;
+  }
+  t->h = h;
+  t->flags = flags;
+  t->done = done;
+  t->data = data;
+  snprintf(t->name, sizeof t->name, "%s", name ? name : "task");
+  t->co = lua_newthread(L);
+  lua_insert(L, -(nargs + 2));           /* thread below fn and args */
+  lua_xmove(L, t->co, nargs + 1);        /* fn, args onto the thread */
+  t->co_ref = qtg_ref(L);                /* pops the thread */
+  t->next = h->tasks;
+  if (h->tasks) h->tasks->prev = t;
+  h->tasks = t;
+  h->live_tasks++;
+  qtg_task_run(t, nargs);
+  return t;
+}
+
+void qtg_task_resume(qtg_task *t, int nres) {
+  t->waiting = 0;
+  t->cancel = NULL;
+  if (t->interrupted) {
+    /* The hook fires at the task's next instructions. */
+    lua_sethook(t->co, qtg_task_interrupt_hook, LUA_MASKCOUNT, 1);
+  }
+  qtg_task_run(t, nres);
+}
+
+void qtg_task_set_cancel(qtg_task *t, void (*cancel)(qtg_task *, void *), void *arg) {
+  t->cancel = cancel;
+  t->cancel_arg = arg;
+}
+
+void qtg_task_interrupt(qtg_task *t) {
+  if (t->waiting && t->cancel) {
+    void (*cancel)(qtg_task *, void *) = t->cancel;
+    t->cancel = NULL;
+    cancel(t, t->cancel_arg);
+    return;
+  }
+  t->interrupted = 1;
+  /* Compiled traces do not run hooks: drop them so the hook is seen. */
+  luaJIT_setmode(t->co, 0, LUAJIT_MODE_ENGINE | LUAJIT_MODE_FLUSH);
+  lua_sethook(t->co, qtg_task_interrupt_hook, LUA_MASKCOUNT, 1000);
+}
+
+int qtg_task_waiting(qtg_task *t) { return t->waiting; }
+
+/* ---- host lifecycle ------------------------------------------------------ */
+
+typedef struct {
+  const char *name;
+  int (*open)(qtg_host *, char *, size_t);
+  void (*close)(qtg_host *);
+  int phase;
+} qtg_subsystem;
+
+static const qtg_subsystem qtg_subsystems[] = {
+#define QTG_SUBSYSTEM(name, open, close, phase) {#name, open, close, phase},
+#include "qtg_modules.h"
+#undef QTG_SUBSYSTEM
+};
+#define QTG_NSUBSYSTEMS (sizeof qtg_subsystems / sizeof qtg_subsystems[0])
+
+/* Module search path: the operator's override directory first, then the
+ * packaged lua/, then Debian's Lua 5.1 directories (cjson, lfs, busted). */
+static void qtg_host_set_paths(qtg_host *h) {
+  lua_State *L = h->L;
+  const char *over = qtg_settings_str(h->settings, QTG_S_LUA_PATH);
+  lua_getglobal(L, "package");
+  int top = lua_gettop(L);
+  if (over[0]) lua_pushfstring(L, "%s/?.lua;%s/?/init.lua;", over, over);
+  lua_pushfstring(L, "%s/lua/?.lua;%s/lua/?/init.lua;", h->root_dir, h->root_dir);
+  lua_pushliteral(L, "/usr/share/lua/5.1/?.lua;/usr/share/lua/5.1/?/init.lua;");
+  lua_getfield(L, top, "path");
+  lua_concat(L, lua_gettop(L) - top);
+  lua_setfield(L, top, "path");
+  lua_pushliteral(L, "/usr/lib/x86_64-linux-gnu/lua/5.1/?.so;");
+  lua_getfield(L, top, "cpath");
+  lua_concat(L, 2);
+  lua_setfield(L, top, "cpath");
+  lua_pop(L, 1);
+}
+
+int qtg_host_init(qtg_host *h, qtg_settings *s, const char *root_dir) {
+  char err[512] = "";
+  memset(h, 0, sizeof *h);
+  h->settings = s;
+  h->root_dir = root_dir;
+  h->loop = malloc(sizeof *h->loop);
+  if (!h->loop || uv_loop_init(h->loop) != 0) {
+    free(h->loop);
+    h->loop = NULL;
+    qtg_log_error("cannot initialise the event loop");
+    return -1;
+  }
+  h->L = luaL_newstate();
+  if (!h->L) {
+    qtg_log_error("cannot create the Lua state (out of memory)");
+    qtg_host_close(h);
+    return -1;
+  }
+  luaL_openlibs(h->L);
+  lua_pushlightuserdata(h->L, (void *)&qtg_host_key);
+  lua_pushlightuserdata(h->L, h);
+  lua_rawset(h->L, LUA_REGISTRYINDEX);
+  qtg_host_set_paths(h);
+  for (size_t i = 0; i < QTG_NSUBSYSTEMS; i++) {
+    if (qtg_subsystems[i].open(h, err, sizeof err) != 0) {
+      qtg_log_fields(QTG_LOG_ERROR, err[0] ? err : "start-up failed",
+                     (const char *const[]){"subsystem", qtg_subsystems[i].name, NULL});
+      h->opened = (int)i;
+      qtg_host_close(h);
+      return -1;
+    }
+    h->opened = (int)i + 1;
+  }
+  if (qtg_core_register(h) != 0 || qtg_runtime_ready(h) != 0) {
+    qtg_host_close(h);
+    return -1;
+  }
+  return 0;
+}
+
+static void qtg_host_close_walk(uv_handle_t *handle, void *arg) {
+  (void)arg;
+  if (!uv_is_closing(handle)) uv_close(handle, NULL);
+}
+
+void qtg_host_close(qtg_host *h) {
+  for (int i = h->opened - 1; i >= 0; i--)
+    if (qtg_subsystems[i].phase == QTG_CLOSE_BEFORE_LUA) qtg_subsystems[i].close(h);
+  if (h->signals_armed) {
+    uv_close((uv_handle_t *)&h->sigterm, NULL);
+    uv_close((uv_handle_t *)&h->sigint, NULL);
+    uv_close((uv_handle_t *)&h->sighup, NULL);
+    h->signals_armed = 0;
+  }
+  if (h->L) {
+    lua_close(h->L);
+    h->L = NULL;
+  }
+  for (int i = h->opened - 1; i >= 0; i--)
+    if (qtg_subsystems[i].phase == QTG_CLOSE_AFTER_LUA) qtg_subsystems[i].close(h);
+  h->opened = 0;
+  while (h->tasks) qtg_task_free(h->tasks);
+  if (h->loop) {
+    uv_walk(h->loop, qtg_host_close_walk, NULL);
+    uv_run(h->loop, UV_RUN_DEFAULT);
+    if (uv_loop_close(h->loop) != 0) qtg_log_warn("event loop closed with handles still open");
+    free(h->loop);
+    h->loop = NULL;
+  }
+}
+
+int qtg_host_run(qtg_host *h) {
+  uv_run(h->loop, UV_RUN_DEFAULT);
+  return h->exit_code;
+}
+
+void qtg_host_stop(qtg_host *h, int exit_code) {
+  h->exit_code = exit_code;
+  h->stopping = 1;
+  uv_stop(h->loop);
+}

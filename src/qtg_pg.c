@@ -1,0 +1,751 @@
+/* qtg_pg.c -- libpq connections driven by libuv (see qtg_pg.h).
+ *
+ * One struct qtg_pg_conn per server connection, in one of four states:
+ * CONNECTING (PQconnectPoll steps), IDLE (watching for the server closing
+ * on us, or NOTIFYs on the listener), BUSY (a command in flight: flush, then
+ * consume results), BROKEN (waiting to be released and freed).
+ * The pool hands IDLE connections to waiters in FIFO order and opens new
+ * ones lazily up to its size. */
+#include "qtg_pg.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "qtg_log.h"
+
+typedef enum { QTG_PG_CONNECTING, QTG_PG_IDLE, QTG_PG_BUSY, QTG_PG_BROKEN } qtg_pg_state;
+typedef enum { QTG_PG_STEP_RUN, QTG_PG_STEP_PREPARE } qtg_pg_step;
+
+typedef struct {
+  uint32_t hash;
+  char *sql;
+  char name[16];
+} qtg_pg_stmt;
+
+typedef struct qtg_pg_waiter {
+  qtg_pg_acquire_cb cb;
+  void *data;
+  struct qtg_pg_waiter *next;
+} qtg_pg_waiter;
+
+struct qtg_pg_conn {
+  qtg_pg_pool *pool;          /* NULL for the listener's connection */
+  qtg_pg_listener *listener;  /* set for the listener's connection */
+  PGconn *pg;
+  uv_poll_t *poll;
+  int fd, events;
+  qtg_pg_state state;
+  int in_use;
+  /* the command in flight */
+  qtg_pg_result_cb cb;
+  void *data;
+  int has_cb;
+  PGresult *last;
+  qtg_pg_step step;
+  char *pending_sql;
+  int pending_n;
+  char **pending_values;
+  int pending_stmt;
+  /* prepared statements of this connection */
+  qtg_pg_stmt *stmts;
+  int nstmts, capstmts;
+  qtg_pg_conn *next; /* pool's list of all connections */
+};
+
+struct qtg_pg_pool {
+  uv_loop_t *loop;
+  char *conninfo;
+  int size, nconns, nconnecting, nidle, nwaiters, nin_use;
+  qtg_pg_conn *conns;
+  qtg_pg_waiter *whead, *wtail;
+  char last_error[256];
+};
+
+struct qtg_pg_listener {
+  uv_loop_t *loop;
+  char *conninfo;
+  qtg_pg_conn *conn;
+  uv_timer_t *retry;
+  char **channels;
+  int nchannels;
+  int relisten; /* channels changed while a LISTEN was in flight */
+  int connected_once;
+  qtg_pg_notify_cb cb;
+  void *data;
+};
+
+static void qtg_pg_on_poll(uv_poll_t *handle, int status, int events);
+static void qtg_pg_conn_fail(qtg_pg_conn *c, const char *why);
+static void qtg_pg_pool_conn_ready(qtg_pg_conn *c);
+static void qtg_pg_listener_conn_ready(qtg_pg_listener *l);
+static void qtg_pg_listener_conn_lost(qtg_pg_listener *l);
+static void qtg_pg_listener_drain(qtg_pg_listener *l);
+
+static uint32_t qtg_pg_hash(const char *s) {
+  uint32_t h = 2166136261u;
+  for (; *s; s++) h = (h ^ (unsigned char)*s) * 16777619u;
+  return h;
+}
+
+/* ---- connection plumbing ------------------------------------------------- */
+
+static void qtg_pg_poll_closed(uv_handle_t *h) { free(h); }
+
+static void qtg_pg_unwatch(qtg_pg_conn *c) {
+  if (c->poll) {
+    uv_close((uv_handle_t *)c->poll, qtg_pg_poll_closed);
+    c->poll = NULL;
+  }
+  c->fd = -1;
+  c->events = 0;
+}
+
+static int qtg_pg_watch(qtg_pg_conn *c, int events) {
+  int fd = PQsocket(c->pg);
+  if (fd < 0) return -1;
+  if (c->poll && fd != c->fd) qtg_pg_unwatch(c); /* libpq may switch sockets while connecting */
+  if (!c->poll) {
+    uv_loop_t *loop = c->pool ? c->pool->loop : c->listener->loop;
+    c->poll = malloc(sizeof *c->poll);
+    if (!c->poll) return -1;
+    if (uv_poll_init_socket(loop, c->poll, fd) != 0) {
+      free(c->poll);
+      c->poll = NULL;
+      return -1;
+    }
+    c->poll->data = c;
+    c->fd = fd;
+    c->events = 0;
+  }
+  if (c->events == events) return 0;
+  c->events = events;
+  return uv_poll_start(c->poll, events, qtg_pg_on_poll) == 0 ? 0 : -1;
+}
+
+static void qtg_pg_pending_free(qtg_pg_conn *c) {
+  for (int i = 0; i < c->pending_n; i++) free(c->pending_values[i]);
+  free(c->pending_values);
+  free(c->pending_sql);
+  c->pending_values = NULL;
+  c->pending_sql = NULL;
+  c->pending_n = 0;
+}
+
+static void qtg_pg_conn_free(qtg_pg_conn *c) {
+  qtg_pg_unwatch(c);
+  if (c->pg) PQfinish(c->pg);
+  if (c->last) PQclear(c->last);
+  qtg_pg_pending_free(c);
+  for (int i = 0; i < c->nstmts; i++) free(c->stmts[i].sql);
+  free(c->stmts);
+  free(c);
+}
+
+/* Unlink from the pool and free. */
+static void qtg_pg_conn_destroy(qtg_pg_conn *c) {
+  qtg_pg_pool *p = c->pool;
+  if (p) {
+    for (qtg_pg_conn **pp = &p->conns; *pp; pp = &(*pp)->next) {
+      if (*pp == c) {
+        *pp = c->next;
+        break;
+      }
+    }
+    p->nconns--;
+    if (c->state == QTG_PG_CONNECTING) p->nconnecting--;
+    if (c->state == QTG_PG_IDLE && !c->in_use) p->nidle--;
+    if (c->in_use) p->nin_use--;
+  }
+  qtg_pg_conn_free(c);
+}
+
+/* Server NOTICEs (e.g. "table does not exist, skipping") are debug logs,
+ * not stray lines on stderr. */
+static void qtg_pg_notice(void *arg, const char *message) {
+  (void)arg;
+  char msg[512];
+  snprintf(msg, sizeof msg, "%s", message);
+  msg[strcspn(msg, "\n")] = '\0';
+  qtg_logf(QTG_LOG_DEBUG, "source", "postgresql", "%s", msg);
+}
+
+static qtg_pg_conn *qtg_pg_conn_start(uv_loop_t *loop, const char *conninfo, qtg_pg_pool *pool,
+                                      qtg_pg_listener *listener, char *err, size_t errlen) {
+  (void)loop;
+  qtg_pg_conn *c = calloc(1, sizeof *c);
+  if (!c) {
+    snprintf(err, errlen, "out of memory");
+    return NULL;
+  }
+  c->pool = pool;
+  c->listener = listener;
+  c->fd = -1;
+  /* UTC and ISO dates on every session, so time values read the same
+   * whatever the server's defaults are. */
+  const char *keys[] = {"dbname", "application_name", "options", NULL};
+  const char *vals[] = {conninfo, "qtgd", "-c TimeZone=UTC -c DateStyle=ISO", NULL};
+  c->pg = PQconnectStartParams(keys, vals, 1);
+  if (!c->pg || PQstatus(c->pg) == CONNECTION_BAD) {
+    snprintf(err, errlen, "cannot connect to PostgreSQL: %s",
+             c->pg ? PQerrorMessage(c->pg) : "out of memory");
+    qtg_pg_conn_free(c);
+    return NULL;
+  }
+  PQsetNoticeProcessor(c->pg, qtg_pg_notice, NULL);
+  c->state = QTG_PG_CONNECTING;
+  if (qtg_pg_watch(c, UV_WRITABLE) != 0) {
+    snprintf(err, errlen, "cannot watch the PostgreSQL socket");
+    qtg_pg_conn_free(c);
+    return NULL;
+  }
+  return c;
+}
+
+static void qtg_pg_connect_step(qtg_pg_conn *c) {
+  switch (PQconnectPoll(c->pg)) {
+  case PGRES_POLLING_READING:
+    if (qtg_pg_watch(c, UV_READABLE) != 0) qtg_pg_conn_fail(c, "cannot watch the PostgreSQL socket");
+    return;
+  case PGRES_POLLING_WRITING:
+    if (qtg_pg_watch(c, UV_WRITABLE) != 0) qtg_pg_conn_fail(c, "cannot watch the PostgreSQL socket");
+    return;
+  case PGRES_POLLING_OK:
+    if (PQsetnonblocking(c->pg, 1) != 0 || qtg_pg_watch(c, UV_READABLE) != 0) {
+      qtg_pg_conn_fail(c, "cannot make the PostgreSQL connection non-blocking");
+      return;
+    }
+    c->state = QTG_PG_IDLE;
+    if (c->pool) {
+      c->pool->nconnecting--;
+      qtg_pg_pool_conn_ready(c);
+    } else {
+      qtg_pg_listener_conn_ready(c->listener);
+    }
+    return;
+  default:
+    qtg_pg_conn_fail(c, PQerrorMessage(c->pg));
+    return;
+  }
+}
+
+/* Hand the finished command's result to its owner.  The callback may use
+ * or release the connection, so c is not touched after it. */
+static void qtg_pg_deliver(qtg_pg_conn *c, const char *err) {
+  PGresult *res = c->last;
+  qtg_pg_result_cb cb = c->cb;
+  void *data = c->data;
+  int has_cb = c->has_cb;
+  c->last = NULL;
+  c->has_cb = 0;
+  c->cb = NULL;
+  qtg_pg_pending_free(c);
+  if (has_cb && cb) cb(c, res, err, data);
+  if (res) PQclear(res);
+}
+
+static int qtg_pg_flush(qtg_pg_conn *c) {
+  int r = PQflush(c->pg);
+  if (r < 0) return -1;
+  return qtg_pg_watch(c, r == 1 ? (UV_READABLE | UV_WRITABLE) : UV_READABLE);
+}
+
+static int qtg_pg_send_prepared(qtg_pg_conn *c, int idx) {
+  c->step = QTG_PG_STEP_RUN;
+  if (!PQsendQueryPrepared(c->pg, c->stmts[idx].name, c->pending_n,
+                           (const char *const *)c->pending_values, NULL, NULL, 0))
+    return -1;
+  return qtg_pg_flush(c);
+}
+
+static int qtg_pg_stmt_add(qtg_pg_conn *c, const char *sql) {
+  if (c->nstmts == c->capstmts) {
+    int cap = c->capstmts ? c->capstmts * 2 : 16;
+    qtg_pg_stmt *s = realloc(c->stmts, (size_t)cap * sizeof *s);
+    if (!s) return -1;
+    c->stmts = s;
+    c->capstmts = cap;
+  }
+  qtg_pg_stmt *s = &c->stmts[c->nstmts];
+  s->sql = strdup(sql);
+  if (!s->sql) return -1;
+  s->hash = qtg_pg_hash(sql);
+  snprintf(s->name, sizeof s->name, "qtg%d", c->nstmts);
+  return c->nstmts++;
+}
+
+static int qtg_pg_stmt_find(const qtg_pg_conn *c, const char *sql) {
+  uint32_t h = qtg_pg_hash(sql);
+  for (int i = 0; i < c->nstmts; i++)
+    if (c->stmts[i].hash == h && strcmp(c->stmts[i].sql, sql) == 0) return i;
+  return -1;
+}
+
+static void qtg_pg_command_done(qtg_pg_conn *c) {
+  if (c->step == QTG_PG_STEP_PREPARE) {
+    if (c->last && PQresultStatus(c->last) == PGRES_COMMAND_OK) {
+      PQclear(c->last);
+      c->last = NULL;
+      int idx = qtg_pg_stmt_add(c, c->pending_sql);
+      if (idx < 0 || qtg_pg_send_prepared(c, idx) != 0) qtg_pg_conn_fail(c, "cannot send a prepared statement");
+      return;
+    }
+    /* the PREPARE failed (e.g. a syntax error): deliver its error */
+  }
+  c->state = QTG_PG_IDLE;
+  if (qtg_pg_watch(c, UV_READABLE) != 0) {
+    qtg_pg_conn_fail(c, "cannot watch the PostgreSQL socket");
+    return;
+  }
+  qtg_pg_deliver(c, NULL);
+}
+
+static void qtg_pg_consume(qtg_pg_conn *c) {
+  if (!PQconsumeInput(c->pg)) {
+    qtg_pg_conn_fail(c, PQerrorMessage(c->pg));
+    return;
+  }
+  while (!PQisBusy(c->pg)) {
+    PGresult *r = PQgetResult(c->pg);
+    if (!r) {
+      qtg_pg_command_done(c);
+      return;
+    }
+    /* Keep the first error of a multi-statement command, else the last. */
+    if (c->last && PQresultStatus(c->last) == PGRES_FATAL_ERROR) {
+      PQclear(r);
+    } else {
+      if (c->last) PQclear(c->last);
+      c->last = r;
+    }
+  }
+}
+
+static void qtg_pg_on_poll(uv_poll_t *handle, int status, int events) {
+  qtg_pg_conn *c = handle->data;
+  if (status < 0) {
+    qtg_pg_conn_fail(c, uv_strerror(status));
+    return;
+  }
+  switch (c->state) {
+  case QTG_PG_CONNECTING:
+    qtg_pg_connect_step(c);
+    return;
+  case QTG_PG_IDLE:
+    if (!PQconsumeInput(c->pg) || PQstatus(c->pg) == CONNECTION_BAD) {
+      qtg_pg_conn_fail(c, PQerrorMessage(c->pg));
+      return;
+    }
+    if (c->listener) qtg_pg_listener_drain(c->listener);
+    return;
+  case QTG_PG_BUSY:
+    if (events & UV_WRITABLE) {
+      if (qtg_pg_flush(c) != 0) {
+        qtg_pg_conn_fail(c, PQerrorMessage(c->pg));
+        return;
+      }
+    }
+    if (events & UV_READABLE) qtg_pg_consume(c);
+    return;
+  case QTG_PG_BROKEN:
+    qtg_pg_unwatch(c);
+    return;
+  }
+}
+
+/* The connection is unusable: tell whoever waits on it. */
+static void qtg_pg_conn_fail(qtg_pg_conn *c, const char *why) {
+  char msg[512];
+  snprintf(msg, sizeof msg, "connection to PostgreSQL lost: %s", why && why[0] ? why : "unknown error");
+  size_t n = strlen(msg);
+  while (n > 0 && (msg[n - 1] == '\n' || msg[n - 1] == ' ')) msg[--n] = '\0';
+  qtg_pg_state was = c->state;
+  qtg_pg_unwatch(c);
+  if (c->listener) {
+    c->state = QTG_PG_BROKEN;
+    qtg_pg_listener_conn_lost(c->listener);
+    return;
+  }
+  qtg_pg_pool *p = c->pool;
+  if (was == QTG_PG_CONNECTING) {
+    snprintf(p->last_error, sizeof p->last_error, "%s", msg);
+    qtg_pg_conn_destroy(c);
+    /* Fail the longest waiter: the server cannot be reached right now. */
+    qtg_pg_waiter *w = p->whead;
+    if (w) {
+      p->whead = w->next;
+      if (!p->whead) p->wtail = NULL;
+      p->nwaiters--;
+      w->cb(NULL, p->last_error, w->data);
+      free(w);
+    }
+    return;
+  }
+  if (was == QTG_PG_IDLE && !c->in_use) {
+    qtg_pg_conn_destroy(c);
+    return;
+  }
+  c->state = QTG_PG_BROKEN;
+  if (was == QTG_PG_BUSY) qtg_pg_deliver(c, msg);
+}
+
+/* ---- pool ------------------------------------------------------------------ */
+
+int qtg_pg_pool_new(uv_loop_t *loop, const char *conninfo, int size, qtg_pg_pool **out) {
+  qtg_pg_pool *p = calloc(1, sizeof *p);
+  if (!p) return -1;
+  p->loop = loop;
+  p->size = size > 0 ? size : 1;
+  p->conninfo = strdup(conninfo);
+  if (!p->conninfo) {
+    free(p);
+    return -1;
+  }
+  *out = p;
+  return 0;
+}
+
+void qtg_pg_pool_free(qtg_pg_pool *p) {
+  if (!p) return;
+  while (p->conns) {
+    qtg_pg_conn *c = p->conns;
+    p->conns = c->next;
+    qtg_pg_conn_free(c);
+  }
+  while (p->whead) {
+    qtg_pg_waiter *w = p->whead;
+    p->whead = w->next;
+    free(w);
+  }
+  free(p->conninfo);
+  free(p);
+}
+
+static int qtg_pg_pool_grow(qtg_pg_pool *p) {
+  while (p->nconns < p->size && p->nconnecting < p->nwaiters) {
+    qtg_pg_conn *c = qtg_pg_conn_start(p->loop, p->conninfo, p, NULL, p->last_error, sizeof p->last_error);
+    if (!c) return -1;
+    c->next = p->conns;
+    p->conns = c;
+    p->nconns++;
+    p->nconnecting++;
+  }
+  return 0;
+}
+
+static void qtg_pg_pool_conn_ready(qtg_pg_conn *c) {
+  qtg_pg_pool *p = c->pool;
+  qtg_pg_waiter *w = p->whead;
+  if (w) {
+    p->whead = w->next;
+    if (!p->whead) p->wtail = NULL;
+    p->nwaiters--;
+    c->in_use = 1;
+    p->nin_use++;
+    w->cb(c, NULL, w->data);
+    free(w);
+    return;
+  }
+  p->nidle++;
+}
+
+int qtg_pg_acquire(qtg_pg_pool *p, qtg_pg_acquire_cb cb, void *data, qtg_pg_conn **out) {
+  *out = NULL;
+  if (p->nidle > 0) {
+    qtg_pg_conn *next;
+    for (qtg_pg_conn *c = p->conns; c; c = next) {
+      next = c->next;
+      if (c->state == QTG_PG_IDLE && !c->in_use) {
+        /* A server restart leaves its goodbye in the socket before our
+         * poll callback runs: read it now rather than hand out a corpse. */
+        if (!PQconsumeInput(c->pg) || PQstatus(c->pg) == CONNECTION_BAD) {
+          qtg_pg_conn_destroy(c);
+          continue;
+        }
+        c->in_use = 1;
+        p->nidle--;
+        p->nin_use++;
+        *out = c;
+        return 1;
+      }
+    }
+  }
+  qtg_pg_waiter *w = calloc(1, sizeof *w);
+  if (!w) return -1;
+  w->cb = cb;
+  w->data = data;
+  if (p->wtail) p->wtail->next = w;
+  else p->whead = w;
+  p->wtail = w;
+  p->nwaiters++;
+  if (qtg_pg_pool_grow(p) != 0 && p->nconnecting == 0 && p->nconns == 0) {
+    qtg_pg_acquire_cancel(p, data);
+    return -1;
+  }
+  return 0;
+}
+
+const char *qtg_pg_pool_last_error(const qtg_pg_pool *p) { return p->last_error; }
+
+void qtg_pg_acquire_cancel(qtg_pg_pool *p, void *data) {
+  qtg_pg_waiter *prev = NULL;
+  for (qtg_pg_waiter *w = p->whead; w; prev = w, w = w->next) {
+    if (w->data != data) continue;
+    if (prev) prev->next = w->next;
+    else p->whead = w->next;
+    if (p->wtail == w) p->wtail = prev;
+    p->nwaiters--;
+    free(w);
+    return;
+  }
+}
+
+static void qtg_pg_release_after_rollback(qtg_pg_conn *c, PGresult *res, const char *err, void *data) {
+  (void)data;
+  if (err || !res || PQresultStatus(res) != PGRES_COMMAND_OK) {
+    c->state = QTG_PG_BROKEN;
+  }
+  c->in_use = 1; /* still counted as in use until handed back below */
+  qtg_pg_release(c);
+}
+
+void qtg_pg_release(qtg_pg_conn *c) {
+  qtg_pg_pool *p = c->pool;
+  if (!c->in_use) return;
+  if (c->state == QTG_PG_BROKEN || c->state == QTG_PG_BUSY || PQstatus(c->pg) == CONNECTION_BAD) {
+    qtg_pg_conn_destroy(c);
+    /* a waiter may need a new connection now */
+    if (p->nwaiters > 0 && qtg_pg_pool_grow(p) != 0)
+      qtg_log_warn("cannot open a PostgreSQL connection: %s", p->last_error);
+    return;
+  }
+  if (PQtransactionStatus(c->pg) != PQTRANS_IDLE) {
+    if (qtg_pg_exec(c, "ROLLBACK", qtg_pg_release_after_rollback, NULL) != 0) {
+      c->state = QTG_PG_BROKEN;
+      qtg_pg_release(c);
+    }
+    return;
+  }
+  c->in_use = 0;
+  p->nin_use--;
+  qtg_pg_pool_conn_ready(c);
+}
+
+/* ---- commands ---------------------------------------------------------------- */
+
+static int qtg_pg_begin_command(qtg_pg_conn *c, qtg_pg_result_cb cb, void *data) {
+  if (c->state != QTG_PG_IDLE) return -1;
+  c->state = QTG_PG_BUSY;
+  c->cb = cb;
+  c->data = data;
+  c->has_cb = 1;
+  c->step = QTG_PG_STEP_RUN;
+  return 0;
+}
+
+int qtg_pg_query(qtg_pg_conn *c, const char *sql, int nparams, const char *const *values, int prepare,
+                 qtg_pg_result_cb cb, void *data) {
+  if (qtg_pg_begin_command(c, cb, data) != 0) return -1;
+  int idx = prepare ? qtg_pg_stmt_find(c, sql) : -1;
+  c->pending_n = nparams;
+  if (nparams > 0) {
+    c->pending_values = calloc((size_t)nparams, sizeof *c->pending_values);
+    if (!c->pending_values) goto fail;
+    for (int i = 0; i < nparams; i++) {
+      if (values[i] && !(c->pending_values[i] = strdup(values[i]))) goto fail;
+    }
+  }
+  if (idx >= 0) {
+    if (qtg_pg_send_prepared(c, idx) != 0) goto fail;
+    return 0;
+  }
+  if (prepare) {
+    char name[16];
+    snprintf(name, sizeof name, "qtg%d", c->nstmts);
+    c->pending_sql = strdup(sql);
+    if (!c->pending_sql) goto fail;
+    c->step = QTG_PG_STEP_PREPARE;
+    if (!PQsendPrepare(c->pg, name, sql, nparams, NULL)) goto fail;
+  } else if (!PQsendQueryParams(c->pg, sql, nparams, NULL, (const char *const *)c->pending_values, NULL,
+                                NULL, 0)) {
+    goto fail;
+  }
+  if (qtg_pg_flush(c) != 0) goto fail;
+  return 0;
+fail:
+  qtg_pg_pending_free(c);
+  c->has_cb = 0;
+  c->state = PQstatus(c->pg) == CONNECTION_BAD ? QTG_PG_BROKEN : QTG_PG_IDLE;
+  return -1;
+}
+
+int qtg_pg_exec(qtg_pg_conn *c, const char *sql, qtg_pg_result_cb cb, void *data) {
+  if (qtg_pg_begin_command(c, cb, data) != 0) return -1;
+  if (!PQsendQuery(c->pg, sql) || qtg_pg_flush(c) != 0) {
+    c->has_cb = 0;
+    c->state = PQstatus(c->pg) == CONNECTION_BAD ? QTG_PG_BROKEN : QTG_PG_IDLE;
+    return -1;
+  }
+  return 0;
+}
+
+void qtg_pg_forget(qtg_pg_conn *c) {
+  c->has_cb = 0;
+  c->cb = NULL;
+}
+
+int qtg_pg_busy(const qtg_pg_conn *c) { return c->state == QTG_PG_BUSY; }
+int qtg_pg_broken(const qtg_pg_conn *c) { return c->state == QTG_PG_BROKEN; }
+PGTransactionStatusType qtg_pg_txn_status(const qtg_pg_conn *c) { return PQtransactionStatus(c->pg); }
+int qtg_pg_backend_pid(const qtg_pg_conn *c) { return PQbackendPID(c->pg); }
+const char *qtg_pg_error_message(const qtg_pg_conn *c) { return PQerrorMessage(c->pg); }
+
+void qtg_pg_pool_stats(const qtg_pg_pool *p, int *size, int *open, int *in_use, int *waiting) {
+  *size = p->size;
+  *open = p->nconns;
+  *in_use = p->nin_use;
+  *waiting = p->nwaiters;
+}
+
+/* ---- listener ---------------------------------------------------------------- */
+
+static void qtg_pg_listener_connect(qtg_pg_listener *l);
+
+static void qtg_pg_listener_retry(uv_timer_t *t) { qtg_pg_listener_connect(t->data); }
+
+static void qtg_pg_listener_schedule(qtg_pg_listener *l) {
+  if (uv_timer_start(l->retry, qtg_pg_listener_retry, 1000, 0) != 0)
+    qtg_log_error("listener: cannot arm the reconnect timer");
+}
+
+static void qtg_pg_listener_connect(qtg_pg_listener *l) {
+  char err[256];
+  l->conn = qtg_pg_conn_start(l->loop, l->conninfo, NULL, l, err, sizeof err);
+  if (!l->conn) {
+    qtg_log_warn("listener: %s; retrying in 1 s", err);
+    qtg_pg_listener_schedule(l);
+  }
+}
+
+static void qtg_pg_listener_send(qtg_pg_listener *l);
+
+static void qtg_pg_listener_listened(qtg_pg_conn *c, PGresult *res, const char *err, void *data) {
+  qtg_pg_listener *l = data;
+  (void)c;
+  if (err || !res || PQresultStatus(res) != PGRES_COMMAND_OK) {
+    qtg_log_warn("listener: LISTEN failed: %s", err ? err : res ? PQresultErrorMessage(res) : "?");
+    return;
+  }
+  if (l->relisten) {
+    qtg_pg_listener_send(l);
+    return;
+  }
+  qtg_pg_listener_drain(l);
+  /* After a reconnect, NOTIFYs sent while we were away are lost: tell the
+   * owners so they can poll once. */
+  if (l->connected_once > 1)
+    for (int i = 0; i < l->nchannels; i++) l->cb(l->channels[i], NULL, l->data);
+}
+
+static void qtg_pg_listener_send(qtg_pg_listener *l) {
+  qtg_pg_conn *c = l->conn;
+  if (!c || c->state != QTG_PG_IDLE) {
+    l->relisten = 1;
+    return;
+  }
+  l->relisten = 0;
+  size_t cap = 32;
+  for (int i = 0; i < l->nchannels; i++) cap += strlen(l->channels[i]) * 2 + 16;
+  char *sql = malloc(cap);
+  if (!sql) return;
+  size_t off = 0;
+  sql[0] = '\0';
+  for (int i = 0; i < l->nchannels; i++) {
+    char *id = PQescapeIdentifier(c->pg, l->channels[i], strlen(l->channels[i]));
+    if (!id) continue;
+    off += (size_t)snprintf(sql + off, cap - off, "LISTEN %s;", id);
+    PQfreemem(id);
+  }
+  if (off == 0) snprintf(sql, cap, "SELECT 1");
+  if (qtg_pg_exec(c, sql, qtg_pg_listener_listened, l) != 0) qtg_pg_conn_fail(c, PQerrorMessage(c->pg));
+  free(sql);
+}
+
+static void qtg_pg_listener_conn_ready(qtg_pg_listener *l) {
+  l->connected_once++;
+  qtg_pg_listener_send(l);
+}
+
+static void qtg_pg_listener_conn_lost(qtg_pg_listener *l) {
+  qtg_log_warn("listener connection lost; reconnecting in 1 s");
+  qtg_pg_conn *c = l->conn;
+  l->conn = NULL;
+  if (c) {
+    c->has_cb = 0;
+    qtg_pg_conn_free(c);
+  }
+  qtg_pg_listener_schedule(l);
+}
+
+static void qtg_pg_listener_drain(qtg_pg_listener *l) {
+  PGnotify *n;
+  while (l->conn && (n = PQnotifies(l->conn->pg)) != NULL) {
+    l->cb(n->relname, n->extra ? n->extra : "", l->data);
+    PQfreemem(n);
+  }
+}
+
+int qtg_pg_listener_new(uv_loop_t *loop, const char *conninfo, qtg_pg_notify_cb cb, void *data,
+                        qtg_pg_listener **out) {
+  qtg_pg_listener *l = calloc(1, sizeof *l);
+  if (!l) return -1;
+  l->loop = loop;
+  l->cb = cb;
+  l->data = data;
+  l->conninfo = strdup(conninfo);
+  l->retry = malloc(sizeof *l->retry);
+  if (!l->conninfo || !l->retry || uv_timer_init(loop, l->retry) != 0) {
+    free(l->conninfo);
+    free(l->retry);
+    free(l);
+    return -1;
+  }
+  l->retry->data = l;
+  qtg_pg_listener_connect(l);
+  *out = l;
+  return 0;
+}
+
+int qtg_pg_listener_add(qtg_pg_listener *l, const char *channel) {
+  for (int i = 0; i < l->nchannels; i++)
+    if (strcmp(l->channels[i], channel) == 0) return 0;
+  char **ch = realloc(l->channels, (size_t)(l->nchannels + 1) * sizeof *ch);
+  if (!ch) return -1;
+  l->channels = ch;
+  if (!(ch[l->nchannels] = strdup(channel))) return -1;
+  l->nchannels++;
+  qtg_pg_listener_send(l);
+  return 0;
+}
+
+int qtg_pg_listener_remove(qtg_pg_listener *l, const char *channel) {
+  for (int i = 0; i < l->nchannels; i++) {
+    if (strcmp(l->channels[i], channel) != 0) continue;
+    free(l->channels[i]);
+    l->channels[i] = l->channels[--l->nchannels];
+    /* UNLISTEN is not worth a round trip: stray NOTIFYs are dropped by the owner. */
+    return 0;
+  }
+  return -1;
+}
+
+void qtg_pg_listener_free(qtg_pg_listener *l) {
+  if (!l) return;
+  if (l->conn) qtg_pg_conn_free(l->conn);
+  uv_close((uv_handle_t *)l->retry, qtg_pg_poll_closed);
+  for (int i = 0; i < l->nchannels; i++) free(l->channels[i]);
+  free(l->channels);
+  free(l->conninfo);
+  free(l);
+}

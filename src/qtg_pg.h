@@ -1,0 +1,66 @@
+/* qtg_pg.h -- asynchronous PostgreSQL on the libuv loop: a pool of libpq
+ * connections driven without blocking, and a listener connection for
+ * LISTEN/NOTIFY.
+ *
+ * Why in C: libpq's non-blocking API needs socket readiness, which only the
+ * loop owner can give.  Lua sees sessions (lua_db.c) built on this.
+ *
+ * Contract (libuv style): a function that returns an error never calls its
+ * callback; one that returns 0 calls it exactly once, never synchronously. */
+#ifndef QTG_PG_H
+#define QTG_PG_H
+
+#include <libpq-fe.h>
+#include <uv.h>
+
+typedef struct qtg_pg_pool qtg_pg_pool;
+typedef struct qtg_pg_conn qtg_pg_conn;
+typedef struct qtg_pg_listener qtg_pg_listener;
+
+/* conn is NULL when err is set (the server cannot be reached). */
+typedef void (*qtg_pg_acquire_cb)(qtg_pg_conn *conn, const char *err, void *data);
+/* res is the last result of the command (cleared by the pool after the
+ * callback returns); on a lost connection res is NULL and err is set.  A SQL
+ * error comes as a res with PGRES_FATAL_ERROR status. */
+typedef void (*qtg_pg_result_cb)(qtg_pg_conn *conn, PGresult *res, const char *err, void *data);
+/* payload NULL: the listener (re)connected and LISTENs again: catch up. */
+typedef void (*qtg_pg_notify_cb)(const char *channel, const char *payload, void *data);
+
+int qtg_pg_pool_new(uv_loop_t *loop, const char *conninfo, int size, qtg_pg_pool **out);
+/* Frees every connection; callbacks of in-flight work are NOT called. */
+void qtg_pg_pool_free(qtg_pg_pool *pool);
+
+/* Returns 1 and sets *out when a connection is free now (no callback);
+ * 0 when queued (cb called later, in FIFO order of waiters); -1 on error. */
+int qtg_pg_acquire(qtg_pg_pool *pool, qtg_pg_acquire_cb cb, void *data, qtg_pg_conn **out);
+/* Forget a queued acquire (its callback will not be called). */
+void qtg_pg_acquire_cancel(qtg_pg_pool *pool, void *data);
+/* Give a connection back; an open transaction is rolled back first and a
+ * broken or busy connection is discarded. */
+void qtg_pg_release(qtg_pg_conn *conn);
+
+/* Extended protocol; prepare=1 caches a prepared statement per connection
+ * keyed by the SQL text.  Values are text (NULL = SQL NULL). */
+int qtg_pg_query(qtg_pg_conn *conn, const char *sql, int nparams, const char *const *values,
+                 int prepare, qtg_pg_result_cb cb, void *data);
+/* Simple protocol: several statements, no parameters. */
+int qtg_pg_exec(qtg_pg_conn *conn, const char *sql, qtg_pg_result_cb cb, void *data);
+/* Forget the callback of an in-flight command (the connection is then
+ * discarded when released, since its protocol state is unknown). */
+void qtg_pg_forget(qtg_pg_conn *conn);
+
+int qtg_pg_busy(const qtg_pg_conn *conn);
+int qtg_pg_broken(const qtg_pg_conn *conn);
+PGTransactionStatusType qtg_pg_txn_status(const qtg_pg_conn *conn);
+int qtg_pg_backend_pid(const qtg_pg_conn *conn);
+void qtg_pg_pool_stats(const qtg_pg_pool *pool, int *size, int *open, int *in_use, int *waiting);
+
+/* LISTEN/NOTIFY on a dedicated connection kept out of the pool, re-opened
+ * (with its channels) after it drops. */
+int qtg_pg_listener_new(uv_loop_t *loop, const char *conninfo, qtg_pg_notify_cb cb, void *data,
+                        qtg_pg_listener **out);
+int qtg_pg_listener_add(qtg_pg_listener *l, const char *channel);
+int qtg_pg_listener_remove(qtg_pg_listener *l, const char *channel);
+void qtg_pg_listener_free(qtg_pg_listener *l);
+
+#endif
