@@ -1,0 +1,96 @@
+-- qtg.canon_json: canonical JSON text (sorted object keys, exact integers).
+-- Used for hashes (graph hash, compiled plan hash) and for every jsonb value
+-- the engine writes, because cjson cannot tell an empty array from an empty
+-- object: mark arrays with M.array(t) (a decoded JSON array of length > 0 is
+-- recognised by its keys 1..n).
+local M = {}
+
+local array_mt = { __name = "qtg.canon_json.array" }
+
+function M.array(t)
+  return setmetatable(t or {}, array_mt)
+end
+
+function M.is_array(t)
+  if getmetatable(t) == array_mt then return true end
+  local n = #t
+  if n == 0 then return false end
+  local count = 0
+  for _ in pairs(t) do count = count + 1 end
+  return count == n
+end
+
+local escapes = {
+  ['"'] = '\\"', ['\\'] = '\\\\', ['\b'] = '\\b', ['\f'] = '\\f',
+  ['\n'] = '\\n', ['\r'] = '\\r', ['\t'] = '\\t',
+}
+
+local function encode_string(s)
+  return '"' .. s:gsub('[%c"\\]', function(c)
+    return escapes[c] or string.format("\\u%04x", c:byte())
+  end) .. '"'
+end
+
+local function encode_number(n)
+  if n ~= n or n == math.huge or n == -math.huge then
+    error("canon_json: cannot encode " .. tostring(n), 0)
+  end
+  if n == math.floor(n) and math.abs(n) < 2^53 then
+    return string.format("%d", n)
+  end
+  return string.format("%.17g", n)
+end
+
+local encode
+
+local function encode_table(t, depth)
+  if depth > 64 then error("canon_json: nesting deeper than 64", 0) end
+  local parts = {}
+  if M.is_array(t) then
+    for i = 1, #t do parts[i] = encode(t[i], depth + 1) end
+    return "[" .. table.concat(parts, ",") .. "]"
+  end
+  local keys = {}
+  for k in pairs(t) do
+    if type(k) ~= "string" then
+      error("canon_json: object key of type " .. type(k), 0)
+    end
+    keys[#keys + 1] = k
+  end
+  table.sort(keys)
+  for i, k in ipairs(keys) do
+    parts[i] = encode_string(k) .. ":" .. encode(t[k], depth + 1)
+  end
+  return "{" .. table.concat(parts, ",") .. "}"
+end
+
+local encoders = {
+  ["nil"] = function() return "null" end,
+  boolean = function(v) return v and "true" or "false" end,
+  number = encode_number,
+  string = encode_string,
+  table = encode_table,
+  -- cjson.null / qtg.db.NULL are lightuserdata NULL pointers
+  userdata = function() return "null" end,
+}
+
+encode = function(v, depth)
+  local f = encoders[type(v)]
+  if not f then error("canon_json: cannot encode a " .. type(v), 0) end
+  return f(v, depth or 0)
+end
+
+function M.encode(v)
+  return encode(v, 0)
+end
+
+-- A deep copy that keeps array marks (and marks decoded arrays).
+function M.copy(v)
+  if type(v) ~= "table" then return v end
+  local out = {}
+  for k, x in pairs(v) do out[k] = M.copy(x) end
+  if M.is_array(v) then setmetatable(out, array_mt) end
+  return out
+end
+
+return M

@@ -1,0 +1,182 @@
+-- qtg.executors: the executor interface, the registry, and the checks every
+-- executor answer passes before the engine believes it.
+--
+-- An adapter is a module (one table of plain functions):
+--   preflight(ctx)            -> {ok = true} | {ok = false, error_code =, error_detail =}
+--   prepare(ctx)              -> {payload_format =, payload =, payload_hash =,
+--                                 action_type =, signer_key =}   (signer_key: sign it)
+--   submit(ctx, submission)   -> result   submission = {idempotency_key =,
+--                                 prepared =, signature =}
+--   observe(octx)             -> result
+--   recover(octx)             -> result
+--   health()                  -> {state = "healthy"|"degraded"|"down", detail =}
+-- ctx is the ExecutionContext (qtg.context); octx is the observe context the
+-- observer and recovery build (qtg.nodes.observe_context).  A result is
+--   {status =, provider_refs = {...}, artifacts = {...}, side_effect = bool,
+--    retry_after_seconds = n, error_code =, error_detail =}
+-- with the statuses allowed per call in M.STATUSES.  Anything else (a raise,
+-- a non-table, a wrong type) is caught by the worker and recorded as
+-- EXECUTOR_ERROR / EXECUTOR_BAD_RESPONSE; see docs/data-model.md.
+local canon = require "qtg.canon_json"
+
+local M = {}
+
+-- executor name -> adapter module.  Add a row to add an adapter.
+M.ADAPTERS = {
+  sim = "qtg.executors.sim",
+  manual = "qtg.executors.manual",
+}
+
+-- action type -> default executor name (a template node may name another
+-- executor with "executor").  Add a row to support an action type.
+M.ACTION_TYPES = {
+  withdrawal = "sim",
+  cex_withdrawal_status = "sim",
+  cex_deposit_status = "sim",
+  destination_chain_receive_observe = "sim",
+  destination_chain_finality_observe = "sim",
+  protocol_observe = "sim",
+  burn = "sim",
+  cctp_attestation = "sim",
+  mint = "sim",
+  cctp_mint_status = "sim",
+  ccip_send = "sim",
+  ccip_delivery = "sim",
+  stargate_send = "sim",
+  debridge_fulfillment = "sim",
+  evm_transfer = "sim",
+  manual_approval = "manual",
+  manual_confirmation = "manual",
+  manual_transfer = "manual",
+}
+
+-- Statuses each call may answer with, and the node state each leads to.
+M.STATUSES = {
+  submit = { SUBMITTED = "SUBMITTED", SUBMITTING = "SUBMITTING", COMPLETED = "COMPLETED",
+             FAILED = "FAILED", UNKNOWN = "UNKNOWN" },
+  observe = { OBSERVING = "OBSERVING", COMPLETED = "COMPLETED", FAILED = "FAILED",
+              UNKNOWN = "UNKNOWN" },
+  recover = { SUBMITTED = "SUBMITTED", COMPLETED = "COMPLETED", FAILED = "FAILED",
+              UNKNOWN = "UNKNOWN" },
+}
+
+M.ERROR = "EXECUTOR_ERROR"
+M.BAD_RESPONSE = "EXECUTOR_BAD_RESPONSE"
+M.NOT_REGISTERED = "EXECUTOR_NOT_REGISTERED"
+
+function M.default_executor(action_type)
+  return M.ACTION_TYPES[action_type]
+end
+
+function M.known_executor(name)
+  return M.ADAPTERS[name] ~= nil
+end
+
+-- get(name) -> adapter table, or nil + message.
+function M.get(name)
+  local modname = M.ADAPTERS[name]
+  if not modname then return nil, "no executor named " .. tostring(name) end
+  local ok, mod = pcall(require, modname)
+  if not ok then return nil, "executor " .. name .. " failed to load: " .. tostring(mod) end
+  return mod
+end
+
+-- Field checks of an answer: field -> predicate(value) -> ok.
+local function optional(t)
+  return function(v) return v == nil or type(v) == t end
+end
+
+local function encodable(v)
+  return (pcall(canon.encode, v))
+end
+
+local function is_object(v)
+  if v == nil then return true end
+  if type(v) ~= "table" then return false end
+  for k in pairs(v) do if type(k) ~= "string" then return false end end
+  return encodable(v)
+end
+
+local function is_array(v)
+  if v == nil then return true end
+  if type(v) ~= "table" then return false end
+  local n = 0
+  for _ in pairs(v) do n = n + 1 end
+  return n == #v and encodable(v)
+end
+
+local function non_negative(v)
+  return v == nil or (type(v) == "number" and v >= 0 and v == v and v < math.huge)
+end
+
+local RESULT_FIELDS = {
+  provider_refs = is_object,
+  artifacts = is_array,
+  side_effect = optional("boolean"),
+  retry_after_seconds = non_negative,
+  error_code = optional("string"),
+  error_detail = optional("string"),
+}
+
+local SHAPES = {
+  preflight = { ok = function(v) return type(v) == "boolean" end,
+                error_code = optional("string"), error_detail = optional("string") },
+  prepare = { payload_format = function(v) return type(v) == "string" end,
+              payload = optional("string"), payload_hash = optional("string"),
+              action_type = optional("string"), signer_key = optional("string") },
+  health = { state = function(v) return v == "healthy" or v == "degraded" or v == "down" end,
+             detail = optional("string") },
+}
+for call in pairs(M.STATUSES) do SHAPES[call] = RESULT_FIELDS end
+
+-- check(call, answer) -> answer, or nil + reason (a bad response).
+function M.check(call, answer)
+  if type(answer) ~= "table" then
+    return nil, string.format("%s returned a %s, not a table", call, type(answer))
+  end
+  local statuses = M.STATUSES[call]
+  if statuses and not statuses[answer.status] then
+    return nil, string.format("%s returned status %s (expected one of %s)", call,
+      tostring(answer.status), M.status_list(call))
+  end
+  for field, ok in pairs(SHAPES[call]) do
+    if not ok(answer[field]) then
+      return nil, string.format("%s returned a bad %s (%s)", call, field, type(answer[field]))
+    end
+  end
+  if call == "prepare" and answer.signer_key and not answer.payload_hash then
+    return nil, "prepare asks for signing without a payload_hash"
+  end
+  return answer
+end
+
+function M.status_list(call)
+  local out = {}
+  for s in pairs(M.STATUSES[call]) do out[#out + 1] = s end
+  table.sort(out)
+  return table.concat(out, ", ")
+end
+
+local function error_text(e)
+  if type(e) == "table" then return tostring(e.message or e.kind or e) end
+  return tostring(e)
+end
+
+-- call(adapter, fname, ...) -> answer | nil, error_code, detail
+-- Runs one adapter function, catching a raise (EXECUTOR_ERROR), a missing
+-- function (EXECUTOR_ERROR) and a malformed answer (EXECUTOR_BAD_RESPONSE).
+function M.call(adapter, fname, ...)
+  local f = adapter[fname]
+  if type(f) ~= "function" then
+    return nil, M.ERROR, "executor has no " .. fname .. "()"
+  end
+  local ok, answer = pcall(f, ...)
+  if not ok then
+    return nil, M.ERROR, string.format("%s raised: %s", fname, error_text(answer))
+  end
+  local checked, why = M.check(fname, answer)
+  if not checked then return nil, M.BAD_RESPONSE, why end
+  return checked
+end
+
+return M

@@ -1,0 +1,284 @@
+-- qtg.nodes: the engine's writes on requests and nodes, shared by the
+-- lifecycle (qtg.requests) and the core workers: load a request's graph,
+-- change a node or a request (with its callback and audit rows), advance the
+-- DAG after a completion and derive the request state.  Every function runs
+-- inside the caller's open transaction, with the request row already locked
+-- by the caller (rule: a request row is locked before any of its node rows).
+local canon = require "qtg.canon_json"
+local state = require "qtg.state"
+local outbox = require "qtg.outbox"
+
+local M = {}
+
+local NULL = require("cjson").null
+
+-- ------------------------------------------------------------------ loads
+function M.load_request(s, id, lock)
+  local sql = "SELECT * FROM movement_requests WHERE id = $1::uuid"
+  if lock then sql = sql .. " FOR UPDATE" end
+  return s:query(sql, id)[1]
+end
+
+-- All nodes of a request, sorted by node_key, and a by-key index.
+function M.load_nodes(s, request_id)
+  local nodes = s:query(
+    "SELECT * FROM movement_request_nodes WHERE request_id = $1::uuid ORDER BY node_key",
+    request_id)
+  local by = {}
+  for _, n in ipairs(nodes) do by[n.node_key] = n end
+  return nodes, by
+end
+
+function M.load_graph(s, plan_version_id)
+  local edges = s:query([[
+    SELECT f.node_key AS from_key, t.node_key AS to_key
+      FROM plan_edges e
+      JOIN plan_nodes f ON f.id = e.from_node_id
+      JOIN plan_nodes t ON t.id = e.to_node_id
+     WHERE e.plan_version_id = $1
+     ORDER BY 1, 2]], plan_version_id)
+  return state.graph(edges)
+end
+
+-- The request, its nodes and its graph: what every decision needs.
+function M.load_all(s, request)
+  local nodes, by = M.load_nodes(s, request.id)
+  return { request = request, nodes = nodes, by_key = by,
+           graph = M.load_graph(s, request.plan_version_id) }
+end
+
+-- ---------------------------------------------------------- node updates
+-- field -> SET clause; "%d" is the parameter number.  json fields are sent
+-- as canonical JSON text; `array` ones are marked as JSON arrays.
+local NODE_SET = {
+  node_state = { "node_state = $%d" },
+  attempt_no = { "attempt_no = $%d::int" },
+  idempotency_key = { "idempotency_key = $%d" },
+  side_effect = { "side_effect = $%d::boolean" },
+  observe_count = { "observe_count = $%d::int" },
+  next_observe_in = { "next_observe_at = clock_timestamp() + $%d::float8 * interval '1 second'" },
+  error_code = { "error_code = $%d" },
+  error_detail = { "error_detail = $%d" },
+  resolved_config = { "resolved_config = $%d::jsonb", json = true },
+  provider_refs = { "provider_refs = $%d::jsonb", json = true },
+  merge_provider_refs = { "provider_refs = provider_refs || $%d::jsonb", json = true },
+  append_artifacts = { "artifacts = artifacts || $%d::jsonb", json = true, array = true },
+  started_now = { "started_at = clock_timestamp()", noparam = true },
+  finished_now = { "finished_at = clock_timestamp()", noparam = true },
+  clear_finished = { "finished_at = NULL", noparam = true },
+}
+
+local function param(spec, v)
+  if v == nil or v == NULL then return NULL end
+  if spec.json then
+    if spec.array then v = canon.array(canon.copy(v)) end
+    return canon.encode(v)
+  end
+  return v
+end
+
+-- update_node(s, node, fields): write fields (keys of NODE_SET) on the node
+-- row and refresh the Lua table `node` from the returned row.  A state
+-- change is checked against qtg.state first (the database checks it too).
+function M.update_node(s, node, fields)
+  local to = fields.node_state
+  if to and to ~= node.node_state and not state.node_can(node.node_state, to) then
+    error(string.format("illegal node transition %s -> %s (node %s %s)",
+      node.node_state, to, node.node_key, node.id), 2)
+  end
+  local names = {}
+  for k in pairs(fields) do
+    if not NODE_SET[k] then error("nodes.update_node: unknown field " .. k, 2) end
+    names[#names + 1] = k
+  end
+  table.sort(names)
+  local sets, args = {}, { node.id }
+  for _, k in ipairs(names) do
+    local spec = NODE_SET[k]
+    if spec.noparam then
+      sets[#sets + 1] = spec[1]
+    else
+      args[#args + 1] = param(spec, fields[k])
+      sets[#sets + 1] = string.format(spec[1], #args)
+    end
+  end
+  local sql = "UPDATE movement_request_nodes SET " .. table.concat(sets, ", ") ..
+    " WHERE id = $1::uuid RETURNING *"
+  local row = s:query(sql, unpack(args, 1, #args))[1]
+  for k, v in pairs(row) do node[k] = v end
+  return node
+end
+
+-- -------------------------------------------------------- request updates
+local REQUEST_SET = {
+  request_state = { "request_state = $%d" },
+  current_frontier = { "current_frontier = $%d::jsonb", json = true, array = true },
+  approved_by = { "approved_by = $%d" },
+  approved_now = { "approved_at = clock_timestamp()", noparam = true },
+  finished_now = { "finished_at = clock_timestamp()", noparam = true },
+  clear_finished = { "finished_at = NULL", noparam = true },
+  last_error_code = { "last_error_code = $%d" },
+}
+
+function M.update_request(s, request, fields)
+  local to = fields.request_state
+  if to and to ~= request.request_state and not state.request_can(request.request_state, to) then
+    error(string.format("illegal request transition %s -> %s (request %s)",
+      request.request_state, to, request.id), 2)
+  end
+  local names = {}
+  for k in pairs(fields) do
+    if not REQUEST_SET[k] then error("nodes.update_request: unknown field " .. k, 2) end
+    names[#names + 1] = k
+  end
+  table.sort(names)
+  local sets, args = {}, { request.id }
+  for _, k in ipairs(names) do
+    local spec = REQUEST_SET[k]
+    if spec.noparam then
+      sets[#sets + 1] = spec[1]
+    else
+      args[#args + 1] = param(spec, fields[k])
+      sets[#sets + 1] = string.format(spec[1], #args)
+    end
+  end
+  local sql = "UPDATE movement_requests SET " .. table.concat(sets, ", ") ..
+    " WHERE id = $1::uuid RETURNING *"
+  local row = s:query(sql, unpack(args, 1, #args))[1]
+  for k, v in pairs(row) do request[k] = v end
+  return request
+end
+
+-- The callback event and audit action of each request state reached by
+-- derivation or by a worker.
+M.STATE_EVENTS = {
+  EXECUTING = "request_executing",
+  COMPLETED = "request_completed",
+  FAILED = "request_failed",
+  MANUAL_INTERVENTION = "request_attention",
+  WAITING_MANUAL_ACTION = "request_attention",
+}
+
+M.TERMINAL_REQUEST = { COMPLETED = true, REJECTED = true, CANCELLED = true, EXPIRED = true }
+
+-- set_request_state(s, request, to, actor, opts): the change, its callback
+-- and its audit row.  opts: {event = (default M.STATE_EVENTS[to]), data = {},
+-- fields = {extra REQUEST_SET fields}, action = audit action}.
+function M.set_request_state(s, request, to, actor, opts)
+  opts = opts or {}
+  local from = request.request_state
+  local fields = {}
+  for k, v in pairs(opts.fields or {}) do fields[k] = v end
+  fields.request_state = to
+  if M.TERMINAL_REQUEST[to] or to == "FAILED" then fields.finished_now = true end
+  M.update_request(s, request, fields)
+  local data = opts.data or {}
+  data.from_state = from
+  local event = opts.event or M.STATE_EVENTS[to]
+  if event then outbox.enqueue_callback(s, request, event, data) end
+  outbox.audit(s, actor, opts.action or ("request." .. to:lower()), "movement_request",
+    request.id, request.id, data)
+end
+
+-- set_node_state(s, g, node, fields, actor): a node change plus its audit
+-- row (node changes have no callback of their own: the request-level events
+-- that follow from them carry the news).
+function M.set_node_state(s, g, node, fields, actor)
+  local from = node.node_state
+  M.update_node(s, node, fields)
+  outbox.audit(s, actor, "node." .. node.node_state:lower(), "movement_request_node",
+    node.id, g.request.id, {
+      node_key = node.node_key, from_state = from, attempt_no = node.attempt_no,
+      error_code = node.error_code ~= NULL and node.error_code or nil,
+    })
+end
+
+-- apply_request_state(s, g, actor): derive the request state from the nodes
+-- and apply it when it changes (never out of a state it cannot leave).
+function M.apply_request_state(s, g, actor)
+  local to = state.derive_request_state(g.nodes)
+  local req = g.request
+  if not to or to == req.request_state then return nil end
+  if not state.request_can(req.request_state, to) then return nil end
+  local data = {}
+  if to == "WAITING_MANUAL_ACTION" or to == "MANUAL_INTERVENTION" then
+    data.reason = to:lower()
+    data.nodes = canon.array()
+    for _, n in ipairs(g.nodes) do
+      if (to == "WAITING_MANUAL_ACTION" and n.node_state == "READY")
+        or (to == "MANUAL_INTERVENTION" and (n.node_state == "FAILED" or n.node_state == "UNKNOWN")) then
+        data.nodes[#data.nodes + 1] = { node_key = n.node_key, node_state = n.node_state,
+          error_code = n.error_code ~= NULL and n.error_code or nil }
+      end
+    end
+  end
+  local fields = {}
+  if to == "FAILED" or to == "MANUAL_INTERVENTION" then
+    for _, n in ipairs(g.nodes) do
+      if (n.node_state == "FAILED" or n.node_state == "UNKNOWN") and n.error_code ~= NULL then
+        fields.last_error_code = n.error_code
+      end
+    end
+  end
+  if to == "COMPLETED" then fields.current_frontier = canon.array() end
+  M.set_request_state(s, req, to, actor, { data = data, fields = fields })
+  return to
+end
+
+-- advance_after_completion(s, g, node, actor): the spec's function.  The
+-- completed node's BLOCKED successors whose direct predecessors are all
+-- COMPLETED/SKIPPED become READY; current_frontier becomes the successor keys
+-- and a frontier_advanced callback is written.  Without successors the
+-- request state is derived (full completion).
+function M.advance_after_completion(s, g, node, actor)
+  local successors, ready = state.advance(g.by_key, g.graph, node.node_key)
+  if #successors == 0 then
+    return M.apply_request_state(s, g, actor)
+  end
+  for _, key in ipairs(ready) do
+    M.set_node_state(s, g, g.by_key[key], { node_state = "READY" }, actor)
+  end
+  local waiting = canon.array()
+  local ready_set = {}
+  for _, k in ipairs(ready) do ready_set[k] = true end
+  for _, k in ipairs(successors) do
+    if not ready_set[k] and g.by_key[k].node_state == "BLOCKED" then waiting[#waiting + 1] = k end
+  end
+  M.update_request(s, g.request, { current_frontier = successors })
+  outbox.enqueue_callback(s, g.request, "frontier_advanced", {
+    completed = node.node_key, ready = canon.array(ready), waiting = waiting,
+  })
+  return M.apply_request_state(s, g, actor)
+end
+
+-- after_node_change(s, g, node, actor): what follows any node change: a
+-- completion advances the DAG; every change re-derives the request state.
+function M.after_node_change(s, g, node, actor)
+  if node.node_state == "COMPLETED" then
+    return M.advance_after_completion(s, g, node, actor)
+  end
+  return M.apply_request_state(s, g, actor)
+end
+
+-- The context observe() and recover() receive.
+function M.observe_context(request, node)
+  local function v(x) if x == NULL then return nil end return x end
+  return {
+    request_id = tostring(request.id),
+    request_node_id = tostring(node.id),
+    node_key = node.node_key,
+    node_kind = node.node_kind,
+    action_type = node.action_type,
+    node_state = node.node_state,
+    attempt_no = node.attempt_no,
+    idempotency_key = v(node.idempotency_key),
+    provider_refs = canon.copy(node.provider_refs),
+    node_config = canon.copy(v(node.resolved_config) or {}),
+    intent = canon.copy(request.intent),
+    input_params = canon.copy(request.input_params),
+    observe_count = node.observe_count,
+    started_at = v(node.started_at),
+  }
+end
+
+return M

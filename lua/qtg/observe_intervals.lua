@@ -1,0 +1,35 @@
+-- qtg.observe_intervals: how long the observer waits before it observes a
+-- node again (spec section 2, DEFAULT_OBSERVE_INTERVALS).  An executor's
+-- retry_after_seconds wins over the table, clamped to MAX_BACKOFF_SECONDS.
+local M = {}
+
+M.DEFAULT_OBSERVE_INTERVALS = {
+  cex_withdrawal_status = 5,
+  cex_deposit_status = 10,
+  destination_chain_receive_observe = 10,
+  destination_chain_finality_observe = 15,
+  protocol_observe = 15,
+  cctp_attestation = 15,
+  cctp_mint_status = 5,
+  ccip_delivery = 60,
+  debridge_fulfillment = 30,
+}
+M.OTHER = 10
+M.MAX_BACKOFF_SECONDS = 600
+
+function M.default_for(action_type)
+  return M.DEFAULT_OBSERVE_INTERVALS[action_type] or M.OTHER
+end
+
+-- delay(action_type, retry_after_seconds) -> seconds until the next observe.
+-- retry_after_seconds: nil, or a number >= 0 (validated by the executor
+-- result checker); it wins and is clamped to MAX_BACKOFF_SECONDS.
+function M.delay(action_type, retry_after_seconds)
+  if type(retry_after_seconds) == "number" then
+    if retry_after_seconds < 0 then return 0 end
+    return math.min(retry_after_seconds, M.MAX_BACKOFF_SECONDS)
+  end
+  return M.default_for(action_type)
+end
+
+return M

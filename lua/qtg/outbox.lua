@@ -1,0 +1,80 @@
+-- qtg.outbox: the two outboxes every state change writes in its own
+-- transaction: the request's callback (movement_callback_outbox, delivered by
+-- the callback_dispatcher) and the audit record (audit_outbox, promoted into
+-- audit_events by the audit_outbox_promoter).
+--
+-- Callbacks: a request without a callback_url gets no callback rows (there
+-- is nowhere to deliver them; its history is in the audit trail).  Each row's
+-- payload is the exact JSON body that will be POSTed and signed:
+--   {"event_type", "request_id", "request_state", "current_frontier",
+--    "occurred_at", "sequence", "data"}
+-- request_state and current_frontier are read from the row as the current
+-- transaction left it; sequence is the request's callback_sequence, bumped
+-- under the request's row lock, so a request's callbacks are numbered 1, 2, 3
+-- in the order their transactions committed.
+local canon = require "qtg.canon_json"
+
+local M = {}
+
+-- Event types, for documentation and for checks in callers.
+M.EVENTS = {
+  request_created = true, request_approved = true, request_rejected = true,
+  request_cancelled = true, request_expired = true, request_executing = true,
+  frontier_advanced = true, request_attention = true, request_completed = true,
+  request_failed = true, request_resumed = true, node_retried = true,
+  manual_step_completed = true,
+}
+
+local ENQUEUE_SQL = [[
+WITH r AS (
+  UPDATE movement_requests
+     SET callback_sequence = callback_sequence + 1
+   WHERE id = $1::uuid AND callback_url IS NOT NULL
+  RETURNING id, request_state, current_frontier, callback_url, callback_sequence)
+INSERT INTO movement_callback_outbox (request_id, event_type, payload, callback_url, max_attempts)
+SELECT r.id, $2::text,
+       jsonb_build_object(
+         'event_type', $2::text,
+         'request_id', r.id,
+         'request_state', r.request_state,
+         'current_frontier', r.current_frontier,
+         'occurred_at', to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+         'sequence', r.callback_sequence,
+         'data', $3::jsonb)::text,
+       r.callback_url, $4::int
+  FROM r
+RETURNING id, payload]]
+
+local function max_attempts()
+  local ok, qtg = pcall(require, "qtg")
+  local n = ok and qtg.settings and qtg.settings.callback_max_attempts
+  return tonumber(n) or 5
+end
+
+-- enqueue_callback(s, request_row, event_type, data) -> outbox row or nil
+-- (nil when the request has no callback_url).  Call it inside the
+-- transaction that made the change, after the change.
+function M.enqueue_callback(s, request_row, event_type, data)
+  if not M.EVENTS[event_type] then
+    error("outbox.enqueue_callback: unknown event type " .. tostring(event_type), 2)
+  end
+  local rows = s:query(ENQUEUE_SQL, request_row.id, event_type, canon.encode(data or {}),
+    max_attempts())
+  return rows[1]
+end
+
+local ACTOR_PATTERN = "^[a-z]+:[%w%._%-@]+$"
+
+-- audit(s, actor, action, entity_type, entity_id, request_id, detail)
+-- actor: "system:<worker>" or "console:<uid>" (or "api:<client>").
+function M.audit(s, actor, action, entity_type, entity_id, request_id, detail)
+  if type(actor) ~= "string" or not actor:match(ACTOR_PATTERN) then
+    error("outbox.audit: actor must look like system:<worker> or console:<uid>, got "
+      .. tostring(actor), 2)
+  end
+  s:query([[INSERT INTO audit_outbox (actor, action, entity_type, entity_id, request_id, detail)
+            VALUES ($1, $2, $3, $4, $5::uuid, $6::jsonb)]],
+    actor, action, entity_type, tostring(entity_id), request_id, canon.encode(detail or {}))
+end
+
+return M

@@ -1,0 +1,359 @@
+-- qtg.requests: the lifecycle of a movement request, as the console (and
+-- later an API) calls it.  Every function takes (s, target, actor, extra):
+--   create(s, args, actor)                     -> request, created
+--   approve(s, request_id, actor)              -> request
+--   reject(s, request_id, actor, reason)       -> request
+--   cancel(s, request_id, actor, reason)       -> request
+--   resume(s, request_id, actor)               -> request
+--   retry(s, node_id, actor)                   -> request, node
+--   complete_manual_step(s, node_id, actor, input) -> request, node
+--   get(s, request_id)                         -> request, nodes
+--
+-- Transactions: a function joins the caller's transaction when one is open
+-- (s:in_transaction()) and leaves the commit to the caller; otherwise it runs
+-- in its own transaction, committed on success and rolled back on error.
+-- Either way the state change, its callback-outbox row and its audit-outbox
+-- row commit together or not at all.
+--
+-- Refusals raise {kind = "illegal_transition" | "not_found" | "invalid_intent"
+-- | "invalid_input", message = ...} (tostring gives the message).
+--
+-- A process serves one network class (MG_NETWORK_CLASS): requests are
+-- created in it, and a request of another class is "not_found" here.
+local canon = require "qtg.canon_json"
+local state = require "qtg.state"
+local nodes_db = require "qtg.nodes"
+local outbox = require "qtg.outbox"
+local templates = require "qtg.templates"
+local executors = require "qtg.executors"
+
+local M = {}
+
+local NULL = require("cjson").null
+
+local err_mt = { __tostring = function(e) return e.kind .. ": " .. e.message end }
+
+local function refuse(kind, fmt, ...)
+  error(setmetatable({ kind = kind, message = string.format(fmt, ...) }, err_mt), 0)
+end
+M.refuse = refuse
+
+local function settings()
+  return require("qtg").settings
+end
+
+-- Run fn in the caller's transaction, or in one of its own.
+local function in_tx(s, fn)
+  if s:in_transaction() then return fn() end
+  s:begin()
+  local res = { pcall(fn) }
+  if not res[1] then
+    s:rollback()
+    error(res[2], 0)
+  end
+  s:commit()
+  return unpack(res, 2, table.maxn(res))
+end
+M.in_tx = in_tx
+
+local UUID = "^%x%x%x%x%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%x%x%x%x%x%x%x%x$"
+
+local function check_uuid(id, what)
+  if type(id) ~= "string" or not id:lower():match(UUID) then
+    refuse("not_found", "%s %s: not a request id (uuid)", what, tostring(id))
+  end
+end
+
+local function check_actor(actor)
+  if type(actor) ~= "string" or not actor:match("^[a-z]+:[%w%._%-@]+$") then
+    refuse("invalid_input", "actor must look like console:<uid> or system:<worker>, got %s",
+      tostring(actor))
+  end
+end
+
+local function lock_request(s, id)
+  check_uuid(id, "request")
+  local req = nodes_db.load_request(s, id, true)
+  if not req then refuse("not_found", "request %s does not exist", id) end
+  local class = settings().network_class
+  if req.network_class ~= class then
+    refuse("not_found", "request %s belongs to network class %s; this process serves %s",
+      id, req.network_class, class)
+  end
+  return req
+end
+
+-- Lock a node's request (first) and then the node.
+local function lock_node(s, node_id)
+  check_uuid(node_id, "node")
+  local row = s:query("SELECT request_id FROM movement_request_nodes WHERE id = $1::uuid", node_id)[1]
+  if not row then refuse("not_found", "node %s does not exist", node_id) end
+  local req = lock_request(s, row.request_id)
+  local node = s:query("SELECT * FROM movement_request_nodes WHERE id = $1::uuid FOR UPDATE", node_id)[1]
+  return req, node
+end
+
+local function expect_state(req, allowed, action)
+  for _, st in ipairs(allowed) do if req.request_state == st then return end end
+  refuse("illegal_transition", "cannot %s request %s: it is %s (allowed from %s)", action,
+    req.id, req.request_state, table.concat(allowed, ", "))
+end
+
+-- ----------------------------------------------------------------- create
+local function check_create_args(args)
+  if type(args) ~= "table" then refuse("invalid_input", "create needs a table of arguments") end
+  if type(args.template_key) ~= "string" or args.template_key == "" then
+    refuse("invalid_input", "template_key is required")
+  end
+  if type(args.idempotency_key) ~= "string" or args.idempotency_key == ""
+      or #args.idempotency_key > 200 then
+    refuse("invalid_input", "idempotency_key is required (1 to 200 characters)")
+  end
+  if type(args.intent) ~= "table" then refuse("invalid_intent", "intent is required (a JSON object)") end
+  if args.input_params ~= nil and type(args.input_params) ~= "table" then
+    refuse("invalid_input", "input_params must be a JSON object")
+  end
+  if args.callback_url ~= nil and args.callback_url ~= NULL then
+    -- the callback dispatcher's own rule for a URL it may POST to
+    local ok, why = require("qtg.callbacks").check_url(args.callback_url)
+    if not ok then refuse("invalid_input", "bad callback_url: %s", why) end
+  end
+  if args.network_class ~= nil and args.network_class ~= settings().network_class then
+    refuse("invalid_input", "network_class %s: this process serves %s (MG_NETWORK_CLASS)",
+      tostring(args.network_class), settings().network_class)
+  end
+end
+
+local function find_existing(s, network_class, key)
+  return s:query("SELECT * FROM movement_requests WHERE network_class = $1 AND idempotency_key = $2",
+    network_class, key)[1]
+end
+
+-- create(s, {template_key=, intent=, idempotency_key=, input_params=,
+--            callback_url=}, actor) -> request, created
+-- The latest plan version of the template is used.  A repeated
+-- (network_class, idempotency_key) returns the first request, created=false.
+function M.create(s, args, actor)
+  check_actor(actor)
+  check_create_args(args)
+  local network_class = settings().network_class
+  return in_tx(s, function()
+    local existing = find_existing(s, network_class, args.idempotency_key)
+    if existing then return existing, false end
+    local pv = s:query([[
+      SELECT pv.*, t.template_key FROM plan_versions pv
+        JOIN movement_templates t ON t.id = pv.template_id
+       WHERE t.template_key = $1 ORDER BY pv.version DESC LIMIT 1]], args.template_key)[1]
+    if not pv then refuse("not_found", "template %s is not loaded", args.template_key) end
+    local ok, why = templates.validate_intent(pv.intent_schema, args.intent)
+    if not ok then refuse("invalid_intent", "template %s: %s", args.template_key, why) end
+    local keys = {}
+    for _, r in ipairs(s:query("SELECT node_key FROM plan_nodes WHERE plan_version_id = $1", pv.id)) do
+      keys[#keys + 1] = r.node_key
+    end
+    local frontier = state.roots(keys, nodes_db.load_graph(s, pv.id))
+    local req = s:query([[
+      INSERT INTO movement_requests (network_class, template_key, plan_version_id,
+        compiled_plan_hash, request_state, intent, input_params, current_frontier,
+        idempotency_key, callback_url, expires_at, created_by)
+      VALUES ($1, $2, $3, $4, 'PENDING_APPROVAL', $5::jsonb, $6::jsonb, $7::jsonb, $8, $9,
+              now() + $10::int * interval '1 second', $11)
+      ON CONFLICT (network_class, idempotency_key) DO NOTHING
+      RETURNING *]], network_class, args.template_key, pv.id, pv.compiled_plan_hash,
+      canon.encode(args.intent), canon.encode(args.input_params or {}),
+      canon.encode(canon.array(frontier)), args.idempotency_key,
+      args.callback_url ~= NULL and args.callback_url or nil,
+      settings().approval_ttl_seconds, actor)[1]
+    if not req then
+      -- a concurrent create with the same key won the race
+      return find_existing(s, network_class, args.idempotency_key), false
+    end
+    s:query([[
+      INSERT INTO movement_request_nodes (request_id, plan_node_id, node_key, node_kind,
+                                          action_type, executor, node_state)
+      SELECT $1::uuid, id, node_key, node_kind, action_type, executor, 'BLOCKED'
+        FROM plan_nodes WHERE plan_version_id = $2]], req.id, pv.id)
+    outbox.enqueue_callback(s, req, "request_created", {
+      template_key = args.template_key, template_version = pv.version,
+      expires_at = req.expires_at,
+    })
+    outbox.audit(s, actor, "request.create", "movement_request", req.id, req.id, {
+      template_key = args.template_key, template_version = pv.version,
+      idempotency_key = args.idempotency_key, network_class = network_class,
+    })
+    return nodes_db.load_request(s, req.id), true
+  end)
+end
+
+-- ---------------------------------------------------------------- approve
+function M.approve(s, id, actor)
+  check_actor(actor)
+  return in_tx(s, function()
+    local req = lock_request(s, id)
+    expect_state(req, { "PENDING_APPROVAL" }, "approve")
+    local expired = s:query("SELECT expires_at IS NOT NULL AND expires_at <= now() AS x FROM movement_requests WHERE id = $1::uuid", id)[1].x
+    if expired then
+      refuse("illegal_transition", "cannot approve request %s: its approval window closed at %s",
+        id, tostring(req.expires_at))
+    end
+    local g = nodes_db.load_all(s, req)
+    nodes_db.set_request_state(s, req, "APPROVED", actor, {
+      event = "request_approved", action = "request.approve",
+      fields = { approved_by = actor, approved_now = true },
+    })
+    for _, key in ipairs(req.current_frontier) do
+      local node = g.by_key[key]
+      if node and node.node_state == "BLOCKED" then
+        nodes_db.set_node_state(s, g, node, { node_state = "READY" }, actor)
+      end
+    end
+    nodes_db.apply_request_state(s, g, actor)
+    return req
+  end)
+end
+
+-- Cancel every node that has not started (BLOCKED/READY).
+local function cancel_pending_nodes(s, g, actor)
+  for _, n in ipairs(g.nodes) do
+    if n.node_state == "BLOCKED" or n.node_state == "READY" then
+      nodes_db.set_node_state(s, g, n, { node_state = "CANCELLED" }, actor)
+    end
+  end
+end
+
+-- ----------------------------------------------------------------- reject
+function M.reject(s, id, actor, reason)
+  check_actor(actor)
+  return in_tx(s, function()
+    local req = lock_request(s, id)
+    expect_state(req, { "PENDING_APPROVAL" }, "reject")
+    local g = nodes_db.load_all(s, req)
+    cancel_pending_nodes(s, g, actor)
+    nodes_db.set_request_state(s, req, "REJECTED", actor, {
+      event = "request_rejected", action = "request.reject",
+      data = { reason = reason }, fields = { current_frontier = canon.array() },
+    })
+    return req
+  end)
+end
+
+-- ----------------------------------------------------------------- cancel
+-- Allowed while no node is in flight (SUBMITTING/SUBMITTED/OBSERVING): a
+-- submitted movement cannot be called back by cancelling its request.
+function M.cancel(s, id, actor, reason)
+  check_actor(actor)
+  return in_tx(s, function()
+    local req = lock_request(s, id)
+    if not state.request_can(req.request_state, "CANCELLED") then
+      refuse("illegal_transition", "cannot cancel request %s: it is %s", id, req.request_state)
+    end
+    local g = nodes_db.load_all(s, req)
+    for _, n in ipairs(g.nodes) do
+      if state.IN_FLIGHT[n.node_state] then
+        refuse("illegal_transition",
+          "cannot cancel request %s: node %s is %s (in flight); wait for it or resolve it first",
+          id, n.node_key, n.node_state)
+      end
+    end
+    cancel_pending_nodes(s, g, actor)
+    nodes_db.set_request_state(s, req, "CANCELLED", actor, {
+      event = "request_cancelled", action = "request.cancel",
+      data = { reason = reason }, fields = { current_frontier = canon.array() },
+    })
+    return req
+  end)
+end
+
+-- ----------------------------------------------------------------- resume
+-- MANUAL_INTERVENTION -> EXECUTING: the operator has looked; recovery sweeps
+-- the request's UNKNOWN nodes again.
+function M.resume(s, id, actor)
+  check_actor(actor)
+  return in_tx(s, function()
+    local req = lock_request(s, id)
+    expect_state(req, { "MANUAL_INTERVENTION" }, "resume")
+    nodes_db.set_request_state(s, req, "EXECUTING", actor, {
+      event = "request_resumed", action = "request.resume",
+    })
+    return req
+  end)
+end
+
+-- ------------------------------------------------------------------ retry
+-- A FAILED or UNKNOWN node back to READY; its next dispatch is attempt
+-- attempt_no + 1 with a new idempotency key.  The request returns to
+-- EXECUTING.
+function M.retry(s, node_id, actor)
+  check_actor(actor)
+  return in_tx(s, function()
+    local req, node = lock_node(s, node_id)
+    if node.node_state ~= "FAILED" and node.node_state ~= "UNKNOWN" then
+      refuse("illegal_transition", "cannot retry node %s (%s): it is %s (only FAILED or UNKNOWN)",
+        node.node_key, node_id, node.node_state)
+    end
+    expect_state(req, { "FAILED", "MANUAL_INTERVENTION", "EXECUTING" }, "retry a node of")
+    local g = nodes_db.load_all(s, req)
+    node = g.by_key[node.node_key]
+    local previous = { error_code = node.error_code, error_detail = node.error_detail,
+                       node_state = node.node_state, attempt_no = node.attempt_no }
+    nodes_db.set_node_state(s, g, node, { node_state = "READY", error_code = NULL,
+      error_detail = NULL, next_observe_in = NULL, clear_finished = true }, actor)
+    if req.request_state ~= "EXECUTING" then
+      nodes_db.update_request(s, req, { request_state = "EXECUTING", clear_finished = true })
+    end
+    outbox.enqueue_callback(s, req, "node_retried", { node_key = node.node_key,
+      previous_state = previous.node_state, previous_error_code = previous.error_code })
+    outbox.audit(s, actor, "node.retry", "movement_request_node", node.id, req.id, previous)
+    return req, node
+  end)
+end
+
+-- ---------------------------------------------------- complete a manual step
+function M.complete_manual_step(s, node_id, actor, input)
+  check_actor(actor)
+  return in_tx(s, function()
+    local req, node = lock_node(s, node_id)
+    if not state.is_manual(node.action_type) then
+      refuse("illegal_transition", "node %s (%s) is not a manual step (%s)", node.node_key,
+        node_id, node.action_type)
+    end
+    if node.node_state ~= "READY" then
+      refuse("illegal_transition", "cannot complete manual step %s: it is %s (must be READY)",
+        node.node_key, node.node_state)
+    end
+    expect_state(req, { "WAITING_MANUAL_ACTION", "EXECUTING" }, "complete a manual step of")
+    local adapter, why = executors.get(node.executor)
+    if not adapter or type(adapter.complete) ~= "function" then
+      refuse("illegal_transition", "node %s: executor %s cannot complete manual steps (%s)",
+        node.node_key, node.executor, tostring(why))
+    end
+    local config = s:query("SELECT config FROM plan_nodes WHERE id = $1", node.plan_node_id)[1].config
+    local done, err = adapter.complete(config, input)
+    if not done then refuse("invalid_input", "manual step %s: %s", node.node_key, err) end
+    local g = nodes_db.load_all(s, req)
+    node = g.by_key[node.node_key]
+    if req.request_state == "WAITING_MANUAL_ACTION" then
+      nodes_db.update_request(s, req, { request_state = "EXECUTING" })
+    end
+    nodes_db.set_node_state(s, g, node, {
+      node_state = "COMPLETED", attempt_no = node.attempt_no + 1,
+      merge_provider_refs = done.provider_refs, append_artifacts = done.artifacts,
+      side_effect = done.side_effect or node.side_effect, finished_now = true,
+      resolved_config = config,
+    }, actor)
+    outbox.enqueue_callback(s, req, "manual_step_completed", { node_key = node.node_key })
+    nodes_db.after_node_change(s, g, node, actor)
+    return req, node
+  end)
+end
+
+-- -------------------------------------------------------------------- get
+function M.get(s, id)
+  check_uuid(id, "request")
+  local req = nodes_db.load_request(s, id, false)
+  if not req then refuse("not_found", "request %s does not exist", id) end
+  local nodes = nodes_db.load_nodes(s, id)
+  return req, nodes
+end
+
+return M

@@ -1,0 +1,206 @@
+-- qtg.workers.node_dispatcher (spec section 1): one READY node per tick,
+-- FIFO by request created_at, through preflight -> prepare -> (sign) ->
+-- submit, in one transaction that holds the node and request locks from the
+-- claim to the commit (no per-node commit split).
+--
+-- Claim: qtg.db.claim.one walks the unlocked FIFO candidates one at a time
+-- and claims one by id with FOR UPDATE OF nodes, requests SKIP LOCKED under a
+-- savepoint, rolling the savepoint back on a miss (so a node whose request is
+-- locked elsewhere keeps no lock) and excluding tried ids.
+--
+-- Outcomes (docs/data-model.md has the table):
+--   bad $ref                      FAILED   CONFIG_REF_UNRESOLVED
+--   no such executor              FAILED   EXECUTOR_NOT_REGISTERED
+--   preflight/prepare raise, garbage  FAILED EXECUTOR_ERROR / EXECUTOR_BAD_RESPONSE
+--   preflight refuses             FAILED   PREFLIGHT_REJECTED
+--   signer refuses                FAILED   SIGNING_FAILED
+--   submit answers                SUBMITTED / SUBMITTING / COMPLETED / FAILED / UNKNOWN
+--   submit raises or garbage      UNKNOWN  EXECUTOR_ERROR / EXECUTOR_BAD_RESPONSE
+--     (it may have reached the provider: never guessed, recovery decides)
+-- Every submit carries context.idempotency_key(node id, attempt_no): if this
+-- transaction is lost after the provider call, the node is READY again with
+-- the same attempt_no and the resubmission carries the same key.
+local qtg = require "qtg"
+local canon = require "qtg.canon_json"
+local context = require "qtg.context"
+local executors = require "qtg.executors"
+local intervals = require "qtg.observe_intervals"
+local nodes_db = require "qtg.nodes"
+
+local M = {}
+
+M.ACTOR = "system:node_dispatcher"
+
+-- $1: ids already tried (text[], given by qtg.db.claim.one), $2: network class.
+M.CANDIDATES_SQL = [[
+SELECT n.id
+  FROM movement_request_nodes n
+  JOIN movement_requests r ON r.id = n.request_id
+ WHERE n.node_state = 'READY'
+   AND r.request_state IN ('APPROVED', 'EXECUTING')
+   AND r.network_class = $2
+   AND n.action_type NOT LIKE 'manual\_%'
+   AND NOT (n.id::text = ANY ($1::text[]))
+ ORDER BY r.created_at ASC, n.node_key ASC
+ LIMIT 1]]
+
+M.CLAIM_SQL = [[
+SELECT movement_request_nodes.id AS node_id, movement_requests.id AS request_id
+  FROM movement_request_nodes
+  JOIN movement_requests ON movement_requests.id = movement_request_nodes.request_id
+ WHERE movement_request_nodes.id = $1::uuid
+   AND movement_request_nodes.node_state = 'READY'
+   AND movement_requests.request_state IN ('APPROVED', 'EXECUTING')
+   AND movement_requests.network_class = $2
+   FOR UPDATE OF movement_request_nodes, movement_requests SKIP LOCKED]]
+
+M.MAX_MISSES = 50
+
+local NULL = qtg.db.NULL
+
+local function plan_of(s, node)
+  local row = s:query([[
+    SELECT pn.config, pn.timeout_policy, pn.node_kind, pn.action_type,
+           pv.version, pv.risk_controls, t.template_key
+      FROM plan_nodes pn
+      JOIN plan_versions pv ON pv.id = pn.plan_version_id
+      JOIN movement_templates t ON t.id = pv.template_id
+     WHERE pn.id = $1]], node.plan_node_id)[1]
+  return row, { version = row.version, risk_controls = row.risk_controls,
+                template_key = row.template_key }
+end
+
+local FINAL = { COMPLETED = true, FAILED = true }
+
+-- Write the outcome of this attempt and what follows from it.
+local function record(s, g, node, outcome)
+  local fields = {
+    node_state = outcome.state,
+    attempt_no = outcome.attempt_no,
+    started_now = true,
+    error_code = outcome.error_code or NULL,
+    error_detail = outcome.error_detail or NULL,
+  }
+  if outcome.idempotency_key then fields.idempotency_key = outcome.idempotency_key end
+  if outcome.resolved_config then fields.resolved_config = outcome.resolved_config end
+  local r = outcome.result
+  if r then
+    if r.provider_refs then fields.merge_provider_refs = r.provider_refs end
+    if r.artifacts then fields.append_artifacts = r.artifacts end
+    if r.side_effect then fields.side_effect = true end
+  end
+  if outcome.state == "SUBMITTED" then
+    fields.next_observe_in = intervals.delay(node.action_type, r and r.retry_after_seconds)
+  end
+  if FINAL[outcome.state] then fields.finished_now = true end
+  nodes_db.set_node_state(s, g, node, fields, M.ACTOR)
+  nodes_db.after_node_change(s, g, node, M.ACTOR)
+  qtg.log.info("node dispatched", { worker = "node_dispatcher", request_id = g.request.id,
+    node_id = node.id, node_key = node.node_key, node_state = node.node_state,
+    attempt_no = node.attempt_no, error_code = outcome.error_code })
+end
+
+local SUBMIT_ERROR_CODES = { FAILED = "SUBMIT_REJECTED", UNKNOWN = "SUBMIT_OUTCOME_UNKNOWN" }
+
+-- The pipeline; returns the outcome table for record().  `stage` tells the
+-- caller whether submit was reached (for an engine error after it).
+local function pipeline(s, g, node, progress)
+  local plan_node, plan_version = plan_of(s, node)
+  local attempt_no = node.attempt_no + 1
+  local function fail(code, detail)
+    return { state = "FAILED", attempt_no = attempt_no, error_code = code, error_detail = detail }
+  end
+  local ok, ctx = pcall(context.build, { request = g.request, node = node, plan_node = plan_node,
+    plan_version = plan_version, nodes = g.nodes, pred_keys = g.graph.preds[node.node_key] })
+  if not ok then
+    if type(ctx) == "table" and ctx.code then return fail(ctx.code, ctx.message) end
+    error(ctx, 0)
+  end
+  local adapter, why = executors.get(node.executor)
+  if not adapter then return fail(executors.NOT_REGISTERED, why) end
+  local pre, code, detail = executors.call(adapter, "preflight", ctx)
+  if not pre then return fail(code, detail) end
+  if not pre.ok then
+    return fail("PREFLIGHT_REJECTED", string.format("%s: %s", tostring(pre.error_code),
+      tostring(pre.error_detail or "preflight refused")))
+  end
+  local prepared
+  prepared, code, detail = executors.call(adapter, "prepare", ctx)
+  if not prepared then return fail(code, detail) end
+  local signature
+  if prepared.signer_key then
+    local sreq = context.sign_request(ctx, prepared)
+    local sig, err = qtg.signer.sign(prepared.signer_key, sreq)
+    if not sig then
+      return fail("SIGNING_FAILED", type(err) == "table" and tostring(err.message) or tostring(err))
+    end
+    signature = sig
+  end
+  local key = context.idempotency_key(node.id, attempt_no)
+  progress.submitted = true
+  progress.attempt_no, progress.key = attempt_no, key
+  local result
+  result, code, detail = executors.call(adapter, "submit", ctx,
+    { idempotency_key = key, prepared = prepared, signature = signature })
+  local outcome = { attempt_no = attempt_no, idempotency_key = key,
+                    resolved_config = ctx.node_config }
+  if not result then
+    outcome.state, outcome.error_code, outcome.error_detail = "UNKNOWN", code, detail
+    return outcome
+  end
+  outcome.state = executors.STATUSES.submit[result.status]
+  outcome.result = result
+  outcome.error_code = result.error_code or SUBMIT_ERROR_CODES[outcome.state]
+  outcome.error_detail = result.error_detail
+  return outcome
+end
+
+-- dispatch(s, node_id, request_id): the claimed node, locks held.
+function M.dispatch(s, node_id, request_id)
+  local req = nodes_db.load_request(s, request_id)
+  local g = nodes_db.load_all(s, req)
+  local node
+  for _, n in ipairs(g.nodes) do if n.id == node_id then node = n end end
+  if req.request_state == "APPROVED" then
+    nodes_db.set_request_state(s, req, "EXECUTING", M.ACTOR, { action = "request.executing" })
+  end
+  s:savepoint("dispatch_pipeline")
+  local progress = {}
+  local ok, outcome = pcall(pipeline, s, g, node, progress)
+  if not ok then
+    -- An engine error (not the executor's): record it rather than loop on
+    -- the node.  Past submit the provider may have acted: UNKNOWN.
+    if type(outcome) == "table" and outcome.kind == "connection" then error(outcome, 0) end
+    s:rollback_to("dispatch_pipeline")
+    local detail = type(outcome) == "table" and tostring(outcome.message) or tostring(outcome)
+    qtg.log.error("dispatch failed", { worker = "node_dispatcher", node_id = node.id, error = detail })
+    g = nodes_db.load_all(s, req)
+    node = g.by_key[node.node_key]
+    outcome = { state = progress.submitted and "UNKNOWN" or "FAILED",
+                attempt_no = progress.attempt_no or (node.attempt_no + 1),
+                idempotency_key = progress.key, error_code = "ENGINE_ERROR",
+                error_detail = detail }
+  end
+  s:release_savepoint("dispatch_pipeline")
+  record(s, g, node, outcome)
+  return node
+end
+
+function M.tick(s)
+  s:begin()
+  local row = qtg.db.claim.one(s, {
+    candidates_sql = M.CANDIDATES_SQL,
+    claim_sql = M.CLAIM_SQL,
+    args = { qtg.settings.network_class },
+    max_misses = M.MAX_MISSES,
+  })
+  if not row then
+    s:rollback()
+    return 0
+  end
+  M.dispatch(s, row.node_id, row.request_id)
+  s:commit()
+  return 1
+end
+
+return M

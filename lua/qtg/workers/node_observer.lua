@@ -1,0 +1,149 @@
+-- qtg.workers.node_observer (spec section 2): observe SUBMITTED/OBSERVING
+-- nodes of EXECUTING requests whose next_observe_at is due, at most
+-- MG_NODE_OBSERVE_BATCH_SIZE (10) per pass, FIFO by request created_at.
+--
+-- Two-phase claim: an unlocked snapshot of due ids, then per id, in its own
+-- transaction, a re-select FOR UPDATE OF movement_request_nodes,
+-- movement_requests SKIP LOCKED under a savepoint (qtg.db.claim.try: rolled
+-- back on a miss), still filtered on the due predicate.  A hit keeps the node
+-- and request locks through observe() and the commit; one node's slow
+-- provider never holds another node's lock.
+--
+-- Observe timeout (MG_OBSERVE_TIMEOUT_ENFORCEMENT_ENABLED, default off): a
+-- due node older than its plan node's positive timeout_policy.observe_seconds
+-- (since started_at) goes to UNKNOWN with OBSERVATION_TIMEOUT without calling
+-- the executor; never FAILED.
+--
+-- Answers: OBSERVING (next_observe_at from qtg.observe_intervals; the
+-- executor's retry_after_seconds wins, clamped to 600), COMPLETED (advance
+-- the DAG), FAILED, UNKNOWN; a raise or a malformed answer is UNKNOWN with
+-- EXECUTOR_ERROR / EXECUTOR_BAD_RESPONSE.
+local qtg = require "qtg"
+local executors = require "qtg.executors"
+local intervals = require "qtg.observe_intervals"
+local nodes_db = require "qtg.nodes"
+
+local M = {}
+
+M.ACTOR = "system:node_observer"
+M.TIMEOUT_CODE = "OBSERVATION_TIMEOUT"
+
+-- $1: network class, $2: limit.
+M.SNAPSHOT_SQL = [[
+SELECT movement_request_nodes.id
+  FROM movement_request_nodes
+  JOIN movement_requests ON movement_requests.id = movement_request_nodes.request_id
+ WHERE movement_request_nodes.node_state IN ('SUBMITTED', 'OBSERVING')
+   AND movement_requests.request_state = 'EXECUTING'
+   AND movement_requests.network_class = $1
+   AND (movement_request_nodes.next_observe_at IS NULL
+        OR movement_request_nodes.next_observe_at <= now())
+ ORDER BY movement_requests.created_at ASC
+ LIMIT $2]]
+
+-- $1: node id, $2: network class.
+M.CLAIM_SQL = [[
+SELECT movement_request_nodes.id AS node_id, movement_requests.id AS request_id,
+       plan_nodes.timeout_policy,
+       extract(epoch FROM now() - movement_request_nodes.started_at)::float8 AS age_seconds
+  FROM movement_request_nodes
+  JOIN movement_requests ON movement_requests.id = movement_request_nodes.request_id
+  JOIN plan_nodes ON plan_nodes.id = movement_request_nodes.plan_node_id
+ WHERE movement_request_nodes.id = $1::uuid
+   AND movement_request_nodes.node_state IN ('SUBMITTED', 'OBSERVING')
+   AND movement_requests.request_state = 'EXECUTING'
+   AND movement_requests.network_class = $2
+   AND (movement_request_nodes.next_observe_at IS NULL
+        OR movement_request_nodes.next_observe_at <= now())
+   FOR UPDATE OF movement_request_nodes, movement_requests SKIP LOCKED]]
+
+local NULL = qtg.db.NULL
+
+local function timed_out(row)
+  if not qtg.settings.observe_timeout_enforcement_enabled then return false end
+  local tp = row.timeout_policy
+  local limit = type(tp) == "table" and tp.observe_seconds
+  if type(limit) ~= "number" or limit <= 0 then return false end
+  return type(row.age_seconds) == "number" and row.age_seconds > limit, limit
+end
+
+local OUTCOME_CODES = { FAILED = "OBSERVED_FAILURE", UNKNOWN = "OBSERVE_OUTCOME_UNKNOWN" }
+
+-- The node change an observe answer leads to.
+local function fields_for(node, answer, code, detail)
+  local fields = { observe_count = node.observe_count + 1 }
+  if not answer then
+    fields.node_state, fields.error_code, fields.error_detail = "UNKNOWN", code, detail
+    fields.next_observe_in = NULL
+    return fields
+  end
+  local to = executors.STATUSES.observe[answer.status]
+  fields.node_state = to
+  if answer.provider_refs then fields.merge_provider_refs = answer.provider_refs end
+  if answer.artifacts then fields.append_artifacts = answer.artifacts end
+  if answer.side_effect then fields.side_effect = true end
+  if to == "OBSERVING" then
+    fields.next_observe_in = intervals.delay(node.action_type, answer.retry_after_seconds)
+  else
+    fields.next_observe_in = NULL
+    fields.error_code = answer.error_code or OUTCOME_CODES[to] or NULL
+    fields.error_detail = answer.error_detail or NULL
+  end
+  if to == "COMPLETED" or to == "FAILED" then fields.finished_now = true end
+  return fields
+end
+
+-- observe_claimed(s, row): the node and request are locked.
+function M.observe_claimed(s, row)
+  local req = nodes_db.load_request(s, row.request_id)
+  local g = nodes_db.load_all(s, req)
+  local node
+  for _, n in ipairs(g.nodes) do if n.id == row.node_id then node = n end end
+  local over, limit = timed_out(row)
+  local fields
+  if over then
+    fields = { node_state = "UNKNOWN", error_code = M.TIMEOUT_CODE, next_observe_in = NULL,
+               error_detail = string.format("no outcome %.0f s after start (observe_seconds %s)",
+                 row.age_seconds, tostring(limit)) }
+  else
+    local adapter, why = executors.get(node.executor)
+    local answer, code, detail
+    if adapter then
+      answer, code, detail = executors.call(adapter, "observe", nodes_db.observe_context(req, node))
+    else
+      code, detail = executors.NOT_REGISTERED, why
+    end
+    fields = fields_for(node, answer, code, detail)
+  end
+  if fields.node_state == node.node_state then
+    nodes_db.update_node(s, node, fields)   -- still OBSERVING: no state change to audit
+  else
+    nodes_db.set_node_state(s, g, node, fields, M.ACTOR)
+    nodes_db.after_node_change(s, g, node, M.ACTOR)
+  end
+  return node
+end
+
+function M.tick(s)
+  local class = qtg.settings.network_class
+  local ids = s:query(M.SNAPSHOT_SQL, class, qtg.settings.node_observe_batch_size or 10)
+  local hits = 0
+  for _, c in ipairs(ids) do
+    s:begin()
+    local ok, err = pcall(function()
+      local row = qtg.db.claim.try(s, M.CLAIM_SQL, c.id, class)
+      if row then
+        M.observe_claimed(s, row)
+        hits = hits + 1
+      end
+    end)
+    if not ok then
+      s:rollback()
+      error(err, 0)
+    end
+    s:commit()
+  end
+  return hits
+end
+
+return M

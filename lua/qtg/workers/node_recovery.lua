@@ -1,0 +1,136 @@
+-- qtg.workers.node_recovery (spec section 3): recover UNKNOWN nodes, and
+-- SUBMITTING nodes idle past their lane's grace cutoff, through the
+-- executor's recover(), for EXECUTING requests only.
+--
+-- MG_NODE_RECOVERY_BATCH_SIZE (default 10) is split over four arms in
+-- priority order (CCIP, Stargate, CEX, everything else), each taking
+-- max(1, batch // 4), each ordered by movement_request_nodes.updated_at ASC
+-- and claimed FOR UPDATE OF nodes, requests SKIP LOCKED, one transaction per
+-- arm.  A lane is the set of action types matching its LIKE patterns.
+--
+-- recover() answers SUBMITTED (observed again at once), COMPLETED (the DAG
+-- advances), FAILED, or UNKNOWN (still unknown: an UNKNOWN node stays, a
+-- SUBMITTING one becomes UNKNOWN).  A raise or malformed answer leaves the
+-- node where it is with EXECUTOR_ERROR / EXECUTOR_BAD_RESPONSE recorded
+-- (updated_at moves, so the arm's other nodes come first next time).
+local qtg = require "qtg"
+local canon = require "qtg.canon_json"
+local executors = require "qtg.executors"
+local nodes_db = require "qtg.nodes"
+local intervals = require "qtg.observe_intervals"
+
+local M = {}
+
+M.ACTOR = "system:node_recovery"
+
+-- Lanes in priority order; grace_seconds: how long a SUBMITTING node may sit
+-- before recovery asks the provider.  The last lane (no patterns) is
+-- everything the others do not match.
+M.LANES = {
+  { name = "ccip", patterns = { "ccip%" }, grace_seconds = 900 },
+  { name = "stargate", patterns = { "stargate%" }, grace_seconds = 600 },
+  { name = "cex", patterns = { "cex%", "withdrawal" }, grace_seconds = 300 },
+  { name = "other", grace_seconds = 120 },
+}
+
+-- $1 network class, $2 grace seconds, $3 patterns (JSON array), $4 limit,
+-- $5 1 = the lane's patterns match, 0 = none of them matches ("other").
+M.ARM_SQL = [[
+SELECT movement_request_nodes.id AS node_id, movement_requests.id AS request_id,
+       movement_request_nodes.node_state
+  FROM movement_request_nodes
+  JOIN movement_requests ON movement_requests.id = movement_request_nodes.request_id
+ WHERE (movement_request_nodes.node_state = 'UNKNOWN'
+        OR (movement_request_nodes.node_state = 'SUBMITTING'
+            AND movement_request_nodes.updated_at < now() - $2::float8 * interval '1 second'))
+   AND movement_requests.request_state = 'EXECUTING'
+   AND movement_requests.network_class = $1
+   AND (movement_request_nodes.action_type LIKE ANY (ARRAY(SELECT jsonb_array_elements_text($3::jsonb))))
+       = ($5::int = 1)
+ ORDER BY movement_request_nodes.updated_at ASC
+ LIMIT $4
+   FOR UPDATE OF movement_request_nodes, movement_requests SKIP LOCKED]]
+
+local NULL = qtg.db.NULL
+
+function M.arm_size(batch)
+  return math.max(1, math.floor(batch / 4))
+end
+
+-- The patterns an arm tests, and whether they must match.
+local function lane_filter(i)
+  local lane = M.LANES[i]
+  if lane.patterns then return canon.array(lane.patterns), 1 end
+  local all = canon.array()
+  for _, l in ipairs(M.LANES) do
+    for _, p in ipairs(l.patterns or {}) do all[#all + 1] = p end
+  end
+  return all, 0
+end
+
+local OUTCOME_CODES = { FAILED = "RECOVERED_AS_FAILED", UNKNOWN = "STILL_UNKNOWN" }
+
+function M.recover_claimed(s, row)
+  local req = nodes_db.load_request(s, row.request_id)
+  local g = nodes_db.load_all(s, req)
+  local node
+  for _, n in ipairs(g.nodes) do if n.id == row.node_id then node = n end end
+  local adapter, why = executors.get(node.executor)
+  local answer, code, detail
+  if adapter then
+    answer, code, detail = executors.call(adapter, "recover", nodes_db.observe_context(req, node))
+  else
+    code, detail = executors.NOT_REGISTERED, why
+  end
+  if not answer then
+    nodes_db.update_node(s, node, { error_code = code, error_detail = detail })
+    qtg.log.warn("recover failed", { worker = "node_recovery", node_id = node.id,
+      error_code = code, error = detail })
+    return node
+  end
+  local to = executors.STATUSES.recover[answer.status]
+  local fields = { node_state = to }
+  if answer.provider_refs then fields.merge_provider_refs = answer.provider_refs end
+  if answer.artifacts then fields.append_artifacts = answer.artifacts end
+  if answer.side_effect then fields.side_effect = true end
+  if to == "SUBMITTED" then
+    fields.next_observe_in = math.min(answer.retry_after_seconds or 0, intervals.MAX_BACKOFF_SECONDS)
+    fields.error_code, fields.error_detail = NULL, NULL
+  else
+    fields.error_code = answer.error_code or OUTCOME_CODES[to] or NULL
+    fields.error_detail = answer.error_detail or NULL
+  end
+  if to == "COMPLETED" or to == "FAILED" then fields.finished_now = true end
+  if to == node.node_state then
+    nodes_db.update_node(s, node, fields)
+  else
+    nodes_db.set_node_state(s, g, node, fields, M.ACTOR)
+    nodes_db.after_node_change(s, g, node, M.ACTOR)
+  end
+  return node
+end
+
+function M.tick(s)
+  local size = M.arm_size(qtg.settings.node_recovery_batch_size or 10)
+  local total = 0
+  for i, lane in ipairs(M.LANES) do
+    local patterns, match = lane_filter(i)
+    s:begin()
+    local ok, err = pcall(function()
+      local rows = s:query(M.ARM_SQL, qtg.settings.network_class, lane.grace_seconds,
+        canon.encode(patterns), size, match)
+      for _, row in ipairs(rows) do
+        M.recover_claimed(s, row)
+        total = total + 1
+      end
+    end)
+    if not ok then
+      s:rollback()
+      error(err, 0)
+    end
+    s:commit()
+  end
+  return total
+end
+
+return M

@@ -1,0 +1,151 @@
+-- Helpers of the engine specs (spec/lua/engine_*_spec.lua).  Loaded with
+-- dofile from inside a spec's blocks, never at load time.
+local qtg = require "qtg"
+local canon = require "qtg.canon_json"
+local templates = require "qtg.templates"
+local requests = require "qtg.requests"
+
+local M = {}
+
+M.ACTOR = "console:spec"
+
+function M.uid(prefix)
+  return (prefix or "k") .. "-" .. qtg.crypto.hex(qtg.crypto.random_bytes(8))
+end
+
+-- Move every request of this process's network class out of the way, so a
+-- spec's ticks only see the requests it made.
+function M.park_others(s)
+  s:query([[UPDATE movement_requests SET network_class = 'parked-' || network_class
+             WHERE network_class = $1]], qtg.settings.network_class)
+end
+
+function M.load_doc(s, doc)
+  local c, errs = templates.validate_and_compile(doc, "spec:" .. doc.template_key)
+  assert(c, errs and table.concat(errs, "\n"))
+  s:begin()
+  local r = templates.store(s, c)
+  s:commit()
+  return r
+end
+
+-- A template doc from a compact description:
+-- nodes = { {key, kind, action_type, config}, ... }, edges = { {"a","b"}, ... }
+function M.doc(key, nodes, edges, extra)
+  local d = { template_key = key, name = key, nodes = {}, edges = {},
+              intent = { required = { "asset", "amount" } } }
+  for i, n in ipairs(nodes) do
+    d.nodes[i] = { key = n[1], kind = n[2], action_type = n[3], config = n[4] or {},
+                   timeout_policy = n[5], executor = n.executor }
+  end
+  for i, e in ipairs(edges or {}) do d.edges[i] = { from = e[1], to = e[2] } end
+  for k, v in pairs(extra or {}) do d[k] = v end
+  return d
+end
+
+M.INTENT = { asset = "USDC", amount = "100.00" }
+
+function M.create(s, template_key, opts)
+  opts = opts or {}
+  return requests.create(s, {
+    template_key = template_key,
+    intent = opts.intent or M.INTENT,
+    idempotency_key = opts.idempotency_key or M.uid("idem"),
+    callback_url = opts.callback_url == nil and "http://127.0.0.1:9/callback" or opts.callback_url or nil,
+    input_params = opts.input_params,
+    network_class = opts.network_class,
+  }, M.ACTOR)
+end
+
+function M.create_approved(s, template_key, opts)
+  local own = {}
+  for k, v in pairs(opts or {}) do own[k] = v end
+  own.network_class = nil
+  local req = M.create(s, template_key, own)
+  req = requests.approve(s, req.id, M.ACTOR)
+  if opts and opts.network_class then
+    -- as if another deployment had made it
+    s:query("UPDATE movement_requests SET network_class = $2 WHERE id = $1::uuid", req.id, opts.network_class)
+    req.network_class = opts.network_class
+  end
+  return req
+end
+
+function M.nodes(s, request_id)
+  local out = {}
+  for _, n in ipairs(s:query("SELECT * FROM movement_request_nodes WHERE request_id = $1::uuid",
+      request_id)) do
+    out[n.node_key] = n
+  end
+  return out
+end
+
+function M.request(s, id)
+  return s:query("SELECT * FROM movement_requests WHERE id = $1::uuid", id)[1]
+end
+
+-- One tick of a worker module on a fresh session, as the runtime runs it.
+function M.tick(name)
+  local w = require("qtg.workers." .. name)
+  local s = qtg.db.acquire()
+  local ok, n = pcall(w.tick, s)
+  if s:in_transaction() then s:rollback() end
+  s:release()
+  if not ok then error(n, 0) end
+  return n
+end
+
+-- Tick the core workers until done(s) is true or `seconds` pass.
+function M.drive(s, done, seconds, workers)
+  workers = workers or { "node_dispatcher", "node_observer", "node_recovery" }
+  local deadline = qtg.monotonic() + (seconds or 20)
+  while qtg.monotonic() < deadline do
+    if done(s) then return true end
+    local n = 0
+    for _, w in ipairs(workers) do n = n + M.tick(w) end
+    if n == 0 then qtg.sleep(0.05) end
+  end
+  return done(s)
+end
+
+function M.state_is(req_id, want)
+  return function(s) return M.request(s, req_id).request_state == want end
+end
+
+function M.callbacks(s, request_id)
+  local rows = s:query([[SELECT id, event_type, payload FROM movement_callback_outbox
+                          WHERE request_id = $1::uuid ORDER BY id]], request_id)
+  for _, r in ipairs(rows) do r.body = require("cjson").decode(r.payload) end
+  return rows
+end
+
+function M.audit(s, request_id)
+  return s:query("SELECT * FROM audit_outbox WHERE request_id = $1::uuid ORDER BY id", request_id)
+end
+
+-- The path of the running qtgd binary (for child processes).
+function M.qtgd_bin()
+  local env = os.getenv("QTG_BIN")
+  if env and env ~= "" then return env end
+  local p = io.popen("readlink -f /proc/$PPID/exe")
+  local path = p:read("*l")
+  p:close()
+  return path
+end
+
+-- The repository root (where lua/, spec/ and templates/ are).
+function M.repo_root()
+  local here = debug.getinfo(1, "S").source:match("^@(.*)$") or ""
+  local root = here:match("^(.*)/spec/lua/[^/]*$")
+  if root then return root end
+  local p = io.popen("pwd")
+  local cwd = p:read("*l")
+  p:close()
+  return cwd
+end
+
+function M.shell_quote(s)
+  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
+end
+
+return M

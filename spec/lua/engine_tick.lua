@@ -1,0 +1,12 @@
+-- qtgd exec spec/lua/engine_tick.lua WORKER [N]: run N ticks (default 1) of
+-- one core worker in this process, with this process's settings (the engine
+-- specs use it to run a worker under other MG_* settings).  Prints the total.
+local name, n = ...
+local here = debug.getinfo(1, "S").source:match("^@(.*)$") or ""
+local repo = here:match("^(.*)/spec/lua/[^/]*$") or "."
+package.path = repo .. "/?.lua;" .. package.path
+local sup = require("spec.lua.engine_support")
+local total = 0
+for _ = 1, tonumber(n) or 1 do total = total + sup.tick(name) end
+io.stdout:write(tostring(total), "\n")
+return 0

@@ -1,0 +1,285 @@
+-- Pure rules of the movement engine: $ref resolution, the ExecutionContext
+-- merges, derive_request_state, advancing a chain and a join, observe
+-- intervals, executor answer checks.  No database.
+local ref = require "qtg.ref"
+local context = require "qtg.context"
+local state = require "qtg.state"
+local intervals = require "qtg.observe_intervals"
+local executors = require "qtg.executors"
+local canon = require "qtg.canon_json"
+local NULL = require("cjson").null
+
+describe("$ref resolution", function()
+  local nodes = {
+    { node_key = "withdraw", node_state = "COMPLETED",
+      provider_refs = { withdrawal_id = "w-1", receipt = { tx = { hash = "0xabc" }, fee = 2 } } },
+    { node_key = "status", node_state = "COMPLETED", provider_refs = { tx_hash = "0xdef", empty = NULL } },
+    { node_key = "pending", node_state = "SUBMITTED", provider_refs = { tx_hash = "0x000" } },
+  }
+  local map = ref.ref_map(nodes)
+
+  it("resolves top-level refs, keeping literal values", function()
+    local out, bindings = ref.resolve({ id = "$ref:withdraw.withdrawal_id", confirmations = 12,
+      note = "plain" }, map)
+    assert.same({ id = "w-1", confirmations = 12, note = "plain" }, out)
+    assert.same({ ["$ref:withdraw.withdrawal_id"] = "w-1" }, bindings)
+  end)
+
+  it("resolves a dotted path into nested values and copies a nested value whole", function()
+    local out = ref.resolve({ h = "$ref:withdraw.receipt.tx.hash", r = "$ref:withdraw.receipt" }, map)
+    assert.equal("0xabc", out.h)
+    assert.same({ tx = { hash = "0xabc" }, fee = 2 }, out.r)
+    out.r.fee = 99 -- a copy: the node's provider_refs are untouched
+    assert.equal(2, nodes[1].provider_refs.receipt.fee)
+  end)
+
+  it("refuses a node that is not completed, with CONFIG_REF_UNRESOLVED", function()
+    local ok, err = pcall(ref.resolve, { x = "$ref:pending.tx_hash" }, map)
+    assert.is_false(ok)
+    assert.equal("CONFIG_REF_UNRESOLVED", err.code)
+    assert.matches("pending is not a completed node", err.message, 1, true)
+  end)
+
+  it("refuses a node that does not exist", function()
+    local ok, err = pcall(ref.resolve, { x = "$ref:nosuch.tx_hash" }, map)
+    assert.is_false(ok)
+    assert.equal("CONFIG_REF_UNRESOLVED", err.code)
+  end)
+
+  it("refuses a missing field, a JSON null and a path through a scalar", function()
+    for _, expr in ipairs({ "$ref:status.nope", "$ref:status.empty", "$ref:status.tx_hash.deeper" }) do
+      local ok, err = pcall(ref.resolve, { x = expr }, map)
+      assert.is_false(ok, expr)
+      assert.equal("CONFIG_REF_UNRESOLVED", err.code, expr)
+      assert.matches(expr, err.message, 1, true)
+    end
+  end)
+
+  it("leaves a ref below the top level as it is", function()
+    local out = ref.resolve({ deep = { x = "$ref:status.tx_hash" }, list = { "$ref:status.tx_hash" } }, map)
+    assert.equal("$ref:status.tx_hash", out.deep.x)
+    assert.equal("$ref:status.tx_hash", out.list[1])
+  end)
+
+  it("parses and refuses malformed expressions", function()
+    assert.same({ "a", { "b", "c" } }, { ref.parse("$ref:a.b.c") })
+    assert.is_nil((ref.parse("$ref:a")))
+    assert.is_nil((ref.parse("$ref:A.b")))
+    assert.is_nil((ref.parse("$ref:a..b")))
+    local top, nested = ref.scan({ a = "$ref:x.y", b = { c = "$ref:x.z" } })
+    assert.same({ { path = "a", expr = "$ref:x.y" } }, top)
+    assert.same({ { path = "b.c", expr = "$ref:x.z" } }, nested)
+  end)
+end)
+
+describe("ExecutionContext", function()
+  local nodes = {
+    { id = "n-a", node_key = "a", node_state = "COMPLETED", attempt_no = 1,
+      provider_refs = { tx_hash = "0xa", a_only = 1 }, artifacts = { { kind = "r", v = 1 } } },
+    { id = "n-b", node_key = "b", node_state = "COMPLETED", attempt_no = 1,
+      provider_refs = { tx_hash = "0xb", b_only = 2 }, artifacts = { { kind = "r", v = 2 } } },
+    { id = "n-c", node_key = "c", node_state = "FAILED", attempt_no = 1,
+      provider_refs = { c_only = 3 }, artifacts = {} },
+    { id = "n-up", node_key = "up", node_state = "COMPLETED", attempt_no = 1,
+      provider_refs = { far = "away" }, artifacts = {} },
+    { id = "n-j", node_key = "j", node_state = "READY", attempt_no = 2,
+      provider_refs = {}, artifacts = {} },
+  }
+  local args = {
+    request = { id = "r-1", compiled_plan_hash = "h", intent = { asset = "USDC", amount = "5" },
+                input_params = { chain_family = "evm" } },
+    node = nodes[5],
+    plan_node = { node_kind = "observe", action_type = "destination_chain_receive_observe",
+                  config = { far = "$ref:up.far", x = 1 }, timeout_policy = { observe_seconds = 60 } },
+    plan_version = { version = 3, risk_controls = { max_amount = "9" }, template_key = "t" },
+    nodes = nodes,
+    pred_keys = { "b", "a", "c" },
+  }
+
+  it("has exactly the spec's fields", function()
+    local ctx = context.build(args)
+    local keys = {}
+    for k in pairs(ctx) do keys[#keys + 1] = k end
+    table.sort(keys)
+    assert.same({ "action_type", "attempt_no", "compiled_plan_hash", "input_params", "intent",
+      "node_config", "node_key", "node_kind", "prior_artifacts", "protocol_version",
+      "provider_context", "request_id", "request_node_id", "resolved_bindings", "risk_controls",
+      "template_key", "template_version", "timeout_policy" }, keys)
+    assert.equal("1.0", ctx.protocol_version)
+    assert.equal(3, ctx.attempt_no) -- attempt_no + 1
+    assert.equal(3, ctx.template_version)
+  end)
+
+  it("flat-merges provider_refs of completed direct predecessors only, later node_key winning", function()
+    local ctx = context.build(args)
+    assert.same({ tx_hash = "0xb", a_only = 1, b_only = 2 }, ctx.provider_context)
+    assert.is_nil(ctx.provider_context.c_only) -- FAILED predecessor
+    assert.is_nil(ctx.provider_context.far)    -- completed, but not a direct predecessor
+  end)
+
+  it("resolves $ref against every completed node, not only predecessors", function()
+    local ctx = context.build(args)
+    assert.same({ far = "away", x = 1 }, ctx.node_config)
+    assert.same({ ["$ref:up.far"] = "away" }, ctx.resolved_bindings)
+  end)
+
+  it("lists the predecessors' artifacts in node_key order, tagged with their node", function()
+    local ctx = context.build(args)
+    assert.same({ { kind = "r", v = 1, node_key = "a" }, { kind = "r", v = 2, node_key = "b" } },
+      ctx.prior_artifacts)
+    assert.equal("[]", canon.encode(context.prior_artifacts({})))
+  end)
+
+  it("builds the SignRequest from the context and the prepared action", function()
+    local ctx = context.build(args)
+    local sr = context.sign_request(ctx, { action_type = "x", payload_format = "hex",
+      payload = "ab", payload_hash = "0x1" })
+    assert.equal("0x1", sr.signing_intent.allowed_payload_hash)
+    assert.equal("USDC", sr.signing_intent.asset)
+    assert.equal("5", sr.signing_intent.amount)
+    assert.equal("evm", sr.signing_intent.chain_family)
+    assert.equal("n-j", sr.request_node_id)
+    assert.equal("ab", sr.payload)
+  end)
+
+  it("derives the idempotency key from (node id, attempt)", function()
+    assert.equal("qtg:n-j:3", context.idempotency_key("n-j", 3))
+    assert.are_not.equal(context.idempotency_key("n-j", 3), context.idempotency_key("n-j", 4))
+  end)
+end)
+
+describe("derive_request_state", function()
+  local function n(st, extra)
+    local t = { node_state = st, action_type = "withdrawal", side_effect = false }
+    for k, v in pairs(extra or {}) do t[k] = v end
+    return t
+  end
+  local SE = { side_effect = true }
+  local MANUAL = { action_type = "manual_confirmation" }
+  local rows = {
+    { "all COMPLETED", { n("COMPLETED"), n("COMPLETED") }, "COMPLETED" },
+    { "COMPLETED and SKIPPED", { n("COMPLETED"), n("SKIPPED") }, "COMPLETED" },
+    { "FAILED + side-effect COMPLETED", { n("COMPLETED", SE), n("FAILED") }, "MANUAL_INTERVENTION" },
+    { "UNKNOWN + side-effect COMPLETED", { n("COMPLETED", SE), n("UNKNOWN") }, "MANUAL_INTERVENTION" },
+    { "FAILED, completed without side effect", { n("COMPLETED"), n("FAILED") }, "FAILED" },
+    { "FAILED alone", { n("FAILED"), n("BLOCKED") }, "FAILED" },
+    { "UNKNOWN without side effect", { n("COMPLETED"), n("UNKNOWN") }, nil },
+    { "side effect not yet completed", { n("SUBMITTED", SE), n("FAILED") }, "FAILED" },
+    { "READY manual, nothing executing", { n("COMPLETED"), n("READY", MANUAL) }, "WAITING_MANUAL_ACTION" },
+    { "READY manual, a node SUBMITTED", { n("SUBMITTED"), n("READY", MANUAL) }, nil },
+    { "READY manual, another READY node", { n("READY"), n("READY", MANUAL) }, nil },
+    { "READY manual + FAILED", { n("FAILED"), n("READY", MANUAL) }, "FAILED" },
+    { "in progress", { n("COMPLETED"), n("OBSERVING"), n("BLOCKED") }, nil },
+    { "no nodes", {}, nil },
+  }
+  for _, row in ipairs(rows) do
+    it(row[1] .. " -> " .. tostring(row[3]), function()
+      assert.equal(row[3], state.derive_request_state(row[2]))
+    end)
+  end
+end)
+
+describe("advancing the DAG", function()
+  local function nodes(states)
+    local by = {}
+    for k, st in pairs(states) do by[k] = { node_key = k, node_state = st } end
+    return by
+  end
+
+  it("advances a chain one node at a time", function()
+    local g = state.graph({ { from_key = "a", to_key = "b" }, { from_key = "b", to_key = "c" } })
+    local succ, ready = state.advance(nodes({ a = "COMPLETED", b = "BLOCKED", c = "BLOCKED" }), g, "a")
+    assert.same({ "b" }, succ)
+    assert.same({ "b" }, ready)
+    succ, ready = state.advance(nodes({ a = "COMPLETED", b = "COMPLETED", c = "BLOCKED" }), g, "b")
+    assert.same({ "c" }, ready)
+    succ, ready = state.advance(nodes({ a = "COMPLETED", b = "COMPLETED", c = "COMPLETED" }), g, "c")
+    assert.same({}, succ)
+  end)
+
+  it("makes a join READY only when all its predecessors are COMPLETED or SKIPPED", function()
+    local g = state.graph({ { from_key = "a", to_key = "j" }, { from_key = "b", to_key = "j" } })
+    local succ, ready = state.advance(nodes({ a = "COMPLETED", b = "OBSERVING", j = "BLOCKED" }), g, "a")
+    assert.same({ "j" }, succ)
+    assert.same({}, ready)
+    succ, ready = state.advance(nodes({ a = "COMPLETED", b = "COMPLETED", j = "BLOCKED" }), g, "b")
+    assert.same({ "j" }, ready)
+    succ, ready = state.advance(nodes({ a = "COMPLETED", b = "SKIPPED", j = "BLOCKED" }), g, "a")
+    assert.same({ "j" }, ready)
+    -- a successor that already moved on is not made READY again
+    succ, ready = state.advance(nodes({ a = "COMPLETED", b = "COMPLETED", j = "SUBMITTED" }), g, "b")
+    assert.same({}, ready)
+  end)
+
+  it("finds the roots of a graph", function()
+    local g = state.graph({ { from_key = "a", to_key = "j" }, { from_key = "b", to_key = "j" } })
+    assert.same({ "a", "b" }, state.roots({ "j", "b", "a" }, g))
+  end)
+end)
+
+describe("observe intervals", function()
+  it("equal the spec's DEFAULT_OBSERVE_INTERVALS", function()
+    assert.same({
+      cex_withdrawal_status = 5, cex_deposit_status = 10, destination_chain_receive_observe = 10,
+      destination_chain_finality_observe = 15, protocol_observe = 15, cctp_attestation = 15,
+      cctp_mint_status = 5, ccip_delivery = 60, debridge_fulfillment = 30,
+    }, intervals.DEFAULT_OBSERVE_INTERVALS)
+    assert.equal(10, intervals.delay("withdrawal"))
+    assert.equal(60, intervals.delay("ccip_delivery"))
+  end)
+
+  it("lets retry_after_seconds win, clamped to 600", function()
+    assert.equal(2, intervals.delay("ccip_delivery", 2))
+    assert.equal(0, intervals.delay("ccip_delivery", 0))
+    assert.equal(600, intervals.delay("cex_withdrawal_status", 601))
+    assert.equal(600, intervals.delay("cex_withdrawal_status", 1e9))
+  end)
+end)
+
+describe("executor answers", function()
+  it("accepts well-formed answers", function()
+    assert.truthy(executors.check("submit", { status = "SUBMITTED", provider_refs = { a = 1 } }))
+    assert.truthy(executors.check("observe", { status = "OBSERVING", retry_after_seconds = 3 }))
+    assert.truthy(executors.check("preflight", { ok = true }))
+  end)
+
+  it("refuses garbage with a reason", function()
+    local cases = {
+      { "submit", "yes" }, { "submit", { status = "DONE" } },
+      { "submit", { status = "SUBMITTED", provider_refs = "x" } },
+      { "observe", { status = "OBSERVING", retry_after_seconds = -1 } },
+      { "observe", { status = "COMPLETED", artifacts = { a = 1 } } },
+      { "preflight", { ok = "yes" } }, { "prepare", { payload_format = 1 } },
+      { "prepare", { payload_format = "hex", signer_key = "k" } },
+      { "recover", { status = "OBSERVING" } },
+      { "submit", { status = "SUBMITTED", provider_refs = { f = function() end } } },
+      { "observe", { status = "COMPLETED", artifacts = { { x = 0 / 0 } } } },
+    }
+    for _, c in ipairs(cases) do
+      local ok, why = executors.check(c[1], c[2])
+      assert.is_nil(ok, c[1])
+      assert.is_string(why)
+    end
+  end)
+
+  it("turns a raise into EXECUTOR_ERROR and garbage into EXECUTOR_BAD_RESPONSE", function()
+    local adapter = {
+      submit = function() error("provider exploded") end,
+      observe = function() return { status = 42 } end,
+    }
+    local a, code, detail = executors.call(adapter, "submit", {})
+    assert.is_nil(a)
+    assert.equal("EXECUTOR_ERROR", code)
+    assert.matches("provider exploded", detail, 1, true)
+    a, code = executors.call(adapter, "observe", {})
+    assert.equal("EXECUTOR_BAD_RESPONSE", code)
+    a, code = executors.call(adapter, "recover", {})
+    assert.equal("EXECUTOR_ERROR", code)
+  end)
+
+  it("maps every action type to a registered executor", function()
+    for action_type, name in pairs(executors.ACTION_TYPES) do
+      assert.truthy(executors.ADAPTERS[name], action_type)
+    end
+  end)
+end)
