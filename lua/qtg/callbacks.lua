@@ -1,0 +1,220 @@
+-- qtg.callbacks: the policy of callback delivery (signature v3, headers,
+-- what counts as delivered, the retry schedule, what is refused unsent) and
+-- the console's redelivery of a dead-lettered row.  The worker that moves
+-- rows is qtg.workers.callback_dispatcher; docs/callbacks.md is the
+-- receiver's contract.
+--
+-- Signature v3: HMAC-SHA256 under the callback key (held by C; Lua only asks
+-- for a MAC) over "{timestamp}\n{nonce}\n{sha256_hex(body)}", sent as 64
+-- lowercase hex digits.  The timestamp is unix seconds in decimal digits, the
+-- nonce 8-128 characters of [A-Za-z0-9_-]: neither can hold the "\n"
+-- delimiter.  Both are fixed when the row is enqueued and sent unchanged on
+-- every retry.
+local qtg = require("qtg")
+local cjson = require("cjson.safe")
+
+local M = {}
+
+M.SIGNATURE_VERSION = "v3"
+
+-- Header names, exactly as the spec writes them (plus the key id).
+M.HEADERS = {
+  timestamp = "X-QTG-Callback-Timestamp",
+  nonce = "X-QTG-Callback-Nonce",
+  version = "X-QTG-Callback-Signature-Version",
+  signature = "X-QTG-Callback-Signature",
+  key_id = "X-QTG-Callback-Key-Id",
+}
+
+M.BACKOFF_BASE = 2           -- next_attempt_at = now + BASE ^ min(attempts, CAP)
+M.BACKOFF_CAP_EXPONENT = 6   -- 2, 4, 8, 16, 32, then 64 s for every later attempt
+M.MAX_PAYLOAD_BYTES = 1048576
+M.MAX_RESPONSE_BYTES = 65536 -- the receiver's answer is read up to this, then dropped
+M.MAX_URL_BYTES = 2048
+M.MAX_ERROR_BYTES = 500
+M.CONNECT_TIMEOUT_SECONDS = 5
+M.NONCE_MIN, M.NONCE_MAX = 8, 128
+
+local json = cjson.new()
+json.decode_invalid_numbers(false) -- NaN, Infinity and hex are not JSON
+json.decode_max_depth(64)
+
+-- Seconds until the next attempt after `attempts` failed attempts (>= 1).
+function M.backoff_seconds(attempts)
+  if type(attempts) ~= "number" or attempts < 1 or attempts % 1 ~= 0 then
+    error("callbacks.backoff_seconds: attempts must be an integer >= 1, got "
+      .. tostring(attempts), 2)
+  end
+  return M.BACKOFF_BASE ^ math.min(attempts, M.BACKOFF_CAP_EXPONENT)
+end
+
+-- Seconds of backoff between the first and the last attempt of a row that
+-- fails max_attempts times: 2+4+8+16 = 30 for the default 5.  Add, per
+-- attempt, the delivery timeout and the dispatch interval for the longest
+-- time a retry can carry the first attempt's timestamp (docs/callbacks.md).
+function M.retry_horizon(max_attempts)
+  local total = 0
+  for a = 1, max_attempts - 1 do total = total + M.backoff_seconds(a) end
+  return total
+end
+
+-- The bytes that are signed.
+function M.signed_message(timestamp, nonce, body)
+  return string.format("%d\n%s\n%s", timestamp, nonce, qtg.crypto.sha256_hex(body))
+end
+
+-- A timestamp and nonce that may go on the wire unchanged: nil, reason when not.
+function M.check_stamp(timestamp, nonce)
+  if type(timestamp) ~= "number" or timestamp <= 0 or timestamp % 1 ~= 0 then
+    return nil, "callback_timestamp is not a positive integer"
+  end
+  if type(nonce) ~= "string" or #nonce < M.NONCE_MIN or #nonce > M.NONCE_MAX
+     or nonce:find("[^A-Za-z0-9_%-]") then
+    return nil, "callback_nonce is not 8-128 characters of [A-Za-z0-9_-]"
+  end
+  return true
+end
+
+-- A callback URL the dispatcher may POST to: http(s), a host, no
+-- credentials, no whitespace or control characters, at most MAX_URL_BYTES.
+function M.check_url(url)
+  if type(url) ~= "string" or url == "" then return nil, "no callback_url" end
+  if #url > M.MAX_URL_BYTES then return nil, "callback_url longer than " .. M.MAX_URL_BYTES end
+  if url:find("[%z\1-\32\127]") then return nil, "callback_url holds whitespace or control characters" end
+  local scheme, rest = url:match("^(%a[%w+.-]*)://(.*)$")
+  if not scheme then return nil, "callback_url is not an absolute URL" end
+  scheme = scheme:lower()
+  if scheme ~= "http" and scheme ~= "https" then
+    return nil, "callback_url scheme " .. scheme .. " is not http or https"
+  end
+  local authority = rest:match("^([^/?#]*)")
+  if authority:find("@", 1, true) then return nil, "callback_url carries credentials" end
+  local host, port = authority:match("^(%[[%x:.]+%])(.*)$")
+  if not host then host, port = authority:match("^([^:]*)(.*)$") end
+  if host == "" then return nil, "callback_url has no host" end
+  if not host:match("^%[") and host:find("[^%w.-]") then return nil, "callback_url host is invalid" end
+  if port ~= "" then
+    local n = port:match("^:(%d+)$")
+    if not n or tonumber(n) < 1 or tonumber(n) > 65535 then
+      return nil, "callback_url port is invalid"
+    end
+  end
+  return true
+end
+
+-- The payload is the body byte for byte; it must be a JSON object.
+function M.check_payload(payload)
+  if type(payload) ~= "string" then return nil, "payload is not text" end
+  if #payload > M.MAX_PAYLOAD_BYTES then
+    return nil, "payload larger than " .. M.MAX_PAYLOAD_BYTES .. " bytes"
+  end
+  local value, err = json.decode(payload)
+  if value == nil then return nil, "payload is not valid JSON: " .. tostring(err) end
+  if type(value) ~= "table" or not payload:match("^%s*{") then
+    return nil, "payload is not a JSON object"
+  end
+  return true
+end
+
+-- Headers of one delivery; raises when no callback key is configured (a
+-- deployment error: nothing is sent unsigned, and no attempt is spent).
+function M.headers(timestamp, nonce, body)
+  local signature, err = qtg.crypto.hmac_callback(M.signed_message(timestamp, nonce, body))
+  if not signature then
+    error("callbacks: cannot sign (" .. tostring(err and (err.message or err) or "no callback key")
+      .. "); set MG_CALLBACK_KEY_FILE", 0)
+  end
+  return {
+    ["Content-Type"] = "application/json",
+    [M.HEADERS.timestamp] = string.format("%d", timestamp),
+    [M.HEADERS.nonce] = nonce,
+    [M.HEADERS.version] = M.SIGNATURE_VERSION,
+    [M.HEADERS.signature] = signature,
+    [M.HEADERS.key_id] = qtg.crypto.callback_key_id(),
+  }
+end
+
+local function clip(s)
+  s = tostring(s):gsub("[%z\1-\31\127]", " ")
+  if #s > M.MAX_ERROR_BYTES then s = s:sub(1, M.MAX_ERROR_BYTES) .. "..." end
+  return s
+end
+M.clip = clip
+
+-- What one HTTP exchange means: {delivered=bool, status=n|nil, error=text|nil}.
+-- Only a 2xx status is a delivery; the answer's body is never interpreted.
+-- A 2xx whose body overflowed MAX_RESPONSE_BYTES was still accepted by the
+-- receiver, so it is a delivery too.
+function M.outcome(resp, err)
+  if resp then
+    local st = resp.status
+    if type(st) == "number" and st >= 200 and st < 300 then
+      return { delivered = true, status = st }
+    end
+    return { delivered = false, status = st,
+             error = clip(string.format("http %s: %s", tostring(st), resp.body or "")) }
+  end
+  local kind = type(err) == "table" and err.kind or "error"
+  local st = type(err) == "table" and tonumber(err.status) or nil
+  if kind == "too_large" and st and st >= 200 and st < 300 then
+    return { delivered = true, status = st }
+  end
+  local msg = type(err) == "table" and (err.message or "") or tostring(err)
+  return { delivered = false, status = st, error = clip(kind .. ": " .. msg) }
+end
+
+-- What the row becomes after an attempt: the attempt's outcome row for the
+-- dispatcher's write.  row: the outbox row; out: M.outcome(...);
+-- max_attempts: the row's own limit.
+function M.after_attempt(row, out, max_attempts)
+  local attempts = row.attempts + 1
+  if out.delivered then
+    return { status = "delivered", attempts = attempts, outcome = "delivered" }
+  end
+  if attempts >= max_attempts then
+    return { status = "dlq", attempts = attempts, outcome = "dlq" }
+  end
+  return { status = "pending", attempts = attempts, outcome = "retry",
+           backoff_seconds = M.backoff_seconds(attempts) }
+end
+
+-- Console: deliver a dead-lettered row again, as a new delivery: a new
+-- outbox row with the same body and URL, a fresh timestamp and nonce,
+-- attempts 0, redelivery_of = the dead row; audited in the same
+-- transaction.  Returns the new row.  Raises when the row is not in dlq or
+-- already has a pending redelivery.
+function M.redeliver(s, outbox_id, actor)
+  if type(actor) ~= "string" or actor == "" then
+    error("callbacks.redeliver: actor (who asks) is required", 2)
+  end
+  local outbox = require("qtg.outbox")
+  s:begin()
+  local ok, res = pcall(function()
+    local rows = s:query("SELECT * FROM movement_callback_outbox WHERE id = $1 FOR UPDATE", outbox_id)
+    local dead = rows[1]
+    if not dead then error("callbacks.redeliver: no callback row " .. tostring(outbox_id), 0) end
+    if dead.status ~= "dlq" then
+      error(string.format("callbacks.redeliver: row %s is %s, only dlq rows are redelivered",
+        tostring(outbox_id), dead.status), 0)
+    end
+    local new = s:query([[
+      INSERT INTO movement_callback_outbox
+        (request_id, event_type, payload, callback_url, max_attempts,
+         callback_timestamp, callback_nonce, redelivery_of)
+      VALUES ($1, $2, $3, $4, $5, extract(epoch from clock_timestamp())::bigint, $6, $7)
+      RETURNING *]], dead.request_id, dead.event_type, dead.payload, dead.callback_url,
+      qtg.settings.callback_max_attempts, qtg.crypto.nonce(), dead.id)[1]
+    outbox.audit(s, actor, "callback.redeliver", "movement_callback_outbox", tostring(new.id),
+      dead.request_id, { redelivery_of = dead.id, event_type = dead.event_type,
+                         last_error = dead.last_error })
+    return new
+  end)
+  if not ok then
+    s:rollback()
+    error(res, 0)
+  end
+  s:commit()
+  return res
+end
+
+return M

@@ -1,0 +1,23 @@
+-- qtg.workers.template_proposal_expiration (spec section 8): PENDING template
+-- proposals whose review window (expires_at) has passed become EXPIRED, up
+-- to BATCH per pass, oldest deadline first, FOR UPDATE SKIP LOCKED, each with
+-- its audit row in the same transaction (qtg.proposals.expire_due).
+local qtg = require("qtg")
+local proposals = require("qtg.proposals")
+
+local M = {}
+
+M.BATCH = 50
+
+function M.tick(s)
+  s:begin()
+  local rows = proposals.expire_due(s, M.BATCH)
+  s:commit()
+  for _, row in ipairs(rows) do
+    qtg.log.info("template proposal expired", { worker = "template_proposal_expiration",
+      proposal_id = row.id, template_key = row.template_key })
+  end
+  return #rows
+end
+
+return M
