@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/time.h>
+#include <unistd.h>
 
 #include "qtg_host.h"
 #include "qtg_log.h"
@@ -177,6 +178,19 @@ static int qtg_lua_fatal(lua_State *L) {
   return lua_error(L);
 }
 
+static int qtg_lua_pid(lua_State *L) {
+  lua_pushinteger(L, (lua_Integer)getpid());
+  return 1;
+}
+
+static int qtg_lua_process_id(lua_State *L) {
+  char host[256];
+  if (gethostname(host, sizeof host) != 0) snprintf(host, sizeof host, "unknown");
+  host[sizeof host - 1] = '\0';
+  lua_pushfstring(L, "%s:%d", host, (int)getpid());
+  return 1;
+}
+
 static int qtg_lua_refs(lua_State *L) {
   qtg_host *h = qtg_host_from_lua(L);
   lua_createtable(L, 0, 2);
@@ -296,6 +310,8 @@ static const luaL_Reg qtg_core_funcs[] = {
   {"raw_join", qtg_lua_join},
   {"fatal", qtg_lua_fatal},
   {"refs", qtg_lua_refs},
+  {"pid", qtg_lua_pid},
+  {"process_id", qtg_lua_process_id},
   {"settings_list", qtg_lua_settings_list},
   {NULL, NULL},
 };

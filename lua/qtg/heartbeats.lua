@@ -23,21 +23,10 @@ M.PRUNE_AFTER = "7 days"
 
 local state = { last_flush = nil, process_id = nil }
 
--- "<hostname>:<pid>", or what the host names itself.
+-- "<hostname>:<pid>", as the host names itself.
 function M.process_id()
-  if state.process_id then return state.process_id end
-  local id
-  if type(qtg.process_id) == "function" then
-    id = qtg.process_id()
-  else
-    local ffi = require("ffi")
-    pcall(ffi.cdef, "int getpid(void); int gethostname(char *name, size_t len);")
-    local buf = ffi.new("char[256]")
-    local host = ffi.C.gethostname(buf, 255) == 0 and ffi.string(buf) or "localhost"
-    id = string.format("%s:%d", host, ffi.C.getpid())
-  end
-  state.process_id = id
-  return id
+  if not state.process_id then state.process_id = qtg.process_id() end
+  return state.process_id
 end
 
 M.SEED_SQL = [[
