@@ -1,0 +1,443 @@
+/* test_signer.c -- EVM signing: key -> address vectors, EIP-55, the EIP-155
+ * worked example's r and s, recovery, the SignRequest checks, the signer
+ * key files (good, malformed, loose permissions), and qtg.signer from Lua
+ * inside a real host.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "qtg_crypto.h"
+#include "qtg_keys.h"
+#include "qtg_settings.h"
+#include "qtg_signer.h"
+#include "qtg_test.h"
+
+static qtg_test_counts tc;
+static char tmpdir[256];
+
+#define ANVIL0 "ac0974bec39a17e36ba4a6b4d238ff944bacb478cbed5efcae784d7bf4f2ff80"
+#define KEY46 "4646464646464646464646464646464646464646464646464646464646464646"
+#define KEY1 "0000000000000000000000000000000000000000000000000000000000000001"
+/* EIP-155's worked example: the unsigned legacy transaction and its hash. */
+#define EIP155_PAYLOAD \
+  "0xec098504a817c800825208943535353535353535353535353535353535353535880de0b6b3a764000080018080"
+#define EIP155_HASH "0xdaf5a779ae972f972197303d7b574746c7ef83eadac0f2791ad23db92e4c8e53"
+#define EIP155_R "28ef61340bd939bc2195fe537567866003e1a15d3c71ff63e1590620aa636276"
+#define EIP155_S "67cbe9d8997f761aecb703304b3800ccf555c9f3dc64214b297fb1966a3b6d83"
+
+static void seckey_of(const char *hex, uint8_t out[32]) {
+  if (qtg_hex_decode(hex, 64, out) != 0) exit(2);
+}
+
+static void test_addresses(secp256k1_context *ctx) {
+  static const struct {
+    const char *key, *checksummed;
+  } vectors[] = {
+      {ANVIL0, "0xf39Fd6e51aad88F6F4ce6aB8827279cffFb92266"},
+      {KEY1, "0x7E5F4552091A69125d5DfCb7b8C2659029395Bdf"},
+  };
+  uint8_t sk[32], addr[20];
+  char hex[43], cs[43];
+  for (size_t i = 0; i < sizeof vectors / sizeof *vectors; i++) {
+    seckey_of(vectors[i].key, sk);
+    CHECK(&tc, qtg_signer_seckey_valid(ctx, sk));
+    CHECK(&tc, qtg_signer_address_of(ctx, sk, addr) == 0);
+    qtg_signer_checksum_address(addr, cs);
+    CHECK_STR(&tc, cs, vectors[i].checksummed);
+    qtg_signer_address_hex(addr, hex);
+    for (char *p = cs; *p; p++) *p = (char)(*p >= 'A' && *p <= 'F' ? *p + 32 : *p);
+    CHECK_STR(&tc, hex, cs);                /* address_hex is lowercase */
+  }
+  seckey_of(KEY46, sk);
+  CHECK(&tc, qtg_signer_address_of(ctx, sk, addr) == 0);
+  qtg_signer_address_hex(addr, hex);
+  CHECK_STR(&tc, hex, "0x9d8a62f656a8d1615c1294fd71e9cfb3e4855a4f");
+
+  /* EIP-55's own examples. */
+  {
+    static const char *const eip55[] = {
+        "0x5aAeb6053F3E94C9b9A09f33669435E7Ef1BeAed", "0xfB6916095ca1df60bB79Ce92cE3Ea74c37c5d359",
+        "0xdbF03B407c01E7cD3CBea99509d93f8DDDC8C6FB", "0xD1220A0cf47c7B9Be7A2E6BA89F429762e7b9aDb"};
+    for (size_t i = 0; i < 4; i++) {
+      CHECK(&tc, qtg_signer_parse_address(eip55[i], 42, addr) == 0);
+      qtg_signer_checksum_address(addr, cs);
+      CHECK_STR(&tc, cs, eip55[i]);
+    }
+  }
+  CHECK(&tc, qtg_signer_parse_address("0x5aAeb6053F3E94C9b9A09f33669435E7Ef1BeAe", 41, addr) == -1);
+  CHECK(&tc, qtg_signer_parse_address("005aAeb6053F3E94C9b9A09f33669435E7Ef1BeAed", 42, addr) == -1);
+  CHECK(&tc, qtg_signer_parse_address("0x5aAeb6053F3E94C9b9A09f33669435E7Ef1BeAeg", 42, addr) == -1);
+
+  /* Zero and the curve order are not keys. */
+  memset(sk, 0, 32);
+  CHECK(&tc, !qtg_signer_seckey_valid(ctx, sk));
+  seckey_of("fffffffffffffffffffffffffffffffebaaedce6af48a03bbfd25e8cd0364141", sk);
+  CHECK(&tc, !qtg_signer_seckey_valid(ctx, sk));
+}
+
+static void test_eip155_signature(secp256k1_context *ctx) {
+  uint8_t sk[32], hash[32], want_hash[32], addr[20], got[20];
+  uint8_t *payload = NULL;
+  size_t plen = 0;
+  char r[65], s[65], sighex[133];
+  qtg_signature sig, again;
+  /* secp256k1's n / 2: a low-S signature has s <= this. */
+  static const uint8_t half_n[32] = {
+      0x7f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+      0x5d, 0x57, 0x6e, 0x73, 0x57, 0xa4, 0x50, 0x1d, 0xdf, 0xe9, 0x2f, 0x46, 0x68, 0x1b, 0x20, 0xa0};
+
+  CHECK(&tc, qtg_hex_decode_alloc(EIP155_PAYLOAD, strlen(EIP155_PAYLOAD), 1, &payload, &plen) == 0);
+  qtg_keccak256(payload, plen, hash);
+  free(payload);
+  CHECK(&tc, qtg_signer_parse_hash(EIP155_HASH, strlen(EIP155_HASH), want_hash) == 0);
+  CHECK(&tc, memcmp(hash, want_hash, 32) == 0);
+
+  seckey_of(KEY46, sk);
+  CHECK(&tc, qtg_signer_sign_hash(ctx, sk, hash, &sig) == 0);
+  qtg_hex_encode(sig.r, 32, r);
+  qtg_hex_encode(sig.s, 32, s);
+  CHECK_STR(&tc, r, EIP155_R);
+  CHECK_STR(&tc, s, EIP155_S);
+  CHECK(&tc, sig.recid == 0);                 /* v = 37 = 0 + 35 + 2 * chain 1 */
+  CHECK(&tc, memcmp(sig.s, half_n, 32) <= 0);
+  CHECK(&tc, qtg_signer_sign_hash(ctx, sk, hash, &again) == 0);   /* RFC 6979 */
+  CHECK(&tc, memcmp(&sig, &again, sizeof sig) == 0);
+  qtg_signer_signature_hex(&sig, sighex);
+  CHECK(&tc, strlen(sighex) == 132 && strncmp(sighex, "0x" EIP155_R EIP155_S, 130) == 0 &&
+                 strcmp(sighex + 130, "00") == 0);
+
+  CHECK(&tc, qtg_signer_address_of(ctx, sk, addr) == 0);
+  CHECK(&tc, qtg_signer_recover(ctx, hash, &sig, got) == 0 && memcmp(got, addr, 20) == 0);
+  /* A different hash or a flipped recovery id recovers someone else. */
+  hash[0] ^= 1;
+  CHECK(&tc, qtg_signer_recover(ctx, hash, &sig, got) != 0 || memcmp(got, addr, 20) != 0);
+  hash[0] ^= 1;
+  sig.recid ^= 1;
+  CHECK(&tc, qtg_signer_recover(ctx, hash, &sig, got) != 0 || memcmp(got, addr, 20) != 0);
+  sig.recid = 7;
+  CHECK(&tc, qtg_signer_recover(ctx, hash, &sig, got) == -1);
+}
+
+static qtg_signer_code check(const char *ph, const char *allowed, const char *payload) {
+  uint8_t hash[32];
+  char msg[256];
+  return qtg_signer_check_request(ph, ph ? strlen(ph) : 0, allowed, allowed ? strlen(allowed) : 0,
+                                  payload, payload ? strlen(payload) : 0, hash, msg, sizeof msg);
+}
+
+static void test_sign_request_checks(void) {
+  const char *other = "0x0000000000000000000000000000000000000000000000000000000000000001";
+  uint8_t hash[32];
+  char msg[256];
+  CHECK(&tc, qtg_signer_check_request(EIP155_HASH, strlen(EIP155_HASH), EIP155_HASH,
+                                      strlen(EIP155_HASH), EIP155_PAYLOAD, strlen(EIP155_PAYLOAD),
+                                      hash, msg, sizeof msg) == QTG_SIGNER_OK);
+  CHECK(&tc, hash[0] == 0xda && hash[31] == 0x53);
+  /* Upper-case hex is the same hash. */
+  CHECK(&tc, check("0xDAF5A779AE972F972197303D7B574746C7EF83EADAC0F2791AD23DB92E4C8E53", EIP155_HASH,
+                   EIP155_PAYLOAD) == QTG_SIGNER_OK);
+  /* Not the allowed hash, or a payload that does not hash to it. */
+  CHECK(&tc, check(EIP155_HASH, other, EIP155_PAYLOAD) == QTG_SIGNER_PAYLOAD_HASH_MISMATCH);
+  CHECK(&tc, check(other, other, EIP155_PAYLOAD) == QTG_SIGNER_PAYLOAD_HASH_MISMATCH);
+  CHECK(&tc, check(EIP155_HASH, EIP155_HASH, "0xec09") == QTG_SIGNER_PAYLOAD_HASH_MISMATCH);
+  CHECK(&tc, check(EIP155_HASH, EIP155_HASH, "0x") == QTG_SIGNER_PAYLOAD_HASH_MISMATCH);
+  /* Malformed fields. */
+  CHECK(&tc, check(NULL, EIP155_HASH, EIP155_PAYLOAD) == QTG_SIGNER_BAD_REQUEST);
+  CHECK(&tc, check(EIP155_HASH, NULL, EIP155_PAYLOAD) == QTG_SIGNER_BAD_REQUEST);
+  CHECK(&tc, check(EIP155_HASH, EIP155_HASH, NULL) == QTG_SIGNER_BAD_REQUEST);
+  CHECK(&tc, check(EIP155_HASH + 2, EIP155_HASH, EIP155_PAYLOAD) == QTG_SIGNER_BAD_REQUEST);
+  CHECK(&tc, check("0xdaf5", "0xdaf5", EIP155_PAYLOAD) == QTG_SIGNER_BAD_REQUEST);
+  CHECK(&tc, check("0xzaf5a779ae972f972197303d7b574746c7ef83eadac0f2791ad23db92e4c8e53", EIP155_HASH,
+                   EIP155_PAYLOAD) == QTG_SIGNER_BAD_REQUEST);
+  CHECK(&tc, check(EIP155_HASH, EIP155_HASH, EIP155_PAYLOAD + 2) == QTG_SIGNER_BAD_REQUEST);
+  CHECK(&tc, check(EIP155_HASH, EIP155_HASH, "0xec0") == QTG_SIGNER_BAD_REQUEST);
+  CHECK(&tc, check(EIP155_HASH, EIP155_HASH, "0xeg") == QTG_SIGNER_BAD_REQUEST);
+  CHECK_STR(&tc, qtg_signer_code_name(QTG_SIGNER_PAYLOAD_HASH_MISMATCH), "SIGNER_PAYLOAD_HASH_MISMATCH");
+  CHECK_STR(&tc, qtg_signer_code_name(QTG_SIGNER_NOT_FOUND), "SIGNER_NOT_FOUND");
+  CHECK_STR(&tc, qtg_signer_code_name(QTG_SIGNER_BAD_REQUEST), "SIGNER_BAD_REQUEST");
+}
+
+/* ---- signer key files -------------------------------------------------------- */
+
+static void write_file(const char *path, const char *content, mode_t mode) {
+  FILE *f;
+  unlink(path);
+  f = fopen(path, "wb");
+  if (f == NULL || fwrite(content, 1, strlen(content), f) != strlen(content) || fclose(f) != 0 ||
+      chmod(path, mode) != 0) {
+    fprintf(stderr, "cannot write %s\n", path);
+    exit(2);
+  }
+}
+
+static char *key_path(const char *name) {
+  static char paths[8][512];
+  static int next;
+  char *p = paths[next++ % 8];
+  snprintf(p, 512, "%s/%s", tmpdir, name);
+  return p;
+}
+
+static int load_signers(const char *spec, qtg_keys **k, char *err, size_t errlen) {
+  qtg_keys_config cfg = {NULL, NULL, NULL, spec};
+  err[0] = '\0';
+  return qtg_keys_load(&cfg, k, err, errlen);
+}
+
+static void test_key_files(void) {
+  char spec[2048], err[512];
+  qtg_keys *k = NULL;
+  uint8_t addr[20], hash[32];
+  char hex[43];
+  qtg_signature sig;
+  const char *bad_contents[] = {
+      ANVIL0 "00",                       /* too long */
+      "ac0974bec39a17e36ba4a6b4d238ff944bacb478cbed5efcae784d7bf4f2ff8",   /* 63 digits */
+      "zc0974bec39a17e36ba4a6b4d238ff944bacb478cbed5efcae784d7bf4f2ff80",  /* not hex */
+      " " ANVIL0,                        /* blank */
+      "0000000000000000000000000000000000000000000000000000000000000000",  /* zero */
+      "fffffffffffffffffffffffffffffffebaaedce6af48a03bbfd25e8cd0364141",  /* = n */
+      "",
+  };
+
+  write_file(key_path("anvil.key"), "0x" ANVIL0 "\n", 0600);
+  write_file(key_path("one.key"), KEY1, 0400);
+  write_file(key_path("k46.key"), "0X4646464646464646464646464646464646464646464646464646464646464646\r\n", 0600);
+  snprintf(spec, sizeof spec, " hot=%s , cold-1 = %s,k46=%s,", key_path("anvil.key"),
+           key_path("one.key"), key_path("k46.key"));
+  CHECK(&tc, load_signers(spec, &k, err, sizeof err) == 0);
+  if (k == NULL) {
+    fprintf(stderr, "%s\n", err);
+    return;
+  }
+  CHECK(&tc, qtg_keys_signer_count(k) == 3);
+  CHECK_STR(&tc, qtg_keys_signer_name(k, 0), "hot");
+  CHECK_STR(&tc, qtg_keys_signer_name(k, 1), "cold-1");
+  CHECK_STR(&tc, qtg_keys_signer_name(k, 2), "k46");
+  CHECK(&tc, qtg_keys_signer_name(k, 3) == NULL);
+  CHECK(&tc, qtg_keys_signer_address(k, "hot", addr) == 0);
+  qtg_signer_address_hex(addr, hex);
+  CHECK_STR(&tc, hex, "0xf39fd6e51aad88f6f4ce6ab8827279cfffb92266");
+  CHECK(&tc, qtg_keys_signer_address(k, "cold-1", addr) == 0);
+  qtg_signer_address_hex(addr, hex);
+  CHECK_STR(&tc, hex, "0x7e5f4552091a69125d5dfcb7b8c2659029395bdf");
+  CHECK(&tc, qtg_keys_signer_address(k, "nope", addr) == -1);
+  CHECK(&tc, qtg_signer_parse_hash(EIP155_HASH, strlen(EIP155_HASH), hash) == 0);
+  CHECK(&tc, qtg_keys_sign_hash(k, "k46", hash, &sig) == QTG_SIGNER_OK);
+  {
+    char rhex[65];
+    qtg_hex_encode(sig.r, 32, rhex);
+    CHECK_STR(&tc, rhex, EIP155_R);
+  }
+  CHECK(&tc, qtg_keys_sign_hash(k, "nope", hash, &sig) == QTG_SIGNER_NOT_FOUND);
+  CHECK(&tc, qtg_keys_sign_hash(k, NULL, hash, &sig) == QTG_SIGNER_NOT_FOUND);
+  qtg_keys_free(k);
+
+  /* No signer keys configured: fine, just none. */
+  CHECK(&tc, load_signers("", &k, err, sizeof err) == 0 && qtg_keys_signer_count(k) == 0);
+  qtg_keys_free(k);
+
+  /* Each malformed file is refused, naming the setting, the file and the
+   * key, never its content. */
+  for (size_t i = 0; i < sizeof bad_contents / sizeof *bad_contents; i++) {
+    write_file(key_path("bad.key"), bad_contents[i], 0600);
+    snprintf(spec, sizeof spec, "good=%s,broken=%s", key_path("anvil.key"), key_path("bad.key"));
+    CHECK(&tc, load_signers(spec, &k, err, sizeof err) == -1 && k == NULL);
+    CHECK(&tc, strstr(err, "MG_SIGNER_KEYS") && strstr(err, key_path("bad.key")) &&
+                   strstr(err, "broken"));
+    CHECK(&tc, bad_contents[i][0] == '\0' || bad_contents[i][0] == ' ' ||
+                   strstr(err, bad_contents[i]) == NULL);
+    CHECK(&tc, strstr(err, ANVIL0) == NULL && strstr(err, "ac0974bec39a17e3") == NULL);
+  }
+
+  /* Loose permissions, a missing file. */
+  write_file(key_path("loose.key"), ANVIL0, 0644);
+  snprintf(spec, sizeof spec, "loose=%s", key_path("loose.key"));
+  CHECK(&tc, load_signers(spec, &k, err, sizeof err) == -1);
+  CHECK(&tc, strstr(err, "MG_SIGNER_KEYS") && strstr(err, key_path("loose.key")) && strstr(err, "0644"));
+  CHECK(&tc, strstr(err, ANVIL0) == NULL);
+  write_file(key_path("loose.key"), ANVIL0, 0660);
+  CHECK(&tc, load_signers(spec, &k, err, sizeof err) == -1 && strstr(err, "0660"));
+  snprintf(spec, sizeof spec, "gone=%s", key_path("missing.key"));
+  CHECK(&tc, load_signers(spec, &k, err, sizeof err) == -1 && strstr(err, key_path("missing.key")) &&
+                 strstr(err, "No such file"));
+
+  /* Malformed MG_SIGNER_KEYS. */
+  snprintf(spec, sizeof spec, "a=%s,a=%s", key_path("anvil.key"), key_path("one.key"));
+  CHECK(&tc, load_signers(spec, &k, err, sizeof err) == -1 && strstr(err, "twice"));
+  snprintf(spec, sizeof spec, "a b=%s", key_path("anvil.key"));
+  CHECK(&tc, load_signers(spec, &k, err, sizeof err) == -1 && strstr(err, "key name"));
+  snprintf(spec, sizeof spec, "=%s", key_path("anvil.key"));
+  CHECK(&tc, load_signers(spec, &k, err, sizeof err) == -1 && strstr(err, "key name"));
+  CHECK(&tc, load_signers("hot", &k, err, sizeof err) == -1 && strstr(err, "name=/path"));
+  CHECK(&tc, load_signers("hot=", &k, err, sizeof err) == -1 && strstr(err, "path"));
+}
+
+/* ---- qtg.signer from Lua inside a real host ----------------------------------- */
+
+static const char *env_lookup(const char *name, void *ud) {
+  const char *const *env = ud;
+  size_t n = strlen(name);
+  for (; *env; env++)
+    if (strncmp(*env, name, n) == 0 && (*env)[n] == '=') return *env + n + 1;
+  return NULL;
+}
+
+typedef struct {
+  int done, ok;
+  char result[256];
+} task_state;
+
+static void task_done(qtg_task *t, int ok, int nres, void *data) {
+  task_state *st = data;
+  lua_State *co = qtg_task_thread(t);
+  st->done = 1;
+  st->ok = ok;
+  if (nres >= 1 && lua_isstring(co, -nres))
+    snprintf(st->result, sizeof st->result, "%s", lua_tostring(co, -nres));
+}
+
+static const char lua_signer_spec[] =
+    "local qtg = require 'qtg'\n"
+    "local signer = qtg.signer\n"
+    "local keys = signer.keys()\n"
+    "assert(#keys == 2 and keys[1] == 'hot' and keys[2] == 'k46', 'keys()')\n"
+    "assert(signer.address('hot') == '0xf39fd6e51aad88f6f4ce6ab8827279cfffb92266')\n"
+    "local a, e = signer.address('nope')\n"
+    "assert(a == nil and e.kind == 'signer' and e.code == 'SIGNER_NOT_FOUND')\n"
+    "assert(signer.checksum_address(signer.address('hot')) == '0xf39Fd6e51aad88F6F4ce6aB8827279cffFb92266')\n"
+    "local ok, err = pcall(signer.checksum_address, '0x1234')\n"
+    "assert(not ok and err.kind == 'invalid')\n"
+    "local h = signer.health('k46')\n"
+    "assert(h.ok == true and h.signer_address == '0x9d8a62f656a8d1615c1294fd71e9cfb3e4855a4f')\n"
+    "h = signer.health('nope')\n"
+    "assert(h.ok == false and h.error and h.code == 'SIGNER_NOT_FOUND')\n"
+    "local payload = '" EIP155_PAYLOAD "'\n"
+    "local hash = '" EIP155_HASH "'\n"
+    "local function request(over)\n"
+    "  local r = {protocol_version = '1.0', request_id = 'r1', request_node_id = 'n1',\n"
+    "    payload_format = 'evm_legacy_unsigned', payload = payload, payload_hash = hash,\n"
+    "    signing_intent = {action = 'transfer', chain_family = 'evm', allowed_payload_hash = hash}}\n"
+    "  for k, v in pairs(over or {}) do r[k] = v end\n"
+    "  return r\n"
+    "end\n"
+    "local sig = assert(signer.sign('k46', request()))\n"
+    "assert(sig.r == '0x" EIP155_R "', sig.r)\n"
+    "assert(sig.s == '0x" EIP155_S "', sig.s)\n"
+    "assert(sig.recid == 0 and sig.signature == '0x" EIP155_R EIP155_S "00')\n"
+    "assert(sig.address == '0x9d8a62f656a8d1615c1294fd71e9cfb3e4855a4f' and sig.payload_hash == hash)\n"
+    "assert(signer.recover(hash, sig.signature) == sig.address, 'recovers to the signer')\n"
+    "assert(signer.recover(hash, sig.signature:sub(1, 130) .. '1b') == sig.address, 'v = 27')\n"
+    "local hot = assert(signer.sign('hot', request()))\n"
+    "assert(signer.recover(hash, hot.signature) == signer.address('hot'))\n"
+    "local function refused(code, name, req)\n"
+    "  local r, e = signer.sign(name, req)\n"
+    "  assert(r == nil and e.kind == 'signer' and e.code == code,\n"
+    "         code .. ' expected, got ' .. tostring(e and e.code))\n"
+    "end\n"
+    "local other = '0x' .. string.rep('11', 32)\n"
+    "refused('SIGNER_NOT_FOUND', 'nope', request())\n"
+    "refused('SIGNER_PAYLOAD_HASH_MISMATCH', 'k46', request{signing_intent = {allowed_payload_hash = other}})\n"
+    "refused('SIGNER_PAYLOAD_HASH_MISMATCH', 'k46', request{payload = payload .. '00'})\n"
+    "refused('SIGNER_PAYLOAD_HASH_MISMATCH', 'k46', request{payload_hash = other,\n"
+    "         signing_intent = {allowed_payload_hash = other}})\n"
+    "refused('SIGNER_BAD_REQUEST', 'k46', 'not a table')\n"
+    "refused('SIGNER_BAD_REQUEST', 'k46', request{signing_intent = false})\n"
+    "refused('SIGNER_BAD_REQUEST', 'k46', request{payload_hash = 42})\n"
+    "refused('SIGNER_BAD_REQUEST', 'k46', request{payload = payload:sub(3)})\n"
+    "refused('SIGNER_BAD_REQUEST', 'k46', request{payload = payload .. '0'})\n"
+    "refused('SIGNER_BAD_REQUEST', 'k46', request{signing_intent = {allowed_payload_hash = hash,\n"
+    "         chain_family = 'solana'}})\n"
+    "assert(not pcall(signer.sign, nil, request()))\n"
+    "local r2, e2 = signer.recover(hash, '0x1234')\n"
+    "assert(r2 == nil and e2.code == 'SIGNER_BAD_REQUEST')\n"
+    "-- no key bytes anywhere in the Lua state\n"
+    "local needles = {'" ANVIL0 "', '" KEY46 "', string.rep('F', 32)}\n"
+    "local found, visited = nil, {}\n"
+    "local function walk(v)\n"
+    "  local t = type(v)\n"
+    "  if t == 'string' then\n"
+    "    for _, n in ipairs(needles) do if v ~= n and v:lower():find(n:lower(), 1, true) then found = v end end\n"
+    "    return\n"
+    "  end\n"
+    "  if (t ~= 'table' and t ~= 'function' and t ~= 'userdata' and t ~= 'thread') or visited[v] then return end\n"
+    "  visited[v] = true\n"
+    "  if t == 'table' and v ~= needles then for k, x in next, v do walk(k) walk(x) end end\n"
+    "  if t == 'function' then\n"
+    "    for i = 1, 255 do local n, x = debug.getupvalue(v, i) if not n then break end walk(x) end\n"
+    "  end\n"
+    "  local mt = debug.getmetatable(v) if mt then walk(mt) end\n"
+    "end\n"
+    "walk(debug.getregistry()) walk(_G)\n"
+    "assert(not found, 'key material reachable from Lua')\n"
+    "needles = {'checksum_addr'} visited = {} walk(debug.getregistry())\n"
+    "assert(found, 'the walk cannot see qtg.signer')\n"
+    "return 'done'\n";
+
+static void test_lua(void) {
+  char keys_env[1200];
+  const char *env[] = {"MG_DATABASE_URL=postgresql://127.0.0.1:1/unused",
+                       "MG_CONSOLE_ENABLED=false", "MG_WORKERS_ENABLED=false",
+                       "MG_LOG_LEVEL=error", keys_env, NULL};
+  const char *root = getenv("QTG_ROOT");
+  qtg_settings s;
+  qtg_host h;
+  task_state st;
+  char err[256] = "";
+
+  write_file(key_path("lua-hot.key"), ANVIL0 "\n", 0600);
+  write_file(key_path("lua-k46.key"), KEY46, 0600);
+  snprintf(keys_env, sizeof keys_env, "MG_SIGNER_KEYS=hot=%s,k46=%s", key_path("lua-hot.key"),
+           key_path("lua-k46.key"));
+  memset(&s, 0, sizeof s);
+  if (qtg_settings_load(&s, env_lookup, env, err, sizeof err) != 0 ||
+      qtg_host_init(&h, &s, root ? root : QTG_SOURCE_DIR) != 0) {
+    fprintf(stderr, "cannot start a host: %s\n", err);
+    tc.failed++;
+    return;
+  }
+  memset(&st, 0, sizeof st);
+  if (luaL_loadstring(h.L, lua_signer_spec) != 0) {
+    fprintf(stderr, "lua: %s\n", lua_tostring(h.L, -1));
+    tc.failed++;
+  } else {
+    qtg_task_spawn(&h, "test_signer", 0, 0, task_done, &st);
+    while (!st.done && uv_run(h.loop, UV_RUN_ONCE)) {
+    }
+  }
+  CHECK(&tc, st.done && st.ok);
+  CHECK_STR(&tc, st.result, "done");
+  qtg_host_close(&h);
+  qtg_settings_free(&s);
+
+  /* A loose signer key file stops the host at start-up. */
+  write_file(key_path("lua-k46.key"), KEY46, 0604);
+  memset(&s, 0, sizeof s);
+  CHECK(&tc, qtg_settings_load(&s, env_lookup, env, err, sizeof err) == 0);
+  CHECK(&tc, qtg_host_init(&h, &s, root ? root : QTG_SOURCE_DIR) == -1);
+  qtg_settings_free(&s);
+}
+
+int main(void) {
+  secp256k1_context *ctx;
+  snprintf(tmpdir, sizeof tmpdir, "%s/qtg-test-signer-XXXXXX",
+           getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+  if (mkdtemp(tmpdir) == NULL) return 2;
+  ctx = qtg_signer_context_new();
+  if (ctx == NULL) return 2;
+  test_addresses(ctx);
+  test_eip155_signature(ctx);
+  test_sign_request_checks();
+  test_key_files();
+  test_lua();
+  qtg_signer_context_free(ctx);
+  {
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
+  }
+  return qtg_test_finish(&tc);
+}

@@ -1,0 +1,242 @@
+/* lua_http.c -- qtg.http.request: the Lua face of qtg_http.
+ *
+ * request{method, url, headers, body, timeout, connect_timeout, max_body,
+ * follow_redirects, verify_tls} yields the calling task until the response
+ * (or a classified failure) arrives, then returns
+ *   {status=, headers={lowercase name = value}, body=}   or   nil, err
+ * with err = {kind=, message=, url=[, curl_code=]}.  Wrong argument types
+ * raise (a bug in the caller); everything about the peer or the URL comes
+ * back as nil, err (data the caller must handle).
+ *
+ * A request still in flight when the host closes is never resumed: the
+ * http subsystem closes after the Lua state (QTG_CLOSE_AFTER_LUA), so its
+ * "cancelled" completion only frees memory.  An operator interrupt
+ * (qtg_task_interrupt) aborts the transfer and resumes the task with
+ * nil, {kind="interrupted"}.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "qtg_http.h"
+
+enum { QTG_LUA_HTTP_MAX_HEADERS = 100 };
+
+/* Lives from the start of a request until its task is resumed. */
+typedef struct {
+  qtg_task *task;
+  qtg_http_call *call;
+} qtg_lua_http_wait;
+
+static void qtg_lua_http_push_error(lua_State *L, const char *kind,
+                                    const char *message, const char *url,
+                                    int curl_code) {
+  lua_pushnil(L);
+  qtg_push_error(L, kind, "%s", message);
+  lua_pushstring(L, url != NULL ? url : "");
+  lua_setfield(L, -2, "url");
+  if (curl_code != 0) {
+    lua_pushinteger(L, curl_code);
+    lua_setfield(L, -2, "curl_code");
+  }
+}
+
+/* {status=, headers=, body=}; repeated header names are joined with ", "
+ * (RFC 9110 5.3), in the order received. */
+static void qtg_lua_http_push_response(lua_State *L,
+                                       const qtg_http_response *res) {
+  lua_createtable(L, 0, 3);
+  lua_pushinteger(L, (lua_Integer)res->status);
+  lua_setfield(L, -2, "status");
+  lua_createtable(L, 0, (int)res->nheaders);
+  for (size_t i = 0; i < res->nheaders; i++) {
+    lua_getfield(L, -1, res->headers[i].name);
+    if (lua_isnil(L, -1)) {
+      lua_pop(L, 1);
+      lua_pushstring(L, res->headers[i].value);
+    } else {
+      lua_pushliteral(L, ", ");
+      lua_pushstring(L, res->headers[i].value);
+      lua_concat(L, 3);
+    }
+    lua_setfield(L, -2, res->headers[i].name);
+  }
+  lua_setfield(L, -2, "headers");
+  lua_pushlstring(L, res->body, res->body_len);
+  lua_setfield(L, -2, "body");
+}
+
+static void qtg_lua_http_done(const qtg_http_response *res, void *data) {
+  qtg_lua_http_wait *w = data;
+  qtg_task *t = w->task;
+  lua_State *co;
+  free(w);
+  /* The host is closing and Lua is already gone: nothing to resume. */
+  if (res->kind == QTG_HTTP_CANCELLED) return;
+  qtg_task_set_cancel(t, NULL, NULL);
+  co = qtg_task_thread(t);
+  lua_settop(co, 0);
+  if (!lua_checkstack(co, 8)) {
+    /* Cannot happen with an empty stack; keep the promise to resume. */
+    qtg_task_resume(t, 0);
+    return;
+  }
+  if (res->kind == QTG_HTTP_OK) {
+    qtg_lua_http_push_response(co, res);
+    qtg_task_resume(t, 1);
+  } else {
+    qtg_lua_http_push_error(co, qtg_http_kind_name(res->kind), res->message,
+                            res->url, res->curl_code);
+    qtg_task_resume(t, 2);
+  }
+}
+
+static void qtg_lua_http_cancel(qtg_task *t, void *arg) {
+  qtg_lua_http_wait *w = arg;
+  lua_State *co = qtg_task_thread(t);
+  qtg_http_abort(w->call);
+  free(w);
+  lua_settop(co, 0);
+  lua_pushnil(co);
+  qtg_push_error(co, "interrupted", "http request interrupted by the operator");
+  qtg_task_resume(t, 2);
+}
+
+static double qtg_lua_http_opt_seconds(lua_State *L, const char *field) {
+  double v;
+  lua_getfield(L, 1, field);
+  if (lua_isnil(L, -1)) {
+    lua_pop(L, 1);
+    return 0;
+  }
+  if (lua_type(L, -1) != LUA_TNUMBER)
+    qtg_raise(L, "usage", "qtg.http.request: %s must be a number of seconds", field);
+  v = lua_tonumber(L, -1);
+  lua_pop(L, 1);
+  if (!(v > 0 && v <= 86400))
+    qtg_raise(L, "usage", "qtg.http.request: %s must be > 0 and <= 86400", field);
+  return v;
+}
+
+static int qtg_lua_http_opt_bool(lua_State *L, const char *field, int def) {
+  int v;
+  lua_getfield(L, 1, field);
+  if (lua_isnil(L, -1)) {
+    lua_pop(L, 1);
+    return def;
+  }
+  if (!lua_isboolean(L, -1))
+    qtg_raise(L, "usage", "qtg.http.request: %s must be a boolean", field);
+  v = lua_toboolean(L, -1);
+  lua_pop(L, 1);
+  return v;
+}
+
+/* Turn opts.headers into "Name: value" strings left on the stack, their
+ * pointers in a userdata array (so nothing leaks if a later check raises). */
+static const char **qtg_lua_http_headers(lua_State *L, size_t *n) {
+  const char **lines;
+  size_t count = 0;
+  int tbl;
+  *n = 0;
+  lua_getfield(L, 1, "headers");
+  if (lua_isnil(L, -1)) {
+    lua_pop(L, 1);
+    return NULL;
+  }
+  if (!lua_istable(L, -1))
+    qtg_raise(L, "usage", "qtg.http.request: headers must be a table of name = value");
+  tbl = lua_gettop(L);
+  lines = lua_newuserdata(L, QTG_LUA_HTTP_MAX_HEADERS * sizeof *lines);
+  lua_pushnil(L);
+  while (lua_next(L, tbl) != 0) {
+    if (lua_type(L, -2) != LUA_TSTRING ||
+        (lua_type(L, -1) != LUA_TSTRING && lua_type(L, -1) != LUA_TNUMBER))
+      qtg_raise(L, "usage",
+                "qtg.http.request: headers must map string names to string values");
+    if (count == QTG_LUA_HTTP_MAX_HEADERS)
+      qtg_raise(L, "usage", "qtg.http.request: more than %d headers",
+                QTG_LUA_HTTP_MAX_HEADERS);
+    if (!lua_checkstack(L, 4))
+      qtg_raise(L, "usage", "qtg.http.request: too many headers");
+    /* Stack: ..., key, value.  Build the line below the key so lua_next
+     * still finds its key on top afterwards. */
+    lua_pushvalue(L, -2);
+    lua_pushliteral(L, ": ");
+    lua_pushvalue(L, -3);
+    lua_concat(L, 3);                 /* ..., key, value, line */
+    lines[count++] = lua_tostring(L, -1);
+    lua_insert(L, -3);                /* ..., line, key, value */
+    lua_pop(L, 1);                    /* ..., line, key */
+  }
+  *n = count;
+  return lines;
+}
+
+static int qtg_lua_http_request(lua_State *L) {
+  qtg_host *h = qtg_host_from_lua(L);
+  qtg_http_request req;
+  qtg_lua_http_wait *w;
+  qtg_http_kind kind;
+  qtg_task *t;
+  char err[512];
+  double max_body;
+
+  luaL_checktype(L, 1, LUA_TTABLE);
+  memset(&req, 0, sizeof req);
+
+  lua_getfield(L, 1, "url");
+  if (lua_type(L, -1) != LUA_TSTRING)
+    qtg_raise(L, "usage", "qtg.http.request: url must be a string");
+  req.url = lua_tostring(L, -1);      /* stays on the stack */
+
+  lua_getfield(L, 1, "method");
+  if (!lua_isnil(L, -1) && lua_type(L, -1) != LUA_TSTRING)
+    qtg_raise(L, "usage", "qtg.http.request: method must be a string");
+  req.method = lua_tostring(L, -1);   /* NULL when nil */
+
+  lua_getfield(L, 1, "body");
+  if (!lua_isnil(L, -1) && lua_type(L, -1) != LUA_TSTRING)
+    qtg_raise(L, "usage", "qtg.http.request: body must be a string");
+  req.body = lua_tolstring(L, -1, &req.body_len);
+
+  req.timeout = qtg_lua_http_opt_seconds(L, "timeout");
+  req.connect_timeout = qtg_lua_http_opt_seconds(L, "connect_timeout");
+  lua_getfield(L, 1, "max_body");
+  if (!lua_isnil(L, -1)) {
+    if (lua_type(L, -1) != LUA_TNUMBER)
+      qtg_raise(L, "usage", "qtg.http.request: max_body must be a number of bytes");
+    max_body = lua_tonumber(L, -1);
+    if (!(max_body >= 1 && max_body <= 1073741824.0))
+      qtg_raise(L, "usage", "qtg.http.request: max_body must be between 1 and 2^30");
+    req.max_body = (size_t)max_body;
+  }
+  lua_pop(L, 1);
+  req.follow_redirects = qtg_lua_http_opt_bool(L, "follow_redirects", 0);
+  req.verify_tls = qtg_lua_http_opt_bool(L, "verify_tls", 1);
+  req.headers = qtg_lua_http_headers(L, &req.nheaders);
+
+  t = qtg_task_check(L);
+  w = malloc(sizeof *w);
+  if (w == NULL) return qtg_raise(L, "usage", "qtg.http.request: out of memory");
+  w->task = t;
+  if (qtg_http_start(h != NULL ? h->http : NULL, &req, qtg_lua_http_done, w,
+                     &w->call, &kind, err, sizeof err) != 0) {
+    char shown[2048];
+    free(w);
+    qtg_http_redact_url(req.url, shown, sizeof shown);
+    qtg_lua_http_push_error(L, qtg_http_kind_name(kind), err, shown, 0);
+    return 2;
+  }
+  qtg_task_set_cancel(t, qtg_lua_http_cancel, w);
+  return qtg_task_yield(L);
+}
+
+int luaopen_qtg_http(lua_State *L) {
+  static const luaL_Reg fns[] = {
+      {"request", qtg_lua_http_request},
+      {NULL, NULL},
+  };
+  lua_createtable(L, 0, 1);
+  luaL_register(L, NULL, fns);
+  return 1;
+}
