@@ -1,0 +1,67 @@
+-- qtg.console: the Lua side of the console server (src/qtg_console.c).
+--
+-- handle(session, kind, payload) runs in a host task for every 'e' (eval)
+-- or 'c' (complete) frame and returns the final frame's type and text.
+-- `session` is a table the C server made for the connection ({id, uid,
+-- pid}); its environment lives in it, so each console has its own variables
+-- (assignments never touch _G), its own operator commands bound to its
+-- actor "console:<uid>", and print() that writes to that console only.
+-- Name lookup in the environment: the session's variables, then the
+-- commands, then _G (plus `qtg`, the host module).  The session table is
+-- referenced by the C server until the connection ends, so a console's
+-- variables live exactly as long as its connection.
+local eval = require("qtg.console.eval")
+local complete = require("qtg.console.complete")
+local commands = require("qtg.console.commands")
+
+local M = {}
+
+local function printer(session)
+  local server = require("qtg").console_server
+  return function(...)
+    local n = select("#", ...)
+    local parts = {}
+    for i = 1, n do parts[i] = tostring((select(i, ...))) end
+    server.write(session.id, "o", table.concat(parts, "\t") .. "\n")
+  end
+end
+
+-- The operator commands bound to the session's actor, over _G.
+local function bound_commands(session)
+  local out = printer(session)
+  local cmds = commands.bind({ actor = "console:" .. tostring(session.uid), print = out })
+  cmds.print = out
+  cmds.qtg = require("qtg")
+  return setmetatable(cmds, { __index = _G })
+end
+
+-- env(session) -> the session's global environment, made on first use.
+-- After a reload the session keeps its variables and gets the new commands.
+function M.env(session)
+  local env = rawget(session, "env")
+  if env and rawget(session, "commands_module") == commands then return env end
+  local cmds = bound_commands(session)
+  if env then
+    getmetatable(env).__index = cmds
+  else
+    env = setmetatable({}, { __index = cmds })
+    session.env = env
+  end
+  session.commands_module = commands
+  return env
+end
+
+function M.handle(session, kind, payload)
+  if type(session) ~= "table" or type(payload) ~= "string" then
+    return "x", "console: bad request from the server"
+  end
+  local env = M.env(session)
+  if kind == "e" then
+    return eval.evaluate(payload, env)
+  elseif kind == "c" then
+    return "k", table.concat(complete.candidates(payload, env), "\n")
+  end
+  return "x", "console: unknown request kind " .. tostring(kind)
+end
+
+return M

@@ -1,0 +1,380 @@
+-- qtg.reload: live reload of the policy scripts (console reload(), SIGHUP).
+--
+-- The policy path is the operator's override directory (MG_LUA_PATH) first,
+-- then the packaged lua/.  A reload:
+--   1. compiles every .lua file under the policy path (a syntax error in a
+--      script nobody has loaded yet is reported now, not at first use);
+--   2. loads afresh every policy module that is loaded now, and the worker
+--      registry (qtg.workers) with each enabled worker's module, into a
+--      fresh package.loaded for those names;
+--   3. only if all of that succeeded keeps the new modules, else puts every
+--      old module back: a script that fails to compile or raises while
+--      loading leaves the old code running, and the report names its file
+--      and line;
+--   4. applies the new registry to the runtime: set_tick (a tick already
+--      running finishes on the old code, the next one runs the new),
+--      set_interval when the interval or jitter changed (used from the next
+--      sleep), start_worker for added workers, stop_worker for removed ones.
+-- Steps 1-3 run inside a plain coroutine, so a module that tries I/O while
+-- it loads fails at once instead of yielding: no other task ever runs
+-- between the first module being replaced and the last, so nothing sees a
+-- half-reloaded set.  The result is logged and audited (action
+-- policy.reload) under the caller's actor ("console:<uid>", or
+-- "system:sighup").
+local qtg = require("qtg")
+
+local M = {}
+
+-- Loaded modules that are not reloaded: the process's entry points and
+-- this module (they hold the process's own state; changes to them take
+-- effect at the next start).  They are still compiled in step 1.
+M.KEEP = { ["qtg"] = true, ["qtg.main"] = true, ["qtg.cli"] = true, ["qtg.reload"] = true }
+M.KEEP_PREFIXES = { "qtg.cli." }
+M.MAX_DEPTH = 8
+
+local function kept(name)
+  if M.KEEP[name] then return true end
+  for _, p in ipairs(M.KEEP_PREFIXES) do
+    if name:sub(1, #p) == p then return true end
+  end
+  return false
+end
+
+-- The policy roots, override first.
+function M.roots()
+  local roots = {}
+  local over = qtg.settings.lua_path
+  if type(over) == "string" and over ~= "" then roots[#roots + 1] = over end
+  roots[#roots + 1] = qtg.root .. "/lua"
+  return roots
+end
+
+function M.policy_path()
+  local parts = {}
+  for _, r in ipairs(M.roots()) do
+    parts[#parts + 1] = r .. "/?.lua"
+    parts[#parts + 1] = r .. "/?/init.lua"
+  end
+  return table.concat(parts, ";")
+end
+
+-- ---- listing the .lua files of a root (opendir/readdir through the FFI) ----
+
+local ffi = require("ffi")
+pcall(ffi.cdef, [[
+typedef struct qtg_reload_DIR qtg_reload_DIR;
+struct qtg_reload_dirent { uint64_t d_ino; int64_t d_off; unsigned short d_reclen;
+                           unsigned char d_type; char d_name[256]; };
+qtg_reload_DIR *opendir(const char *name);
+struct qtg_reload_dirent *readdir(qtg_reload_DIR *dir);
+int closedir(qtg_reload_DIR *dir);
+]])
+
+local function list_dir(path)
+  local dir = ffi.C.opendir(path)
+  if dir == nil then return nil end
+  local names = {}
+  while true do
+    local ent = ffi.C.readdir(dir)
+    if ent == nil then break end
+    local name = ffi.string(ent.d_name)
+    if name ~= "." and name ~= ".." then names[#names + 1] = name end
+  end
+  ffi.C.closedir(dir)
+  table.sort(names)
+  return names
+end
+
+-- files(root) -> array of {name = module name, file = path}
+function M.files(root)
+  local out = {}
+  local function walk(dir, prefix, depth)
+    if depth > M.MAX_DEPTH then return end
+    local names = list_dir(dir)
+    if not names then return end
+    for _, n in ipairs(names) do
+      local path = dir .. "/" .. n
+      local stem = n:match("^([%a_][%w_%-]*)%.lua$")
+      if stem then
+        local mod = stem == "init" and prefix ~= "" and prefix:sub(1, -2) or prefix .. stem
+        out[#out + 1] = { name = mod, file = path }
+      elseif n:match("^[%a_][%w_%-]*$") then
+        walk(path, prefix .. n .. ".", depth + 1)
+      end
+    end
+  end
+  walk(root, "", 0)
+  return out
+end
+
+-- ---- errors with file and line ----------------------------------------------
+
+local function message_of(e)
+  if type(e) == "table" then
+    local mt = getmetatable(e)
+    if mt and mt.__tostring then return tostring(e) end
+    if e.message then return (e.kind and (tostring(e.kind) .. ": ") or "") .. tostring(e.message) end
+  end
+  return tostring(e)
+end
+
+-- {module, file, line, message, traceback}: the location is the first
+-- "file.lua:N:" of the message, else the first frame of the traceback in
+-- the module's file, else the file alone.
+local function failure(name, file, e, tb)
+  local msg = message_of(e)
+  local f, line = msg:match("([^%s:]+%.lua):(%d+):")
+  if not f and tb and file then
+    line = tb:match(file:gsub("%p", "%%%0") .. ":(%d+):")
+    if line then f = file end
+  end
+  return { module = name, file = f or file, line = tonumber(line), message = msg, traceback = tb }
+end
+
+-- ---- the load phase (runs inside a plain coroutine: no I/O possible) ----------
+
+local function traceback(e)
+  return { err = e, traceback = debug.traceback("", 2) }
+end
+
+-- Load one module by name as require would, from the policy path.
+local function load_module(name, policy_path, errors)
+  local existing = package.loaded[name]
+  if existing ~= nil then return existing end
+  local file = package.searchpath(name, policy_path)
+  if not file then
+    errors[#errors + 1] = { module = name, message = "module " .. name .. " not found on the policy path" }
+    return nil
+  end
+  local fn, err = loadfile(file)
+  if not fn then
+    errors[#errors + 1] = failure(name, file, err)
+    return nil
+  end
+  local ok, res = xpcall(fn, traceback, name, file)
+  if not ok then
+    errors[#errors + 1] = failure(name, file, res.err, res.traceback)
+    return nil
+  end
+  if res == nil then res = package.loaded[name] end
+  if res == nil then res = true end
+  package.loaded[name] = res
+  return res
+end
+
+local function check_registry(list, errors)
+  if type(list) ~= "table" then
+    errors[#errors + 1] = { module = "qtg.workers", message = "registry(settings) did not return a table" }
+    return {}
+  end
+  local plan, seen = {}, {}
+  for i, w in ipairs(list) do
+    local where = "qtg.workers registry entry " .. i
+    if type(w) ~= "table" or type(w.name) ~= "string" or w.name == "" then
+      errors[#errors + 1] = { module = "qtg.workers", message = where .. ": name must be a non-empty string" }
+    elseif seen[w.name] then
+      errors[#errors + 1] = { module = "qtg.workers", message = where .. ": duplicate worker " .. w.name }
+    elseif w.group ~= "core" and w.group ~= "sidecar" then
+      errors[#errors + 1] = { module = "qtg.workers", message = where .. " (" .. w.name .. "): group must be core or sidecar" }
+    elseif type(w.interval) ~= "number" or not (w.interval > 0) then
+      errors[#errors + 1] = { module = "qtg.workers", message = where .. " (" .. w.name .. "): interval must be a number > 0" }
+    elseif w.jitter ~= nil and (type(w.jitter) ~= "number" or w.jitter < 0) then
+      errors[#errors + 1] = { module = "qtg.workers", message = where .. " (" .. w.name .. "): jitter must be a number >= 0" }
+    elseif type(w.module) ~= "string" then
+      errors[#errors + 1] = { module = "qtg.workers", message = where .. " (" .. w.name .. "): module must be a string" }
+    else
+      seen[w.name] = true
+      if w.enabled and not w.skip_reason then plan[#plan + 1] = w end
+    end
+  end
+  return plan
+end
+
+-- The load phase.  Returns the reloaded modules' names and the worker plan
+-- (each entry with .tick); errors go to `errors`.  package.loaded then holds
+-- the new modules (the caller restores it when there were errors).
+local function load_all(policy_path, roots, errors)
+  -- 1. compile every file (first root wins for a module name)
+  local seen = {}
+  for _, root in ipairs(roots) do
+    for _, f in ipairs(M.files(root)) do
+      if not seen[f.name] then
+        seen[f.name] = true
+        local fn, err = loadfile(f.file)
+        if not fn then errors[#errors + 1] = failure(f.name, f.file, err) end
+      end
+    end
+  end
+  if #errors > 0 then return nil end
+  -- 2. the loaded policy modules, afresh
+  local names = {}
+  for name in pairs(package.loaded) do
+    if type(name) == "string" and not kept(name) and package.searchpath(name, policy_path) then
+      names[#names + 1] = name
+    end
+  end
+  table.sort(names)
+  for _, name in ipairs(names) do package.loaded[name] = nil end
+  for _, name in ipairs(names) do load_module(name, policy_path, errors) end
+  -- the registry and the modules of the workers it enables
+  local plan = {}
+  local workers = load_module("qtg.workers", policy_path, errors)
+  if type(workers) == "table" and type(workers.registry) == "function" then
+    local ok, res = xpcall(workers.registry, traceback, qtg.settings)
+    if not ok then
+      errors[#errors + 1] = failure("qtg.workers", package.searchpath("qtg.workers", policy_path),
+        res.err, res.traceback)
+    else
+      for _, w in ipairs(check_registry(res, errors)) do
+        if package.searchpath(w.module, policy_path) or package.loaded[w.module] then
+          local mod = load_module(w.module, policy_path, errors)
+          if mod ~= nil then
+            if type(mod) ~= "table" or type(mod.tick) ~= "function" then
+              errors[#errors + 1] = { module = w.module, file = package.searchpath(w.module, policy_path),
+                                      message = "worker module " .. w.module .. " must return a table with tick(session)" }
+            else
+              plan[#plan + 1] = { spec = w, tick = mod.tick }
+            end
+          end
+        end
+      end
+    end
+  elseif workers ~= nil then
+    errors[#errors + 1] = { module = "qtg.workers", message = "qtg.workers must return a table with registry(settings)" }
+  end
+  return names, plan
+end
+
+-- ---- applying the registry ------------------------------------------------------
+
+local function apply(plan, report)
+  local rt = qtg.runtime
+  local current = {}
+  for _, w in ipairs(rt.workers()) do current[w.name] = w end
+  local wanted = {}
+  for _, p in ipairs(plan) do
+    local w = p.spec
+    local jitter = w.jitter or 0
+    wanted[w.name] = true
+    local cur = current[w.name]
+    if cur and cur.group ~= w.group then
+      rt.stop_worker(w.name)
+      report.stopped[#report.stopped + 1] = w.name
+      cur = nil
+    end
+    if cur then
+      rt.set_tick(w.name, p.tick)
+      report.updated[#report.updated + 1] = w.name
+      if cur.interval ~= w.interval or cur.jitter ~= jitter then
+        rt.set_interval(w.name, w.interval, jitter)
+        report.interval_changed[#report.interval_changed + 1] =
+          { name = w.name, from = cur.interval, to = w.interval, jitter = jitter }
+      end
+    else
+      rt.start_worker { name = w.name, group = w.group, interval = w.interval, jitter = jitter,
+                        tick = p.tick, drain = w.drain }
+      report.started[#report.started + 1] = w.name
+    end
+  end
+  for name in pairs(current) do
+    if not wanted[name] then
+      rt.stop_worker(name)
+      report.stopped[#report.stopped + 1] = name
+    end
+  end
+  table.sort(report.started)
+  table.sort(report.stopped)
+  table.sort(report.updated)
+end
+
+-- ---- reporting ----------------------------------------------------------------------
+
+-- describe(report) -> text for the operator.
+function M.describe(report)
+  local lines = {}
+  if report.ok then
+    lines[1] = string.format("reloaded %d module%s", #report.modules, #report.modules == 1 and "" or "s")
+    if #report.started > 0 then lines[#lines + 1] = "started: " .. table.concat(report.started, ", ") end
+    if #report.stopped > 0 then lines[#lines + 1] = "stopped: " .. table.concat(report.stopped, ", ") end
+    for _, c in ipairs(report.interval_changed) do
+      lines[#lines + 1] = string.format("interval of %s: %gs -> %gs (from its next sleep)", c.name, c.from, c.to)
+    end
+    lines[#lines + 1] = string.format("workers on the new code from their next pass: %d", #report.updated)
+  else
+    lines[1] = "reload failed; the old code keeps running:"
+    for _, e in ipairs(report.errors) do
+      local where = e.file and (e.file .. (e.line and (":" .. e.line) or "")) or (e.module or "?")
+      lines[#lines + 1] = "  " .. where .. ": " .. e.message:gsub("\n", "\n    ")
+    end
+  end
+  local text = table.concat(lines, "\n")
+  return setmetatable({ text = text, report = report }, { __pretty = function(self) return self.text end })
+end
+
+local function actor_of(who)
+  who = tostring(who or "system:reload")
+  if who:find(":", 1, true) then return who end
+  return "system:" .. who
+end
+
+local function audit(report)
+  local detail = { ok = report.ok, modules = #report.modules, started = report.started,
+                   stopped = report.stopped }
+  if not report.ok then
+    detail.errors = {}
+    for i, e in ipairs(report.errors) do
+      detail.errors[i] = { module = e.module, file = e.file, line = e.line, message = e.message }
+    end
+  end
+  local ok, err = pcall(qtg.db.with_session, function(s)
+    require("qtg.outbox").audit(s, report.actor, "policy.reload", "policy", "lua", nil, detail)
+  end)
+  if not ok then qtg.log.warn("reload: cannot write the audit record: " .. message_of(err)) end
+end
+
+-- reload(who) -> report {ok, actor, modules, started, stopped, updated,
+-- interval_changed, errors}.  Never raises for a broken script: the report
+-- says what failed.  who: "console:<uid>" or a reason such as "sighup".
+function M.reload(who)
+  local report = { ok = false, actor = actor_of(who), modules = {}, started = {}, stopped = {},
+                   updated = {}, interval_changed = {}, errors = {} }
+  local policy_path, roots = M.policy_path(), M.roots()
+  local before = {}
+  for name, mod in pairs(package.loaded) do before[name] = mod end
+  local co = coroutine.create(load_all)
+  local done, names, plan = coroutine.resume(co, policy_path, roots, report.errors)
+  if not done then
+    report.errors[#report.errors + 1] = { message = "reload failed: " .. message_of(names) }
+  elseif coroutine.status(co) ~= "dead" then
+    report.errors[#report.errors + 1] = { message = "a policy module yielded while loading (no I/O at load time)" }
+  end
+  if #report.errors > 0 then
+    -- put package.loaded back exactly as it was: the old modules, and none
+    -- of the new ones
+    for name in pairs(package.loaded) do
+      if before[name] == nil then package.loaded[name] = nil end
+    end
+    for name, mod in pairs(before) do package.loaded[name] = mod end
+  else
+    report.modules = names
+    local ok, err = pcall(apply, plan, report)
+    if not ok then
+      report.errors[#report.errors + 1] = { message = "applying the worker registry: " .. message_of(err) }
+    else
+      report.ok = true
+    end
+  end
+  if report.ok then
+    qtg.log.info("policy reloaded", { actor = report.actor, modules = tostring(#report.modules),
+      started = table.concat(report.started, ","), stopped = table.concat(report.stopped, ",") })
+  else
+    local first = report.errors[1]
+    qtg.log.error("policy reload failed; the old code keeps running", { actor = report.actor,
+      file = first.file and tostring(first.file) or "", line = first.line and tostring(first.line) or "",
+      error = first.message })
+  end
+  audit(report)
+  return report
+end
+
+return M

@@ -1,0 +1,302 @@
+-- console_spec: the Lua side of the operator console -- the pretty printer,
+-- evaluation (bare expressions, =expr, incomplete chunks, errors with
+-- tracebacks), completion, the column views, and the reload module's file
+-- listing and failure reporting.  The socket, the commands' database effects
+-- and live reload in a running daemon are driven end to end by
+-- spec/c/test_console.c.
+local pretty = require("qtg.console.pretty")
+local eval = require("qtg.console.eval")
+local complete = require("qtg.console.complete")
+local view = require("qtg.console.view")
+
+describe("console pretty printer", function()
+  local p = pretty.pretty
+
+  it("prints scalars as Lua would read them", function()
+    assert.equal("1", p(1))
+    assert.equal("-3", p(-3))
+    assert.equal("0.5", p(0.5))
+    assert.equal("1e+300", p(1e300))
+    assert.equal("inf", p(math.huge))
+    assert.equal("nan", p(0 / 0))
+    assert.equal("true", p(true))
+    assert.equal("nil", p(nil))
+    assert.equal('"a\\nb\\t\\"q\\"\\\\"', p('a\nb\t"q"\\'))
+    assert.equal('"\\000\\027x"', p("\0\27x"))
+  end)
+
+  it("sorts keys: array part first, then numbers, then strings", function()
+    assert.equal('{ 10, 20, [5] = "five", a = 1, b = 2, ["not id"] = 3 }',
+      p({ 10, 20, b = 2, a = 1, [5] = "five", ["not id"] = 3 }))
+    assert.equal("{}", p({}))
+  end)
+
+  it("nests and breaks long tables over lines", function()
+    local t = { name = "node_dispatcher", group = "core", nested = { deep = { deeper = { 1, 2, 3 } } },
+                text = string.rep("x", 60) }
+    local s = p(t)
+    assert.truthy(s:find("\n", 1, true))
+    assert.truthy(s:find('  group = "core",', 1, true))
+    assert.truthy(s:find("nested = { deep = { deeper = { 1, 2, 3 } } },", 1, true))
+    assert.equal("}", s:sub(-1))
+  end)
+
+  it("marks cycles with the path they point back to", function()
+    local t = { a = { b = {} } }
+    t.a.b.up = t.a
+    t.self = t
+    local s = p(t)
+    assert.truthy(s:find("self = <cycle: root>", 1, true), s)
+    assert.truthy(s:find("up = <cycle: a>", 1, true), s)
+    -- a table seen twice but not inside itself is shown twice
+    local shared = { 1 }
+    assert.equal("{ x = { 1 }, y = { 1 } }", p({ x = shared, y = shared }))
+  end)
+
+  it("bounds depth and width", function()
+    local t = {}
+    local cur = t
+    for _ = 1, 40 do cur.next = {}; cur = cur.next end
+    assert.truthy(p(t):find("{...}", 1, true))
+    local big = {}
+    for i = 1, pretty.MAX_ITEMS + 5 do big[i] = i end
+    assert.truthy(p(big):find("... (5 more)", 1, true))
+  end)
+
+  it("uses __pretty and __tostring, and survives a failing one", function()
+    assert.equal("custom", p(setmetatable({}, { __pretty = function() return "custom" end })))
+    assert.equal("E!", p(setmetatable({}, { __tostring = function() return "E!" end })))
+    local bad = p(setmetatable({}, { __pretty = function() error("boom") end }))
+    assert.truthy(bad:find("__pretty failed", 1, true))
+  end)
+
+  it("shows functions with their source and the JSON null as NULL", function()
+    assert.truthy(p(function() end):match("^<function: .*console_spec.lua:%d+>$"))
+    assert.equal("<function: builtin>", p(print))
+    assert.equal("NULL", p(require("cjson").null))
+  end)
+end)
+
+describe("console eval", function()
+  local function env() return setmetatable({}, { __index = _G }) end
+
+  it("returns the values of bare expressions and =expr", function()
+    assert.same({ "r", "3" }, { eval.evaluate("1 + 2", env()) })
+    assert.same({ "r", '3\t"x"' }, { eval.evaluate("=1 + 2, 'x'", env()) })
+    assert.same({ "r", "nil" }, { eval.evaluate("nothing_here", env()) })
+  end)
+
+  it("runs statements and keeps their globals in the session's environment", function()
+    local e = env()
+    assert.same({ "r", "" }, { eval.evaluate("x = 41", e) })
+    assert.same({ "r", "42" }, { eval.evaluate("x + 1", e) })
+    assert.is_nil(rawget(_G, "x"))
+  end)
+
+  it("says more input is needed for an incomplete chunk", function()
+    for _, code in ipairs({ "for i = 1, 3 do", "function f()", "x = ", "t = {", "s = [[abc" }) do
+      local kind, msg = eval.evaluate(code, env())
+      assert.equal("m", kind, code)
+      assert.truthy(msg:find("<eof>", 1, true))
+    end
+    assert.equal("r", (eval.evaluate("for i = 1, 3 do\nend", env())))
+  end)
+
+  it("reports syntax errors that are not just early ends", function()
+    local kind, msg = eval.evaluate("x = = 1", env())
+    assert.equal("x", kind)
+    assert.truthy(msg:find("console:1:", 1, true), msg)
+    assert.equal("x", (eval.evaluate("\0\1\2garbage", env())))
+  end)
+
+  it("reports runtime errors with the operator's traceback, not the console's", function()
+    local kind, msg = eval.evaluate("local function inner() error('boom') end\ninner()", env())
+    assert.equal("x", kind)
+    assert.truthy(msg:find("console:1: boom", 1, true), msg)
+    assert.truthy(msg:find("stack traceback", 1, true), msg)
+    assert.truthy(msg:find("in function 'inner'", 1, true) or msg:find("console:1", 1, true), msg)
+    assert.falsy(msg:find("qtg/console/eval.lua", 1, true), msg)
+  end)
+
+  it("describes structured errors as kind: message", function()
+    local kind, msg = eval.evaluate("error({kind = 'refused', message = 'not PENDING_APPROVAL'})", env())
+    assert.equal("x", kind)
+    assert.truthy(msg:find("^refused: not PENDING_APPROVAL"), msg)
+    assert.equal("sql: bad (sqlstate 42P01)",
+      eval.describe({ kind = "sql", message = "bad", sqlstate = "42P01" }))
+    assert.equal("nil", eval.describe(nil))
+  end)
+
+  it("cuts a result that is too large", function()
+    local saved = eval.MAX_RESULT
+    eval.MAX_RESULT = 100
+    local _, text = eval.evaluate("string.rep('y', 1000)", env())
+    eval.MAX_RESULT = saved
+    assert.truthy(#text < 200)
+    assert.truthy(text:find("cut: 1002 bytes", 1, true), text)
+  end)
+end)
+
+describe("console completion", function()
+  local cmds = setmetatable({ workers = function() end, requests = function() end }, { __index = _G })
+  local env = setmetatable({ my_var = { alpha = 1, beta = { gamma = true }, fn = function() end } },
+    { __index = cmds })
+
+  it("completes the session's names, the commands and _G", function()
+    assert.same({ "my_var" }, complete.candidates("my_", env))
+    assert.same({ "workers" }, complete.candidates("work", env))
+    assert.same({ "require" }, complete.candidates("requi", env))
+    assert.same({ "requests", "require" }, complete.candidates("re", env))
+  end)
+
+  it("completes fields along a dotted path, and methods after a colon", function()
+    assert.same({ "my_var.alpha" }, complete.candidates("my_var.al", env))
+    assert.same({ "my_var.alpha", "my_var.beta", "my_var.fn" }, complete.candidates("my_var.", env))
+    assert.same({ "my_var.beta.gamma" }, complete.candidates("my_var.beta.", env))
+    assert.same({ "my_var:fn" }, complete.candidates("my_var:", env))
+    assert.same({ "string.format" }, complete.candidates("string.form", env))
+  end)
+
+  it("follows __index tables (methods of objects)", function()
+    local obj = setmetatable({}, { __index = { query = function() end, release = function() end } })
+    local e = setmetatable({ s = obj }, { __index = _G })
+    assert.same({ "s:query" }, complete.candidates("s:q", e))
+  end)
+
+  it("returns nothing for paths that do not resolve or are not names", function()
+    assert.same({}, complete.candidates("nope.x", env))
+    assert.same({}, complete.candidates("my_var.alpha.x", env))
+    assert.same({}, complete.candidates("a..b", env))
+    assert.same({}, complete.candidates(".x", env))
+    assert.same({}, complete.candidates("(x", env))
+    assert.same({}, complete.candidates(string.rep("a", 5000), env))
+  end)
+
+  it("never raises on an __index that fails", function()
+    local e = setmetatable({ bad = setmetatable({}, { __index = function() error("no") end }) },
+      { __index = _G })
+    assert.same({}, complete.candidates("bad.x.y", e))
+  end)
+end)
+
+describe("console views", function()
+  it("renders rows as a column table", function()
+    local rows = view.rows({ { name = "a", n = 1 }, { name = "bbb", n = require("cjson").null } }, { "name", "n" })
+    local s = pretty.pretty(rows)
+    assert.equal("name  n\n----  -\na     1\nbbb   -\n(2 rows)", s)
+    assert.equal("a", rows[1].name)
+  end)
+
+  it("renders records with the given keys first", function()
+    local s = pretty.pretty(view.record({ z = 1, id = "x", a = "y" }, { "id" }))
+    assert.equal("id: x\na:  y\nz:  1", s)
+  end)
+
+  it("cuts long cells and flattens newlines", function()
+    local s = view.cell(string.rep("q", 100) .. "\n")
+    assert.equal(view.MAX_CELL, #s)
+    assert.equal("...", s:sub(-3))
+  end)
+end)
+
+-- The reload module needs the host (qtg.settings, qtg.root): these run
+-- inside qtgd (tools/test, spec/busted.lua); under a plain busted they are
+-- reported as pending.
+local has_host = pcall(require, "qtg") and type(package.loaded.qtg) == "table"
+  and package.loaded.qtg.settings ~= nil
+local describe_host = has_host and describe or pending
+
+describe_host("reload (failures leave the old code)", function()
+  local reload = require("qtg.reload")
+  local root, saved_roots, saved_path
+
+  local function write(rel, text)
+    local path = root .. "/" .. rel
+    os.execute("mkdir -p '" .. path:match("^(.*)/[^/]*$") .. "'")
+    local f = assert(io.open(path, "w"))
+    f:write(text)
+    f:close()
+  end
+
+  local function snapshot()
+    local copy = {}
+    for k, v in pairs(package.loaded) do copy[k] = v end
+    return copy
+  end
+
+  before_each(function()
+    require("qtg.outbox")   -- the audit record of a reload loads it
+    root = os.tmpname()
+    os.remove(root)
+    os.execute("mkdir -p '" .. root .. "'")
+    saved_roots, saved_path = reload.roots, reload.policy_path
+    local real = saved_roots()
+    reload.roots = function()
+      local r = { root }
+      for _, x in ipairs(real) do r[#r + 1] = x end
+      return r
+    end
+    reload.policy_path = function()
+      local parts = {}
+      for _, r in ipairs(reload.roots()) do
+        parts[#parts + 1] = r .. "/?.lua"
+        parts[#parts + 1] = r .. "/?/init.lua"
+      end
+      return table.concat(parts, ";")
+    end
+  end)
+
+  after_each(function()
+    reload.roots, reload.policy_path = saved_roots, saved_path
+    package.loaded["qtg_spec_probe.mod"] = nil
+    os.execute("rm -rf '" .. root .. "'")
+  end)
+
+  it("lists every module under a root, init.lua as its directory", function()
+    write("qtg_spec_probe/mod.lua", "return {}")
+    write("qtg_spec_probe/init.lua", "return {}")
+    write("qtg_spec_probe/deep/er.lua", "return {}")
+    write("qtg_spec_probe/notes.txt", "not lua")
+    local names = {}
+    for _, f in ipairs(reload.files(root)) do names[#names + 1] = f.name end
+    table.sort(names)
+    assert.same({ "qtg_spec_probe", "qtg_spec_probe.deep.er", "qtg_spec_probe.mod" }, names)
+    assert.same({}, reload.files(root .. "/does-not-exist"))
+  end)
+
+  it("refuses a syntax error anywhere with its file and line, changing nothing", function()
+    write("qtg_spec_probe/broken.lua", "local M = {}\nM.x = = 1\nreturn M\n")
+    local before = snapshot()
+    local report = reload.reload("spec")
+    assert.is_false(report.ok)
+    assert.equal(root .. "/qtg_spec_probe/broken.lua", report.errors[1].file)
+    assert.equal(2, report.errors[1].line)
+    assert.same(before, snapshot())
+    local text = reload.describe(report).text
+    assert.truthy(text:find("old code keeps running", 1, true))
+    assert.truthy(text:find("broken.lua:2", 1, true))
+  end)
+
+  it("puts the old module back when the new one raises while loading", function()
+    write("qtg_spec_probe/mod.lua", "return { version = 1 }")
+    local old = dofile(root .. "/qtg_spec_probe/mod.lua")
+    package.loaded["qtg_spec_probe.mod"] = old
+    write("qtg_spec_probe/mod.lua", "local M = { version = 2 }\nerror('no good')\nreturn M\n")
+    local before = snapshot()
+    local report = reload.reload("spec")
+    assert.is_false(report.ok)
+    assert.equal("qtg_spec_probe.mod", report.errors[1].module)
+    assert.equal(2, report.errors[1].line)
+    assert.truthy(report.errors[1].message:find("no good", 1, true))
+    assert.equal(old, package.loaded["qtg_spec_probe.mod"])
+    assert.same(before, snapshot())
+  end)
+
+  it("refuses a module that does I/O while it loads", function()
+    write("qtg_spec_probe/mod.lua", "require('qtg').sleep(0)\nreturn { version = 3 }\n")
+    package.loaded["qtg_spec_probe.mod"] = { version = 1 }
+    local report = reload.reload("spec")
+    assert.is_false(report.ok)
+    assert.equal(1, package.loaded["qtg_spec_probe.mod"].version)
+  end)
+end)
