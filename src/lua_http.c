@@ -29,9 +29,13 @@ typedef struct {
 
 static void qtg_lua_http_push_error(lua_State *L, const char *kind,
                                     const char *message, const char *url,
-                                    int curl_code) {
+                                    int curl_code, long status) {
   lua_pushnil(L);
   qtg_push_error(L, kind, "%s", message);
+  if (status > 0) {
+    lua_pushinteger(L, (lua_Integer)status);
+    lua_setfield(L, -2, "status");
+  }
   lua_pushstring(L, url != NULL ? url : "");
   lua_setfield(L, -2, "url");
   if (curl_code != 0) {
@@ -85,7 +89,7 @@ static void qtg_lua_http_done(const qtg_http_response *res, void *data) {
     qtg_task_resume(t, 1);
   } else {
     qtg_lua_http_push_error(co, qtg_http_kind_name(res->kind), res->message,
-                            res->url, res->curl_code);
+                            res->url, res->curl_code, res->status);
     qtg_task_resume(t, 2);
   }
 }
@@ -224,7 +228,7 @@ static int qtg_lua_http_request(lua_State *L) {
     char shown[2048];
     free(w);
     qtg_http_redact_url(req.url, shown, sizeof shown);
-    qtg_lua_http_push_error(L, qtg_http_kind_name(kind), err, shown, 0);
+    qtg_lua_http_push_error(L, qtg_http_kind_name(kind), err, shown, 0, 0);
     return 2;
   }
   qtg_task_set_cancel(t, qtg_lua_http_cancel, w);

@@ -96,10 +96,12 @@ static void qtg_http_call_finish(qtg_http_call *c, qtg_http_kind kind,
   res.url = c->url;
   res.curl_code = curl_code;
   res.message = message != NULL ? message : "";
+  /* The status is known whenever headers arrived, also when the body was
+   * then refused (too_large) or cut short: callers may need it. */
+  if (curl_easy_getinfo(c->easy, CURLINFO_RESPONSE_CODE, &status) != CURLE_OK)
+    status = 0;
+  res.status = status;
   if (kind == QTG_HTTP_OK) {
-    if (curl_easy_getinfo(c->easy, CURLINFO_RESPONSE_CODE, &status) != CURLE_OK)
-      status = 0;
-    res.status = status;
     res.headers = c->headers;
     res.nheaders = c->nheaders;
     res.body = c->body != NULL ? c->body : "";

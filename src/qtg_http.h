@@ -80,7 +80,7 @@ typedef struct {
   const char *message;           /* "" on success; why, otherwise */
   const char *url;               /* the URL requested, minus user:password */
   int curl_code;                 /* CURLcode, 0 when not from curl */
-  long status;                   /* HTTP status (kind == QTG_HTTP_OK) */
+  long status;                   /* HTTP status; 0 when no response header arrived */
   const qtg_http_header *headers;/* of the final response, in order */
   size_t nheaders;
   const char *body;

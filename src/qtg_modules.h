@@ -28,4 +28,5 @@ QTG_LUA_MODULE("crypto", luaopen_qtg_crypto)
 QTG_LUA_MODULE("signer", luaopen_qtg_signer)
 QTG_LUA_MODULE("evm", luaopen_qtg_evm)
 QTG_LUA_MODULE("console_server", luaopen_qtg_console_server)
+QTG_LUA_MODULE("systemd", luaopen_qtg_systemd)
 #endif

@@ -60,7 +60,7 @@ struct qtg_pg_pool {
   int size, nconns, nconnecting, nidle, nwaiters, nin_use;
   qtg_pg_conn *conns;
   qtg_pg_waiter *whead, *wtail;
-  char last_error[256];
+  char last_error[512];
 };
 
 struct qtg_pg_listener {
