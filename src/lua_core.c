@@ -110,7 +110,7 @@ static void qtg_spawned_done(qtg_task *t, int ok, int nres, void *data) {
     lua_rawgeti(jco, LUA_REGISTRYINDEX, th->results_ref);
     /* the joiner's continuation unpacks the table */
     qtg_unref(L, anchor); /* joiner's stack holds the handle */
-    qtg_task_resume(joiner, 1);
+    qtg_task_resume_later(joiner, 1);
     return;
   }
   qtg_unref(L, anchor);

@@ -29,6 +29,8 @@ struct qtg_task {
   void (*cancel)(qtg_task *, void *);
   void *cancel_arg;
   qtg_task *prev, *next; /* live tasks, so close can free the stragglers */
+  qtg_task *ready_next;  /* queued by qtg_task_resume_later */
+  int ready_nres;
   char name[64];
 };
 
@@ -138,12 +140,33 @@ static void qtg_task_log_error(qtg_task *t) {
   lua_pop(co, 2);
 }
 
+static void qtg_task_run(qtg_task *t, int nargs);
+
 static void qtg_task_finish(qtg_task *t, int ok, int nres) {
   qtg_host *h = t->h;
   if (!ok && !(t->flags & QTG_TASK_QUIET)) qtg_task_log_error(t);
   if (t->done) t->done(t, ok, nres, t->data);
   qtg_unref(h->L, t->co_ref);
   qtg_task_free(t);
+  /* Tasks woken by this one's end (joiners) run only now, so they see it
+   * gone: no nested resume observes a half-finished task. */
+  while (h->ready) {
+    qtg_task *r = h->ready;
+    h->ready = r->ready_next;
+    r->ready_next = NULL;
+    r->waiting = 0;
+    r->cancel = NULL;
+    qtg_task_run(r, r->ready_nres);
+  }
+}
+
+void qtg_task_resume_later(qtg_task *t, int nres) {
+  qtg_host *h = t->h;
+  t->ready_nres = nres;
+  t->ready_next = NULL;
+  qtg_task **pp = &h->ready;
+  while (*pp) pp = &(*pp)->ready_next;
+  *pp = t;
 }
 
 static void qtg_task_interrupt_hook(lua_State *L, lua_Debug *ar) {

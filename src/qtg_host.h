@@ -58,6 +58,7 @@ struct qtg_host {
   struct qtg_console *console;  /* console server, when enabled */
   qtg_task *current;            /* task whose code is running now */
   qtg_task *tasks;              /* every live task (freed at close) */
+  qtg_task *ready;              /* woken inside a task's end, run after it */
   int opened;                   /* subsystems opened so far */
   int stopping;                 /* qtg_host_stop was called */
   int live_refs;                /* registry refs taken through qtg_ref */
@@ -93,6 +94,9 @@ const char *qtg_task_name(qtg_task *t);
 int qtg_task_yield(lua_State *L);
 /* Resume a waiting task with nres values already pushed on its thread. */
 void qtg_task_resume(qtg_task *t, int nres);
+/* From inside a task's done callback: resume t once the ending task is
+ * freed (used by join). */
+void qtg_task_resume_later(qtg_task *t, int nres);
 /* Ask a running task to stop: at its next instruction count check (or when
  * it is resumed) it raises "interrupted".  Used by the console. */
 void qtg_task_interrupt(qtg_task *t);

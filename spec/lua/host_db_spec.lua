@@ -162,6 +162,32 @@ describe("qtg.db", function()
     s:release()
   end)
 
+  it("leaks no registry references or tasks across queries, spawns and errors", function()
+    local function settle()
+      collectgarbage()
+      collectgarbage()
+      return qtg.refs()
+    end
+    local before = settle()
+    for round = 1, 3 do
+      local hs = {}
+      for i = 1, 50 do
+        hs[i] = qtg.spawn(function(n)
+          local s = db.acquire()
+          local r = s:query("SELECT $1::int AS v", n)
+          pcall(s.query, s, "SELEC broken")
+          s:release()
+          if n % 7 == 0 then error("planned") end
+          return r[1].v
+        end, i + round)
+      end
+      for i = 1, 50 do qtg.join(hs[i]) end
+    end
+    local after = settle()
+    assert.are.equal(before.tasks, after.tasks)
+    assert.are.equal(before.refs, after.refs)
+  end)
+
   it("LISTEN delivers a NOTIFY to a Lua callback", function()
     local got = {}
     db.listen("spec_channel", function(payload, channel)
