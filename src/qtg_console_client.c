@@ -427,7 +427,9 @@ static unsigned char qtg_client_complete(EditLine *el, int ch) {
   char **v = n ? calloc(n, sizeof *v) : NULL;
   if (n && v) {
     size_t k = 0;
-    for (char *tok = strtok(f.data, "\n"); tok && k < n; tok = strtok(NULL, "\n")) v[k++] = tok;
+    char *save = NULL;
+    for (char *tok = strtok_r(f.data, "\n", &save); tok && k < n; tok = strtok_r(NULL, "\n", &save))
+      v[k++] = tok;
     n = k;
     size_t common = n ? qtg_client_common_prefix(v, n) : 0;
     if (n && common > wlen) {

@@ -1,0 +1,547 @@
+/* qtg_console_session.c -- one console connection: its framing (wire
+ * format in qtg_console.h), its commands as host tasks, its output, and the
+ * guard that interrupts Lua that never yields.
+ *
+ * A session runs at most one command at a time: frames that arrive while
+ * one runs are queued (an interrupt frame acts at once).  A command is a
+ * host task running require("qtg.console").handle(session, kind, payload);
+ * it yields on I/O like any worker tick, so a long query in one console
+ * never stalls the workers or the other consoles.  The task returns the
+ * final frame's type and text; output printed meanwhile is sent with
+ * qtg.console_server.write.
+ *
+ * Lifetime: a session is freed when both its pipe is closed and its task
+ * (if any) has finished.  A client that goes away mid-command gets its
+ * command interrupted.  When the console closes (qtg_console.c) the Lua
+ * references are dropped at once and the pipes' close callbacks free the C
+ * memory later, without touching Lua.
+ */
+#include "qtg_console_session.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "qtg_log.h"
+
+typedef struct {
+  uv_write_t req;
+  qtg_console_session *session;
+  unsigned char bytes[];
+} qtg_console_write;
+
+typedef struct {
+  uv_shutdown_t req;
+} qtg_console_shutdown;
+
+/* ---- sessions: output ---------------------------------------------------- */
+
+static void qtg_console_parse(qtg_console_session *sess);
+
+static void qtg_console_written(uv_write_t *req, int status) {
+  qtg_console_write *w = (qtg_console_write *)req;
+  qtg_console_session *sess = w->session;
+  free(w);
+  if (status < 0 && status != UV_ECANCELED && !sess->dropping)
+    qtg_console_drop(sess, uv_strerror(status));
+}
+
+/* Queue one frame to the client.  Returns 0, or -1 when the session is gone
+ * or the client stopped reading (the session is then dropped). */
+int qtg_console_send(qtg_console_session *sess, int type, const char *data, size_t len) {
+  if (sess->dropping) return -1;
+  if (len + 1 > QTG_CONSOLE_MAX_FRAME_OUT) len = QTG_CONSOLE_MAX_FRAME_OUT - 1;
+  if (uv_stream_get_write_queue_size((uv_stream_t *)&sess->pipe) > QTG_CONSOLE_MAX_UNSENT) {
+    qtg_console_drop(sess, "client is not reading its output");
+    return -1;
+  }
+  qtg_console_write *w = malloc(sizeof *w + 5 + len);
+  if (!w) {
+    qtg_console_drop(sess, "out of memory");
+    return -1;
+  }
+  w->session = sess;
+  qtg_console_frame_header(w->bytes, type, len);
+  if (len) memcpy(w->bytes + 5, data, len);
+  uv_buf_t buf = uv_buf_init((char *)w->bytes, (unsigned)(5 + len));
+  int rc = uv_write(&w->req, (uv_stream_t *)&sess->pipe, &buf, 1, qtg_console_written);
+  if (rc < 0) {
+    free(w);
+    qtg_console_drop(sess, uv_strerror(rc));
+    return -1;
+  }
+  return 0;
+}
+
+static void qtg_console_sendf(qtg_console_session *sess, int type, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void qtg_console_sendf(qtg_console_session *sess, int type, const char *fmt, ...) {
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  if (n < 0) return;
+  if ((size_t)n >= sizeof msg) n = (int)sizeof msg - 1;
+  qtg_console_send(sess, type, msg, (size_t)n);
+}
+
+/* ---- sessions: lifetime ------------------------------------------------- */
+
+static void qtg_console_free_queue(qtg_console_session *sess) {
+  while (sess->queue_head) {
+    qtg_console_frame *f = sess->queue_head;
+    sess->queue_head = f->next;
+    free(f);
+  }
+  sess->queue_tail = NULL;
+  sess->queued = 0;
+}
+
+void qtg_console_unlink(qtg_console_session *sess) {
+  struct qtg_console *c = sess->console;
+  if (!c) return;
+  if (sess->prev) sess->prev->next = sess->next;
+  if (sess->next) sess->next->prev = sess->prev;
+  if (c->sessions == sess) c->sessions = sess->next;
+  c->nsessions--;
+  sess->console = NULL;
+  sess->next = sess->prev = NULL;
+}
+
+/* Free the session once nothing refers to it any more.  Lua references are
+ * dropped here only while the console is open; qtg_console_close drops them
+ * itself, since close callbacks may run after the Lua state is gone. */
+static void qtg_console_maybe_free(qtg_console_session *sess) {
+  if (sess->pipe_open || sess->busy) return;
+  if (sess->console && sess->table_ref != LUA_NOREF) qtg_unref(sess->host->L, sess->table_ref);
+  qtg_console_unlink(sess);
+  qtg_console_free_queue(sess);
+  free(sess->in);
+  free(sess);
+}
+
+static void qtg_console_closed(uv_handle_t *handle) {
+  qtg_console_session *sess = handle->data;
+  sess->pipe_open = 0;
+  qtg_console_maybe_free(sess);
+}
+
+static void qtg_console_shut(uv_shutdown_t *req, int status) {
+  (void)status;
+  qtg_console_session *sess = req->handle->data;
+  free(req);
+  if (!uv_is_closing((uv_handle_t *)&sess->pipe))
+    uv_close((uv_handle_t *)&sess->pipe, qtg_console_closed);
+}
+
+/* Stop serving a session: no more reads or writes; a running command is
+ * interrupted.  The pipe is shut down after queued output is flushed when
+ * that output is small (a final message), else closed at once. */
+void qtg_console_drop(qtg_console_session *sess, const char *why) {
+  if (sess->dropping) return;
+  sess->dropping = 1;
+  if (why) {
+    char id[32], uid[32];
+    snprintf(id, sizeof id, "%llu", (unsigned long long)sess->id);
+    snprintf(uid, sizeof uid, "%lu", sess->uid);
+    const char *fields[] = {"session", id, "uid", uid, "reason", why, NULL};
+    qtg_log_fields(QTG_LOG_INFO, "console session ended", fields);
+  }
+  uv_read_stop((uv_stream_t *)&sess->pipe);
+  qtg_console_free_queue(sess);
+  int flushed = sess->console && !sess->console->closing &&
+                uv_stream_get_write_queue_size((uv_stream_t *)&sess->pipe) == 0;
+  qtg_console_shutdown *sh = flushed ? malloc(sizeof *sh) : NULL;
+  if (!sh || uv_shutdown(&sh->req, (uv_stream_t *)&sess->pipe, qtg_console_shut) < 0) {
+    free(sh);
+    if (!uv_is_closing((uv_handle_t *)&sess->pipe))
+      uv_close((uv_handle_t *)&sess->pipe, qtg_console_closed);
+  }
+  if (sess->task && qtg_task_waiting(sess->task))
+    qtg_task_interrupt(sess->task);
+  else if (sess->busy)
+    sess->interrupt_pending = 1;
+}
+
+/* Send a fatal message and drop the session. */
+static void qtg_console_refuse(qtg_console_session *sess, const char *msg) {
+  qtg_console_send(sess, QTG_CONSOLE_FATAL, msg, strlen(msg));
+  qtg_console_drop(sess, msg);
+}
+
+/* ---- the guard: interrupting Lua that never yields ------------------------
+ *
+ * A command that computes without doing I/O never gives the loop back, so
+ * its client's interrupt frame would never be read.  While a command runs,
+ * a count hook looks at the client's socket itself (without blocking, at
+ * most every GUARD_PERIOD) and raises "interrupted" when an interrupt frame
+ * or the end of the connection is there.  Console chunks run interpreted
+ * (qtg.console.eval turns the JIT off for them) since LuaJIT's compiled
+ * code does not call hooks.  LuaJIT has one hook for the whole VM: it is
+ * installed when a command starts and removed when the last one ends,
+ * unless someone else's hook replaced it meanwhile. */
+
+static void qtg_console_look(qtg_console_session *sess) {
+  uv_os_fd_t fd;
+  if (sess->dropping || uv_fileno((uv_handle_t *)&sess->pipe, &fd) < 0) return;
+  size_t need = sess->in_len + QTG_CONSOLE_READ_CHUNK;
+  if (need > sess->in_cap) {
+    unsigned char *p = realloc(sess->in, need);
+    if (!p) return;
+    sess->in = p;
+    sess->in_cap = need;
+  }
+  ssize_t n = recv(fd, sess->in + sess->in_len, QTG_CONSOLE_READ_CHUNK, MSG_DONTWAIT);
+  if (n > 0) {
+    sess->in_len += (size_t)n;
+    qtg_console_parse(sess);
+  } else if (n == 0) {
+    qtg_console_drop(sess, "client disconnected");
+  }
+}
+
+static void qtg_console_guard_hook(lua_State *L, lua_Debug *ar) {
+  (void)ar;
+  qtg_host *h = qtg_host_from_lua(L);
+  struct qtg_console *c = h ? h->console : NULL;
+  if (!c) return;
+  qtg_console_session *sess = c->sessions;
+  while (sess && sess->thread != L) sess = sess->next;
+  if (!sess) return;
+  uint64_t now = uv_hrtime();
+  if (sess->seen_iteration != c->iterations) {   /* the loop ran since: a new burst */
+    sess->seen_iteration = c->iterations;
+    sess->burst_start = now;
+  }
+  if (now - sess->burst_start > QTG_CONSOLE_MAX_BUSY_NS) {
+    sess->burst_start = now;
+    qtg_raise(L, "interrupted", "the command ran %d s without giving the loop back (no worker, "
+              "console or signal is served meanwhile)", (int)(QTG_CONSOLE_MAX_BUSY_NS / 1000000000ull));
+  }
+  if (now - sess->last_look < QTG_CONSOLE_GUARD_PERIOD_NS) return;
+  sess->last_look = now;
+  qtg_console_look(sess);
+  if (sess->interrupt_pending || sess->dropping) {
+    sess->interrupt_pending = 0;
+    qtg_raise(L, "interrupted", sess->dropping ? "the console went away" : "stopped by the operator");
+  }
+}
+
+void qtg_console_guard(qtg_console_session *sess, lua_State *L) {
+  sess->thread = L;
+  sess->last_look = sess->burst_start = uv_hrtime();
+  sess->seen_iteration = sess->console ? sess->console->iterations : 0;
+  if (lua_gethook(L) != qtg_console_guard_hook)
+    lua_sethook(L, qtg_console_guard_hook, LUA_MASKCOUNT, QTG_CONSOLE_GUARD_COUNT);
+}
+
+static void qtg_console_unguard(qtg_console_session *sess) {
+  lua_State *T = sess->thread;
+  sess->thread = NULL;
+  struct qtg_console *c = sess->console;
+  if (!T || !c) return;
+  for (qtg_console_session *s = c->sessions; s; s = s->next)
+    if (s->thread) return;                /* another command still runs */
+  if (lua_gethook(T) == qtg_console_guard_hook) lua_sethook(T, NULL, 0, 0);
+}
+
+/* ---- commands ------------------------------------------------------------ */
+
+static void qtg_console_run_next(qtg_console_session *sess);
+
+/* The error of a failed command task as text (the Lua handler catches
+ * errors itself, so this is only reached by an interrupt outside its
+ * protection or a broken console module). */
+static void qtg_console_push_failure(lua_State *T, const char **msg, size_t *len) {
+  *msg = NULL;
+  if (lua_type(T, -1) == LUA_TSTRING) {
+    *msg = lua_tolstring(T, -1, len);
+  } else if (lua_istable(T, -1)) {
+    lua_getfield(T, -1, "message");
+    if (lua_type(T, -1) == LUA_TSTRING) *msg = lua_tolstring(T, -1, len);
+  }
+  if (!*msg) {
+    *msg = "command failed (error object is not a string)";
+    *len = strlen(*msg);
+  }
+}
+
+static void qtg_console_task_done(qtg_task *t, int ok, int nres, void *data) {
+  qtg_console_session *sess = data;
+  lua_State *T = qtg_task_thread(t);
+  qtg_console_unguard(sess);
+  sess->task = NULL;
+  sess->busy = 0;
+  sess->interrupt_pending = 0;
+  if (sess->dropping) {
+    qtg_console_maybe_free(sess);
+    return;
+  }
+  const char *text = NULL;
+  size_t len = 0;
+  int type = QTG_CONSOLE_ERROR;
+  if (!ok) {
+    qtg_console_push_failure(T, &text, &len);
+  } else if (nres >= 1 && lua_type(T, -nres) == LUA_TSTRING) {
+    size_t tl;
+    const char *ts = lua_tolstring(T, -nres, &tl);
+    if (tl == 1 && ts[0] && strchr("rxmk", ts[0])) {
+      type = ts[0];
+      if (nres >= 2 && lua_type(T, -nres + 1) == LUA_TSTRING)
+        text = lua_tolstring(T, -nres + 1, &len);
+    } else {
+      text = "console handler returned an unknown frame type";
+      len = strlen(text);
+    }
+  } else {
+    text = "console handler returned no frame type";
+    len = strlen(text);
+  }
+  qtg_console_send(sess, type, text ? text : "", text ? len : 0);
+  qtg_console_run_next(sess);
+}
+
+/* Start a task for one 'e' or 'c' frame. */
+static void qtg_console_start(qtg_console_session *sess, int type, const char *data, size_t len) {
+  struct qtg_console *c = sess->console;
+  qtg_host *h = sess->host;
+  lua_State *L = h->L;
+  if (!c || c->handler_ref == LUA_NOREF) {
+    qtg_console_refuse(sess, "the console is shutting down");
+    return;
+  }
+  char kind[2] = {(char)type, 0};
+  lua_rawgeti(L, LUA_REGISTRYINDEX, c->handler_ref);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, sess->table_ref);
+  lua_pushstring(L, kind);
+  lua_pushlstring(L, data, len);
+  sess->busy = 1;
+  qtg_task *t = qtg_task_spawn(h, "console", 3, QTG_TASK_QUIET, qtg_console_task_done, sess);
+  if (!t) {
+    sess->busy = 0;
+    qtg_console_sendf(sess, QTG_CONSOLE_ERROR, "cannot start the command: out of memory");
+    return;
+  }
+  /* The task may already have finished (it ran until its first yield). */
+  if (sess->busy) sess->task = t;
+}
+
+static void qtg_console_run_next(qtg_console_session *sess) {
+  while (!sess->busy && !sess->dropping && sess->queue_head) {
+    qtg_console_frame *f = sess->queue_head;
+    sess->queue_head = f->next;
+    if (!sess->queue_head) sess->queue_tail = NULL;
+    sess->queued--;
+    qtg_console_start(sess, f->type, f->data, f->len);
+    free(f);
+  }
+}
+
+static void qtg_console_enqueue(qtg_console_session *sess, int type, const unsigned char *data,
+                                size_t len) {
+  if (sess->queued >= QTG_CONSOLE_MAX_QUEUED) {
+    qtg_console_refuse(sess, "too many commands queued behind the running one");
+    return;
+  }
+  qtg_console_frame *f = malloc(sizeof *f + len);
+  if (!f) {
+    qtg_console_refuse(sess, "out of memory");
+    return;
+  }
+  f->next = NULL;
+  f->type = type;
+  f->len = len;
+  if (len) memcpy(f->data, data, len);
+  if (sess->queue_tail)
+    sess->queue_tail->next = f;
+  else
+    sess->queue_head = f;
+  sess->queue_tail = f;
+  sess->queued++;
+}
+
+/* ---- sessions: input ------------------------------------------------------ */
+
+static void qtg_console_frame_in(qtg_console_session *sess, int type, const unsigned char *data,
+                                 size_t len) {
+  switch (type) {
+  case QTG_CONSOLE_INTERRUPT:
+    if (!sess->busy) return;            /* nothing runs: ignored */
+    if (sess->task && qtg_task_waiting(sess->task))
+      qtg_task_interrupt(sess->task);   /* the host abandons the wait */
+    else
+      sess->interrupt_pending = 1;      /* running Lua: the guard hook raises */
+    return;
+  case QTG_CONSOLE_EVAL:
+  case QTG_CONSOLE_COMPLETE:
+    if (sess->busy || sess->queue_head) {
+      qtg_console_enqueue(sess, type, data, len);
+      return;
+    }
+    qtg_console_start(sess, type, (const char *)data, len);
+    return;
+  default: {
+    char msg[96];
+    snprintf(msg, sizeof msg, "protocol error: unknown frame type 0x%02x", (unsigned)type & 0xffu);
+    qtg_console_refuse(sess, msg);
+  }
+  }
+}
+
+/* Cut complete frames off the input buffer.  A length beyond the limit is
+ * refused as soon as its header arrives, before its body is buffered.  Each
+ * frame is taken out of the buffer before it is acted on: acting may run a
+ * command at once, whose guard hook may read and parse more input (nested),
+ * so nothing here may hold a position in the buffer across that call. */
+static void qtg_console_parse(qtg_console_session *sess) {
+  while (!sess->dropping && sess->in_len >= 4) {
+    const unsigned char *p = sess->in;
+    uint32_t n = ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+    if (n == 0) {
+      qtg_console_refuse(sess, "protocol error: empty frame");
+      break;
+    }
+    if (n > QTG_CONSOLE_MAX_FRAME_IN) {
+      char msg[128];
+      snprintf(msg, sizeof msg, "protocol error: frame of %lu bytes is over the limit of %u bytes",
+               (unsigned long)n, QTG_CONSOLE_MAX_FRAME_IN);
+      qtg_console_refuse(sess, msg);
+      break;
+    }
+    if (sess->in_len < 4 + (size_t)n) break;
+    int type = p[4];
+    size_t len = n - 1;
+    unsigned char *payload = malloc(len ? len : 1);
+    if (!payload) {
+      qtg_console_refuse(sess, "out of memory");
+      break;
+    }
+    memcpy(payload, p + 5, len);
+    memmove(sess->in, sess->in + 4 + n, sess->in_len - 4 - n);
+    sess->in_len -= 4 + n;
+    qtg_console_frame_in(sess, type, payload, len);
+    free(payload);
+  }
+  if (sess->dropping) sess->in_len = 0;
+}
+
+static void qtg_console_alloc(uv_handle_t *handle, size_t suggested, uv_buf_t *buf) {
+  (void)suggested;
+  qtg_console_session *sess = handle->data;
+  size_t need = sess->in_len + QTG_CONSOLE_READ_CHUNK;
+  if (need > sess->in_cap) {
+    unsigned char *p = realloc(sess->in, need);
+    if (!p) {
+      *buf = uv_buf_init(NULL, 0); /* libuv reports UV_ENOBUFS */
+      return;
+    }
+    sess->in = p;
+    sess->in_cap = need;
+  }
+  *buf = uv_buf_init((char *)sess->in + sess->in_len, QTG_CONSOLE_READ_CHUNK);
+}
+
+static void qtg_console_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
+  (void)buf;
+  qtg_console_session *sess = stream->data;
+  if (nread == 0 || sess->dropping) return;
+  if (nread < 0) {
+    qtg_console_drop(sess, nread == UV_EOF ? "client disconnected" : uv_strerror((int)nread));
+    return;
+  }
+  sess->in_len += (size_t)nread;
+  qtg_console_parse(sess);
+}
+
+/* ---- accepting ------------------------------------------------------------- */
+
+static int qtg_console_new_table(lua_State *L, qtg_console_session *sess) {
+  lua_createtable(L, 0, 4);
+  lua_pushnumber(L, (lua_Number)sess->id);
+  lua_setfield(L, -2, "id");
+  lua_pushnumber(L, (lua_Number)sess->uid);
+  lua_setfield(L, -2, "uid");
+  lua_pushnumber(L, (lua_Number)sess->pid);
+  lua_setfield(L, -2, "pid");
+  return qtg_ref(L);
+}
+
+void qtg_console_accept(uv_stream_t *server, int status) {
+  struct qtg_console *c = server->data;
+  qtg_host *h = c->host;
+  if (status < 0) {
+    qtg_log_warn("console: accept failed: %s", uv_strerror(status));
+    return;
+  }
+  qtg_console_session *sess = calloc(1, sizeof *sess);
+  if (!sess) {
+    qtg_log_error("console: out of memory accepting a client");
+    return;
+  }
+  sess->console = c;
+  sess->host = h;
+  sess->table_ref = LUA_NOREF;
+  sess->id = ++c->next_id;
+  if (uv_pipe_init(h->loop, &sess->pipe, 0) < 0) {
+    free(sess);
+    return;
+  }
+  sess->pipe.data = sess;
+  sess->pipe_open = 1;
+  sess->next = c->sessions;
+  if (c->sessions) c->sessions->prev = sess;
+  c->sessions = sess;
+  c->nsessions++;
+  if (uv_accept(server, (uv_stream_t *)&sess->pipe) < 0) {
+    qtg_console_drop(sess, "accept failed");
+    return;
+  }
+  uv_os_fd_t fd;
+  struct ucred cred;
+  socklen_t clen = sizeof cred;
+  if (uv_fileno((uv_handle_t *)&sess->pipe, &fd) < 0 ||
+      getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0 || clen != sizeof cred) {
+    qtg_console_refuse(sess, "refused: cannot read the peer's credentials");
+    return;
+  }
+  sess->uid = (unsigned long)cred.uid;
+  sess->pid = (long)cred.pid;
+  uid_t self = geteuid();
+  if (cred.uid != 0 && cred.uid != self) {
+    char msg[160];
+    snprintf(msg, sizeof msg, "refused: uid %lu may not use this console (only root and uid %lu)",
+             (unsigned long)cred.uid, (unsigned long)self);
+    qtg_log_warn("console: %s (pid %ld)", msg, (long)cred.pid);
+    qtg_console_send(sess, QTG_CONSOLE_FATAL, msg, strlen(msg));
+    qtg_console_drop(sess, NULL);
+    return;
+  }
+  if (c->nsessions > QTG_CONSOLE_MAX_SESSIONS) {
+    qtg_console_refuse(sess, "refused: too many console sessions are open");
+    return;
+  }
+  sess->table_ref = qtg_console_new_table(h->L, sess);
+  if (uv_read_start((uv_stream_t *)&sess->pipe, qtg_console_alloc, qtg_console_read) < 0) {
+    qtg_console_drop(sess, "cannot read from the client");
+    return;
+  }
+  char id[32], uid[32], pid[32];
+  snprintf(id, sizeof id, "%llu", (unsigned long long)sess->id);
+  snprintf(uid, sizeof uid, "%lu", sess->uid);
+  snprintf(pid, sizeof pid, "%ld", sess->pid);
+  qtg_log_fields(QTG_LOG_INFO, "console session started",
+                 (const char *const[]){"session", id, "uid", uid, "pid", pid, NULL});
+  qtg_console_sendf(sess, QTG_CONSOLE_HELLO, "qtgd %s (pid %ld), console session %s as uid %lu",
+                    QTG_VERSION, (long)getpid(), id, sess->uid);
+}
+
+qtg_console_session *qtg_console_find(struct qtg_console *c, uint64_t id) {
+  for (qtg_console_session *s = c->sessions; s; s = s->next)
+    if (s->id == id) return s;
+  return NULL;
+}
