@@ -26,24 +26,39 @@ static int qtg_lua_monotonic(lua_State *L) {
   return 1;
 }
 
-typedef struct {
+/* Pending sleeps are listed on the host so host close can free them (a
+ * sleeper still waiting at shutdown is never resumed). */
+typedef struct qtg_sleep_req {
   uv_timer_t timer;
   qtg_task *task;
+  qtg_host *h;
+  struct qtg_sleep_req *prev, *next;
 } qtg_sleep_req;
 
 static void qtg_sleep_closed(uv_handle_t *handle) { free(handle->data); }
 
+static void qtg_sleep_unlist(qtg_sleep_req *r) {
+  if (r->prev) r->prev->next = r->next;
+  else r->h->sleeps = r->next;
+  if (r->next) r->next->prev = r->prev;
+  uv_close((uv_handle_t *)&r->timer, qtg_sleep_closed);
+}
+
+void qtg_core_close(qtg_host *h) {
+  while (h->sleeps) qtg_sleep_unlist(h->sleeps);
+}
+
 static void qtg_sleep_fired(uv_timer_t *timer) {
   qtg_sleep_req *r = timer->data;
   qtg_task *t = r->task;
-  uv_close((uv_handle_t *)&r->timer, qtg_sleep_closed);
+  qtg_sleep_unlist(r);
   qtg_task_resume(t, 0);
 }
 
 static void qtg_sleep_cancel(qtg_task *t, void *arg) {
   qtg_sleep_req *r = arg;
   uv_timer_stop(&r->timer);
-  uv_close((uv_handle_t *)&r->timer, qtg_sleep_closed);
+  qtg_sleep_unlist(r);
   /* raw_sleep returns the error; the Lua wrapper qtg.sleep raises it. */
   qtg_push_error(qtg_task_thread(t), "interrupted", "sleep interrupted by the operator");
   qtg_task_resume(t, 1);
@@ -57,14 +72,18 @@ static int qtg_lua_sleep(lua_State *L) {
   qtg_sleep_req *r = calloc(1, sizeof *r);
   if (!r) return luaL_error(L, "qtg.sleep: out of memory");
   r->task = t;
+  r->h = h;
   if (uv_timer_init(h->loop, &r->timer) != 0) {
     free(r);
     return luaL_error(L, "qtg.sleep: cannot create a timer");
   }
   r->timer.data = r;
+  r->next = h->sleeps;
+  if (r->next) r->next->prev = r;
+  h->sleeps = r;
   uint64_t ms = (uint64_t)llround(s * 1000.0);
   if (uv_timer_start(&r->timer, qtg_sleep_fired, ms, 0) != 0) {
-    uv_close((uv_handle_t *)&r->timer, qtg_sleep_closed);
+    qtg_sleep_unlist(r);
     return luaL_error(L, "qtg.sleep: cannot start a timer");
   }
   qtg_task_set_cancel(t, qtg_sleep_cancel, r);

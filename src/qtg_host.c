@@ -169,14 +169,17 @@ void qtg_task_resume_later(qtg_task *t, int nres) {
   *pp = t;
 }
 
+/* LuaJIT has one hook for the whole VM: the interrupt hook is installed
+ * only for the resume of an interrupted task and puts back whatever hook
+ * was there before (the console's guard) when it fires. */
 static void qtg_task_interrupt_hook(lua_State *L, lua_Debug *ar) {
   (void)ar;
   qtg_host *h = qtg_host_from_lua(L);
   qtg_task *t = h ? h->current : NULL;
-  if (t && t->co == L && t->interrupted) {
-    t->interrupted = 0;
-    qtg_raise(L, "interrupted", "interrupted by the operator");
-  }
+  if (!t || t->co != L || !t->interrupted) return;
+  t->interrupted = 0;
+  lua_sethook(L, h->saved_hook, h->saved_hook_mask, h->saved_hook_count);
+  qtg_raise(L, "interrupted", "interrupted by the operator");
 }
 
 static void qtg_task_run(qtg_task *t, int nargs) {
@@ -232,7 +235,15 @@ void qtg_task_resume(qtg_task *t, int nres) {
   t->waiting = 0;
   t->cancel = NULL;
   if (t->interrupted) {
-    /* The hook fires at the task's next instructions. */
+    /* The hook fires at the task's first instructions; compiled traces do
+     * not run hooks, so they are dropped first (rare: an operator's stop). */
+    qtg_host *h = t->h;
+    if (lua_gethook(t->co) != qtg_task_interrupt_hook) {
+      h->saved_hook = lua_gethook(t->co);
+      h->saved_hook_mask = lua_gethookmask(t->co);
+      h->saved_hook_count = lua_gethookcount(t->co);
+    }
+    luaJIT_setmode(t->co, 0, LUAJIT_MODE_ENGINE | LUAJIT_MODE_FLUSH);
     lua_sethook(t->co, qtg_task_interrupt_hook, LUA_MASKCOUNT, 1);
   }
   qtg_task_run(t, nres);
@@ -250,10 +261,10 @@ void qtg_task_interrupt(qtg_task *t) {
     cancel(t, t->cancel_arg);
     return;
   }
+  /* A waiting task without a cancel hook raises when it is resumed.  (A
+   * running task cannot be interrupted from here: the loop is single
+   * threaded; the console's guard hook handles Lua that never yields.) */
   t->interrupted = 1;
-  /* Compiled traces do not run hooks: drop them so the hook is seen. */
-  luaJIT_setmode(t->co, 0, LUAJIT_MODE_ENGINE | LUAJIT_MODE_FLUSH);
-  lua_sethook(t->co, qtg_task_interrupt_hook, LUA_MASKCOUNT, 1000);
 }
 
 int qtg_task_waiting(qtg_task *t) { return t->waiting; }
@@ -342,6 +353,7 @@ static void qtg_host_close_walk(uv_handle_t *handle, void *arg) {
 void qtg_host_close(qtg_host *h) {
   for (int i = h->opened - 1; i >= 0; i--)
     if (qtg_subsystems[i].phase == QTG_CLOSE_BEFORE_LUA) qtg_subsystems[i].close(h);
+  qtg_core_close(h);
   if (h->signals_armed) {
     uv_close((uv_handle_t *)&h->sigterm, NULL);
     uv_close((uv_handle_t *)&h->sigint, NULL);

@@ -59,6 +59,9 @@ struct qtg_host {
   qtg_task *current;            /* task whose code is running now */
   qtg_task *tasks;              /* every live task (freed at close) */
   qtg_task *ready;              /* woken inside a task's end, run after it */
+  lua_Hook saved_hook;          /* hook in place before an interrupt's */
+  int saved_hook_mask, saved_hook_count;
+  void *sleeps;                 /* pending qtg.sleep timers (lua_core.c) */
   int opened;                   /* subsystems opened so far */
   int stopping;                 /* qtg_host_stop was called */
   int live_refs;                /* registry refs taken through qtg_ref */

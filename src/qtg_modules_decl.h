@@ -16,6 +16,8 @@
 
 /* Builds the `qtg` table (package.loaded.qtg) from the module rows. */
 int qtg_core_register(qtg_host *h);
+/* Frees what the core bindings still hold (pending sleeps) at host close. */
+void qtg_core_close(qtg_host *h);
 /* Compiles the run_loop trampoline once `qtg` exists. */
 int qtg_runtime_ready(qtg_host *h);
 
