@@ -15,6 +15,7 @@
 #include "qtg_keys.h"
 #include "qtg_settings.h"
 #include "qtg_test.h"
+#include "qtg_test_host.h"
 
 static qtg_test_counts tc;
 static char tmpdir[256];
@@ -221,38 +222,19 @@ static void test_callback_key(void) {
 
 /* ---- qtg.crypto from Lua inside a real host --------------------------------- */
 
-static const char *env_lookup(const char *name, void *ud) {
-  const char *const *env = ud;
-  size_t n = strlen(name);
-  for (; *env; env++)
-    if (strncmp(*env, name, n) == 0 && (*env)[n] == '=') return *env + n + 1;
-  return NULL;
-}
 
-typedef struct {
-  int done, ok;
-  char result[256];
-} task_state;
 
-static void task_done(qtg_task *t, int ok, int nres, void *data) {
-  task_state *st = data;
-  lua_State *co = qtg_task_thread(t);
-  st->done = 1;
-  st->ok = ok;
-  if (nres >= 1 && lua_isstring(co, -nres))
-    snprintf(st->result, sizeof st->result, "%s", lua_tostring(co, -nres));
-}
 
 /* Run `code` as a host task to completion; returns what it returned (as a
  * string) in st. */
-static void run_lua(qtg_host *h, const char *code, task_state *st) {
+static void run_lua(qtg_host *h, const char *code, qtg_test_task_state *st) {
   memset(st, 0, sizeof *st);
   if (luaL_loadstring(h->L, code) != 0) {
     fprintf(stderr, "lua: %s\n", lua_tostring(h->L, -1));
     lua_pop(h->L, 1);
     return;
   }
-  qtg_task_spawn(h, "test_crypto", 0, 0, task_done, st);
+  qtg_task_spawn(h, "test_crypto", 0, 0, qtg_test_task_done, st);
   while (!st->done && uv_run(h->loop, UV_RUN_ONCE)) {
   }
 }
@@ -326,14 +308,14 @@ static void test_lua(void) {
   const char *root = getenv("QTG_ROOT");
   qtg_settings s;
   qtg_host h;
-  task_state st;
+  qtg_test_task_state st;
   char err[256] = "";
 
   snprintf(keyfile, sizeof keyfile, "%s/lua-callback.key", tmpdir);
   write_file(keyfile, "qtg-test-secret\n", 16, 0600);
   snprintf(envfile, sizeof envfile, "MG_CALLBACK_KEY_FILE=%s", keyfile);
   memset(&s, 0, sizeof s);
-  if (qtg_settings_load(&s, env_lookup, env, err, sizeof err) != 0 ||
+  if (qtg_settings_load(&s, qtg_test_env_lookup, env, err, sizeof err) != 0 ||
       qtg_host_init(&h, &s, root ? root : QTG_SOURCE_DIR) != 0) {
     fprintf(stderr, "cannot start a host: %s\n", err);
     tc.failed++;
@@ -348,7 +330,7 @@ static void test_lua(void) {
   /* Without a key, hmac_callback answers nil, err. */
   env[5] = NULL;
   memset(&s, 0, sizeof s);
-  if (qtg_settings_load(&s, env_lookup, env, err, sizeof err) != 0 ||
+  if (qtg_settings_load(&s, qtg_test_env_lookup, env, err, sizeof err) != 0 ||
       qtg_host_init(&h, &s, root ? root : QTG_SOURCE_DIR) != 0) {
     tc.failed++;
     return;
@@ -366,7 +348,7 @@ static void test_lua(void) {
    * (qtg.settings leaves secrets out). */
   env[5] = "MG_CALLBACK_KEY=inline-secret-7f3a";
   memset(&s, 0, sizeof s);
-  if (qtg_settings_load(&s, env_lookup, env, err, sizeof err) != 0 ||
+  if (qtg_settings_load(&s, qtg_test_env_lookup, env, err, sizeof err) != 0 ||
       qtg_host_init(&h, &s, root ? root : QTG_SOURCE_DIR) != 0) {
     tc.failed++;
     return;
@@ -387,7 +369,7 @@ static void test_lua(void) {
   write_file(keyfile, "qtg-test-secret\n", 16, 0644);
   env[5] = envfile;
   memset(&s, 0, sizeof s);
-  CHECK(&tc, qtg_settings_load(&s, env_lookup, env, err, sizeof err) == 0);
+  CHECK(&tc, qtg_settings_load(&s, qtg_test_env_lookup, env, err, sizeof err) == 0);
   CHECK(&tc, qtg_host_init(&h, &s, root ? root : QTG_SOURCE_DIR) == -1);
   qtg_settings_free(&s);
 }

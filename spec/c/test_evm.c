@@ -15,6 +15,7 @@
 #include "qtg_settings.h"
 #include "qtg_signer.h"
 #include "qtg_test.h"
+#include "qtg_test_host.h"
 
 static qtg_test_counts tc;
 
@@ -199,27 +200,8 @@ static void test_access_list_encoding(void) {
 
 /* ---- qtg.evm + qtg.signer from Lua inside a real host --------------------- */
 
-static const char *env_lookup(const char *name, void *ud) {
-  const char *const *env = ud;
-  size_t n = strlen(name);
-  for (; *env; env++)
-    if (strncmp(*env, name, n) == 0 && (*env)[n] == '=') return *env + n + 1;
-  return NULL;
-}
 
-typedef struct {
-  int done, ok;
-  char result[256];
-} task_state;
 
-static void task_done(qtg_task *t, int ok, int nres, void *data) {
-  task_state *st = data;
-  lua_State *co = qtg_task_thread(t);
-  st->done = 1;
-  st->ok = ok;
-  if (nres >= 1 && lua_isstring(co, -nres))
-    snprintf(st->result, sizeof st->result, "%s", lua_tostring(co, -nres));
-}
 
 static const char lua_evm_spec[] =
     "local qtg = require 'qtg'\n"
@@ -281,7 +263,7 @@ static void test_lua(void) {
   const char *root = getenv("QTG_ROOT");
   qtg_settings s;
   qtg_host h;
-  task_state st;
+  qtg_test_task_state st;
   char err[256] = "";
   FILE *f;
 
@@ -299,7 +281,7 @@ static void test_lua(void) {
   snprintf(keys_env, sizeof keys_env, "MG_SIGNER_KEYS=treasury=%s", keyfile);
   memset(&s, 0, sizeof s);
   memset(&st, 0, sizeof st);
-  if (qtg_settings_load(&s, env_lookup, env, err, sizeof err) != 0 ||
+  if (qtg_settings_load(&s, qtg_test_env_lookup, env, err, sizeof err) != 0 ||
       qtg_host_init(&h, &s, root ? root : QTG_SOURCE_DIR) != 0) {
     fprintf(stderr, "cannot start a host: %s\n", err);
     tc.failed++;
@@ -308,7 +290,7 @@ static void test_lua(void) {
       fprintf(stderr, "lua: %s\n", lua_tostring(h.L, -1));
       tc.failed++;
     } else {
-      qtg_task_spawn(&h, "test_evm", 0, 0, task_done, &st);
+      qtg_task_spawn(&h, "test_evm", 0, 0, qtg_test_task_done, &st);
       while (!st.done && uv_run(h.loop, UV_RUN_ONCE)) {
       }
     }

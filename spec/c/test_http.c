@@ -28,6 +28,7 @@
 #include "qtg_http.h"
 #include "qtg_settings.h"
 #include "qtg_test.h"
+#include "qtg_test_host.h"
 
 /* Counts for qtg_test.h's CHECK; one test program, one set of counts. */
 static qtg_test_counts tc;
@@ -896,37 +897,17 @@ static void test_close_cancels(fixture *f) {
 /* ---- qtg.http.request from Lua inside a real host ----------------------- */
 
 /* Settings from a NULL-terminated "NAME=value" list instead of environ. */
-static const char *env_lookup(const char *name, void *ud) {
-  const char *const *env = ud;
-  size_t n = strlen(name);
-  for (; *env; env++)
-    if (strncmp(*env, name, n) == 0 && (*env)[n] == '=') return *env + n + 1;
-  return NULL;
-}
 
 static const char *const host_env[] = {
     "MG_DATABASE_URL=postgresql://127.0.0.1:1/unused", /* never connected */
     "MG_CONSOLE_ENABLED=false", "MG_WORKERS_ENABLED=false", "MG_LOG_LEVEL=error", NULL};
 
-typedef struct {
-  int done, ok;
-  char result[256];
-} task_state;
 
-static void task_done(qtg_task *t, int ok, int nres, void *data) {
-  task_state *st = data;
-  lua_State *co = qtg_task_thread(t);
-  st->done = 1;
-  st->ok = ok;
-  st->result[0] = '\0';
-  if (nres >= 1 && lua_isstring(co, -nres))
-    snprintf(st->result, sizeof st->result, "%s", lua_tostring(co, -nres));
-}
 
 /* Start `code` as a task with the base URL and a refused port as its
  * arguments; returns the task (NULL if it already finished). */
 static qtg_task *spawn_lua(qtg_host *h, const char *code, const char *base, int refused,
-                           task_state *st) {
+                           qtg_test_task_state *st) {
   memset(st, 0, sizeof *st);
   if (luaL_loadstring(h->L, code) != 0) {
     fprintf(stderr, "lua: %s\n", lua_tostring(h->L, -1));
@@ -937,7 +918,7 @@ static qtg_task *spawn_lua(qtg_host *h, const char *code, const char *base, int 
   }
   lua_pushstring(h->L, base);
   lua_pushinteger(h->L, refused);
-  return qtg_task_spawn(h, "test_http", 2, 0, task_done, st);
+  return qtg_task_spawn(h, "test_http", 2, 0, qtg_test_task_done, st);
 }
 
 static const char lua_http_spec[] =
@@ -1004,13 +985,13 @@ static void test_lua(fixture *f) {
   qtg_settings s;
   qtg_host h;
   char err[256];
-  task_state st, st2, st3;
+  qtg_test_task_state st, st2, st3;
   qtg_task *t;
   const char *root = getenv("QTG_ROOT");
   int refused = unused_port(f->h.loop);
 
   memset(&s, 0, sizeof s);
-  if (qtg_settings_load(&s, env_lookup, (void *)host_env, err, sizeof err) != 0 ||
+  if (qtg_settings_load(&s, qtg_test_env_lookup, (void *)host_env, err, sizeof err) != 0 ||
       qtg_host_init(&h, &s, root ? root : QTG_SOURCE_DIR) != 0) {
     fprintf(stderr, "cannot start a host: %s\n", err);
     tc.failed++;
