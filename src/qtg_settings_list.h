@@ -66,3 +66,16 @@ QTG_SETTING(VERIFY_DRIFT_ENABLED, "MG_VERIFY_DRIFT_ENABLED", QTG_SET_BOOL, "fals
 QTG_SETTING(VERIFY_DRIFT_INTERVAL_SECONDS, "MG_VERIFY_DRIFT_INTERVAL_SECONDS", QTG_SET_NUM, "21600", 0.01, 604800, "verify_drift interval")
 QTG_SETTING(VERIFY_DRIFT_CONCURRENCY, "MG_VERIFY_DRIFT_CONCURRENCY", QTG_SET_INT, "4", 1, 64, "verify_drift RPC calls in flight per chain")
 QTG_SETTING(VERIFY_DRIFT_LANE_TIMEOUT_SECONDS, "MG_VERIFY_DRIFT_LANE_TIMEOUT_SECONDS", QTG_SET_NUM, "20", 0.1, 600, "verify_drift per-lane timeout")
+
+/* Conditional workers: provider clients and policies (issue 5, docs/conditional-workers.md) */
+QTG_SETTING(EVM_RPC_TIMEOUT_SECONDS, "MG_EVM_RPC_TIMEOUT_SECONDS", QTG_SET_NUM, "10", 0.1, 600, "timeout of one EVM JSON-RPC call")
+QTG_SETTING(EVM_NONCE_REAPER_MAX_REBROADCASTS, "MG_EVM_NONCE_REAPER_MAX_REBROADCASTS", QTG_SET_INT, "3", 1, 100, "failed rebroadcasts of a signed reservation before it is surfaced to operators")
+QTG_SETTING(PROVIDER_TIMEOUT_SECONDS, "MG_PROVIDER_TIMEOUT_SECONDS", QTG_SET_NUM, "10", 0.1, 600, "timeout of one call to the Gateway API, the CCIP sidecar or a CEX venue API")
+QTG_SETTING(CAPITAL_TRANSFER_STALE_SECONDS, "MG_CAPITAL_TRANSFER_STALE_SECONDS", QTG_SET_INT, "900", 1, 31536000, "a pending capital transfer untouched this long is followed up")
+QTG_SETTING(NOTIFY_MAX_ATTEMPTS, "MG_NOTIFY_MAX_ATTEMPTS", QTG_SET_INT, "5", 1, 100, "delivery attempts before a notification moves to dlq")
+QTG_SETTING(NOTIFY_TIMEOUT_SECONDS, "MG_NOTIFY_TIMEOUT_SECONDS", QTG_SET_NUM, "10", 0.1, 600, "total time allowed for one notification delivery")
+QTG_SETTING(GATEWAY_DEPOSITORS, "MG_GATEWAY_DEPOSITORS", QTG_SET_STR, "", 0, 0, "depositor addresses whose unified Gateway USDC balance is snapshotted: 0xaddr[,0xaddr...]")
+
+/* Operations (qtgd check, the demo) */
+QTG_SETTING(TEMPLATES_DIR, "MG_TEMPLATES_DIR", QTG_SET_STR, "", 0, 0, "directory of movement templates that qtgd check validates and compares with the loaded versions; unset: <root>/templates")
+QTG_SETTING(CHECK_TIMEOUT_SECONDS, "MG_CHECK_TIMEOUT_SECONDS", QTG_SET_NUM, "10", 0.1, 600, "how long qtgd check waits for the database before it reports it down")

@@ -1,0 +1,282 @@
+-- qtg.workers.evm_nonce_reaper (spec section 10; MG_EVM_NONCE_REAPER_ENABLED,
+-- core group): reconcile stale evm_nonce_reservation rows with the chain so
+-- that a worker that died mid-broadcast never strands a nonce, and never
+-- lets a nonce whose signed bytes may be out there carry another payload.
+--
+-- One pass:
+--   1. claim (one short transaction) up to BATCH unsettled rows (reserved,
+--      signed, broadcast) untouched for MG_EVM_NONCE_REAPER_AGE_SECONDS, of
+--      the chains this process has an endpoint for, longest idle first, FOR
+--      UPDATE SKIP LOCKED, and stamp a lease on them: no lock is held across
+--      the RPC calls, and another process skips leased rows;
+--   2. per chain: eth_chainId must be the row's chain id (a mismatch is an
+--      impossible state: fatal); per address one eth_getTransactionCount
+--      (address, "latest") -- never "pending", which a load-balanced RPC
+--      answers from whichever node it hits;
+--   3. per row, decide (docs/conditional-workers.md section 1):
+--      reserved,  nonce >= latest            -> released
+--      reserved,  nonce <  latest            -> surfaced (used outside qtg)
+--      signed/broadcast, its hash mined       -> consumed
+--      signed/broadcast, nonce < latest, its hash not mined
+--                                            -> surfaced (another tx won)
+--      signed/broadcast, not mined, node knows the hash -> broadcast, wait
+--      signed/broadcast, node does not know it -> rebroadcast the SAME bytes
+--             (never new ones); after MG_EVM_NONCE_REAPER_MAX_REBROADCASTS
+--             refusals -> surfaced
+--      stored bytes that do not hash to the stored tx_hash, a mined tx whose
+--      sender or nonce differ from the row, a node that answers another hash
+--      for our bytes -> impossible: the row's last_error is written, then
+--      qtg.fatal (the core group stops the process).
+--   4. each outcome is written in its own transaction, compare-and-set on
+--      the status and lease read at the claim (an executor that moved the
+--      row meanwhile wins), with an audit row; surfaced rows also get an
+--      operator notification and the request's request_attention callback.
+-- An RPC failure (timeout, error status, garbage) is written to the row's
+-- last_error and the lease is dropped: the row is tried again next pass.
+local qtg = require("qtg")
+local evm_rpc = require("qtg.evm_rpc")
+local outbox = require("qtg.outbox")
+local notify = require("qtg.workers.notification_dispatcher")
+local heartbeats = require("qtg.heartbeats")
+
+local M = {}
+
+M.BATCH = 10
+M.WORKER = "evm_nonce_reaper"
+
+M.CLAIM_SQL = [[
+WITH c AS (
+  SELECT id FROM evm_nonce_reservation
+   WHERE status IN ('reserved', 'signed', 'broadcast')
+     AND updated_at < now() - make_interval(secs => $1)
+     AND chain_id = ANY($2::bigint[])
+     AND (reap_lease_until IS NULL OR reap_lease_until < now())
+   ORDER BY updated_at ASC, id ASC
+   LIMIT $3
+   FOR UPDATE SKIP LOCKED)
+UPDATE evm_nonce_reservation r
+   SET reap_lease_until = now() + make_interval(secs => $4), reap_lease_owner = $5
+  FROM c
+ WHERE r.id = c.id
+RETURNING r.*, (SELECT n.request_id FROM movement_request_nodes n WHERE n.id = r.request_node_id) AS request_id]]
+
+-- Compare-and-set: only while the row is as claimed and still ours.
+M.SETTLE_SQL = [[
+UPDATE evm_nonce_reservation
+   SET status = $3, surfaced_reason = coalesce($4, surfaced_reason), consumed_block = coalesce($5, consumed_block),
+       rebroadcasts = $6, last_error = $7, last_checked_at = clock_timestamp(),
+       reap_lease_until = NULL, reap_lease_owner = NULL
+ WHERE id = $1 AND status = $2 AND reap_lease_owner = $8
+RETURNING id]]
+
+M.NOTE_SQL = [[
+UPDATE evm_nonce_reservation
+   SET last_error = $2, last_checked_at = clock_timestamp(), reap_lease_until = NULL, reap_lease_owner = NULL
+ WHERE id = $1 AND reap_lease_owner = $3]]
+
+local function log_fields(row, extra)
+  local f = { worker = M.WORKER, reservation_id = row.id, chain_id = row.chain_id,
+              address = row.address, nonce = row.nonce }
+  for k, v in pairs(extra or {}) do f[k] = v end
+  return f
+end
+
+local function clip(s)
+  s = tostring(s):gsub("[%c]", " ")
+  if #s > 500 then s = s:sub(1, 500) .. "..." end
+  return s
+end
+
+-- Write an error note on the row and drop the lease (own transaction).
+local function note(s, row, owner, message)
+  s:query(M.NOTE_SQL, row.id, clip(message), owner)
+  qtg.log.warn("nonce reservation not settled", log_fields(row, { error = clip(message) }))
+end
+
+-- Impossible: record it on the row, then stop the core group.
+local function impossible(s, row, owner, message)
+  local msg = "IMPOSSIBLE: " .. message
+  pcall(s.query, s, M.NOTE_SQL, row.id, clip(msg), owner)
+  qtg.log.error("nonce reservation in an impossible state", log_fields(row, { error = msg }))
+  qtg.fatal(string.format("evm_nonce_reaper: reservation %s (chain %s, %s nonce %s): %s",
+    tostring(row.id), tostring(row.chain_id), row.address, tostring(row.nonce), message))
+end
+
+-- settle(s, row, owner, to, t): the status change, its audit row and, for
+-- 'surfaced', the operators' notification and callback; one transaction.
+local function settle(s, row, owner, to, t)
+  t = t or {}
+  s:begin()
+  local ok, err = pcall(function()
+    local hit = s:query(M.SETTLE_SQL, row.id, row.status, to, t.reason, t.block,
+      t.rebroadcasts or row.rebroadcasts, t.error and clip(t.error) or qtg.db.NULL, owner)[1]
+    if not hit then return end
+    local detail = { chain_id = row.chain_id, address = row.address, nonce = row.nonce,
+                     from_status = row.status, to_status = to, tx_hash = row.tx_hash,
+                     reason = t.reason, block = t.block, latest_nonce = t.latest }
+    local request_id = row.request_id ~= qtg.db.NULL and row.request_id or nil
+    if to == "surfaced" then
+      notify.surface(s, { worker = M.WORKER, kind = "nonce_reservation_surfaced",
+        dedupe_key = "nonce_reservation_surfaced:" .. tostring(row.id),
+        entity_type = "evm_nonce_reservation", entity_id = row.id, request_id = request_id,
+        data = detail, severity = "critical" })
+    else
+      outbox.audit(s, "system:" .. M.WORKER, "nonce_reservation." .. to, "evm_nonce_reservation",
+        tostring(row.id), request_id, detail)
+    end
+  end)
+  if not ok then
+    s:rollback()
+    error(err, 0)
+  end
+  s:commit()
+  local log = to == "surfaced" and qtg.log.warn or qtg.log.info
+  log("nonce reservation " .. to, log_fields(row, { from = row.status, reason = t.reason }))
+end
+
+local function hex_eq(a, b)
+  return type(a) == "string" and type(b) == "string" and a:lower() == b:lower()
+end
+
+-- The stored bytes must hash to the stored hash: anything else means the
+-- record cannot be trusted to say what was signed.
+local function check_record(row)
+  if row.signed_raw_tx == qtg.db.NULL then return true end
+  local ok, bytes = pcall(qtg.crypto.unhex, row.signed_raw_tx)
+  if not ok then return nil, "signed_raw_tx is not hex" end
+  local h = "0x" .. qtg.crypto.keccak256_hex(bytes)
+  if not hex_eq(h, row.tx_hash) then
+    return nil, string.format("signed_raw_tx hashes to %s, not to the stored tx_hash %s", h, row.tx_hash)
+  end
+  return true
+end
+
+-- Our hash is mined: check it is this row's nonce from this address.
+local function mined(s, row, owner, url, receipt, latest)
+  local tx, err = evm_rpc.get_transaction_by_hash(url, row.tx_hash)
+  if tx == nil then return note(s, row, owner, "eth_getTransactionByHash: " .. tostring(err)) end
+  if tx == false then
+    return note(s, row, owner, "the node has a receipt for " .. row.tx_hash .. " but not the transaction")
+  end
+  if tx.from:lower() ~= row.address or evm_rpc.quantity(tx.nonce) ~= row.nonce then
+    return impossible(s, row, owner, string.format(
+      "mined transaction %s is from %s with nonce %s, the reservation is %s nonce %s",
+      row.tx_hash, tx.from, tostring(tx.nonce), row.address, tostring(row.nonce)))
+  end
+  local st = receipt.status == "0x1" and "succeeded" or "reverted"
+  settle(s, row, owner, "consumed", { block = evm_rpc.quantity(receipt.blockNumber), latest = latest,
+    reason = st == "reverted" and "mined but reverted (the nonce is used all the same)" or nil })
+end
+
+local function reconcile_signed(s, row, owner, url, latest)
+  local receipt, rerr = evm_rpc.get_transaction_receipt(url, row.tx_hash)
+  if receipt == nil then return note(s, row, owner, "eth_getTransactionReceipt: " .. tostring(rerr)) end
+  if receipt then return mined(s, row, owner, url, receipt, latest) end
+  if row.nonce < latest then
+    return settle(s, row, owner, "surfaced", { latest = latest,
+      reason = "the chain used this nonce for another transaction; " .. row.tx_hash .. " will never be mined" })
+  end
+  local known, kerr = evm_rpc.get_transaction_by_hash(url, row.tx_hash)
+  if known == nil then return note(s, row, owner, "eth_getTransactionByHash: " .. tostring(kerr)) end
+  if known then
+    if row.status == "signed" then return settle(s, row, owner, "broadcast", { latest = latest }) end
+    return note(s, row, owner, "still pending in the node's pool")
+  end
+  -- Unknown to the node: send the very same bytes again.
+  local hash, serr = evm_rpc.send_raw_transaction(url, row.signed_raw_tx)
+  if hash and not hex_eq(hash, row.tx_hash) then
+    return impossible(s, row, owner, "the node answered hash " .. hash .. " for bytes that hash to " .. row.tx_hash)
+  end
+  if hash or evm_rpc.is_already_known(serr) then
+    local again = evm_rpc.get_transaction_receipt(url, row.tx_hash)
+    if again then return mined(s, row, owner, url, again, latest) end
+    if row.status == "broadcast" then
+      s:query("UPDATE evm_nonce_reservation SET rebroadcasts = rebroadcasts + 1 WHERE id = $1 AND reap_lease_owner = $2",
+        row.id, owner)
+      return note(s, row, owner, "rebroadcast the same bytes; waiting for them to be mined")
+    end
+    return settle(s, row, owner, "broadcast", { latest = latest, rebroadcasts = row.rebroadcasts + 1,
+      reason = nil })
+  end
+  if evm_rpc.is_nonce_too_low(serr) then
+    return note(s, row, owner, "rebroadcast: " .. tostring(serr) .. " (settled next pass)")
+  end
+  if serr.kind ~= "rpc" then return note(s, row, owner, "rebroadcast: " .. tostring(serr)) end
+  local n = row.rebroadcasts + 1
+  if n >= qtg.settings.evm_nonce_reaper_max_rebroadcasts then
+    return settle(s, row, owner, "surfaced", { rebroadcasts = n, latest = latest, error = tostring(serr),
+      reason = "rebroadcast refused " .. n .. " times: " .. clip(serr.message) })
+  end
+  s:query("UPDATE evm_nonce_reservation SET rebroadcasts = $2 WHERE id = $1 AND reap_lease_owner = $3",
+    row.id, n, owner)
+  return note(s, row, owner, "rebroadcast refused: " .. tostring(serr))
+end
+
+local function reconcile(s, row, owner, url, latest)
+  local ok, why = check_record(row)
+  if not ok then return impossible(s, row, owner, why) end
+  if row.status == "reserved" then
+    if row.nonce >= latest then return settle(s, row, owner, "released", { latest = latest }) end
+    return settle(s, row, owner, "surfaced", { latest = latest,
+      reason = "never signed by qtg, but the chain has used this nonce (latest count "
+        .. latest .. "): the address is used outside qtg" })
+  end
+  return reconcile_signed(s, row, owner, url, latest)
+end
+
+local function claim(s, settings, chains, owner)
+  local lease = M.BATCH * 5 * settings.evm_rpc_timeout_seconds + 30
+  s:begin()
+  local ok, rows = pcall(s.query, s, M.CLAIM_SQL, settings.evm_nonce_reaper_age_seconds,
+    "{" .. table.concat(chains, ",") .. "}", M.BATCH, lease, owner)
+  if not ok then
+    s:rollback()
+    error(rows, 0)
+  end
+  s:commit()
+  return rows
+end
+
+function M.tick(s)
+  local settings = qtg.settings
+  local eps, why = evm_rpc.endpoints(settings.evm_rpc_urls)
+  if not eps then error("evm_nonce_reaper: " .. why, 0) end
+  local chains = {}
+  for id in pairs(eps) do chains[#chains + 1] = string.format("%d", id) end
+  if #chains == 0 then error("evm_nonce_reaper: MG_EVM_RPC_URLS names no endpoint", 0) end
+  local owner = heartbeats.process_id() .. "/" .. qtg.crypto.nonce()
+  local rows = claim(s, settings, chains, owner)
+  local by_chain = {}
+  for _, row in ipairs(rows) do
+    by_chain[row.chain_id] = by_chain[row.chain_id] or {}
+    table.insert(by_chain[row.chain_id], row)
+  end
+  for chain, list in pairs(by_chain) do
+    local url = eps[chain]
+    local cid, cerr = evm_rpc.chain_id(url)
+    if cid == nil then
+      for _, row in ipairs(list) do note(s, row, owner, "eth_chainId: " .. tostring(cerr)) end
+    elseif cid ~= chain then
+      impossible(s, list[1], owner, string.format("the endpoint for chain %d answers eth_chainId %d", chain, cid))
+    else
+      local counts = {}
+      for _, row in ipairs(list) do
+        local latest = counts[row.address]
+        if latest == nil then
+          local n, err = evm_rpc.get_transaction_count(url, row.address, "latest")
+          counts[row.address] = n or false
+          latest = n or false
+          if not n then counts[row.address .. ":err"] = tostring(err) end
+        end
+        if latest == false then
+          note(s, row, owner, "eth_getTransactionCount: " .. counts[row.address .. ":err"])
+        else
+          reconcile(s, row, owner, url, latest)
+        end
+      end
+    end
+  end
+  return #rows
+end
+
+return M
