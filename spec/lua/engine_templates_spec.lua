@@ -55,7 +55,7 @@ describe("templates", function()
     local first = assert(templates.load_dir(s, dir))
     local keys = {}
     for _, r in ipairs(first) do keys[#keys + 1] = r.template_key end
-    assert.same({ "cctp_bridge", "cex_withdrawal_to_wallet", "dual_venue_funding", "otc_settlement_manual" }, keys)
+    assert.same({ "cctp_bridge", "cex_withdrawal_to_wallet", "dual_venue_funding", "evm_transfer", "otc_settlement_manual" }, keys)
     local again = assert(templates.load_dir(s, dir))
     for i, r in ipairs(again) do
       assert.is_false(r.created)

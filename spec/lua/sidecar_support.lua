@@ -165,12 +165,20 @@ end
 
 -- A PENDING_APPROVAL request of network class `class` (its request_created
 -- callback is enqueued when callback_url is given).
+-- The lifecycle only creates requests of this process's class, so a request
+-- of another class is created here and then moved, as another deployment
+-- would have written it.
 function M.request(s, template_key, class, callback_url)
   local requests = require "qtg.requests"
-  return requests.create(s, {
+  local req, created = requests.create(s, {
     template_key = template_key, intent = { asset = "USDC", amount = "1.00" },
-    idempotency_key = M.uid("idem"), callback_url = callback_url, network_class = class,
+    idempotency_key = M.uid("idem"), callback_url = callback_url,
   }, "console:spec")
+  if class and class ~= qtg.settings.network_class then
+    s:query("UPDATE movement_requests SET network_class = $1 WHERE id = $2", class, req.id)
+    req.network_class = class
+  end
+  return req, created
 end
 
 return M

@@ -25,6 +25,7 @@ local M = {}
 M.ADAPTERS = {
   sim = "qtg.executors.sim",
   manual = "qtg.executors.manual",
+  evm_transfer = "qtg.executors.evm_transfer",
 }
 
 -- action type -> default executor name (a template node may name another

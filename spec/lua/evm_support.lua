@@ -1,0 +1,323 @@
+-- spec/lua/evm_support.lua -- helpers of the evm_transfer specs
+-- (spec/lua/evm_*_spec.lua): a real anvil chain (the binary tools/anvil
+-- installs from npm), JSON-RPC from the spec, 0600 key files, `qtgd run`
+-- processes (spec/lua/host_support.lua) and requests in their network class.
+-- Loaded with require from inside a spec's blocks, never at load time.
+local qtg = require "qtg"
+local cjson = require "cjson"
+local host = require "spec.lua.host_support"
+local engine = require "spec.lua.engine_support"
+local evm_tx = require "qtg.evm_tx"
+
+local M = {}
+
+local q = host.sh_quote
+M.host, M.engine = host, engine
+
+-- The dev accounts of anvil's default mnemonic ("test test ... junk"); their
+-- keys are public (dev only).
+M.DEV = {
+  { address = "0xf39fd6e51aad88f6f4ce6ab8827279cfffb92266",
+    key = "ac0974bec39a17e36ba4a6b4d238ff944bacb478cbed5efcae784d7bf4f2ff80" },
+  { address = "0x70997970c51812dc3a010c7d01b50e0d17dc79c8",
+    key = "59c6995e998f97a5a0044966f0945389dc9e86dae88c7a8412f4603b6b78690d" },
+  { address = "0x3c44cdddb6a900fa2b585dd299e03d12fa4293bc",
+    key = "5de4111afa1a4b94908f83103eb1f1706367c2e68ca870fc3fb9a804cdab365a" },
+  { address = "0x90f79bf6eb2c4f870365e785982e1f101e93b906",
+    key = "7c852118294e51e653712a81e05800f419141751be58f605c371e15141b007a6" },
+  { address = "0x15d34aaf54267db7d7c367839aaf71a00a2c6a65",
+    key = "47e179ec197488593b187f80a00eb0da91f1b9d0b13f8733639f19c30a34926a" },
+  { address = "0x9965507d1a55bcc2695c58ba16fb37d819b0a4dc",
+    key = "8b3a350cf5c34c9194ca85829a2df0ec3153be0318b5e2d3348e872092edffba" },
+}
+
+local anvils, servers, dirs = {}, {}, {}
+
+local function tmpdir()
+  local d = host.tmpdir()
+  dirs[#dirs + 1] = d
+  return d
+end
+M.tmpdir = tmpdir
+
+function M.root() return engine.repo_root() end
+
+function M.read(path) return host.read(path) end
+
+-- wait_for(fn, seconds, what) -> fn's value; raises naming `what` on timeout.
+function M.wait_for(fn, seconds, what)
+  local v = host.eventually(fn, seconds or 30, 0.1)
+  if not v then error("timed out waiting for " .. tostring(what), 2) end
+  return v
+end
+
+-- ---- anvil -------------------------------------------------------------------
+
+-- The anvil binary: `tools/anvil path` installs @foundry-rs/anvil from npm
+-- the first time.  A missing anvil fails the spec (the setup installs it).
+function M.anvil_bin()
+  local p = io.popen(q(M.root() .. "/tools/anvil") .. " path 2>&1")
+  local out = p:read("*a")
+  p:close()
+  local path = out:match("([^\n]*anvil)%s*$")
+  assert(path and host.read(path) ~= nil, "tools/anvil path did not give an anvil binary:\n" .. out)
+  return path
+end
+
+-- start_anvil{chain_id=, block_time=} -> {url=, port=, dir=, pid=}.  Port 0:
+-- anvil picks a free one and logs it.  Interval mining (block_time) keeps
+-- blocks coming, so confirmations grow without traffic.
+function M.start_anvil(opts)
+  opts = opts or {}
+  local dir = tmpdir()
+  local args = { "--host", "127.0.0.1", "--port", "0", "--chain-id", tostring(opts.chain_id or 31337),
+                 "--accounts", "10", "--balance", "10000" }
+  if opts.block_time then args[#args + 1] = "--block-time"; args[#args + 1] = tostring(opts.block_time) end
+  local cmd = ("%s %s </dev/null >%s 2>&1 & echo $!"):format(q(M.anvil_bin()), table.concat(args, " "),
+    q(dir .. "/anvil.log"))
+  local p = io.popen(cmd)
+  local pid = tonumber(p:read("*l"))
+  p:close()
+  local a = { dir = dir, pid = pid }
+  anvils[#anvils + 1] = a
+  a.port = M.wait_for(function()
+    local log = host.read(dir .. "/anvil.log") or ""
+    return tonumber(log:match("Listening on 127%.0%.0%.1:(%d+)"))
+  end, 20, "anvil to listen (log: " .. dir .. "/anvil.log)")
+  a.url = "http://127.0.0.1:" .. a.port
+  M.wait_for(function() return pcall(M.rpc, a.url, "eth_chainId", {}) end, 20, "anvil to answer")
+  return a
+end
+
+function M.stop_anvil(a)
+  if a.pid then os.execute("kill " .. a.pid .. " 2>/dev/null") end
+  a.pid = nil
+end
+
+-- rpc(url, method, params) -> result; raises on any error.
+function M.rpc(url, method, params)
+  local parts = {}
+  for i, v in ipairs(params or {}) do parts[i] = cjson.encode(v) end
+  local body = string.format('{"jsonrpc":"2.0","id":1,"method":"%s","params":[%s]}', method,
+    table.concat(parts, ","))
+  local resp, err = qtg.http.request{ method = "POST", url = url, body = body, timeout = 10,
+    headers = { ["Content-Type"] = "application/json" } }
+  if not resp then error("rpc " .. method .. ": " .. tostring(err), 2) end
+  local doc = cjson.decode(resp.body)
+  if doc.error then error("rpc " .. method .. ": " .. cjson.encode(doc.error), 2) end
+  return doc.result
+end
+
+function M.balance(url, address)
+  return evm_tx.hex_to_dec(M.rpc(url, "eth_getBalance", { address, "latest" }))
+end
+
+function M.nonce(url, address)
+  return tonumber(M.rpc(url, "eth_getTransactionCount", { address, "latest" }):sub(3), 16)
+end
+
+function M.receipt(url, tx_hash)
+  local r = M.rpc(url, "eth_getTransactionReceipt", { tx_hash })
+  if r == cjson.null then return nil end
+  return r
+end
+
+function M.random_address()
+  return "0x" .. qtg.crypto.hex(qtg.crypto.random_bytes(20))
+end
+
+-- ---- files, keys, stand-in servers ------------------------------------------------
+
+function M.key_file(dir, name, hex)
+  local path = dir .. "/" .. name .. ".key"
+  host.write(path, hex .. "\n")
+  os.execute("chmod 600 " .. q(path))
+  return path
+end
+
+-- A random funded-nowhere key: {key=, path=} (its address comes from the
+-- child's signer; the spec computes it with qtg.signer.recover below).
+function M.random_key()
+  return qtg.crypto.hex(qtg.crypto.random_bytes(32))
+end
+
+-- A JSON-RPC endpoint that answers garbage: tools/fake-receiver --mode ok
+-- answers every POST with 200 {"ok":true}, which is no JSON-RPC response.
+function M.start_garbage_server()
+  local dir = tmpdir()
+  local portfile = dir .. "/port"
+  local cmd = ("%s --mode ok --record %s --port-file %s </dev/null >%s 2>&1 & echo $!"):format(
+    q(M.root() .. "/tools/fake-receiver"), q(dir .. "/rec.jsonl"), q(portfile), q(dir .. "/log"))
+  local p = io.popen(cmd)
+  local pid = tonumber(p:read("*l"))
+  p:close()
+  local port = M.wait_for(function()
+    local t = host.read(portfile)
+    return t and tonumber(t:match("^(%d+)"))
+  end, 20, "fake-receiver to listen")
+  servers[#servers + 1] = pid
+  return "http://127.0.0.1:" .. port
+end
+
+-- A TCP forwarder 127.0.0.1:port -> 127.0.0.1:target that a spec can stop
+-- and start again on the same port: an RPC endpoint that goes down and
+-- comes back while the chain behind it goes on.
+local FORWARDER = [=[
+import socket, sys, threading
+lport, tport, portfile = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+srv = socket.socket()
+srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind(("127.0.0.1", lport))
+srv.listen(64)
+with open(portfile + ".tmp", "w") as f:
+    f.write("%d" % srv.getsockname()[1])
+import os
+os.rename(portfile + ".tmp", portfile)
+def pipe(a, b):
+    try:
+        while True:
+            d = a.recv(65536)
+            if not d:
+                break
+            b.sendall(d)
+    except OSError:
+        pass
+    finally:
+        for x in (a, b):
+            try:
+                x.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+while True:
+    c, _ = srv.accept()
+    try:
+        u = socket.create_connection(("127.0.0.1", tport))
+    except OSError:
+        c.close()
+        continue
+    threading.Thread(target=pipe, args=(c, u), daemon=True).start()
+    threading.Thread(target=pipe, args=(u, c), daemon=True).start()
+]=]
+
+-- start_forwarder(target_port[, port]) -> {port=, pid=, url=}
+function M.start_forwarder(target_port, port)
+  local dir = tmpdir()
+  host.write(dir .. "/fwd.py", FORWARDER)
+  local portfile = dir .. "/port"
+  local p = io.popen(("python3 %s %d %d %s </dev/null >%s 2>&1 & echo $!"):format(q(dir .. "/fwd.py"),
+    port or 0, target_port, q(portfile), q(dir .. "/log")))
+  local pid = tonumber(p:read("*l"))
+  p:close()
+  servers[#servers + 1] = pid
+  local got = M.wait_for(function()
+    local t = host.read(portfile)
+    return t and tonumber(t:match("^(%d+)"))
+  end, 20, "the forwarder to listen (log " .. dir .. "/log)")
+  return { port = got, pid = pid, url = "http://127.0.0.1:" .. got }
+end
+
+function M.stop_forwarder(f)
+  os.execute("kill " .. f.pid .. " 2>/dev/null")
+  M.wait_for(function() return os.execute("kill -0 " .. f.pid .. " 2>/dev/null") ~= 0 end, 10,
+    "the forwarder to stop")
+end
+
+-- ---- qtgd processes -----------------------------------------------------------------
+
+-- run_env(extra) -> env for a `qtgd run` that works one network class
+-- quickly (short intervals; callbacks parked).
+function M.run_env(class, extra)
+  local env = host.base_env({
+    MG_NETWORK_CLASS = class,
+    MG_NODE_DISPATCH_INTERVAL_SECONDS = "0.1",
+    MG_NODE_OBSERVE_INTERVAL_SECONDS = "0.1",
+    MG_NODE_RECOVERY_INTERVAL_SECONDS = "0.5",
+    MG_CALLBACK_DISPATCH_INTERVAL_SECONDS = "60",
+    MG_EXECUTOR_HEALTH_INTERVAL_SECONDS = "3600",
+  })
+  for k, v in pairs(extra or {}) do env[k] = v end
+  return env
+end
+
+function M.start_run(env)
+  local dir = tmpdir()
+  env.MG_RUN_DIR = env.MG_RUN_DIR or (dir .. "/run")
+  return host.start(env, { "run" })
+end
+
+function M.log_count(h, needle)
+  local n = 0
+  for line in ((host.read(h.log) or "") .. "\n"):gmatch("([^\n]*)\n") do
+    if line:find(needle, 1, true) then n = n + 1 end
+  end
+  return n
+end
+
+function M.stop_all()
+  host.stop_all()
+  for _, a in ipairs(anvils) do M.stop_anvil(a) end
+  anvils = {}
+  for _, pid in ipairs(servers) do os.execute("kill " .. pid .. " 2>/dev/null") end
+  servers = {}
+end
+
+-- remove the spec's temporary directories (anvil logs, run dirs); qtgd logs
+-- live in host_support's own directories.
+function M.cleanup()
+  for _, d in ipairs(dirs) do os.execute("rm -rf " .. q(d)) end
+  dirs = {}
+end
+
+-- ---- requests -------------------------------------------------------------------------
+
+-- A template doc like templates/evm_transfer.json, for a signer key and
+-- risk controls of the spec's choosing.
+function M.template(key, signer_key, rc, confirmations)
+  local path = M.root() .. "/templates/evm_transfer.json"
+  local doc = cjson.decode((assert(host.read(path), path)))
+  doc.template_key = key
+  doc.nodes[1].config.signer_key = signer_key
+  for k, v in pairs(rc or {}) do doc.risk_controls[k] = v end
+  if confirmations then doc.nodes[3].config.confirmations = confirmations end
+  return doc
+end
+
+-- create(s, template_key, class, intent) -> request, approved and moved to
+-- `class` (the network class of the qtgd processes under test).
+function M.create(s, template_key, class, intent)
+  return engine.create_approved(s, template_key, { intent = intent, network_class = class,
+                                                   callback_url = false })
+end
+
+function M.request(s, id) return engine.request(s, id) end
+
+function M.nodes(s, id) return engine.nodes(s, id) end
+
+function M.reservations(s, node_id)
+  return s:query([[SELECT r.*, t.outcome, t.attempt_no FROM evm_nonce_reservation r
+                     LEFT JOIN evm_transfer_tx t ON t.reservation_id = r.id
+                    WHERE r.request_node_id = $1::uuid ORDER BY r.id]], node_id)
+end
+
+-- wait until every request in ids is in one of `states` (a set).
+function M.wait_states(s, ids, states, seconds, procs)
+  return M.wait_for(function()
+    for _, h in ipairs(procs or {}) do
+      local rc = host.read(h.rcfile)
+      if rc and rc:match("%d") then error("qtgd exited (" .. rc:gsub("%s", "") .. "); log " .. h.log, 0) end
+    end
+    for _, id in ipairs(ids) do
+      if not states[M.request(s, id).request_state] then return false end
+    end
+    return true
+  end, seconds or 60, "requests to reach " .. cjson.encode(states))
+end
+
+function M.detail(s, id)
+  local out = { request = M.request(s, id) }
+  out.nodes = s:query([[SELECT node_key, node_state, error_code, error_detail, attempt_no, provider_refs
+                          FROM movement_request_nodes WHERE request_id = $1::uuid ORDER BY node_key]], id)
+  return cjson.encode(out)
+end
+
+return M
