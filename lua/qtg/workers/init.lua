@@ -4,6 +4,14 @@
 --
 -- Jitter: the spec's run_loop takes a jitter argument (default 0); we use
 -- 10 % of each interval so several qtgd processes do not poll in lockstep.
+--
+-- Wake-ups and draining (MG_WAKEUPS_ENABLED, on by default; issue 8,
+-- docs/performance.md): a row's `drain = true` makes its worker run again at
+-- once after a pass that found work (the dispatcher still claims one node per
+-- pass), and `wake = k` says a NOTIFY (sql/0030_wakeups.sql, handled by
+-- qtg.wakeups) wakes it, so its polling is only the fallback for a lost
+-- notification and runs k times the spec's interval.  With wake-ups off,
+-- neither applies: the spec's intervals and plain polling.
 local M = {}
 
 local function csv_nonempty(s)
@@ -15,16 +23,22 @@ end
 -- (an external client that is not configured).
 local rows = {
   -- always-on, core group
-  {name = "node_dispatcher", group = "core", interval = "node_dispatch_interval_seconds"},
-  {name = "node_observer", group = "core", interval = "node_observe_interval_seconds"},
+  {name = "node_dispatcher", group = "core", interval = "node_dispatch_interval_seconds",
+   drain = true, wake = 5},
+  {name = "node_observer", group = "core", interval = "node_observe_interval_seconds",
+   drain = true, wake = 1},
   {name = "node_recovery", group = "core", interval = "node_recovery_interval_seconds"},
   -- always-on, sidecar group
-  {name = "callback_dispatcher", group = "sidecar", interval = "callback_dispatch_interval_seconds"},
+  {name = "callback_dispatcher", group = "sidecar", interval = "callback_dispatch_interval_seconds",
+   drain = true, wake = 5},
   {name = "expiration_checker", group = "sidecar", interval = "expiration_check_interval_seconds"},
   {name = "template_proposal_expiration", group = "sidecar",
    interval = "template_proposal_expiration_interval_seconds"},
   {name = "executor_health", group = "sidecar", interval = "executor_health_interval_seconds"},
-  {name = "audit_outbox_promoter", group = "sidecar", interval = "audit_outbox_promoter_interval_seconds"},
+  -- not drained: notified by nearly every transaction, its wake-ups are
+  -- gathered instead (qtg.wakeups.GATHER), a full batch per pass
+  {name = "audit_outbox_promoter", group = "sidecar", interval = "audit_outbox_promoter_interval_seconds",
+   wake = 5},
   -- conditional, core group
   {name = "evm_nonce_reaper", group = "core", interval = "evm_nonce_reaper_interval_seconds",
    flag = "evm_nonce_reaper_enabled",
@@ -37,7 +51,10 @@ local rows = {
   {name = "capital_transfer_followup", group = "sidecar",
    interval = "capital_transfer_followup_interval_seconds", flag = "capital_transfer_followup_enabled"},
   {name = "notification_dispatcher", group = "sidecar", interval = "notify_interval_seconds",
-   flag = "notify_enabled"},
+   flag = "notify_enabled",
+   needs = function(s)
+     if not csv_nonempty(s.notify_webhook_url) then return "no notification webhook (MG_NOTIFY_WEBHOOK_URL)" end
+   end},
   {name = "balance_history_rollup", group = "sidecar", interval = "balance_history_interval_seconds",
    flag = "balance_history_enabled"},
   {name = "cex_transfer_ingest", group = "sidecar", interval = "cex_transfer_ingest_interval_seconds",
@@ -56,7 +73,10 @@ local rows = {
 M.rows = rows
 
 -- registry(settings) -> array of {name, group, module, interval, jitter,
--- enabled, skip_reason}.  With MG_WORKERS_ENABLED=false nothing is enabled.
+-- enabled, skip_reason, drain, wake, spec_interval}.  With
+-- MG_WORKERS_ENABLED=false nothing is enabled.  interval is the one the
+-- runtime uses: spec_interval (the setting), times the row's `wake` factor
+-- when wake-ups are on.
 function M.registry(settings)
   local out = {}
   for i, row in ipairs(rows) do
@@ -65,7 +85,10 @@ function M.registry(settings)
     if enabled and row.enabled then enabled = row.enabled(settings) end
     local skip
     if enabled and row.needs then skip = row.needs(settings) end
-    local interval = settings[row.interval]
+    local spec_interval = settings[row.interval]
+    local wakeups = settings.wakeups_enabled == true
+    local interval = spec_interval
+    if wakeups and row.wake then interval = spec_interval * row.wake end
     out[i] = {
       name = row.name,
       group = row.group,
@@ -74,6 +97,9 @@ function M.registry(settings)
       jitter = interval * 0.1,
       enabled = enabled and skip == nil,
       skip_reason = skip,
+      drain = wakeups and row.drain == true,
+      wake = wakeups and row.wake ~= nil,
+      spec_interval = spec_interval,
     }
   end
   return out
