@@ -18,7 +18,7 @@ local SPEC = {
   { name = "capital_transfer_followup", group = "sidecar", flag = "MG_CAPITAL_TRANSFER_FOLLOWUP_ENABLED",
     default_on = false, interval = "MG_CAPITAL_TRANSFER_FOLLOWUP_INTERVAL_SECONDS", default_interval = 60 },
   { name = "notification_dispatcher", group = "sidecar", flag = "MG_NOTIFY_ENABLED", default_on = false,
-    interval = "MG_NOTIFY_INTERVAL_SECONDS" },
+    interval = "MG_NOTIFY_INTERVAL_SECONDS", needs = { MG_NOTIFY_WEBHOOK_URL = "http://127.0.0.1:9/hook" } },
   { name = "balance_history_rollup", group = "sidecar", flag = "MG_BALANCE_HISTORY_ENABLED", default_on = true,
     interval = "MG_BALANCE_HISTORY_INTERVAL_SECONDS" },
   { name = "cex_transfer_ingest", group = "sidecar", csv = "MG_CEX_TRANSFER_INGEST_VENUES_CSV",

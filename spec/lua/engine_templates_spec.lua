@@ -71,7 +71,7 @@ describe("templates", function()
     assert.same({ "primary_status>destination_receive", "primary_withdraw>primary_status",
       "secondary_status>destination_receive", "secondary_withdraw>secondary_status" }, list)
     local manual = s:query([[SELECT count(*)::int AS n FROM plan_nodes WHERE plan_version_id = $1
-                              AND action_type LIKE 'manual\_%']], again[4].plan_version_id)[1].n
+                              AND action_type LIKE 'manual\_%']], again[5].plan_version_id)[1].n
     assert.equal(1, manual)
   end)
 

@@ -272,11 +272,15 @@ return M]],
     assert.is_truthy(support.eventually(function() return ticks("survivor") >= 3 end, 20))
     local rc, out = support.run({}, {support.root .. "/tools/pg", "--dir", os.getenv("QTG_PG_DIR"), "restart"})
     assert.are.equal(0, rc, out)
+    local last_err
     local before = support.eventually(function()
       local ok, n = pcall(ticks, "survivor")
+      if not ok then last_err = n end
       return ok and n
-    end, 30)
-    assert.is_truthy(before)
+    end, 60, 0.2)
+    local st = qtg.db.stats()
+    assert.is_truthy(before, ("no query succeeded after the restart: %s (pool open %d, in use %d, waiting %d)")
+      :format(tostring(last_err), st.open, st.in_use, st.waiting))
     assert.is_truthy(support.eventually(function() return ticks("survivor") >= before + 5 end, 30))
     assert.are.equal(0, support.stop(p, 20))
   end)

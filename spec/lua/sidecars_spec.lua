@@ -108,8 +108,10 @@ describe("expiration_checker", function()
 
   it("leaves a request approved before the pass alone", function()
     local class = sup.uid("exp-approved")
-    local id = make(class, 3600)
+    -- approved in this process's class, then moved to the class under test
+    local id = make(nil, 3600)
     require("qtg.requests").approve(s, id, "console:spec")
+    s:query("UPDATE movement_requests SET network_class = $2 WHERE id = $1::uuid", id, class)
     s:query("UPDATE movement_requests SET expires_at = now() - interval '1 second' WHERE id = $1::uuid", id)
     local res = run_child(dir, "exp-appr", class, "expiration_checker")
     assert.equals(0, res.items)
