@@ -40,14 +40,14 @@ add_search_paths("path", { "/usr/share/lua/5.1/?.lua", "/usr/share/lua/5.1/?/ini
 add_search_paths("cpath", { "/usr/lib/x86_64-linux-gnu/lua/5.1/?.so",
                             "/usr/lib/aarch64-linux-gnu/lua/5.1/?.so" })
 
--- Spec helpers are required as `spec.<name>` (e.g. `require "spec.lua.pg_helper"`)
--- wherever qtgd exec is started from: put the repo root (this file's
--- parent's parent) on the path.
+-- Spec helpers are required by their path from the repo root (e.g.
+-- `require "spec.lua.host_support"`) wherever qtgd exec is started from:
+-- put the repo root (this file's directory's parent) on the path.
 local here = debug.getinfo(1, "S").source:match("^@(.*)$") or ""
 local repo = here:match("^(.*)/spec/[^/]*$") or (here:match("^spec/[^/]*$") and ".")
 if repo then add_search_paths("path", { repo .. "/?.lua", repo .. "/?/init.lua" }) end
 
-local EXIT = setmetatable({}, { __tostring = function() return "exit sentinel" end })
+local EXIT = {}   -- key marking the error raised in place of os.exit
 
 -- An os.exit inside the run becomes this error (a table, so busted shows it).
 local function exit_error(code)
@@ -81,8 +81,41 @@ local function new_counter()
   return c
 end
 
+-- With QTG_BUSTED_PROGRESS=FILE, FILE always says where the run is (spec
+-- file, then the test running or the last one done), so that a run stopped
+-- by a timeout tells which spec hung (tools/test prints it).
+local function track_progress(busted, path)
+  local function full_name(element)
+    local parts = {}
+    while element and element.descriptor ~= "file" and element.descriptor ~= "suite" do
+      table.insert(parts, 1, element.name)
+      element = busted.context.parent(element)
+    end
+    return table.concat(parts, " ")
+  end
+  local function note(text)
+    local f = io.open(path, "w")
+    if f then f:write(text, "\n"); f:close() end
+  end
+  local file = "?"
+  busted.subscribe({ "file", "start" }, function(element)
+    file = element.name
+    note(file .. ": loading the file, or in its describe blocks")
+    return nil, true
+  end)
+  busted.subscribe({ "test", "start" }, function(element)
+    note(file .. ": in test '" .. full_name(element) .. "'")
+    return nil, true
+  end)
+  busted.subscribe({ "test", "end" }, function(element)
+    note(file .. ": after test '" .. full_name(element) .. "' (in hooks or between tests)")
+    return nil, true
+  end)
+end
+
 local function run(args)
   local counter = new_counter()
+  local progress_file = os.getenv("QTG_BUSTED_PROGRESS")
 
   -- busted.runner keeps `require 'busted.compatibility'.exit` in a local
   -- when it loads, so replace it before loading the runner.
@@ -96,6 +129,7 @@ local function run(args)
   package.loaded["busted.core"] = function(...)
     local busted = make_core(...)
     counter.attach(busted)
+    if progress_file and progress_file ~= "" then track_progress(busted, progress_file) end
     return busted
   end
 

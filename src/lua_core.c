@@ -82,6 +82,9 @@ static int qtg_lua_sleep(lua_State *L) {
   if (r->next) r->next->prev = r;
   h->sleeps = r;
   uint64_t ms = (uint64_t)llround(s * 1000.0);
+  /* The loop's cached time is as old as this task's run: refresh it, or
+   * the sleep would end early by that much. */
+  uv_update_time(h->loop);
   if (uv_timer_start(&r->timer, qtg_sleep_fired, ms, 0) != 0) {
     qtg_sleep_unlist(r);
     return luaL_error(L, "qtg.sleep: cannot start a timer");

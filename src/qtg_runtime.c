@@ -83,6 +83,7 @@ static void qtg_worker_arm(qtg_worker *w, double seconds) {
   w->state = QTG_W_SLEEPING;
   w->next_run_at = qtg_wall_now() + seconds;
   uint64_t ms = (uint64_t)llround(seconds * w->sleep_scale * 1000.0);
+  uv_update_time(w->rt->h->loop); /* a tick may have run long since the loop woke */
   if (uv_timer_start(w->timer, qtg_worker_timer_fired, ms, 0) != 0) {
     qtg_logf(QTG_LOG_ERROR, "worker", w->name, "cannot arm the worker's timer");
     w->state = QTG_W_DEAD;

@@ -16,7 +16,9 @@ end
 local function run_runner(...)
   local out = os.tmpname()
   local err = os.tmpname()
-  local cmd = { "cd", shell_quote(root), "&&", shell_quote(bin), "exec", "spec/busted.lua", "-o", "plainTerminal" }
+  -- (the outer run's progress file is its own: the child must not write it)
+  local cmd = { "cd", shell_quote(root), "&&", "env", "-u", "QTG_BUSTED_PROGRESS",
+                shell_quote(bin), "exec", "spec/busted.lua", "-o", "plainTerminal" }
   for _, a in ipairs({ ... }) do cmd[#cmd + 1] = shell_quote(a) end
   local status = os.execute(table.concat(cmd, " ") .. " >" .. out .. " 2>" .. err)
   local function slurp(path)
