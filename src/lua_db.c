@@ -25,11 +25,21 @@ typedef struct {
   qtg_host *h;
 } qtg_db_session;
 
+/* Every piece of data lua_db hands the pool starts with `drop`, so the pool
+ * can free it at host close without knowing its type (qtg_claim too). */
 typedef struct {
+  void (*drop)(void *self);
   qtg_host *h;
   qtg_task *task;
   qtg_db_session *sess;
 } qtg_db_req;
+
+static void qtg_db_req_drop(void *self) { free(self); }
+
+static void qtg_db_drop(void *data) {
+  void (**drop)(void *) = data;
+  if (*drop) (*drop)(data);
+}
 
 static const char qtg_db_cjson_key = 'j';
 
@@ -228,8 +238,15 @@ static const char *qtg_db_param(lua_State *L, int idx) {
     lua_replace(L, idx);
     return lua_tostring(L, idx);
   }
-  case LUA_TSTRING:
-    return lua_tostring(L, idx);
+  case LUA_TSTRING: {
+    /* Sent as a C string: a NUL would silently cut the value (found by
+     * spec/lua/fuzz_templates_spec.lua); PostgreSQL text cannot hold one. */
+    size_t len;
+    const char *v = lua_tolstring(L, idx, &len);
+    if (memchr(v, '\0', len))
+      luaL_error(L, "qtg.db: parameter $%d contains a NUL byte (PostgreSQL text cannot hold one)", idx - 2);
+    return v;
+  }
   case LUA_TTABLE:
     qtg_db_push_cjson(L, "encode");
     lua_pushvalue(L, idx);
@@ -257,6 +274,7 @@ static int qtg_db_send(lua_State *L, int simple) {
   qtg_task *t = qtg_task_check(L);
   qtg_db_req *q = calloc(1, sizeof *q);
   if (!q) return luaL_error(L, "qtg.db: out of memory");
+  q->drop = qtg_db_req_drop;
   q->h = s->h;
   q->task = t;
   q->sess = s;
@@ -317,6 +335,7 @@ static int qtg_db_raw_acquire(lua_State *L) {
   qtg_task *t = qtg_task_check(L);
   qtg_db_req *q = calloc(1, sizeof *q);
   if (!q) return luaL_error(L, "qtg.db: out of memory");
+  q->drop = qtg_db_req_drop;
   q->h = h;
   q->task = t;
   qtg_pg_conn *conn = NULL;
@@ -453,7 +472,7 @@ int qtg_pg_open(qtg_host *h, char *err, size_t errlen) {
 void qtg_pg_close(qtg_host *h) {
   qtg_pg_listener_free(h->listener);
   h->listener = NULL;
-  qtg_pg_pool_free(h->pool);
+  qtg_pg_pool_free(h->pool, qtg_db_drop);
   h->pool = NULL;
 }
 

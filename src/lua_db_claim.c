@@ -34,6 +34,7 @@ typedef enum {
 } qtg_claim_step;
 
 typedef struct {
+  void (*drop)(void *self); /* first: the pool frees it at host close */
   qtg_host *h;
   qtg_task *task;
   qtg_pg_conn *conn;
@@ -48,6 +49,9 @@ typedef struct {
 } qtg_claim;
 
 int qtg_db_push_result_public(lua_State *L, PGresult *res, const char *err);
+
+static void qtg_claim_free(qtg_claim *c);
+static void qtg_claim_drop(void *self) { qtg_claim_free(self); }
 
 static void qtg_claim_free(qtg_claim *c) {
   free(c->candidates_sql);
@@ -202,6 +206,7 @@ static qtg_claim *qtg_claim_new(lua_State *L, qtg_claim_session *s) {
     luaL_error(L, "qtg.db.claim: needs an open transaction (call s:begin() first)");
   qtg_claim *c = calloc(1, sizeof *c);
   if (!c) luaL_error(L, "qtg.db.claim: out of memory");
+  c->drop = qtg_claim_drop;
   c->h = s->h;
   c->conn = s->conn;
   return c;

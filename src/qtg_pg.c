@@ -324,6 +324,12 @@ static void qtg_pg_consume(qtg_pg_conn *c) {
 
 static void qtg_pg_on_poll(uv_poll_t *handle, int status, int events) {
   qtg_pg_conn *c = handle->data;
+  if (status < 0 && c->state == QTG_PG_CONNECTING) {
+    /* libpq knows why the connect failed ("Connection refused"); the
+     * poll's own error (often EBADF after libpq closed the socket) does not. */
+    qtg_pg_connect_step(c);
+    return;
+  }
   if (status < 0) {
     qtg_pg_conn_fail(c, uv_strerror(status));
     return;
@@ -357,7 +363,9 @@ static void qtg_pg_on_poll(uv_poll_t *handle, int status, int events) {
 /* The connection is unusable: tell whoever waits on it. */
 static void qtg_pg_conn_fail(qtg_pg_conn *c, const char *why) {
   char msg[512];
-  snprintf(msg, sizeof msg, "connection to PostgreSQL lost: %s", why && why[0] ? why : "unknown error");
+  snprintf(msg, sizeof msg, "%s: %s",
+           c->state == QTG_PG_CONNECTING ? "cannot connect to PostgreSQL" : "connection to PostgreSQL lost",
+           why && why[0] ? why : "unknown error");
   size_t n = strlen(msg);
   while (n > 0 && (msg[n - 1] == '\n' || msg[n - 1] == ' ')) msg[--n] = '\0';
   qtg_pg_state was = c->state;
@@ -406,16 +414,18 @@ int qtg_pg_pool_new(uv_loop_t *loop, const char *conninfo, int size, qtg_pg_pool
   return 0;
 }
 
-void qtg_pg_pool_free(qtg_pg_pool *p) {
+void qtg_pg_pool_free(qtg_pg_pool *p, void (*drop)(void *data)) {
   if (!p) return;
   while (p->conns) {
     qtg_pg_conn *c = p->conns;
     p->conns = c->next;
+    if (c->has_cb && drop) drop(c->data);
     qtg_pg_conn_free(c);
   }
   while (p->whead) {
     qtg_pg_waiter *w = p->whead;
     p->whead = w->next;
+    if (drop) drop(w->data);
     free(w);
   }
   free(p->conninfo);

@@ -27,8 +27,10 @@ typedef void (*qtg_pg_result_cb)(qtg_pg_conn *conn, PGresult *res, const char *e
 typedef void (*qtg_pg_notify_cb)(const char *channel, const char *payload, void *data);
 
 int qtg_pg_pool_new(uv_loop_t *loop, const char *conninfo, int size, qtg_pg_pool **out);
-/* Frees every connection; callbacks of in-flight work are NOT called. */
-void qtg_pg_pool_free(qtg_pg_pool *pool);
+/* Frees every connection; callbacks of in-flight work and of queued
+ * acquires are NOT called: drop (when not NULL) is called instead with each
+ * one's data, so its owner can free it. */
+void qtg_pg_pool_free(qtg_pg_pool *pool, void (*drop)(void *data));
 
 /* Returns 1 and sets *out when a connection is free now (no callback);
  * 0 when queued (cb called later, in FIFO order of waiters); -1 on error. */

@@ -98,7 +98,11 @@ end
 
 function M.run(args)
   local dir = args[1] or M.dir()
-  local s = qtg.db.acquire()
+  local got, s = pcall(qtg.db.acquire)
+  if not got then
+    io.stderr:write("qtgd migrate: ", tostring(s), "\n")
+    return 1
+  end
   local ok, applied, skipped = pcall(M.apply, s, dir, function(msg) qtg.log.info(msg, {command = "migrate"}) end)
   s:release()
   if not ok then
