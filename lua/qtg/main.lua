@@ -70,6 +70,10 @@ function M.run()
   if wakeups and settings.wakeups_enabled then wakeups.start() end
   qtg.log.info("qtgd running", {workers = #plan, network_class = settings.network_class,
                                 pid = tostring(qtg.pid and qtg.pid() or "")})
+  if qtg.systemd then -- Type=notify: ready once the workers run (a no-op without NOTIFY_SOCKET)
+    local _, nerr = qtg.systemd.notify(("READY=1\nSTATUS=%d workers running"):format(#plan))
+    if nerr then qtg.log.warn("sd_notify READY=1: " .. tostring(nerr)) end
+  end
   return 0
 end
 
@@ -79,7 +83,12 @@ function M.on_sighup()
     qtg.log.warn("SIGHUP: live reload is not available in this build")
     return
   end
-  reload.reload("sighup")
+  if qtg.systemd then qtg.systemd.notify("RELOADING=1\nMONOTONIC_USEC=" .. qtg.systemd.monotonic_usec()) end
+  local report = reload.reload("sighup")
+  if qtg.systemd then
+    qtg.systemd.notify(report and report.ok and "READY=1\nSTATUS=policy reloaded"
+                       or "READY=1\nSTATUS=policy reload failed; the old code keeps running")
+  end
 end
 
 return M

@@ -1,0 +1,107 @@
+-- tools/package-smoke.lua -- one movement through the installed qtgd, run by
+-- tools/package-smoke as
+--   /usr/bin/qtgd exec tools/package-smoke.lua --callback-url URL --record FILE
+--                                             [--timeout SECONDS]
+-- while the installed daemon (`qtgd run` as the qtg user) works the same
+-- database.  Creates and approves a cex_withdrawal_to_wallet movement with a
+-- callback URL (the receiver verifies every signature), waits until it is
+-- COMPLETED and every callback is delivered, and checks the receiver's
+-- verdicts.  Prints one line per fact; exit 0 when all hold, else 1.
+local qtg = require "qtg"
+local cjson = require "cjson"
+local requests = require "qtg.requests"
+
+local function parse(argv)
+  local opts = { timeout = 60 }
+  local i = 1
+  while i <= #argv do
+    local a, v = argv[i], argv[i + 1]
+    if a == "--callback-url" and v then opts.callback_url = v
+    elseif a == "--record" and v then opts.record = v
+    elseif a == "--timeout" and tonumber(v) then opts.timeout = tonumber(v)
+    else error("package-smoke.lua: bad argument " .. tostring(a), 0) end
+    i = i + 2
+  end
+  if not opts.callback_url or not opts.record then
+    error("package-smoke.lua: --callback-url and --record are required", 0)
+  end
+  return opts
+end
+
+local function say(fmt, ...) io.stdout:write(string.format(fmt, ...), "\n") io.stdout:flush() end
+
+local function wait_for(what, timeout, fn)
+  local deadline = qtg.monotonic() + timeout
+  while true do
+    local v = fn()
+    if v then return v end
+    if qtg.monotonic() > deadline then error("timed out after " .. timeout .. " s waiting for " .. what, 0) end
+    qtg.sleep(0.2)
+  end
+end
+
+local function run(argv)
+  local opts = parse(argv)
+  say("policies from %s (package.path starts %s)", qtg.root, package.path:sub(1, 40))
+  if qtg.root ~= "/usr/share/qtg" then error("this is not the installed qtgd: its root is " .. qtg.root, 0) end
+  local key = "pkg-smoke-" .. qtg.crypto.hex(qtg.crypto.random_bytes(6))
+  local req = qtg.db.with_session(function(s)
+    local r = requests.create(s, {
+      template_key = "cex_withdrawal_to_wallet", idempotency_key = key,
+      intent = { asset = "USDC", amount = "125.50", venue = "binance", destination_chain = "ethereum",
+                 destination = "0x8ba1f109551bd432803012645ac136ddd64dba72" },
+      callback_url = opts.callback_url,
+    }, "console:package-smoke")
+    return requests.approve(s, r.id, "console:package-smoke")
+  end)
+  say("created and approved %s (cex_withdrawal_to_wallet)", req.id)
+  local final = wait_for("the movement to finish", opts.timeout, function()
+    local r = qtg.db.with_session(function(s)
+      return s:query("SELECT request_state, last_error_code FROM movement_requests WHERE id = $1::uuid", req.id)[1]
+    end)
+    if r.request_state ~= "APPROVED" and r.request_state ~= "EXECUTING" then return r end
+  end)
+  if final.request_state ~= "COMPLETED" then
+    error(("the movement ended %s (%s)"):format(final.request_state, tostring(final.last_error_code)), 0)
+  end
+  say("movement %s COMPLETED", req.id)
+  local rows = wait_for("its callbacks to be delivered", 30, function()
+    local rs = qtg.db.with_session(function(s)
+      return s:query("SELECT status, callback_nonce FROM movement_callback_outbox WHERE request_id = $1::uuid", req.id)
+    end)
+    for _, r in ipairs(rs) do if r.status == "pending" then return nil end end
+    return rs
+  end)
+  local nonces = {}
+  for _, r in ipairs(rows) do
+    if r.status ~= "delivered" then error("a callback ended " .. r.status, 0) end
+    nonces[r.callback_nonce] = true
+  end
+  local verified = 0
+  local f = assert(io.open(opts.record, "r"))
+  for line in f:lines() do
+    local e = cjson.decode(line)
+    local body = cjson.decode(e.body)
+    if body.request_id == req.id then
+      if not (e.verdict and e.verdict.ok) then
+        error("the receiver rejected a callback: " .. tostring(e.verdict and e.verdict.reason), 0)
+      end
+      local nonce = e.headers["X-QTG-Callback-Nonce"] or e.headers["x-qtg-callback-nonce"]
+      if not nonces[nonce] then error("the receiver got a callback the outbox does not know", 0) end
+      verified = verified + 1
+    end
+  end
+  f:close()
+  if #rows == 0 or verified ~= #rows then
+    error(("%d callbacks delivered but %d verified by the receiver"):format(#rows, verified), 0)
+  end
+  say("callbacks: %d delivered, %d verified by the receiver", #rows, verified)
+  return 0
+end
+
+local ok, res = pcall(run, { ... })
+if not ok then
+  io.stderr:write("package-smoke.lua: ", tostring(res), "\n")
+  return 1
+end
+return res
