@@ -66,11 +66,31 @@ static size_t qtg_log_append(char *line, size_t off, const char *s, size_t len) 
   return off + n;
 }
 
-static size_t qtg_log_append_quoted(char *line, size_t off, const char *s) {
-  if (off >= QTG_LOG_LINE_MAX) return off;
-  size_t room = QTG_LOG_LINE_MAX - off;
-  size_t need = qtg_json_quote(line + off, room, s, strlen(s));
-  return need <= room ? off + need : QTG_LOG_LINE_MAX;
+/* Quote s (len bytes) into line at off, ending before limit.  When the whole
+ * does not fit, the longest prefix that does is written, cut before a UTF-8
+ * continuation byte and followed by "...", so the line stays one valid JSON
+ * object (a line cut mid-string was not: found by fuzz/fuzz_json.c).  *cut
+ * is set then.  Returns the new offset (off when not even that fits). */
+static size_t qtg_log_put_string(char *line, size_t off, size_t limit, const char *s, size_t len,
+                                 int *cut) {
+  size_t need = qtg_json_quote(NULL, 0, s, len);
+  if (off + need <= limit) {
+    qtg_json_quote(line + off, need, s, len);
+    return off + need;
+  }
+  *cut = 1;
+  if (off + 5 > limit) return off;              /* not even "..." */
+  size_t lo = 0, hi = len;                       /* longest prefix whose quote + 3 fits */
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo + 1) / 2;
+    if (qtg_json_quote(NULL, 0, s, mid) + 3 <= limit - off) lo = mid;
+    else hi = mid - 1;
+  }
+  while (lo > 0 && ((unsigned char)s[lo] & 0xC0) == 0x80) lo--;
+  size_t n = qtg_json_quote(line + off, limit - off, s, lo);
+  off += n - 1;                                  /* over the closing quote */
+  memcpy(line + off, "...\"", 4);
+  return off + 4;
 }
 
 void qtg_log_fields(qtg_log_level level, const char *msg, const char *const *fields) {
@@ -84,20 +104,26 @@ void qtg_log_fields(qtg_log_level level, const char *msg, const char *const *fie
   size_t tl = strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%S", &tm);
   snprintf(ts + tl, sizeof ts - tl, ".%06ldZ", (long)tv.tv_usec);
 
+  /* limit: the closing brace and the newline go after it */
+  const size_t limit = QTG_LOG_LINE_MAX;
+  int cut = 0;
   size_t off = 0;
   off = qtg_log_append(line, off, "{\"time\":\"", 9);
   off = qtg_log_append(line, off, ts, strlen(ts));
   off = qtg_log_append(line, off, "\",\"level\":\"", 11);
   off = qtg_log_append(line, off, qtg_log_names[level], strlen(qtg_log_names[level]));
   off = qtg_log_append(line, off, "\",\"msg\":", 8);
-  off = qtg_log_append_quoted(line, off, msg ? msg : "");
-  for (int i = 0; fields && fields[i] && fields[i + 1]; i += 2) {
-    off = qtg_log_append(line, off, ",", 1);
-    off = qtg_log_append_quoted(line, off, fields[i]);
-    off = qtg_log_append(line, off, ":", 1);
-    off = qtg_log_append_quoted(line, off, fields[i + 1]);
+  if (!msg) msg = "";
+  off = qtg_log_put_string(line, off, limit, msg, strlen(msg), &cut);
+  for (int i = 0; !cut && fields && fields[i] && fields[i + 1]; i += 2) {
+    size_t klen = strlen(fields[i]);
+    size_t kneed = qtg_json_quote(NULL, 0, fields[i], klen);
+    if (off + 1 + kneed + 1 + 5 > limit) break;  /* no room for the pair: drop the rest */
+    line[off++] = ',';
+    off += qtg_json_quote(line + off, kneed, fields[i], klen);
+    line[off++] = ':';
+    off = qtg_log_put_string(line, off, limit, fields[i + 1], strlen(fields[i + 1]), &cut);
   }
-  if (off > QTG_LOG_LINE_MAX - 1) off = QTG_LOG_LINE_MAX - 1; /* keep room for the brace */
   line[off++] = '}';
   line[off++] = '\n';
   ssize_t w = write(STDERR_FILENO, line, off);

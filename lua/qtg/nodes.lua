@@ -29,7 +29,24 @@ function M.load_nodes(s, request_id)
   return nodes, by
 end
 
+-- A plan version never changes once committed (a new template version is a
+-- new plan_versions row), so its graph is read once per process and kept
+-- (issue 8: one statement less per node transition).  Callers treat the
+-- graph as read-only.
+M.GRAPH_CACHE_MAX = 1000
+local graphs = { n = 0, by_id = {} }
+
 function M.load_graph(s, plan_version_id)
+  local cached = graphs.by_id[plan_version_id]
+  if cached then return cached end
+  local g = M.read_graph(s, plan_version_id)
+  if graphs.n >= M.GRAPH_CACHE_MAX then graphs.n, graphs.by_id = 0, {} end
+  graphs.by_id[plan_version_id] = g
+  graphs.n = graphs.n + 1
+  return g
+end
+
+function M.read_graph(s, plan_version_id)
   local edges = s:query([[
     SELECT f.node_key AS from_key, t.node_key AS to_key
       FROM plan_edges e
@@ -77,18 +94,17 @@ local function param(spec, v)
   return v
 end
 
--- update_node(s, node, fields): write fields (keys of NODE_SET) on the node
--- row and refresh the Lua table `node` from the returned row.  A state
--- change is checked against qtg.state first (the database checks it too).
-function M.update_node(s, node, fields)
+-- node_update_sql(node, fields, caller_level) -> the UPDATE ... RETURNING *
+-- text and its parameters ($1 = node id), after the checks.
+local function node_update_sql(node, fields, level)
   local to = fields.node_state
   if to and to ~= node.node_state and not state.node_can(node.node_state, to) then
     error(string.format("illegal node transition %s -> %s (node %s %s)",
-      node.node_state, to, node.node_key, node.id), 2)
+      node.node_state, to, node.node_key, node.id), level + 1)
   end
   local names = {}
   for k in pairs(fields) do
-    if not NODE_SET[k] then error("nodes.update_node: unknown field " .. k, 2) end
+    if not NODE_SET[k] then error("nodes.update_node: unknown field " .. k, level + 1) end
     names[#names + 1] = k
   end
   table.sort(names)
@@ -102,8 +118,15 @@ function M.update_node(s, node, fields)
       sets[#sets + 1] = string.format(spec[1], #args)
     end
   end
-  local sql = "UPDATE movement_request_nodes SET " .. table.concat(sets, ", ") ..
-    " WHERE id = $1::uuid RETURNING *"
+  return "UPDATE movement_request_nodes SET " .. table.concat(sets, ", ") ..
+    " WHERE id = $1::uuid RETURNING *", args
+end
+
+-- update_node(s, node, fields): write fields (keys of NODE_SET) on the node
+-- row and refresh the Lua table `node` from the returned row.  A state
+-- change is checked against qtg.state first (the database checks it too).
+function M.update_node(s, node, fields)
+  local sql, args = node_update_sql(node, fields, 2)
   local row = s:query(sql, unpack(args, 1, #args))[1]
   for k, v in pairs(row) do node[k] = v end
   return node
@@ -120,15 +143,15 @@ local REQUEST_SET = {
   last_error_code = { "last_error_code = $%d" },
 }
 
-function M.update_request(s, request, fields)
+local function request_update_sql(request, fields, level)
   local to = fields.request_state
   if to and to ~= request.request_state and not state.request_can(request.request_state, to) then
     error(string.format("illegal request transition %s -> %s (request %s)",
-      request.request_state, to, request.id), 2)
+      request.request_state, to, request.id), level + 1)
   end
   local names = {}
   for k in pairs(fields) do
-    if not REQUEST_SET[k] then error("nodes.update_request: unknown field " .. k, 2) end
+    if not REQUEST_SET[k] then error("nodes.update_request: unknown field " .. k, level + 1) end
     names[#names + 1] = k
   end
   table.sort(names)
@@ -142,9 +165,50 @@ function M.update_request(s, request, fields)
       sets[#sets + 1] = string.format(spec[1], #args)
     end
   end
+  return sets, args
+end
+
+function M.update_request(s, request, fields)
+  local sets, args = request_update_sql(request, fields, 2)
   local sql = "UPDATE movement_requests SET " .. table.concat(sets, ", ") ..
     " WHERE id = $1::uuid RETURNING *"
   local row = s:query(sql, unpack(args, 1, #args))[1]
+  for k, v in pairs(row) do request[k] = v end
+  return request
+end
+
+-- write_request(s, request, fields, cb, audit): the request update, its
+-- callback row (cb = {event, data}, only when the request has a
+-- callback_url: callback_sequence is bumped in the same UPDATE) and its
+-- audit row (audit = {actor, action, detail}) in ONE statement (issue 8:
+-- one round trip and one row version where there were three and two).
+-- Either cb or audit may be nil.  The callback payload is the one
+-- qtg.outbox.enqueue_callback writes (outbox.callback_insert_sql).
+function M.write_request(s, request, fields, cb, audit)
+  local sets, args = request_update_sql(request, fields, 2)
+  if cb then
+    if not outbox.EVENTS[cb.event] then
+      error("outbox.enqueue_callback: unknown event type " .. tostring(cb.event), 2)
+    end
+    sets[#sets + 1] = "callback_sequence = callback_sequence + (callback_url IS NOT NULL)::int"
+  end
+  local parts = { "WITH u AS (UPDATE movement_requests SET ", table.concat(sets, ", "),
+                  " WHERE id = $1::uuid RETURNING *)" }
+  if cb then
+    local n = #args
+    args[n + 1], args[n + 2], args[n + 3] = cb.event, canon.encode(cb.data or {}), outbox.max_attempts()
+    parts[#parts + 1] = ", c AS (" .. outbox.callback_insert_sql("u", n + 1, n + 2, n + 3) .. ")"
+  end
+  if audit then
+    outbox.check_actor(audit.actor, 2)
+    local n = #args
+    args[n + 1], args[n + 2], args[n + 3] = audit.actor, audit.action, canon.encode(audit.detail or {})
+    parts[#parts + 1] = (", a AS (INSERT INTO audit_outbox (actor, action, entity_type, entity_id, " ..
+      "request_id, detail) SELECT $%d, $%d, 'movement_request', u.id::text, u.id, $%d::jsonb FROM u)")
+      :format(n + 1, n + 2, n + 3)
+  end
+  parts[#parts + 1] = " SELECT * FROM u"
+  local row = s:query(table.concat(parts), unpack(args, 1, #args))[1]
   for k, v in pairs(row) do request[k] = v end
   return request
 end
@@ -171,26 +235,34 @@ function M.set_request_state(s, request, to, actor, opts)
   for k, v in pairs(opts.fields or {}) do fields[k] = v end
   fields.request_state = to
   if M.TERMINAL_REQUEST[to] or to == "FAILED" then fields.finished_now = true end
-  M.update_request(s, request, fields)
   local data = opts.data or {}
   data.from_state = from
   local event = opts.event or M.STATE_EVENTS[to]
-  if event then outbox.enqueue_callback(s, request, event, data) end
-  outbox.audit(s, actor, opts.action or ("request." .. to:lower()), "movement_request",
-    request.id, request.id, data)
+  M.write_request(s, request, fields, event and { event = event, data = data } or nil,
+    { actor = actor, action = opts.action or ("request." .. to:lower()), detail = data })
 end
 
 -- set_node_state(s, g, node, fields, actor): a node change plus its audit
 -- row (node changes have no callback of their own: the request-level events
--- that follow from them carry the news).
+-- that follow from them carry the news).  One statement (issue 8): the
+-- UPDATE and the audit_outbox INSERT that reads the updated row, so the
+-- audit detail is {node_key, from_state, attempt_no[, error_code]} of the
+-- row as written.
 function M.set_node_state(s, g, node, fields, actor)
+  outbox.check_actor(actor, 2)
   local from = node.node_state
-  M.update_node(s, node, fields)
-  outbox.audit(s, actor, "node." .. node.node_state:lower(), "movement_request_node",
-    node.id, g.request.id, {
-      node_key = node.node_key, from_state = from, attempt_no = node.attempt_no,
-      error_code = node.error_code ~= NULL and node.error_code or nil,
-    })
+  local upd, args = node_update_sql(node, fields, 2)
+  local n = #args
+  args[n + 1], args[n + 2], args[n + 3] = actor, g.request.id, from
+  local sql = "WITH u AS (" .. upd .. "), a AS (" ..
+    "INSERT INTO audit_outbox (actor, action, entity_type, entity_id, request_id, detail) " ..
+    "SELECT $" .. (n + 1) .. ", 'node.' || lower(u.node_state), 'movement_request_node', u.id::text, $" ..
+    (n + 2) .. "::uuid, jsonb_strip_nulls(jsonb_build_object('node_key', u.node_key, 'from_state', $" ..
+    (n + 3) .. "::text, 'attempt_no', u.attempt_no, 'error_code', u.error_code)) FROM u) " ..
+    "SELECT * FROM u"
+  local row = s:query(sql, unpack(args, 1, n + 3))[1]
+  for k, v in pairs(row) do node[k] = v end
+  return node
 end
 
 -- apply_request_state(s, g, actor): derive the request state from the nodes
@@ -244,10 +316,8 @@ function M.advance_after_completion(s, g, node, actor)
   for _, k in ipairs(successors) do
     if not ready_set[k] and g.by_key[k].node_state == "BLOCKED" then waiting[#waiting + 1] = k end
   end
-  M.update_request(s, g.request, { current_frontier = successors })
-  outbox.enqueue_callback(s, g.request, "frontier_advanced", {
-    completed = node.node_key, ready = canon.array(ready), waiting = waiting,
-  })
+  M.write_request(s, g.request, { current_frontier = successors }, { event = "frontier_advanced",
+    data = { completed = node.node_key, ready = canon.array(ready), waiting = waiting } })
   return M.apply_request_state(s, g, actor)
 end
 

@@ -25,31 +25,42 @@ M.EVENTS = {
   manual_step_completed = true,
 }
 
+-- The INSERT of one callback row for the request row `r` (already bumped
+-- to its new callback_sequence), given the parameter numbers of the event
+-- type, the data (jsonb) and max_attempts.  Shared by ENQUEUE_SQL and by
+-- writers that fold the enqueue into their own statement (qtg.nodes).
+function M.callback_insert_sql(r, ev, data, max)
+  local sql = ([[
+INSERT INTO movement_callback_outbox (request_id, event_type, payload, callback_url, max_attempts)
+SELECT R.id, $EV::text,
+       jsonb_build_object(
+         'event_type', $EV::text,
+         'request_id', R.id,
+         'request_state', R.request_state,
+         'current_frontier', R.current_frontier,
+         'occurred_at', to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+         'sequence', R.callback_sequence,
+         'data', $DATA::jsonb)::text,
+       R.callback_url, $MAX::int
+  FROM R WHERE R.callback_url IS NOT NULL]]):gsub("%$EV", "$" .. ev):gsub("%$DATA", "$" .. data)
+    :gsub("%$MAX", "$" .. max):gsub("R%.", r .. "."):gsub("FROM R ", "FROM " .. r .. " ")
+  return sql
+end
+
 local ENQUEUE_SQL = [[
 WITH r AS (
   UPDATE movement_requests
      SET callback_sequence = callback_sequence + 1
    WHERE id = $1::uuid AND callback_url IS NOT NULL
   RETURNING id, request_state, current_frontier, callback_url, callback_sequence)
-INSERT INTO movement_callback_outbox (request_id, event_type, payload, callback_url, max_attempts)
-SELECT r.id, $2::text,
-       jsonb_build_object(
-         'event_type', $2::text,
-         'request_id', r.id,
-         'request_state', r.request_state,
-         'current_frontier', r.current_frontier,
-         'occurred_at', to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-         'sequence', r.callback_sequence,
-         'data', $3::jsonb)::text,
-       r.callback_url, $4::int
-  FROM r
-RETURNING id, payload]]
+]] .. M.callback_insert_sql("r", 2, 3, 4) .. "\nRETURNING id, payload"
 
-local function max_attempts()
+function M.max_attempts()
   local ok, qtg = pcall(require, "qtg")
   local n = ok and qtg.settings and qtg.settings.callback_max_attempts
   return tonumber(n) or 5
 end
+local max_attempts = M.max_attempts
 
 -- enqueue_callback(s, request_row, event_type, data) -> outbox row or nil
 -- (nil when the request has no callback_url).  Call it inside the
@@ -67,11 +78,18 @@ local ACTOR_PATTERN = "^[a-z]+:[%w%._%-@]+$"
 
 -- audit(s, actor, action, entity_type, entity_id, request_id, detail)
 -- actor: "system:<worker>" or "console:<uid>" (or "api:<client>").
-function M.audit(s, actor, action, entity_type, entity_id, request_id, detail)
+-- check_actor(actor[, level]): raise unless actor is "system:<worker>",
+-- "console:<uid>" or "api:<client>" (for writers that build their audit
+-- INSERT into a larger statement, e.g. qtg.nodes.set_node_state).
+function M.check_actor(actor, level)
   if type(actor) ~= "string" or not actor:match(ACTOR_PATTERN) then
     error("outbox.audit: actor must look like system:<worker> or console:<uid>, got "
-      .. tostring(actor), 2)
+      .. tostring(actor), (level or 1) + 1)
   end
+end
+
+function M.audit(s, actor, action, entity_type, entity_id, request_id, detail)
+  M.check_actor(actor, 2)
   s:query([[INSERT INTO audit_outbox (actor, action, entity_type, entity_id, request_id, detail)
             VALUES ($1, $2, $3, $4, $5::uuid, $6::jsonb)]],
     actor, action, entity_type, tostring(entity_id), request_id, canon.encode(detail or {}))

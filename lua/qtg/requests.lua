@@ -109,9 +109,21 @@ local function check_create_args(args)
       or #args.idempotency_key > 200 then
     refuse("invalid_input", "idempotency_key is required (1 to 200 characters)")
   end
+  -- text PostgreSQL cannot hold is refused here, not by a failing write
+  -- (found by spec/lua/fuzz_intent_spec.lua)
+  if not canon.text_ok(args.idempotency_key) then
+    refuse("invalid_input", "idempotency_key holds a NUL byte or is not valid UTF-8")
+  end
   if type(args.intent) ~= "table" then refuse("invalid_intent", "intent is required (a JSON object)") end
   if args.input_params ~= nil and type(args.input_params) ~= "table" then
     refuse("invalid_input", "input_params must be a JSON object")
+  end
+  if args.input_params ~= nil then
+    local ok, why = canon.storable(args.input_params)
+    if not ok then refuse("invalid_input", "input_params cannot be stored: %s", why) end
+  end
+  if type(args.callback_url) == "string" and not canon.text_ok(args.callback_url) then
+    refuse("invalid_input", "bad callback_url: it holds a NUL byte or is not valid UTF-8")
   end
   if args.callback_url ~= nil and args.callback_url ~= NULL then
     -- the callback dispatcher's own rule for a URL it may POST to

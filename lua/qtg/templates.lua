@@ -113,8 +113,11 @@ local function check_intent(intent, add)
         table.concat(sorted_keys(M.INTENT_TYPES), ", "))
     end
   end
-  return { required = canon.array(canon.copy(is_array(required) and required or {})),
-           types = canon.copy(types) }
+  local out = { required = canon.array(canon.copy(is_array(required) and required or {})),
+                types = canon.copy(types) }
+  local ok, why = canon.storable({ intent = out })
+  if not ok then add("intent", "cannot be stored: %s", why) end
+  return out
 end
 
 local function check_timeout_policy(tp, where, add)
@@ -123,7 +126,7 @@ local function check_timeout_policy(tp, where, add)
   check_unknown_fields(tp, M.TIMEOUT_FIELDS, where .. ": timeout_policy", add)
   for _, f in ipairs(sorted_keys(M.TIMEOUT_FIELDS)) do
     local v = tp[f]
-    if v ~= nil and (type(v) ~= "number" or v <= 0) then
+    if v ~= nil and (type(v) ~= "number" or not (v > 0) or v == math.huge) then
       add(where, "timeout_policy.%s must be a positive number of seconds", f)
     end
   end
@@ -162,6 +165,9 @@ local function check_node(n, i, add, seen)
   local config = n.config
   if config == nil then config = {} end
   if not is_object(config) then add(where, "\"config\" must be an object"); config = {} end
+  -- as deep as it is hashed: content_doc.nodes[i].config
+  local storable, why_not = canon.storable({ nodes = canon.array({ { config = config } }) })
+  if not storable then add(where, "config cannot be stored: %s", why_not); config = {} end
   local timeout_policy = check_timeout_policy(n.timeout_policy, where, add)
   if executor then
     local adapter, why = executors.get(executor)
@@ -196,6 +202,9 @@ local function find_cycle(keys, graph)
   -- walk back along unfinished predecessors from any node left in a cycle
   local start
   for _, k in ipairs(keys) do if indeg[k] > 0 then start = k; break end end
+  -- a duplicate node key (already an error) makes the counts differ
+  -- without a cycle (found by spec/lua/fuzz_templates_spec.lua)
+  if not start then return nil end
   local path, at, pos = {}, start, {}
   while not pos[at] do
     pos[at] = #path + 1
@@ -268,9 +277,16 @@ function M.validate_and_compile(doc, file, hash)
   if doc.description ~= nil and type(doc.description) ~= "string" then
     add(nil, "\"description\" must be a string")
   end
+  for _, f in ipairs({ "name", "description" }) do
+    if type(doc[f]) == "string" and not canon.text_ok(doc[f]) then
+      add(nil, "\"%s\" holds a NUL byte or is not valid UTF-8", f)
+    end
+  end
   local intent = check_intent(doc.intent, add)
   local risk_controls = doc.risk_controls or {}
   if not is_object(risk_controls) then add(nil, "\"risk_controls\" must be an object"); risk_controls = {} end
+  local rc_ok, rc_why = canon.storable({ risk_controls = risk_controls })
+  if not rc_ok then add(nil, "\"risk_controls\" cannot be stored: %s", rc_why); risk_controls = {} end
 
   local nodes, node_set = {}, {}
   if type(doc.nodes) ~= "table" or not is_array(doc.nodes) or #doc.nodes == 0 then
@@ -502,6 +518,8 @@ function M.validate_intent(schema, intent)
   if type(intent) ~= "table" or canon.is_array(intent) and next(intent) ~= nil then
     return nil, "intent must be a JSON object"
   end
+  local storable, why_not = canon.storable(intent)
+  if not storable then return nil, "intent cannot be stored: " .. why_not end
   local missing = {}
   for _, f in ipairs(schema.required or {}) do
     local v = intent[f]

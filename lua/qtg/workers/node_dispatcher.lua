@@ -44,8 +44,11 @@ SELECT n.id
  ORDER BY r.created_at ASC, n.node_key ASC
  LIMIT 1]]
 
+-- It returns the request row too (and node_id, request_id), so dispatch()
+-- need not read it again.
 M.CLAIM_SQL = [[
-SELECT movement_request_nodes.id AS node_id, movement_requests.id AS request_id
+SELECT movement_request_nodes.id AS node_id, movement_requests.id AS request_id,
+       movement_requests.*
   FROM movement_request_nodes
   JOIN movement_requests ON movement_requests.id = movement_request_nodes.request_id
  WHERE movement_request_nodes.id = $1::uuid
@@ -58,7 +61,15 @@ M.MAX_MISSES = 50
 
 local NULL = qtg.db.NULL
 
+-- Plan nodes never change once committed: each is read once per process
+-- (issue 8: one statement less per dispatch).  Callers only read the rows
+-- (context.build copies what it hands to executors).
+M.PLAN_CACHE_MAX = 5000
+local plans = { n = 0, by_id = {} }
+
 local function plan_of(s, node)
+  local hit = plans.by_id[node.plan_node_id]
+  if hit then return hit[1], hit[2] end
   local row = s:query([[
     SELECT pn.config, pn.timeout_policy, pn.node_kind, pn.action_type,
            pv.version, pv.risk_controls, t.template_key
@@ -66,8 +77,12 @@ local function plan_of(s, node)
       JOIN plan_versions pv ON pv.id = pn.plan_version_id
       JOIN movement_templates t ON t.id = pv.template_id
      WHERE pn.id = $1]], node.plan_node_id)[1]
-  return row, { version = row.version, risk_controls = row.risk_controls,
-                template_key = row.template_key }
+  local pv = { version = row.version, risk_controls = row.risk_controls,
+               template_key = row.template_key }
+  if plans.n >= M.PLAN_CACHE_MAX then plans.n, plans.by_id = 0, {} end
+  plans.by_id[node.plan_node_id] = { row, pv }
+  plans.n = plans.n + 1
+  return row, pv
 end
 
 local FINAL = { COMPLETED = true, FAILED = true }
@@ -155,9 +170,20 @@ local function pipeline(s, g, node, progress)
   return outcome
 end
 
--- dispatch(s, node_id, request_id): the claimed node, locks held.
-function M.dispatch(s, node_id, request_id)
-  local req = nodes_db.load_request(s, request_id)
+-- The request row inside a claimed row (CLAIM_SQL), without the claim's
+-- own columns.
+local function request_of(row)
+  local req = {}
+  for k, v in pairs(row) do req[k] = v end
+  req.node_id, req.request_id = nil, nil
+  return req
+end
+M.request_of = request_of
+
+-- dispatch(s, node_id, request_id[, claimed]): the claimed node, locks held;
+-- `claimed` is the row CLAIM_SQL returned (else the request is read again).
+function M.dispatch(s, node_id, request_id, claimed)
+  local req = claimed and request_of(claimed) or nodes_db.load_request(s, request_id)
   local g = nodes_db.load_all(s, req)
   local node
   for _, n in ipairs(g.nodes) do if n.id == node_id then node = n end end
@@ -181,7 +207,7 @@ function M.dispatch(s, node_id, request_id)
                 idempotency_key = progress.key, error_code = "ENGINE_ERROR",
                 error_detail = detail }
   end
-  s:release_savepoint("dispatch_pipeline")
+  -- the savepoint is not released: COMMIT ends it (one round trip less)
   record(s, g, node, outcome)
   return node
 end
@@ -198,7 +224,7 @@ function M.tick(s)
     s:rollback()
     return 0
   end
-  M.dispatch(s, row.node_id, row.request_id)
+  M.dispatch(s, row.node_id, row.request_id, row)
   s:commit()
   return 1
 end

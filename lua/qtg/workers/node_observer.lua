@@ -3,7 +3,7 @@
 -- MG_NODE_OBSERVE_BATCH_SIZE (10) per pass, FIFO by request created_at.
 --
 -- Two-phase claim: an unlocked snapshot of due ids, then per id, in its own
--- transaction, a re-select FOR UPDATE OF movement_request_nodes,
+-- transaction (on up to lanes() sessions at once), a re-select FOR UPDATE OF movement_request_nodes,
 -- movement_requests SKIP LOCKED under a savepoint (qtg.db.claim.try: rolled
 -- back on a miss), still filtered on the due predicate.  A hit keeps the node
 -- and request locks through observe() and the commit; one node's slow
@@ -44,7 +44,7 @@ SELECT movement_request_nodes.id
 -- $1: node id, $2: network class.
 M.CLAIM_SQL = [[
 SELECT movement_request_nodes.id AS node_id, movement_requests.id AS request_id,
-       plan_nodes.timeout_policy,
+       movement_requests.*, plan_nodes.timeout_policy,
        extract(epoch FROM now() - movement_request_nodes.started_at)::float8 AS age_seconds
   FROM movement_request_nodes
   JOIN movement_requests ON movement_requests.id = movement_request_nodes.request_id
@@ -95,7 +95,10 @@ end
 
 -- observe_claimed(s, row): the node and request are locked.
 function M.observe_claimed(s, row)
-  local req = nodes_db.load_request(s, row.request_id)
+  -- the claim returned the request row (CLAIM_SQL): no second read
+  local req = {}
+  for k, v in pairs(row) do req[k] = v end
+  req.node_id, req.request_id, req.timeout_policy, req.age_seconds = nil, nil, nil, nil
   local g = nodes_db.load_all(s, req)
   local node
   for _, n in ipairs(g.nodes) do if n.id == row.node_id then node = n end end
@@ -124,25 +127,68 @@ function M.observe_claimed(s, row)
   return node
 end
 
+-- One candidate: its own transaction on session s; 1 if claimed and observed.
+local function observe_one(s, id, class)
+  s:begin()
+  local ok, res = pcall(function()
+    local row = qtg.db.claim.try(s, M.CLAIM_SQL, id, class)
+    if not row then return 0 end
+    M.observe_claimed(s, row)
+    return 1
+  end)
+  if not ok then
+    s:rollback()
+    error(res, 0)
+  end
+  s:commit()
+  return res
+end
+
+-- Concurrent lanes per pass (issue 8): the candidates of one snapshot are
+-- claimed and observed by up to MAX_LANES tasks, each on its own session,
+-- so one slow provider call does not hold up the batch.  A quarter of the
+-- pool at most: an observe may hold its session while the executor takes
+-- another (the sim does), and the other workers need theirs.
+M.MAX_LANES = 4
+
+function M.lanes(candidates)
+  local pool = tonumber(qtg.settings.db_pool_size) or 8
+  return math.max(1, math.min(candidates, M.MAX_LANES, math.floor(pool / 4)))
+end
+
 function M.tick(s)
   local class = qtg.settings.network_class
   local ids = s:query(M.SNAPSHOT_SQL, class, qtg.settings.node_observe_batch_size or 10)
-  local hits = 0
-  for _, c in ipairs(ids) do
-    s:begin()
-    local ok, err = pcall(function()
-      local row = qtg.db.claim.try(s, M.CLAIM_SQL, c.id, class)
-      if row then
-        M.observe_claimed(s, row)
-        hits = hits + 1
-      end
-    end)
-    if not ok then
-      s:rollback()
-      error(err, 0)
+  if #ids == 0 then return 0 end
+  -- Each pass walks its snapshot from a random place (wrapping round): two
+  -- processes that took the same snapshot mostly claim different nodes
+  -- instead of missing on each other's locks, one by one.
+  local r1, r2 = qtg.crypto.random_bytes(2):byte(1, 2)
+  local start = (r1 * 256 + r2) % #ids
+  local next_i, hits, first_err = 1, 0, nil
+  local function lane(ls)
+    while first_err == nil and next_i <= #ids do
+      local id = ids[(start + next_i - 1) % #ids + 1].id
+      next_i = next_i + 1
+      local ok, res = pcall(observe_one, ls, id, class)
+      if ok then hits = hits + res else first_err = first_err or res end
     end
-    s:commit()
   end
+  local tasks = {}
+  for i = 2, M.lanes(#ids) do
+    tasks[i - 1] = qtg.spawn(function()
+      local ls = qtg.db.acquire()
+      local ok, err = pcall(lane, ls)
+      ls:release()
+      if not ok then error(err, 0) end
+    end)
+  end
+  lane(s)
+  for _, t in ipairs(tasks) do
+    local ok, err = qtg.join(t)
+    if not ok and first_err == nil then first_err = err end
+  end
+  if first_err ~= nil then error(first_err, 0) end
   return hits
 end
 

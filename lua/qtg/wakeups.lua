@@ -1,0 +1,149 @@
+-- qtg.wakeups: NOTIFY wake-ups of idle workers (issue 8; docs/performance.md).
+--
+-- The database says when work appears (sql/0030_wakeups.sql): one channel,
+-- qtg_wake, whose payload names the worker, optionally with the seconds until
+-- the work is due ("node_observer:4.9").  This module LISTENs on it and
+--   * wakes the worker at once (qtg.runtime.wake: a sleeping worker runs now,
+--     a running one runs again right after its pass), or
+--   * for work due later, wakes it when it is due: one timer per worker and
+--     0.1 s slot, at most MAX_TIMERS per worker (past that the worker's own
+--     polling finds the work);
+--   * after the listener connection was lost and re-established (fn(nil)),
+--     wakes every listed worker once: NOTIFYs sent meanwhile are gone, so
+--     this is the catch-up poll.
+-- Only workers whose registry row has a wake factor (lua/qtg/workers/init.lua)
+-- are woken; a payload naming anything else is ignored.  Nothing here claims
+-- or decides: a lost notification costs latency (the worker's fallback
+-- polling still runs), never work.
+--
+-- Switch: MG_WAKEUPS_ENABLED (default true); qtg.main calls start() when it
+-- is on.  start() is idempotent.
+local qtg = require("qtg")
+
+local M = {}
+
+M.CHANNEL = "qtg_wake"
+M.MAX_TIMERS = 64     -- pending due-time timers per worker
+M.SLOT = 0.1          -- seconds: due times in the same slot share a timer
+
+-- Workers whose wake-ups are gathered: a NOTIFY wakes them this many
+-- seconds later, and every NOTIFY of the same slot shares that one wake.
+-- The audit promoter is notified by every transaction that writes audit
+-- rows (most of them); waking it for each would cost a pass (three
+-- statements) per transaction.  Gathered, it moves up to its batch (500)
+-- per pass at most 1 / SLOT times a second.
+M.GATHER = { audit_outbox_promoter = 0.1 }
+
+-- Process state of the listener (not policy): which workers may be woken,
+-- pending timers per worker and slot, counters for the console and tests.
+local state = { workers = nil, timers = {}, ntimers = {}, stats = nil }
+
+local function new_stats()
+  return { notifies = 0, woken = 0, scheduled = 0, dropped = 0, ignored = 0, catchups = 0 }
+end
+
+-- The workers that take wake-ups: registry rows with a wake factor.
+function M.wakeable(settings)
+  local set = {}
+  for _, w in ipairs(require("qtg.workers").registry(settings)) do
+    if w.enabled and w.wake then set[w.name] = true end
+  end
+  return set
+end
+
+-- parse(payload) -> worker name, delay seconds (0 = now); nil if malformed.
+function M.parse(payload)
+  if type(payload) ~= "string" then return nil end
+  local name, delay = payload:match("^([%a_][%w_]*):?([%d%.]*)$")
+  if not name then return nil end
+  if delay == "" then return name, 0 end
+  delay = tonumber(delay)
+  if not delay then return nil end
+  return name, delay
+end
+
+local function wake(name)
+  state.stats.woken = state.stats.woken + 1
+  qtg.runtime.wake(name)
+end
+
+-- Wake `name` in `delay` seconds: due times that fall in the same slot
+-- share one timer.
+local function schedule(name, delay)
+  local due = qtg.monotonic() + delay
+  local slot = math.ceil(due / M.SLOT)
+  local timers = state.timers[name]
+  if not timers then
+    timers = {}
+    state.timers[name] = timers
+    state.ntimers[name] = 0
+  end
+  if timers[slot] then return end
+  if state.ntimers[name] >= M.MAX_TIMERS then
+    state.stats.dropped = state.stats.dropped + 1
+    return
+  end
+  timers[slot] = true
+  state.ntimers[name] = state.ntimers[name] + 1
+  state.stats.scheduled = state.stats.scheduled + 1
+  qtg.spawn(function()
+    qtg.sleep(math.max(0, slot * M.SLOT - qtg.monotonic()))
+    timers[slot] = nil
+    state.ntimers[name] = state.ntimers[name] - 1
+    wake(name)
+  end)
+end
+
+-- The LISTEN handler: runs in its own task per NOTIFY.
+function M.on_notify(payload, channel)
+  local _ = channel
+  local stats = state.stats
+  if payload == nil then
+    -- the listener came back: whatever was notified meanwhile is lost
+    stats.catchups = stats.catchups + 1
+    qtg.log.info("wake-up listener re-established: catch-up pass", { channel = M.CHANNEL })
+    for name in pairs(state.workers) do wake(name) end
+    return
+  end
+  stats.notifies = stats.notifies + 1
+  local name, delay = M.parse(payload)
+  if not name or not state.workers[name] then
+    stats.ignored = stats.ignored + 1
+    return
+  end
+  local gather = M.GATHER[name]
+  if gather and delay < gather then delay = gather end
+  if delay <= 0 then
+    wake(name)
+  else
+    schedule(name, delay)
+  end
+end
+
+-- start([settings]): LISTEN and wake.  Returns the set of wakeable workers.
+function M.start(settings)
+  settings = settings or qtg.settings
+  state.workers = M.wakeable(settings)
+  if not state.stats then state.stats = new_stats() end
+  if next(state.workers) == nil then return state.workers end -- nothing to wake
+  qtg.db.listen(M.CHANNEL, M.on_notify)
+  local names = {}
+  for name in pairs(state.workers) do names[#names + 1] = name end
+  table.sort(names)
+  qtg.log.info("wake-ups on", { channel = M.CHANNEL, workers = table.concat(names, ",") })
+  return state.workers
+end
+
+function M.stop()
+  qtg.db.unlisten(M.CHANNEL)
+  state.workers = {}
+end
+
+-- Counters since start: notifies, woken, scheduled, dropped, ignored, catchups.
+function M.stats()
+  local out = {}
+  for k, v in pairs(state.stats or new_stats()) do out[k] = v end
+  return out
+end
+
+return M

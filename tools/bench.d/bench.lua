@@ -1,0 +1,883 @@
+-- tools/bench.d/bench.lua -- the driver of tools/bench, run inside the host:
+--   qtgd exec tools/bench.d/bench.lua [--ci] [--json PATH] [--n N] ...
+-- (tools/bench starts the throwaway cluster, migrates, loads the bench
+-- templates and runs this).  docs/performance.md says what each figure is.
+--
+-- Phases, in this order, each in one run so that ratios compare like with like:
+--   raw         pgbench: claim + node update + audit and callback outbox
+--               inserts, the statements of a node transition, at 1, 2, 4, 8
+--               clients (three scripts cycling nodes READY -> SUBMITTED ->
+--               UNKNOWN -> READY through the dispatcher's, observer's and
+--               recovery's claim shapes);
+--   idle        one qtgd with every always-on worker at its default
+--               interval: statements reaching PostgreSQL per second
+--               (pg_stat_statements), CPU and RSS, over --idle seconds;
+--   throughput  burn-down of N bench_chain3 requests (3 sim nodes, each
+--               completing on its first observation): created and approved
+--               first, then timed from starting the daemons until every
+--               request is COMPLETED and every callback delivered to a local
+--               receiver; with 1 and with 2 qtgd processes;
+--   latency     idle daemon, bench_one requests approved one at a time:
+--               approve (its commit, seen by the client) -> first node's
+--               started_at (set by the UPDATE that makes it SUBMITTED), and
+--               -> the request's finished_at (COMPLETED), all on the one
+--               machine clock;
+--   growth      the 2-process burn-down again with --growth finished
+--               requests (cloned from the finished ones) in the tables.
+-- Every phase checks its own outcome (all COMPLETED, all delivered): a
+-- failed check makes the bench exit 1.  No timing is ever asserted.
+local qtg = require "qtg"
+local cjson = require "cjson"
+local requests = require "qtg.requests"
+
+local B = {}
+
+local function fmt(v, f)
+  if v == nil then return "-" end
+  return string.format(f or "%.1f", v)
+end
+
+B.ACTOR = "console:bench"
+B.CLASS = "bench"
+B.RAW_CLASS = "bench-raw"
+
+-- ------------------------------------------------------------ options
+B.FULL = { n = 5000, latency = 200, idle = 60, growth = 100000, raw_seconds = 5,
+           raw_pool = 3000, clients = { 1, 2, 4, 8 }, procs = { 1, 2 },
+           timeout = 900 }
+B.CI = { n = 200, latency = 20, idle = 5, growth = 2000, raw_seconds = 1,
+         raw_pool = 500, clients = { 1, 2, 4, 8 }, procs = { 1, 2 },
+         timeout = 300 }
+
+function B.parse_args(argv)
+  local o = { ci = false }
+  local i = 1
+  local numeric = { ["--n"] = "n", ["--latency"] = "latency", ["--idle"] = "idle",
+                    ["--growth"] = "growth", ["--raw-seconds"] = "raw_seconds",
+                    ["--timeout"] = "timeout" }
+  while i <= #argv do
+    local a = argv[i]
+    if a == "--ci" then o.ci = true
+    elseif a == "--json" then o.json = argv[i + 1]; i = i + 1
+    elseif a == "--only" then o.only = argv[i + 1]; i = i + 1
+    elseif numeric[a] then
+      o[numeric[a]] = tonumber(argv[i + 1]) or error("bench: " .. a .. " needs a number", 0)
+      i = i + 1
+    else
+      error("bench: unknown argument " .. tostring(a), 0)
+    end
+    i = i + 1
+  end
+  local base = o.ci and B.CI or B.FULL
+  for k, v in pairs(base) do if o[k] == nil then o[k] = v end end
+  return o
+end
+
+-- ------------------------------------------------------------ shell and /proc
+local function sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+
+function B.sh(cmd)
+  local p = io.popen(cmd .. " 2>&1; echo \"__rc=$?\"")
+  local out = p:read("*a")
+  p:close()
+  local rc = tonumber(out:match("__rc=(%d+)%s*$"))
+  return (out:gsub("__rc=%d+%s*$", "")), rc
+end
+
+local function read_file(path)
+  local f = io.open(path, "r")
+  if not f then return nil end
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+-- {rss_kb, hwm_kb, cpu_s} of a live process, or nil.
+function B.proc(pid)
+  local status = read_file("/proc/" .. pid .. "/status")
+  local stat = read_file("/proc/" .. pid .. "/stat")
+  if not status or not stat then return nil end
+  local rest = stat:match("^%d+ %b() (.*)$")
+  local f = {}
+  for w in rest:gmatch("%S+") do f[#f + 1] = w end
+  -- after "pid (comm)": state=1 ... utime=12 stime=13 (1-based in rest)
+  return { rss_kb = tonumber(status:match("VmRSS:%s*(%d+)")),
+           hwm_kb = tonumber(status:match("VmHWM:%s*(%d+)")),
+           cpu_s = (tonumber(f[12]) + tonumber(f[13])) / B.clk_tck }
+end
+
+-- CPU seconds used so far by the cluster's server processes (postmaster and
+-- its children alive now: a backend that exited meanwhile is not counted).
+function B.pg_cpu()
+  local dir = os.getenv("QTG_BENCH_PGDIR")
+  local txt = dir and read_file(dir .. "/data/postmaster.pid")
+  local pm = txt and tonumber(txt:match("^(%d+)"))
+  if not pm then return nil end
+  local total = 0
+  local kids = B.sh("pgrep -P " .. pm)
+  for pid in (pm .. "\n" .. kids):gmatch("%d+") do
+    local p = B.proc(pid)
+    if p then total = total + p.cpu_s end
+  end
+  return total
+end
+
+function B.tmpdir()
+  local out = B.sh("mktemp -d /tmp/qtg-bench.XXXXXX")
+  return (out:gsub("%s+$", ""))
+end
+
+-- ------------------------------------------------------------ database
+function B.q(sql, ...)
+  local s = qtg.db.acquire()
+  local ok, rows, n = pcall(s.query, s, sql, ...)
+  s:release()
+  if not ok then error(rows, 2) end
+  return rows, n
+end
+
+function B.exec(sql)
+  local s = qtg.db.acquire()
+  local ok, err = pcall(s.exec, s, sql)
+  s:release()
+  if not ok then error(err, 2) end
+end
+
+-- ------------------------------------------------------------ daemons
+B.daemons = {}
+
+function B.start_daemon(tag, extra_env)
+  local env = {
+    MG_DATABASE_URL = os.getenv("MG_DATABASE_URL"),
+    MG_NETWORK_CLASS = B.CLASS,
+    MG_CONSOLE_ENABLED = "false",
+    MG_RUN_DIR = B.dir,
+    MG_CALLBACK_KEY = "qtg-bench-callback-key",
+    MG_LOG_LEVEL = "warn",
+  }
+  for k, v in pairs(extra_env or {}) do env[k] = v end
+  local parts = {}
+  for k, v in pairs(env) do parts[#parts + 1] = k .. "=" .. sh_quote(v) end
+  local log = B.dir .. "/" .. tag .. ".log"
+  local cmd = ("env %s %s run </dev/null >%s 2>&1 & echo $!"):format(
+    table.concat(parts, " "), sh_quote(B.bin), sh_quote(log))
+  local out = B.sh("sh -c " .. sh_quote(cmd))
+  local d = { tag = tag, pid = tonumber(out:match("(%d+)")), log = log, started = qtg.monotonic() }
+  assert(d.pid, "bench: cannot start qtgd: " .. out)
+  B.daemons[#B.daemons + 1] = d
+  return d
+end
+
+local function alive(pid)
+  local _, rc = B.sh("kill -0 " .. pid)
+  if rc ~= 0 then return false end
+  local st = read_file("/proc/" .. pid .. "/stat")
+  return st ~= nil and not st:match("^%d+ %b() Z")
+end
+
+-- Stop with SIGTERM (KILL after 30 s); returns its last /proc figures.
+function B.stop_daemon(d)
+  if d.stopped then return d.last end
+  d.last = B.proc(d.pid)
+  B.sh("kill -TERM " .. d.pid)
+  local deadline = qtg.monotonic() + 30
+  while alive(d.pid) and qtg.monotonic() < deadline do qtg.sleep(0.05) end
+  if alive(d.pid) then B.sh("kill -KILL " .. d.pid) end
+  d.stopped = true
+  return d.last
+end
+
+function B.stop_all()
+  for _, d in ipairs(B.daemons) do
+    if not d.stopped then pcall(B.stop_daemon, d) end
+  end
+end
+
+-- Wait until every listed daemon LISTENs (its wake-up listener is up):
+-- the session that ran LISTEN shows it as its last query.
+function B.wait_ready(n, timeout)
+  local deadline = qtg.monotonic() + (timeout or 20)
+  while qtg.monotonic() < deadline do
+    local r = B.q([[SELECT count(*)::int AS n FROM pg_stat_activity
+                     WHERE application_name = 'qtgd' AND query LIKE 'LISTEN %']])[1]
+    if r.n >= n then return true end
+    qtg.sleep(0.02)
+  end
+  return false
+end
+
+-- ------------------------------------------------------------ receiver
+function B.start_receiver()
+  local port_file, count_file = B.dir .. "/receiver.port", B.dir .. "/receiver.count"
+  os.remove(port_file)
+  local cmd = ("python3 %s %s %s </dev/null >%s 2>&1 & echo $!"):format(
+    sh_quote(B.root .. "/tools/bench.d/receiver.py"), sh_quote(port_file), sh_quote(count_file),
+    sh_quote(B.dir .. "/receiver.log"))
+  B.sh("sh -c " .. sh_quote(cmd))
+  local deadline = qtg.monotonic() + 10
+  local txt
+  repeat
+    txt = read_file(port_file)
+    if not txt then qtg.sleep(0.02) end
+  until txt or qtg.monotonic() > deadline
+  assert(txt, "bench: the callback receiver did not start (see " .. B.dir .. "/receiver.log)")
+  local port, pid = txt:match("(%d+) (%d+)")
+  B.receiver = { port = tonumber(port), pid = tonumber(pid), count_file = count_file }
+  B.callback_url = ("http://127.0.0.1:%d/callback"):format(B.receiver.port)
+end
+
+function B.stop_receiver()
+  if not B.receiver then return end
+  B.sh("kill -TERM " .. B.receiver.pid)
+  local deadline = qtg.monotonic() + 10
+  while alive(B.receiver.pid) and qtg.monotonic() < deadline do qtg.sleep(0.02) end
+  B.receiver = nil
+end
+
+-- ------------------------------------------------------------ statistics
+function B.percentile(sorted, p)
+  if #sorted == 0 then return nil end
+  local k = math.max(1, math.ceil(p / 100 * #sorted))
+  return sorted[k]
+end
+
+function B.summary(values)
+  local s = {}
+  for i, v in ipairs(values) do s[i] = v end
+  table.sort(s)
+  return { n = #s, p50 = B.percentile(s, 50), p99 = B.percentile(s, 99), max = s[#s] }
+end
+
+-- ------------------------------------------------------------ requests
+-- Create and approve n requests of a template (the real lifecycle code, one
+-- transaction each), with ids; returns the ids.
+function B.create(template_key, n, prefix, approve)
+  local ids = {}
+  local s = qtg.db.acquire()
+  local ok, err = pcall(function()
+    for i = 1, n do
+      local req = requests.create(s, {
+        template_key = template_key, intent = { asset = "USDC", amount = "1.00" },
+        idempotency_key = ("%s-%d"):format(prefix, i), callback_url = B.callback_url,
+      }, B.ACTOR)
+      if approve then requests.approve(s, req.id, B.ACTOR) end
+      ids[i] = req.id
+    end
+  end)
+  s:release()
+  if not ok then error(err, 0) end
+  return ids
+end
+
+-- Requests of the bench class still moving, and callbacks still pending.
+function B.backlog()
+  local r = B.q([[
+    SELECT (SELECT count(*)::int FROM movement_requests
+             WHERE network_class = $1 AND request_state IN ('APPROVED', 'EXECUTING')) AS moving,
+           (SELECT count(*)::int FROM movement_callback_outbox WHERE status = 'pending') AS pending]],
+    B.CLASS)[1]
+  return r.moving, r.pending
+end
+
+function B.check_done(ids, label)
+  local r = B.q([[
+    SELECT count(*) FILTER (WHERE r.request_state = 'COMPLETED')::int AS completed,
+           count(*)::int AS total
+      FROM movement_requests r WHERE r.id = ANY ($1::uuid[])]], "{" .. table.concat(ids, ",") .. "}")[1]
+  local c = B.q([[
+    SELECT count(*) FILTER (WHERE c.status = 'delivered')::int AS delivered, count(*)::int AS total
+      FROM movement_callback_outbox c WHERE c.request_id = ANY ($1::uuid[])]],
+    "{" .. table.concat(ids, ",") .. "}")[1]
+  local ok = r.completed == #ids and c.delivered == c.total
+  if not ok then
+    B.failures[#B.failures + 1] = ("%s: %d/%d requests COMPLETED, %d/%d callbacks delivered"):format(
+      label, r.completed, #ids, c.delivered, c.total)
+  end
+  return { completed = r.completed, requests = #ids, callbacks = c.total, delivered = c.delivered, ok = ok }
+end
+
+-- ------------------------------------------------------------ pg_stat_statements
+function B.stmt_snapshot()
+  local rows = B.q([[
+    SELECT queryid::text AS id, calls::float8 AS calls,
+           total_exec_time + total_plan_time AS ms, query
+      FROM pg_stat_statements
+     WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+       AND query NOT LIKE '%pg_stat_statements%' AND query NOT LIKE '%pg_stat_activity%'
+       AND query NOT LIKE '%bench-probe%']])
+  local by = {}
+  for _, r in ipairs(rows) do by[r.id] = r end
+  return by
+end
+
+-- Statements between two snapshots, heaviest first: {calls, ms, query}.
+function B.stmt_delta(a, b)
+  local out, calls, ms = {}, 0, 0
+  for id, r in pairs(b) do
+    local dc = r.calls - (a[id] and a[id].calls or 0)
+    local dm = r.ms - (a[id] and a[id].ms or 0)
+    if dc > 0 then
+      out[#out + 1] = { calls = dc, ms = dm, query = r.query:gsub("%s+", " "):sub(1, 160) }
+      calls, ms = calls + dc, ms + dm
+    end
+  end
+  table.sort(out, function(x, y) return x.ms > y.ms end)
+  return out, calls, ms
+end
+
+-- ------------------------------------------------------------ raw limit (pgbench)
+-- One script (pgbench 15 mixes up prepared statements across several -f
+-- scripts): each transaction picks one of three node transitions at random,
+-- so the pool of nodes in each state random-walks around its start.
+B.RAW_SCRIPT = [[
+\set k random(1, 3)
+BEGIN;
+\if :k = 1
+SELECT n.id AS node_id, n.request_id AS request_id
+  FROM movement_request_nodes n JOIN movement_requests r ON r.id = n.request_id
+ WHERE n.node_state = 'READY' AND r.request_state IN ('APPROVED', 'EXECUTING')
+   AND r.network_class = 'bench-raw'
+ ORDER BY r.created_at, n.node_key LIMIT 1
+   FOR UPDATE OF n, r SKIP LOCKED \gset
+UPDATE movement_request_nodes SET node_state = 'SUBMITTED', attempt_no = attempt_no + 1,
+       started_at = clock_timestamp(), next_observe_at = clock_timestamp() WHERE id = :node_id::uuid;
+\elif :k = 2
+SELECT n.id AS node_id, n.request_id AS request_id
+  FROM movement_request_nodes n JOIN movement_requests r ON r.id = n.request_id
+ WHERE n.node_state IN ('SUBMITTED', 'OBSERVING') AND r.request_state = 'EXECUTING'
+   AND r.network_class = 'bench-raw'
+   AND (n.next_observe_at IS NULL OR n.next_observe_at <= now())
+ ORDER BY r.created_at LIMIT 1
+   FOR UPDATE OF n, r SKIP LOCKED \gset
+UPDATE movement_request_nodes SET node_state = 'UNKNOWN', observe_count = observe_count + 1,
+       next_observe_at = NULL WHERE id = :node_id::uuid;
+\else
+SELECT n.id AS node_id, n.request_id AS request_id
+  FROM movement_request_nodes n
+ WHERE n.node_state IN ('UNKNOWN', 'SUBMITTING')
+ ORDER BY n.updated_at LIMIT 1
+   FOR UPDATE OF n SKIP LOCKED \gset
+UPDATE movement_request_nodes SET node_state = 'READY' WHERE id = :node_id::uuid;
+\endif
+INSERT INTO audit_outbox (actor, action, entity_type, entity_id, request_id, detail)
+VALUES ('system' || chr(58) || 'bench', 'node.transition', 'movement_request_node', :node_id::text, :request_id::uuid, '{}');
+INSERT INTO movement_callback_outbox (request_id, event_type, payload, max_attempts)
+VALUES (:request_id::uuid, 'bench', '{}', 5);
+END;
+]]
+
+function B.raw_seed(pool)
+  B.q([[
+    WITH pv AS (
+      SELECT pv.id, pv.compiled_plan_hash FROM plan_versions pv
+        JOIN movement_templates t ON t.id = pv.template_id
+       WHERE t.template_key = 'bench_chain3' ORDER BY pv.version DESC LIMIT 1),
+    r AS (
+      INSERT INTO movement_requests (network_class, template_key, plan_version_id,
+             compiled_plan_hash, request_state, intent, idempotency_key, created_by)
+      SELECT $1, 'bench_chain3', pv.id, pv.compiled_plan_hash, 'EXECUTING', '{}',
+             'raw-' || g, 'bench'
+        FROM pv, generate_series(1, $2::int) g
+      RETURNING id, plan_version_id)
+    INSERT INTO movement_request_nodes (request_id, plan_node_id, node_key, node_kind,
+           action_type, executor, node_state, next_observe_at)
+    SELECT r.id, pn.id, pn.node_key, pn.node_kind, pn.action_type, pn.executor,
+           CASE pn.node_key WHEN 'a' THEN 'READY' WHEN 'b' THEN 'SUBMITTED' ELSE 'UNKNOWN' END,
+           clock_timestamp()
+      FROM r JOIN plan_nodes pn ON pn.plan_version_id = r.plan_version_id]], B.RAW_CLASS, pool)
+  B.exec("VACUUM ANALYZE movement_requests, movement_request_nodes")
+end
+
+function B.raw_cleanup()
+  B.q([[DELETE FROM movement_callback_outbox c USING movement_requests r
+         WHERE r.id = c.request_id AND r.network_class = $1]], B.RAW_CLASS)
+  -- audit rows leave the outbox only by promotion (sql/0040): promote them
+  local promote = require("qtg.workers.audit_outbox_promoter").PROMOTE_SQL
+  repeat local _, n = B.q(promote, 5000) until (n or 0) == 0
+  B.q([[DELETE FROM movement_request_nodes n USING movement_requests r
+         WHERE r.id = n.request_id AND r.network_class = $1]], B.RAW_CLASS)
+  B.q("DELETE FROM movement_requests WHERE network_class = $1", B.RAW_CLASS)
+  B.exec("VACUUM ANALYZE movement_requests, movement_request_nodes, movement_callback_outbox, audit_outbox")
+end
+
+-- pgbench at each of `clients` for `seconds` on a freshly seeded pool;
+-- returns {["1"] = tps, ...}.
+function B.raw_tps(o, clients, seconds, label)
+  B.raw_seed(o.raw_pool)
+  local path = B.dir .. "/raw.sql"
+  local f = assert(io.open(path, "w"))
+  f:write(B.RAW_SCRIPT)
+  f:close()
+  local tps_by = {}
+  for _, c in ipairs(clients) do
+    local cmd = ("%s -n -M prepared -c %d -j %d -T %d %s %s"):format(
+      sh_quote(B.pgbench), c, math.min(c, 2), seconds, "-f " .. sh_quote(path),
+      sh_quote(os.getenv("MG_DATABASE_URL")))
+    local text, rc = B.sh(cmd)
+    local tps = tonumber(text:match("tps = ([%d%.]+) %(without initial connection time%)"))
+    if rc ~= 0 or not tps then
+      B.failures[#B.failures + 1] = ("raw: pgbench at %d clients failed (rc %s): %s"):format(
+        c, tostring(rc), text:sub(-400))
+    end
+    tps_by[tostring(c)] = tps
+    B.say(("raw%s: %d client(s): %s TPS"):format(label or "", c, tostring(tps and math.floor(tps + 0.5))))
+  end
+  B.raw_cleanup()
+  return tps_by
+end
+
+function B.phase_raw(o)
+  return { seconds = o.raw_seconds, pool = o.raw_pool, tps = B.raw_tps(o, o.clients, o.raw_seconds) }
+end
+
+-- ------------------------------------------------------------ idle
+-- The server log of the bench cluster, and the statements qtgd ran in it
+-- between two byte offsets: every "execute" (extended protocol: BEGIN and
+-- COMMIT included, which pg_stat_statements does not count when they are
+-- prepared) and "statement:" (simple protocol) line logged with
+-- log_min_duration_statement = 0 for application qtgd.
+function B.server_log()
+  local dir = os.getenv("QTG_BENCH_PGDIR")
+  return dir and (dir .. "/log/postgresql.log")
+end
+
+local function file_size(path)
+  local f = path and io.open(path, "r")
+  if not f then return nil end
+  local n = f:seek("end")
+  f:close()
+  return n
+end
+
+function B.logged_statements(path, from, to)
+  local f = io.open(path, "r")
+  if not f then return nil end
+  f:seek("set", from)
+  local text = f:read(to - from) or ""
+  f:close()
+  local n, by = 0, {}
+  for line in text:gmatch("[^\n]+") do
+    if line:find(" qtgd ", 1, true) then
+      local what = line:match("duration: [%d%.]+ ms  execute [^:]*: (.*)$")
+        or line:match("duration: [%d%.]+ ms  statement: (.*)$")
+      if what and not what:find("pg_stat", 1, true) and not what:find("queryid", 1, true) then
+        n = n + 1
+        local key = what:gsub("%s+", " "):sub(1, 60)
+        by[key] = (by[key] or 0) + 1
+      end
+    end
+  end
+  return n, by
+end
+
+function B.phase_idle(o)
+  local log = B.server_log()
+  if log then
+    B.exec("ALTER SYSTEM SET log_min_duration_statement = 0")
+    B.exec("ALTER SYSTEM SET log_line_prefix = '%m [%p] %a '")
+    B.q("SELECT pg_reload_conf()")
+  end
+  local d = B.start_daemon("idle")
+  assert(B.wait_ready(1), "bench: the idle daemon did not start listening")
+  qtg.sleep(3)  -- start-up work (heartbeat seed, first passes) is not idle cost
+  local a, p0, t0, l0 = B.stmt_snapshot(), B.proc(d.pid), qtg.monotonic(), file_size(log)
+  qtg.sleep(o.idle)
+  local b, p1, t1, l1 = B.stmt_snapshot(), B.proc(d.pid), qtg.monotonic(), file_size(log)
+  B.stop_daemon(d)
+  local logged, by_stmt
+  if log then
+    B.exec("ALTER SYSTEM RESET log_min_duration_statement")
+    B.exec("ALTER SYSTEM RESET log_line_prefix")
+    B.q("SELECT pg_reload_conf()")
+    if l0 and l1 then logged, by_stmt = B.logged_statements(log, l0, l1) end
+  end
+  local list, calls = B.stmt_delta(a, b)
+  local secs = t1 - t0
+  local top = {}
+  table.sort(list, function(x, y) return x.calls > y.calls end)
+  for i = 1, math.min(12, #list) do top[i] = list[i] end
+  return {
+    seconds = secs, pgss_statements = calls, pgss_statements_per_s = calls / secs,
+    statements = logged or calls, statements_per_s = (logged or calls) / secs,
+    counted_by = logged and "server log (every statement)" or "pg_stat_statements",
+    logged_by_statement = by_stmt,
+    cpu_s = p1.cpu_s - p0.cpu_s, cpu_pct = 100 * (p1.cpu_s - p0.cpu_s) / secs,
+    rss_kb = p1.rss_kb, hwm_kb = p1.hwm_kb, top = top,
+  }
+end
+
+-- ------------------------------------------------------------ throughput
+function B.burn_down(o, label, procs, prefix)
+  B.say(("%s: creating and approving %d requests"):format(label, o.n))
+  local ids = B.create("bench_chain3", o.n, prefix, true)
+  -- The machine may be shared: the raw limit is measured again right before
+  -- and right after this burn-down, and the ratio taken against their mean.
+  local raw_before = B.raw_tps(o, { 8 }, o.raw_seconds, " (before " .. label .. ")")["8"]
+  B.exec("ANALYZE movement_requests, movement_request_nodes, movement_callback_outbox")
+  local snap = B.stmt_snapshot()
+  local pg0 = B.pg_cpu()
+  local rc0 = B.receiver and B.proc(B.receiver.pid)
+  local t0 = qtg.monotonic()
+  local ds = {}
+  for i = 1, procs do ds[i] = B.start_daemon(("%s-%d"):format(prefix, i)) end
+  local deadline = t0 + o.timeout
+  local moving, pending
+  local peak = 0
+  local plans
+  repeat
+    qtg.sleep(0.2)  -- the poll itself costs the database: not too often
+    moving, pending = B.backlog()
+    if not plans and moving > 0 and moving <= o.n / 2 then
+      plans = B.explain(label .. ", half-way") -- the claims as they run under load
+    end
+    for _, d in ipairs(ds) do
+      local p = B.proc(d.pid)
+      if p and p.hwm_kb > peak then peak = p.hwm_kb end
+    end
+  until (moving == 0 and pending == 0) or qtg.monotonic() > deadline
+  local elapsed = qtg.monotonic() - t0
+  local pg1 = B.pg_cpu()
+  local rc1 = B.receiver and B.proc(B.receiver.pid)
+  local after = B.stmt_snapshot()
+  local hwm, qcpu = 0, 0
+  for _, d in ipairs(ds) do
+    local last = B.stop_daemon(d)
+    if last and last.hwm_kb > hwm then hwm = last.hwm_kb end
+    if last then qcpu = qcpu + last.cpu_s end
+  end
+  local raw_after = B.raw_tps(o, { 8 }, o.raw_seconds, " (after " .. label .. ")")["8"]
+  local check = B.check_done(ids, label)
+  local list, calls, ms = B.stmt_delta(snap, after)
+  local top = {}
+  for i = 1, math.min(10, #list) do top[i] = list[i] end
+  local nodes = 3 * o.n
+  local r = {
+    processes = procs, requests = o.n, nodes = nodes, seconds = elapsed,
+    nodes_per_s = nodes / elapsed, requests_per_s = o.n / elapsed,
+    statements = calls, statements_per_node = calls / nodes, db_exec_ms = ms,
+    peak_rss_kb = math.max(hwm, peak), check = check, top = top,
+    timed_out = moving ~= 0 or pending ~= 0,
+    raw8_before = raw_before, raw8_after = raw_after, plans = plans,
+    raw8_mean = raw_before and raw_after and (raw_before + raw_after) / 2 or nil,
+    cpu = { qtgd_s = qcpu, postgres_s = pg0 and pg1 and (pg1 - pg0) or nil,
+            receiver_s = rc0 and rc1 and (rc1.cpu_s - rc0.cpu_s) or nil,
+            machine_s = elapsed * B.cores },
+  }
+  if r.raw8_mean then r.ratio_vs_raw8 = r.nodes_per_s / r.raw8_mean end
+  B.say(("%s: %d nodes in %.2f s = %.0f nodes/s (%d processes), %.1f statements/node; CPU s: qtgd %.1f, postgres %s, receiver %s of %.1f; raw8 %s/%s TPS, ratio %s"):format(
+    label, nodes, elapsed, r.nodes_per_s, procs, r.statements_per_node, qcpu,
+    fmt(r.cpu.postgres_s), fmt(r.cpu.receiver_s), r.cpu.machine_s, fmt(raw_before, "%.0f"),
+    fmt(raw_after, "%.0f"), fmt(r.ratio_vs_raw8, "%.3f")))
+  return r
+end
+
+-- ------------------------------------------------------------ latency
+function B.phase_latency(o)
+  local ids = B.create("bench_one", o.latency, "lat", false)
+  local d = B.start_daemon("latency")
+  assert(B.wait_ready(1), "bench: the latency daemon did not start listening")
+  qtg.sleep(1)
+  local submitted, completed = {}, {}
+  local s = qtg.db.acquire()
+  local ok, err = pcall(function()
+    for i, id in ipairs(ids) do
+      qtg.sleep(0.05)  -- idle between requests: workers asleep again
+      requests.approve(s, id, B.ACTOR)
+      local t0 = qtg.now()  -- approved: its transaction has committed
+      local deadline = qtg.monotonic() + 30
+      local row
+      repeat
+        row = s:query([[
+          SELECT r.request_state,
+                 extract(epoch FROM r.finished_at)::float8 AS finished,
+                 (SELECT extract(epoch FROM min(n.started_at))::float8
+                    FROM movement_request_nodes n WHERE n.request_id = r.id) AS started
+            FROM movement_requests r WHERE r.id = $1::uuid /* bench-probe */]], id)[1]
+        if row.request_state ~= "COMPLETED" then qtg.sleep(0.002) end
+      until row.request_state == "COMPLETED" or qtg.monotonic() > deadline
+      if row.request_state == "COMPLETED" then
+        submitted[#submitted + 1] = (row.started - t0) * 1000
+        completed[#completed + 1] = (row.finished - t0) * 1000
+      else
+        B.failures[#B.failures + 1] = ("latency: request %d (%s) is %s after 30 s"):format(
+          i, id, row.request_state)
+      end
+    end
+  end)
+  s:release()
+  local last = B.stop_daemon(d)
+  if not ok then error(err, 0) end
+  return { requests = #ids, approve_to_submitted_ms = B.summary(submitted),
+           approve_to_completed_ms = B.summary(completed), hwm_kb = last and last.hwm_kb }
+end
+
+-- ------------------------------------------------------------ growth
+-- Clone the finished bench requests (requests, nodes, callback rows, audit
+-- events) until `target` finished requests are in the tables.
+function B.seed_finished(target)
+  local have = B.q([[SELECT count(*)::int AS n FROM movement_requests
+                      WHERE network_class = $1 AND request_state = 'COMPLETED']], B.CLASS)[1].n
+  if have == 0 then error("bench: no finished request to clone", 0) end
+  local copies = math.ceil(math.max(0, target - have) / have)
+  if copies == 0 then return have end
+  local s = qtg.db.acquire()
+  local ok, err = pcall(function()
+    s:begin()
+    s:query([[CREATE TEMP TABLE bench_map ON COMMIT DROP AS
+              SELECT r.id AS old, g, gen_random_uuid() AS new
+                FROM movement_requests r, generate_series(1, $2::int) g
+               WHERE r.network_class = $1 AND r.request_state = 'COMPLETED'
+                 AND r.idempotency_key NOT LIKE 'grown-%']], B.CLASS, copies)
+    s:query([[
+      INSERT INTO movement_requests (id, network_class, template_key, plan_version_id,
+             compiled_plan_hash, request_state, intent, input_params, current_frontier,
+             idempotency_key, callback_url, callback_sequence, expires_at, created_by,
+             approved_by, approved_at, finished_at, last_error_code, created_at, updated_at)
+      SELECT m.new, r.network_class, r.template_key, r.plan_version_id, r.compiled_plan_hash,
+             r.request_state, r.intent, r.input_params, r.current_frontier,
+             'grown-' || m.g || '-' || r.idempotency_key, r.callback_url, r.callback_sequence,
+             r.expires_at, r.created_by, r.approved_by, r.approved_at, r.finished_at,
+             r.last_error_code, r.created_at - make_interval(days => m.g), r.updated_at
+        FROM bench_map m JOIN movement_requests r ON r.id = m.old]])
+    s:query([[
+      INSERT INTO movement_request_nodes (request_id, plan_node_id, node_key, node_kind,
+             action_type, executor, node_state, attempt_no, idempotency_key, side_effect,
+             observe_count, next_observe_at, started_at, finished_at, resolved_config,
+             provider_refs, artifacts, error_code, error_detail, created_at, updated_at)
+      SELECT m.new, n.plan_node_id, n.node_key, n.node_kind, n.action_type, n.executor,
+             n.node_state, n.attempt_no, n.idempotency_key, n.side_effect, n.observe_count,
+             n.next_observe_at, n.started_at, n.finished_at, n.resolved_config,
+             n.provider_refs, n.artifacts, n.error_code, n.error_detail, n.created_at, n.updated_at
+        FROM bench_map m JOIN movement_request_nodes n ON n.request_id = m.old]])
+    s:query([[
+      INSERT INTO movement_callback_outbox (request_id, event_type, payload, callback_url,
+             status, attempts, max_attempts, next_attempt_at, callback_timestamp,
+             last_status, delivered_at, last_attempt_at, created_at, updated_at)
+      SELECT m.new, c.event_type, c.payload, c.callback_url, c.status, c.attempts,
+             c.max_attempts, c.next_attempt_at, c.callback_timestamp, c.last_status,
+             c.delivered_at, c.last_attempt_at, c.created_at, c.updated_at
+        FROM bench_map m JOIN movement_callback_outbox c ON c.request_id = m.old]])
+    s:query([[
+      INSERT INTO audit_events (outbox_id, actor, action, entity_type, entity_id, request_id,
+             detail, created_at, promoted_at)
+      SELECT -row_number() OVER () - coalesce((SELECT -min(outbox_id) FROM audit_events
+                                                WHERE outbox_id < 0), 0),
+             e.actor, e.action, e.entity_type, e.entity_id, m.new, e.detail, e.created_at,
+             e.promoted_at
+        FROM bench_map m JOIN audit_events e ON e.request_id = m.old]])
+    s:commit()
+  end)
+  if not ok then
+    pcall(s.rollback, s)
+    s:release()
+    error(err, 0)
+  end
+  s:release()
+  B.exec("VACUUM ANALYZE")
+  return B.q([[SELECT count(*)::int AS n FROM movement_requests
+                WHERE network_class = $1 AND request_state = 'COMPLETED']], B.CLASS)[1].n
+end
+
+-- ------------------------------------------------------------ plans
+-- EXPLAIN (ANALYZE, BUFFERS) of the hot claim statements, taken from the
+-- worker modules themselves, with the parameters a pass uses (inside a
+-- transaction that is rolled back: the FOR UPDATE ones lock nothing after).
+function B.explain(label)
+  local d = require("qtg.workers.node_dispatcher")
+  local o = require("qtg.workers.node_observer")
+  local c = require("qtg.workers.callback_dispatcher")
+  local list = {
+    { "dispatcher candidates", d.CANDIDATES_SQL, { "{}", B.CLASS } },
+    { "observer snapshot", o.SNAPSHOT_SQL, { B.CLASS, 10 } },
+    { "callback claim", c.CLAIM_SQL, { B.CLASS, c.BATCH } },
+  }
+  local out = {}
+  local s = qtg.db.acquire()
+  local ok, err = pcall(function()
+    for _, e in ipairs(list) do
+      s:begin()
+      local rows = s:query("EXPLAIN (ANALYZE, BUFFERS) " .. e[2], unpack(e[3]))
+      s:rollback()
+      local lines = {}
+      for i, r in ipairs(rows) do lines[i] = r["QUERY PLAN"] end
+      local text = table.concat(lines, "\n")
+      out[#out + 1] = { name = e[1], plan = text,
+        ms = tonumber(text:match("Execution Time: ([%d%.]+) ms")),
+        shared_hit = tonumber(text:match("Buffers: shared hit=(%d+)")) }
+    end
+  end)
+  s:release()
+  if not ok then error(err, 0) end
+  for _, e in ipairs(out) do
+    B.say(("plan %s, %s: %s ms, %s buffers"):format(label, e.name, fmt(e.ms, "%.3f"),
+      tostring(e.shared_hit)))
+  end
+  return out
+end
+
+-- ------------------------------------------------------------ output
+function B.say(msg)
+  io.stderr:write("bench: ", msg, "\n")
+  io.stderr:flush()
+end
+
+
+function B.print_table(R)
+  local out = {}
+  local function line(k, v, target) out[#out + 1] = string.format("  %-44s %14s   %s", k, v, target or "") end
+  out[#out + 1] = string.format("qtg bench (%s mode) %s, %d cores", R.mode, R.date, R.cores)
+  if R.raw then
+    out[#out + 1] = "raw limit (pgbench: claim + node update + 2 outbox inserts)"
+    for _, c in ipairs(R.options.clients) do
+      line(("TPS at %d client(s)"):format(c), fmt(R.raw.tps[tostring(c)], "%.0f"))
+    end
+  end
+  if R.throughput then
+    out[#out + 1] = ("throughput (burn-down of %d bench_chain3 requests)"):format(R.options.n)
+    for _, t in ipairs(R.throughput) do
+      line(("nodes/s, %d process(es)"):format(t.processes), fmt(t.nodes_per_s, "%.0f"),
+        ("%.2f s, %.1f statements/node"):format(t.seconds, t.statements_per_node))
+      line(("  / raw TPS at 8 clients around it (%s)"):format(fmt(t.raw8_mean, "%.0f")),
+        fmt(t.ratio_vs_raw8, "%.3f"), t.processes == 2 and "target >= 0.15 (aim 0.25)" or "")
+    end
+    if R.ratios and R.ratios.throughput2_vs_raw8 then
+      line("nodes/s (2 proc) / raw TPS (8 clients, raw phase)", fmt(R.ratios.throughput2_vs_raw8, "%.3f"))
+    end
+  end
+  if R.latency then
+    local a, c = R.latency.approve_to_submitted_ms, R.latency.approve_to_completed_ms
+    out[#out + 1] = ("latency (idle daemon, %d single requests), ms"):format(R.latency.requests)
+    line("approve -> first node SUBMITTED p50/p99/max",
+      ("%s/%s/%s"):format(fmt(a.p50), fmt(a.p99), fmt(a.max)), "target p50 <= 10, p99 <= 50")
+    line("approve -> COMPLETED (1 node) p50/p99/max",
+      ("%s/%s/%s"):format(fmt(c.p50), fmt(c.p99), fmt(c.max)), "target p50 <= 30")
+  end
+  if R.idle then
+    out[#out + 1] = ("idle (one qtgd, default intervals, %.0f s)"):format(R.idle.seconds)
+    line("statements/s reaching PostgreSQL", fmt(R.idle.statements_per_s, "%.2f"), "target <= 3")
+    line("CPU, % of one core", fmt(R.idle.cpu_pct, "%.2f"), "target <= 1")
+  end
+  out[#out + 1] = "memory"
+  if R.idle then line("RSS idle (peak), MB", fmt(R.idle.hwm_kb / 1024), "target <= 24") end
+  if R.throughput then
+    local m = 0
+    for _, t in ipairs(R.throughput) do m = math.max(m, t.peak_rss_kb or 0) end
+    if R.growth then m = math.max(m, R.growth.peak_rss_kb or 0) end
+    line("RSS during burn-down (peak), MB", fmt(m / 1024), "target <= 64")
+  end
+  if R.growth then
+    out[#out + 1] = ("growth (%d finished requests in the tables)"):format(R.growth.finished_before)
+    line("nodes/s, 2 processes", fmt(R.growth.nodes_per_s, "%.0f"),
+      ("%.2f s, %.1f statements/node"):format(R.growth.seconds, R.growth.statements_per_node))
+    line(("  / raw TPS at 8 clients around it (%s)"):format(fmt(R.growth.raw8_mean, "%.0f")),
+      fmt(R.growth.ratio_vs_raw8, "%.3f"))
+    if R.ratios.growth_ratio_vs_empty_ratio then
+      line("growth / empty-table, each against its raw", fmt(R.ratios.growth_ratio_vs_empty_ratio, "%.3f"),
+        "target >= 0.90")
+    end
+    if R.ratios.growth_vs_empty then
+      line("growth / empty-table nodes/s", fmt(R.ratios.growth_vs_empty, "%.3f"), "target >= 0.90")
+    end
+  end
+  local t2
+  for _, t in ipairs(R.throughput or {}) do if t.processes == 2 then t2 = t end end
+  if t2 and t2.plans then
+    out[#out + 1] = "claim statements half-way through the 2-process burn-downs, EXPLAIN ANALYZE ms (empty / growth)"
+    for i, e in ipairs(t2.plans) do
+      local g = R.growth and R.growth.plans and R.growth.plans[i]
+      line(e.name, ("%s / %s"):format(fmt(e.ms, "%.3f"), fmt(g and g.ms, "%.3f")),
+        ("buffers %s / %s"):format(tostring(e.shared_hit), tostring(g and g.shared_hit)))
+    end
+  end
+  if #R.failures > 0 then
+    out[#out + 1] = "FAILED CHECKS:"
+    for _, f in ipairs(R.failures) do out[#out + 1] = "  " .. f end
+  end
+  io.stdout:write(table.concat(out, "\n"), "\n")
+  io.stdout:flush()
+end
+
+-- ------------------------------------------------------------ main
+function B.main(argv)
+  local o = B.parse_args(argv)
+  B.root = qtg.root
+  B.bin = os.getenv("QTG_BIN") or (qtg.root .. "/build/qtgd")
+  B.pgbench = os.getenv("PGBENCH") or "/usr/lib/postgresql/15/bin/pgbench"
+  B.dir = B.tmpdir()
+  B.failures = {}
+  local tck = B.sh("getconf CLK_TCK")
+  B.clk_tck = tonumber(tck:match("%d+")) or 100
+  B.cores = tonumber((B.sh("nproc"):match("%d+"))) or 1
+  local R = { mode = o.ci and "ci" or "full", date = os.date("!%Y-%m-%dT%H:%M:%SZ"),
+              cores = tonumber((B.sh("nproc"):match("%d+"))) or 0, options = o,
+              failures = B.failures, ratios = {} }
+  B.exec("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+  -- diagnostics: QTG_BENCH_SQL runs first (e.g. "ALTER SYSTEM SET
+  -- pg_stat_statements.track_planning = on; SELECT pg_reload_conf()")
+  local pre = os.getenv("QTG_BENCH_SQL")
+  if pre and pre ~= "" then
+    for stmt in pre:gmatch("[^;]+") do
+      if stmt:match("%S") then B.exec(stmt) end
+    end
+    R.setup_sql = pre
+  end
+  local want = function(p) return o.only == nil or o.only:find(p, 1, true) ~= nil end
+  local ok, err = pcall(function()
+    if want("raw") then R.raw = B.phase_raw(o) end
+    B.start_receiver()
+    if want("idle") then
+      B.say("idle: " .. o.idle .. " s")
+      R.idle = B.phase_idle(o)
+    end
+    if want("throughput") or want("growth") then
+      R.throughput = {}
+      for _, p in ipairs(o.procs) do
+        R.throughput[#R.throughput + 1] = B.burn_down(o, ("throughput %dp"):format(p), p, ("tp%d"):format(p))
+      end
+    end
+    if want("latency") then
+      B.say("latency: " .. o.latency .. " requests")
+      R.latency = B.phase_latency(o)
+    end
+    if want("growth") then
+      B.say(("growth: cloning finished requests up to %d"):format(o.growth))
+      local have = B.seed_finished(o.growth)
+      local g = B.burn_down(o, "growth 2p", 2, "gr")
+      g.finished_before = have
+      R.growth = g
+    end
+  end)
+  B.stop_all()
+  B.stop_receiver()
+  if not ok then
+    B.failures[#B.failures + 1] = "bench aborted: " .. tostring(type(err) == "table" and (err.message or cjson.encode(err)) or err)
+  end
+  if R.raw and R.throughput then
+    local raw8 = R.raw.tps["8"]
+    for _, t in ipairs(R.throughput) do
+      if t.processes == 2 and raw8 then R.ratios.throughput2_vs_raw8 = t.nodes_per_s / raw8 end
+      if t.processes == 1 and raw8 then R.ratios.throughput1_vs_raw8 = t.nodes_per_s / raw8 end
+    end
+  end
+  if R.growth and R.throughput then
+    for _, t in ipairs(R.throughput) do
+      if t.processes == 2 then
+        R.ratios.growth_vs_empty = R.growth.nodes_per_s / t.nodes_per_s
+        if R.growth.ratio_vs_raw8 and t.ratio_vs_raw8 then
+          R.ratios.growth_ratio_vs_empty_ratio = R.growth.ratio_vs_raw8 / t.ratio_vs_raw8
+        end
+      end
+    end
+  end
+  B.print_table(R)
+  if o.json then
+    local f = assert(io.open(o.json, "w"))
+    f:write(cjson.encode(R), "\n")
+    f:close()
+    B.say("JSON written to " .. o.json)
+  end
+  B.sh("rm -rf " .. sh_quote(B.dir))
+  return #B.failures == 0 and 0 or 1
+end
+
+return B.main(arg or { ... })

@@ -1,0 +1,76 @@
+-- Scenario "pg-restart": PostgreSQL is stopped (fast: every session is cut)
+-- and started again twice while 4 processes work under load.  Every process
+-- must carry on without a restart (same pids, still running at the end) and
+-- all work must complete, with nothing lost and side effects exactly once
+-- per (node, attempt).  A dispatch whose commit was cut after the provider
+-- call is redone with the same idempotency key, which the ledger absorbs.
+local qtg = require "qtg"
+local M = {}
+
+function M.run(lib)
+  assert(lib.pg_dir, "QTG_PG_DIR is not set")
+  local N = lib.ci and 200 or 800
+  local down = lib.ci and 3 or 6
+  local t0 = qtg.monotonic()
+  lib.load_workload()
+  local rx = lib.start_receiver("receiver", "ok")
+  lib.start_daemons(4)
+  local pids = {}
+  for i, h in pairs(lib.daemons) do pids[i] = h.pid end
+  lib.log("pg-restart: 4 processes, %d requests, PostgreSQL down %d s twice", N, down)
+  local restarts, recovery = 0, {}
+  local pg = lib.q(lib.root .. "/tools/pg") .. " --dir " .. lib.q(lib.pg_dir)
+  for i = 1, N do
+    lib.create_request(i, rx.url)
+    if i == math.floor(N / 3) or i == math.floor(2 * N / 3) then
+      lib.release()
+      lib.log("pg-restart: stopping PostgreSQL")
+      local out = lib.sh(pg .. " stop")
+      if not out:match("stopped") and not out:match("server stopped") and out:match("%S") then
+        lib.log("pg-restart: tools/pg stop said: %s", out)
+      end
+      qtg.sleep(down)
+      lib.sh(pg .. " start")
+      restarts = restarts + 1
+      local t1 = qtg.monotonic()
+      -- recovery: the first node change committed after the start
+      local mark = lib.scalar("SELECT now()")
+      local seen = false
+      for _ = 1, 240 do
+        if lib.scalar([[SELECT count(*)::int FROM movement_request_nodes WHERE updated_at > $1::timestamptz]], mark) > 0 then
+          seen = true
+          break
+        end
+        qtg.sleep(0.5)
+      end
+      recovery[#recovery + 1] = seen and math.floor((qtg.monotonic() - t1) * 10 + 0.5) / 10 or -1
+      if not seen then lib.fail("no progress within 120 s after PostgreSQL restart %d", restarts) end
+      lib.log("pg-restart: PostgreSQL back; work resumed after %s s", tostring(recovery[#recovery]))
+    end
+    if i % 50 == 0 then qtg.sleep(0.1) end
+  end
+  if not lib.settle(lib.ci and 360 or 1200) then lib.fail("not settled before the deadline") end
+  for i, h in pairs(lib.daemons) do
+    if not lib.alive(h) or h.pid ~= pids[i] then
+      lib.fail("qtgd%d did not carry on (rc %s)", i, tostring(lib.rc(h)))
+    end
+  end
+  for _ = 1, 30 do
+    if lib.scalar("SELECT count(*)::int FROM audit_outbox") == 0 then break end
+    qtg.sleep(1)
+  end
+  -- a cut commit after the provider call can be redone once per in-flight
+  -- dispatch or POST per process per restart
+  local r = lib.check{ receivers = { rx }, max_resubmits = 4 * restarts, max_callback_dups = 4 * 5 * restarts }
+  local stops = lib.stop_daemons(30)
+  for i, s in pairs(stops) do
+    if s.rc ~= 0 then lib.fail("qtgd%d: SIGTERM gave exit code %s", i, tostring(s.rc)) end
+  end
+  lib.check_nothing_left("after SIGTERM")
+  r.processes, r.faults = 4, restarts
+  r.recovery_seconds = table.concat(recovery, "/")
+  r.seconds = math.floor(qtg.monotonic() - t0)
+  return lib.result("pg-restart", r)
+end
+
+return M
