@@ -419,13 +419,13 @@ void qtg_pg_pool_free(qtg_pg_pool *p, void (*drop)(void *data)) {
   while (p->conns) {
     qtg_pg_conn *c = p->conns;
     p->conns = c->next;
-    if (c->has_cb && drop) drop(c->data);
+    if (c->has_cb && drop && c->data) drop(c->data); /* internal commands carry no data */
     qtg_pg_conn_free(c);
   }
   while (p->whead) {
     qtg_pg_waiter *w = p->whead;
     p->whead = w->next;
-    if (drop) drop(w->data);
+    if (drop && w->data) drop(w->data);
     free(w);
   }
   free(p->conninfo);

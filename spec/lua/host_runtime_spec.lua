@@ -266,7 +266,7 @@ return M]],
   end)
 
   it("keeps ticking across a PostgreSQL restart without being restarted", function()
-    local dir = override_dir({{name = "survivor", group = "core", module = "t.survivor", interval = 0.1}},
+    local dir = override_dir({{name = "survivor", group = "core", module = "t.survivor", interval = 0.5}},
                              {["t.survivor"] = ticker("survivor")})
     local p = support.start(support.base_env{MG_LUA_PATH = dir}, {"run"})
     assert.is_truthy(support.eventually(function() return ticks("survivor") >= 3 end, 20))
@@ -281,7 +281,10 @@ return M]],
     local st = qtg.db.stats()
     assert.is_truthy(before, ("no query succeeded after the restart: %s (pool open %d, in use %d, waiting %d)")
       :format(tostring(last_err), st.open, st.in_use, st.waiting))
-    assert.is_truthy(support.eventually(function() return ticks("survivor") >= before + 5 end, 30))
+    -- ticks that fail while the server is down count as errors; from the
+    -- fifth in a row run_loop backs off (32 s, then 60 s), so a slow restart
+    -- on a loaded machine can delay the next good tick by up to a minute
+    assert.is_truthy(support.eventually(function() return ticks("survivor") >= before + 3 end, 150, 0.5))
     assert.are.equal(0, support.stop(p, 20))
   end)
 
