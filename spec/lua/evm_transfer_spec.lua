@@ -344,12 +344,19 @@ describe("evm_transfer on a real anvil chain", function()
     local reverter = sup.random_address()
     sup.rpc(anvil.url, "anvil_setCode", { reverter, "0x60006000fd" })   -- PUSH1 0 PUSH1 0 REVERT
 
-    local good = sup.random_address()
-    local mixed = qtg.signer.checksum_address(good)
-    -- flip the case of one letter: a typo the EIP-55 checksum catches
-    local i = mixed:find("%a", 3)
-    local bad_sum = mixed:sub(1, i - 1) .. (mixed:sub(i, i):upper() == mixed:sub(i, i)
-      and mixed:sub(i, i):lower() or mixed:sub(i, i):upper()) .. mixed:sub(i + 1)
+    -- flip the case of one letter: a typo the EIP-55 checksum catches. The typo must leave the
+    -- address mixed-case: an all-lower or all-upper address carries no checksum and is accepted,
+    -- so draw addresses until the flip keeps both cases (a random one fails that now and then).
+    local good, bad_sum
+    repeat
+      good = sup.random_address()
+      local mixed = qtg.signer.checksum_address(good)
+      local i = mixed:find("%a", 3)
+      if i then
+        local c = mixed:sub(i, i)
+        bad_sum = mixed:sub(1, i - 1) .. (c:upper() == c and c:lower() or c:upper()) .. mixed:sub(i + 1)
+      end
+    until i and bad_sum:sub(3):find("%u") and bad_sum:sub(3):find("%l")
 
     -- books that say a nonce above the chain's count was mined (a reset chain)
     s:query([[INSERT INTO evm_nonce_reservation (chain_id, address, nonce, status, payload_hash,
