@@ -109,11 +109,12 @@ function M.prepare(ctx)
                                  request_node_id = ctx.request_node_id, attempt_no = ctx.attempt_no })
   local out = { payload_format = "json", payload = payload, action_type = ctx.action_type }
   if c.signer_key then
-    -- a signable payload: hex bytes whose keccak256 the signer checks
-    local hex = qtg().crypto.hex(payload)
+    -- a signable payload: 0x-hex bytes whose keccak256 (0x-hex) the signer
+    -- checks (qtg.signer.sign refuses them without the 0x: every signed sim
+    -- node failed with SIGNING_FAILED, found by spec/lua/security_spec.lua)
     out.payload_format = "hex"
-    out.payload = hex
-    out.payload_hash = qtg().crypto.keccak256_hex(payload)
+    out.payload = "0x" .. qtg().crypto.hex(payload)
+    out.payload_hash = "0x" .. qtg().crypto.keccak256_hex(payload)
     out.signer_key = c.signer_key
   else
     out.payload_hash = qtg().crypto.sha256_hex(payload)
