@@ -389,14 +389,27 @@ function B.raw_seed(pool)
 end
 
 function B.raw_cleanup()
-  B.q([[DELETE FROM movement_callback_outbox c USING movement_requests r
-         WHERE r.id = c.request_id AND r.network_class = $1]], B.RAW_CLASS)
   -- audit rows leave the outbox only by promotion (sql/0040): promote them
   local promote = require("qtg.workers.audit_outbox_promoter").PROMOTE_SQL
   repeat local _, n = B.q(promote, 5000) until (n or 0) == 0
-  B.q([[DELETE FROM movement_request_nodes n USING movement_requests r
-         WHERE r.id = n.request_id AND r.network_class = $1]], B.RAW_CLASS)
-  B.q("DELETE FROM movement_requests WHERE network_class = $1", B.RAW_CLASS)
+  -- The raw rows are the bench's own and nothing references them; with
+  -- foreign-key checks off (session_replication_role = replica, this
+  -- session only) deleting them does not scan the whole outbox once per
+  -- row for redelivery_of (whose only index is partial).
+  local s = qtg.db.acquire()
+  local ok, err = pcall(function()
+    s:begin()
+    s:query("SET LOCAL session_replication_role = replica")
+    s:query([[CREATE TEMP TABLE bench_raw_ids ON COMMIT DROP AS
+              SELECT id FROM movement_requests WHERE network_class = $1]], B.RAW_CLASS)
+    s:query("DELETE FROM movement_callback_outbox WHERE request_id IN (SELECT id FROM bench_raw_ids)")
+    s:query("DELETE FROM movement_request_nodes WHERE request_id IN (SELECT id FROM bench_raw_ids)")
+    s:query("DELETE FROM movement_requests WHERE id IN (SELECT id FROM bench_raw_ids)")
+    s:commit()
+  end)
+  if not ok then pcall(s.rollback, s) end
+  s:release()
+  if not ok then error(err, 0) end
   B.exec("VACUUM ANALYZE movement_requests, movement_request_nodes, movement_callback_outbox, audit_outbox")
 end
 
