@@ -8,8 +8,10 @@
  *     claim_sql ($1 = the id, then args) under SAVEPOINT qtg_claim: a miss
  *     rolls the savepoint back (so a partial lock taken on the node before
  *     SKIP LOCKED rejected its request is released) and excludes the id; a
- *     hit releases the savepoint and keeps the locks in the caller's open
- *     transaction.  Returns the claimed row, or nil when nothing is left.
+ *     hit keeps the locks in the caller's open transaction.  A hit does not
+ *     RELEASE the savepoint: the caller's COMMIT or ROLLBACK ends it, and
+ *     the RELEASE would be one more round trip per claimed node (issue 8).
+ *     Returns the claimed row, or nil when nothing is left.
  *   qtg.db.claim.try(s, claim_sql, id, ...)
  *     The same savepoint dance for one known id (the observer's per-id
  *     re-select).  Returns the row or nil.
@@ -30,7 +32,7 @@ typedef struct {
 } qtg_claim_session; /* layout of lua_db.c's session userdata */
 
 typedef enum {
-  QTG_CLAIM_CANDIDATES, QTG_CLAIM_SAVEPOINT, QTG_CLAIM_SELECT, QTG_CLAIM_RELEASE, QTG_CLAIM_ROLLBACK_TO
+  QTG_CLAIM_CANDIDATES, QTG_CLAIM_SAVEPOINT, QTG_CLAIM_SELECT, QTG_CLAIM_ROLLBACK_TO
 } qtg_claim_step;
 
 typedef struct {
@@ -140,14 +142,12 @@ static void qtg_claim_step_done(qtg_pg_conn *conn, PGresult *res, const char *er
         qtg_claim_finish(c, NULL, "out of memory");
         return;
       }
-      c->step = QTG_CLAIM_RELEASE;
+      qtg_claim_finish(c, NULL, NULL);
+      return;
     } else {
       c->step = QTG_CLAIM_ROLLBACK_TO;
     }
     break;
-  case QTG_CLAIM_RELEASE:
-    qtg_claim_finish(c, NULL, NULL);
-    return;
   case QTG_CLAIM_ROLLBACK_TO:
     c->misses++;
     if (!c->candidates_sql || c->misses >= c->max_misses || qtg_claim_exclude(c) != 0) {
@@ -176,9 +176,6 @@ static void qtg_claim_next(qtg_claim *c) {
     values[0] = c->candidate;
     for (int i = 0; i < c->nargs; i++) values[i + 1] = c->args[i];
     rc = qtg_pg_query(c->conn, c->claim_sql, c->nargs + 1, values, 1, qtg_claim_step_done, c);
-    break;
-  case QTG_CLAIM_RELEASE:
-    rc = qtg_pg_query(c->conn, "RELEASE SAVEPOINT qtg_claim", 0, NULL, 1, qtg_claim_step_done, c);
     break;
   default:
     rc = qtg_pg_query(c->conn, "ROLLBACK TO SAVEPOINT qtg_claim", 0, NULL, 1, qtg_claim_step_done, c);

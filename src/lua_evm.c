@@ -182,7 +182,7 @@ static int qtg_lua_evm_eip1559(lua_State *L) {
   lua_pop(L, 1);
   lua_getfield(L, 1, "data");                 /* stays on the stack */
   if (!lua_isnil(L, -1)) {
-    size_t len;
+    size_t len = 0;
     const char *s = lua_type(L, -1) == LUA_TSTRING ? lua_tolstring(L, -1, &len) : NULL;
     if (s == NULL || len < 2 || s[0] != '0' || (s[1] != 'x' && s[1] != 'X') || len % 2 != 0)
       qtg_raise(L, "invalid", "eip1559: data must be 0x followed by an even number of hex digits");

@@ -183,9 +183,13 @@ static qtg_pg_conn *qtg_pg_conn_start(uv_loop_t *loop, const char *conninfo, qtg
   c->listener = listener;
   c->fd = -1;
   /* UTC and ISO dates on every session, so time values read the same
-   * whatever the server's defaults are. */
+   * whatever the server's defaults are.  Generic plans: every statement is
+   * prepared once per connection and the claims' state predicates are
+   * constants that match their partial indexes, so planning each execution
+   * afresh costs PostgreSQL CPU and buys nothing (docs/performance.md). */
   const char *keys[] = {"dbname", "application_name", "options", NULL};
-  const char *vals[] = {conninfo, "qtgd", "-c TimeZone=UTC -c DateStyle=ISO", NULL};
+  const char *vals[] = {conninfo, "qtgd",
+                        "-c TimeZone=UTC -c DateStyle=ISO -c plan_cache_mode=force_generic_plan", NULL};
   c->pg = PQconnectStartParams(keys, vals, 1);
   if (!c->pg || PQstatus(c->pg) == CONNECTION_BAD) {
     snprintf(err, errlen, "cannot connect to PostgreSQL: %s",
