@@ -94,7 +94,7 @@ describe("wake-ups", function()
     assert.is_nil(wakeups.parse(nil))
   end)
 
-  it("is a policy switch: on, the covered workers drain and poll k times slower; off, the spec's", function()
+  it("is a policy switch: on, the covered workers drain and are woken; off, neither; both poll at the spec's intervals", function()
     local on = setmetatable({ workers_enabled = true, wakeups_enabled = true },
       { __index = qtg.settings })
     local off = setmetatable({ workers_enabled = true, wakeups_enabled = false },
@@ -107,8 +107,11 @@ describe("wake-ups", function()
     local a, b = by_name(registry.registry(on)), by_name(registry.registry(off))
     assert.is_true(a.node_dispatcher.drain)
     assert.is_true(a.node_dispatcher.wake)
-    assert.equal(on.node_dispatch_interval_seconds * 5, a.node_dispatcher.interval)
-    assert.equal(on.node_observe_interval_seconds, a.node_observer.interval)
+    for name, w in pairs(a) do
+      assert.equal(w.spec_interval, w.interval, name .. " polls at the spec's interval with wake-ups on")
+    end
+    assert.equal(on.node_dispatch_interval_seconds, a.node_dispatcher.interval)
+    assert.equal(on.callback_dispatch_interval_seconds, a.callback_dispatcher.interval)
     assert.is_false(b.node_dispatcher.drain)
     assert.is_false(b.node_dispatcher.wake)
     for name, w in pairs(b) do

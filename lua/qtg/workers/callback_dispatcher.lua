@@ -38,6 +38,17 @@ SELECT c.*
  LIMIT $2
  FOR UPDATE OF c SKIP LOCKED]]
 
+-- The claim's predicate without its locks: whether a pass has anything to
+-- do, asked before a transaction is opened (idle passes: one statement).
+M.PROBE_SQL = [[
+SELECT 1
+  FROM movement_callback_outbox c
+  JOIN movement_requests r ON r.id = c.request_id
+ WHERE c.status = 'pending'
+   AND c.next_attempt_at <= now()
+   AND r.network_class = $1
+ LIMIT 1]]
+
 -- $1: array of {id, status, attempts, backoff_seconds?, last_error?,
 -- last_status?, attempted, outcome?, duration_ms?}; $2: process id.
 M.WRITE_SQL = [[
@@ -93,11 +104,17 @@ local function deliver(row, headers, timeout)
   return out
 end
 
+-- After a pass that found nothing, the next probes first (see PROBE_SQL); a
+-- draining run goes straight to the claim.
+local last_pass_empty = false
+
 function M.tick(s)
   local settings = qtg.settings
   local timeout = settings.callback_timeout_seconds
+  if last_pass_empty and #s:query(M.PROBE_SQL, settings.network_class) == 0 then return 0 end
   s:begin()
   local rows = s:query(M.CLAIM_SQL, settings.network_class, M.BATCH)
+  last_pass_empty = #rows == 0
   if #rows == 0 then
     s:commit()
     return 0

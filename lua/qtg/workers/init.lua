@@ -8,10 +8,10 @@
 -- Wake-ups and draining (MG_WAKEUPS_ENABLED, on by default; issue 8,
 -- docs/performance.md): a row's `drain = true` makes its worker run again at
 -- once after a pass that found work (the dispatcher still claims one node per
--- pass), and `wake = k` says a NOTIFY (sql/0030_wakeups.sql, handled by
--- qtg.wakeups) wakes it, so its polling is only the fallback for a lost
--- notification and runs k times the spec's interval.  With wake-ups off,
--- neither applies: the spec's intervals and plain polling.
+-- pass), and `wake = true` says a NOTIFY (sql/0030_wakeups.sql, handled by
+-- qtg.wakeups) wakes it.  Polling stays at the spec's intervals either way:
+-- it is the fallback for a lost notification, so a lost one costs at most
+-- one interval of latency, never work.  With wake-ups off, neither applies.
 local M = {}
 
 local function csv_nonempty(s)
@@ -24,13 +24,13 @@ end
 local rows = {
   -- always-on, core group
   {name = "node_dispatcher", group = "core", interval = "node_dispatch_interval_seconds",
-   drain = true, wake = 5},
+   drain = true, wake = true},
   {name = "node_observer", group = "core", interval = "node_observe_interval_seconds",
-   drain = true, wake = 1},
+   drain = true, wake = true},
   {name = "node_recovery", group = "core", interval = "node_recovery_interval_seconds"},
   -- always-on, sidecar group
   {name = "callback_dispatcher", group = "sidecar", interval = "callback_dispatch_interval_seconds",
-   drain = true, wake = 5},
+   drain = true, wake = true},
   {name = "expiration_checker", group = "sidecar", interval = "expiration_check_interval_seconds"},
   {name = "template_proposal_expiration", group = "sidecar",
    interval = "template_proposal_expiration_interval_seconds"},
@@ -38,7 +38,7 @@ local rows = {
   -- not drained: notified by nearly every transaction, its wake-ups are
   -- gathered instead (qtg.wakeups.GATHER), a full batch per pass
   {name = "audit_outbox_promoter", group = "sidecar", interval = "audit_outbox_promoter_interval_seconds",
-   wake = 5},
+   wake = true},
   -- conditional, core group
   {name = "evm_nonce_reaper", group = "core", interval = "evm_nonce_reaper_interval_seconds",
    flag = "evm_nonce_reaper_enabled",
@@ -75,8 +75,8 @@ M.rows = rows
 -- registry(settings) -> array of {name, group, module, interval, jitter,
 -- enabled, skip_reason, drain, wake, spec_interval}.  With
 -- MG_WORKERS_ENABLED=false nothing is enabled.  interval is the one the
--- runtime uses: spec_interval (the setting), times the row's `wake` factor
--- when wake-ups are on.
+-- runtime uses: the setting (spec_interval, kept for the console's view),
+-- with or without wake-ups.
 function M.registry(settings)
   local out = {}
   for i, row in ipairs(rows) do
@@ -88,7 +88,6 @@ function M.registry(settings)
     local spec_interval = settings[row.interval]
     local wakeups = settings.wakeups_enabled == true
     local interval = spec_interval
-    if wakeups and row.wake then interval = spec_interval * row.wake end
     out[i] = {
       name = row.name,
       group = row.group,

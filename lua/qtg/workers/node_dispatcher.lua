@@ -212,14 +212,23 @@ function M.dispatch(s, node_id, request_id, claimed)
   return node
 end
 
+-- Idle passes are one statement, not three (issue 8, idle cost): after a
+-- pass that found nothing, the next one looks for a candidate before it
+-- opens a transaction.  A draining run (the last pass claimed) goes straight
+-- to the claim, so busy passes pay nothing for this.
+local last_pass_empty = false
+
 function M.tick(s)
+  local class = qtg.settings.network_class
+  if last_pass_empty and #s:query(M.CANDIDATES_SQL, "{}", class) == 0 then return 0 end
   s:begin()
   local row = qtg.db.claim.one(s, {
     candidates_sql = M.CANDIDATES_SQL,
     claim_sql = M.CLAIM_SQL,
-    args = { qtg.settings.network_class },
+    args = { class },
     max_misses = M.MAX_MISSES,
   })
+  last_pass_empty = row == nil
   if not row then
     s:rollback()
     return 0
