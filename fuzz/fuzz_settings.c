@@ -77,6 +77,15 @@ static int fuzz_leaks(const char *err, const char *secret, size_t slen, const fu
   return 1;
 }
 
+static void fuzz_settings_cleanup(void) {
+  for (int d = 0; d < FUZZ_NFILES; d++) {
+    char p[96];
+    fuzz_file_path(d, p, sizeof p);
+    unlink(p);
+  }
+  rmdir(fuzz_settings_dir);
+}
+
 int qtg_fuzz_settings(const uint8_t *data, size_t size) {
   fuzz_env_t env = {.n = 0};
   char *files[FUZZ_NFILES] = {0};
@@ -86,6 +95,7 @@ int qtg_fuzz_settings(const uint8_t *data, size_t size) {
   if (!fuzz_settings_dir[0]) {
     snprintf(fuzz_settings_dir, sizeof fuzz_settings_dir, "/tmp/qtg-fuzz-settings.XXXXXX");
     if (!mkdtemp(fuzz_settings_dir)) abort();
+    atexit(fuzz_settings_cleanup);
   }
   for (int d = 0; d < FUZZ_NFILES; d++) {
     char p[96];

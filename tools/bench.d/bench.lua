@@ -562,7 +562,7 @@ function B.burn_down(o, label, procs, prefix)
   local check = B.check_done(ids, label)
   local list, calls, ms = B.stmt_delta(snap, after)
   local top = {}
-  for i = 1, math.min(10, #list) do top[i] = list[i] end
+  for i = 1, math.min(40, #list) do top[i] = list[i] end
   local nodes = 3 * o.n
   local r = {
     processes = procs, requests = o.n, nodes = nodes, seconds = elapsed,

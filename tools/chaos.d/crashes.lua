@@ -47,8 +47,7 @@ function M.run(lib)
       for i, h in pairs(lib.daemons) do if lib.alive(h) then alive[#alive + 1] = i end end
       if #alive > 0 then
         local i = alive[lib.random(1, #alive)]
-        lib.signal(lib.daemons[i], "KILL")
-        random_kills = random_kills + 1
+        if lib.signal(lib.daemons[i], "KILL") then random_kills = random_kills + 1 end
         last.random = now
       end
     end

@@ -167,8 +167,11 @@ function M.alive(h)
   return M.rc(h) == nil
 end
 
+-- Send a signal; true when it was delivered (the process still existed).
 function M.signal(h, sig)
-  if M.alive(h) then os.execute(string.format("kill -%s %d 2>/dev/null", sig, h.pid)) end
+  if not M.alive(h) then return false end
+  local rc = os.execute(string.format("kill -%s %d 2>/dev/null", sig, h.pid))
+  return rc == 0 or rc == true
 end
 
 function M.wait_exit(h, timeout)
