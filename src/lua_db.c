@@ -218,6 +218,32 @@ static qtg_db_session *qtg_db_check_session(lua_State *L) {
   return s;
 }
 
+/* A number inside a table parameter that cjson's 14 significant digits
+ * would round (its text would read back as another number), or 0.  Money
+ * must not change on its way to a jsonb column: such a table is refused
+ * with an error, never written rounded (amounts belong in strings). */
+static int qtg_db_table_rounds(lua_State *L, int idx, int depth, double *bad) {
+  if (depth > 64) return 0; /* cjson refuses deeper nesting itself */
+  int found = 0;
+  lua_pushnil(L);
+  while (!found && lua_next(L, idx) != 0) {
+    if (lua_type(L, -1) == LUA_TNUMBER) {
+      double d = lua_tonumber(L, -1);
+      char buf[64];
+      snprintf(buf, sizeof buf, "%.14g", d);
+      if (isfinite(d) && strtod(buf, NULL) != d) {
+        *bad = d;
+        found = 1;
+      }
+    } else if (lua_type(L, -1) == LUA_TTABLE) {
+      found = qtg_db_table_rounds(L, lua_gettop(L), depth + 1, bad);
+    }
+    lua_pop(L, 1);
+  }
+  if (found) lua_pop(L, 1); /* the key lua_next left */
+  return found;
+}
+
 /* Lua value at idx -> text parameter (NULL for SQL NULL), anchored on L. */
 static const char *qtg_db_param(lua_State *L, int idx) {
   switch (lua_type(L, idx)) {
@@ -247,7 +273,13 @@ static const char *qtg_db_param(lua_State *L, int idx) {
       luaL_error(L, "qtg.db: parameter $%d contains a NUL byte (PostgreSQL text cannot hold one)", idx - 2);
     return v;
   }
-  case LUA_TTABLE:
+  case LUA_TTABLE: {
+    double bad = 0;
+    luaL_checkstack(L, 2 * 66 + 8, "qtg.db: table parameter too deep");
+    if (qtg_db_table_rounds(L, idx, 0, &bad))
+      luaL_error(L, "qtg.db: parameter $%d holds the number %.17g, which JSON at 14 significant digits "
+                 "would round: pass it as a string (or encode the table with qtg.canon_json)", idx - 2, bad);
+  }
     qtg_db_push_cjson(L, "encode");
     lua_pushvalue(L, idx);
     if (lua_pcall(L, 1, 1, 0) != 0)

@@ -45,6 +45,28 @@ describe("qtg.db", function()
     s:release()
   end)
 
+  it("writes numbers in table parameters exactly or refuses them, never rounded", function()
+    local s = db.acquire()
+    -- what 14 significant digits keep goes through as it is
+    local row = s:query([[SELECT ($1::jsonb)->>'a' AS a, ($1::jsonb)->'n'->>0 AS n0,
+                                 ($1::jsonb)->'n'->>1 AS n1]],
+      { a = 0.25, n = { 1e20, 12345678901234 } })[1]
+    assert.equal("0.25", row.a)
+    assert.equal(1e20, tonumber(row.n0))
+    assert.equal("12345678901234", row.n1)
+    -- money with more digits than that, at any depth, is refused with a clear error
+    for _, v in ipairs({ { amount = 123456789.123456 }, { legs = { { wei = 2 ^ 53 + 2 } } },
+                         { 1 / 3 } }) do
+      local ok, err = pcall(s.query, s, "SELECT $1::jsonb AS j", v)
+      assert.is_false(ok)
+      assert.matches("parameter $1 holds the number .* would round: pass it as a string", tostring(err))
+    end
+    -- the session is still usable, and the same values as strings are exact
+    local j = s:query("SELECT ($1::jsonb)->>'amount' AS v", { amount = "123456789.123456" })[1].v
+    assert.equal("123456789.123456", j)
+    s:release()
+  end)
+
   it("gives 200 concurrent tasks their own results on a pool of 8", function()
     local handles = {}
     for i = 1, 200 do
