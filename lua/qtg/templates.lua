@@ -34,12 +34,13 @@ M.TIMEOUT_FIELDS = { observe_seconds = true, submit_seconds = true }
 M.INTENT_TYPES = {
   string = { check = function(v) return type(v) == "string" and v ~= "" end,
              says = "a non-empty string" },
+  -- A string only: a JSON number has already lost what a double cannot
+  -- hold, and its text depends on the encoder (1e14 vs 99999999999999).
   decimal = { check = function(v)
-                local s = type(v) == "number" and tostring(v) or v
-                return type(s) == "string" and s:match("^%d+%.?%d*$") ~= nil
-                  and s:sub(-1) ~= "." and tonumber(s) ~= nil and tonumber(s) > 0
+                return type(v) == "string" and v:match("^%d+%.?%d*$") ~= nil
+                  and v:sub(-1) ~= "." and tonumber(v) ~= nil and tonumber(v) > 0
               end,
-              says = "a positive decimal such as \"125.50\"" },
+              says = "a positive decimal string such as \"125.50\" (not a JSON number: amounts go in strings, a number can lose digits)" },
   integer = { check = function(v) return type(v) == "number" and v == math.floor(v) end,
               says = "an integer" },
   evm_address = { check = function(v) return type(v) == "string" and v:match("^0x%x+$") ~= nil and #v == 42 end,

@@ -88,6 +88,12 @@ describe("request lifecycle", function()
       local err = refused("invalid_intent", sup.create, s, "spec_lc_typed",
         { intent = { amount = "-5", destination = "0x" .. string.rep("a", 40) } })
       assert.matches("amount", err.message)
+      -- an amount as a JSON number is refused too: it may already have lost digits
+      for _, n in ipairs({ 5, 125.5, 1e14 }) do
+        err = refused("invalid_intent", sup.create, s, "spec_lc_typed",
+          { intent = { amount = n, destination = "0x" .. string.rep("a", 40) } })
+        assert.matches("amount.*decimal string", err.message)
+      end
       err = refused("invalid_intent", sup.create, s, "spec_lc_typed",
         { intent = { amount = "5", destination = "bob" } })
       assert.matches("destination", err.message)
