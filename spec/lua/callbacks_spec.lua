@@ -439,6 +439,49 @@ describe("callback delivery to real receivers", function()
       req.close.id)[1].last_error:match("^timeout"))
   end)
 
+  it("a receiver that hangs holds one lane: the other receivers' callbacks go out meanwhile", function()
+    local class = sup.uid("cb-lanes")
+    local hang = sup.start_receiver(dir, "lanes-hang", { mode = "hang", args = "--hang-seconds 30" })
+    local ok = sup.start_receiver(dir, "lanes-ok", { mode = "ok", keys = { k1 = key_path } })
+    -- FIFO order: a hanging row first, then healthy ones, a second hanging
+    -- one, more healthy ones.  One transaction of five would hold the healthy
+    -- rows of its batch until the hanging POST timed out.
+    local order = { hang }
+    for _ = 1, 6 do order[#order + 1] = ok end
+    order[#order + 1] = hang
+    for _ = 1, 6 do order[#order + 1] = ok end
+    for _, r in ipairs(order) do sup.request(s, T, class, r.url) end
+    sup.wait_child(sup.start_child(dir, "lanes-child",
+      child_env(class, key_path, { MG_CALLBACK_TIMEOUT_SECONDS = "4" }),
+      { "callback_dispatcher", "30", "once" }))
+    local rows = s:query([[
+      SELECT c.callback_url, c.status, c.attempts,
+             extract(epoch FROM c.delivered_at)::float8 AS delivered,
+             (SELECT extract(epoch FROM min(a.attempted_at))::float8
+                FROM movement_callback_attempts a WHERE a.outbox_id = c.id) AS first_attempt_done
+        FROM movement_callback_outbox c JOIN movement_requests r ON r.id = c.request_id
+       WHERE r.network_class = $1 ORDER BY c.id]], class)
+    assert.equals(14, #rows)
+    local last_ok, first_hang_done, hung = 0, math.huge, 0
+    for _, r in ipairs(rows) do
+      if r.callback_url == ok.url then
+        assert.equals("delivered", r.status)
+        last_ok = math.max(last_ok, r.delivered)
+      else
+        hung = hung + 1
+        assert.equals("pending", r.status)
+        assert.equals(1, r.attempts)
+        first_hang_done = math.min(first_hang_done, r.first_attempt_done)
+      end
+    end
+    assert.equals(2, hung)
+    -- every healthy callback was delivered (committed) before the first
+    -- hanging POST had even ended
+    assert.is_true(last_ok < first_hang_done,
+      ("last healthy delivery %.3f, first hanging attempt recorded %.3f"):format(last_ok, first_hang_done))
+    assert.equals(12, #sup.received(ok))
+  end)
+
   it("counts a 2xx whose answer is larger than it reads as delivered", function()
     local class = sup.uid("cb-huge")
     local rcv = sup.start_receiver(dir, "huge", { mode = "huge", args = "--huge-bytes 3000000" })

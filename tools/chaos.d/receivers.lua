@@ -50,10 +50,10 @@ function M.run(lib)
     end
   end
   -- A steady stream, not a burst: the callback dispatchers' capacity is
-  -- 4 processes x 5 rows per pass, and a pass lasts as long as its slowest
-  -- POST (up to the timeout), so faulty receivers take most of it.  Above
-  -- that rate the backlog grows without bound and healthy receivers' rows
-  -- go stale (docs/reliability.md, "Findings").
+  -- 4 processes x 4 lanes, and a lane on a hanging receiver is held for the
+  -- timeout, so faulty receivers take much of it; above that rate the
+  -- backlog grows without bound (docs/reliability.md, "Findings": before
+  -- the lanes, a pass of 5 lasted as long as its slowest POST).
   local pace = lib.ci and 0.4 or 0.8
   for i = 1, N do
     lib.create_request(i, rx[order[(i - 1) % #order + 1]].url)

@@ -1,23 +1,28 @@
 -- qtg.workers.callback_dispatcher (spec section 4): POST due callbacks of
 -- the outbox, signed (qtg.callbacks), and record what happened.
 --
--- One pass, one transaction:
---   1. claim up to BATCH pending rows whose next_attempt_at is due, of this
---      process's network class, FIFO by created_at, FOR UPDATE OF the outbox
---      row SKIP LOCKED;
---   2. refuse unsent what can never be delivered (a payload that is not a
---      JSON object, an invalid URL, a malformed stamp): dlq with last_error;
---   3. POST the others concurrently (one task each), so one slow receiver
---      does not hold up the batch; each POST is bounded by
---      MG_CALLBACK_TIMEOUT_SECONDS;
---   4. write every row's outcome and one movement_callback_attempts row per
---      POST in a single statement, and commit.
--- The row locks are held across the POSTs on purpose (the spec's pickup is
--- the locked SELECT, then the send): another process's pass skips a row
--- while it is being delivered, so a fault-free callback is delivered once.
--- The hold is bounded by the timeout.  If this process dies after a POST but
--- before the commit, the row is sent again later: delivery is at least once,
--- and the nonce is the receiver's idempotency key.
+-- One pass runs BATCH lanes at once (fewer when the session pool is
+-- small), each on its own session; a lane repeats, one row at a time:
+--   1. claim the oldest pending row whose next_attempt_at is due, of this
+--      process's network class, FOR UPDATE OF the outbox row SKIP LOCKED;
+--   2. refuse it unsent if it can never be delivered (a payload that is
+--      not a JSON object, an invalid URL, a malformed stamp): dlq with
+--      last_error; else POST it, bounded by MG_CALLBACK_TIMEOUT_SECONDS;
+--   3. write its outcome and its movement_callback_attempts row in one
+--      statement, and commit;
+-- until nothing is due, the pass has run for the timeout (PASS_BUDGET), or
+-- the process is stopping.  Why lanes and not the spec's one transaction of
+-- five: that pass lasts as long as its slowest POST, so a receiver that
+-- hangs holds up every other receiver's callbacks (tools/chaos receivers
+-- found healthy rows going stale that way, docs/reliability.md).  A lane
+-- stuck on a slow receiver now holds one row while the others keep
+-- delivering; at most BATCH rows are in flight per process, as before.
+-- The row lock is held across the POST on purpose (the spec's pickup is
+-- the locked SELECT, then the send): another process skips a row while it
+-- is being delivered, so a fault-free callback is delivered once.  The hold
+-- is bounded by the timeout.  If this process dies after a POST but before
+-- the commit, the row is sent again later: delivery is at least once, and
+-- the nonce is the receiver's idempotency key.
 local qtg = require("qtg")
 local callbacks = require("qtg.callbacks")
 local heartbeats = require("qtg.heartbeats")
@@ -25,7 +30,8 @@ local canon = require("qtg.canon_json")
 
 local M = {}
 
-M.BATCH = 5
+M.BATCH = 5          -- rows in flight at once per process (the spec's batch)
+M.PASS_BUDGET = 1    -- lanes claim new rows for this many timeouts per pass
 
 M.CLAIM_SQL = [[
 SELECT c.*
@@ -91,7 +97,7 @@ local function refusal(row)
   return nil
 end
 
--- One POST, in its own task.  Returns the outcome with duration_ms.
+-- One POST.  Returns the outcome with duration_ms.
 local function deliver(row, headers, timeout)
   local started = qtg.monotonic()
   local resp, err = qtg.http.request{
@@ -104,67 +110,103 @@ local function deliver(row, headers, timeout)
   return out
 end
 
+-- Decide, send and record one claimed row (inside the lane's transaction).
+-- A missing callback key raises in callbacks.headers before anything is
+-- sent: the lane rolls back and no attempt is spent.
+local function handle(ls, row, timeout)
+  local write
+  local why = refusal(row)
+  if why then
+    write = { id = row.id, status = "dlq", attempts = row.attempts, attempted = false,
+              last_error = "refused unsent: " .. why }
+    qtg.log.warn("callback refused unsent", {
+      worker = "callback_dispatcher", request_id = row.request_id, outbox_id = row.id,
+      error = write.last_error,
+    })
+  else
+    local headers = callbacks.headers(row.callback_timestamp, row.callback_nonce, row.payload)
+    local ok, out = pcall(deliver, row, headers, timeout)
+    if not ok then
+      out = { delivered = false, error = callbacks.clip("dispatcher: " .. tostring(out)), duration_ms = 0 }
+    end
+    local next_state = callbacks.after_attempt(row, out, row.max_attempts)
+    write = {
+      id = row.id, status = next_state.status, attempts = next_state.attempts,
+      backoff_seconds = next_state.backoff_seconds, outcome = next_state.outcome,
+      last_error = out.error or qtg.db.NULL, last_status = out.status or qtg.db.NULL,
+      attempted = true, duration_ms = out.duration_ms,
+    }
+    local log = out.delivered and qtg.log.info or qtg.log.warn
+    log(out.delivered and "callback delivered" or "callback attempt failed", {
+      worker = "callback_dispatcher", request_id = row.request_id, outbox_id = row.id,
+      attempt = next_state.attempts, status = next_state.status, http_status = out.status,
+      error = out.error,
+    })
+  end
+  ls:query(M.WRITE_SQL, canon.encode({ write }), heartbeats.process_id())
+end
+
+-- Lanes per pass: BATCH, but at most half the session pool, so the other
+-- workers keep sessions while receivers are slow.
+function M.lanes()
+  local pool = tonumber(qtg.settings.db_pool_size) or 8
+  return math.max(1, math.min(M.BATCH, math.floor(pool / 2)))
+end
+
+local function stopping()
+  local rt = qtg.runtime
+  return rt ~= nil and rt.stopping ~= nil and rt.stopping()
+end
+
 -- After a pass that found nothing, the next probes first (see PROBE_SQL); a
--- draining run goes straight to the claim.
+-- draining run goes straight to the claims.
 local last_pass_empty = false
 
 function M.tick(s)
   local settings = qtg.settings
+  local class = settings.network_class
+  if last_pass_empty and #s:query(M.PROBE_SQL, class) == 0 then return 0 end
   local timeout = settings.callback_timeout_seconds
-  if last_pass_empty and #s:query(M.PROBE_SQL, settings.network_class) == 0 then return 0 end
-  s:begin()
-  local rows = s:query(M.CLAIM_SQL, settings.network_class, M.BATCH)
-  last_pass_empty = #rows == 0
-  if #rows == 0 then
-    s:commit()
-    return 0
+  -- a lane claims no new row after this: a pass lasts at most about twice
+  -- the timeout, so the worker's heartbeat stays fresh and a stop is quick
+  local deadline = qtg.monotonic() + timeout * M.PASS_BUDGET
+  local pass = { rows = 0, err = nil }
+  local function lane(ls)
+    while pass.err == nil and qtg.monotonic() < deadline and not stopping() do
+      ls:begin()
+      local row = ls:query(M.CLAIM_SQL, class, 1)[1]
+      if not row then
+        ls:commit()
+        return
+      end
+      handle(ls, row, timeout)
+      ls:commit()
+      pass.rows = pass.rows + 1
+    end
   end
-  -- Decide and sign every row before the first POST: a missing key raises
-  -- here with nothing sent and no attempt spent (the runtime rolls back).
-  local writes, headers = {}, {}
-  for i, row in ipairs(rows) do
-    local why = refusal(row)
-    if why then
-      writes[i] = { id = row.id, status = "dlq", attempts = row.attempts, attempted = false,
-                    last_error = "refused unsent: " .. why }
-    else
-      headers[i] = callbacks.headers(row.callback_timestamp, row.callback_nonce, row.payload)
+  local function run(ls)
+    local ok, err = pcall(lane, ls)
+    if not ok then
+      pcall(ls.rollback, ls)
+      if pass.err == nil then pass.err = err end
     end
   end
   local tasks = {}
-  for i, row in ipairs(rows) do
-    if headers[i] then tasks[i] = qtg.spawn(deliver, row, headers[i], timeout) end
+  for i = 2, M.lanes() do
+    tasks[i - 1] = qtg.spawn(function()
+      local ls = qtg.db.acquire()
+      run(ls)
+      ls:release()
+    end)
   end
-  for i, row in ipairs(rows) do
-    if tasks[i] then
-      local ok, out = qtg.join(tasks[i])
-      if not ok then
-        out = { delivered = false, error = callbacks.clip("dispatcher: " .. tostring(out)),
-                duration_ms = 0 }
-      end
-      local next_state = callbacks.after_attempt(row, out, row.max_attempts)
-      writes[i] = {
-        id = row.id, status = next_state.status, attempts = next_state.attempts,
-        backoff_seconds = next_state.backoff_seconds, outcome = next_state.outcome,
-        last_error = out.error or qtg.db.NULL, last_status = out.status or qtg.db.NULL,
-        attempted = true, duration_ms = out.duration_ms,
-      }
-      local log = out.delivered and qtg.log.info or qtg.log.warn
-      log(out.delivered and "callback delivered" or "callback attempt failed", {
-        worker = "callback_dispatcher", request_id = row.request_id, outbox_id = row.id,
-        attempt = next_state.attempts, status = next_state.status, http_status = out.status,
-        error = out.error,
-      })
-    else
-      qtg.log.warn("callback refused unsent", {
-        worker = "callback_dispatcher", request_id = row.request_id, outbox_id = row.id,
-        error = writes[i].last_error,
-      })
-    end
+  run(s)
+  for _, t in ipairs(tasks) do
+    local ok, err = qtg.join(t)
+    if not ok and pass.err == nil then pass.err = err end
   end
-  s:query(M.WRITE_SQL, canon.encode(writes), heartbeats.process_id())
-  s:commit()
-  return #rows
+  last_pass_empty = pass.rows == 0 and pass.err == nil
+  if pass.err ~= nil then error(pass.err, 0) end
+  return pass.rows
 end
 
 return M
