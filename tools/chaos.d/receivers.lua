@@ -53,7 +53,8 @@ function M.run(lib)
   -- 4 processes x 4 lanes, and a lane on a hanging receiver is held for the
   -- timeout, so faulty receivers take much of it; above that rate the
   -- backlog grows without bound (docs/reliability.md, "Findings": before
-  -- the lanes, a pass of 5 lasted as long as its slowest POST).
+  -- the lanes of one receiver each, a pass of the 5 oldest rows lasted as
+  -- long as its slowest POST, whoever's rows the others were).
   local pace = lib.ci and 0.4 or 0.8
   for i = 1, N do
     lib.create_request(i, rx[order[(i - 1) % #order + 1]].url)

@@ -1,23 +1,27 @@
 -- qtg.workers.callback_dispatcher (spec section 4): POST due callbacks of
 -- the outbox, signed (qtg.callbacks), and record what happened.
 --
--- One pass runs BATCH lanes at once (fewer when the session pool is
--- small), each on its own session; a lane repeats, one row at a time:
---   1. claim the oldest pending row whose next_attempt_at is due, of this
---      process's network class, FOR UPDATE OF the outbox row SKIP LOCKED;
---   2. refuse it unsent if it can never be delivered (a payload that is
---      not a JSON object, an invalid URL, a malformed stamp): dlq with
---      last_error; else POST it, bounded by MG_CALLBACK_TIMEOUT_SECONDS;
---   3. write its outcome and its movement_callback_attempts row in one
---      statement, and commit;
--- until nothing is due, the pass has run for the timeout (PASS_BUDGET), or
--- the process is stopping.  Why lanes and not the spec's one transaction of
--- five: that pass lasts as long as its slowest POST, so a receiver that
--- hangs holds up every other receiver's callbacks (tools/chaos receivers
--- found healthy rows going stale that way, docs/reliability.md).  A lane
--- stuck on a slow receiver now holds one row while the others keep
--- delivering; at most BATCH rows are in flight per process, as before.
--- The row lock is held across the POST on purpose (the spec's pickup is
+-- One pass runs lanes at once (up to 5, at most half the session pool),
+-- each on its own session; a lane repeats:
+--   1. claim a batch: the oldest pending row whose next_attempt_at is due,
+--      of this process's network class, and up to BATCH - 1 more due rows
+--      of the same receiver (callback_url), oldest first, FOR UPDATE OF the
+--      outbox rows SKIP LOCKED;
+--   2. refuse unsent what can never be delivered (a payload that is not a
+--      JSON object, an invalid URL, a malformed stamp): dlq with last_error;
+--   3. POST the others concurrently, each bounded by
+--      MG_CALLBACK_TIMEOUT_SECONDS;
+--   4. write every outcome and one movement_callback_attempts row per POST
+--      in one statement, and commit;
+-- until nothing is due, the pass has run for one timeout (PASS_BUDGET), or
+-- the process is stopping.  Why lanes of one receiver each, and not the
+-- spec's one batch of the five oldest rows: that batch lasts as long as its
+-- slowest POST, so a receiver that hangs held up every other receiver's
+-- callbacks (tools/chaos receivers found healthy rows going stale that way,
+-- docs/reliability.md).  Now a hanging receiver holds the lanes that carry
+-- its own rows; the others keep delivering.  A batch of one receiver's rows
+-- costs the statements of the spec's batch, so throughput is kept.
+-- The row locks are held across the POSTs on purpose (the spec's pickup is
 -- the locked SELECT, then the send): another process skips a row while it
 -- is being delivered, so a fault-free callback is delivered once.  The hold
 -- is bounded by the timeout.  If this process dies after a POST but before
@@ -30,13 +34,29 @@ local canon = require("qtg.canon_json")
 
 local M = {}
 
-M.BATCH = 5          -- rows in flight at once per process (the spec's batch)
+M.BATCH = 5          -- rows per lane batch, all to one receiver (the spec's 5)
+M.MAX_LANES = 5      -- batches in flight at once per process
 M.PASS_BUDGET = 1    -- lanes claim new rows for this many timeouts per pass
 
+-- The oldest due row decides the receiver; the batch is up to $2 due rows
+-- of that receiver (the head included: its lock is this transaction's own),
+-- oldest first.  A NULL callback_url batches with NULLs (refused unsent).
 M.CLAIM_SQL = [[
+WITH head AS (
+  SELECT c.callback_url
+    FROM movement_callback_outbox c
+    JOIN movement_requests r ON r.id = c.request_id
+   WHERE c.status = 'pending'
+     AND c.next_attempt_at <= now()
+     AND r.network_class = $1
+   ORDER BY c.created_at ASC, c.id ASC
+   LIMIT 1
+   FOR UPDATE OF c SKIP LOCKED
+)
 SELECT c.*
   FROM movement_callback_outbox c
   JOIN movement_requests r ON r.id = c.request_id
+  JOIN head ON c.callback_url IS NOT DISTINCT FROM head.callback_url
  WHERE c.status = 'pending'
    AND c.next_attempt_at <= now()
    AND r.network_class = $1
@@ -97,7 +117,7 @@ local function refusal(row)
   return nil
 end
 
--- One POST.  Returns the outcome with duration_ms.
+-- One POST, in its own task.  Returns the outcome with duration_ms.
 local function deliver(row, headers, timeout)
   local started = qtg.monotonic()
   local resp, err = qtg.http.request{
@@ -110,47 +130,60 @@ local function deliver(row, headers, timeout)
   return out
 end
 
--- Decide, send and record one claimed row (inside the lane's transaction).
--- A missing callback key raises in callbacks.headers before anything is
--- sent: the lane rolls back and no attempt is spent.
-local function handle(ls, row, timeout)
-  local write
-  local why = refusal(row)
-  if why then
-    write = { id = row.id, status = "dlq", attempts = row.attempts, attempted = false,
-              last_error = "refused unsent: " .. why }
-    qtg.log.warn("callback refused unsent", {
-      worker = "callback_dispatcher", request_id = row.request_id, outbox_id = row.id,
-      error = write.last_error,
-    })
-  else
-    local headers = callbacks.headers(row.callback_timestamp, row.callback_nonce, row.payload)
-    local ok, out = pcall(deliver, row, headers, timeout)
-    if not ok then
-      out = { delivered = false, error = callbacks.clip("dispatcher: " .. tostring(out)), duration_ms = 0 }
+-- Decide, send and record a claimed batch (inside the lane's transaction):
+-- the POSTs run concurrently, one task each; every outcome and attempt row
+-- is written in one statement.  A missing callback key raises in
+-- callbacks.headers before anything is sent: the lane rolls back and no
+-- attempt is spent.
+local function handle(ls, rows, timeout)
+  local writes, headers = {}, {}
+  for i, row in ipairs(rows) do
+    local why = refusal(row)
+    if why then
+      writes[i] = { id = row.id, status = "dlq", attempts = row.attempts, attempted = false,
+                    last_error = "refused unsent: " .. why }
+    else
+      headers[i] = callbacks.headers(row.callback_timestamp, row.callback_nonce, row.payload)
     end
-    local next_state = callbacks.after_attempt(row, out, row.max_attempts)
-    write = {
-      id = row.id, status = next_state.status, attempts = next_state.attempts,
-      backoff_seconds = next_state.backoff_seconds, outcome = next_state.outcome,
-      last_error = out.error or qtg.db.NULL, last_status = out.status or qtg.db.NULL,
-      attempted = true, duration_ms = out.duration_ms,
-    }
-    local log = out.delivered and qtg.log.info or qtg.log.warn
-    log(out.delivered and "callback delivered" or "callback attempt failed", {
-      worker = "callback_dispatcher", request_id = row.request_id, outbox_id = row.id,
-      attempt = next_state.attempts, status = next_state.status, http_status = out.status,
-      error = out.error,
-    })
   end
-  ls:query(M.WRITE_SQL, canon.encode({ write }), heartbeats.process_id())
+  local tasks = {}
+  for i, row in ipairs(rows) do
+    if headers[i] then tasks[i] = qtg.spawn(deliver, row, headers[i], timeout) end
+  end
+  for i, row in ipairs(rows) do
+    if tasks[i] then
+      local ok, out = qtg.join(tasks[i])
+      if not ok then
+        out = { delivered = false, error = callbacks.clip("dispatcher: " .. tostring(out)), duration_ms = 0 }
+      end
+      local next_state = callbacks.after_attempt(row, out, row.max_attempts)
+      writes[i] = {
+        id = row.id, status = next_state.status, attempts = next_state.attempts,
+        backoff_seconds = next_state.backoff_seconds, outcome = next_state.outcome,
+        last_error = out.error or qtg.db.NULL, last_status = out.status or qtg.db.NULL,
+        attempted = true, duration_ms = out.duration_ms,
+      }
+      local log = out.delivered and qtg.log.info or qtg.log.warn
+      log(out.delivered and "callback delivered" or "callback attempt failed", {
+        worker = "callback_dispatcher", request_id = row.request_id, outbox_id = row.id,
+        attempt = next_state.attempts, status = next_state.status, http_status = out.status,
+        error = out.error,
+      })
+    else
+      qtg.log.warn("callback refused unsent", {
+        worker = "callback_dispatcher", request_id = row.request_id, outbox_id = row.id,
+        error = writes[i].last_error,
+      })
+    end
+  end
+  ls:query(M.WRITE_SQL, canon.encode(writes), heartbeats.process_id())
 end
 
--- Lanes per pass: BATCH, but at most half the session pool, so the other
--- workers keep sessions while receivers are slow.
+-- Lanes per pass: MAX_LANES, but at most half the session pool, so the
+-- other workers keep sessions while receivers are slow.
 function M.lanes()
   local pool = tonumber(qtg.settings.db_pool_size) or 8
-  return math.max(1, math.min(M.BATCH, math.floor(pool / 2)))
+  return math.max(1, math.min(M.MAX_LANES, math.floor(pool / 2)))
 end
 
 local function stopping()
@@ -174,14 +207,14 @@ function M.tick(s)
   local function lane(ls)
     while pass.err == nil and qtg.monotonic() < deadline and not stopping() do
       ls:begin()
-      local row = ls:query(M.CLAIM_SQL, class, 1)[1]
-      if not row then
+      local rows = ls:query(M.CLAIM_SQL, class, M.BATCH)
+      if #rows == 0 then
         ls:commit()
         return
       end
-      handle(ls, row, timeout)
+      handle(ls, rows, timeout)
       ls:commit()
-      pass.rows = pass.rows + 1
+      pass.rows = pass.rows + #rows
     end
   end
   local function run(ls)
