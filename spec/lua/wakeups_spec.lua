@@ -163,7 +163,7 @@ describe("wake-ups", function()
 
   it("a NOTIFY wakes a sleeping dispatcher long before its interval", function()
     qtg.db.with_session(function(s)
-      -- interval 300 s (fallback 1500 s): only the wake-up can dispatch in time
+      -- interval 300 s (the fallback polling): only the wake-up can dispatch in time
       start_daemon(s, { MG_NODE_DISPATCH_INTERVAL_SECONDS = "300",
                         MG_NODE_OBSERVE_INTERVAL_SECONDS = "300" })
       local req = approved_request(s, false)
@@ -187,7 +187,7 @@ describe("wake-ups", function()
 
   it("a lost notification is covered by the fallback polling", function()
     qtg.db.with_session(function(s)
-      -- interval 0.2 s: fallback polling every 1 s (x5); the approval sends no NOTIFY
+      -- interval 0.2 s: fallback polling at that interval; the approval sends no NOTIFY
       start_daemon(s, { MG_NODE_DISPATCH_INTERVAL_SECONDS = "0.2" })
       local req = approved_request(s, true)
       assert.truthy(support.eventually(function() return node_state(s, req) ~= "READY" end, 20),

@@ -55,7 +55,9 @@ function M.run(lib)
   -- backlog grows without bound (docs/reliability.md, "Findings": before
   -- the lanes of one receiver each, a pass of the 5 oldest rows lasted as
   -- long as its slowest POST, whoever's rows the others were).
-  local pace = lib.ci and 0.4 or 0.8
+  -- QTG_CHAOS_RX_PACE=0 creates them in a burst (the form that found the
+  -- head-of-line blocking; docs/reliability.md).
+  local pace = tonumber(os.getenv("QTG_CHAOS_RX_PACE") or "") or (lib.ci and 0.4 or 0.8)
   for i = 1, N do
     lib.create_request(i, rx[order[(i - 1) % #order + 1]].url)
     if i % 10 == 0 then watch() end
