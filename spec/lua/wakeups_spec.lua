@@ -202,7 +202,7 @@ describe("wake-ups", function()
       local old = h.listener
       assert.is_true(s:query("SELECT pg_terminate_backend($1) AS ok", old)[1].ok)
       -- readied with no NOTIFY while the listener is away: only the
-      -- catch-up pass (or a poll in 1500 s) can dispatch it
+      -- catch-up pass (or a poll in 300 s) can dispatch it
       local req = approved_request(s, true)
       assert.truthy(support.eventually(function() return node_state(s, req) ~= "READY" end, 20),
         "no catch-up pass after the listener came back:\n" .. tostring(support.read(h.log)))
