@@ -94,6 +94,29 @@ local function param(spec, v)
   return v
 end
 
+-- set_clauses(SET, fields, id, who, caller_level) -> the SET clauses and
+-- their parameters ($1 = id), in field-name order (so the same fields give
+-- the same statement text, prepared once).  SET is NODE_SET or REQUEST_SET.
+local function set_clauses(SET, fields, id, who, level)
+  local names = {}
+  for k in pairs(fields) do
+    if not SET[k] then error("nodes." .. who .. ": unknown field " .. k, level + 1) end
+    names[#names + 1] = k
+  end
+  table.sort(names)
+  local sets, args = {}, { id }
+  for _, k in ipairs(names) do
+    local spec = SET[k]
+    if spec.noparam then
+      sets[#sets + 1] = spec[1]
+    else
+      args[#args + 1] = param(spec, fields[k])
+      sets[#sets + 1] = string.format(spec[1], #args)
+    end
+  end
+  return sets, args
+end
+
 -- node_update_sql(node, fields, caller_level) -> the UPDATE ... RETURNING *
 -- text and its parameters ($1 = node id), after the checks.
 local function node_update_sql(node, fields, level)
@@ -102,22 +125,7 @@ local function node_update_sql(node, fields, level)
     error(string.format("illegal node transition %s -> %s (node %s %s)",
       node.node_state, to, node.node_key, node.id), level + 1)
   end
-  local names = {}
-  for k in pairs(fields) do
-    if not NODE_SET[k] then error("nodes.update_node: unknown field " .. k, level + 1) end
-    names[#names + 1] = k
-  end
-  table.sort(names)
-  local sets, args = {}, { node.id }
-  for _, k in ipairs(names) do
-    local spec = NODE_SET[k]
-    if spec.noparam then
-      sets[#sets + 1] = spec[1]
-    else
-      args[#args + 1] = param(spec, fields[k])
-      sets[#sets + 1] = string.format(spec[1], #args)
-    end
-  end
+  local sets, args = set_clauses(NODE_SET, fields, node.id, "update_node", level + 1)
   return "UPDATE movement_request_nodes SET " .. table.concat(sets, ", ") ..
     " WHERE id = $1::uuid RETURNING *", args
 end
@@ -149,23 +157,7 @@ local function request_update_sql(request, fields, level)
     error(string.format("illegal request transition %s -> %s (request %s)",
       request.request_state, to, request.id), level + 1)
   end
-  local names = {}
-  for k in pairs(fields) do
-    if not REQUEST_SET[k] then error("nodes.update_request: unknown field " .. k, level + 1) end
-    names[#names + 1] = k
-  end
-  table.sort(names)
-  local sets, args = {}, { request.id }
-  for _, k in ipairs(names) do
-    local spec = REQUEST_SET[k]
-    if spec.noparam then
-      sets[#sets + 1] = spec[1]
-    else
-      args[#args + 1] = param(spec, fields[k])
-      sets[#sets + 1] = string.format(spec[1], #args)
-    end
-  end
-  return sets, args
+  return set_clauses(REQUEST_SET, fields, request.id, "update_request", level + 1)
 end
 
 function M.update_request(s, request, fields)
