@@ -227,6 +227,13 @@ end
 
 M.daemons = {}
 
+-- Callback rows one process can have in flight (POSTed, not yet committed):
+-- what a kill or a cut connection can make a receiver get twice.
+function M.callbacks_in_flight()
+  local cbd = require "qtg.workers.callback_dispatcher"
+  return cbd.lanes(tonumber(M.daemon_env().MG_DB_POOL_SIZE)) * cbd.BATCH
+end
+
 function M.start_daemon(i, extra)
   local h = M.start("qtgd" .. i, M.daemon_env(extra), sh_quote(M.bin) .. " run")
   h.index = i

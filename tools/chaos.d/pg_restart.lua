@@ -61,7 +61,8 @@ function M.run(lib)
   end
   -- a cut commit after the provider call can be redone once per in-flight
   -- dispatch or POST per process per restart
-  local r = lib.check{ receivers = { rx }, max_resubmits = 4 * restarts, max_callback_dups = 4 * 5 * restarts }
+  local r = lib.check{ receivers = { rx }, max_resubmits = 4 * restarts,
+                       max_callback_dups = 4 * lib.callbacks_in_flight() * restarts }
   local stops = lib.stop_daemons(30)
   for i, s in pairs(stops) do
     if s.rc ~= 0 then lib.fail("qtgd%d: SIGTERM gave exit code %s", i, tostring(s.rc)) end

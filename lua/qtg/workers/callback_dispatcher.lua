@@ -181,8 +181,9 @@ end
 
 -- Lanes per pass: MAX_LANES, but at most half the session pool, so the
 -- other workers keep sessions while receivers are slow.
-function M.lanes()
-  local pool = tonumber(qtg.settings.db_pool_size) or 8
+-- (pool: a pool size other than this process's, for tools/chaos's bounds.)
+function M.lanes(pool)
+  pool = pool or tonumber(qtg.settings.db_pool_size) or 8
   return math.max(1, math.min(M.MAX_LANES, math.floor(pool / 2)))
 end
 
