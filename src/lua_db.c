@@ -219,14 +219,17 @@ static qtg_db_session *qtg_db_check_session(lua_State *L) {
 }
 
 /* A number inside a table parameter that cjson's 14 significant digits
- * would round (its text would read back as another number), or 0.  Money
- * must not change on its way to a jsonb column: such a table is refused
- * with an error, never written rounded (amounts belong in strings). */
+ * would round (its text would read back as another number): 1 and *bad set,
+ * or 0; -1 when the table nests deeper than QTG_DB_MAX_DEPTH (or refers to
+ * itself), which aborts the walk.  Money must not change on its way to a
+ * jsonb column: such a table is refused with an error, never written
+ * rounded (amounts belong in strings). */
+#define QTG_DB_MAX_DEPTH 64
 static int qtg_db_table_rounds(lua_State *L, int idx, int depth, double *bad) {
-  if (depth > 64) return 0; /* cjson refuses deeper nesting itself */
+  if (depth > QTG_DB_MAX_DEPTH) return -1;
   int found = 0;
   lua_pushnil(L);
-  while (!found && lua_next(L, idx) != 0) {
+  while (found == 0 && lua_next(L, idx) != 0) {
     if (lua_type(L, -1) == LUA_TNUMBER) {
       double d = lua_tonumber(L, -1);
       char buf[64];
@@ -240,12 +243,13 @@ static int qtg_db_table_rounds(lua_State *L, int idx, int depth, double *bad) {
     }
     lua_pop(L, 1);
   }
-  if (found) lua_pop(L, 1); /* the key lua_next left */
+  if (found != 0) lua_pop(L, 1); /* the key lua_next left */
   return found;
 }
 
-/* Lua value at idx -> text parameter (NULL for SQL NULL), anchored on L. */
-static const char *qtg_db_param(lua_State *L, int idx) {
+/* Lua value at idx -> text parameter $pnum (NULL for SQL NULL), anchored on
+ * L at idx.  Raises with the parameter's number on a value it cannot send. */
+static const char *qtg_db_param(lua_State *L, int idx, int pnum) {
   switch (lua_type(L, idx)) {
   case LUA_TNIL:
     return NULL;
@@ -256,7 +260,7 @@ static const char *qtg_db_param(lua_State *L, int idx) {
     return lua_toboolean(L, idx) ? "true" : "false";
   case LUA_TNUMBER: {
     double d = lua_tonumber(L, idx);
-    if (!isfinite(d)) luaL_error(L, "qtg.db: parameter $%d is not a finite number", idx - 2);
+    if (!isfinite(d)) luaL_error(L, "qtg.db: parameter $%d is not a finite number", pnum);
     char buf[64];
     if (d == floor(d) && fabs(d) < 9.2e18) snprintf(buf, sizeof buf, "%lld", (long long)d);
     else snprintf(buf, sizeof buf, "%.17g", d);
@@ -270,30 +274,34 @@ static const char *qtg_db_param(lua_State *L, int idx) {
     size_t len;
     const char *v = lua_tolstring(L, idx, &len);
     if (memchr(v, '\0', len))
-      luaL_error(L, "qtg.db: parameter $%d contains a NUL byte (PostgreSQL text cannot hold one)", idx - 2);
+      luaL_error(L, "qtg.db: parameter $%d contains a NUL byte (PostgreSQL text cannot hold one)", pnum);
     return v;
   }
   case LUA_TTABLE: {
     double bad = 0;
-    luaL_checkstack(L, 2 * 66 + 8, "qtg.db: table parameter too deep");
-    if (qtg_db_table_rounds(L, idx, 0, &bad))
+    luaL_checkstack(L, 2 * QTG_DB_MAX_DEPTH + 8, "qtg.db: table parameter too deep");
+    int r = qtg_db_table_rounds(L, idx, 0, &bad);
+    if (r < 0)
+      luaL_error(L, "qtg.db: parameter $%d nests deeper than %d levels (or contains itself)", pnum,
+                 QTG_DB_MAX_DEPTH);
+    if (r > 0)
       luaL_error(L, "qtg.db: parameter $%d holds the number %.17g, which JSON at 14 significant digits "
-                 "would round: pass it as a string (or encode the table with qtg.canon_json)", idx - 2, bad);
+                 "would round: pass it as a string (or encode the table with qtg.canon_json)", pnum, bad);
   }
     qtg_db_push_cjson(L, "encode");
     lua_pushvalue(L, idx);
     if (lua_pcall(L, 1, 1, 0) != 0)
-      luaL_error(L, "qtg.db: parameter $%d cannot be encoded as JSON: %s", idx - 2, lua_tostring(L, -1));
+      luaL_error(L, "qtg.db: parameter $%d cannot be encoded as JSON: %s", pnum, lua_tostring(L, -1));
     lua_replace(L, idx);
     return lua_tostring(L, idx);
   default:
     break;
   }
-  luaL_error(L, "qtg.db: parameter $%d has unsupported type %s", idx - 2, luaL_typename(L, idx));
+  luaL_error(L, "qtg.db: parameter $%d has unsupported type %s", pnum, luaL_typename(L, idx));
   return NULL;
 }
 
-const char *qtg_db_param_public(lua_State *L, int idx) { return qtg_db_param(L, idx); }
+const char *qtg_db_param_public(lua_State *L, int idx, int pnum) { return qtg_db_param(L, idx, pnum); }
 
 static int qtg_db_send(lua_State *L, int simple) {
   qtg_db_session *s = qtg_db_check_session(L);
@@ -302,7 +310,7 @@ static int qtg_db_send(lua_State *L, int simple) {
   if (n > QTG_DB_MAX_PARAMS) return luaL_error(L, "qtg.db: at most %d parameters", QTG_DB_MAX_PARAMS);
   if (simple && n > 0) return luaL_error(L, "qtg.db: exec takes no parameters (use query)");
   const char *values[QTG_DB_MAX_PARAMS];
-  for (int i = 0; i < n; i++) values[i] = qtg_db_param(L, i + 3);
+  for (int i = 0; i < n; i++) values[i] = qtg_db_param(L, i + 3, i + 1);
   qtg_task *t = qtg_task_check(L);
   qtg_db_req *q = calloc(1, sizeof *q);
   if (!q) return luaL_error(L, "qtg.db: out of memory");
@@ -518,6 +526,7 @@ static const char qtg_db_prelude[] =
   "function session:begin() return self:query('BEGIN') end\n"
   "function session:commit() return self:query('COMMIT') end\n"
   "function session:rollback() return self:query('ROLLBACK') end\n"
+  "function session:transaction(fn, ...) self:begin() local r = { pcall(fn, ...) } if not r[1] then pcall(self.rollback, self) error(r[2], 0) end self:commit() return unpack(r, 2, table.maxn(r)) end\n"
   "local function ident(name) assert(type(name) == 'string' and name:match('^[%a_][%w_]*$'), 'savepoint name must be an identifier') return name end\n"
   "function session:savepoint(name) return self:exec('SAVEPOINT \"' .. ident(name) .. '\"') end\n"
   "function session:rollback_to(name) return self:exec('ROLLBACK TO SAVEPOINT \"' .. ident(name) .. '\"') end\n"

@@ -11,6 +11,10 @@
  *     hit keeps the locks in the caller's open transaction.  A hit does not
  *     RELEASE the savepoint: the caller's COMMIT or ROLLBACK ends it, and
  *     the RELEASE would be one more round trip per claimed node (issue 8).
+ *     Each claim (a miss's ROLLBACK TO keeps its savepoint too) nests one
+ *     more subtransaction until then: the workers claim one node per
+ *     transaction, so that stays shallow; a caller that claims many in one
+ *     transaction should commit between them.
  *     Returns the claimed row, or nil when nothing is left.
  *   qtg.db.claim.try(s, claim_sql, id, ...)
  *     The same savepoint dance for one known id (the observer's per-id
@@ -194,7 +198,7 @@ static void qtg_claim_cancel(qtg_task *t, void *arg) {
   qtg_task_resume(t, 2);
 }
 
-const char *qtg_db_param_public(lua_State *L, int idx);
+const char *qtg_db_param_public(lua_State *L, int idx, int pnum);
 
 static qtg_claim *qtg_claim_new(lua_State *L, qtg_claim_session *s) {
   if (!s->conn) luaL_error(L, "qtg.db.claim: session already released");
@@ -209,9 +213,11 @@ static qtg_claim *qtg_claim_new(lua_State *L, qtg_claim_session *s) {
   return c;
 }
 
-static int qtg_claim_add_arg(qtg_claim *c, lua_State *L, int idx) {
+/* Keep a copy of a parameter already converted by qtg_db_param (which may
+ * raise: every parameter is converted before the claim is allocated, so a
+ * refused one leaks nothing). */
+static int qtg_claim_add_arg(qtg_claim *c, const char *v) {
   if (c->nargs >= QTG_CLAIM_MAX_ARGS) return -1;
-  const char *v = qtg_db_param_public(L, idx);
   if (v && !(c->args[c->nargs] = strdup(v))) return -1;
   c->nargs++;
   return 0;
@@ -235,23 +241,24 @@ static int qtg_lua_claim_one(lua_State *L) {
   int max_misses = (int)luaL_optinteger(L, -1, 50);
   lua_getfield(L, 2, "args");
   int args_idx = lua_gettop(L);
+  /* args are $2... of both statements; converted (and refused) first */
+  int n = lua_istable(L, args_idx) ? (int)lua_objlen(L, args_idx) : 0;
+  if (n > QTG_CLAIM_MAX_ARGS) return luaL_error(L, "qtg.db.claim: at most %d args", QTG_CLAIM_MAX_ARGS);
+  luaL_checkstack(L, n + 4, "qtg.db.claim: too many args");
+  const char *vals[QTG_CLAIM_MAX_ARGS];
+  for (int i = 1; i <= n; i++) {
+    lua_rawgeti(L, args_idx, i);
+    vals[i - 1] = qtg_db_param_public(L, lua_gettop(L), i + 1);
+  }
   qtg_claim *c = qtg_claim_new(L, s);
   c->max_misses = max_misses > 0 ? max_misses : 1;
   c->candidates_sql = strdup(cand);
   c->claim_sql = strdup(claim);
-  if (!c->candidates_sql || !c->claim_sql) {
+  int bad = !c->candidates_sql || !c->claim_sql;
+  for (int i = 0; i < n && !bad; i++) bad = qtg_claim_add_arg(c, vals[i]) != 0;
+  if (bad) {
     qtg_claim_free(c);
     return luaL_error(L, "qtg.db.claim: out of memory");
-  }
-  if (lua_istable(L, args_idx)) {
-    int n = (int)lua_objlen(L, args_idx);
-    for (int i = 1; i <= n; i++) {
-      lua_rawgeti(L, args_idx, i);
-      if (qtg_claim_add_arg(c, L, lua_gettop(L)) != 0) {
-        qtg_claim_free(c);
-        return luaL_error(L, "qtg.db.claim: at most %d args", QTG_CLAIM_MAX_ARGS);
-      }
-    }
   }
   c->step = QTG_CLAIM_CANDIDATES;
   return qtg_claim_start(L, c);
@@ -262,19 +269,20 @@ static int qtg_lua_claim_try(lua_State *L) {
   const char *claim = luaL_checkstring(L, 2);
   luaL_checkany(L, 3);
   int top = lua_gettop(L);
+  if (top - 3 > QTG_CLAIM_MAX_ARGS) return luaL_error(L, "qtg.db.claim: at most %d args", QTG_CLAIM_MAX_ARGS);
+  /* the id is $1, the args $2...; converted (and refused) first */
+  const char *id = qtg_db_param_public(L, 3, 1);
+  if (!id) return luaL_error(L, "qtg.db.claim.try: the id must not be nil");
+  const char *vals[QTG_CLAIM_MAX_ARGS];
+  for (int i = 4; i <= top; i++) vals[i - 4] = qtg_db_param_public(L, i, i - 2);
   qtg_claim *c = qtg_claim_new(L, s);
   c->claim_sql = strdup(claim);
-  const char *id = qtg_db_param_public(L, 3);
-  c->candidate = id ? strdup(id) : NULL;
-  if (!c->claim_sql || !c->candidate) {
+  c->candidate = strdup(id);
+  int bad = !c->claim_sql || !c->candidate;
+  for (int i = 4; i <= top && !bad; i++) bad = qtg_claim_add_arg(c, vals[i - 4]) != 0;
+  if (bad) {
     qtg_claim_free(c);
-    return luaL_error(L, "qtg.db.claim.try: bad id or out of memory");
-  }
-  for (int i = 4; i <= top; i++) {
-    if (qtg_claim_add_arg(c, L, i) != 0) {
-      qtg_claim_free(c);
-      return luaL_error(L, "qtg.db.claim: at most %d args", QTG_CLAIM_MAX_ARGS);
-    }
+    return luaL_error(L, "qtg.db.claim: out of memory");
   }
   c->step = QTG_CLAIM_SAVEPOINT;
   return qtg_claim_start(L, c);

@@ -15,7 +15,6 @@
 #include <luajit.h>
 
 #include "qtg_host.h"
-#include "qtg_notify.h"
 #include "qtg_log.h"
 #include "qtg_runtime.h"
 #include "qtg_console_client.h"
@@ -159,12 +158,6 @@ static void qtg_on_signal(uv_signal_t *sig, int signum) {
     qtg_task_spawn(h, "sighup", 0, 0, NULL, NULL);
     return;
   }
-  /* Tell systemd the stop has begun, so `systemctl status` says so during
-   * the grace period (a no-op without NOTIFY_SOCKET). */
-  char nerr[256];
-  static const char stopping[] = "STOPPING=1\nSTATUS=stopping: finishing running ticks";
-  if (qtg_notify_send(stopping, sizeof stopping - 1, nerr, sizeof nerr) < 0)
-    qtg_log_error("sd_notify STOPPING=1: %s", nerr);
   qtg_runtime_shutdown(h, 0, signum == SIGTERM ? "SIGTERM" : "SIGINT");
 }
 

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "qtg_log.h"
+#include "qtg_notify.h"
 
 typedef enum { QTG_W_SLEEPING, QTG_W_RUNNING, QTG_W_PAUSED, QTG_W_STOPPED, QTG_W_DEAD } qtg_worker_state;
 static const char *const qtg_worker_state_names[] = {"sleeping", "running", "paused", "stopped", "dead"};
@@ -253,6 +254,12 @@ void qtg_runtime_shutdown(qtg_host *h, int exit_code, const char *why) {
   if (exit_code > rt->exit_code) rt->exit_code = exit_code;
   if (rt->stopping) return;
   rt->stopping = 1;
+  /* Tell systemd the stop has begun (once), so `systemctl status` says so
+   * during the grace period; a no-op without NOTIFY_SOCKET. */
+  char nerr[256];
+  static const char stopping[] = "STOPPING=1\nSTATUS=stopping: finishing running ticks";
+  if (qtg_notify_send(stopping, sizeof stopping - 1, nerr, sizeof nerr) < 0)
+    qtg_log_error("sd_notify STOPPING=1: %s", nerr);
   qtg_logf(QTG_LOG_INFO, "reason", why, "shutting down: no new ticks; waiting for %d running tick(s)",
            rt->running_ticks);
   for (qtg_worker *w = rt->workers; w; w = w->next) {

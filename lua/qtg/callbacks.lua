@@ -188,8 +188,7 @@ function M.redeliver(s, outbox_id, actor)
     error("callbacks.redeliver: actor (who asks) is required", 2)
   end
   local outbox = require("qtg.outbox")
-  s:begin()
-  local ok, res = pcall(function()
+  return s:transaction(function()
     local rows = s:query("SELECT * FROM movement_callback_outbox WHERE id = $1 FOR UPDATE", outbox_id)
     local dead = rows[1]
     if not dead then error("callbacks.redeliver: no callback row " .. tostring(outbox_id), 0) end
@@ -209,12 +208,6 @@ function M.redeliver(s, outbox_id, actor)
                          last_error = dead.last_error })
     return new
   end)
-  if not ok then
-    s:rollback()
-    error(res, 0)
-  end
-  s:commit()
-  return res
 end
 
 return M

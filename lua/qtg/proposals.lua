@@ -60,17 +60,6 @@ local function check_id(id, fname)
   end
 end
 
--- Run fn() in a transaction of s; roll back and re-raise on error.
-local function in_tx(s, fn)
-  s:begin()
-  local ok, res = pcall(fn)
-  if not ok then
-    s:rollback()
-    error(res, 0)
-  end
-  s:commit()
-  return res
-end
 
 local LATEST_VERSION_SQL = [[
 SELECT pv.id, pv.version, pv.content_hash
@@ -83,7 +72,7 @@ function M.propose(s, definition, actor, reason)
   check_actor(actor, "propose")
   local c = compile(definition, "template_proposal", "propose")
   local text = type(definition) == "string" and definition or canon.encode(definition)
-  return in_tx(s, function()
+  return s:transaction(function()
     local base = s:query(LATEST_VERSION_SQL, c.template_key)[1]
     if base and base.content_hash == c.content_hash then
       error(string.format("proposals.propose: %s version %d already has this content",
@@ -136,7 +125,7 @@ end
 function M.approve(s, id, actor, note)
   check_actor(actor, "approve")
   check_id(id, "approve")
-  return in_tx(s, function()
+  return s:transaction(function()
     local row = lock_pending(s, id, "approve")
     check_reviewer(row, actor, "approve")
     local latest = s:query(LATEST_VERSION_SQL, row.template_key)[1]
@@ -171,7 +160,7 @@ end
 function M.reject(s, id, actor, note)
   check_actor(actor, "reject")
   check_id(id, "reject")
-  return in_tx(s, function()
+  return s:transaction(function()
     local row = lock_pending(s, id, "reject")
     check_reviewer(row, actor, "reject")
     local done = s:query([[

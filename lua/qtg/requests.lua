@@ -45,14 +45,7 @@ end
 -- Run fn in the caller's transaction, or in one of its own.
 local function in_tx(s, fn)
   if s:in_transaction() then return fn() end
-  s:begin()
-  local res = { pcall(fn) }
-  if not res[1] then
-    s:rollback()
-    error(res[2], 0)
-  end
-  s:commit()
-  return unpack(res, 2, table.maxn(res))
+  return s:transaction(fn)
 end
 M.in_tx = in_tx
 

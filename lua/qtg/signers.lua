@@ -74,8 +74,7 @@ function M.set_expected_identity(s, signer_key, address, actor, network_class)
     error("signers.set_expected_identity: network class must be a non-empty string", 2)
   end
   local outbox = require("qtg.outbox")
-  s:begin()
-  local ok, res = pcall(function()
+  local res = s:transaction(function()
     local before = s:query([[SELECT expected_signer_address FROM signer_roster
                               WHERE network_class = $1 AND signer_key = $2 FOR UPDATE]],
       class, signer_key)[1]
@@ -95,11 +94,6 @@ function M.set_expected_identity(s, signer_key, address, actor, network_class)
              previous_expected_signer_address = previous })
     return row
   end)
-  if not ok then
-    s:rollback()
-    error(res, 0)
-  end
-  s:commit()
   res.posture = M.posture(res)
   return res
 end

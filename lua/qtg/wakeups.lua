@@ -11,7 +11,7 @@
 --   * after the listener connection was lost and re-established (fn(nil)),
 --     wakes every listed worker once: NOTIFYs sent meanwhile are gone, so
 --     this is the catch-up poll.
--- Only workers whose registry row has a wake factor (lua/qtg/workers/init.lua)
+-- Only workers whose registry row has `wake` set (lua/qtg/workers/init.lua)
 -- are woken; a payload naming anything else is ignored.  Nothing here claims
 -- or decides: a lost notification costs latency (the worker's fallback
 -- polling still runs), never work.
@@ -29,8 +29,8 @@ M.SLOT = 0.1          -- seconds: due times in the same slot share a timer
 -- Workers whose wake-ups are gathered: a NOTIFY wakes them this many
 -- seconds later, and every NOTIFY of the same slot shares that one wake.
 -- The audit promoter is notified by every transaction that writes audit
--- rows (most of them); waking it for each would cost a pass (three
--- statements) per transaction.  Gathered, it moves up to its batch (500)
+-- rows (most of them); waking it for each would cost a pass (one
+-- statement, and a heartbeat flush now and then) per transaction.  Gathered, it moves up to its batch (500)
 -- per pass at most 1 / SLOT times a second.
 M.GATHER = { audit_outbox_promoter = 0.1 }
 
@@ -42,7 +42,7 @@ local function new_stats()
   return { notifies = 0, woken = 0, scheduled = 0, dropped = 0, ignored = 0, catchups = 0 }
 end
 
--- The workers that take wake-ups: registry rows with a wake factor.
+-- The workers that take wake-ups: registry rows with `wake` set.
 function M.wakeable(settings)
   local set = {}
   for _, w in ipairs(require("qtg.workers").registry(settings)) do

@@ -45,6 +45,30 @@ describe("qtg.db", function()
     s:release()
   end)
 
+  it("s:transaction commits and returns fn's results, or rolls back and raises fn's error", function()
+    local s = db.acquire()
+    s:query("CREATE TEMP TABLE spec_tx (v int)")
+    local a, b = s:transaction(function(x)
+      s:query("INSERT INTO spec_tx VALUES ($1)", x)
+      return "done", x
+    end, 7)
+    assert.same({ "done", 7 }, { a, b })
+    local ok, err = pcall(s.transaction, s, function()
+      s:query("INSERT INTO spec_tx VALUES (8)")
+      error({ kind = "spec", message = "changed my mind" })
+    end)
+    assert.is_false(ok)
+    assert.same({ kind = "spec", message = "changed my mind" }, err)
+    assert.is_false(s:in_transaction())
+    -- a failing statement inside: rolled back too, and the session works on
+    ok = pcall(s.transaction, s, function() s:query("INSERT INTO spec_tx VALUES ('x')") end)
+    assert.is_false(ok)
+    local rows = s:query("SELECT v FROM spec_tx ORDER BY v")
+    assert.equal(1, #rows)
+    assert.equal(7, rows[1].v)
+    s:release()
+  end)
+
   it("writes numbers in table parameters exactly or refuses them, never rounded", function()
     local s = db.acquire()
     -- what 14 significant digits keep goes through as it is
@@ -60,6 +84,18 @@ describe("qtg.db", function()
       local ok, err = pcall(s.query, s, "SELECT $1::jsonb AS j", v)
       assert.is_false(ok)
       assert.matches("parameter $1 holds the number .* would round: pass it as a string", tostring(err))
+    end
+    -- a table that nests too deep, or contains itself, is refused quickly
+    local deep = {}
+    local t = deep
+    for _ = 1, 70 do t.next = {}; t = t.next end
+    local cyclic = {}
+    cyclic[1] = cyclic
+    cyclic[2] = cyclic
+    for _, v in ipairs({ deep, cyclic }) do
+      local ok, err = pcall(s.query, s, "SELECT $1::jsonb AS j", v)
+      assert.is_false(ok)
+      assert.matches("parameter $1 nests deeper than 64 levels", tostring(err), 1, true)
     end
     -- the session is still usable, and the same values as strings are exact
     local j = s:query("SELECT ($1::jsonb)->>'amount' AS v", { amount = "123456789.123456" })[1].v
@@ -180,6 +216,21 @@ describe("qtg.db", function()
     local ok, err = pcall(db.claim.try, s, "SELECT * FROM no_such_table WHERE id = $1", 1)
     assert.is_false(ok)
     assert.are.equal("42P01", err.sqlstate)
+    s:rollback()
+    s:begin()
+    -- a parameter the host cannot send is refused before anything is sent,
+    -- named by its number in the statement, and the transaction goes on
+    ok, err = pcall(db.claim.try, s, "SELECT $1::int AS id WHERE $2::text IS NOT NULL", 1, "a\0b")
+    assert.is_false(ok)
+    assert.matches("parameter $2 contains a NUL byte", tostring(err), 1, true)
+    ok, err = pcall(db.claim.one, s, { candidates_sql = "SELECT 1 AS id WHERE $2::jsonb IS NOT NULL",
+                                       claim_sql = "SELECT $1::int AS id", args = { { 1 / 3 } } })
+    assert.is_false(ok)
+    assert.matches("parameter $2 holds the number", tostring(err), 1, true)
+    ok, err = pcall(db.claim.try, s, "SELECT $1::int AS id", nil)
+    assert.is_false(ok)
+    assert.matches("the id must not be nil", tostring(err), 1, true)
+    assert.are.equal(1, db.claim.try(s, "SELECT $1::int AS id", 1).id)
     s:rollback()
     s:release()
   end)

@@ -221,7 +221,7 @@ function M.tick(s)
   -- or still sending after SLOW_BATCH_SECONDS (a slow receiver) starts the
   -- next one (up to max_lanes), which looks for more while it sends.  With
   -- fast receivers and no backlog one lane does the work, at the spec's
-  -- statements per batch.  A lane's look after its first batch is the plain
+  -- statements per batch.  A lane's look after a short batch is the plain
   -- probe, so the last look of each lane costs one statement.
   local function start_lane()
     if pass.closed or pass.lanes >= max_lanes or pass.err ~= nil then return end
@@ -235,13 +235,14 @@ function M.tick(s)
   local function lane(ls, probe)
     while pass.err == nil and qtg.monotonic() < deadline and not stopping() do
       if probe and #ls:query(M.PROBE_SQL, class) == 0 then return end
-      probe = true
       ls:begin()
       local rows = ls:query(M.CLAIM_SQL, class, M.BATCH)
       if #rows == 0 then
         ls:commit()
         return
       end
+      -- after a full batch (a backlog) the next claim comes straight away
+      probe = #rows < M.BATCH
       local sent = false
       if #rows >= M.BATCH then
         start_lane()

@@ -129,19 +129,12 @@ end
 
 -- One candidate: its own transaction on session s; 1 if claimed and observed.
 local function observe_one(s, id, class)
-  s:begin()
-  local ok, res = pcall(function()
+  return s:transaction(function()
     local row = qtg.db.claim.try(s, M.CLAIM_SQL, id, class)
     if not row then return 0 end
     M.observe_claimed(s, row)
     return 1
   end)
-  if not ok then
-    s:rollback()
-    error(res, 0)
-  end
-  s:commit()
-  return res
 end
 
 -- Concurrent lanes per pass (issue 8): the candidates of one snapshot are
