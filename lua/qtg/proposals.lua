@@ -188,15 +188,22 @@ function M.list(s, state)
                     ORDER BY id DESC LIMIT 200]], state)
 end
 
+-- The batch is picked in a MATERIALIZED CTE (computed once): an
+-- `id IN (SELECT ... LIMIT $1 FOR UPDATE SKIP LOCKED)` may be rescanned per
+-- row, each rescan skipping the rows already updated and taking more.
 M.EXPIRE_SQL = [[
-UPDATE template_proposals
+WITH picked AS MATERIALIZED (
+  SELECT id FROM template_proposals
+   WHERE proposal_state = 'PENDING' AND expires_at < now()
+   ORDER BY expires_at, id
+   LIMIT $1
+   FOR UPDATE SKIP LOCKED
+)
+UPDATE template_proposals t
    SET proposal_state = 'EXPIRED', decided_at = clock_timestamp()
- WHERE id IN (SELECT id FROM template_proposals
-               WHERE proposal_state = 'PENDING' AND expires_at < now()
-               ORDER BY expires_at, id
-               LIMIT $1
-               FOR UPDATE SKIP LOCKED)
-RETURNING id, template_key, proposed_by, expires_at]]
+  FROM picked p
+ WHERE t.id = p.id
+RETURNING t.id, t.template_key, t.proposed_by, t.expires_at]]
 
 -- One pass of the expiration worker, inside the caller's transaction: the
 -- expired proposals, each audited.

@@ -19,6 +19,17 @@ local function tick(name)
   return n
 end
 
+-- Runs `sql` in s's open transaction with the plans that rescan a subquery
+-- once per outer row (no hash, merge, sort, hash aggregate or materialize):
+-- the plan under which `id IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)`
+-- takes more than n rows.  The comment gives the statement a plan of its own.
+local function query_with_rescan_plans(s, sql, ...)
+  s:exec([[SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off;
+           SET LOCAL enable_hashagg = off; SET LOCAL enable_material = off;
+           SET LOCAL enable_sort = off]])
+  return s:query(sql .. "\n-- planned to rescan subqueries", ...)
+end
+
 local function run_child(dir, name, class, worker, mode)
   return sup.wait_child(sup.start_child(dir, name, { MG_NETWORK_CLASS = class },
     { worker, "60", mode or "once" }), 120)
@@ -232,6 +243,21 @@ describe("template proposals", function()
     assert.is_true(#listed >= 1)
     for _, row in ipairs(listed) do assert.equals("EXPIRED", row.proposal_state) end
   end)
+
+  it("expires at most its batch in a pass, whatever plan PostgreSQL picks", function()
+    local ids = {}
+    for i = 1, 3 do
+      local p = proposals.propose(s, doc("qty_batch" .. i), "console:alice")
+      s:query("UPDATE template_proposals SET expires_at = now() - interval '1 second' WHERE id = $1", p.id)
+      ids[i] = p.id
+    end
+    s:begin()
+    local rows = query_with_rescan_plans(s, proposals.EXPIRE_SQL, 1)
+    s:rollback()
+    assert.equals(1, #rows)
+    for _, id in ipairs(ids) do assert.equals("PENDING", get(id).proposal_state) end
+    assert.equals(3, tick("template_proposal_expiration"))
+  end)
 end)
 
 describe("executor_health", function()
@@ -349,6 +375,18 @@ describe("audit_outbox_promoter", function()
       assert.equals(tostring(i), r.entity_id)
       assert.equals(i, r.detail.n)
     end
+  end)
+
+  it("promotes at most its batch, whatever plan PostgreSQL picks", function()
+    tick("audit_outbox_promoter")
+    local tag = sup.uid("spec.batch")
+    fill(10, tag)
+    s2:begin()
+    local _, n = query_with_rescan_plans(s2, promoter.PROMOTE_SQL, 3)
+    assert.equals(3, n)
+    s2:rollback()
+    assert.equals(10, s:query("SELECT count(*)::int AS n FROM audit_outbox WHERE action = $1", tag)[1].n)
+    assert.equals(10, tick("audit_outbox_promoter"))
   end)
 
   it("promotes nothing while another promoter holds the lock, and nothing twice after a rollback", function()

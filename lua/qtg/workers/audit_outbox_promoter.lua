@@ -23,17 +23,25 @@ local M = {}
 M.BATCH = 500
 -- The advisory lock key: hashtext('qtg.audit_outbox_promoter'), computed by
 -- PostgreSQL so every process agrees.
+--
+-- The batch is picked in a MATERIALIZED CTE, never in `id IN (SELECT ...
+-- LIMIT $1 FOR UPDATE SKIP LOCKED)`: a plan may rescan such a subquery once
+-- per outer row (a nested-loop semi join), and each rescan skips the rows
+-- this statement has already deleted and locks the next ones, so the
+-- "batch" grows to the whole table.  A CTE is computed once.
 M.PROMOTE_SQL = [[
 WITH lock AS (
   SELECT pg_try_advisory_xact_lock(hashtext('qtg.audit_outbox_promoter')) AS held
+), picked AS MATERIALIZED (
+  SELECT o.id FROM audit_outbox o, lock
+   WHERE lock.held
+   ORDER BY o.id
+   LIMIT $1
+   FOR UPDATE OF o SKIP LOCKED
 ), moved AS (
-  DELETE FROM audit_outbox
-   WHERE id IN (SELECT o.id FROM audit_outbox o, lock
-                 WHERE lock.held
-                 ORDER BY o.id
-                 LIMIT $1
-                 FOR UPDATE OF o SKIP LOCKED)
-  RETURNING *
+  DELETE FROM audit_outbox a USING picked p
+   WHERE a.id = p.id
+  RETURNING a.*
 )
 INSERT INTO audit_events
   (outbox_id, actor, action, entity_type, entity_id, request_id, detail, created_at, promoted_at)

@@ -27,11 +27,15 @@ M.RECENT_SQL = [[
 SELECT EXISTS (SELECT 1 FROM balance_snapshots
                 WHERE network_class = $1 AND venue_key = $2 AND source = 'worker'
                   AND captured_at > clock_timestamp() - make_interval(secs => $3)) AS recent]]
+-- The batch in a MATERIALIZED CTE, computed once (as every batch of a DML
+-- statement here: see audit_outbox_promoter.PROMOTE_SQL).
 M.RETENTION_SQL = [[
-DELETE FROM balance_snapshots
- WHERE id IN (SELECT id FROM balance_snapshots
-               WHERE network_class = $1 AND captured_at < now() - make_interval(secs => $2)
-               ORDER BY captured_at LIMIT $3)]]
+WITH picked AS MATERIALIZED (
+  SELECT id FROM balance_snapshots
+   WHERE network_class = $1 AND captured_at < now() - make_interval(secs => $2)
+   ORDER BY captured_at LIMIT $3
+)
+DELETE FROM balance_snapshots b USING picked p WHERE b.id = p.id]]
 
 local function one_venue(s, fetcher, settings)
   s:begin()
