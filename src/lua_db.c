@@ -34,7 +34,13 @@ typedef struct {
   qtg_db_session *sess;
 } qtg_db_req;
 
-static void qtg_db_req_drop(void *self) { free(self); }
+/* The request's callback will never run (its connection was destroyed
+ * while busy, or the pool freed): the task no longer waits on it. */
+static void qtg_db_req_drop(void *self) {
+  qtg_db_req *q = self;
+  if (q->task) qtg_task_set_cancel(q->task, NULL, NULL);
+  free(q);
+}
 
 static void qtg_db_drop(void *data) {
   void (**drop)(void *) = data;
@@ -502,7 +508,8 @@ int qtg_pg_open(qtg_host *h, char *err, size_t errlen) {
     snprintf(err, errlen, "MG_DATABASE_URL is empty (qtgd resolves the embedded default before start-up)");
     return -1;
   }
-  if (qtg_pg_pool_new(h->loop, url, (int)qtg_settings_num(h->settings, QTG_S_DB_POOL_SIZE), &h->pool) != 0) {
+  if (qtg_pg_pool_new(h->loop, url, (int)qtg_settings_num(h->settings, QTG_S_DB_POOL_SIZE), qtg_db_drop,
+                      &h->pool) != 0) {
     snprintf(err, errlen, "out of memory creating the PostgreSQL pool");
     return -1;
   }
@@ -512,7 +519,7 @@ int qtg_pg_open(qtg_host *h, char *err, size_t errlen) {
 void qtg_pg_close(qtg_host *h) {
   qtg_pg_listener_free(h->listener);
   h->listener = NULL;
-  qtg_pg_pool_free(h->pool, qtg_db_drop);
+  qtg_pg_pool_free(h->pool);
   h->pool = NULL;
 }
 

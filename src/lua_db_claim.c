@@ -57,7 +57,12 @@ typedef struct {
 int qtg_db_push_result_public(lua_State *L, PGresult *res, const char *err);
 
 static void qtg_claim_free(qtg_claim *c);
-static void qtg_claim_drop(void *self) { qtg_claim_free(self); }
+/* The claim's callback will never run: see qtg_db_req_drop. */
+static void qtg_claim_drop(void *self) {
+  qtg_claim *c = self;
+  if (c->task) qtg_task_set_cancel(c->task, NULL, NULL);
+  qtg_claim_free(c);
+}
 
 static void qtg_claim_free(qtg_claim *c) {
   free(c->candidates_sql);

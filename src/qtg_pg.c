@@ -60,6 +60,7 @@ struct qtg_pg_pool {
   int size, nconns, nconnecting, nidle, nwaiters, nin_use;
   qtg_pg_conn *conns;
   qtg_pg_waiter *whead, *wtail;
+  void (*drop)(void *data); /* frees the data of a callback never to be called */
   char last_error[512];
 };
 
@@ -143,9 +144,13 @@ static void qtg_pg_conn_free(qtg_pg_conn *c) {
   free(c);
 }
 
-/* Unlink from the pool and free. */
+/* Unlink from the pool and free.  A command still in flight will never
+ * call back: its data goes to the pool's drop (internal commands carry no
+ * data). */
 static void qtg_pg_conn_destroy(qtg_pg_conn *c) {
   qtg_pg_pool *p = c->pool;
+  if (p && c->has_cb && c->data && p->drop) p->drop(c->data);
+  c->has_cb = 0;
   if (p) {
     for (qtg_pg_conn **pp = &p->conns; *pp; pp = &(*pp)->next) {
       if (*pp == c) {
@@ -404,10 +409,12 @@ static void qtg_pg_conn_fail(qtg_pg_conn *c, const char *why) {
 
 /* ---- pool ------------------------------------------------------------------ */
 
-int qtg_pg_pool_new(uv_loop_t *loop, const char *conninfo, int size, qtg_pg_pool **out) {
+int qtg_pg_pool_new(uv_loop_t *loop, const char *conninfo, int size, void (*drop)(void *data),
+                    qtg_pg_pool **out) {
   qtg_pg_pool *p = calloc(1, sizeof *p);
   if (!p) return -1;
   p->loop = loop;
+  p->drop = drop;
   p->size = size > 0 ? size : 1;
   p->conninfo = strdup(conninfo);
   if (!p->conninfo) {
@@ -418,18 +425,18 @@ int qtg_pg_pool_new(uv_loop_t *loop, const char *conninfo, int size, qtg_pg_pool
   return 0;
 }
 
-void qtg_pg_pool_free(qtg_pg_pool *p, void (*drop)(void *data)) {
+void qtg_pg_pool_free(qtg_pg_pool *p) {
   if (!p) return;
   while (p->conns) {
     qtg_pg_conn *c = p->conns;
     p->conns = c->next;
-    if (c->has_cb && drop && c->data) drop(c->data); /* internal commands carry no data */
+    if (c->has_cb && p->drop && c->data) p->drop(c->data); /* internal commands carry no data */
     qtg_pg_conn_free(c);
   }
   while (p->whead) {
     qtg_pg_waiter *w = p->whead;
     p->whead = w->next;
-    if (drop && w->data) drop(w->data);
+    if (p->drop && w->data) p->drop(w->data);
     free(w);
   }
   free(p->conninfo);

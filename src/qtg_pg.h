@@ -26,11 +26,16 @@ typedef void (*qtg_pg_result_cb)(qtg_pg_conn *conn, PGresult *res, const char *e
 /* payload NULL: the listener (re)connected and LISTENs again: catch up. */
 typedef void (*qtg_pg_notify_cb)(const char *channel, const char *payload, void *data);
 
-int qtg_pg_pool_new(uv_loop_t *loop, const char *conninfo, int size, qtg_pg_pool **out);
+/* drop (may be NULL) frees the data of work whose callback will never be
+ * called: a command in flight on a connection that is destroyed (released
+ * while busy, e.g. its session collected at host close) and everything in
+ * flight or queued when the pool is freed.  The pool keeps it so that no
+ * path that discards a connection can leak its caller's data. */
+int qtg_pg_pool_new(uv_loop_t *loop, const char *conninfo, int size, void (*drop)(void *data),
+                    qtg_pg_pool **out);
 /* Frees every connection; callbacks of in-flight work and of queued
- * acquires are NOT called: drop (when not NULL) is called instead with each
- * one's data, so its owner can free it. */
-void qtg_pg_pool_free(qtg_pg_pool *pool, void (*drop)(void *data));
+ * acquires are NOT called: the pool's drop is called with each one's data. */
+void qtg_pg_pool_free(qtg_pg_pool *pool);
 
 /* Returns 1 and sets *out when a connection is free now (no callback);
  * 0 when queued (cb called later, in FIFO order of waiters); -1 on error. */

@@ -261,6 +261,34 @@ describe("qtg.db", function()
     assert.are.equal(before.refs, after.refs)
   end)
 
+  it("frees a query and a claim still waiting on the server when the host closes", function()
+    -- `qtgd exec` ends while two tasks wait on PostgreSQL: their sessions
+    -- are collected by lua_close with a command in flight.  Under the
+    -- sanitizer build (tools/test's second pass) a leaked request is an
+    -- error report here.
+    local dir = support.tmpdir()
+    support.write(dir .. "/inflight.lua", [[
+local qtg = require("qtg")
+qtg.spawn(function()
+  local s = qtg.db.acquire()
+  s:query("SELECT pg_sleep(3)")
+end)
+qtg.spawn(function()
+  local s = qtg.db.acquire()
+  s:begin()
+  qtg.db.claim.one(s, { candidates_sql = "SELECT '1' AS id, pg_sleep(3) WHERE NOT ('1' = ANY($1::text[]))",
+                        claim_sql = "SELECT $1 AS id" })
+end)
+qtg.sleep(0.3)
+print("main done, " .. qtg.db.stats().in_use .. " sessions busy")
+]])
+    local rc, out = support.run(support.base_env(), { support.bin, "exec", dir .. "/inflight.lua" })
+    os.execute("rm -rf " .. support.sh_quote(dir))
+    assert.is_nil(out:find("Sanitizer", 1, true), out)
+    assert.matches("main done, 2 sessions busy", out, 1, true)
+    assert.equals(0, rc, out)
+  end)
+
   it("LISTEN delivers a NOTIFY to a Lua callback", function()
     local got = {}
     db.listen("spec_channel", function(payload, channel)
