@@ -125,6 +125,14 @@ describe("console eval", function()
     assert.equal("sql: bad (sqlstate 42P01)",
       eval.describe({ kind = "sql", message = "bad", sqlstate = "42P01" }))
     assert.equal("nil", eval.describe(nil))
+    -- a raised table whose __index raises on unknown keys is still described
+    local e = env()
+    e.qtg = require("qtg")
+    local kind2, msg2 = eval.evaluate("error(qtg.settings)", e)
+    assert.equal("x", kind2)
+    assert.matches("^{", msg2) -- the table, pretty-printed
+    assert.is_nil(msg2:find("no setting", 1, true), msg2)
+    assert.equal("string", type(eval.describe(setmetatable({}, { __index = function(_, k) error("no " .. k) end }))))
   end)
 
   it("cuts a result that is too large", function()

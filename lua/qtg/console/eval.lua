@@ -34,7 +34,9 @@ function M.compile(code, env)
 end
 
 -- describe(err) -> one line naming what went wrong.  Structured errors
--- ({kind=, message=}) read "kind: message"; others as tostring.
+-- ({kind=, message=}) read "kind: message"; others as tostring.  Fields
+-- are read raw: any table may be raised, and one whose __index raises on a
+-- missing key (qtg.settings) must still be described, not fail again.
 function M.describe(e)
   if type(e) == "table" then
     local mt = getmetatable(e)
@@ -42,14 +44,17 @@ function M.describe(e)
       local ok, s = pcall(tostring, e)
       if ok then return s end
     end
-    if e.message ~= nil then
-      local s = tostring(e.message)
-      if e.kind ~= nil then s = tostring(e.kind) .. ": " .. s end
-      if e.sqlstate ~= nil and e.sqlstate ~= "" then s = s .. " (sqlstate " .. tostring(e.sqlstate) .. ")" end
-      if type(e.detail) == "string" and e.detail ~= "" then s = s .. "\n" .. e.detail end
+    local message, kind, sqlstate, detail =
+      rawget(e, "message"), rawget(e, "kind"), rawget(e, "sqlstate"), rawget(e, "detail")
+    if message ~= nil then
+      local s = tostring(message)
+      if kind ~= nil then s = tostring(kind) .. ": " .. s end
+      if sqlstate ~= nil and sqlstate ~= "" then s = s .. " (sqlstate " .. tostring(sqlstate) .. ")" end
+      if type(detail) == "string" and detail ~= "" then s = s .. "\n" .. detail end
       return s
     end
-    return pretty.pretty(e)
+    local ok, s = pcall(pretty.pretty, e)
+    return ok and s or tostring(e)
   end
   if e == nil then return "nil" end
   return tostring(e)
