@@ -7,6 +7,7 @@
 local qtg = require "qtg"
 local cjson = require "cjson"
 local callbacks = require "qtg.callbacks"
+local dispatcher = require "qtg.workers.callback_dispatcher"
 
 local sup -- spec/lua/sidecar_support.lua, loaded in setup
 local KEY = "spec-callback-key-" .. string.rep("q", 24)
@@ -480,6 +481,54 @@ describe("callback delivery to real receivers", function()
     assert.is_true(last_ok < first_hang_done,
       ("last healthy delivery %.3f, first hanging attempt recorded %.3f"):format(last_ok, first_hang_done))
     assert.equals(12, #sup.received(ok))
+  end)
+
+  it("a receiver that hangs with a backlog holds one lane, not all of them", function()
+    local class = sup.uid("cb-backlog")
+    local hang = sup.start_receiver(dir, "backlog-hang", { mode = "hang", args = "--hang-seconds 30" })
+    local ok = sup.start_receiver(dir, "backlog-ok", { mode = "ok", keys = { k1 = key_path } })
+    -- more hanging rows than all the lanes' batches hold, then healthy ones
+    local n_hang = dispatcher.lanes() * dispatcher.BATCH + 1
+    for _ = 1, n_hang do sup.request(s, T, class, hang.url) end
+    for _ = 1, 6 do sup.request(s, T, class, ok.url) end
+    sup.wait_child(sup.start_child(dir, "backlog-child",
+      child_env(class, key_path, { MG_CALLBACK_TIMEOUT_SECONDS = "4" }),
+      { "callback_dispatcher", "30", "once" }))
+    local rows = s:query([[
+      SELECT c.callback_url, c.status, c.attempts,
+             extract(epoch FROM c.delivered_at)::float8 AS delivered,
+             (SELECT extract(epoch FROM min(a.attempted_at))::float8
+                FROM movement_callback_attempts a WHERE a.outbox_id = c.id) AS first_attempt_done
+        FROM movement_callback_outbox c JOIN movement_requests r ON r.id = c.request_id
+       WHERE r.network_class = $1 ORDER BY c.id]], class)
+    assert.equals(n_hang + 6, #rows)
+    local last_ok, first_hang_done, tried = 0, math.huge, 0
+    for _, r in ipairs(rows) do
+      if r.callback_url == ok.url then
+        assert.equals("delivered", r.status)
+        last_ok = math.max(last_ok, r.delivered)
+      else
+        assert.equals("pending", r.status)
+        if r.attempts > 0 then
+          tried = tried + 1
+          first_hang_done = math.min(first_hang_done, r.first_attempt_done)
+        end
+      end
+    end
+    -- one batch went to the hanging receiver; the other lanes served the
+    -- healthy one, all of it before that batch's POSTs had timed out
+    assert.equals(dispatcher.BATCH, tried)
+    assert.is_true(last_ok < first_hang_done,
+      ("last healthy delivery %.3f, first hanging attempt recorded %.3f"):format(last_ok, first_hang_done))
+    assert.equals(6, #sup.received(ok))
+  end)
+
+  it("quotes receivers for the claim's skip list", function()
+    assert.equals("{}", dispatcher.text_array({}))
+    assert.equals([[{"http://a/x","http://b/\"q\"\\"}]],
+      dispatcher.text_array({ "http://a/x", [[http://b/"q"\]] }))
+    local back = s:query("SELECT ($1::text[])[2] AS v", dispatcher.text_array({ "a", [[b"\,{}]] }))[1].v
+    assert.equals([[b"\,{}]], back)
   end)
 
   it("counts a 2xx whose answer is larger than it reads as delivered", function()

@@ -702,7 +702,7 @@ function B.explain(label)
   local list = {
     { "dispatcher candidates", d.CANDIDATES_SQL, { "{}", B.CLASS } },
     { "observer snapshot", o.SNAPSHOT_SQL, { B.CLASS, 10 } },
-    { "callback claim", c.CLAIM_SQL, { B.CLASS, c.BATCH } },
+    { "callback claim", c.CLAIM_SQL, { B.CLASS, c.BATCH, "{}" } },
   }
   local out = {}
   local s = qtg.db.acquire()

@@ -43,6 +43,8 @@ M.SLOW_BATCH_SECONDS = 0.25 -- a batch still sending after this starts another l
 -- The oldest due row decides the receiver; the batch is up to $2 due rows
 -- of that receiver (the head included: its lock is this transaction's own),
 -- oldest first.  A NULL callback_url batches with NULLs (refused unsent).
+-- $3 (text[]) names receivers the head skips: those this pass is already
+-- sending to and has not seen answer within SLOW_BATCH_SECONDS (see tick).
 M.CLAIM_SQL = [[
 WITH head AS (
   SELECT c.callback_url
@@ -51,6 +53,7 @@ WITH head AS (
    WHERE c.status = 'pending'
      AND c.next_attempt_at <= now()
      AND r.network_class = $1
+     AND (c.callback_url IS NULL OR c.callback_url <> ALL ($3::text[]))
    ORDER BY c.created_at ASC, c.id ASC
    LIMIT 1
    FOR UPDATE OF c SKIP LOCKED
@@ -196,6 +199,14 @@ function M.lanes(pool)
   return math.max(1, math.min(M.MAX_LANES, math.floor(pool / 2)))
 end
 
+-- A PostgreSQL text[] literal of strings (every element quoted).
+local function text_array(list)
+  local parts = {}
+  for i, v in ipairs(list) do parts[i] = '"' .. (v:gsub('[\\"]', '\\%0')) .. '"' end
+  return "{" .. table.concat(parts, ",") .. "}"
+end
+M.text_array = text_array
+
 local function stopping()
   local rt = qtg.runtime
   return rt ~= nil and rt.stopping ~= nil and rt.stopping()
@@ -213,7 +224,10 @@ function M.tick(s)
   -- a lane claims no new row after this: a pass lasts at most about twice
   -- the timeout, so the worker's heartbeat stays fresh and a stop is quick
   local deadline = qtg.monotonic() + timeout * M.PASS_BUDGET
-  local pass = { rows = 0, err = nil, lanes = 1 }
+  -- lanes: lanes running now.  sending[url]: batches of that receiver in
+  -- flight; fast[url]: its last batch in this pass was sent within
+  -- SLOW_BATCH_SECONDS.
+  local pass = { rows = 0, err = nil, lanes = 1, sending = {}, fast = {} }
   local max_lanes = M.lanes()
   local tasks = {}
   local run
@@ -223,6 +237,11 @@ function M.tick(s)
   -- fast receivers and no backlog one lane does the work, at the spec's
   -- statements per batch.  A lane's look after a short batch is the plain
   -- probe, so the last look of each lane costs one statement.
+  -- A new lane skips the receivers already being sent to that have not
+  -- proven fast in this pass: a receiver that hangs holds one lane however
+  -- many of its rows are due (without this, its backlog filled every lane,
+  -- a full batch after another), while a fast one with a backlog gets more
+  -- lanes once its first batch has come back quickly.
   local function start_lane()
     if pass.closed or pass.lanes >= max_lanes or pass.err ~= nil then return end
     pass.lanes = pass.lanes + 1
@@ -230,17 +249,28 @@ function M.tick(s)
       local ls = qtg.db.acquire()
       run(ls, true)
       ls:release()
+      pass.lanes = pass.lanes - 1
     end)
+  end
+  local function skipped()
+    local list = {}
+    for url, n in pairs(pass.sending) do
+      if n > 0 and not pass.fast[url] then list[#list + 1] = url end
+    end
+    return text_array(list)
   end
   local function lane(ls, probe)
     while pass.err == nil and qtg.monotonic() < deadline and not stopping() do
       if probe and #ls:query(M.PROBE_SQL, class) == 0 then return end
       ls:begin()
-      local rows = ls:query(M.CLAIM_SQL, class, M.BATCH)
+      local rows = ls:query(M.CLAIM_SQL, class, M.BATCH, skipped())
       if #rows == 0 then
         ls:commit()
         return
       end
+      local url = type(rows[1].callback_url) == "string" and rows[1].callback_url or nil
+      if url then pass.sending[url] = (pass.sending[url] or 0) + 1 end
+      local started = qtg.monotonic()
       -- after a full batch (a backlog) the next claim comes straight away
       probe = #rows < M.BATCH
       local sent = false
@@ -254,6 +284,10 @@ function M.tick(s)
       end
       local ok, err = pcall(handle, ls, rows, timeout)
       sent = true
+      if url then
+        pass.sending[url] = pass.sending[url] - 1
+        pass.fast[url] = qtg.monotonic() - started < M.SLOW_BATCH_SECONDS or nil
+      end
       if not ok then error(err, 0) end
       ls:commit()
       pass.rows = pass.rows + #rows
