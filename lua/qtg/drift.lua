@@ -1,7 +1,7 @@
 -- qtg.drift: registry drift bookkeeping shared by verify_drift (on-chain
 -- values against drift_baselines) and ccip_drift (what the CCIP sidecar
--- reports): baselines, checks and findings (docs/conditional-workers.md
--- sections 8 and 9).
+-- reports): baselines, checks, findings and the guard of a pass
+-- (docs/conditional-workers.md sections 8 and 9).
 --
 -- A finding is open while a check sees a value other than the expected one
 -- and is resolved by the first later check that sees the expected value (or,
@@ -46,8 +46,7 @@ function M.set_baseline(s, t, actor)
   if t.kind == "code_hash" and #expected ~= 66 then
     error("drift.set_baseline: a code_hash baseline expects keccak256 (0x and 64 hex digits)", 0)
   end
-  s:begin()
-  local ok, row = pcall(function()
+  return s:transaction(function()
     local r = s:query([[
       INSERT INTO drift_baselines (network_class, chain_id, lane, name, kind, address, call_data, expected, created_by)
       VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
@@ -60,12 +59,6 @@ function M.set_baseline(s, t, actor)
       { chain_id = chain, lane = t.lane, name = t.name, kind = t.kind, address = address, expected = expected })
     return r
   end)
-  if not ok then
-    s:rollback()
-    error(row, 0)
-  end
-  s:commit()
-  return row
 end
 
 M.OPEN_SQL = [[
@@ -134,6 +127,19 @@ function M.recent(s, class, source, seconds)
   return s:query([[SELECT EXISTS (SELECT 1 FROM drift_checks WHERE network_class = $1 AND source = $2
                      AND finished_at > clock_timestamp() - make_interval(secs => $3)) AS r]],
     class, source, seconds)[1].r
+end
+
+-- pass(s, lock_sql, class, source, interval, fn) -> fn()'s count, or 0: one
+-- pass of a drift worker in its own transaction.  Several processes run one
+-- pass per interval between them: the pass is skipped (0) when another holds
+-- the transaction-scoped advisory try-lock (lock_sql, $1 = class, column
+-- `got`) or a check of this source finished less than half an interval ago.
+function M.pass(s, lock_sql, class, source, interval, fn)
+  return s:transaction(function()
+    if not s:query(lock_sql, class)[1].got then return 0 end
+    if M.recent(s, class, source, interval * 0.5) then return 0 end
+    return fn()
+  end)
 end
 
 -- findings(s[, status]) -> the latest 200 findings of this class (console).

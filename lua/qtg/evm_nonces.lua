@@ -47,23 +47,11 @@ function M.lock(s, chain_id, address)
   s:query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", M.lock_key(chain_id, address))
 end
 
--- with_tx(fn) -> fn(s)'s result, on a fresh session in its own committed
--- transaction (rolled back and re-raised on error).
+-- with_tx(fn) -> fn(s)'s first result, on a fresh session in its own
+-- committed transaction (rolled back and re-raised on error; the session is
+-- released either way).
 function M.with_tx(fn)
-  local s = qtg.db.acquire()
-  local ok, res = pcall(function()
-    s:begin()
-    local r = fn(s)
-    s:commit()
-    return r
-  end)
-  if not ok then
-    if s:in_transaction() then pcall(s.rollback, s) end
-    s:release()
-    error(res, 0)
-  end
-  s:release()
-  return res
+  return (qtg.db.with_session(function(s) return s:transaction(fn, s) end))
 end
 
 M.ROW_SQL = [[

@@ -19,6 +19,18 @@ function M.load_request(s, id, lock)
   return s:query(sql, id)[1]
 end
 
+-- request_of(row, ...) -> the request row inside a row a worker's claim
+-- returned (movement_requests.* plus node_id and request_id), without those
+-- two columns nor the other claim columns named in ..., so the worker need
+-- not read the request again.
+function M.request_of(row, ...)
+  local req = {}
+  for k, v in pairs(row) do req[k] = v end
+  req.node_id, req.request_id = nil, nil
+  for i = 1, select("#", ...) do req[select(i, ...)] = nil end
+  return req
+end
+
 -- All nodes of a request, sorted by node_key, and a by-key index.
 function M.load_nodes(s, request_id)
   local nodes = s:query(
@@ -179,9 +191,7 @@ end
 function M.write_request(s, request, fields, cb, audit)
   local sets, args = request_update_sql(request, fields, 2)
   if cb then
-    if not outbox.EVENTS[cb.event] then
-      error("outbox.enqueue_callback: unknown event type " .. tostring(cb.event), 2)
-    end
+    outbox.check_event(cb.event, 2)
     sets[#sets + 1] = "callback_sequence = callback_sequence + (callback_url IS NOT NULL)::int"
   end
   local parts = { "WITH u AS (UPDATE movement_requests SET ", table.concat(sets, ", "),

@@ -62,13 +62,20 @@ function M.max_attempts()
 end
 local max_attempts = M.max_attempts
 
+-- check_event(event_type[, level]): raise unless event_type is one of
+-- M.EVENTS (also for writers that fold the enqueue into their own statement,
+-- e.g. qtg.nodes.write_request).  level as for error(), from the caller.
+function M.check_event(event_type, level)
+  if not M.EVENTS[event_type] then
+    error("outbox.enqueue_callback: unknown event type " .. tostring(event_type), (level or 1) + 1)
+  end
+end
+
 -- enqueue_callback(s, request_row, event_type, data) -> outbox row or nil
 -- (nil when the request has no callback_url).  Call it inside the
 -- transaction that made the change, after the change.
 function M.enqueue_callback(s, request_row, event_type, data)
-  if not M.EVENTS[event_type] then
-    error("outbox.enqueue_callback: unknown event type " .. tostring(event_type), 2)
-  end
+  M.check_event(event_type, 2)
   local rows = s:query(ENQUEUE_SQL, request_row.id, event_type, canon.encode(data or {}),
     max_attempts())
   return rows[1]

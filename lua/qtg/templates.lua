@@ -500,17 +500,11 @@ end
 function M.load_dir(s, dir, hash)
   local compiled, errors = M.compile_dir(dir, hash)
   if not compiled then return nil, errors end
-  local results = {}
-  s:begin()
-  local ok, err = pcall(function()
+  return s:transaction(function()
+    local results = {}
     for _, c in ipairs(compiled) do results[#results + 1] = M.store(s, c) end
+    return results
   end)
-  if not ok then
-    s:rollback()
-    error(err, 0)
-  end
-  s:commit()
-  return results
 end
 
 -- --------------------------------------------------------------- intents

@@ -253,7 +253,7 @@ end
 function M.check_migrations(report, s)
   local migrate = require("qtg.cli.migrate")
   local dir = migrate.dir()
-  local ok, pending, changed = pcall(migrate.pending, s, dir)
+  local ok, pending, changed, newer = pcall(migrate.pending, s, dir)
   if not ok then
     add(report, "FAIL", "migrations", message_of(pending))
     return false
@@ -271,32 +271,15 @@ function M.check_migrations(report, s)
       .. " and put the change in a new migration"):format(plural(#changed, "file"), table.concat(changed, ", ")))
     good = false
   end
-  local applied = s:query("SELECT to_regclass('schema_migrations') IS NOT NULL AS ok")[1].ok
-    and s:query("SELECT version FROM schema_migrations ORDER BY version") or {}
-  local on_disk = {}
-  for _, name in ipairs(M.sql_files(dir)) do on_disk[name] = true end
-  local newer = {}
-  for _, r in ipairs(applied) do
-    if not on_disk[r.version] then newer[#newer + 1] = r.version end
-  end
   if #newer > 0 then
     add(report, "warn", "migrations", ("the database has %s this qtgd does not know (%s): a newer qtgd migrated it")
       :format(plural(#newer, "migration"), table.concat(newer, ", ")))
   end
   if good then
-    add(report, "ok", "migrations", ("%d applied, none pending (%s)"):format(#applied - #newer, dir))
+    -- none pending: every migration file here is applied
+    add(report, "ok", "migrations", ("%d applied, none pending (%s)"):format(#migrate.list_files(dir), dir))
   end
   return good
-end
-
-function M.sql_files(dir)
-  local out = {}
-  if not is_dir(dir) then return out end
-  for name in lfs().dir(dir) do
-    if name:match("^%d%d%d%d_[%w_%-]+%.sql$") then out[#out + 1] = name end
-  end
-  table.sort(out)
-  return out
 end
 
 -- ---- templates ----------------------------------------------------------------------

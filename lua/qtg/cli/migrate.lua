@@ -9,6 +9,8 @@ local M = {}
 
 local MIGRATION_LOCK = 7460281 -- any constant shared by every qtgd
 
+-- list_files(dir) -> the migration file names (NNNN_name.sql) in dir,
+-- sorted; raises when dir cannot be read.  `qtgd check` lists with it too.
 local function list_files(dir)
   local files = {}
   local ok, iter, state = pcall(lfs.dir, dir)
@@ -19,6 +21,7 @@ local function list_files(dir)
   table.sort(files)
   return files
 end
+M.list_files = list_files
 
 local function read_file(path)
   local f, err = io.open(path, "rb")
@@ -26,6 +29,16 @@ local function read_file(path)
   local body = f:read("*a")
   f:close()
   return body
+end
+
+-- applied_versions(s) -> {version = checksum}, the versions in order.
+local function applied_versions(s)
+  local done, versions = {}, {}
+  for _, row in ipairs(s:query("SELECT version, checksum FROM schema_migrations ORDER BY version")) do
+    done[row.version] = row.checksum
+    versions[#versions + 1] = row.version
+  end
+  return done, versions
 end
 
 -- Returns applied, skipped counts; raises a message on refusal or failure.
@@ -36,10 +49,7 @@ function M.apply(s, dir, log)
     applied_at timestamptz NOT NULL DEFAULT now())]])
   s:query("SELECT pg_advisory_lock($1)", MIGRATION_LOCK)
   local ok, applied, skipped = pcall(function()
-    local done = {}
-    for _, row in ipairs(s:query("SELECT version, checksum FROM schema_migrations")) do
-      done[row.version] = row.checksum
-    end
+    local done = applied_versions(s)
     local napplied, nskipped = 0, 0
     for _, name in ipairs(list_files(dir)) do
       local body = read_file(dir .. "/" .. name)
@@ -52,14 +62,12 @@ function M.apply(s, dir, log)
         end
         nskipped = nskipped + 1
       else
-        s:begin()
-        local ran, err = pcall(s.exec, s, body)
-        if not ran then
-          s:rollback()
-          error(("migration %s failed: %s"):format(name, tostring(err)), 0)
-        end
-        s:query("INSERT INTO schema_migrations (version, checksum) VALUES ($1, $2)", name, sum)
-        s:commit()
+        s:transaction(function()
+          -- the file's own error is reported with its name (the INSERT's as it is)
+          local ran, err = pcall(s.exec, s, body)
+          if not ran then error(("migration %s failed: %s"):format(name, tostring(err)), 0) end
+          s:query("INSERT INTO schema_migrations (version, checksum) VALUES ($1, $2)", name, sum)
+        end)
         log("applied " .. name)
         napplied = napplied + 1
       end
@@ -71,17 +79,17 @@ function M.apply(s, dir, log)
   return applied, skipped
 end
 
--- Migrations present on disk but not applied (for `qtgd check`).
+-- pending(s, dir) -> pending, changed, unknown (for `qtgd check`): the
+-- files on disk not applied, the applied files edited since, and the
+-- applied versions with no file here (a newer qtgd migrated the database),
+-- in version order.  A database without schema_migrations has applied none.
 function M.pending(s, dir)
-  local done = {}
   local exists = s:query("SELECT to_regclass('schema_migrations') IS NOT NULL AS ok")[1].ok
-  if exists then
-    for _, row in ipairs(s:query("SELECT version, checksum FROM schema_migrations")) do
-      done[row.version] = row.checksum
-    end
-  end
-  local pending, changed = {}, {}
+  local done, versions = {}, {}
+  if exists then done, versions = applied_versions(s) end
+  local pending, changed, on_disk = {}, {}, {}
   for _, name in ipairs(list_files(dir)) do
+    on_disk[name] = true
     if not done[name] then
       pending[#pending + 1] = name
     else
@@ -89,7 +97,11 @@ function M.pending(s, dir)
       if sum ~= done[name] then changed[#changed + 1] = name end
     end
   end
-  return pending, changed
+  local unknown = {}
+  for _, v in ipairs(versions) do
+    if not on_disk[v] then unknown[#unknown + 1] = v end
+  end
+  return pending, changed, unknown
 end
 
 function M.dir()

@@ -107,16 +107,10 @@ end
 -- that commits only after the change was made.
 local function audited_runtime(actor, action, name, detail, change)
   return with_session(function(s)
-    s:begin()
-    local ok, e = pcall(function()
+    s:transaction(function()
       require("qtg.outbox").audit(s, actor, action, "worker", name, nil, detail or {})
       change()
     end)
-    if not ok then
-      s:rollback()
-      error(e, 0)
-    end
-    s:commit()
   end)
 end
 

@@ -53,22 +53,16 @@ ON CONFLICT (network_class, venue_key, asset, granularity, bucket_start) DO UPDA
 
 function M.tick(s)
   local settings = qtg.settings
-  local changed = 0
-  s:begin()
-  local ok, err = pcall(function()
-    if not s:query(M.LOCK_SQL, settings.network_class)[1].got then return end
+  return s:transaction(function()
+    if not s:query(M.LOCK_SQL, settings.network_class)[1].got then return 0 end
+    local changed = 0
     for _, g in ipairs(M.GRANULARITIES) do
       local _, n = s:query(M.ROLLUP_SQL, settings.network_class, g.name, g.lookback_seconds,
         settings.balance_snapshot_retention_seconds)
       changed = changed + (n or 0)
     end
+    return changed
   end)
-  if not ok then
-    s:rollback()
-    error(err, 0)
-  end
-  s:commit()
-  return changed
 end
 
 return M

@@ -38,19 +38,12 @@ WITH picked AS MATERIALIZED (
 DELETE FROM balance_snapshots b USING picked p WHERE b.id = p.id]]
 
 local function one_venue(s, fetcher, settings)
-  s:begin()
-  local ok, n = pcall(function()
+  return s:transaction(function()
     if not s:query(M.LOCK_SQL, settings.network_class, fetcher.venue_key)[1].got then return 0 end
     local gap = settings.balance_snapshot_interval_seconds * 0.5
     if s:query(M.RECENT_SQL, settings.network_class, fetcher.venue_key, gap)[1].recent then return 0 end
     return balances.snapshot(s, fetcher, "worker", heartbeats.process_id())
   end)
-  if not ok then
-    s:rollback()
-    error(n, 0)
-  end
-  s:commit()
-  return n
 end
 
 function M.tick(s)

@@ -67,10 +67,7 @@ function M.tick(s)
   local settings = qtg.settings
   local class = settings.network_class
   local started = qtg.now()
-  s:begin()
-  local ok, n = pcall(function()
-    if not s:query(M.LOCK_SQL, class)[1].got then return 0 end
-    if drift.recent(s, class, "ccip", settings.ccip_drift_poll_interval_seconds * 0.5) then return 0 end
+  return drift.pass(s, M.LOCK_SQL, class, "ccip", settings.ccip_drift_poll_interval_seconds, function()
     local findings, lanes = M.poll(settings)
     if not findings then
       drift.check(s, { class = class, source = "ccip", scope = "sidecar", ok = false, errors = { lanes },
@@ -88,12 +85,6 @@ function M.tick(s)
       drifted = #findings, started_at = started })
     return #findings
   end)
-  if not ok then
-    s:rollback()
-    error(n, 0)
-  end
-  s:commit()
-  return n
 end
 
 return M

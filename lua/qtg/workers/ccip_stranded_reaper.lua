@@ -68,8 +68,7 @@ end
 -- resolve(s, intent_id, actor, note): an operator settled a stranded intent.
 function M.resolve(s, intent_id, actor, note)
   if type(actor) ~= "string" or actor == "" then error("ccip_stranded_reaper.resolve: actor is required", 2) end
-  s:begin()
-  local ok, err = pcall(function()
+  s:transaction(function()
     local row = s:query([[UPDATE ccip_send_intent SET status = 'resolved', resolved_by = $2,
                             updated_at = clock_timestamp()
                            WHERE id = $1::uuid AND status = 'stranded' RETURNING *]], intent_id, actor)[1]
@@ -77,11 +76,6 @@ function M.resolve(s, intent_id, actor, note)
     outbox.audit(s, actor, "ccip_intent.resolve", "ccip_send_intent", row.id, present(row.request_id),
       { note = note })
   end)
-  if not ok then
-    s:rollback()
-    error(err, 0)
-  end
-  s:commit()
 end
 
 return M

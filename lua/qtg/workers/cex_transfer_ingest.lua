@@ -119,18 +119,11 @@ function M.tick(s)
   local changed = 0
   for _, venue in ipairs(venues.parse_csv(settings.cex_transfer_ingest_venues_csv)) do
     s:query(M.ENSURE_SQL, class, venue)
-    s:begin()
-    local ok, n = pcall(function()
+    changed = changed + s:transaction(function()
       local cur = s:query(M.LOCK_SQL, class, venue)[1]
       if not cur then return 0 end -- another process is on it
       return ingest(s, class, venue, cur, settings)
     end)
-    if not ok then
-      s:rollback()
-      error(n, 0)
-    end
-    s:commit()
-    changed = changed + n
   end
   return changed
 end

@@ -106,8 +106,7 @@ end
 -- 'surfaced', the operators' notification and callback; one transaction.
 local function settle(s, row, owner, to, t)
   t = t or {}
-  s:begin()
-  local ok, err = pcall(function()
+  s:transaction(function()
     local hit = s:query(M.SETTLE_SQL, row.id, row.status, to, t.reason, t.block,
       t.rebroadcasts or row.rebroadcasts, t.error and clip(t.error) or qtg.db.NULL, owner)[1]
     if not hit then return end
@@ -125,11 +124,6 @@ local function settle(s, row, owner, to, t)
         tostring(row.id), request_id, detail)
     end
   end)
-  if not ok then
-    s:rollback()
-    error(err, 0)
-  end
-  s:commit()
   local log = to == "surfaced" and qtg.log.warn or qtg.log.info
   log("nonce reservation " .. to, log_fields(row, { from = row.status, reason = t.reason }))
 end
@@ -226,15 +220,8 @@ end
 
 local function claim(s, settings, chains, owner)
   local lease = M.BATCH * 5 * settings.evm_rpc_timeout_seconds + 30
-  s:begin()
-  local ok, rows = pcall(s.query, s, M.CLAIM_SQL, settings.evm_nonce_reaper_age_seconds,
-    "{" .. table.concat(chains, ",") .. "}", M.BATCH, lease, owner)
-  if not ok then
-    s:rollback()
-    error(rows, 0)
-  end
-  s:commit()
-  return rows
+  return (s:transaction(s.query, s, M.CLAIM_SQL, settings.evm_nonce_reaper_age_seconds,
+    "{" .. table.concat(chains, ",") .. "}", M.BATCH, lease, owner))
 end
 
 function M.tick(s)

@@ -170,20 +170,10 @@ local function pipeline(s, g, node, progress)
   return outcome
 end
 
--- The request row inside a claimed row (CLAIM_SQL), without the claim's
--- own columns.
-local function request_of(row)
-  local req = {}
-  for k, v in pairs(row) do req[k] = v end
-  req.node_id, req.request_id = nil, nil
-  return req
-end
-M.request_of = request_of
-
 -- dispatch(s, node_id, request_id[, claimed]): the claimed node, locks held;
 -- `claimed` is the row CLAIM_SQL returned (else the request is read again).
 function M.dispatch(s, node_id, request_id, claimed)
-  local req = claimed and request_of(claimed) or nodes_db.load_request(s, request_id)
+  local req = claimed and nodes_db.request_of(claimed) or nodes_db.load_request(s, request_id)
   local g = nodes_db.load_all(s, req)
   local node
   for _, n in ipairs(g.nodes) do if n.id == node_id then node = n end end

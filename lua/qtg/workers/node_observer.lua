@@ -96,9 +96,7 @@ end
 -- observe_claimed(s, row): the node and request are locked.
 function M.observe_claimed(s, row)
   -- the claim returned the request row (CLAIM_SQL): no second read
-  local req = {}
-  for k, v in pairs(row) do req[k] = v end
-  req.node_id, req.request_id, req.timeout_policy, req.age_seconds = nil, nil, nil, nil
+  local req = nodes_db.request_of(row, "timeout_policy", "age_seconds")
   local g = nodes_db.load_all(s, req)
   local node
   for _, n in ipairs(g.nodes) do if n.id == row.node_id then node = n end end

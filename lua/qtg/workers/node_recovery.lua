@@ -115,8 +115,7 @@ function M.tick(s)
   local total = 0
   for i, lane in ipairs(M.LANES) do
     local patterns, match = lane_filter(i)
-    s:begin()
-    local ok, err = pcall(function()
+    s:transaction(function()
       local rows = s:query(M.ARM_SQL, qtg.settings.network_class, lane.grace_seconds,
         canon.encode(patterns), size, match)
       for _, row in ipairs(rows) do
@@ -124,11 +123,6 @@ function M.tick(s)
         total = total + 1
       end
     end)
-    if not ok then
-      s:rollback()
-      error(err, 0)
-    end
-    s:commit()
   end
   return total
 end

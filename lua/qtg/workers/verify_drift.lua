@@ -124,10 +124,7 @@ function M.tick(s)
   local settings = qtg.settings
   local class = settings.network_class
   local started = qtg.now()
-  s:begin()
-  local ok, n = pcall(function()
-    if not s:query(M.LOCK_SQL, class)[1].got then return 0 end
-    if drift.recent(s, class, "verify", settings.verify_drift_interval_seconds * 0.5) then return 0 end
+  return drift.pass(s, M.LOCK_SQL, class, "verify", settings.verify_drift_interval_seconds, function()
     local baselines = s:query(M.BASELINES_SQL, class)
     if #baselines == 0 then return 0 end
     local eps, why = evm_rpc.endpoints(settings.evm_rpc_urls or "")
@@ -167,12 +164,6 @@ function M.tick(s)
     record(s, class, list, results, started)
     return #list
   end)
-  if not ok then
-    s:rollback()
-    error(n, 0)
-  end
-  s:commit()
-  return n
 end
 
 return M
