@@ -1,17 +1,17 @@
--- Helpers of the engine specs (spec/lua/engine_*_spec.lua).  Loaded with
--- dofile from inside a spec's blocks, never at load time.
+-- Helpers of the engine specs (spec/lua/engine_*_spec.lua): templates,
+-- requests and ticks of the core workers in this process.  Required from
+-- inside a spec's blocks, never at load time.  What every support module
+-- does alike is in spec/lua/common_support.lua.
 local qtg = require "qtg"
-local canon = require "qtg.canon_json"
 local templates = require "qtg.templates"
 local requests = require "qtg.requests"
+local common = require "spec.lua.common_support"
 
 local M = {}
 
 M.ACTOR = "console:spec"
 
-function M.uid(prefix)
-  return (prefix or "k") .. "-" .. qtg.crypto.hex(qtg.crypto.random_bytes(8))
-end
+function M.uid(prefix) return common.uid(prefix or "k", 8) end
 
 -- Move every request of this process's network class out of the way, so a
 -- spec's ticks only see the requests it made.
@@ -85,15 +85,7 @@ function M.request(s, id)
 end
 
 -- One tick of a worker module on a fresh session, as the runtime runs it.
-function M.tick(name)
-  local w = require("qtg.workers." .. name)
-  local s = qtg.db.acquire()
-  local ok, n = pcall(w.tick, s)
-  if s:in_transaction() then s:rollback() end
-  s:release()
-  if not ok then error(n, 0) end
-  return n
-end
+M.tick = common.tick
 
 -- Tick the core workers until done(s) is true or `seconds` pass.
 function M.drive(s, done, seconds, workers)
@@ -124,14 +116,7 @@ function M.audit(s, request_id)
 end
 
 -- The path of the running qtgd binary (for child processes).
-function M.qtgd_bin()
-  local env = os.getenv("QTG_BIN")
-  if env and env ~= "" then return env end
-  local p = io.popen("readlink -f /proc/$PPID/exe")
-  local path = p:read("*l")
-  p:close()
-  return path
-end
+M.qtgd_bin = common.bin
 
 -- The repository root (where lua/, spec/ and templates/ are).
 function M.repo_root()
@@ -144,8 +129,6 @@ function M.repo_root()
   return cwd
 end
 
-function M.shell_quote(s)
-  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
-end
+M.shell_quote = common.quote
 
 return M

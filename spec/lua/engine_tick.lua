@@ -3,10 +3,9 @@
 -- specs use it to run a worker under other MG_* settings).  Prints the total.
 local name, n = ...
 local here = debug.getinfo(1, "S").source:match("^@(.*)$") or ""
-local repo = here:match("^(.*)/spec/lua/[^/]*$") or "."
-package.path = repo .. "/?.lua;" .. package.path
-local sup = require("spec.lua.engine_support")
+package.path = (here:match("^(.*)/spec/lua/[^/]*$") or ".") .. "/?.lua;" .. package.path
+local common = require("spec.lua.common_support")
 local total = 0
-for _ = 1, tonumber(n) or 1 do total = total + sup.tick(name) end
+for _ = 1, tonumber(n) or 1 do total = total + common.tick(name) end
 io.stdout:write(tostring(total), "\n")
 return 0

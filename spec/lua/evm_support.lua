@@ -2,53 +2,31 @@
 -- (spec/lua/evm_*_spec.lua): a real anvil chain (the binary tools/anvil
 -- installs from npm), JSON-RPC from the spec, 0600 key files, `qtgd run`
 -- processes (spec/lua/host_support.lua) and requests in their network class.
--- Loaded with require from inside a spec's blocks, never at load time.
+-- Loaded with require from inside a spec's blocks, never at load time.  What
+-- every support module does alike is in spec/lua/common_support.lua.
 local qtg = require "qtg"
 local cjson = require "cjson"
+local common = require "spec.lua.common_support"
 local host = require "spec.lua.host_support"
 local engine = require "spec.lua.engine_support"
 local evm_tx = require "qtg.evm_tx"
 
 local M = {}
 
-local q = host.sh_quote
+local q = common.quote
 M.host, M.engine = host, engine
-
--- The dev accounts of anvil's default mnemonic ("test test ... junk"); their
--- keys are public (dev only).
-M.DEV = {
-  { address = "0xf39fd6e51aad88f6f4ce6ab8827279cfffb92266",
-    key = "ac0974bec39a17e36ba4a6b4d238ff944bacb478cbed5efcae784d7bf4f2ff80" },
-  { address = "0x70997970c51812dc3a010c7d01b50e0d17dc79c8",
-    key = "59c6995e998f97a5a0044966f0945389dc9e86dae88c7a8412f4603b6b78690d" },
-  { address = "0x3c44cdddb6a900fa2b585dd299e03d12fa4293bc",
-    key = "5de4111afa1a4b94908f83103eb1f1706367c2e68ca870fc3fb9a804cdab365a" },
-  { address = "0x90f79bf6eb2c4f870365e785982e1f101e93b906",
-    key = "7c852118294e51e653712a81e05800f419141751be58f605c371e15141b007a6" },
-  { address = "0x15d34aaf54267db7d7c367839aaf71a00a2c6a65",
-    key = "47e179ec197488593b187f80a00eb0da91f1b9d0b13f8733639f19c30a34926a" },
-  { address = "0x9965507d1a55bcc2695c58ba16fb37d819b0a4dc",
-    key = "8b3a350cf5c34c9194ca85829a2df0ec3153be0318b5e2d3348e872092edffba" },
-}
+M.DEV, M.rpc, M.read = common.DEV, common.rpc, common.read
 
 local anvils, servers, dirs = {}, {}, {}
 
-local function tmpdir()
-  local d = host.tmpdir()
-  dirs[#dirs + 1] = d
-  return d
-end
+local function tmpdir() return common.tmpdir("qtg-spec", dirs) end
 M.tmpdir = tmpdir
 
 function M.root() return engine.repo_root() end
 
-function M.read(path) return host.read(path) end
-
 -- wait_for(fn, seconds, what) -> fn's value; raises naming `what` on timeout.
 function M.wait_for(fn, seconds, what)
-  local v = host.eventually(fn, seconds or 30, 0.1)
-  if not v then error("timed out waiting for " .. tostring(what), 2) end
-  return v
+  return common.wait_for(fn, seconds or 30, what, 0.1)
 end
 
 -- ---- anvil -------------------------------------------------------------------
@@ -94,20 +72,6 @@ function M.stop_anvil(a)
   a.pid = nil
 end
 
--- rpc(url, method, params) -> result; raises on any error.
-function M.rpc(url, method, params)
-  local parts = {}
-  for i, v in ipairs(params or {}) do parts[i] = cjson.encode(v) end
-  local body = string.format('{"jsonrpc":"2.0","id":1,"method":"%s","params":[%s]}', method,
-    table.concat(parts, ","))
-  local resp, err = qtg.http.request{ method = "POST", url = url, body = body, timeout = 10,
-    headers = { ["Content-Type"] = "application/json" } }
-  if not resp then error("rpc " .. method .. ": " .. tostring(err), 2) end
-  local doc = cjson.decode(resp.body)
-  if doc.error then error("rpc " .. method .. ": " .. cjson.encode(doc.error), 2) end
-  return doc.result
-end
-
 function M.balance(url, address)
   return evm_tx.hex_to_dec(M.rpc(url, "eth_getBalance", { address, "latest" }))
 end
@@ -145,17 +109,11 @@ end
 -- answers every POST with 200 {"ok":true}, which is no JSON-RPC response.
 function M.start_garbage_server()
   local dir = tmpdir()
-  local portfile = dir .. "/port"
-  local cmd = ("%s --mode ok --record %s --port-file %s </dev/null >%s 2>&1 & echo $!"):format(
-    q(M.root() .. "/tools/fake-receiver"), q(dir .. "/rec.jsonl"), q(portfile), q(dir .. "/log"))
-  local p = io.popen(cmd)
-  local pid = tonumber(p:read("*l"))
-  p:close()
-  local port = M.wait_for(function()
-    local t = host.read(portfile)
-    return t and tonumber(t:match("^(%d+)"))
-  end, 20, "fake-receiver to listen")
+  local portfile, log = dir .. "/port", dir .. "/log"
+  local pid = common.background(("%s --mode ok --record %s --port-file %s"):format(
+    q(M.root() .. "/tools/fake-receiver"), q(dir .. "/rec.jsonl"), q(portfile)), log)
   servers[#servers + 1] = pid
+  local port = common.wait_port_file(portfile, 20, "fake-receiver", log)
   return "http://127.0.0.1:" .. port
 end
 
@@ -203,16 +161,11 @@ while True:
 function M.start_forwarder(target_port, port)
   local dir = tmpdir()
   host.write(dir .. "/fwd.py", FORWARDER)
-  local portfile = dir .. "/port"
-  local p = io.popen(("python3 %s %d %d %s </dev/null >%s 2>&1 & echo $!"):format(q(dir .. "/fwd.py"),
-    port or 0, target_port, q(portfile), q(dir .. "/log")))
-  local pid = tonumber(p:read("*l"))
-  p:close()
+  local portfile, log = dir .. "/port", dir .. "/log"
+  local pid = common.background(("python3 %s %d %d %s"):format(q(dir .. "/fwd.py"),
+    port or 0, target_port, q(portfile)), log)
   servers[#servers + 1] = pid
-  local got = M.wait_for(function()
-    local t = host.read(portfile)
-    return t and tonumber(t:match("^(%d+)"))
-  end, 20, "the forwarder to listen (log " .. dir .. "/log)")
+  local got = common.wait_port_file(portfile, 20, "the forwarder", log)
   return { port = got, pid = pid, url = "http://127.0.0.1:" .. got }
 end
 
@@ -257,15 +210,13 @@ function M.stop_all()
   host.stop_all()
   for _, a in ipairs(anvils) do M.stop_anvil(a) end
   anvils = {}
-  for _, pid in ipairs(servers) do os.execute("kill " .. pid .. " 2>/dev/null") end
-  servers = {}
+  common.kill_pids(servers)
 end
 
 -- remove the spec's temporary directories (anvil logs, run dirs); qtgd logs
 -- live in host_support's own directories.
 function M.cleanup()
-  for _, d in ipairs(dirs) do os.execute("rm -rf " .. q(d)) end
-  dirs = {}
+  common.remove_dirs(dirs)
 end
 
 -- ---- requests -------------------------------------------------------------------------

@@ -1,7 +1,9 @@
 -- spec/lua/host_support.lua -- helpers for specs that start qtgd processes:
 -- temp dirs, files, background processes with their exit codes, and
--- bounded waiting on a condition (polling, never a fixed sleep).
+-- bounded waiting on a condition (polling, never a fixed sleep).  What
+-- every support module does alike is in spec/lua/common_support.lua.
 local qtg = require("qtg")
+local common = require("spec.lua.common_support")
 
 local M = {}
 
@@ -12,38 +14,23 @@ M.started = {}
 M.bin = os.getenv("QTG_BIN") or (qtg.root .. "/build/qtgd")
 M.root = qtg.root
 
-local function sh_quote(s)
-  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
-end
+local sh_quote = common.quote
 M.sh_quote = sh_quote
 
-function M.tmpdir()
-  local p = io.popen("mktemp -d /tmp/qtg-spec.XXXXXX")
-  local dir = p:read("*l")
-  p:close()
-  return dir
-end
+-- A fresh temporary directory (the caller removes it).
+function M.tmpdir() return common.tmpdir("qtg-spec") end
 
+-- write(path, text): creates the parent directories.
 function M.write(path, text)
   os.execute("mkdir -p " .. sh_quote(path:match("^(.*)/[^/]*$")))
-  local f = assert(io.open(path, "w"))
-  f:write(text)
-  f:close()
+  common.write(path, text)
 end
 
-function M.read(path)
-  local f = io.open(path, "r")
-  if not f then return nil end
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+M.read = common.read
 
 -- Run a command to completion; returns exit code, stdout+stderr.
 function M.run(env, args)
-  local parts = {}
-  for k, v in pairs(env or {}) do parts[#parts + 1] = k .. "=" .. sh_quote(v) end
-  local cmd = table.concat(parts, " ") .. " " .. table.concat(args, " ") .. " 2>&1; echo \"__rc=$?\""
+  local cmd = common.env_words(env) .. " " .. table.concat(args, " ") .. " 2>&1; echo \"__rc=$?\""
   local p = io.popen("env " .. cmd)
   local out = p:read("*a")
   p:close()
@@ -55,41 +42,20 @@ end
 function M.start(env, args)
   local dir = M.tmpdir()
   local h = {dir = dir, log = dir .. "/log", rcfile = dir .. "/rc"}
-  local parts = {}
-  for k, v in pairs(env or {}) do parts[#parts + 1] = k .. "=" .. sh_quote(v) end
-  local cmd = ("(env %s %s %s >%s 2>&1; echo $? >%s) </dev/null >/dev/null 2>&1 & echo $!"):format(
-    table.concat(parts, " "), sh_quote(M.bin), table.concat(args or {"run"}, " "),
-    sh_quote(h.log), sh_quote(h.rcfile))
-  local p = io.popen("sh -c " .. sh_quote(cmd))
-  local subshell = tonumber(p:read("*l"))
-  p:close()
-  h.subshell = subshell
   M.started[#M.started + 1] = h
-  -- the qtgd process is the subshell's child
-  for _ = 1, 50 do
-    local q = io.popen("pgrep -P " .. subshell .. " -f qtgd")
-    h.pid = tonumber(q:read("*l") or "")
-    q:close()
-    if h.pid then break end
-    qtg.sleep(0.05)
-  end
-  return h
+  return common.start_qtgd(h, env or {}, args or {"run"}, M.bin, 2.5)
 end
 
+-- Signal the process; without a known pid, nothing (never `kill -1`,
+-- which would signal every process of this user).
 function M.signal(h, sig)
-  os.execute(("kill -%s %d 2>/dev/null"):format(sig, h.pid or -1))
+  local pid = tonumber(h.pid)
+  if not pid or pid <= 1 then return end
+  os.execute(("kill -%s %d 2>/dev/null"):format(sig, pid))
 end
 
 -- Wait (polling) until the process exits; returns its exit code or nil.
-function M.wait_exit(h, timeout)
-  local deadline = qtg.monotonic() + (timeout or 30)
-  while qtg.monotonic() < deadline do
-    local rc = M.read(h.rcfile)
-    if rc and rc:match("%d") then return tonumber(rc:match("%d+")) end
-    qtg.sleep(0.05)
-  end
-  return nil
-end
+M.wait_exit = common.exit_code
 
 function M.stop(h, timeout)
   M.signal(h, "TERM")
@@ -107,37 +73,14 @@ function M.stop_all()
   M.started = {}
 end
 
--- Poll fn() until it returns a truthy value or the timeout passes.
-function M.eventually(fn, timeout, step)
-  local deadline = qtg.monotonic() + (timeout or 20)
-  repeat
-    local v = fn()
-    if v then return v end
-    qtg.sleep(step or 0.05)
-  until qtg.monotonic() > deadline
-  return nil
-end
+-- Poll fn() until it returns a truthy value or the timeout passes (nil then).
+M.eventually = common.poll
 
 function M.with_session(fn)
   return qtg.db.with_session(fn)
 end
 
-function M.query(sql, ...)
-  local s = qtg.db.acquire()
-  local ok, rows, n = pcall(s.query, s, sql, ...)
-  s:release()
-  if not ok then error(rows, 2) end
-  return rows, n
-end
-
-function M.base_env(extra)
-  local env = {
-    MG_DATABASE_URL = os.getenv("MG_DATABASE_URL"),
-    MG_CONSOLE_ENABLED = "false",
-    MG_LOG_LEVEL = "info",
-  }
-  for k, v in pairs(extra or {}) do env[k] = v end
-  return env
-end
+M.query = common.query
+M.base_env = common.base_env
 
 return M

@@ -11,12 +11,14 @@
 --   audit  until audit_outbox is empty
 -- The process's settings (network class, callback key, signer keys, timeout)
 -- come from its environment, which the spec sets.
-local qtg = require "qtg"
-local canon = require "qtg.canon_json"
-
 local worker, seconds, mode, out = ...
 seconds = tonumber(seconds)
 assert(worker and seconds and mode and out, "usage: sidecar_child.lua WORKER SECONDS MODE RESULT_FILE")
+
+local here = debug.getinfo(1, "S").source:match("^@(.*)$") or ""
+package.path = (here:match("^(.*)/spec/lua/[^/]*$") or ".") .. "/?.lua;" .. package.path
+local qtg = require "qtg"
+local common = require "spec.lua.common_support"
 
 local PENDING_SQL = [[
 SELECT count(*)::int AS n FROM movement_callback_outbox c
@@ -28,34 +30,18 @@ UPDATE movement_callback_outbox c SET next_attempt_at = now()
  WHERE r.id = c.request_id AND r.network_class = $1 AND c.status = 'pending'
    AND c.next_attempt_at > now()]]
 
-local function tick(w)
-  local s = qtg.db.acquire()
-  local ok, n = pcall(w.tick, s)
-  if s:in_transaction() then s:rollback() end
-  s:release()
-  if not ok then error(n, 0) end
-  return n
-end
-
-local function query(sql, ...)
-  local s = qtg.db.acquire()
-  local rows = s:query(sql, ...)
-  s:release()
-  return rows
-end
-
 local function run()
-  local w = require("qtg.workers." .. worker)
+  require("qtg.workers." .. worker)
   local class = qtg.settings.network_class
   local deadline = qtg.monotonic() + seconds
   local ticks, items = 0, 0
   repeat
-    local n = tick(w)
+    local n = common.tick(worker)
     ticks, items = ticks + 1, items + n
     if mode == "once" then break end
-    if mode == "ff" then query(FAST_FORWARD_SQL, class) end
-    local left = mode == "audit" and query("SELECT count(*)::int AS n FROM audit_outbox")[1].n
-      or query(PENDING_SQL, class)[1].n
+    if mode == "ff" then common.query(FAST_FORWARD_SQL, class) end
+    local left = mode == "audit" and common.query("SELECT count(*)::int AS n FROM audit_outbox")[1].n
+      or common.query(PENDING_SQL, class)[1].n
     if left == 0 then break end
     if n == 0 then qtg.sleep(0.05) end
   until qtg.monotonic() > deadline
@@ -63,11 +49,4 @@ local function run()
            process_id = require("qtg.heartbeats").process_id() }
 end
 
-local ok, res = pcall(run)
-if not ok then res = { ok = false, error = tostring(res) } end
-local tmp = out .. ".tmp"
-local f = assert(io.open(tmp, "w"))
-f:write(canon.encode(res))
-f:close()
-assert(os.rename(tmp, out))
-return ok and 0 or 1
+return common.child_main(run, out)

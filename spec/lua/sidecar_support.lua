@@ -2,73 +2,30 @@
 -- real receivers (tools/fake-receiver, python3) and real child qtgd
 -- processes (spec/lua/sidecar_child.lua) started in the background, waited
 -- for by polling files with qtg.sleep so the host's loop never blocks on
--- them.  Required from inside a spec's blocks, never at load time.
+-- them.  Required from inside a spec's blocks, never at load time.  What
+-- every support module does alike is in spec/lua/common_support.lua.
 local qtg = require "qtg"
 local cjson = require "cjson"
+local common = require "spec.lua.common_support"
 
 local M = {}
 
-local function q(s)
-  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
-end
+local q = common.quote
 M.q = q
+M.root, M.qtgd_bin = common.root, common.bin
+M.write_file, M.read_file = common.write, common.read
 
-function M.root()
-  local r = os.getenv("QTG_ROOT")
-  if r and r ~= "" then return r end
-  return qtg.root
-end
-
-function M.qtgd_bin()
-  local env = os.getenv("QTG_BIN")
-  if env and env ~= "" then return env end
-  local p = io.popen("readlink -f /proc/$PPID/exe")
-  local path = p:read("*l")
-  p:close()
-  return path
-end
-
-function M.uid(prefix)
-  return (prefix or "x") .. "-" .. qtg.crypto.hex(qtg.crypto.random_bytes(6))
-end
+function M.uid(prefix) return common.uid(prefix or "x", 6) end
 
 -- A fresh temporary directory (removed by M.cleanup).
 local dirs = {}
-function M.tmpdir()
-  local p = io.popen("mktemp -d /tmp/qtg-sidecar-spec.XXXXXX")
-  local d = p:read("*l")
-  p:close()
-  dirs[#dirs + 1] = d
-  return d
-end
-
-function M.write_file(path, data, mode)
-  local f = assert(io.open(path, "wb"))
-  f:write(data)
-  f:close()
-  if mode then assert(os.execute("chmod " .. mode .. " " .. q(path)) == 0) end
-end
-
-function M.read_file(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local d = f:read("*a")
-  f:close()
-  return d
-end
+function M.tmpdir() return common.tmpdir("qtg-sidecar-spec", dirs) end
 
 -- Poll until fn() returns a truthy value or `seconds` pass.
-function M.wait_for(fn, seconds, what)
-  local deadline = qtg.monotonic() + seconds
-  while true do
-    local v = fn()
-    if v then return v end
-    if qtg.monotonic() > deadline then
-      error("timed out after " .. seconds .. " s waiting for " .. (what or "a condition"), 2)
-    end
-    qtg.sleep(0.05)
-  end
-end
+M.wait_for = common.wait_for
+
+-- One tick of a worker on a fresh session, as the runtime runs it.
+M.tick = common.tick
 
 local pids = {}
 
@@ -83,12 +40,12 @@ function M.start_receiver(dir, name, opts)
     cmd[#cmd + 1] = "--key-file " .. q(id .. "=" .. path)
   end
   if opts.args then cmd[#cmd + 1] = opts.args end
-  local line = table.concat(cmd, " ") .. " >" .. q(dir .. "/" .. name .. ".log") .. " 2>&1 &"
+  local log = dir .. "/" .. name .. ".log"
+  local line = table.concat(cmd, " ") .. " >" .. q(log) .. " 2>&1 &"
   assert(os.execute(line) == 0, "cannot start " .. line)
-  local text = M.wait_for(function() return M.read_file(portfile) end, 30, "receiver " .. name)
-  local port, pid = text:match("^(%d+) (%d+)")
+  local port, pid = common.wait_port_file(portfile, 30, "receiver " .. name, log)
   pids[#pids + 1] = pid
-  return { port = tonumber(port), pid = pid, record = record,
+  return { port = port, pid = pid, record = record,
            url = "http://127.0.0.1:" .. port .. "/callbacks/" .. name }
 end
 
@@ -113,33 +70,19 @@ end
 -- env: table of extra environment variables; args: {worker, seconds, mode}.
 -- Returns a handle for M.wait_child.
 function M.start_child(dir, name, env, args)
-  local out = dir .. "/" .. name .. ".result"
-  local parts = {}
-  for k, v in pairs(env) do parts[#parts + 1] = k .. "=" .. q(v) end
-  parts[#parts + 1] = "MG_CONSOLE_ENABLED=false"
-  parts[#parts + 1] = q(M.qtgd_bin()) .. " exec " .. q(M.root() .. "/spec/lua/sidecar_child.lua")
-  for _, a in ipairs(args) do parts[#parts + 1] = q(a) end
-  parts[#parts + 1] = q(out)
-  local line = "env " .. table.concat(parts, " ") .. " >" .. q(dir .. "/" .. name .. ".log")
-    .. " 2>&1 &"
-  assert(os.execute(line) == 0, "cannot start " .. line)
-  return { out = out, log = dir .. "/" .. name .. ".log" }
+  return common.start_script(dir, name, env, "sidecar_child.lua", args)
 end
 
 -- Wait for a child's result file; returns the decoded result.
 function M.wait_child(child, seconds)
-  local text = M.wait_for(function() return M.read_file(child.out) end, seconds or 120,
-    "child " .. child.out .. " (log: " .. tostring(M.read_file(child.log)) .. ")")
-  local res = cjson.decode(text)
+  local res = common.wait_result(child, seconds or 120)
   if not res.ok then error("child failed: " .. tostring(res.error) .. "\n" .. (M.read_file(child.log) or "")) end
   return res
 end
 
 function M.cleanup()
-  for _, pid in ipairs(pids) do os.execute("kill " .. pid .. " 2>/dev/null") end
-  pids = {}
-  for _, d in ipairs(dirs) do os.execute("rm -rf " .. q(d)) end
-  dirs = {}
+  common.kill_pids(pids)
+  common.remove_dirs(dirs)
 end
 
 -- A callback key file (mode 0600, as qtgd requires) holding `key`.
@@ -151,15 +94,9 @@ end
 
 -- Load a minimal one-node template (once per database).
 function M.template(s, key)
-  local templates = require "qtg.templates"
-  local doc = { template_key = key, name = key, nodes = {
+  require("spec.lua.engine_support").load_doc(s, { template_key = key, name = key, nodes = {
     { key = "a", kind = "action", action_type = "withdrawal", config = {} } },
-    edges = {}, intent = { required = { "asset", "amount" } } }
-  local c, errs = templates.validate_and_compile(doc, "spec:" .. key)
-  assert(c, errs and table.concat(errs, "\n"))
-  s:begin()
-  templates.store(s, c)
-  s:commit()
+    edges = {}, intent = { required = { "asset", "amount" } } })
   return key
 end
 

@@ -9,15 +9,7 @@ local cjson = require "cjson"
 local sup -- spec/lua/sidecar_support.lua
 
 -- One tick of a worker on a fresh session, as the runtime runs it.
-local function tick(name)
-  local w = require("qtg.workers." .. name)
-  local s = qtg.db.acquire()
-  local ok, n = pcall(w.tick, s)
-  if s:in_transaction() then s:rollback() end
-  s:release()
-  if not ok then error(n, 0) end
-  return n
-end
+local function tick(name) return sup.tick(name) end
 
 -- Runs `sql` in s's open transaction with the plans that rescan a subquery
 -- once per outer row (no hash, merge, sort, hash aggregate or materialize):
