@@ -440,6 +440,40 @@ describe("callback delivery to real receivers", function()
       req.close.id)[1].last_error:match("^timeout"))
   end)
 
+  -- Requests of `class` to each receiver of `order` (FIFO), one dispatcher
+  -- pass in a child (callback timeout 4 s), then what it did: every row of
+  -- the healthy receiver `ok` must be delivered and every other one still
+  -- pending; returns the count of rows, the last healthy delivery, the
+  -- hanging rows, those attempted, and the first attempt recorded on them.
+  local function one_pass_with_a_hanging_receiver(class, name, order, ok)
+    for _, r in ipairs(order) do sup.request(s, T, class, r.url) end
+    sup.wait_child(sup.start_child(dir, name,
+      child_env(class, key_path, { MG_CALLBACK_TIMEOUT_SECONDS = "4" }),
+      { "callback_dispatcher", "30", "once" }))
+    local rows = s:query([[
+      SELECT c.callback_url, c.status, c.attempts,
+             extract(epoch FROM c.delivered_at)::float8 AS delivered,
+             (SELECT extract(epoch FROM min(a.attempted_at))::float8
+                FROM movement_callback_attempts a WHERE a.outbox_id = c.id) AS first_attempt_done
+        FROM movement_callback_outbox c JOIN movement_requests r ON r.id = c.request_id
+       WHERE r.network_class = $1 ORDER BY c.id]], class)
+    local o = { rows = #rows, last_ok = 0, hung = 0, tried = 0, first_hang_done = math.huge }
+    for _, r in ipairs(rows) do
+      if r.callback_url == ok.url then
+        assert.equals("delivered", r.status)
+        o.last_ok = math.max(o.last_ok, r.delivered)
+      else
+        assert.equals("pending", r.status)
+        o.hung = o.hung + 1
+        if r.attempts > 0 then
+          o.tried = o.tried + 1
+          o.first_hang_done = math.min(o.first_hang_done, r.first_attempt_done)
+        end
+      end
+    end
+    return o
+  end
+
   it("a receiver that hangs holds one lane: the other receivers' callbacks go out meanwhile", function()
     local class = sup.uid("cb-lanes")
     local hang = sup.start_receiver(dir, "lanes-hang", { mode = "hang", args = "--hang-seconds 30" })
@@ -451,35 +485,15 @@ describe("callback delivery to real receivers", function()
     for _ = 1, 6 do order[#order + 1] = ok end
     order[#order + 1] = hang
     for _ = 1, 6 do order[#order + 1] = ok end
-    for _, r in ipairs(order) do sup.request(s, T, class, r.url) end
-    sup.wait_child(sup.start_child(dir, "lanes-child",
-      child_env(class, key_path, { MG_CALLBACK_TIMEOUT_SECONDS = "4" }),
-      { "callback_dispatcher", "30", "once" }))
-    local rows = s:query([[
-      SELECT c.callback_url, c.status, c.attempts,
-             extract(epoch FROM c.delivered_at)::float8 AS delivered,
-             (SELECT extract(epoch FROM min(a.attempted_at))::float8
-                FROM movement_callback_attempts a WHERE a.outbox_id = c.id) AS first_attempt_done
-        FROM movement_callback_outbox c JOIN movement_requests r ON r.id = c.request_id
-       WHERE r.network_class = $1 ORDER BY c.id]], class)
-    assert.equals(14, #rows)
-    local last_ok, first_hang_done, hung = 0, math.huge, 0
-    for _, r in ipairs(rows) do
-      if r.callback_url == ok.url then
-        assert.equals("delivered", r.status)
-        last_ok = math.max(last_ok, r.delivered)
-      else
-        hung = hung + 1
-        assert.equals("pending", r.status)
-        assert.equals(1, r.attempts)
-        first_hang_done = math.min(first_hang_done, r.first_attempt_done)
-      end
-    end
-    assert.equals(2, hung)
+    local o = one_pass_with_a_hanging_receiver(class, "lanes-child", order, ok)
+    assert.equals(14, o.rows)
+    -- both hanging rows went in one batch (one receiver), attempted once
+    assert.equals(2, o.hung)
+    assert.equals(2, o.tried)
     -- every healthy callback was delivered (committed) before the first
     -- hanging POST had even ended
-    assert.is_true(last_ok < first_hang_done,
-      ("last healthy delivery %.3f, first hanging attempt recorded %.3f"):format(last_ok, first_hang_done))
+    assert.is_true(o.last_ok < o.first_hang_done,
+      ("last healthy delivery %.3f, first hanging attempt recorded %.3f"):format(o.last_ok, o.first_hang_done))
     assert.equals(12, #sup.received(ok))
   end)
 
@@ -489,37 +503,17 @@ describe("callback delivery to real receivers", function()
     local ok = sup.start_receiver(dir, "backlog-ok", { mode = "ok", keys = { k1 = key_path } })
     -- more hanging rows than all the lanes' batches hold, then healthy ones
     local n_hang = dispatcher.lanes() * dispatcher.BATCH + 1
-    for _ = 1, n_hang do sup.request(s, T, class, hang.url) end
-    for _ = 1, 6 do sup.request(s, T, class, ok.url) end
-    sup.wait_child(sup.start_child(dir, "backlog-child",
-      child_env(class, key_path, { MG_CALLBACK_TIMEOUT_SECONDS = "4" }),
-      { "callback_dispatcher", "30", "once" }))
-    local rows = s:query([[
-      SELECT c.callback_url, c.status, c.attempts,
-             extract(epoch FROM c.delivered_at)::float8 AS delivered,
-             (SELECT extract(epoch FROM min(a.attempted_at))::float8
-                FROM movement_callback_attempts a WHERE a.outbox_id = c.id) AS first_attempt_done
-        FROM movement_callback_outbox c JOIN movement_requests r ON r.id = c.request_id
-       WHERE r.network_class = $1 ORDER BY c.id]], class)
-    assert.equals(n_hang + 6, #rows)
-    local last_ok, first_hang_done, tried = 0, math.huge, 0
-    for _, r in ipairs(rows) do
-      if r.callback_url == ok.url then
-        assert.equals("delivered", r.status)
-        last_ok = math.max(last_ok, r.delivered)
-      else
-        assert.equals("pending", r.status)
-        if r.attempts > 0 then
-          tried = tried + 1
-          first_hang_done = math.min(first_hang_done, r.first_attempt_done)
-        end
-      end
-    end
+    local order = {}
+    for _ = 1, n_hang do order[#order + 1] = hang end
+    for _ = 1, 6 do order[#order + 1] = ok end
+    local o = one_pass_with_a_hanging_receiver(class, "backlog-child", order, ok)
+    assert.equals(n_hang + 6, o.rows)
+    assert.equals(n_hang, o.hung)
     -- one batch went to the hanging receiver; the other lanes served the
     -- healthy one, all of it before that batch's POSTs had timed out
-    assert.equals(dispatcher.BATCH, tried)
-    assert.is_true(last_ok < first_hang_done,
-      ("last healthy delivery %.3f, first hanging attempt recorded %.3f"):format(last_ok, first_hang_done))
+    assert.equals(dispatcher.BATCH, o.tried)
+    assert.is_true(o.last_ok < o.first_hang_done,
+      ("last healthy delivery %.3f, first hanging attempt recorded %.3f"):format(o.last_ok, o.first_hang_done))
     assert.equals(6, #sup.received(ok))
   end)
 
