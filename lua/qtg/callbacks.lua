@@ -178,6 +178,64 @@ function M.after_attempt(row, out, max_attempts)
            backoff_seconds = M.backoff_seconds(attempts) }
 end
 
+-- post(url, body, headers, timeout) -> M.outcome(...) with duration_ms:
+-- one signed POST as every sender makes it (no redirects, the answer read
+-- up to MAX_RESPONSE_BYTES, connecting within CONNECT_TIMEOUT_SECONDS).
+function M.post(url, body, headers, timeout)
+  local started = qtg.monotonic()
+  local resp, err = qtg.http.request{
+    method = "POST", url = url, headers = headers, body = body, timeout = timeout,
+    connect_timeout = math.min(timeout, M.CONNECT_TIMEOUT_SECONDS),
+    max_body = M.MAX_RESPONSE_BYTES, follow_redirects = false,
+  }
+  local out = M.outcome(resp, err)
+  out.duration_ms = math.floor((qtg.monotonic() - started) * 1000 + 0.5)
+  return out
+end
+
+-- send_batch(rows, t) -> writes: the middle of a delivery pass, shared by
+-- the callback and the notification dispatchers.  A row t.refusal(row)
+-- names a reason for is refused unsent (dlq, no attempt spent); the others
+-- are signed and POSTed to t.url(row) concurrently, one task each, within
+-- t.timeout, and t.attempted(row, out, next_state) is called for each
+-- outcome (to log it).  writes[i] is row i's new state for the
+-- dispatcher's write (`attempted` false for a refusal).  Every header is
+-- made before anything is sent: a missing callback key raises with nothing
+-- sent and no attempt spent.
+function M.send_batch(rows, t)
+  local writes, headers = {}, {}
+  for i, row in ipairs(rows) do
+    local why = t.refusal(row)
+    if why then
+      writes[i] = { id = row.id, status = "dlq", attempts = row.attempts, attempted = false,
+                    last_error = "refused unsent: " .. why }
+    else
+      headers[i] = M.headers(row.callback_timestamp, row.callback_nonce, row.payload)
+    end
+  end
+  local tasks = {}
+  for i, row in ipairs(rows) do
+    if headers[i] then tasks[i] = qtg.spawn(M.post, t.url(row), row.payload, headers[i], t.timeout) end
+  end
+  for i, row in ipairs(rows) do
+    if tasks[i] then
+      local ok, out = qtg.join(tasks[i])
+      if not ok then
+        out = { delivered = false, error = clip("dispatcher: " .. tostring(out)), duration_ms = 0 }
+      end
+      local nxt = M.after_attempt(row, out, row.max_attempts)
+      writes[i] = {
+        id = row.id, status = nxt.status, attempts = nxt.attempts,
+        backoff_seconds = nxt.backoff_seconds, outcome = nxt.outcome,
+        last_error = out.error or qtg.db.NULL, last_status = out.status or qtg.db.NULL,
+        attempted = true, duration_ms = out.duration_ms,
+      }
+      t.attempted(row, out, nxt)
+    end
+  end
+  return writes
+end
+
 -- Console: deliver a dead-lettered row again, as a new delivery: a new
 -- outbox row with the same body and URL, a fresh timestamp and nonce,
 -- attempts 0, redelivery_of = the dead row; audited in the same

@@ -129,62 +129,28 @@ local function refusal(row)
   return nil
 end
 
--- One POST, in its own task.  Returns the outcome with duration_ms.
-local function deliver(row, headers, timeout)
-  local started = qtg.monotonic()
-  local resp, err = qtg.http.request{
-    method = "POST", url = row.callback_url, headers = headers, body = row.payload,
-    timeout = timeout, connect_timeout = math.min(timeout, callbacks.CONNECT_TIMEOUT_SECONDS),
-    max_body = callbacks.MAX_RESPONSE_BYTES, follow_redirects = false,
-  }
-  local out = callbacks.outcome(resp, err)
-  out.duration_ms = math.floor((qtg.monotonic() - started) * 1000 + 0.5)
-  return out
+local function url_of(row) return row.callback_url end
+
+local function attempted(row, out, nxt)
+  local log = out.delivered and qtg.log.info or qtg.log.warn
+  log(out.delivered and "callback delivered" or "callback attempt failed", {
+    worker = "callback_dispatcher", request_id = row.request_id, outbox_id = row.id,
+    attempt = nxt.attempts, status = nxt.status, http_status = out.status, error = out.error,
+  })
 end
 
 -- Decide, send and record a claimed batch (inside the lane's transaction):
--- the POSTs run concurrently, one task each; every outcome and attempt row
--- is written in one statement.  A missing callback key raises in
--- callbacks.headers before anything is sent: the lane rolls back and no
--- attempt is spent.
+-- qtg.callbacks.send_batch, then every outcome and attempt row written in
+-- one statement.  A missing callback key raises before anything is sent:
+-- the lane rolls back and no attempt is spent.
 local function handle(ls, rows, timeout)
-  local writes, headers = {}, {}
-  for i, row in ipairs(rows) do
-    local why = refusal(row)
-    if why then
-      writes[i] = { id = row.id, status = "dlq", attempts = row.attempts, attempted = false,
-                    last_error = "refused unsent: " .. why }
-    else
-      headers[i] = callbacks.headers(row.callback_timestamp, row.callback_nonce, row.payload)
-    end
-  end
-  local tasks = {}
-  for i, row in ipairs(rows) do
-    if headers[i] then tasks[i] = qtg.spawn(deliver, row, headers[i], timeout) end
-  end
-  for i, row in ipairs(rows) do
-    if tasks[i] then
-      local ok, out = qtg.join(tasks[i])
-      if not ok then
-        out = { delivered = false, error = callbacks.clip("dispatcher: " .. tostring(out)), duration_ms = 0 }
-      end
-      local next_state = callbacks.after_attempt(row, out, row.max_attempts)
-      writes[i] = {
-        id = row.id, status = next_state.status, attempts = next_state.attempts,
-        backoff_seconds = next_state.backoff_seconds, outcome = next_state.outcome,
-        last_error = out.error or qtg.db.NULL, last_status = out.status or qtg.db.NULL,
-        attempted = true, duration_ms = out.duration_ms,
-      }
-      local log = out.delivered and qtg.log.info or qtg.log.warn
-      log(out.delivered and "callback delivered" or "callback attempt failed", {
-        worker = "callback_dispatcher", request_id = row.request_id, outbox_id = row.id,
-        attempt = next_state.attempts, status = next_state.status, http_status = out.status,
-        error = out.error,
-      })
-    else
+  local writes = callbacks.send_batch(rows, { refusal = refusal, url = url_of, timeout = timeout,
+                                              attempted = attempted })
+  for i, w in ipairs(writes) do
+    if not w.attempted then
       qtg.log.warn("callback refused unsent", {
-        worker = "callback_dispatcher", request_id = row.request_id, outbox_id = row.id,
-        error = writes[i].last_error,
+        worker = "callback_dispatcher", request_id = rows[i].request_id, outbox_id = rows[i].id,
+        error = w.last_error,
       })
     end
   end

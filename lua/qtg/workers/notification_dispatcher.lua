@@ -104,13 +104,20 @@ local function webhook_url()
   return url
 end
 
-local function deliver(url, row, headers, timeout)
-  local resp, err = qtg.http.request{
-    method = "POST", url = url, headers = headers, body = row.payload, timeout = timeout,
-    connect_timeout = math.min(timeout, callbacks.CONNECT_TIMEOUT_SECONDS),
-    max_body = callbacks.MAX_RESPONSE_BYTES, follow_redirects = false,
-  }
-  return callbacks.outcome(resp, err)
+-- Why a notification can never be sent, or nil (the URL is checked once
+-- per pass, by webhook_url).
+local function refusal(row)
+  local ok, why = callbacks.check_payload(row.payload)
+  if not ok then return why end
+  return nil
+end
+
+local function attempted(row, out, nxt)
+  local log = out.delivered and qtg.log.info or qtg.log.warn
+  log(out.delivered and "notification delivered" or "notification attempt failed", {
+    worker = "notification_dispatcher", notification_id = row.id, kind = row.kind,
+    attempt = nxt.attempts, status = nxt.status, http_status = out.status, error = out.error,
+  })
 end
 
 function M.tick(s)
@@ -125,35 +132,8 @@ function M.tick(s)
     s:commit()
     return 0
   end
-  local writes, headers = {}, {}
-  for i, row in ipairs(rows) do
-    local ok, why = callbacks.check_payload(row.payload)
-    if not ok then
-      writes[i] = { id = row.id, status = "dlq", attempts = row.attempts, attempted = false,
-                    last_error = "refused unsent: " .. why }
-    else
-      headers[i] = callbacks.headers(row.callback_timestamp, row.callback_nonce, row.payload)
-    end
-  end
-  local tasks = {}
-  for i, row in ipairs(rows) do
-    if headers[i] then tasks[i] = qtg.spawn(deliver, url, row, headers[i], timeout) end
-  end
-  for i, row in ipairs(rows) do
-    if tasks[i] then
-      local ok, out = qtg.join(tasks[i])
-      if not ok then out = { delivered = false, error = callbacks.clip("dispatcher: " .. tostring(out)) } end
-      local nxt = callbacks.after_attempt(row, out, row.max_attempts)
-      writes[i] = { id = row.id, status = nxt.status, attempts = nxt.attempts,
-                    backoff_seconds = nxt.backoff_seconds, attempted = true,
-                    last_error = out.error or qtg.db.NULL, last_status = out.status or qtg.db.NULL }
-      local log = out.delivered and qtg.log.info or qtg.log.warn
-      log(out.delivered and "notification delivered" or "notification attempt failed", {
-        worker = "notification_dispatcher", notification_id = row.id, kind = row.kind,
-        attempt = nxt.attempts, status = nxt.status, http_status = out.status, error = out.error,
-      })
-    end
-  end
+  local writes = callbacks.send_batch(rows, { refusal = refusal, url = function() return url end,
+                                              timeout = timeout, attempted = attempted })
   s:query(M.WRITE_SQL, canon.encode(writes))
   s:commit()
   return #rows
