@@ -24,18 +24,20 @@ typedef struct {
   const char *args;
   const char *help;
   int needs_db;
+  int max_args; /* -1: the command parses its own arguments */
 } qtg_command;
 
 static const qtg_command qtg_commands[] = {
-  {"run", "", "run the daemon: workers, console, wake-ups (the default command)", 1},
-  {"migrate", "", "apply sql/NNNN_*.sql in order, each once, in a transaction", 1},
-  {"exec", "FILE [ARGS...]", "run a Lua script inside the host (it may query); exits with what it returns", 1},
-  {"templates", "load DIR", "validate and compile movement templates into plan versions", 1},
-  {"check", "", "validate settings, database, migrations, templates and policy scripts", 1},
-  {"console", "[-e CODE] [--socket PATH]", "attach a Lua console to the running daemon", 0},
-  {"settings", "[--markdown]", "print every MG_* setting with its value and default", 0},
-  {"version", "", "print the version", 0},
-  {"help", "", "print this help", 0},
+  {"run", "", "run the daemon: workers, console, wake-ups (the default command)", 1, 0},
+  {"migrate", "[DIR]", "apply sql/NNNN_*.sql (or DIR's) in order, each once, in a transaction", 1, 1},
+  {"exec", "FILE [ARGS...]", "run a Lua script inside the host (it may query); exits with what it returns", 1, -1},
+  {"templates", "load|check DIR | list", "validate and compile movement templates into plan versions", 1, -1},
+  {"check", "[OPTIONS]", "validate settings, database, migrations, templates and policy scripts\n"
+   "                                     (--templates DIR, --strict, --quiet)", 1, -1},
+  {"console", "[-e CODE] [--socket PATH]", "attach a Lua console to the running daemon", 0, -1},
+  {"settings", "[--markdown]", "print every MG_* setting with its value and default", 0, 1},
+  {"version", "", "print the version", 0, 0},
+  {"help", "", "print this help", 0, 0},
 };
 #define QTG_NCOMMANDS (sizeof qtg_commands / sizeof qtg_commands[0])
 
@@ -48,6 +50,25 @@ static void qtg_usage(FILE *out) {
   }
   fprintf(out, "\nSettings come from MG_* environment variables (qtgd settings lists them).\n"
                "Without MG_DATABASE_URL, qtgd uses the private cluster under the repo (tools/pg).\n");
+}
+
+/* Arguments of a command that takes a fixed few (max_args >= 0; the others
+ * parse their own): an option it does not know, or one argument too many,
+ * is refused (exit 2) instead of being ignored -- `qtgd run --bogus` must
+ * not start a daemon the operator did not mean to start. */
+static int qtg_check_args(const qtg_command *c, int nargs, char **args) {
+  if (c->max_args < 0) return 0;
+  for (int i = 0; i < nargs; i++) {
+    if (args[i][0] != '-') continue;
+    if (strcmp(c->name, "settings") == 0 && strcmp(args[i], "--markdown") == 0) continue;
+    fprintf(stderr, "qtgd %s: unknown option '%s'\n\n", c->name, args[i]);
+    return -1;
+  }
+  if (nargs > c->max_args) {
+    fprintf(stderr, "qtgd %s: unexpected argument '%s'\n\n", c->name, args[c->max_args]);
+    return -1;
+  }
+  return 0;
 }
 
 static const char *qtg_env(const char *name, void *ud) {
@@ -249,6 +270,10 @@ int main(int argc, char **argv) {
     if (strcmp(qtg_commands[i].name, cmd) == 0) c = &qtg_commands[i];
   if (!c) {
     fprintf(stderr, "qtgd: unknown command '%s'\n\n", cmd);
+    qtg_usage(stderr);
+    return 2;
+  }
+  if (qtg_check_args(c, argc - argi, argv + argi) != 0) {
     qtg_usage(stderr);
     return 2;
   }

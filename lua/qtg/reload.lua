@@ -14,7 +14,8 @@
 --   4. applies the new registry to the runtime: set_tick (a tick already
 --      running finishes on the old code, the next one runs the new),
 --      set_interval when the interval or jitter changed (used from the next
---      sleep), start_worker for added workers, stop_worker for removed ones.
+--      sleep), start_worker for added workers, stop_worker for removed ones,
+--      and qtg.wakeups.refresh (which workers a NOTIFY may wake).
 -- Steps 1-3 run inside a plain coroutine, so a module that tries I/O while
 -- it loads fails at once instead of yielding: no other task ever runs
 -- between the first module being replaced and the last, so nothing sees a
@@ -28,7 +29,11 @@ local M = {}
 -- Loaded modules that are not reloaded: the process's entry points and
 -- this module (they hold the process's own state; changes to them take
 -- effect at the next start).  They are still compiled in step 1.
-M.KEEP = { ["qtg"] = true, ["qtg.main"] = true, ["qtg.cli"] = true, ["qtg.reload"] = true }
+-- qtg.wakeups is kept too: it is the NOTIFY listener's process state (the
+-- listener calls the module it started with); apply() asks it to take the
+-- new registry's wakeable workers instead.
+M.KEEP = { ["qtg"] = true, ["qtg.main"] = true, ["qtg.cli"] = true, ["qtg.reload"] = true,
+           ["qtg.wakeups"] = true }
 M.KEEP_PREFIXES = { "qtg.cli." }
 M.MAX_DEPTH = 8
 
@@ -285,6 +290,10 @@ local function apply(plan, report)
   table.sort(report.started)
   table.sort(report.stopped)
   table.sort(report.updated)
+  -- wake-ups follow the new registry (a worker added, removed, or its
+  -- `wake` flag changed); a process without them started has none to follow
+  local wakeups = package.loaded["qtg.wakeups"]
+  if type(wakeups) == "table" and wakeups.refresh then wakeups.refresh() end
 end
 
 -- ---- reporting ----------------------------------------------------------------------

@@ -134,9 +134,21 @@ function M.start(settings)
   return state.workers
 end
 
+-- refresh([settings]): the wakeable workers again, after a reload changed
+-- the registry; LISTENs if there were none before.  Nothing when wake-ups
+-- were not started in this process (or were stopped).
+function M.refresh(settings)
+  if state.workers == nil or state.stopped then return state.workers end
+  local had = next(state.workers) ~= nil
+  state.workers = M.wakeable(settings or qtg.settings)
+  if not had and next(state.workers) ~= nil then qtg.db.listen(M.CHANNEL, M.on_notify) end
+  return state.workers
+end
+
 function M.stop()
   qtg.db.unlisten(M.CHANNEL)
   state.workers = {}
+  state.stopped = true
 end
 
 -- Counters since start: notifies, woken, scheduled, dropped, ignored, catchups.

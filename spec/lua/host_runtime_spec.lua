@@ -325,9 +325,23 @@ describe("qtgd command line", function()
     rc, out = support.run({}, {support.bin, "--frob"})
     assert.are.equal(2, rc)
     assert.matches("unknown option", out)
+    -- a command's own arguments too: `run --bogus` must not start a daemon
+    for _, a in ipairs({ {"run", "--bogus"}, {"run", "extra"}, {"version", "x"}, {"help", "x"},
+                         {"settings", "--bogus"}, {"settings", "--markdown", "x"},
+                         {"migrate", "--bogus"}, {"migrate", "a", "b"} }) do
+      local args = {support.bin}
+      for _, x in ipairs(a) do args[#args + 1] = x end
+      local what = table.concat(a, " ")
+      rc, out = support.run({}, args)
+      assert.are.equal(2, rc, what .. ": " .. out)
+      assert.matches("qtgd " .. a[1] .. ": ", out, 1, true)
+      assert.matches("usage: qtgd", out, 1, true)
+    end
+    rc, out = support.run({}, {support.bin, "settings", "--markdown"})
+    assert.are.equal(0, rc, out)
     rc, out = support.run({}, {support.bin, "--help"})
     assert.are.equal(0, rc)
-    assert.matches("migrate", out)
+    assert.matches("migrate [DIR]", out, 1, true)
     rc, out = support.run({}, {support.bin, "version"})
     assert.are.equal(0, rc)
     assert.matches("^qtgd %d", out)

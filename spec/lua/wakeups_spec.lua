@@ -218,6 +218,33 @@ describe("wake-ups", function()
     end)
   end)
 
+  it("a reload (SIGHUP) keeps the listener's state: a NOTIFY still wakes, and is counted", function()
+    qtg.db.with_session(function(s)
+      local dir = support.tmpdir()
+      local sock = dir .. "/console.sock"
+      local h = start_daemon(s, { MG_NODE_DISPATCH_INTERVAL_SECONDS = "300",
+                                  MG_NODE_OBSERVE_INTERVAL_SECONDS = "300", MG_LOG_LEVEL = "info",
+                                  MG_CONSOLE_ENABLED = "true", MG_CONSOLE_SOCKET = sock })
+      local function notifies()
+        local rc, out = support.run({}, { support.sh_quote(support.bin), "console", "--socket",
+          support.sh_quote(sock), "-e", support.sh_quote("return require('qtg.wakeups').stats().notifies") })
+        assert.equals(0, rc, out)
+        return tonumber(out:match("(%d+)%s*$"))
+      end
+      support.signal(h, "HUP")
+      assert.truthy(support.eventually(function()
+        return (support.read(h.log) or ""):find("policy reloaded", 1, true)
+      end, 20), "no reload in the log:\n" .. tostring(support.read(h.log)))
+      local before = notifies()
+      local req = approved_request(s, false)
+      assert.truthy(support.eventually(function() return node_state(s, req) ~= "READY" end, 20),
+        "the READY node was not dispatched after its NOTIFY")
+      -- the module the console sees after the reload is the listener's own
+      assert.is_true(notifies() > before)
+      os.execute("rm -rf " .. support.sh_quote(dir))
+    end)
+  end)
+
   it("draining runs the dispatcher again at once, still one node per pass", function()
     local on = setmetatable({ workers_enabled = true, wakeups_enabled = true },
       { __index = qtg.settings })
