@@ -304,14 +304,20 @@ describe("engine pipeline", function()
       assert.equal("EXECUTING", sup.request(s, req.id).request_state)
     end)
 
-    it("with the flag on, marks the node UNKNOWN OBSERVATION_TIMEOUT without calling the executor", function()
-      local req = timed_out_request("spec_pl_timeout_on")
-      local b = sup.nodes(s, req.id).b
+    -- one node_observer pass in a child with the flag on; its output
+    local function observe_enforced()
       local cmd = string.format("MG_OBSERVE_TIMEOUT_ENFORCEMENT_ENABLED=true MG_CONSOLE_ENABLED=false %s exec %s node_observer 2>&1",
         sup.shell_quote(sup.qtgd_bin()), sup.shell_quote(sup.repo_root() .. "/spec/lua/engine_tick.lua"))
       local p = io.popen(cmd)
       local out = p:read("*a")
       p:close()
+      return out
+    end
+
+    it("with the flag on, marks the node UNKNOWN OBSERVATION_TIMEOUT without calling the executor", function()
+      local req = timed_out_request("spec_pl_timeout_on")
+      local b = sup.nodes(s, req.id).b
+      local out = observe_enforced()
       local after = sup.nodes(s, req.id).b
       assert.equal("UNKNOWN", after.node_state, out)
       assert.equal("OBSERVATION_TIMEOUT", after.error_code)
@@ -320,6 +326,26 @@ describe("engine pipeline", function()
       assert.equal("MANUAL_INTERVENTION", sup.request(s, req.id).request_state)
       local cbs = sup.callbacks(s, req.id)
       assert.equal("request_attention", cbs[#cbs].body.event_type)
+    end)
+
+    it("after the operator resumes and recovery finds it in flight, the node is observed again", function()
+      local req = timed_out_request("spec_pl_timeout_resume")
+      observe_enforced()
+      assert.equal("MANUAL_INTERVENTION", sup.request(s, req.id).request_state)
+      require("qtg.requests").resume(s, req.id, sup.ACTOR)
+      assert.equal(1, sup.tick("node_recovery"))
+      local b = sup.nodes(s, req.id).b
+      assert.equal("SUBMITTED", b.node_state)
+      -- the observation window starts again: not timed out at once
+      local age = s:query("SELECT extract(epoch FROM now() - started_at)::float8 AS a FROM movement_request_nodes WHERE id = $1::uuid",
+        b.id)[1].a
+      assert.is_true(age < 30, "age " .. age)
+      local out = observe_enforced()
+      local after = sup.nodes(s, req.id).b
+      assert.equal("OBSERVING", after.node_state, out)
+      assert.equal(b.observe_count + 1, after.observe_count)
+      assert.equal(1, ledger(after.id)[1].observe_count) -- the provider was asked this time
+      assert.equal("EXECUTING", sup.request(s, req.id).request_state)
     end)
   end)
 end)

@@ -96,6 +96,11 @@ function M.recover_claimed(s, row)
   if to == "SUBMITTED" then
     fields.next_observe_in = math.min(answer.retry_after_seconds or 0, intervals.MAX_BACKOFF_SECONDS)
     fields.error_code, fields.error_detail = NULL, NULL
+    -- A node the observer timed out, found still in flight: its observation
+    -- window starts again.  Measured from the first started_at it would time
+    -- out again at its next pass without the provider ever being asked, and
+    -- an operator's resume would land back in MANUAL_INTERVENTION each time.
+    if node.error_code == "OBSERVATION_TIMEOUT" then fields.started_now = true end
   else
     fields.error_code = answer.error_code or OUTCOME_CODES[to] or NULL
     fields.error_detail = answer.error_detail or NULL
