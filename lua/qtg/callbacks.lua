@@ -102,6 +102,13 @@ function M.check_url(url)
   return true
 end
 
+-- url with its scheme in lower case (schemes are case-insensitive, RFC 3986
+-- 3.1): what is stored, so "HTTPS://..." passes the table's check as the
+-- dispatcher would send it.
+function M.normalize_url(url)
+  return (url:gsub("^(%a[%w+.-]*)://", function(scheme) return scheme:lower() .. "://" end, 1))
+end
+
 -- The payload is the body byte for byte; it must be a JSON object.
 function M.check_payload(payload)
   if type(payload) ~= "string" then return nil, "payload is not text" end

@@ -64,9 +64,12 @@ local function check_actor(actor)
   end
 end
 
-local function lock_request(s, id)
+-- The request of this process's network class (locked with `lock`), or
+-- not_found: another class's request is not this process's to touch, nor to
+-- show.
+local function own_request(s, id, lock)
   check_uuid(id, "request")
-  local req = nodes_db.load_request(s, id, true)
+  local req = nodes_db.load_request(s, id, lock)
   if not req then refuse("not_found", "request %s does not exist", id) end
   local class = settings().network_class
   if req.network_class ~= class then
@@ -74,6 +77,10 @@ local function lock_request(s, id)
       id, req.network_class, class)
   end
   return req
+end
+
+local function lock_request(s, id)
+  return own_request(s, id, true)
 end
 
 -- Lock a node's request (first) and then the node.
@@ -167,7 +174,7 @@ function M.create(s, args, actor)
       RETURNING *]], network_class, args.template_key, pv.id, pv.compiled_plan_hash,
       canon.encode(args.intent), canon.encode(args.input_params or {}),
       canon.encode(canon.array(frontier)), args.idempotency_key,
-      args.callback_url ~= NULL and args.callback_url or nil,
+      type(args.callback_url) == "string" and require("qtg.callbacks").normalize_url(args.callback_url) or nil,
       settings().approval_ttl_seconds, actor)[1]
     if not req then
       -- a concurrent create with the same key won the race
@@ -354,9 +361,7 @@ end
 
 -- -------------------------------------------------------------------- get
 function M.get(s, id)
-  check_uuid(id, "request")
-  local req = nodes_db.load_request(s, id, false)
-  if not req then refuse("not_found", "request %s does not exist", id) end
+  local req = own_request(s, id, false)
   local nodes = nodes_db.load_nodes(s, id)
   return req, nodes
 end

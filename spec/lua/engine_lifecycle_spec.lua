@@ -106,6 +106,9 @@ describe("request lifecycle", function()
       refused("invalid_input", sup.create, s, CHAIN, { callback_url = "https://user:pw@example.com/cb" })
       refused("invalid_input", requests.create, s, { template_key = CHAIN, intent = sup.INTENT,
         idempotency_key = sup.uid() }, "nobody")
+      -- a scheme in capitals is the same URL: stored in lower case, not an SQL error
+      local req = sup.create(s, CHAIN, { callback_url = "HTTPS://Example.com/CB" })
+      assert.equal("https://Example.com/CB", req.callback_url)
     end)
 
     it("joins the caller's transaction when one is open", function()
@@ -154,6 +157,9 @@ describe("request lifecycle", function()
       s:query("UPDATE movement_requests SET network_class = 'spec-other' WHERE id = $1::uuid", other.id)
       local e = refused("not_found", requests.approve, s, other.id, sup.ACTOR)
       assert.matches("network class spec-other", e.message, 1, true)
+      e = refused("not_found", requests.get, s, other.id) -- not even shown
+      assert.matches("network class spec-other", e.message, 1, true)
+      assert.equal(req.id, (requests.get(s, req.id)).id)
       refused("invalid_input", sup.create, s, CHAIN, { network_class = "spec-other" })
     end)
 
