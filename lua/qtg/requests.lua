@@ -311,7 +311,10 @@ function M.retry(s, node_id, actor)
     nodes_db.set_node_state(s, g, node, { node_state = "READY", error_code = NULL,
       error_detail = NULL, next_observe_in = NULL, clear_finished = true }, actor)
     if req.request_state ~= "EXECUTING" then
-      nodes_db.update_request(s, req, { request_state = "EXECUTING", clear_finished = true })
+      -- the request's own transition is audited too (the callback is node_retried's)
+      nodes_db.write_request(s, req, { request_state = "EXECUTING", clear_finished = true }, nil,
+        { actor = actor, action = "request.executing",
+          detail = { from_state = req.request_state, cause = "node.retry", node_key = node.node_key } })
     end
     outbox.enqueue_callback(s, req, "node_retried", { node_key = node.node_key,
       previous_state = previous.node_state, previous_error_code = previous.error_code })
@@ -345,7 +348,10 @@ function M.complete_manual_step(s, node_id, actor, input)
     local g = nodes_db.load_all(s, req)
     node = g.by_key[node.node_key]
     if req.request_state == "WAITING_MANUAL_ACTION" then
-      nodes_db.update_request(s, req, { request_state = "EXECUTING" })
+      nodes_db.write_request(s, req, { request_state = "EXECUTING" }, nil,
+        { actor = actor, action = "request.executing",
+          detail = { from_state = "WAITING_MANUAL_ACTION", cause = "manual_step_completed",
+                     node_key = node.node_key } })
     end
     nodes_db.set_node_state(s, g, node, {
       node_state = "COMPLETED", attempt_no = node.attempt_no + 1,

@@ -207,6 +207,13 @@ describe("request lifecycle", function()
         sup.ACTOR, { desk_reference = "x" })
       requests.complete_manual_step(s, m.id, sup.ACTOR, { desk_reference = "DESK-42" })
       assert.equal("COMPLETED", sup.request(s, req.id).request_state)
+      -- the request's own WAITING_MANUAL_ACTION -> EXECUTING is audited, by the operator
+      local resumed = s:query([[SELECT actor, detail FROM audit_outbox WHERE request_id = $1::uuid
+                                  AND action = 'request.executing' AND detail->>'cause' = 'manual_step_completed']],
+        req.id)
+      assert.equal(1, #resumed)
+      assert.equal(sup.ACTOR, resumed[1].actor)
+      assert.equal("WAITING_MANUAL_ACTION", resumed[1].detail.from_state)
       m = sup.nodes(s, req.id).m
       assert.equal("COMPLETED", m.node_state)
       assert.equal("DESK-42", m.provider_refs.desk_reference)
@@ -239,6 +246,11 @@ describe("request lifecycle", function()
       refused("invalid_input", requests.retry, s, a.id, "bad actor")
       local r2, node = requests.retry(s, a.id, sup.ACTOR)
       assert.equal("EXECUTING", r2.request_state)
+      local back = s:query([[SELECT actor, detail FROM audit_outbox WHERE request_id = $1::uuid
+                               AND action = 'request.executing' AND detail->>'cause' = 'node.retry']], req.id)
+      assert.equal(1, #back)
+      assert.equal(sup.ACTOR, back[1].actor)
+      assert.equal("FAILED", back[1].detail.from_state)
       assert.equal("READY", node.node_state)
       assert.equal(qtg.db.NULL, node.error_code)
       refused("illegal_transition", requests.retry, s, a.id, sup.ACTOR) -- READY now
