@@ -305,8 +305,10 @@ describe("callback delivery to real receivers", function()
       assert.equals("dlq", row.status)
       assert.equals(5, row.attempts)
       assert.matches(want_error[r], row.last_error)
-      -- the stamp never changed
-      assert.equals(stamp[row.request_id].ts, row.callback_timestamp)
+      -- the stamp is the first attempt's (taken then, never before the row
+      -- was written) and the nonce the row's; neither changed on a retry
+      assert.is_true(row.callback_timestamp >= stamp[row.request_id].ts)
+      stamp[row.request_id].ts = row.callback_timestamp
       assert.equals(stamp[row.request_id].nonce, row.callback_nonce)
       local att = attempts_of(s, row.id)
       assert.equals(5, #att)
@@ -335,6 +337,39 @@ describe("callback delivery to real receivers", function()
     assert.equals(0, #sup.received(refuse))
     assert.equals(500, s:query("SELECT last_status FROM movement_callback_outbox WHERE request_id = $1::uuid",
       req[r500].id)[1].last_status)
+  end)
+
+  it("stamps a row with its first attempt's time, not the time it was written", function()
+    -- as after a dispatcher outage: rows written long ago (their default
+    -- stamp, 20 minutes old, would be stale to a receiver with the usual
+    -- 5-minute tolerance), delivered now
+    local class = sup.uid("cb-late")
+    local rcv = sup.start_receiver(dir, "late", { mode = "ok", keys = { k1 = key_path } })
+    for _ = 1, 2 do sup.request(s, T, class, rcv.url) end
+    s:query([[UPDATE movement_callback_outbox c SET callback_timestamp = callback_timestamp - 1200
+                FROM movement_requests r WHERE r.id = c.request_id AND r.network_class = $1]], class)
+    local before = {}
+    for _, row in ipairs(outbox_rows(s, class)) do before[row.callback_nonce] = row.callback_timestamp end
+    local started = os.time()
+    sup.wait_child(sup.start_child(dir, "late-child", child_env(class, key_path),
+      { "callback_dispatcher", "30", "drain" }))
+    local got = sup.received(rcv)
+    assert.equals(2, #got)
+    for _, e in ipairs(got) do
+      assert.is_true(e.verdict.ok, cjson.encode(e.verdict)) -- fresh to the receiver
+      local ts = tonumber(sup.header(e, "X-QTG-Callback-Timestamp"))
+      local nonce = sup.header(e, "X-QTG-Callback-Nonce")
+      assert.is_true(ts >= started - 1 and ts > before[nonce] + 1000, ("sent stamp %d"):format(ts))
+    end
+    for _, row in ipairs(outbox_rows(s, class)) do
+      assert.equals("delivered", row.status)
+      -- the stored stamp is the one sent (a retry would send it again)
+      local sent
+      for _, e in ipairs(got) do
+        if sup.header(e, "X-QTG-Callback-Nonce") == row.callback_nonce then sent = e end
+      end
+      assert.equals(string.format("%d", row.callback_timestamp), sup.header(sent, "X-QTG-Callback-Timestamp"))
+    end
   end)
 
   it("delivers every callback exactly once with two processes", function()

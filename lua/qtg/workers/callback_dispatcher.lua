@@ -45,6 +45,11 @@ M.SLOW_BATCH_SECONDS = 0.25 -- a batch still sending after this starts another l
 -- oldest first.  A NULL callback_url batches with NULLs (refused unsent).
 -- $3 (text[]) names receivers the head skips: those this pass is already
 -- sending to and has not seen answer within SLOW_BATCH_SECONDS (see tick).
+-- A row never attempted is stamped now, in the same statement: the
+-- timestamp a receiver judges freshness by is the first attempt's (as the
+-- contract says), not the row's writing, which a dispatcher outage or a
+-- backlog may have left minutes behind; retries keep it.  The new stamp
+-- comes back as first_stamp (see take_first_stamps).
 M.CLAIM_SQL = [[
 WITH head AS (
   SELECT c.callback_url
@@ -57,17 +62,36 @@ WITH head AS (
    ORDER BY c.created_at ASC, c.id ASC
    LIMIT 1
    FOR UPDATE OF c SKIP LOCKED
+), picked AS (
+  SELECT c.*
+    FROM movement_callback_outbox c
+    JOIN movement_requests r ON r.id = c.request_id
+    JOIN head ON c.callback_url IS NOT DISTINCT FROM head.callback_url
+   WHERE c.status = 'pending'
+     AND c.next_attempt_at <= now()
+     AND r.network_class = $1
+   ORDER BY c.created_at ASC, c.id ASC
+   LIMIT $2
+   FOR UPDATE OF c SKIP LOCKED
+), stamped AS (
+  UPDATE movement_callback_outbox o
+     SET callback_timestamp = extract(epoch FROM clock_timestamp())::bigint
+    FROM picked p
+   WHERE o.id = p.id AND p.attempts = 0
+  RETURNING o.id, o.callback_timestamp
 )
-SELECT c.*
-  FROM movement_callback_outbox c
-  JOIN movement_requests r ON r.id = c.request_id
-  JOIN head ON c.callback_url IS NOT DISTINCT FROM head.callback_url
- WHERE c.status = 'pending'
-   AND c.next_attempt_at <= now()
-   AND r.network_class = $1
- ORDER BY c.created_at ASC, c.id ASC
- LIMIT $2
- FOR UPDATE OF c SKIP LOCKED]]
+SELECT p.*, st.callback_timestamp AS first_stamp
+  FROM picked p LEFT JOIN stamped st ON st.id = p.id
+ ORDER BY p.created_at ASC, p.id ASC]]
+
+-- The claimed rows with their first attempt's stamp in callback_timestamp.
+local function take_first_stamps(rows)
+  for _, row in ipairs(rows) do
+    if type(row.first_stamp) == "number" then row.callback_timestamp = row.first_stamp end
+    row.first_stamp = nil
+  end
+  return rows
+end
 
 -- Whether a row is due that nobody is sending, asked before a transaction
 -- is opened (idle passes and a lane's last look: one statement).  Run on
@@ -229,7 +253,7 @@ function M.tick(s)
     while pass.err == nil and qtg.monotonic() < deadline and not stopping() do
       if probe and #ls:query(M.PROBE_SQL, class) == 0 then return end
       ls:begin()
-      local rows = ls:query(M.CLAIM_SQL, class, M.BATCH, skipped())
+      local rows = take_first_stamps(ls:query(M.CLAIM_SQL, class, M.BATCH, skipped()))
       if #rows == 0 then
         ls:commit()
         return
