@@ -190,6 +190,56 @@ describe("balance_history_rollup", function()
     assert.equals(0, sup.tick("balance_history_rollup", over))
   end)
 
+  -- The look-back starts at a bucket boundary: the bucket at its edge is
+  -- recomputed from all of its snapshots, never from the part of it that is
+  -- later than now() - look-back (which would shrink it on every pass).
+  -- Snapshots are one a minute (hours) or one an hour (days) from a bucket
+  -- before the edge one to a bucket after it; amount = the sample's index.
+  local function edge_case(class, unit, step, n, edge_ago, over)
+    local base = sup.query("SELECT date_trunc($1, now(), 'UTC')::text AS t", unit)[1].t
+    local size = unit == "hour" and 3600 or 86400
+    s:query([[INSERT INTO balance_snapshots (network_class, venue_key, asset, ok, amount, captured_at)
+              SELECT $1, 'gateway', 'USDC', true, i,
+                     $2::timestamptz - make_interval(secs => $3) + make_interval(secs => i * $4)
+                FROM generate_series(0, $5 - 1) i]], class, base, (edge_ago + 1) * size, step, n)
+    local function edge()
+      return sup.query([[SELECT open_amount::text AS o, close_amount::text AS c, min_amount::text AS lo,
+                                max_amount::text AS hi, samples FROM balance_history
+                          WHERE network_class = $1 AND granularity = $2
+                            AND bucket_start = $3::timestamptz - make_interval(secs => $4)]],
+        class, unit, base, edge_ago * size)
+    end
+    assert.is_true(sup.tick("balance_history_rollup", over) > 0)
+    local before = sup.query([[SELECT granularity, bucket_start, samples, updated_at FROM balance_history
+                                WHERE network_class = $1 ORDER BY 1, 2]], class)
+    assert.equals(0, sup.tick("balance_history_rollup", over), "a second pass changes nothing")
+    assert.same(before, sup.query([[SELECT granularity, bucket_start, samples, updated_at FROM balance_history
+                                     WHERE network_class = $1 ORDER BY 1, 2]], class))
+    return edge()
+  end
+
+  it("recomputes the hour bucket at the 48 h edge from all of its snapshots", function()
+    local class = sup.uid("hist-edge-h")
+    -- one a minute over the hours 49, 48 (the edge) and 47 hours ago
+    local rows = edge_case(class, "hour", 60, 180, 48, { network_class = class })
+    assert.equals(1, #rows)
+    assert.same({ "60", "119", "60", "119", 60 }, { rows[1].o, rows[1].c, rows[1].lo, rows[1].hi, rows[1].samples })
+    local hours = history(class, "hour")
+    assert.equals(2, #hours, "the edge hour and the next; the one before the edge is outside the window")
+    assert.equals(60, hours[2].samples)
+  end)
+
+  it("recomputes the day bucket at the 8-day edge from all of its snapshots", function()
+    local class = sup.uid("hist-edge-d")
+    -- one an hour over the days 9, 8 (the edge) and 7 days ago; a retention
+    -- longer than the look-back, so that the look-back is the edge
+    local rows = edge_case(class, "day", 3600, 72, 8,
+      { network_class = class, balance_snapshot_retention_seconds = 30 * 86400 })
+    assert.equals(1, #rows)
+    assert.same({ "24", "47", "24", "47", 24 }, { rows[1].o, rows[1].c, rows[1].lo, rows[1].hi, rows[1].samples })
+    assert.equals(2, #history(class, "day"))
+  end)
+
   it("two processes at once write each bucket once", function()
     local class = sup.uid("hist-two")
     put(class, { { 5, 1, 1 }, { 4, 1, 2 }, { 3, 1, 3 }, { 2, 1, 4 } })

@@ -117,6 +117,69 @@ describe("cex_transfer_ingest", function()
     assert.equals(qtg.db.NULL, cursor(class, "binance").last_error)
   end)
 
+  -- One pass over "bad,good": the tick returns normally with good's n
+  -- transfers; bad's error is on its cursor, which did not move, and none of
+  -- its page is stored.
+  local function bad_then_good(class, bad, good, n, want)
+    local ok, got = pcall(sup.tick, "cex_transfer_ingest", over(class, bad .. "," .. good))
+    assert.is_true(ok, tostring(got))
+    assert.equals(n, got)
+    assert.equals(n, #rows(class, good))
+    local c = cursor(class, bad)
+    assert.matches(want, c.last_error)
+    assert.equals(1, c.consecutive_failures)
+    assert.equals(qtg.db.NULL, c.cursor, "the cursor never moves past what was not stored")
+    assert.equals(0, #rows(class, bad), "nothing of the refused page is stored")
+  end
+
+  it("refuses a transfer with an impossible time or a NUL byte, records it, and the venues after it go on", function()
+    local class = sup.uid("cex-strict")
+    prov.control({ service = "cex", mode = "ok", state = { cex_feeds = {
+      binance = { transfer(1), transfer(2, nil, { time = "2026-13-45T99:99:99Z" }) }, okx = feed(3),
+      kraken = { transfer(1), transfer(2, nil, { network = "ether\0eum" }) }, bybit = feed(2) } } })
+    bad_then_good(class, "binance", "okx", 3, "transfers%[2%]%.time")
+    bad_then_good(class, "kraken", "bybit", 2, "transfers%[2%]%.network holds a NUL byte")
+  end)
+
+  it("normalize parses the time strictly and refuses NUL bytes and invalid UTF-8 anywhere", function()
+    local normalize = require("qtg.venues.connector").normalize
+    for _, good in ipairs({ "2026-11-01T10:00:00Z", "2024-02-29T23:59:59Z", "2000-02-29T00:00:00.123456Z",
+                            "2026-12-31T00:00:00.5Z" }) do
+      local t, why = normalize(transfer(1, nil, { time = good }), 1)
+      assert.is_table(t, good .. ": " .. tostring(why))
+    end
+    for _, bad in ipairs({ "2026-13-45T99:99:99Z", "2026-00-10T10:00:00Z", "2026-02-29T10:00:00Z",
+                           "2100-02-29T10:00:00Z", "2026-04-31T10:00:00Z", "2026-11-00T10:00:00Z",
+                           "2026-11-01T24:00:00Z", "2026-11-01T10:60:00Z", "2026-11-01T10:00:60Z",
+                           "0000-01-01T10:00:00Z", "2026-11-01T10:00:00.Z", "2026-11-01T10:00:00..1Z",
+                           "2026-11-01T10:00:00+01:00", "2026-11-01 10:00:00Z" }) do
+      local t, why = normalize(transfer(1, nil, { time = bad }), 1)
+      assert.is_nil(t, bad)
+      assert.matches("transfers%[1%]%.time", why)
+    end
+    for field, v in pairs({ address = "0x\0", tx_hash = "0x\255\254", id = "tx\0", extra = { note = "\192\128" } }) do
+      local t, why = normalize(transfer(1, nil, { [field] = v }), 1)
+      assert.is_nil(t, field)
+      assert.matches("transfers%[1%]%." .. field .. ".* holds a NUL byte or is not valid UTF%-8", why)
+    end
+  end)
+
+  it("a venue whose pass fails in SQL is rolled back, recorded on its cursor, and the others go on", function()
+    local class = sup.uid("cex-sql")
+    local venues = require("qtg.venues")
+    -- an adapter that lets an impossible time through to the database
+    package.loaded["spec.cex_raw_adapter"] = { fetch_page = function()
+      local t = transfer(1, nil, { time = "2026-13-45T99:99:99Z" })
+      t.raw = {}
+      return { transfers = { t }, next_cursor = "r1", has_more = false }
+    end }
+    venues.register("rawvenue", "spec.cex_raw_adapter")
+    prov.control({ service = "cex", mode = "ok", state = { cex_feeds = { okx = feed(3) } } })
+    local ok, err = pcall(bad_then_good, class, "rawvenue", "okx", 3, "2026%-13%-45")
+    venues.VENUES.rawvenue, package.loaded["spec.cex_raw_adapter"] = nil, nil
+    assert(ok, err)
+  end)
+
   it("two processes at once ingest each venue once", function()
     local class = sup.uid("cex-two")
     prov.control({ service = "cex", mode = "slow", state = { delay = 0.1,

@@ -104,6 +104,28 @@ describe("conditional worker registration", function()
     assert.is_falsy(entry(reg, "ccip_drift").enabled)
     assert.matches("MG_CCIP_SIDECAR_URL", entry(reg, "ccip_drift").skip_reason)
   end)
+
+  it("skips the nonce reaper with a malformed MG_EVM_RPC_URLS, naming why, as the reaper parses it", function()
+    local function reaper(urls)
+      return entry(registry(settings({ MG_WORKERS_ENABLED = "true", MG_EVM_NONCE_REAPER_ENABLED = "true",
+        MG_EVM_RPC_URLS = urls })), "evm_nonce_reaper")
+    end
+    for urls, want in pairs({
+      ["foo"] = 'entry "foo" is not chain_id=http%(s%)://url',
+      ["31337=ftp://127.0.0.1:9"] = "is not chain_id=http",
+      ["0=http://127.0.0.1:9"] = "chain id must be positive",
+      ["1=http://127.0.0.1:9,1=http://127.0.0.1:10"] = "chain 1 is listed twice",
+      [" , "] = "no EVM RPC endpoints",
+    }) do
+      local e = reaper(urls)
+      assert.is_falsy(e.enabled, urls)
+      assert.matches("MG_EVM_RPC_URLS", e.skip_reason)
+      assert.matches(want, e.skip_reason)
+    end
+    local e = reaper(" 1=http://127.0.0.1:9 , 31337=https://rpc.example ")
+    assert.is_true(e.enabled)
+    assert.is_nil(e.skip_reason)
+  end)
 end)
 
 describe("conditional workers in a running qtgd", function()

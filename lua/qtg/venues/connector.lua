@@ -11,6 +11,7 @@
 -- cursor does not move).
 local qtg = require("qtg")
 local cjson = require("cjson.safe")
+local canon = require("qtg.canon_json")
 
 local M = {}
 
@@ -38,10 +39,48 @@ local function opt_text(v, max)
   return v
 end
 
+local function leap(y) return y % 4 == 0 and (y % 100 ~= 0 or y % 400 == 0) end
+local MONTH_DAYS = { 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31 }
+
+-- utc_time(v) -> v when it is YYYY-MM-DDTHH:MM:SS[.fraction]Z naming a real
+-- instant: the database casts it to timestamptz, and a string that only
+-- looks like a time ("2026-13-45T99:99:99Z") would fail that cast inside
+-- the venue's transaction instead of being refused here with a reason.
+-- Seconds are 0-59 (no leap second: PostgreSQL would roll it over).
+local function utc_time(v)
+  if type(v) ~= "string" then return nil end
+  local y, mo, d, h, mi, sec, frac = v:match("^(%d%d%d%d)%-(%d%d)%-(%d%d)T(%d%d):(%d%d):(%d%d)(%.?%d*)Z$")
+  if not y then return nil end
+  if frac ~= "" and not frac:match("^%.%d%d?%d?%d?%d?%d?%d?%d?%d?$") then return nil end
+  y, mo, d, h, mi, sec = tonumber(y), tonumber(mo), tonumber(d), tonumber(h), tonumber(mi), tonumber(sec)
+  if y < 1 or mo < 1 or mo > 12 or h > 23 or mi > 59 or sec > 59 then return nil end
+  local days = (mo == 2 and leap(y)) and 29 or MONTH_DAYS[mo]
+  if d < 1 or d > days then return nil end
+  return v
+end
+
+-- bad_text(v, path) -> the path of the first string (value or key) in v
+-- that PostgreSQL text or jsonb cannot hold (a NUL byte, invalid UTF-8), or
+-- nil.  The whole venue object is stored as raw jsonb, so every field
+-- counts, not only the ones we read.
+local function bad_text(v, path)
+  if type(v) == "string" then return not canon.text_ok(v) and path or nil end
+  if type(v) ~= "table" then return nil end
+  for k, x in pairs(v) do
+    local sub = path .. (type(k) == "number" and ("[" .. k .. "]") or ("." .. tostring(k)))
+    if type(k) == "string" and not canon.text_ok(k) then return path .. " (a key)" end
+    local bad = bad_text(x, sub)
+    if bad then return bad end
+  end
+  return nil
+end
+
 -- normalize(t) -> transfer or nil, reason
 function M.normalize(t, i)
   local where = "transfers[" .. i .. "]"
   if type(t) ~= "table" then return nil, where .. " is not an object" end
+  local bad = bad_text(t, where)
+  if bad then return nil, bad .. " holds a NUL byte or is not valid UTF-8" end
   if type(t.id) ~= "string" or t.id == "" or #t.id > 200 then return nil, where .. ".id missing" end
   if not DIRECTIONS[t.direction] then return nil, where .. ".direction is not deposit or withdrawal" end
   if type(t.asset) ~= "string" or not t.asset:match("^[%w._-]+$") or #t.asset > 32 then
@@ -50,8 +89,8 @@ function M.normalize(t, i)
   if not decimal(t.amount) then return nil, where .. ".amount is not a decimal string" end
   if t.fee ~= nil and t.fee ~= cjson.null and not decimal(t.fee) then return nil, where .. ".fee invalid" end
   if not STATUSES[t.status] then return nil, where .. ".status is not pending/completed/failed/cancelled" end
-  if type(t.time) ~= "string" or not t.time:match("^%d%d%d%d%-%d%d%-%d%dT%d%d:%d%d:%d%d[%.%d]*Z$") then
-    return nil, where .. ".time is not ISO-8601 UTC"
+  if not utc_time(t.time) then
+    return nil, where .. ".time is not a valid ISO-8601 UTC time (YYYY-MM-DDTHH:MM:SS[.fff]Z)"
   end
   local network, address, tx = opt_text(t.network), opt_text(t.address), opt_text(t.tx_hash)
   if network == false or address == false or tx == false then return nil, where .. " has an invalid text field" end

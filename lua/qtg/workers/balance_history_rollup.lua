@@ -2,15 +2,16 @@
 -- sidecar): roll the successful balance snapshots up into hourly and daily
 -- history rows (open, close, min, max, samples), idempotently.
 --
--- Each pass recomputes, from the snapshots, every hour and day bucket that
--- has snapshots in the look-back window and is still complete in the table
--- (its start is later than the retention cut-off, so retention has not
--- deleted part of it), and upserts them.  A bucket whose figures did not
--- change is not written (ON CONFLICT ... WHERE the values differ), so a
--- second pass over the same snapshots changes nothing and returns 0.
--- Buckets older than the window keep their history after their snapshots
--- are deleted.  Two processes: a transaction-scoped advisory try-lock per
--- network class; the one that does not get it skips the pass.
+-- Each pass recomputes, from the snapshots, every whole hour and day bucket
+-- that has snapshots in the look-back window (rounded down to a bucket
+-- start) and is still complete in the table (its start is later than the
+-- retention cut-off, so retention has not deleted part of it), and upserts
+-- them.  A bucket whose figures did not change is not written (ON CONFLICT
+-- ... WHERE the values differ), so a second pass over the same snapshots
+-- changes nothing and returns 0.  Buckets older than the window keep their
+-- history after their snapshots are deleted.  Two processes: a
+-- transaction-scoped advisory try-lock per network class; the one that does
+-- not get it skips the pass.
 local qtg = require("qtg")
 
 local M = {}
@@ -23,6 +24,12 @@ M.GRANULARITIES = {
 M.LOCK_SQL = [[SELECT pg_try_advisory_xact_lock(hashtext('qtg.balance_history'), hashtext($1)) AS got]]
 
 -- $1 class, $2 granularity ('hour'|'day'), $3 look-back seconds, $4 retention seconds.
+-- Both bounds of the window are bucket starts (UTC): the look-back is
+-- rounded down to its bucket, so the bucket at its edge is recomputed from
+-- all of its snapshots (a window starting mid-bucket would upsert the edge
+-- bucket from its later part only, shrinking it on every pass); the
+-- retention bound is the first bucket that retention has not started to
+-- delete.
 M.ROLLUP_SQL = [[
 WITH b AS (
   SELECT venue_key, asset, date_trunc($2, captured_at, 'UTC') AS bucket_start,
@@ -32,7 +39,7 @@ WITH b AS (
          min(captured_at) AS first_at, max(captured_at) AS last_at
     FROM balance_snapshots
    WHERE network_class = $1 AND ok
-     AND captured_at >= greatest(now() - make_interval(secs => $3),
+     AND captured_at >= greatest(date_trunc($2, now() - make_interval(secs => $3), 'UTC'),
                                  date_trunc($2, now() - make_interval(secs => $4), 'UTC')
                                    + ('1 ' || $2)::interval)
    GROUP BY 1, 2, 3

@@ -14,7 +14,9 @@
 -- Errors (an unknown venue, an unreachable or garbage-speaking venue API, a
 -- page with an invalid transfer) are recorded on the venue's cursor row
 -- (last_error, last_error_at, consecutive_failures); the cursor does not
--- move past anything not stored, and the other venues go on.
+-- move past anything not stored, and the other venues go on.  A venue's pass
+-- that raises (the database refusing a write) is rolled back and recorded
+-- the same way in a transaction of its own (M.tick).
 local qtg = require("qtg")
 local venues = require("qtg.venues")
 local canon = require("qtg.canon_json")
@@ -113,17 +115,59 @@ local function ingest(s, class, venue, cur, settings)
   return changed
 end
 
+local function locked_ingest(s, class, venue, settings)
+  local cur = s:query(M.LOCK_SQL, class, venue)[1]
+  if not cur then return 0 end -- another process is on it
+  return ingest(s, class, venue, cur, settings)
+end
+
+local function pass(s, class, venue, settings)
+  s:query(M.ENSURE_SQL, class, venue)
+  return s:transaction(locked_ingest, s, class, venue, settings)
+end
+
+-- The venue's row locked again (SKIP LOCKED: if another process took the
+-- venue since our rollback, its own pass records its outcome) and the error
+-- written.
+local function record(s, class, venue, msg)
+  if s:query(M.LOCK_SQL, class, venue)[1] then s:query(M.ERROR_SQL, class, venue, msg) end
+end
+
+-- A venue's pass that raised (an upsert the database refused, a lost
+-- connection): its transaction was rolled back with everything it wrote, so
+-- the error goes on the cursor row in a transaction of its own.  Returns
+-- nil when recorded, else the reason it could not be.
+local function record_failure(s, class, venue, err)
+  local msg = clip(err)
+  qtg.log.error("cex ingest: venue pass failed", { worker = "cex_transfer_ingest", venue = venue, error = msg })
+  if s:in_transaction() then pcall(s.rollback, s) end
+  local ok, rerr = pcall(s.transaction, s, record, s, class, venue, msg)
+  if ok then return nil end
+  if s:in_transaction() then pcall(s.rollback, s) end
+  return venue .. ": " .. msg .. " (not recorded: " .. clip(rerr) .. ")"
+end
+
+-- Each venue is isolated: one venue's failure is recorded on its cursor row
+-- and the venues after it in the CSV still run.  The tick returns normally
+-- when every failure is recorded there (a tick that raises counts as a
+-- runtime error and backs off, which would delay the healthy venues for a
+-- failure that is already visible); it raises, after all venues ran, only
+-- when a failure could not be recorded.
 function M.tick(s)
   local settings = qtg.settings
   local class = settings.network_class
-  local changed = 0
+  local changed, unrecorded = 0, {}
   for _, venue in ipairs(venues.parse_csv(settings.cex_transfer_ingest_venues_csv)) do
-    s:query(M.ENSURE_SQL, class, venue)
-    changed = changed + s:transaction(function()
-      local cur = s:query(M.LOCK_SQL, class, venue)[1]
-      if not cur then return 0 end -- another process is on it
-      return ingest(s, class, venue, cur, settings)
-    end)
+    local ok, n = pcall(pass, s, class, venue, settings)
+    if ok then
+      changed = changed + n
+    else
+      unrecorded[#unrecorded + 1] = record_failure(s, class, venue, n)
+    end
+  end
+  if #unrecorded > 0 then
+    error(string.format("cex_transfer_ingest: %d venue pass(es) failed and could not be recorded: %s",
+      #unrecorded, table.concat(unrecorded, "; ")), 0)
   end
   return changed
 end

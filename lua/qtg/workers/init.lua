@@ -42,8 +42,13 @@ local rows = {
   -- conditional, core group
   {name = "evm_nonce_reaper", group = "core", interval = "evm_nonce_reaper_interval_seconds",
    flag = "evm_nonce_reaper_enabled",
+   -- parsed as the reaper parses it: a value it cannot use would make
+   -- every tick raise, so it is skipped like an unset one
    needs = function(s)
      if not csv_nonempty(s.evm_rpc_urls) then return "no EVM RPC endpoints (MG_EVM_RPC_URLS)" end
+     local _, why, n = require("qtg.evm_rpc").endpoints(s.evm_rpc_urls)
+     if why then return "malformed EVM RPC endpoints (" .. why .. ")" end
+     if n == 0 then return "no EVM RPC endpoints (MG_EVM_RPC_URLS)" end
    end},
   {name = "ccip_stranded_reaper", group = "core", interval = "ccip_stranded_reaper_interval_seconds",
    flag = "ccip_stranded_reaper_enabled"},
