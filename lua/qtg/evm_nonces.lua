@@ -41,8 +41,13 @@ function M.lock_key(chain_id, address)
   return string.format("%s%d:%s", M.LOCK_PREFIX, chain_id, address)
 end
 
--- lock(s, chain_id, address): in s's open transaction, until it ends.  The
--- reaper takes it too before it releases or surfaces a row.
+-- lock(s, chain_id, address): in s's open transaction, until it ends.  Only
+-- allocation (M.reserve) takes it.  The reaper does not: it claims rows FOR
+-- UPDATE SKIP LOCKED with a lease and writes each outcome compare-and-set on
+-- the status and lease it read (evm_nonce_reaper SETTLE_SQL): a row an
+-- executor moved meanwhile is left alone, and an executor's own writes are
+-- guarded the same way (store_signed only on a 'reserved' unsigned row, so
+-- a row the reaper released is never signed).
 function M.lock(s, chain_id, address)
   s:query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", M.lock_key(chain_id, address))
 end

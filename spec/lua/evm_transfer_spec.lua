@@ -13,6 +13,11 @@
 --     from the chain (finds the transaction, or sends the same bytes again);
 --   * an RPC that goes down while a transaction is pending: UNKNOWN, and
 --     settled from the chain when the RPC is back;
+--   * the same bytes sent twice while pending: the node's "already known"
+--     answer is looked up by hash, SUBMITTED with that hash, not FAILED;
+--   * a dropped transaction whose rebroadcast the RPC refuses: recover keeps
+--     it UNKNOWN with its side effect (the bytes may still be mined), never
+--     FAILED, and settles it from the chain once the rebroadcast goes out;
 --   * bad inputs: a reverted transaction, an RPC that is down, an RPC that
 --     answers garbage, a wrong chain id, an unfunded sender (then funded and
 --     retried by the operator), a malformed and a mis-checksummed
@@ -30,7 +35,9 @@ local DEV
 
 -- The chaos override: the packaged executor, with evm_rpc.send_raw_transaction
 -- wrapped once (QTG_EVM_CHAOS: kill = SIGKILL right after the node answered;
--- raise = raise after the node answered; drop = never send, answer a timeout).
+-- raise = raise after the node answered; drop = never send, answer a timeout;
+-- dup = send the bytes, then send them again and return the second answer,
+-- as after a lost answer and a retry).
 local CHAOS = [[
 local qtg = require "qtg"
 local rpc = require "qtg.evm_rpc"
@@ -44,6 +51,11 @@ rpc.send_raw_transaction = function(url, raw, opts)
   qtg.log.warn("chaos: " .. tostring(mode), {})
   if mode == "drop" then return rpc.fail("timeout", "chaos: the request never reached the node") end
   local h, err = send(url, raw, opts)
+  if mode == "dup" then
+    local h2, err2 = send(url, raw, opts)
+    qtg.log.warn("chaos second send answered: " .. tostring(h2 or err2), { first = tostring(h or err) })
+    return h2, err2
+  end
   if mode == "kill" then
     os.execute("kill -KILL " .. qtg.pid())
     while true do end
@@ -82,6 +94,53 @@ end
 local function stop(h)
   local rc = sup.host.stop(h, 30)
   assert.equal(0, rc, "qtgd did not stop cleanly; log " .. h.log)
+end
+
+-- the transfer node of request id once ok(node) holds
+local function node_when(id, ok, what)
+  return sup.wait_for(function()
+    local n = transfer_node(id)
+    return ok(n) and n
+  end, 30, what)
+end
+
+local function in_flight(n) return n.node_state == "SUBMITTED" or n.node_state == "OBSERVING" end
+
+-- fn() with anvil mining no blocks (transactions stay pending); blocks
+-- come again, and cleanup() runs, afterwards whatever fn did
+local function without_blocks(fn, cleanup)
+  sup.rpc(anvil.url, "evm_setIntervalMining", { 0 })
+  local ok, err = pcall(fn)
+  pcall(sup.rpc, anvil.url, "evm_setIntervalMining", { 1 })
+  if cleanup then pcall(cleanup) end
+  assert(ok, err)
+end
+
+-- start_chaos(mode, dev[, extra]) -> qtgd run with the chaos override in
+-- `mode` for a new class, the class, the sender DEV[dev], a fresh
+-- destination, the sender's nonce before
+local function start_chaos(mode, dev, extra)
+  local class = new_class()
+  local chaos = dir .. "/chaos-" .. mode
+  sup.host.write(chaos .. "/qtg/executors/evm_transfer.lua", CHAOS)
+  local env = { MG_LUA_PATH = chaos, QTG_EVM_CHAOS = mode }
+  for k, v in pairs(extra or {}) do env[k] = v end
+  local sender = DEV[dev].address
+  local n0 = sup.nonce(anvil.url, sender)
+  return sup.start_run(env_for(class, CHAIN .. "=" .. anvil.url, env)), class, sender, sup.random_address(), n0
+end
+
+-- blocks come again; the request completes with tx_hash, mined once: one
+-- reservation, the recipient paid once, the sender's nonce n0 + 1
+local function completes_once(h, req, tx_hash, dest, sender, n0)
+  sup.rpc(anvil.url, "evm_setIntervalMining", { 1 })
+  sup.wait_states(s, { req.id }, { COMPLETED = true, FAILED = true, MANUAL_INTERVENTION = true }, 60, { h })
+  assert.equal("COMPLETED", sup.request(s, req.id).request_state, sup.detail(s, req.id))
+  local node = transfer_node(req.id)
+  assert.equal(tx_hash, node.provider_refs.tx_hash)
+  assert.equal(1, #sup.reservations(s, node.id))
+  assert.equal(AMOUNT_WEI, sup.balance(anvil.url, dest))
+  assert.equal(n0 + 1, sup.nonce(anvil.url, sender))
 end
 
 describe("evm_transfer on a real anvil chain", function()
@@ -212,13 +271,7 @@ describe("evm_transfer on a real anvil chain", function()
   end)
 
   it("recovers a node from the chain after a crash between eth_sendRawTransaction and the commit", function()
-    local class = new_class()
-    local chaos = dir .. "/chaos-kill"
-    sup.host.write(chaos .. "/qtg/executors/evm_transfer.lua", CHAOS)
-    local sender, dest = DEV[2].address, sup.random_address()
-    local n0 = sup.nonce(anvil.url, sender)
-    local a = sup.start_run(env_for(class, CHAIN .. "=" .. anvil.url,
-      { MG_LUA_PATH = chaos, QTG_EVM_CHAOS = "kill" }))
+    local a, class, sender, dest, n0 = start_chaos("kill", 2)
     local req = sup.create(s, "evm_t_crash", class, intent(dest))
     local rc = sup.host.wait_exit(a, 30)
     assert.equal(137, rc, "the chaos override did not kill qtgd; log " .. a.log)
@@ -260,13 +313,7 @@ describe("evm_transfer on a real anvil chain", function()
     { mode = "drop", code = "EVM_BROADCAST_OUTCOME_UNKNOWN", how = "the bytes never reached the node" },
   }) do
     it("settles an UNKNOWN node from the chain when " .. case.how, function()
-      local class = new_class()
-      local chaos = dir .. "/chaos-" .. case.mode
-      sup.host.write(chaos .. "/qtg/executors/evm_transfer.lua", CHAOS)
-      local sender, dest = DEV[4].address, sup.random_address()
-      local n0 = sup.nonce(anvil.url, sender)
-      local h = sup.start_run(env_for(class, CHAIN .. "=" .. anvil.url,
-        { MG_LUA_PATH = chaos, QTG_EVM_CHAOS = case.mode }))
+      local h, class, sender, dest, n0 = start_chaos(case.mode, 4)
       local req = sup.create(s, "evm_t_rec", class, intent(dest))
       sup.wait_states(s, { req.id }, { COMPLETED = true, FAILED = true, MANUAL_INTERVENTION = true }, 60, { h })
       assert.equal("COMPLETED", sup.request(s, req.id).request_state, sup.detail(s, req.id))
@@ -296,38 +343,100 @@ describe("evm_transfer on a real anvil chain", function()
     local n0 = sup.nonce(anvil.url, sender)
     local h = sup.start_run(env_for(class, CHAIN .. "=" .. fwd.url))
     -- no blocks for now: the transaction stays pending
-    sup.rpc(anvil.url, "evm_setIntervalMining", { 0 })
-    local ok, err = pcall(function()
+    without_blocks(function()
       local req = sup.create(s, "evm_t_flaky", class, intent(dest))
-      local node = sup.wait_for(function()
-        local n = transfer_node(req.id)
-        return (n.node_state == "SUBMITTED" or n.node_state == "OBSERVING") and n
-      end, 30, "the transfer to be broadcast")
+      local node = node_when(req.id, in_flight, "the transfer to be broadcast")
       local tx_hash = node.provider_refs.tx_hash
       assert.equal("broadcast", sup.reservations(s, node.id)[1].status)
       assert.is_nil(sup.receipt(anvil.url, tx_hash))
       -- the endpoint goes down: the observer cannot tell, the node is UNKNOWN
       -- (not FAILED: the transaction may still be mined)
       sup.stop_forwarder(fwd)
-      node = sup.wait_for(function()
-        local n = transfer_node(req.id)
-        return n.node_state == "UNKNOWN" and n
-      end, 30, "the node to become UNKNOWN")
+      node = node_when(req.id, function(n) return n.node_state == "UNKNOWN" end, "the node to become UNKNOWN")
       assert.equal("EVM_RPC_UNREACHABLE", node.error_code)
       assert.equal("EXECUTING", sup.request(s, req.id).request_state)
       -- it comes back, blocks come again: recovery asks the chain, it completes
       sup.start_forwarder(anvil.port, fwd.port)
-      sup.rpc(anvil.url, "evm_setIntervalMining", { 1 })
-      sup.wait_states(s, { req.id }, { COMPLETED = true, FAILED = true, MANUAL_INTERVENTION = true }, 60, { h })
-      assert.equal("COMPLETED", sup.request(s, req.id).request_state, sup.detail(s, req.id))
-      node = transfer_node(req.id)
-      assert.equal(tx_hash, node.provider_refs.tx_hash)
-      assert.equal(1, #sup.reservations(s, node.id))
-      assert.equal(AMOUNT_WEI, sup.balance(anvil.url, dest))
-      assert.equal(n0 + 1, sup.nonce(anvil.url, sender))
+      completes_once(h, req, tx_hash, dest, sender, n0)
     end)
-    pcall(sup.rpc, anvil.url, "evm_setIntervalMining", { 1 })
-    assert(ok, err)
+    stop(h)
+  end)
+
+  it("looks up the same bytes sent twice while pending ('already known'): SUBMITTED, not FAILED", function()
+    local h, class, sender, dest, n0 = start_chaos("dup", 4, { MG_EVM_NONCE_REAPER_ENABLED = "false" })
+    -- no blocks for now: the first copy waits in the pool when the second comes
+    without_blocks(function()
+      local req = sup.create(s, "evm_t_rec", class, intent(dest))
+      local node = node_when(req.id, function(n)
+        return in_flight(n) or n.node_state == "FAILED" or n.node_state == "UNKNOWN"
+      end, "the transfer to be broadcast")
+      assert.is_true(in_flight(node), sup.detail(s, req.id))
+      assert.is_true(node.side_effect)
+      -- the second send was answered "already known" (anvil's wording) ...
+      assert.equal(1, sup.log_count(h, "chaos second send answered: "))
+      assert.equal(1, sup.log_count(h, "transaction already imported"), "log " .. h.log)
+      -- ... and the node carries the hash of the bytes it kept, still pending
+      local res = sup.reservations(s, node.id)
+      assert.equal(1, #res)
+      assert.equal("broadcast", res[1].status)
+      assert.equal(res[1].tx_hash, node.provider_refs.tx_hash)
+      assert.equal(res[1].tx_hash, "0x" .. qtg.crypto.keccak256_hex(qtg.crypto.unhex(res[1].signed_raw_tx)))
+      assert.is_nil(sup.receipt(anvil.url, res[1].tx_hash))
+      -- mined once: one transfer, one nonce
+      completes_once(h, req, res[1].tx_hash, dest, sender, n0)
+    end)
+    stop(h)
+  end)
+
+  it("keeps a dropped transaction whose rebroadcast is refused UNKNOWN (it may still be mined), never FAILED", function()
+    local class = new_class()
+    local fwd = sup.start_forwarder(anvil.port)
+    local sender, dest = DEV[6].address, sup.random_address()
+    local n0 = sup.nonce(anvil.url, sender)
+    local funds = sup.rpc(anvil.url, "eth_getBalance", { sender, "latest" })
+    local h = sup.start_run(env_for(class, CHAIN .. "=" .. fwd.url, { MG_EVM_NONCE_REAPER_ENABLED = "false" }))
+    without_blocks(function()
+      local req = sup.create(s, "evm_t_flaky", class, intent(dest))
+      local tx_hash = node_when(req.id, in_flight, "the transfer to be broadcast").provider_refs.tx_hash
+      -- the endpoint goes down: UNKNOWN, so node_recovery (recover) is what
+      -- looks next
+      sup.stop_forwarder(fwd)
+      assert.equal("EVM_RPC_UNREACHABLE", node_when(req.id, function(n) return n.node_state == "UNKNOWN" end,
+        "the node to become UNKNOWN").error_code)
+      -- meanwhile the node forgets the transaction (evicted from its pool,
+      -- as a restarted or load-balanced node does) and will refuse the same
+      -- bytes again (the sender cannot pay the gas now): other mempools may
+      -- still hold them, so nothing here proves they will never be mined
+      sup.rpc(anvil.url, "anvil_dropTransaction", { tx_hash })
+      assert.equal(cjson.null, sup.rpc(anvil.url, "eth_getTransactionByHash", { tx_hash }))
+      sup.rpc(anvil.url, "anvil_setBalance", { sender, "0x0" })
+      sup.start_forwarder(anvil.port, fwd.port)
+      local node = node_when(req.id, function(n)
+        return n.error_code == "EVM_REBROADCAST_REFUSED" or n.node_state ~= "UNKNOWN"
+      end, "recover to try the same bytes again")
+      assert.equal("UNKNOWN", node.node_state, sup.detail(s, req.id))
+      assert.equal("EVM_REBROADCAST_REFUSED", node.error_code)
+      assert.matches("Insufficient funds", node.error_detail)
+      assert.is_true(node.side_effect)
+      assert.equal(tx_hash, node.provider_refs.tx_hash)
+      assert.equal("EXECUTING", sup.request(s, req.id).request_state)
+      -- the reservation keeps its bytes and its status (not surfaced as
+      -- refused): the same bytes are the only thing this nonce may carry
+      local res = sup.reservations(s, node.id)
+      assert.equal(1, #res)
+      assert.equal("broadcast", res[1].status)
+      assert.equal(qtg.db.NULL, res[1].outcome)
+      assert.matches("refused to rebroadcast", res[1].last_error)
+      -- the next pass of node_recovery asks again: still UNKNOWN while the
+      -- chain cannot tell
+      local seen = node.updated_at
+      node = node_when(req.id, function(n) return n.updated_at ~= seen end, "node_recovery to look again")
+      assert.equal("UNKNOWN", node.node_state, sup.detail(s, req.id))
+      assert.equal("EVM_REBROADCAST_REFUSED", node.error_code)
+      -- the cause goes away: recovery sends the same bytes, the chain mines them
+      sup.rpc(anvil.url, "anvil_setBalance", { sender, funds })
+      completes_once(h, req, tx_hash, dest, sender, n0)
+    end, function() sup.rpc(anvil.url, "anvil_setBalance", { sender, funds }) end)
     stop(h)
   end)
 

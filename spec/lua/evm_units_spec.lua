@@ -185,6 +185,42 @@ describe("evm_transfer executor: checks without a chain", function()
     assert.equal("?", exe.redact("ftp://x"))
   end)
 
+  it("tells the node answers that mean the same bytes are already known", function()
+    -- submit and recover look these up by hash instead of failing the
+    -- transfer (an "already known" taken as a refusal piled up retries at
+    -- OpenZeppelin Defender when a provider reworded it)
+    local rpc = require "qtg.evm_rpc"
+    local function node_err(message) return { kind = "rpc", code = -32000, message = message } end
+    for _, msg in ipairs({
+      "transaction already imported",                          -- anvil
+      "already known",                                         -- geth, erigon
+      "AlreadyKnown",                                          -- nethermind
+      "Known transaction: 0x1234",                             -- besu
+      "ALREADY KNOWN",                                         -- any case
+      "transaction already exists in the pool",
+      "Transaction is already in the pool",
+    }) do
+      assert.is_true(rpc.is_already_known(node_err(msg)), msg)
+      assert.is_false(rpc.is_nonce_too_low(node_err(msg)), msg)
+    end
+    for _, msg in ipairs({
+      "nonce too low", "replacement transaction underpriced", "Insufficient funds for gas * price + value",
+      "transaction underpriced", "known nonce gap",
+    }) do
+      assert.is_false(rpc.is_already_known(node_err(msg)), msg)
+    end
+    -- only a node's JSON-RPC error says so: the same words from a transport
+    -- failure, or no error at all, are not an answer about the bytes
+    assert.is_false(rpc.is_already_known({ kind = "timeout", message = "already known" }))
+    assert.is_false(rpc.is_already_known(nil))
+    assert.is_false(rpc.is_already_known("already known"))
+    for _, msg in ipairs({ "nonce too low", "Nonce too low: next nonce 7, tx nonce 5", "OldNonce",
+                           "transaction nonce is too low" }) do
+      assert.is_true(rpc.is_nonce_too_low(node_err(msg)), msg)
+      assert.is_false(rpc.is_already_known(node_err(msg)), msg)
+    end
+  end)
+
   it("refuses a chain without an endpoint (this process has none)", function()
     local url, c = exe.endpoint(31337)
     assert.is_nil(url)

@@ -18,7 +18,10 @@
 --                EVM_TX_REVERTED; not mined -> OBSERVING (a dropped
 --                transaction whose nonce is still free is broadcast again)
 --     recover    finds the transaction by its hash (or the node's
---                reservation) and decides from the chain
+--                reservation) and decides from the chain: FAILED only when
+--                the chain proves the bytes dead (reverted, nonce taken) or
+--                nothing was signed; a refused rebroadcast of bytes that may
+--                be out is UNKNOWN with the side effect
 --   destination_chain_receive_observe    COMPLETED once the transaction is
 --                mined with status 1 (optionally checked against the intent)
 --   destination_chain_finality_observe   COMPLETED once the receipt's block
@@ -248,10 +251,15 @@ end
 
 -- ---- broadcasting --------------------------------------------------------------------
 
--- broadcast(url, row) -> status, code, detail   (status: "sent", "failed",
--- "unknown").  Sends the row's signed bytes; "already known" and "nonce too
--- low" are looked up by hash.
-function M.broadcast(url, row)
+-- broadcast(url, row[, again]) -> status, code, detail   (status: "sent",
+-- "failed", "unknown").  Sends the row's signed bytes; "already known" and
+-- "nonce too low" are looked up by hash.  again: the bytes may already be
+-- out (a rebroadcast of a dropped transaction): another node's mempool can
+-- still hold and mine them, so a refusal of this send proves nothing about
+-- them -- it is "unknown" (EVM_REBROADCAST_REFUSED) and the row keeps its
+-- status; only the chain (their nonce used by another transaction) can say
+-- they are dead.
+function M.broadcast(url, row, again)
   local h, err = rpc.send_raw_transaction(url, row.signed_raw_tx)
   if h then
     if h ~= row.tx_hash then
@@ -283,6 +291,13 @@ function M.broadcast(url, row)
     end
     return "unknown", "EVM_BROADCAST_OUTCOME_UNKNOWN",
       "the node says it knows the transaction but cannot find it: " .. tostring(err)
+  end
+  if err.kind == "rpc" and again then
+    local why = string.format("the RPC refused to rebroadcast transaction %s (nonce %d, still free on the chain): %s; "
+      .. "the bytes may have been broadcast before and can still be mined", row.tx_hash, row.nonce,
+      tostring(err.message))
+    nonces.note(row.id, why)
+    return "unknown", "EVM_REBROADCAST_REFUSED", why .. " (" .. M.redact(url) .. ")"
   end
   if err.kind == "rpc" then
     local why = string.format("the RPC refused transaction %s (nonce %d): %s", row.tx_hash, row.nonce,
@@ -491,13 +506,18 @@ local function settle(url, row, pending_status, cfg)
     return { status = "FAILED", provider_refs = transfer_refs(row), error_code = "EVM_NONCE_TAKEN",
              error_detail = why }
   end
-  -- dropped: the node forgot it and the nonce is free: the same bytes again
+  -- dropped: the node forgot it and the nonce is free: the same bytes again.
+  -- They were handed to an RPC before (a row holds bytes only once submit
+  -- was about to send them), so they may sit in another node's mempool and
+  -- be mined later: a refused rebroadcast leaves the node UNKNOWN with its
+  -- side effect (the operator decides; recovery keeps asking the chain).
+  -- FAILED only when the chain proves them dead (EVM_NONCE_TAKEN).
   local b
-  b, code, detail = M.broadcast(url, row)
+  b, code, detail = M.broadcast(url, row, true)
   if b == "sent" then
     return { status = pending_status, side_effect = true, provider_refs = transfer_refs(row),
              retry_after_seconds = poll(cfg) }
-  elseif b == "failed" then
+  elseif b == "failed" and code == "EVM_NONCE_TAKEN" then
     return { status = "FAILED", provider_refs = transfer_refs(row), error_code = code, error_detail = detail }
   end
   return { status = "UNKNOWN", side_effect = true, provider_refs = transfer_refs(row),
