@@ -392,4 +392,29 @@ describe("qtgd migrate", function()
     support.query("DROP TABLE spec_mig_a")
     support.query("DELETE FROM schema_migrations WHERE version LIKE '990%'")
   end)
+
+  it("without MG_DATABASE_URL, starts the private cluster under the repo and uses it (the embedded default)", function()
+    -- a repo of links to this one's lua/, sql/ and tools/, with no var/:
+    -- nothing there yet for tools/pg to find
+    local q = support.sh_quote
+    local root = support.tmpdir()
+    os.execute("chmod 755 " .. q(root)) -- as root, the server runs as postgres
+    for _, d in ipairs({ "lua", "sql", "tools" }) do
+      assert.is_true(os.execute("ln -s " .. q(support.root .. "/" .. d) .. " " .. q(root .. "/" .. d)) == 0)
+    end
+    local env = { QTG_ROOT = root, MG_DATABASE_URL = "", MG_CONSOLE_ENABLED = "false" }
+    local ok, err = pcall(function()
+      local rc, out = support.run(env, { q(support.bin), "migrate" })
+      assert.are.equal(0, rc, out)
+      assert.matches("applied 0001_core.sql", out, 1, true)
+      assert.is_not_nil(support.read(root .. "/var/pg/data/PG_VERSION"), "no cluster under " .. root .. "/var/pg")
+      -- the next command finds the same cluster, already migrated
+      rc, out = support.run(env, { q(support.bin), "migrate" })
+      assert.are.equal(0, rc, out)
+      assert.matches("0 applied", out, 1, true)
+    end)
+    support.run({}, { q(root .. "/tools/pg"), "--dir", q(root .. "/var/pg"), "stop" })
+    os.execute("rm -rf " .. q(root))
+    if not ok then error(err, 0) end
+  end)
 end)

@@ -64,11 +64,15 @@ function M.stop(h, timeout)
   return rc
 end
 
+-- Every process started here is gone afterwards (killed if still running),
+-- and so is its log directory.
 function M.stop_all()
   for _, h in ipairs(M.started) do
     if not M.read(h.rcfile) or not M.read(h.rcfile):match("%d") then
       M.signal(h, "KILL")
+      M.wait_exit(h, 5)
     end
+    os.execute("rm -rf " .. sh_quote(h.dir))
   end
   M.started = {}
 end
