@@ -131,6 +131,13 @@ describe("engine pipeline", function()
       s:query([[UPDATE movement_request_nodes SET node_state = 'UNKNOWN' WHERE request_id = $1::uuid]], other.id)
       assert.equal(0, sup.tick("node_recovery"))
       assert.equal("UNKNOWN", sup.nodes(s, other.id).a.node_state)
+      -- nor its SUBMITTED nodes, however due
+      s:query([[UPDATE movement_request_nodes SET node_state = 'SUBMITTED', next_observe_at = now() - interval '1 hour'
+                 WHERE request_id = $1::uuid]], other.id)
+      assert.equal(0, sup.tick("node_observer"))
+      local a = sup.nodes(s, other.id).a
+      assert.equal("SUBMITTED", a.node_state)
+      assert.equal(0, a.observe_count)
       s:query("UPDATE movement_requests SET network_class = 'parked-spec' WHERE id = $1::uuid", other.id)
     end)
   end)
