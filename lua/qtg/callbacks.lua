@@ -185,6 +185,19 @@ function M.after_attempt(row, out, max_attempts)
            backoff_seconds = M.backoff_seconds(attempts) }
 end
 
+-- take_first_stamps(rows) -> rows, each with its first attempt's stamp in
+-- callback_timestamp: a claim that stamps never-attempted rows (the
+-- dispatchers' CLAIM_SQL) returns the new stamp as `first_stamp`.  The
+-- timestamp a receiver judges freshness by is the first attempt's, not the
+-- row's writing, which an outage or a backlog may have left minutes behind.
+function M.take_first_stamps(rows)
+  for _, row in ipairs(rows) do
+    if type(row.first_stamp) == "number" then row.callback_timestamp = row.first_stamp end
+    row.first_stamp = nil
+  end
+  return rows
+end
+
 -- post(url, body, headers, timeout) -> M.outcome(...) with duration_ms:
 -- one signed POST as every sender makes it (no redirects, the answer read
 -- up to MAX_RESPONSE_BYTES, connecting within CONNECT_TIMEOUT_SECONDS).

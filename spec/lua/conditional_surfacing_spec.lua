@@ -287,6 +287,22 @@ describe("notification_dispatcher", function()
     assert.equals(3, #received(class))
   end)
 
+  it("stamps a notification with its first attempt's time, not the time it was written", function()
+    local class = sup.uid("nd-late")
+    local id = enqueue(class, 1)[1]
+    s:query("UPDATE notification_outbox SET callback_timestamp = callback_timestamp - 1200 WHERE id = $1", id)
+    local written = note(id).callback_timestamp
+    local started = os.time()
+    assert.equals(1, run(class).items)
+    local got = received(class)
+    assert.equals(1, #got)
+    local h = {}
+    for k, v in pairs(got[1].headers) do h[k:lower()] = v end
+    local sent = tonumber(h["x-qtg-callback-timestamp"])
+    assert.is_true(sent >= started - 1 and sent > written + 1000, "sent stamp " .. tostring(sent))
+    assert.equals(sent, note(id).callback_timestamp) -- kept for its retries
+  end)
+
   it("retries on error status and timeout with the callbacks' schedule, then dead-letters", function()
     local class = sup.uid("nd-fail")
     local id = enqueue(class, 1, 3)[1]

@@ -49,7 +49,7 @@ M.SLOW_BATCH_SECONDS = 0.25 -- a batch still sending after this starts another l
 -- timestamp a receiver judges freshness by is the first attempt's (as the
 -- contract says), not the row's writing, which a dispatcher outage or a
 -- backlog may have left minutes behind; retries keep it.  The new stamp
--- comes back as first_stamp (see take_first_stamps).
+-- comes back as first_stamp (callbacks.take_first_stamps).
 M.CLAIM_SQL = [[
 WITH head AS (
   SELECT c.callback_url
@@ -84,14 +84,6 @@ SELECT p.*, st.callback_timestamp AS first_stamp
   FROM picked p LEFT JOIN stamped st ON st.id = p.id
  ORDER BY p.created_at ASC, p.id ASC]]
 
--- The claimed rows with their first attempt's stamp in callback_timestamp.
-local function take_first_stamps(rows)
-  for _, row in ipairs(rows) do
-    if type(row.first_stamp) == "number" then row.callback_timestamp = row.first_stamp end
-    row.first_stamp = nil
-  end
-  return rows
-end
 
 -- Whether a row is due that nobody is sending, asked before a transaction
 -- is opened (idle passes and a lane's last look: one statement).  Run on
@@ -253,7 +245,7 @@ function M.tick(s)
     while pass.err == nil and qtg.monotonic() < deadline and not stopping() do
       if probe and #ls:query(M.PROBE_SQL, class) == 0 then return end
       ls:begin()
-      local rows = take_first_stamps(ls:query(M.CLAIM_SQL, class, M.BATCH, skipped()))
+      local rows = callbacks.take_first_stamps(ls:query(M.CLAIM_SQL, class, M.BATCH, skipped()))
       if #rows == 0 then
         ls:commit()
         return

@@ -70,12 +70,25 @@ function M.surface(s, t)
   return note
 end
 
+-- A never-attempted row is stamped now, in the same statement, as the
+-- callback dispatcher does (callbacks.take_first_stamps).
 M.CLAIM_SQL = [[
-SELECT * FROM notification_outbox
- WHERE status = 'pending' AND next_attempt_at <= now() AND network_class = $1
- ORDER BY created_at ASC, id ASC
- LIMIT $2
- FOR UPDATE SKIP LOCKED]]
+WITH picked AS (
+  SELECT * FROM notification_outbox
+   WHERE status = 'pending' AND next_attempt_at <= now() AND network_class = $1
+   ORDER BY created_at ASC, id ASC
+   LIMIT $2
+   FOR UPDATE SKIP LOCKED
+), stamped AS (
+  UPDATE notification_outbox o
+     SET callback_timestamp = extract(epoch FROM clock_timestamp())::bigint
+    FROM picked p
+   WHERE o.id = p.id AND p.attempts = 0
+  RETURNING o.id, o.callback_timestamp
+)
+SELECT p.*, st.callback_timestamp AS first_stamp
+  FROM picked p LEFT JOIN stamped st ON st.id = p.id
+ ORDER BY p.created_at ASC, p.id ASC]]
 
 M.WRITE_SQL = [[
 WITH o AS (
@@ -127,7 +140,7 @@ function M.tick(s)
   local url = webhook_url()
   local timeout = settings.notify_timeout_seconds
   s:begin()
-  local rows = s:query(M.CLAIM_SQL, settings.network_class, M.BATCH)
+  local rows = callbacks.take_first_stamps(s:query(M.CLAIM_SQL, settings.network_class, M.BATCH))
   if #rows == 0 then
     s:commit()
     return 0
