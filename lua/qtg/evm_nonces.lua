@@ -52,11 +52,11 @@ function M.lock(s, chain_id, address)
   s:query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", M.lock_key(chain_id, address))
 end
 
--- with_tx(fn) -> fn(s)'s first result, on a fresh session in its own
--- committed transaction (rolled back and re-raised on error; the session is
--- released either way).
+-- with_tx(fn) -> fn(s)'s results (up to three: qtg.db.with_session's), on a
+-- fresh session in its own committed transaction (rolled back and re-raised
+-- on error; the session is released either way).
 function M.with_tx(fn)
-  return (qtg.db.with_session(function(s) return s:transaction(fn, s) end))
+  return qtg.db.with_session(function(s) return s:transaction(fn, s) end)
 end
 
 M.ROW_SQL = [[
@@ -193,10 +193,12 @@ function M.reserve(a, build)
   end)
 end
 
--- store_signed(id, node_id, raw, tx_hash) -> row, or nil + reason.  Before
--- any broadcast: the bytes are kept with the reservation (write-once).  A
--- reservation that is no longer this node's unsigned one (released by the
--- reaper meanwhile) is refused: nothing may be sent then.
+-- store_signed(id, node_id, raw, tx_hash) -> row, nil, first; or nil +
+-- reason.  Before any broadcast: the bytes are kept with the reservation
+-- (write-once).  first is true when this call stored them, false when they
+-- were stored before (a re-dispatch after a crash: they may have been sent
+-- already).  A reservation that is no longer this node's unsigned one
+-- (released by the reaper meanwhile) is refused: nothing may be sent then.
 function M.store_signed(id, node_id, raw, tx_hash)
   return M.with_tx(function(s)
     local _, n = s:query([[
@@ -205,8 +207,8 @@ function M.store_signed(id, node_id, raw, tx_hash)
        WHERE id = $1 AND request_node_id = $4::uuid AND status = 'reserved'
          AND signed_raw_tx IS NULL]], id, raw, tx_hash, node_id)
     local row = M.by_id(s, id)
-    if n == 1 then return row end
-    if row and row.tx_hash == tx_hash and row.request_node_id == node_id then return row end
+    if n == 1 then return row, nil, true end
+    if row and row.tx_hash == tx_hash and row.request_node_id == node_id then return row, nil, false end
     return nil, string.format("nonce reservation %s is %s%s: not this node's unsigned reservation any more",
       tostring(id), row and row.status or "gone", row and row.tx_hash and (" with tx " .. row.tx_hash) or "")
   end)

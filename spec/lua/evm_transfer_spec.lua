@@ -308,6 +308,42 @@ describe("evm_transfer on a real anvil chain", function()
     stop(b)
   end)
 
+  it("after a crash, a re-dispatch whose send of the stored bytes is refused is UNKNOWN (they may be out), never FAILED", function()
+    local a, class, sender, dest, n0 = start_chaos("kill", 2, { MG_EVM_NONCE_REAPER_ENABLED = "false" })
+    local funds = sup.rpc(anvil.url, "eth_getBalance", { sender, "latest" })
+    local b
+    without_blocks(function()
+      local req = sup.create(s, "evm_t_crash", class, intent(dest))
+      assert.equal(137, sup.host.wait_exit(a, 30), "the chaos override did not kill qtgd; log " .. a.log)
+      local node = transfer_node(req.id)
+      assert.equal("READY", node.node_state)
+      local tx_hash = sup.reservations(s, node.id)[1].tx_hash
+      -- the bytes went out before the crash; then this node forgets them and
+      -- would refuse them again (the sender cannot pay the gas now), while
+      -- another mempool may still hold them
+      sup.rpc(anvil.url, "anvil_dropTransaction", { tx_hash })
+      sup.rpc(anvil.url, "anvil_setBalance", { sender, "0x0" })
+      b = sup.start_run(env_for(class, CHAIN .. "=" .. anvil.url, { MG_EVM_NONCE_REAPER_ENABLED = "false" }))
+      node = node_when(req.id, function(n) return n.attempt_no >= 1 and n.node_state ~= "SUBMITTING" end,
+        "the re-dispatch")
+      assert.equal("UNKNOWN", node.node_state, sup.detail(s, req.id))
+      assert.equal("EVM_REBROADCAST_REFUSED", node.error_code)
+      assert.is_true(node.side_effect)
+      assert.equal(tx_hash, node.provider_refs.tx_hash)
+      assert.are_not.equal("FAILED", sup.request(s, req.id).request_state)
+      local res = sup.reservations(s, node.id)
+      assert.equal(1, #res)
+      assert.are_not.equal("surfaced", res[1].status)
+      -- the cause goes away; the operator resumes if the request waits for one
+      sup.rpc(anvil.url, "anvil_setBalance", { sender, funds })
+      if sup.request(s, req.id).request_state == "MANUAL_INTERVENTION" then
+        require("qtg.requests").resume(s, req.id, "console:spec")
+      end
+      completes_once(b, req, tx_hash, dest, sender, n0)
+    end, function() sup.rpc(anvil.url, "anvil_setBalance", { sender, funds }) end)
+    stop(b)
+  end)
+
   for _, case in ipairs({
     { mode = "raise", code = "EXECUTOR_ERROR", how = "the answer of eth_sendRawTransaction is lost" },
     { mode = "drop", code = "EVM_BROADCAST_OUTCOME_UNKNOWN", how = "the bytes never reached the node" },

@@ -445,7 +445,7 @@ function M.submit(ctx, submission)
     return { status = "FAILED", error_code = "EVM_SIGNER_ADDRESS_MISMATCH", error_detail = string.format(
       "the signature recovers to %s, the transaction is from %s", tostring(signed.from), ev.from) }
   end
-  local row, why = nonces.store_signed(ev.reservation_id, ctx.request_node_id, signed.raw, signed.tx_hash)
+  local row, why, first = nonces.store_signed(ev.reservation_id, ctx.request_node_id, signed.raw, signed.tx_hash)
   if not row then
     return { status = "FAILED", error_code = "EVM_RESERVATION_LOST", error_detail = why }
   end
@@ -455,8 +455,11 @@ function M.submit(ctx, submission)
     return { status = "UNKNOWN", provider_refs = refs, side_effect = true, error_code = code,
              error_detail = detail }
   end
+  -- bytes stored before this dispatch (a crash came between a send and its
+  -- commit) may be out already: a refusal of this send is then no proof
+  -- they are dead (UNKNOWN, as a refused rebroadcast), only on a first send
   local st
-  st, code, detail = M.broadcast(url, row)
+  st, code, detail = M.broadcast(url, row, not first)
   if st == "sent" then
     return { status = "SUBMITTED", provider_refs = refs, side_effect = true,
              retry_after_seconds = poll(cfg) }
