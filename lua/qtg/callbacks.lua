@@ -185,15 +185,23 @@ function M.after_attempt(row, out, max_attempts)
            backoff_seconds = M.backoff_seconds(attempts) }
 end
 
--- take_first_stamps(rows) -> rows, each with its first attempt's stamp in
--- callback_timestamp: a claim that stamps never-attempted rows (the
--- dispatchers' CLAIM_SQL) returns the new stamp as `first_stamp`.  The
--- timestamp a receiver judges freshness by is the first attempt's, not the
--- row's writing, which an outage or a backlog may have left minutes behind.
-function M.take_first_stamps(rows)
+-- stamp_first_attempts(rows) -> rows: a claimed row never attempted gets
+-- the time now as its stamp (`stamped` set; send_batch's write stores it
+-- with the outcome, and retries keep it).  The timestamp a receiver judges
+-- freshness by is the first attempt's, not the row's writing, which an
+-- outage or a backlog may have left minutes behind.  Stored by the
+-- dispatcher's one write, not by an UPDATE in the claim: a second UPDATE of
+-- the row in the same transaction makes PostgreSQL check its foreign key
+-- again, which takes FOR KEY SHARE on the request row until the commit --
+-- and the node claims' FOR UPDATE ... SKIP LOCKED then skip that request
+-- (an observer pass missed its node that way and waited for its fallback
+-- interval, 5 s).
+function M.stamp_first_attempts(rows)
+  local now = math.floor(qtg.now())
   for _, row in ipairs(rows) do
-    if type(row.first_stamp) == "number" then row.callback_timestamp = row.first_stamp end
-    row.first_stamp = nil
+    if row.attempts == 0 then
+      row.callback_timestamp, row.stamped = now, true
+    end
   end
   return rows
 end
@@ -249,6 +257,7 @@ function M.send_batch(rows, t)
         backoff_seconds = nxt.backoff_seconds, outcome = nxt.outcome,
         last_error = out.error or qtg.db.NULL, last_status = out.status or qtg.db.NULL,
         attempted = true, duration_ms = out.duration_ms,
+        stamp = row.stamped and row.callback_timestamp or nil,
       }
       t.attempted(row, out, nxt)
     end

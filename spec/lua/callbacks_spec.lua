@@ -372,6 +372,33 @@ describe("callback delivery to real receivers", function()
     end
   end)
 
+  it("a batch being written leaves its requests claimable by the node workers", function()
+    -- the lane's footprint in the database, up to its commit: the claim,
+    -- then the one write of the outcomes (with the first attempt's stamp)
+    local class = sup.uid("cb-locks")
+    local req = sup.request(s, T, class, "http://127.0.0.1:9/cb")
+    local lane = qtg.db.acquire()
+    local ok, err = pcall(function()
+      lane:begin()
+      local rows = callbacks.stamp_first_attempts(lane:query(dispatcher.CLAIM_SQL, class, dispatcher.BATCH, "{}"))
+      assert.equals(1, #rows)
+      assert.is_true(rows[1].stamped)
+      lane:query(dispatcher.WRITE_SQL, require("qtg.canon_json").encode({
+        { id = rows[1].id, status = "delivered", attempts = 1, attempted = true, outcome = "delivered",
+          last_status = 200, duration_ms = 1, stamp = rows[1].callback_timestamp } }), "spec")
+      -- the node claims take the request FOR UPDATE ... SKIP LOCKED: a
+      -- lock the lane held on it (FOR KEY SHARE, from a second UPDATE of a
+      -- callback row re-checking its foreign key) would make them skip it
+      local other = qtg.db.acquire()
+      local got = other:query("SELECT id FROM movement_requests WHERE id = $1::uuid FOR UPDATE SKIP LOCKED", req.id)
+      other:release()
+      assert.equals(1, #got)
+    end)
+    pcall(lane.rollback, lane)
+    lane:release()
+    if not ok then error(err, 0) end
+  end)
+
   it("delivers every callback exactly once with two processes", function()
     local class = sup.uid("cb-two")
     local rcv = sup.start_receiver(dir, "two", { mode = "ok", keys = { k1 = key_path },

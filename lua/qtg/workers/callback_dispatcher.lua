@@ -45,11 +45,6 @@ M.SLOW_BATCH_SECONDS = 0.25 -- a batch still sending after this starts another l
 -- oldest first.  A NULL callback_url batches with NULLs (refused unsent).
 -- $3 (text[]) names receivers the head skips: those this pass is already
 -- sending to and has not seen answer within SLOW_BATCH_SECONDS (see tick).
--- A row never attempted is stamped now, in the same statement: the
--- timestamp a receiver judges freshness by is the first attempt's (as the
--- contract says), not the row's writing, which a dispatcher outage or a
--- backlog may have left minutes behind; retries keep it.  The new stamp
--- comes back as first_stamp (callbacks.take_first_stamps).
 M.CLAIM_SQL = [[
 WITH head AS (
   SELECT c.callback_url
@@ -62,27 +57,17 @@ WITH head AS (
    ORDER BY c.created_at ASC, c.id ASC
    LIMIT 1
    FOR UPDATE OF c SKIP LOCKED
-), picked AS (
-  SELECT c.*
-    FROM movement_callback_outbox c
-    JOIN movement_requests r ON r.id = c.request_id
-    JOIN head ON c.callback_url IS NOT DISTINCT FROM head.callback_url
-   WHERE c.status = 'pending'
-     AND c.next_attempt_at <= now()
-     AND r.network_class = $1
-   ORDER BY c.created_at ASC, c.id ASC
-   LIMIT $2
-   FOR UPDATE OF c SKIP LOCKED
-), stamped AS (
-  UPDATE movement_callback_outbox o
-     SET callback_timestamp = extract(epoch FROM clock_timestamp())::bigint
-    FROM picked p
-   WHERE o.id = p.id AND p.attempts = 0
-  RETURNING o.id, o.callback_timestamp
 )
-SELECT p.*, st.callback_timestamp AS first_stamp
-  FROM picked p LEFT JOIN stamped st ON st.id = p.id
- ORDER BY p.created_at ASC, p.id ASC]]
+SELECT c.*
+  FROM movement_callback_outbox c
+  JOIN movement_requests r ON r.id = c.request_id
+  JOIN head ON c.callback_url IS NOT DISTINCT FROM head.callback_url
+ WHERE c.status = 'pending'
+   AND c.next_attempt_at <= now()
+   AND r.network_class = $1
+ ORDER BY c.created_at ASC, c.id ASC
+ LIMIT $2
+ FOR UPDATE OF c SKIP LOCKED]]
 
 
 -- Whether a row is due that nobody is sending, asked before a transaction
@@ -109,11 +94,13 @@ M.WRITE_SQL = [[
 WITH o AS (
   SELECT * FROM jsonb_to_recordset($1::jsonb) AS o(
     id bigint, status text, attempts int, backoff_seconds double precision,
-    last_error text, last_status int, attempted boolean, outcome text, duration_ms int)
+    last_error text, last_status int, attempted boolean, outcome text, duration_ms int,
+    stamp bigint)
 ), t AS (SELECT clock_timestamp() AS at),
 upd AS (
   UPDATE movement_callback_outbox c
      SET status = o.status,
+         callback_timestamp = coalesce(o.stamp, c.callback_timestamp),
          attempts = o.attempts,
          last_error = o.last_error,
          last_status = o.last_status,
@@ -245,7 +232,7 @@ function M.tick(s)
     while pass.err == nil and qtg.monotonic() < deadline and not stopping() do
       if probe and #ls:query(M.PROBE_SQL, class) == 0 then return end
       ls:begin()
-      local rows = callbacks.take_first_stamps(ls:query(M.CLAIM_SQL, class, M.BATCH, skipped()))
+      local rows = callbacks.stamp_first_attempts(ls:query(M.CLAIM_SQL, class, M.BATCH, skipped()))
       if #rows == 0 then
         ls:commit()
         return

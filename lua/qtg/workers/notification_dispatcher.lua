@@ -70,34 +70,22 @@ function M.surface(s, t)
   return note
 end
 
--- A never-attempted row is stamped now, in the same statement, as the
--- callback dispatcher does (callbacks.take_first_stamps).
 M.CLAIM_SQL = [[
-WITH picked AS (
-  SELECT * FROM notification_outbox
-   WHERE status = 'pending' AND next_attempt_at <= now() AND network_class = $1
-   ORDER BY created_at ASC, id ASC
-   LIMIT $2
-   FOR UPDATE SKIP LOCKED
-), stamped AS (
-  UPDATE notification_outbox o
-     SET callback_timestamp = extract(epoch FROM clock_timestamp())::bigint
-    FROM picked p
-   WHERE o.id = p.id AND p.attempts = 0
-  RETURNING o.id, o.callback_timestamp
-)
-SELECT p.*, st.callback_timestamp AS first_stamp
-  FROM picked p LEFT JOIN stamped st ON st.id = p.id
- ORDER BY p.created_at ASC, p.id ASC]]
+SELECT * FROM notification_outbox
+ WHERE status = 'pending' AND next_attempt_at <= now() AND network_class = $1
+ ORDER BY created_at ASC, id ASC
+ LIMIT $2
+ FOR UPDATE SKIP LOCKED]]
 
 M.WRITE_SQL = [[
 WITH o AS (
   SELECT * FROM jsonb_to_recordset($1::jsonb) AS o(
     id bigint, status text, attempts int, backoff_seconds double precision,
-    last_error text, last_status int, attempted boolean)
+    last_error text, last_status int, attempted boolean, stamp bigint)
 ), t AS (SELECT clock_timestamp() AS at)
 UPDATE notification_outbox n
    SET status = o.status, attempts = o.attempts, last_error = o.last_error,
+       callback_timestamp = coalesce(o.stamp, n.callback_timestamp),
        last_status = o.last_status,
        next_attempt_at = CASE WHEN o.backoff_seconds IS NULL THEN n.next_attempt_at
                               ELSE t.at + make_interval(secs => o.backoff_seconds) END,
@@ -140,7 +128,7 @@ function M.tick(s)
   local url = webhook_url()
   local timeout = settings.notify_timeout_seconds
   s:begin()
-  local rows = callbacks.take_first_stamps(s:query(M.CLAIM_SQL, settings.network_class, M.BATCH))
+  local rows = callbacks.stamp_first_attempts(s:query(M.CLAIM_SQL, settings.network_class, M.BATCH))
   if #rows == 0 then
     s:commit()
     return 0
