@@ -32,8 +32,8 @@ static const qtg_command qtg_commands[] = {
   {"migrate", "[DIR]", "apply sql/NNNN_*.sql (or DIR's) in order, each once, in a transaction", 1, 1},
   {"exec", "FILE [ARGS...]", "run a Lua script inside the host (it may query); exits with what it returns", 1, -1},
   {"templates", "load|check DIR | list", "validate and compile movement templates into plan versions", 1, -1},
-  {"check", "[OPTIONS]", "validate settings, database, migrations, templates and policy scripts\n"
-   "                                     (--templates DIR, --strict, --quiet)", 1, -1},
+  {"check", "[--templates DIR] [--strict] [--quiet]",
+   "validate settings, database, migrations, templates and policy scripts", 1, -1},
   {"console", "[-e CODE] [--socket PATH]", "attach a Lua console to the running daemon", 0, -1},
   {"settings", "[--markdown]", "print every MG_* setting with its value and default", 0, 1},
   {"version", "", "print the version", 0, 0},
@@ -46,7 +46,8 @@ static void qtg_usage(FILE *out) {
   for (size_t i = 0; i < QTG_NCOMMANDS; i++) {
     char left[64];
     snprintf(left, sizeof left, "%s %s", qtg_commands[i].name, qtg_commands[i].args);
-    fprintf(out, "  %-34s %s\n", left, qtg_commands[i].help);
+    if (strlen(left) > 34) fprintf(out, "  %s\n  %-34s %s\n", left, "", qtg_commands[i].help);
+    else fprintf(out, "  %-34s %s\n", left, qtg_commands[i].help);
   }
   fprintf(out, "\nSettings come from MG_* environment variables (qtgd settings lists them).\n"
                "Without MG_DATABASE_URL, qtgd uses the private cluster under the repo (tools/pg).\n");

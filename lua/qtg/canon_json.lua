@@ -117,26 +117,30 @@ function M.text_ok(s)
   return true
 end
 
--- storable(v) -> true | nil, reason: v can be written to a jsonb column --
--- M.encode accepts it (finite numbers, string keys, at most 64 levels) and
--- every string in it, keys included, passes M.text_ok.  Found by the fuzz
+-- bad_text_path(v, path) -> where in v (path, then ".key" / "[i]" steps)
+-- the first string, value or key, fails M.text_ok; nil when none does.
+-- Call it on an encodable value (M.encode bounds the depth).
+function M.bad_text_path(v, path)
+  if type(v) == "string" then return not M.text_ok(v) and path or nil end
+  if type(v) ~= "table" then return nil end
+  for k, x in pairs(v) do
+    if type(k) == "string" and not M.text_ok(k) then return path .. " (a key)" end
+    local bad = M.bad_text_path(x, path .. (type(k) == "number" and ("[" .. k .. "]") or ("." .. tostring(k))))
+    if bad then return bad end
+  end
+  return nil
+end
+
+-- storable(v[, name]) -> true | nil, reason: v can be written to a jsonb
+-- column -- M.encode accepts it (finite numbers, string keys, at most 64
+-- levels) and every string in it, keys included, passes M.text_ok (the
+-- reason names where, from `name`, default "value").  Found by the fuzz
 -- specs: without it such values raised deep inside a write.
-function M.storable(v)
+function M.storable(v, name)
   local ok, err = pcall(M.encode, v)
   if not ok then return nil, tostring(err) end
-  local bad
-  local function walk(x)
-    if bad then return end
-    if type(x) == "string" then
-      if not M.text_ok(x) then bad = x end
-    elseif type(x) == "table" then
-      for k, y in pairs(x) do walk(k); walk(y) end
-    end
-  end
-  walk(v)
-  if bad then
-    return nil, string.format("a string holds a NUL byte or is not valid UTF-8 (%q)", bad:sub(1, 40))
-  end
+  local bad = M.bad_text_path(v, name or "value")
+  if bad then return nil, bad .. " holds a NUL byte or is not valid UTF-8" end
   return true
 end
 

@@ -119,7 +119,7 @@ local function check_create_args(args)
     refuse("invalid_input", "input_params must be a JSON object")
   end
   if args.input_params ~= nil then
-    local ok, why = canon.storable(args.input_params)
+    local ok, why = canon.storable(args.input_params, "input_params")
     if not ok then refuse("invalid_input", "input_params cannot be stored: %s", why) end
   end
   if type(args.callback_url) == "string" and not canon.text_ok(args.callback_url) then

@@ -59,28 +59,14 @@ local function utc_time(v)
   return v
 end
 
--- bad_text(v, path) -> the path of the first string (value or key) in v
--- that PostgreSQL text or jsonb cannot hold (a NUL byte, invalid UTF-8), or
--- nil.  The whole venue object is stored as raw jsonb, so every field
--- counts, not only the ones we read.
-local function bad_text(v, path)
-  if type(v) == "string" then return not canon.text_ok(v) and path or nil end
-  if type(v) ~= "table" then return nil end
-  for k, x in pairs(v) do
-    local sub = path .. (type(k) == "number" and ("[" .. k .. "]") or ("." .. tostring(k)))
-    if type(k) == "string" and not canon.text_ok(k) then return path .. " (a key)" end
-    local bad = bad_text(x, sub)
-    if bad then return bad end
-  end
-  return nil
-end
-
 -- normalize(t) -> transfer or nil, reason
 function M.normalize(t, i)
   local where = "transfers[" .. i .. "]"
   if type(t) ~= "table" then return nil, where .. " is not an object" end
-  local bad = bad_text(t, where)
-  if bad then return nil, bad .. " holds a NUL byte or is not valid UTF-8" end
+  -- the whole venue object is stored as raw jsonb: every field counts, not
+  -- only the ones read here
+  local ok, why = canon.storable(t, where)
+  if not ok then return nil, why end
   if type(t.id) ~= "string" or t.id == "" or #t.id > 200 then return nil, where .. ".id missing" end
   if not DIRECTIONS[t.direction] then return nil, where .. ".direction is not deposit or withdrawal" end
   if type(t.asset) ~= "string" or not t.asset:match("^[%w._-]+$") or #t.asset > 32 then

@@ -69,7 +69,6 @@ SELECT c.*
  LIMIT $2
  FOR UPDATE OF c SKIP LOCKED]]
 
-
 -- Whether a row is due that nobody is sending, asked before a transaction
 -- is opened (idle passes and a lane's last look: one statement).  Run on
 -- its own, the statement's lock ends with it; SKIP LOCKED makes rows that
@@ -89,7 +88,8 @@ SELECT 1
  FOR UPDATE OF c SKIP LOCKED]]
 
 -- $1: array of {id, status, attempts, backoff_seconds?, last_error?,
--- last_status?, attempted, outcome?, duration_ms?}; $2: process id.
+-- last_status?, attempted, outcome?, duration_ms?, stamp?} (qtg.callbacks
+-- send_batch's writes; stamp: a first attempt's timestamp); $2: process id.
 M.WRITE_SQL = [[
 WITH o AS (
   SELECT * FROM jsonb_to_recordset($1::jsonb) AS o(
