@@ -208,6 +208,17 @@ function M.approve(s, id, actor)
       refuse("illegal_transition", "cannot approve request %s: its approval window closed at %s",
         id, tostring(req.expires_at))
     end
+    local digest = s:query([[
+      SELECT qtg_approval_digest(r) AS d FROM movement_requests r WHERE id = $1::uuid]], id)[1].d
+    if req.approval_digest ~= nil and req.approval_digest ~= NULL and req.approval_digest ~= digest then
+      refuse("illegal_transition", "cannot approve request %s: it changed since its first approval",
+        id)
+    end
+    s:query([[
+      INSERT INTO request_approvals (request_id, principal, decision, approval_digest)
+      VALUES ($1::uuid, $2, 'approve', $3)]], id, actor, digest)
+    s:query("UPDATE movement_requests SET approval_digest = $2 WHERE id = $1::uuid", id, digest)
+    req.approval_digest = digest
     local g = nodes_db.load_all(s, req)
     nodes_db.set_request_state(s, req, "APPROVED", actor, {
       event = "request_approved", action = "request.approve",
