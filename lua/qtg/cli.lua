@@ -9,6 +9,7 @@ local commands = {
   exec = "qtg.cli.exec",
   templates = "qtg.cli.templates",
   check = "qtg.cli.check",
+  audit = "qtg.cli.audit",
 }
 
 function M.main(cmd, args)

@@ -1203,7 +1203,7 @@ static void test_bad_input(fixture *f) {
   CHECK(&tc, pg_ok(f, "DELETE FROM console_probe_marks"));
   fd = raw_session(f);
   CHECK(&tc, raw_send(fd, QTG_CONSOLE_EVAL,
-                      "qtg.sleep(1.5) sql(\"INSERT INTO console_probe_marks VALUES ('disconnect')\")") == 0);
+                      "qtg.sleep(1.5) sql_write(\"INSERT INTO console_probe_marks VALUES ('disconnect')\")") == 0);
   sleep_s(0.3);
   close(fd);
   sleep_s(2.5);

@@ -391,7 +391,7 @@ end
 function B.raw_cleanup()
   -- audit rows leave the outbox only by promotion (sql/0040): promote them
   local promote = require("qtg.workers.audit_outbox_promoter").PROMOTE_SQL
-  repeat local _, n = B.q(promote, 5000) until (n or 0) == 0
+  repeat local n = B.q(promote, 5000)[1].promoted until n == 0
   -- The raw rows are the bench's own and nothing references them; with
   -- foreign-key checks off (session_replication_role = replica, this
   -- session only) deleting them does not scan the whole outbox once per

@@ -38,7 +38,8 @@ M.LIST = {
   { "balances", "()", "the latest balance snapshot of each venue" },
   { "settings", "()", "the MG_* settings of this process (secrets hidden)" },
   { "reload", "()", "reload the policy scripts (as SIGHUP does)" },
-  { "sql", "(query, ...)", "run one SQL statement ($1.. parameters); not audited: read-only use" },
+  { "sql", "(query, ...)", "run one SQL statement ($1.. parameters), read-only; audited" },
+  { "sql_write", "(query, ...)", "run one SQL statement that may write (emergencies); audited" },
   { "pp", "(value)", "print a value pretty-printed" },
 }
 
@@ -321,6 +322,42 @@ local function help()
   return view.text(table.concat(lines, "\n"))
 end
 
+-- sql(query, ...) runs in a READ ONLY transaction; sql_write(query, ...) may
+-- write, for emergencies.  Both are audited (console.sql / console.sql_write,
+-- the statement and its parameters): a read in its own transaction before the
+-- statement runs, a write in the statement's own transaction, so the change
+-- and its record commit together.
+local SQL_MODES = {
+  sql = { read_only = true, action = "console.sql" },
+  sql_write = { read_only = false, action = "console.sql_write" },
+}
+
+local function sql_params(args)
+  local out = {}
+  for i = 1, args.n do out[i] = args[i] == nil and "nil" or tostring(args[i]) end
+  return out
+end
+
+local function run_sql(actor, mode_name, query, ...)
+  local mode = SQL_MODES[mode_name]
+  if type(query) ~= "string" then usage("%s(query, ...): query must be a string", mode_name) end
+  local args = { n = select("#", ...), ... }
+  local outbox = require("qtg.outbox")
+  local detail = { query = query, params = sql_params(args), read_only = mode.read_only }
+  return with_session(function(s)
+    if mode.read_only then
+      s:transaction(function()
+        outbox.audit(s, actor, mode.action, "sql", "console", nil, detail)
+      end)
+    end
+    return s:transaction(function()
+      if mode.read_only then s:exec("SET TRANSACTION READ ONLY")
+      else outbox.audit(s, actor, mode.action, "sql", "console", nil, detail) end
+      return (s:query(query, unpack(args, 1, args.n)))
+    end)
+  end)
+end
+
 -- bind(ctx) -> the command table of one session.  ctx.actor is the audit
 -- actor ("console:<uid>"); ctx.print writes a line to the operator.
 function M.bind(ctx)
@@ -469,11 +506,8 @@ function M.bind(ctx)
     return text
   end
 
-  function c.sql(query, ...)
-    if type(query) ~= "string" then usage("sql(query, ...): query must be a string") end
-    local args = { n = select("#", ...), ... }
-    return with_session(function(s) return (s:query(query, unpack(args, 1, args.n))) end)
-  end
+  c.sql = function(query, ...) return run_sql(actor, "sql", query, ...) end
+  c.sql_write = function(query, ...) return run_sql(actor, "sql_write", query, ...) end
 
   function c.pp(v)
     out(pretty.pretty(v))

@@ -21,41 +21,30 @@ local heartbeats = require("qtg.heartbeats")
 local M = {}
 
 M.BATCH = 500
--- The advisory lock key: hashtext('qtg.audit_outbox_promoter'), computed by
--- PostgreSQL so every process agrees.
---
--- The batch is picked in a MATERIALIZED CTE, never in `id IN (SELECT ...
--- LIMIT $1 FOR UPDATE SKIP LOCKED)`: a plan may rescan such a subquery once
--- per outer row (a nested-loop semi join), and each rescan skips the rows
--- this statement has already deleted and locks the next ones, so the
--- "batch" grows to the whole table.  A CTE is computed once.
-M.PROMOTE_SQL = [[
-WITH lock AS (
-  SELECT pg_try_advisory_xact_lock(hashtext('qtg.audit_outbox_promoter')) AS held
-), picked AS MATERIALIZED (
-  SELECT o.id FROM audit_outbox o, lock
-   WHERE lock.held
-   ORDER BY o.id
-   LIMIT $1
-   FOR UPDATE OF o SKIP LOCKED
-), moved AS (
-  DELETE FROM audit_outbox a USING picked p
-   WHERE a.id = p.id
-  RETURNING a.*
-)
-INSERT INTO audit_events
-  (outbox_id, actor, action, entity_type, entity_id, request_id, detail, created_at, promoted_at)
-SELECT id, actor, action, entity_type, entity_id, request_id, detail, created_at,
-       clock_timestamp()
-  FROM moved
- ORDER BY id]]
+
+-- The statement lives in the database as qtg_audit_promote(batch)
+-- (sql/0101): it runs with the owner role's rights, so the runtime role
+-- needs no INSERT on audit_events.  It takes a transaction-scoped advisory
+-- lock (hashtext('qtg.audit_outbox_promoter')) so passes of several
+-- processes never interleave, and picks the batch in a MATERIALIZED CTE:
+-- `id IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)` may be rescanned once
+-- per outer row (a nested-loop semi join), each rescan skipping the rows
+-- already deleted and locking the next, so the "batch" would grow to the
+-- whole table.  The chain columns are written by audit_events' trigger
+-- (sql/0100).
+M.PROMOTE_SQL = "SELECT qtg_audit_promote($1) AS promoted"
+
+-- promote(s, batch) -> rows promoted (0 while another process promotes).
+function M.promote(s, batch)
+  return s:query(M.PROMOTE_SQL, batch or M.BATCH)[1].promoted
+end
 
 function M.tick(s)
   -- one statement is its own transaction (the advisory lock is held for
   -- it): no BEGIN/COMMIT round trips, an idle pass costs one statement
-  local _, promoted = s:query(M.PROMOTE_SQL, M.BATCH)
+  local promoted = M.promote(s, M.BATCH)
   heartbeats.maybe_flush(s)
-  return promoted or 0
+  return promoted
 end
 
 return M
