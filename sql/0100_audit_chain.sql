@@ -12,7 +12,8 @@
 -- The chain is written by a BEFORE INSERT trigger, in the order rows are
 -- inserted: promotion is serialised (the promoter's advisory lock) and the
 -- head row is locked for the rest of the inserting transaction, so two
--- writers can never give two rows the same place.
+-- writers can never give two rows the same place (and the UNIQUE
+-- (network_class, chain_seq) says so if they tried).
 --
 -- `qtgd audit verify` recomputes every hash with its own copy of the row
 -- text's expression (not by calling qtg_audit_row_text, which a role able to
@@ -46,24 +47,60 @@ CREATE FUNCTION qtg_audit_row_text(e audit_events) RETURNS text
     'network_class', e.network_class, 'chain_seq', e.chain_seq)::text
 $$;
 
+-- The place of each inserted row.  The head is read and locked (FOR UPDATE)
+-- once per transaction and chain, then carried in a transaction-local setting
+-- (qtg_chain.h<md5 of the class>: "seq:hash") from row to row; one
+-- statement-level trigger writes the heads back once per statement.  Updating
+-- the head row once per inserted row would leave a version per row that the
+-- next lookup walks (a 500-row batch would walk 125,000 versions).  The
+-- settings are transaction-local, so a rolled-back (sub)transaction forgets
+-- them along with its rows and its head updates.
 CREATE FUNCTION qtg_audit_chain() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
-  head audit_chain_heads;
+  key text;
+  carried text;
+  seq bigint;
+  prev text;
 BEGIN
   NEW.network_class := coalesce(
     (SELECT r.network_class FROM movement_requests r WHERE r.id = NEW.request_id), '');
-  SELECT * INTO head FROM audit_chain_heads WHERE network_class = NEW.network_class FOR UPDATE;
-  IF NOT FOUND THEN
+  key := 'qtg_chain.h' || md5(NEW.network_class);
+  carried := current_setting(key, true);
+  IF coalesce(carried, '') = '' THEN
     INSERT INTO audit_chain_heads (network_class, chain_seq, row_hash)
     VALUES (NEW.network_class, 0, repeat('0', 64)) ON CONFLICT DO NOTHING;
-    SELECT * INTO head FROM audit_chain_heads WHERE network_class = NEW.network_class FOR UPDATE;
+    SELECT h.chain_seq, h.row_hash INTO seq, prev
+      FROM audit_chain_heads h WHERE h.network_class = NEW.network_class FOR UPDATE;
+    PERFORM set_config('qtg_chain.dirty', (
+      coalesce(nullif(current_setting('qtg_chain.dirty', true), ''), '[]')::jsonb
+        || to_jsonb(NEW.network_class))::text, true);
+  ELSE
+    seq := split_part(carried, ':', 1)::bigint;
+    prev := split_part(carried, ':', 2);
   END IF;
-  NEW.chain_seq := head.chain_seq + 1;
-  NEW.prev_hash := head.row_hash;
+  NEW.chain_seq := seq + 1;
+  NEW.prev_hash := prev;
   NEW.row_hash := encode(sha256(convert_to(NEW.prev_hash || qtg_audit_row_text(NEW), 'UTF8')), 'hex');
-  UPDATE audit_chain_heads SET chain_seq = NEW.chain_seq, row_hash = NEW.row_hash
-   WHERE network_class = NEW.network_class;
+  PERFORM set_config(key, NEW.chain_seq || ':' || NEW.row_hash, true);
   RETURN NEW;
+END $$;
+
+-- After each INSERT statement: the carried ends become the heads.  The head
+-- rows stay locked by this transaction, so the carried values stay right
+-- for its later statements.
+CREATE FUNCTION qtg_audit_chain_heads() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+  class text;
+  carried text;
+BEGIN
+  FOR class IN SELECT jsonb_array_elements_text(
+      coalesce(nullif(current_setting('qtg_chain.dirty', true), ''), '[]')::jsonb) LOOP
+    carried := current_setting('qtg_chain.h' || md5(class), true);
+    UPDATE audit_chain_heads
+       SET chain_seq = split_part(carried, ':', 1)::bigint, row_hash = split_part(carried, ':', 2)
+     WHERE network_class = class AND chain_seq <> split_part(carried, ':', 1)::bigint;
+  END LOOP;
+  RETURN NULL;
 END $$;
 
 -- Rows written before this migration join the chains in id order.
@@ -103,3 +140,5 @@ ALTER TABLE audit_events
 
 CREATE TRIGGER audit_events_chain BEFORE INSERT ON audit_events
   FOR EACH ROW EXECUTE FUNCTION qtg_audit_chain();
+CREATE TRIGGER audit_events_chain_heads AFTER INSERT ON audit_events
+  FOR EACH STATEMENT EXECUTE FUNCTION qtg_audit_chain_heads();

@@ -69,6 +69,37 @@ describe("the audit chain", function()
     assert.is_true(report.checked >= 8)
   end)
 
+  it("stays whole across statements, savepoints and rollbacks of one transaction", function()
+    local function outbox_rows(n, tag)
+      for i = 1, n do
+        s:query([[INSERT INTO audit_outbox (actor, action, entity_type, entity_id, detail)
+                  VALUES ('system:spec', $1, 'spec', $2, '{}')]], tag, tostring(i))
+      end
+    end
+    s:begin()
+    outbox_rows(3, "spec.chain.tx")
+    assert.equals(3, promoter.promote(s, 500))
+    s:savepoint("sp")
+    outbox_rows(2, "spec.chain.sp")
+    assert.equals(2, promoter.promote(s, 500))
+    s:rollback_to("sp")
+    outbox_rows(4, "spec.chain.tx2")
+    assert.equals(4, promoter.promote(s, 500))
+    s:commit()
+    s:begin()
+    outbox_rows(1, "spec.chain.rolled")
+    assert.equals(1, promoter.promote(s, 500))
+    s:rollback()
+    history(1)
+    assert.equals(0, s:query("SELECT count(*)::int AS n FROM audit_events WHERE action IN ($1, $2)",
+      "spec.chain.sp", "spec.chain.rolled")[1].n)
+    local report = audit.verify(s)
+    assert.is_true(report.ok, report.broken and report.broken.meaning)
+    local head = s:query("SELECT chain_seq FROM audit_chain_heads WHERE network_class = ''")[1]
+    assert.equals(s:query([[SELECT max(chain_seq) AS m FROM audit_events
+                             WHERE network_class = '']])[1].m, head.chain_seq)
+  end)
+
   it("finds a row edited by the owner role", function()
     history(2)
     local victim = last_rows(3)[3]
