@@ -248,6 +248,47 @@ function M.check_database(report, opts)
   return s
 end
 
+-- ---- the daemon's database role -------------------------------------------------
+
+-- Network classes that move no real money: there a superuser or owning role
+-- is a warning (the development cluster connects as its superuser);
+-- everywhere else it is a failure.
+local DEVELOPMENT_CLASSES = { devnet = true, dev = true, test = true, testnet = true,
+                              demo = true, bench = true, ["local"] = true }
+
+M.ROLE_SQL = [[
+SELECT r.rolsuper AS superuser,
+       (SELECT count(*)::int FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p')
+           AND pg_has_role(current_user, c.relowner, 'USAGE')) AS owned,
+       pg_has_role(current_user, 'qtg_runtime', 'MEMBER') AS runtime
+  FROM pg_roles r WHERE r.rolname = current_user]]
+
+-- A daemon that owns its tables or is a superuser can rewrite the audit
+-- trail and switch its guards off (docs/security.md, "Database roles").
+function M.check_role(report, s)
+  local has_runtime = s:query("SELECT to_regrole('qtg_runtime') IS NOT NULL AS ok")[1].ok
+  local sql = has_runtime and M.ROLE_SQL or M.ROLE_SQL:gsub(
+    "pg_has_role%(current_user, 'qtg_runtime', 'MEMBER'%)", "false")
+  local r = s:query(sql)[1]
+  local class = qtg.settings.network_class
+  local level = DEVELOPMENT_CLASSES[class] and "warn" or "FAIL"
+  local user = s:query("SELECT current_user AS u")[1].u
+  if r.superuser then
+    add(report, level, "db role", ("%s is a superuser: it can disable the audit trail's guards;"
+      .. " run the daemon as a member of qtg_runtime (docs/operations.md)%s"):format(user,
+      level == "warn" and (" (a warning on the development class " .. class .. ")") or ""))
+  elseif r.owned > 0 then
+    add(report, level, "db role", ("%s owns %s: it can alter them and disable their triggers;"
+      .. " migrate as the owner, run the daemon as a member of qtg_runtime"):format(user,
+      plural(r.owned, "table")))
+  elseif not r.runtime then
+    add(report, "warn", "db role", user .. " is not a member of qtg_runtime: grants may be missing")
+  else
+    add(report, "ok", "db role", user .. " is a member of qtg_runtime and owns nothing")
+  end
+end
+
 -- ---- migrations ------------------------------------------------------------------
 
 function M.check_migrations(report, s)
@@ -462,6 +503,8 @@ function M.run_checks(opts)
     local ok, res = pcall(M.check_migrations, report, s)
     if not ok then add(report, "FAIL", "migrations", message_of(res)) end
     migrated = ok and res
+    local rok, rerr = pcall(M.check_role, report, s)
+    if not rok then add(report, "FAIL", "db role", message_of(rerr)) end
   else
     add(report, "FAIL", "migrations", "not checked: no database")
   end

@@ -41,6 +41,16 @@ local function applied_versions(s)
   return done, versions
 end
 
+-- grant_roles(s, log): the runtime role's grants on every table there is
+-- now (sql/0102), after every run, so tables of later migrations are
+-- covered.  Before 0102 is applied there is nothing to call.
+function M.grant_roles(s, log)
+  local has = s:query("SELECT to_regprocedure('qtg_grant_roles()') IS NOT NULL AS ok")[1].ok
+  if not has then return end
+  local said = s:query("SELECT qtg_grant_roles() AS said")[1].said
+  if said ~= "granted" then (log or function() end)("roles: " .. tostring(said)) end
+end
+
 -- Returns applied, skipped counts; raises a message on refusal or failure.
 function M.apply(s, dir, log)
   log = log or function() end
@@ -72,6 +82,7 @@ function M.apply(s, dir, log)
         napplied = napplied + 1
       end
     end
+    M.grant_roles(s, log)
     return napplied, nskipped
   end)
   s:query("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK)
