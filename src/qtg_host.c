@@ -286,7 +286,8 @@ static const qtg_subsystem qtg_subsystems[] = {
 #define QTG_NSUBSYSTEMS (sizeof qtg_subsystems / sizeof qtg_subsystems[0])
 
 /* Module search path: the operator's override directory first, then the
- * packaged lua/, then Debian's Lua 5.1 directories (cjson, lfs, busted). */
+ * packaged lua/, then Debian's Lua 5.1 directories (cjson, lfs, busted; the
+ * C modules' directory is the build machine's multiarch one, from CMake). */
 static void qtg_host_set_paths(qtg_host *h) {
   lua_State *L = h->L;
   const char *over = qtg_settings_str(h->settings, QTG_S_LUA_PATH);
@@ -298,7 +299,7 @@ static void qtg_host_set_paths(qtg_host *h) {
   lua_getfield(L, top, "path");
   lua_concat(L, lua_gettop(L) - top);
   lua_setfield(L, top, "path");
-  lua_pushliteral(L, "/usr/lib/x86_64-linux-gnu/lua/5.1/?.so;");
+  lua_pushliteral(L, QTG_LUA_CMODULE_DIR "/?.so;");
   lua_getfield(L, top, "cpath");
   lua_concat(L, 2);
   lua_setfield(L, top, "cpath");
