@@ -187,6 +187,17 @@ function M.check_settings(report, opts)
   if not settings.workers_enabled then
     add(report, "warn", "settings", "MG_WORKERS_ENABLED=false: `qtgd run` will start no worker")
   end
+  local batch = tonumber(settings.node_recovery_batch_size)
+  if batch and batch < 4 then
+    local recovery = require("qtg.workers.node_recovery")
+    local starved = {}
+    for i, n in ipairs(recovery.arm_sizes(batch)) do
+      if n == 0 then starved[#starved + 1] = recovery.LANES[i].name end
+    end
+    add(report, "warn", "settings", ("MG_NODE_RECOVERY_BATCH_SIZE=%d is below 4: recovery's batch is"
+      .. " split over four arms of max(1, batch // 4) in priority order, so the later arms (%s)"
+      .. " never recover a node; keep it at 4 or more"):format(batch, table.concat(starved, ", ")))
+  end
   return ok
 end
 
