@@ -145,6 +145,55 @@ describe("provider pacing", function()
     end)
   end)
 
+  it("a dispatcher over an executor's submit limit leaves the node READY and dispatches another executor's", function()
+    local executors = require("qtg.executors")
+    local pacing = require("qtg.pacing")
+    local d = require("qtg.workers.node_dispatcher")
+    local sim = require("qtg.executors.sim")
+    -- a second provider: the sim's code under another name, not limited
+    package.loaded["spec.pacing_sim_b"] = setmetatable({ RATE_LIMITS = false }, { __index = sim })
+    executors.ADAPTERS.spec_sim_b = "spec.pacing_sim_b"
+    local ok, err = pcall(function()
+      qtg.db.with_session(function(s)
+        engine.park_others(s)
+        engine.load_doc(s, engine.doc("spec_pace_submit_a", {
+          { "a", "action", "burn", { sim = { observes = 1 } } } }))
+        local b = engine.doc("spec_pace_submit_b", { { "a", "action", "burn", { sim = { observes = 1 } } } })
+        b.nodes[1].executor = "spec_sim_b"
+        engine.load_doc(s, b)
+        local a1 = approved(s, "spec_pace_submit_a", 1)[1]
+        local a2 = approved(s, "spec_pace_submit_a", 1)[1]
+        local b1 = approved(s, "spec_pace_submit_b", 1)[1]
+        -- one submit a minute for the sim, in this process
+        pacing.reset()
+        sim.RATE_LIMITS = { submit = { per_second = 1 / 60, burst = 1 } }
+        assert.equal(1, engine.tick("node_dispatcher"))
+        assert.equal("SUBMITTED", engine.nodes(s, a1).a.node_state)
+        -- a2 is first in FIFO order but its provider is spent: b1 goes instead
+        assert.equal(1, engine.tick("node_dispatcher"))
+        assert.equal("SUBMITTED", engine.nodes(s, b1).a.node_state)
+        assert.equal(0, engine.tick("node_dispatcher"))
+        local n = engine.nodes(s, a2).a
+        assert.equal("READY", n.node_state)
+        assert.equal(0, n.attempt_no)
+        assert.equal(qtg.db.NULL, n.error_code)
+        assert.is_true(pacing.stats().deferred >= 1)
+        assert.truthy(d.paced_until.sim)
+        -- once the limit allows again, a2 goes
+        sim.RATE_LIMITS = nil
+        for k in pairs(d.paced_until) do d.paced_until[k] = nil end
+        assert.equal(1, engine.tick("node_dispatcher"))
+        assert.equal("SUBMITTED", engine.nodes(s, a2).a.node_state)
+      end)
+    end)
+    sim.RATE_LIMITS = nil
+    for k in pairs(d.paced_until) do d.paced_until[k] = nil end
+    executors.ADAPTERS.spec_sim_b = nil
+    package.loaded["spec.pacing_sim_b"] = nil
+    pacing.reset()
+    assert(ok, err)
+  end)
+
   it("an executor answering retry_after 0 is observed at most once per floor", function()
     local over = dir .. "/floor"
     sim_override(over, nil)

@@ -49,7 +49,7 @@ SELECT n.id
    AND r.network_class = $2
    AND n.action_type NOT LIKE 'manual\_%'
    AND NOT (n.id::text = ANY ($1::text[]))
-   AND NOT (n.executor = ANY (ARRAY(SELECT jsonb_array_elements_text($3::jsonb))))
+   AND n.executor <> ALL (ARRAY(SELECT jsonb_array_elements_text($3::jsonb)))
  ORDER BY r.created_at ASC, n.node_key ASC
  LIMIT 1]]
 
@@ -64,7 +64,7 @@ SELECT movement_request_nodes.id AS node_id, movement_requests.id AS request_id,
    AND movement_request_nodes.node_state = 'READY'
    AND movement_requests.request_state IN ('APPROVED', 'EXECUTING')
    AND movement_requests.network_class = $2
-   AND NOT (movement_request_nodes.executor = ANY (ARRAY(SELECT jsonb_array_elements_text($3::jsonb))))
+   AND movement_request_nodes.executor <> ALL (ARRAY(SELECT jsonb_array_elements_text($3::jsonb)))
    FOR UPDATE OF movement_request_nodes, movement_requests SKIP LOCKED]]
 
 M.MAX_MISSES = 50
@@ -215,7 +215,8 @@ end
 -- Executors whose submit limit is spent: name -> monotonic time it allows
 -- a call again (process state; a reload forgets it, which costs one more
 -- rolled-back claim).
-local paced = {}
+M.paced_until = {}
+local paced = M.paced_until
 
 local function paced_out()
   local now, out = qtg.monotonic(), canon.array()
