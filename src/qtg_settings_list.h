@@ -18,7 +18,7 @@ QTG_SETTING(WAKEUPS_ENABLED, "MG_WAKEUPS_ENABLED", QTG_SET_BOOL, "true", 0, 0, "
 QTG_SETTING(WORKERS_ENABLED, "MG_WORKERS_ENABLED", QTG_SET_BOOL, "true", 0, 0, "run the supervised workers at all")
 QTG_SETTING(NODE_DISPATCH_INTERVAL_SECONDS, "MG_NODE_DISPATCH_INTERVAL_SECONDS", QTG_SET_NUM, "2", 0.01, 86400, "node_dispatcher interval")
 QTG_SETTING(NODE_OBSERVE_INTERVAL_SECONDS, "MG_NODE_OBSERVE_INTERVAL_SECONDS", QTG_SET_NUM, "5", 0.01, 86400, "node_observer interval")
-QTG_SETTING(NODE_OBSERVE_BATCH_SIZE, "MG_NODE_OBSERVE_BATCH_SIZE", QTG_SET_INT, "10", 1, 1000, "node_observer candidates per pass")
+QTG_SETTING(NODE_OBSERVE_BATCH_SIZE, "MG_NODE_OBSERVE_BATCH_SIZE", QTG_SET_INT, "10", 1, 1000, "node_observer snapshot per pass (widened to every due node of its requests)")
 QTG_SETTING(NODE_OBSERVE_MIN_INTERVAL_SECONDS, "MG_NODE_OBSERVE_MIN_INTERVAL_SECONDS", QTG_SET_NUM, "1", 0, 600, "shortest time between two observations of one node, whatever the retry hint (0: the spec's none)")
 QTG_SETTING(NODE_RECOVERY_INTERVAL_SECONDS, "MG_NODE_RECOVERY_INTERVAL_SECONDS", QTG_SET_NUM, "60", 0.01, 86400, "node_recovery interval")
 QTG_SETTING(NODE_RECOVERY_BATCH_SIZE, "MG_NODE_RECOVERY_BATCH_SIZE", QTG_SET_INT, "10", 1, 1000, "node_recovery batch, split over four arms of max(1, batch // 4)")
