@@ -67,6 +67,45 @@ local function positive(v)
   return type(v) == "number" and v > 0 and v < math.huge
 end
 
+-- check_declaration(decl) -> true | nil, reason: a RATE_LIMITS table the
+-- workers can use (`qtgd check` fails an adapter whose declaration is not;
+-- at run time a malformed limit is no limit).
+local CALLS = { submit = true, observe = true, recover = true }
+local OPTIONS = { shared = "boolean", max_hold_seconds = "number" }
+
+function M.check_declaration(decl)
+  if decl == nil or decl == false then return true end
+  if type(decl) ~= "table" then return nil, "RATE_LIMITS must be a table" end
+  for k, v in pairs(decl) do
+    if CALLS[k] then
+      if type(v) ~= "table" then return nil, ("RATE_LIMITS.%s must be a table"):format(k) end
+      if not positive(v.per_second) then
+        return nil, ("RATE_LIMITS.%s.per_second must be a number > 0"):format(k)
+      end
+      if v.burst ~= nil and not (positive(v.burst) and v.burst >= 1) then
+        return nil, ("RATE_LIMITS.%s.burst must be a number >= 1"):format(k)
+      end
+      for opt, t in pairs(OPTIONS) do
+        if v[opt] ~= nil and type(v[opt]) ~= t then
+          return nil, ("RATE_LIMITS.%s.%s must be a %s"):format(k, opt, t)
+        end
+      end
+      for f in pairs(v) do
+        if f ~= "per_second" and f ~= "burst" and not OPTIONS[f] then
+          return nil, ("RATE_LIMITS.%s: unknown field %s"):format(k, tostring(f))
+        end
+      end
+    elseif OPTIONS[k] then
+      if type(v) ~= OPTIONS[k] then return nil, ("RATE_LIMITS.%s must be a %s"):format(k, OPTIONS[k]) end
+    else
+      return nil, "RATE_LIMITS: unknown field " .. tostring(k)
+    end
+  end
+  local hold = decl.max_hold_seconds
+  if hold ~= nil and (hold < 0 or hold ~= hold) then return nil, "RATE_LIMITS.max_hold_seconds must be >= 0" end
+  return true
+end
+
 -- limit_of(adapter, call) -> {interval =, tolerance =, shared =, max_hold =} or nil
 function M.limit_of(adapter, call)
   local decl = type(adapter) == "table" and adapter.RATE_LIMITS

@@ -110,6 +110,36 @@ describe("provider pacing", function()
       assert.is_nil(pacing.limit_of({ RATE_LIMITS = { observe = { per_second = 0 / 0 } } }, "observe"))
     end)
 
+    it("refuses a declaration the workers could not use, naming the field", function()
+      assert.is_true(pacing.check_declaration(nil))
+      assert.is_true(pacing.check_declaration({ observe = { per_second = 2, burst = 5 }, shared = true }))
+      local bad = {
+        { "fast", "must be a table" },
+        { { observe = "5/s" }, "RATE_LIMITS.observe must be a table" },
+        { { observe = { per_second = "5" } }, "RATE_LIMITS.observe.per_second must be a number > 0" },
+        { { observe = { per_second = 0 } }, "per_second must be a number > 0" },
+        { { observe = { per_second = 1 / 0 } }, "per_second must be a number > 0" },
+        { { submit = { per_second = 1, burst = 0.5 } }, "RATE_LIMITS.submit.burst must be a number >= 1" },
+        { { submit = { per_second = 1, shared = "yes" } }, "RATE_LIMITS.submit.shared must be a boolean" },
+        { { submit = { per_second = 1, per_minute = 3 } }, "unknown field per_minute" },
+        { { sumbit = { per_second = 1 } }, "unknown field sumbit" },
+        { { max_hold_seconds = -1 }, "max_hold_seconds must be >= 0" },
+      }
+      for _, case in ipairs(bad) do
+        local ok, why = pacing.check_declaration(case[1])
+        assert.is_nil(ok)
+        assert.truthy(why:find(case[2], 1, true), why)
+      end
+    end)
+
+    it("`qtgd check` fails an adapter whose RATE_LIMITS are malformed", function()
+      local over = dir .. "/bad_limits"
+      sim_override(over, '{ observe = { per_second = "10" } }')
+      local rc, out = support.run({ MG_LUA_PATH = over, MG_CONSOLE_ENABLED = "false" }, { q(support.bin), "check" })
+      assert.equal(1, rc, out)
+      assert.matches("FAIL%s+policies%s+qtg%.executors%.sim: RATE_LIMITS%.observe%.per_second must be a number > 0", out)
+    end)
+
     it("lets a burst through, then defers a call that would wait longer than the hold", function()
       pacing.reset()
       -- one call a minute, two at once: the third would wait about a minute

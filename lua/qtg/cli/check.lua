@@ -443,6 +443,12 @@ function M.check_policies(report)
       elseif name:match("^qtg%.executors%.") and type(mod) ~= "table" then
         add(report, "FAIL", "policies", name .. " must return a table of executor functions")
         good = false
+      elseif name:match("^qtg%.executors%.") then
+        local ok, why = require("qtg.pacing").check_declaration(rawget(mod, "RATE_LIMITS"))
+        if not ok then
+          add(report, "FAIL", "policies", name .. ": " .. why)
+          good = false
+        end
       end
     end
   end
