@@ -1,6 +1,12 @@
 -- qtg.observe_intervals: how long the observer waits before it observes a
 -- node again (spec section 2, DEFAULT_OBSERVE_INTERVALS).  An executor's
 -- retry_after_seconds wins over the table, clamped to MAX_BACKOFF_SECONDS.
+--
+-- The floor: whatever the hint, a node is observed again no sooner than
+-- MG_NODE_OBSERVE_MIN_INTERVAL_SECONDS (default 1) after it was observed (or
+-- submitted, or recovered): an executor answering retry_after_seconds = 0
+-- is observed once a second, not in a loop as fast as wake-ups and draining
+-- allow.  0 restores the spec (the hint alone decides).
 local M = {}
 
 M.DEFAULT_OBSERVE_INTERVALS = {
@@ -25,11 +31,20 @@ end
 -- retry_after_seconds: nil, or a number >= 0 (validated by the executor
 -- result checker); it wins and is clamped to MAX_BACKOFF_SECONDS.
 function M.delay(action_type, retry_after_seconds)
+  local d
   if type(retry_after_seconds) == "number" then
-    if retry_after_seconds < 0 then return 0 end
-    return math.min(retry_after_seconds, M.MAX_BACKOFF_SECONDS)
+    d = math.min(math.max(retry_after_seconds, 0), M.MAX_BACKOFF_SECONDS)
+  else
+    d = M.default_for(action_type)
   end
-  return M.default_for(action_type)
+  return math.max(d, M.floor())
+end
+
+-- floor() -> MG_NODE_OBSERVE_MIN_INTERVAL_SECONDS (0 when unset).
+function M.floor()
+  local ok, settings = pcall(function() return require("qtg").settings end)
+  local f = ok and settings and tonumber(settings.node_observe_min_interval_seconds) or 0
+  return math.min(math.max(f, 0), M.MAX_BACKOFF_SECONDS)
 end
 
 return M

@@ -164,12 +164,15 @@ function M.create(s, args, actor)
       keys[#keys + 1] = r.node_key
     end
     local frontier = state.roots(keys, nodes_db.load_graph(s, pv.id))
+    -- created_at and expires_at from one clock reading: the approval
+    -- window is exactly MG_APPROVAL_TTL_SECONDS long
     local req = s:query([[
       INSERT INTO movement_requests (network_class, template_key, plan_version_id,
         compiled_plan_hash, request_state, intent, input_params, current_frontier,
-        idempotency_key, callback_url, expires_at, created_by)
-      VALUES ($1, $2, $3, $4, 'PENDING_APPROVAL', $5::jsonb, $6::jsonb, $7::jsonb, $8, $9,
-              now() + $10::int * interval '1 second', $11)
+        idempotency_key, callback_url, created_at, expires_at, created_by)
+      SELECT $1, $2, $3, $4, 'PENDING_APPROVAL', $5::jsonb, $6::jsonb, $7::jsonb, $8, $9,
+             t.at, t.at + $10::int * interval '1 second', $11
+        FROM (SELECT clock_timestamp() AS at) t
       ON CONFLICT (network_class, idempotency_key) DO NOTHING
       RETURNING *]], network_class, args.template_key, pv.id, pv.compiled_plan_hash,
       canon.encode(args.intent), canon.encode(args.input_params or {}),

@@ -94,6 +94,15 @@ local function schedule(name, delay)
   end)
 end
 
+-- wake_in(name, delay): wake a wakeable worker in `delay` seconds (the
+-- dispatcher, when a provider's limit makes its work due later: no row
+-- changes, so no NOTIFY says so).  Nothing when wake-ups are off.
+function M.wake_in(name, delay)
+  if not state.workers or not state.workers[name] or state.stopped then return end
+  if type(delay) ~= "number" or delay <= 0 then return wake(name) end
+  schedule(name, delay)
+end
+
 -- The LISTEN handler: runs in its own task per NOTIFY.
 function M.on_notify(payload, channel)
   local _ = channel

@@ -12,7 +12,7 @@ local function claim(s)
   return qtg.db.claim.one(s, {
     candidates_sql = dispatcher.CANDIDATES_SQL,
     claim_sql = dispatcher.CLAIM_SQL,
-    args = { qtg.settings.network_class },
+    args = { qtg.settings.network_class, "[]" },  -- no executor paced out
     max_misses = dispatcher.MAX_MISSES,
   })
 end

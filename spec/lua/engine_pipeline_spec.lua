@@ -202,7 +202,7 @@ describe("engine pipeline", function()
       local s2 = qtg.db.acquire()
       s2:begin()
       local row = qtg.db.claim.one(s2, { candidates_sql = d.CANDIDATES_SQL, claim_sql = d.CLAIM_SQL,
-        args = { qtg.settings.network_class } })
+        args = { qtg.settings.network_class, "[]" } })
       d.dispatch(s2, row.node_id, row.request_id)
       s2:rollback() -- the process died between the provider call and its commit
       s2:release()

@@ -700,8 +700,8 @@ function B.explain(label)
   local o = require("qtg.workers.node_observer")
   local c = require("qtg.workers.callback_dispatcher")
   local list = {
-    { "dispatcher candidates", d.CANDIDATES_SQL, { "{}", B.CLASS } },
-    { "observer snapshot", o.SNAPSHOT_SQL, { B.CLASS, 10 } },
+    { "dispatcher candidates", d.CANDIDATES_SQL, { "{}", B.CLASS, "[]" } },
+    { "observer snapshot", o.SNAPSHOT_SQL, { B.CLASS, 10, o.MAX_PER_PASS } },
     { "callback claim", c.CLAIM_SQL, { B.CLASS, c.BATCH, "{}" } },
   }
   local out = {}

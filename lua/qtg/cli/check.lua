@@ -187,6 +187,17 @@ function M.check_settings(report, opts)
   if not settings.workers_enabled then
     add(report, "warn", "settings", "MG_WORKERS_ENABLED=false: `qtgd run` will start no worker")
   end
+  local batch = tonumber(settings.node_recovery_batch_size)
+  if batch and batch < 4 then
+    local recovery = require("qtg.workers.node_recovery")
+    local starved = {}
+    for i, n in ipairs(recovery.arm_sizes(batch)) do
+      if n == 0 then starved[#starved + 1] = recovery.LANES[i].name end
+    end
+    add(report, "warn", "settings", ("MG_NODE_RECOVERY_BATCH_SIZE=%d is below 4: recovery's batch is"
+      .. " split over four arms of max(1, batch // 4) in priority order, so the later arms (%s)"
+      .. " never recover a node; keep it at 4 or more"):format(batch, table.concat(starved, ", ")))
+  end
   return ok
 end
 
@@ -473,6 +484,12 @@ function M.check_policies(report)
       elseif name:match("^qtg%.executors%.") and type(mod) ~= "table" then
         add(report, "FAIL", "policies", name .. " must return a table of executor functions")
         good = false
+      elseif name:match("^qtg%.executors%.") then
+        local ok, why = require("qtg.pacing").check_declaration(rawget(mod, "RATE_LIMITS"))
+        if not ok then
+          add(report, "FAIL", "policies", name .. ": " .. why)
+          good = false
+        end
       end
     end
   end

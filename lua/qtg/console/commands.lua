@@ -387,12 +387,15 @@ function M.bind(ctx)
     audited_runtime(actor, "worker.tick", name, {}, function() qtg.runtime.tick_now(name) end)
     local started = qtg.monotonic()
     local after = wait_for_pass(name, before, timeout)
+    -- a pass that failed or did not finish is an error, so `qtgd console -e`
+    -- exits 1 and a script stops there
     if not after then
-      return view.text(string.format("%s: pass requested; not finished after %.0fs", name, timeout))
+      error({ kind = "tick", message = string.format("%s: pass requested; not finished after %.0fs",
+        name, timeout) }, 0)
     end
     if after.errors_total > before.errors_total then
-      return view.text(string.format("%s: pass failed after %.2fs: %s", name, qtg.monotonic() - started,
-        tostring(after.last_error)))
+      error({ kind = "tick", message = string.format("%s: pass failed after %.2fs: %s", name,
+        qtg.monotonic() - started, tostring(after.last_error)) }, 0)
     end
     return view.text(string.format("%s: pass done in %.2fs, %d item%s", name, qtg.monotonic() - started,
       after.last_count or 0, after.last_count == 1 and "" or "s"))

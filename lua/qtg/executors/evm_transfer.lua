@@ -44,6 +44,17 @@ M.FEE_PERCENTILE = 50
 M.POLL_SECONDS = 2          -- observe hint while a transaction is pending
 M.HEALTH_TIMEOUT = 3
 
+-- Calls to the RPC provider (qtg.pacing): a submit makes about four RPC
+-- requests (chain id, fees, nonce, send), an observe one or two.  Hosted
+-- RPC plans allow some tens of requests a second per key, and every qtgd
+-- process uses the same key: the budget is shared through the database.
+M.RATE_LIMITS = {
+  submit = { per_second = 4, burst = 4 },
+  observe = { per_second = 10, burst = 10 },
+  recover = { per_second = 2, burst = 4 },
+  shared = true,
+}
+
 -- Node config fields per action type: name -> check(value) -> ok.
 local function is_string(x) return type(x) == "string" and x ~= "" end
 local function is_chain(x) return evm_tx.chain_id(x) ~= nil or (type(x) == "string" and x:match("^%$ref:") ~= nil) end

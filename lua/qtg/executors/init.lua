@@ -10,6 +10,9 @@
 --   observe(octx)             -> result
 --   recover(octx)             -> result
 --   health()                  -> {state = "healthy"|"degraded"|"down", detail =}
+-- and may declare its provider's limits, RATE_LIMITS = {submit =, observe =,
+-- recover = {per_second =, burst =}, shared =, max_hold_seconds =}, which
+-- the workers keep to (qtg.pacing, docs/pacing.md).
 -- ctx is the ExecutionContext (qtg.context); octx is the observe context the
 -- observer and recovery build (qtg.nodes.observe_context).  A result is
 --   {status =, provider_refs = {...}, artifacts = {...}, side_effect = bool,

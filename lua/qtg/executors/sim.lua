@@ -19,9 +19,19 @@
 -- dispatcher's transaction, as a real provider's books would be); the same key
 -- twice is deduplicated (submit_count + 1).  Observe counts live in the same
 -- row, as a provider's own state would.
+--
+-- Pacing (qtg.pacing): the sim declares no RATE_LIMITS, as it protects no
+-- real provider; an operator's override of this module (MG_LUA_PATH) may
+-- declare some.  With CALL_LOG on, the sim keeps an access log in sim_calls
+-- (sql/0090_provider_pacing.sql): one row per submit, observe and recover it
+-- receives, stamped by the database clock, naming the calling process; the
+-- pacing specs measure call rates from it, on the provider's side.
 local canon = require "qtg.canon_json"
 
 local M = {}
+
+M.RATE_LIMITS = nil
+M.CALL_LOG = false
 
 local STEPS = { preflight = true, prepare = true, submit = true, observe = true,
                 recover = true, health = true }
@@ -86,6 +96,14 @@ local function with_session(fn)
   return res
 end
 
+local function log_call(call, key)
+  if not M.CALL_LOG then return end
+  with_session(function(s)
+    s:query("INSERT INTO sim_calls (call, idempotency_key, caller) VALUES ($1, $2, $3)",
+      call, key, qtg().process_id())
+  end)
+end
+
 local function refs_for(c, key, action_type)
   local refs = { sim_key = key, tx_hash = "0x" .. qtg().crypto.sha256_hex(key),
                  [action_type .. "_id"] = "sim-" .. qtg().crypto.sha256_hex("id:" .. key):sub(1, 16) }
@@ -130,6 +148,7 @@ function M.submit(ctx, submission)
   end
   local key = submission.idempotency_key
   local side_effect = c.side_effect == true
+  log_call("submit", key)
   with_session(function(s)
     s:query([[
       INSERT INTO sim_ledger (idempotency_key, request_node_id, attempt_no, action_type, side_effect)
@@ -165,6 +184,7 @@ function M.observe(octx)
   local c = sim(octx.node_config)
   local g, v = hooks(c, "observe"); if g then return v end
   local key = octx.idempotency_key
+  log_call("observe", key)
   local row = with_session(function(s)
     return s:query([[UPDATE sim_ledger SET observe_count = observe_count + 1,
                             updated_at = clock_timestamp()
@@ -192,6 +212,7 @@ end
 function M.recover(octx)
   local c = sim(octx.node_config)
   local g, v = hooks(c, "recover"); if g then return v end
+  log_call("recover", octx.idempotency_key)
   if c.fail == "recover" then
     return { status = "FAILED", error_code = "SIM_RECOVER_FAILED", error_detail = "sim: provider reports failure" }
   end

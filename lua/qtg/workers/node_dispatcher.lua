@@ -17,6 +17,12 @@
 --   submit answers                SUBMITTED / SUBMITTING / COMPLETED / FAILED / UNKNOWN
 --   submit raises or garbage      UNKNOWN  EXECUTOR_ERROR / EXECUTOR_BAD_RESPONSE
 --     (it may have reached the provider: never guessed, recovery decides)
+-- Pacing: once claimed, the node's executor's submit limit (qtg.pacing) is
+-- taken before the pipeline starts.  A short wait is waited with the node
+-- claimed; a longer one rolls the claim back (the node stays READY, nothing
+-- recorded), the executor is left out of this process's candidates until
+-- the limit allows, a wake-up is set for then, and the pass claims the next
+-- candidate of another executor.  Nothing is failed for pacing.
 -- Every submit carries context.idempotency_key(node id, attempt_no): if this
 -- transaction is lost after the provider call, the node is READY again with
 -- the same attempt_no and the resubmission carries the same key.
@@ -26,12 +32,14 @@ local context = require "qtg.context"
 local executors = require "qtg.executors"
 local intervals = require "qtg.observe_intervals"
 local nodes_db = require "qtg.nodes"
+local pacing = require "qtg.pacing"
 
 local M = {}
 
 M.ACTOR = "system:node_dispatcher"
 
--- $1: ids already tried (text[], given by qtg.db.claim.one), $2: network class.
+-- $1: ids already tried (text[], given by qtg.db.claim.one), $2: network
+-- class, $3: executors paced out for now (JSON array of names).
 M.CANDIDATES_SQL = [[
 SELECT n.id
   FROM movement_request_nodes n
@@ -41,6 +49,7 @@ SELECT n.id
    AND r.network_class = $2
    AND n.action_type NOT LIKE 'manual\_%'
    AND NOT (n.id::text = ANY ($1::text[]))
+   AND n.executor <> ALL (ARRAY(SELECT jsonb_array_elements_text($3::jsonb)))
  ORDER BY r.created_at ASC, n.node_key ASC
  LIMIT 1]]
 
@@ -48,13 +57,14 @@ SELECT n.id
 -- need not read it again.
 M.CLAIM_SQL = [[
 SELECT movement_request_nodes.id AS node_id, movement_requests.id AS request_id,
-       movement_requests.*
+       movement_request_nodes.executor AS node_executor, movement_requests.*
   FROM movement_request_nodes
   JOIN movement_requests ON movement_requests.id = movement_request_nodes.request_id
  WHERE movement_request_nodes.id = $1::uuid
    AND movement_request_nodes.node_state = 'READY'
    AND movement_requests.request_state IN ('APPROVED', 'EXECUTING')
    AND movement_requests.network_class = $2
+   AND movement_request_nodes.executor <> ALL (ARRAY(SELECT jsonb_array_elements_text($3::jsonb)))
    FOR UPDATE OF movement_request_nodes, movement_requests SKIP LOCKED]]
 
 M.MAX_MISSES = 50
@@ -173,7 +183,7 @@ end
 -- dispatch(s, node_id, request_id[, claimed]): the claimed node, locks held;
 -- `claimed` is the row CLAIM_SQL returned (else the request is read again).
 function M.dispatch(s, node_id, request_id, claimed)
-  local req = claimed and nodes_db.request_of(claimed) or nodes_db.load_request(s, request_id)
+  local req = claimed and nodes_db.request_of(claimed, "node_executor") or nodes_db.load_request(s, request_id)
   local g = nodes_db.load_all(s, req)
   local node
   for _, n in ipairs(g.nodes) do if n.id == node_id then node = n end end
@@ -202,30 +212,60 @@ function M.dispatch(s, node_id, request_id, claimed)
   return node
 end
 
+-- Executors whose submit limit is spent: name -> monotonic time it allows
+-- a call again (process state; a reload forgets it, which costs one more
+-- rolled-back claim).
+M.paced_until = {}
+local paced = M.paced_until
+
+local function paced_out()
+  local now, out = qtg.monotonic(), canon.array()
+  for name, until_t in pairs(paced) do
+    if until_t > now then out[#out + 1] = name else paced[name] = nil end
+  end
+  table.sort(out)
+  return canon.encode(out)
+end
+
 -- Idle passes are one statement, not three (issue 8, idle cost): after a
 -- pass that found nothing, the next one looks for a candidate before it
 -- opens a transaction.  A draining run (the last pass claimed) goes straight
 -- to the claim, so busy passes pay nothing for this.
 local last_pass_empty = false
 
+M.MAX_PACED_CLAIMS = 8   -- claims rolled back for pacing in one pass, at most
+
 function M.tick(s)
   local class = qtg.settings.network_class
-  if last_pass_empty and #s:query(M.CANDIDATES_SQL, "{}", class) == 0 then return 0 end
-  s:begin()
-  local row = qtg.db.claim.one(s, {
-    candidates_sql = M.CANDIDATES_SQL,
-    claim_sql = M.CLAIM_SQL,
-    args = { class },
-    max_misses = M.MAX_MISSES,
-  })
-  last_pass_empty = row == nil
-  if not row then
+  if last_pass_empty and #s:query(M.CANDIDATES_SQL, "{}", class, paced_out()) == 0 then return 0 end
+  for _ = 1, M.MAX_PACED_CLAIMS do
+    s:begin()
+    local row = qtg.db.claim.one(s, {
+      candidates_sql = M.CANDIDATES_SQL,
+      claim_sql = M.CLAIM_SQL,
+      args = { class, paced_out() },
+      max_misses = M.MAX_MISSES,
+    })
+    last_pass_empty = row == nil
+    if not row then
+      s:rollback()
+      return 0
+    end
+    local name = row.node_executor
+    local adapter = executors.get(name)
+    local go, wait = true, nil
+    if adapter then go, wait = pacing.take(name, adapter, "submit") end
+    if go then
+      M.dispatch(s, row.node_id, row.request_id, row)
+      s:commit()
+      return 1
+    end
     s:rollback()
-    return 0
+    paced[name] = qtg.monotonic() + wait
+    require("qtg.wakeups").wake_in("node_dispatcher", wait)
+    qtg.log.debug("submit paced", { worker = "node_dispatcher", executor = name, wait = wait })
   end
-  M.dispatch(s, row.node_id, row.request_id, row)
-  s:commit()
-  return 1
+  return 0
 end
 
 return M

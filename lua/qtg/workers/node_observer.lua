@@ -1,13 +1,27 @@
 -- qtg.workers.node_observer (spec section 2): observe SUBMITTED/OBSERVING
--- nodes of EXECUTING requests whose next_observe_at is due, at most
--- MG_NODE_OBSERVE_BATCH_SIZE (10) per pass, FIFO by request created_at.
+-- nodes of EXECUTING requests whose next_observe_at is due, FIFO by request
+-- created_at.
 --
 -- Two-phase claim: an unlocked snapshot of due ids, then per id, in its own
--- transaction (on up to lanes() sessions at once), a re-select FOR UPDATE OF movement_request_nodes,
+-- transaction, a re-select FOR UPDATE OF movement_request_nodes,
 -- movement_requests SKIP LOCKED under a savepoint (qtg.db.claim.try: rolled
 -- back on a miss), still filtered on the due predicate.  A hit keeps the node
 -- and request locks through observe() and the commit; one node's slow
 -- provider never holds another node's lock.
+--
+-- A pass and one request's nodes: the snapshot is the spec's (the first
+-- MG_NODE_OBSERVE_BATCH_SIZE due nodes) widened to every due node of the
+-- requests it names (so a request's due nodes are never split over passes;
+-- at most MAX_PER_PASS in all), and the nodes of one request go to one lane,
+-- which observes them one after another, each under its own claim of node
+-- and request.  Lanes that each took a node of the same request would miss
+-- on each other's request lock, and the misses would wait for later passes.
+--
+-- Pacing: before the call, the executor's observe limit (qtg.pacing) is
+-- taken; a short wait is waited, a long one puts the node back with
+-- next_observe_at moved to when the limit allows (never failed).  After an
+-- OBSERVING answer the next observation is at least
+-- MG_NODE_OBSERVE_MIN_INTERVAL_SECONDS away (qtg.observe_intervals).
 --
 -- Observe timeout (MG_OBSERVE_TIMEOUT_ENFORCEMENT_ENABLED, default off): a
 -- due node older than its plan node's positive timeout_policy.observe_seconds
@@ -15,31 +29,48 @@
 -- the executor; never FAILED.
 --
 -- Answers: OBSERVING (next_observe_at from qtg.observe_intervals; the
--- executor's retry_after_seconds wins, clamped to 600), COMPLETED (advance
--- the DAG), FAILED, UNKNOWN; a raise or a malformed answer is UNKNOWN with
--- EXECUTOR_ERROR / EXECUTOR_BAD_RESPONSE.
+-- executor's retry_after_seconds wins, clamped to 600, floored as above),
+-- COMPLETED (advance the DAG), FAILED, UNKNOWN; a raise or a malformed answer
+-- is UNKNOWN with EXECUTOR_ERROR / EXECUTOR_BAD_RESPONSE.
 local qtg = require "qtg"
 local executors = require "qtg.executors"
 local intervals = require "qtg.observe_intervals"
 local nodes_db = require "qtg.nodes"
+local pacing = require "qtg.pacing"
 
 local M = {}
 
 M.ACTOR = "system:node_observer"
 M.TIMEOUT_CODE = "OBSERVATION_TIMEOUT"
 
--- $1: network class, $2: limit.
+M.MAX_PER_PASS = 200
+
+-- $1: network class, $2: batch (requests of the spec's snapshot), $3: cap.
+-- The inner select is the spec's snapshot; the outer one takes every due
+-- node of the requests it names, in request order.
 M.SNAPSHOT_SQL = [[
-SELECT movement_request_nodes.id
+SELECT movement_request_nodes.id, movement_request_nodes.request_id,
+       movement_request_nodes.executor
   FROM movement_request_nodes
   JOIN movement_requests ON movement_requests.id = movement_request_nodes.request_id
- WHERE movement_request_nodes.node_state IN ('SUBMITTED', 'OBSERVING')
+ WHERE movement_request_nodes.request_id IN (
+         SELECT n.request_id
+           FROM movement_request_nodes n
+           JOIN movement_requests r ON r.id = n.request_id
+          WHERE n.node_state IN ('SUBMITTED', 'OBSERVING')
+            AND r.request_state = 'EXECUTING'
+            AND r.network_class = $1
+            AND (n.next_observe_at IS NULL OR n.next_observe_at <= now())
+          ORDER BY r.created_at ASC
+          LIMIT $2)
+   AND movement_request_nodes.node_state IN ('SUBMITTED', 'OBSERVING')
    AND movement_requests.request_state = 'EXECUTING'
    AND movement_requests.network_class = $1
    AND (movement_request_nodes.next_observe_at IS NULL
         OR movement_request_nodes.next_observe_at <= now())
- ORDER BY movement_requests.created_at ASC
- LIMIT $2]]
+ ORDER BY movement_requests.created_at ASC, movement_request_nodes.request_id,
+          movement_request_nodes.node_key
+ LIMIT $3]]
 
 -- $1: node id, $2: network class.
 M.CLAIM_SQL = [[
@@ -125,21 +156,40 @@ function M.observe_claimed(s, row)
   return node
 end
 
+-- $1 node id, $2 seconds: put a claimed node back, due when the executor's
+-- limit lets it be observed.
+M.DEFER_SQL = [[
+UPDATE movement_request_nodes
+   SET next_observe_at = clock_timestamp() + $2::float8 * interval '1 second'
+ WHERE id = $1::uuid]]
+
 -- One candidate: its own transaction on session s; 1 if claimed and observed.
-local function observe_one(s, id, class)
+local function observe_one(s, cand, class)
+  local adapter = executors.get(cand.executor)
+  if adapter then
+    local go, wait = pacing.take(cand.executor, adapter, "observe")
+    if not go then
+      return s:transaction(function()
+        local row = qtg.db.claim.try(s, M.CLAIM_SQL, cand.id, class)
+        if row then s:query(M.DEFER_SQL, cand.id, wait) end
+        return 0
+      end)
+    end
+  end
   return s:transaction(function()
-    local row = qtg.db.claim.try(s, M.CLAIM_SQL, id, class)
+    local row = qtg.db.claim.try(s, M.CLAIM_SQL, cand.id, class)
     if not row then return 0 end
     M.observe_claimed(s, row)
     return 1
   end)
 end
 
--- Concurrent lanes per pass (issue 8): the candidates of one snapshot are
--- claimed and observed by up to MAX_LANES tasks, each on its own session,
--- so one slow provider call does not hold up the batch.  A quarter of the
--- pool at most: an observe may hold its session while the executor takes
--- another (the sim does), and the other workers need theirs.
+-- Concurrent lanes per pass (issue 8): the requests of one snapshot are
+-- taken by up to MAX_LANES tasks, each on its own session, so one slow
+-- provider call does not hold up the batch.  A quarter of the pool at most:
+-- an observe may hold its session while the executor takes another (the sim
+-- does, and so does a shared pacing bucket), and the other workers need
+-- theirs.
 M.MAX_LANES = 4
 
 function M.lanes(candidates)
@@ -147,26 +197,45 @@ function M.lanes(candidates)
   return math.max(1, math.min(candidates, M.MAX_LANES, math.floor(pool / 4)))
 end
 
+-- The snapshot's rows grouped by request, in order.
+local function by_request(rows)
+  local groups, at = {}, {}
+  for _, r in ipairs(rows) do
+    local g = at[r.request_id]
+    if not g then
+      g = {}
+      at[r.request_id] = g
+      groups[#groups + 1] = g
+    end
+    g[#g + 1] = r
+  end
+  return groups
+end
+
 function M.tick(s)
   local class = qtg.settings.network_class
-  local ids = s:query(M.SNAPSHOT_SQL, class, qtg.settings.node_observe_batch_size or 10)
-  if #ids == 0 then return 0 end
-  -- Each pass walks its snapshot from a random place (wrapping round): two
-  -- processes that took the same snapshot mostly claim different nodes
+  local rows = s:query(M.SNAPSHOT_SQL, class, qtg.settings.node_observe_batch_size or 10,
+    M.MAX_PER_PASS)
+  if #rows == 0 then return 0 end
+  local groups = by_request(rows)
+  -- Each pass walks its snapshot from a random request (wrapping round): two
+  -- processes that took the same snapshot mostly claim different requests
   -- instead of missing on each other's locks, one by one.
   local r1, r2 = qtg.crypto.random_bytes(2):byte(1, 2)
-  local start = (r1 * 256 + r2) % #ids
-  local next_i, hits, first_err = 1, 0, nil
+  local start = (r1 * 256 + r2) % #groups
+  local next_g, hits, first_err = 1, 0, nil
   local function lane(ls)
-    while first_err == nil and next_i <= #ids do
-      local id = ids[(start + next_i - 1) % #ids + 1].id
-      next_i = next_i + 1
-      local ok, res = pcall(observe_one, ls, id, class)
-      if ok then hits = hits + res else first_err = first_err or res end
+    while first_err == nil and next_g <= #groups do
+      local group = groups[(start + next_g - 1) % #groups + 1]
+      next_g = next_g + 1
+      for _, cand in ipairs(group) do
+        local ok, res = pcall(observe_one, ls, cand, class)
+        if ok then hits = hits + res else first_err = first_err or res; break end
+      end
     end
   end
   local tasks = {}
-  for i = 2, M.lanes(#ids) do
+  for i = 2, M.lanes(#groups) do
     tasks[i - 1] = qtg.spawn(function()
       local ls = qtg.db.acquire()
       local ok, err = pcall(lane, ls)

@@ -6,7 +6,17 @@
 -- priority order (CCIP, Stargate, CEX, everything else), each taking
 -- max(1, batch // 4), each ordered by movement_request_nodes.updated_at ASC
 -- and claimed FOR UPDATE OF nodes, requests SKIP LOCKED, one transaction per
--- arm.  A lane is the set of action types matching its LIKE patterns.
+-- arm.  A lane is the set of action types matching its LIKE patterns.  The
+-- batch caps the pass's total, as the spec's warning says ("keep the batch
+-- at 4 or more, or the later arms starve"): with a batch of 3 the first
+-- three arms take one node each and the last gets nothing (`qtgd check`
+-- warns about a batch below 4).
+--
+-- Pacing: the executor's recover limit (qtg.pacing) is taken before each
+-- call; a short wait is waited, a longer one leaves the node as it is
+-- (nothing recorded, so it stays the arm's longest idle and comes first at
+-- the next pass).  A node recovery finds in flight (SUBMITTED) is observed
+-- no sooner than the observe floor (MG_NODE_OBSERVE_MIN_INTERVAL_SECONDS).
 --
 -- recover() answers SUBMITTED (observed again at once), COMPLETED (the DAG
 -- advances), FAILED, or UNKNOWN (still unknown: an UNKNOWN node stays, a
@@ -18,6 +28,7 @@ local canon = require "qtg.canon_json"
 local executors = require "qtg.executors"
 local nodes_db = require "qtg.nodes"
 local intervals = require "qtg.observe_intervals"
+local pacing = require "qtg.pacing"
 
 local M = {}
 
@@ -78,6 +89,8 @@ function M.recover_claimed(s, row)
   local adapter, why = executors.get(node.executor)
   local answer, code, detail
   if adapter then
+    local go = pacing.take(node.executor, adapter, "recover")
+    if not go then return node, false end
     answer, code, detail = executors.call(adapter, "recover", nodes_db.observe_context(req, node))
   else
     code, detail = executors.NOT_REGISTERED, why
@@ -94,7 +107,8 @@ function M.recover_claimed(s, row)
   if answer.artifacts then fields.append_artifacts = answer.artifacts end
   if answer.side_effect then fields.side_effect = true end
   if to == "SUBMITTED" then
-    fields.next_observe_in = math.min(answer.retry_after_seconds or 0, intervals.MAX_BACKOFF_SECONDS)
+    fields.next_observe_in = math.max(intervals.floor(),
+      math.min(answer.retry_after_seconds or 0, intervals.MAX_BACKOFF_SECONDS))
     fields.error_code, fields.error_detail = NULL, NULL
     -- A node the observer timed out, found still in flight: its observation
     -- window starts again.  Measured from the first started_at it would time
@@ -115,19 +129,32 @@ function M.recover_claimed(s, row)
   return node
 end
 
+-- arm_sizes(batch) -> the number each arm may take, in arm order: each
+-- max(1, batch // 4) while the batch lasts.
+function M.arm_sizes(batch)
+  local size, left, out = M.arm_size(batch), batch, {}
+  for i = 1, #M.LANES do
+    out[i] = math.min(size, left)
+    left = left - out[i]
+  end
+  return out
+end
+
 function M.tick(s)
-  local size = M.arm_size(qtg.settings.node_recovery_batch_size or 10)
+  local sizes = M.arm_sizes(qtg.settings.node_recovery_batch_size or 10)
   local total = 0
   for i, lane in ipairs(M.LANES) do
-    local patterns, match = lane_filter(i)
-    s:transaction(function()
-      local rows = s:query(M.ARM_SQL, qtg.settings.network_class, lane.grace_seconds,
-        canon.encode(patterns), size, match)
-      for _, row in ipairs(rows) do
-        M.recover_claimed(s, row)
-        total = total + 1
-      end
-    end)
+    if sizes[i] > 0 then
+      local patterns, match = lane_filter(i)
+      s:transaction(function()
+        local rows = s:query(M.ARM_SQL, qtg.settings.network_class, lane.grace_seconds,
+          canon.encode(patterns), sizes[i], match)
+        for _, row in ipairs(rows) do
+          local _, recovered = M.recover_claimed(s, row)
+          if recovered ~= false then total = total + 1 end
+        end
+      end)
+    end
   end
   return total
 end
