@@ -9,6 +9,7 @@ local commands = {
   exec = "qtg.cli.exec",
   templates = "qtg.cli.templates",
   check = "qtg.cli.check",
+  tokens = "qtg.cli.tokens",
 }
 
 function M.main(cmd, args)
