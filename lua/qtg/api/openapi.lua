@@ -125,6 +125,13 @@ function M.document()
       responses["409"] = problem_response("illegal transition, or the same Idempotency-Key still in flight")
       responses["422"] = problem_response("invalid input, or an Idempotency-Key reused for another request")
     end
+    if r.body then
+      responses["413"] = problem_response("the body is over MG_API_MAX_BODY_BYTES")
+      responses["415"] = problem_response("the body is not application/json")
+      responses["422"] = responses["422"] or problem_response("invalid input or an unknown field")
+    end
+    responses["500"] = problem_response("internal error (details in the daemon's log)")
+    if r.name ~= "readyz" then responses["503"] = problem_response("the request ran past its deadline, or the database is unreachable") end
     if r.name == "readyz" then
       responses["503"] = { description = "not ready", content = { ["application/json"] = { schema = ref("Ready") } } }
     end
