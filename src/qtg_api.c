@@ -10,8 +10,9 @@
  * the task's end resumes it with the answer.
  *
  * Limits enforced here, before Lua sees anything: the body cap
- * (MG_API_MAX_BODY_BYTES; a declared Content-Length over it is answered 413
- * at once, a streamed body is cut off as it grows past it and discarded),
+ * (MG_API_MAX_BODY_BYTES: a body past it is discarded as it streams in and
+ * answered 413; a declared Content-Length over eight times it is answered
+ * 413 before any of it is read),
  * the connection limit (MG_API_MAX_CONNECTIONS), the idle timeout of a
  * connection (MG_API_IDLE_TIMEOUT_SECONDS), and a deadline for a request
  * whose handler is still running (MG_API_REQUEST_TIMEOUT_SECONDS: 503, the
@@ -336,12 +337,16 @@ static enum MHD_Result qtg_api_access(void *cls, struct MHD_Connection *conn, co
     r->conn = conn;
     r->refs = 1;
     *con_cls = r;
+    /* A declared body over the cap is refused before it is read when it is
+     * absurdly large; a modestly large one is read and discarded, so the
+     * client, still sending, gets the 413 instead of a reset connection. */
     const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
     if (cl) {
       char *end = NULL;
       errno = 0;
       unsigned long long n = strtoull(cl, &end, 10);
-      if (errno || end == cl || n > api->max_body) {
+      if (errno || end == cl || *end || n > api->max_body) r->too_large = 1;
+      if (errno || end == cl || *end || n / 8 > api->max_body) {
         api->refused_too_large++;
         char msg[128];
         snprintf(msg, sizeof msg, "the body is larger than %zu bytes (MG_API_MAX_BODY_BYTES)", api->max_body);

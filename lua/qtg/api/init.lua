@@ -96,6 +96,10 @@ local function parse_body(route, req)
   if type(doc) ~= "table" or canon.is_array(doc) or (next(doc) == nil and body:match("^%s*%[")) then
     problem.raise("bad_request", "the body must be a JSON object")
   end
+  -- cjson keeps \u0000 and decodes numbers past 2^53 inexactly: refuse what
+  -- could not be stored or compared as sent
+  local storable, why = canon.storable(doc, "body")
+  if not storable then problem.raise("bad_request", "%s", why) end
   for k, v in pairs(doc) do
     local def = route.body.fields[k]
     if not def then

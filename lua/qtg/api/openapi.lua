@@ -120,7 +120,9 @@ function M.document()
       responses["403"] = problem_response("the token lacks the route's role")
       responses["429"] = problem_response("over the token's rate limit")
     end
-    if r.path:find("{", 1, true) then responses["404"] = problem_response("no such resource") end
+    if r.path:find("{", 1, true) or r.name == "create_request" or r.name == "balances" then
+      responses["404"] = problem_response("no such resource (request, node, template, venue...)")
+    end
     if r.mutating then
       responses["409"] = problem_response("illegal transition, or the same Idempotency-Key still in flight")
       responses["422"] = problem_response("invalid input, or an Idempotency-Key reused for another request")
