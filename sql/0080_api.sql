@@ -8,7 +8,7 @@
 -- client's principal ("api:<name>") and is unique among tokens not revoked.
 CREATE TABLE api_tokens (
   id            uuid PRIMARY KEY DEFAULT gen_random_uuid(),
-  name          text NOT NULL CHECK (name ~ '^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$'),
+  name          text NOT NULL CHECK (name ~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,47}$'),
   token_prefix  text NOT NULL,
   token_hash    text NOT NULL UNIQUE CHECK (token_hash ~ '^[0-9a-f]{64}$'),
   roles         text[] NOT NULL CHECK (roles <@ ARRAY['read', 'operate', 'approve', 'admin']

@@ -30,5 +30,6 @@ QTG_LUA_MODULE("signer", luaopen_qtg_signer)
 QTG_LUA_MODULE("evm", luaopen_qtg_evm)
 QTG_LUA_MODULE("console_server", luaopen_qtg_console_server)
 QTG_LUA_MODULE("api_server", luaopen_qtg_api_server)
+QTG_LUA_MODULE("api_keys", luaopen_qtg_api_keys)
 QTG_LUA_MODULE("systemd", luaopen_qtg_systemd)
 #endif

@@ -48,17 +48,17 @@ function M.token(roles, opts)
   local name = opts.name or common.uid("tok", 4)
   local args = { common.quote(host.bin), "tokens", "create", "--name", name, "--roles", roles }
   if opts.expires_in then args[#args + 1] = "--expires-in"; args[#args + 1] = opts.expires_in end
-  local rc, out = host.run(host.base_env(), args)
+  local rc, out = host.run(host.base_env(opts.env), args)
   assert(rc == 0, out)
   local last = out:match("([^\n]+)\n?$")
   assert(last and last:match("^qtg_[%w_-]+$"), "the token is not alone on the last line: " .. out)
   return last, name, out
 end
 
-function M.tokens_cli(args)
+function M.tokens_cli(args, env)
   local words = { common.quote(host.bin), "tokens" }
   for _, a in ipairs(args) do words[#words + 1] = common.quote(a) end
-  return host.run(host.base_env(), words)
+  return host.run(host.base_env(env), words)
 end
 
 -- call(d, method, path, opts) -> {status=, headers=, body=, json=}

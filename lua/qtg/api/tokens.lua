@@ -15,8 +15,8 @@ local M = {}
 M.ROLES = { "read", "operate", "approve", "admin" }
 local ROLE_SET = { read = true, operate = true, approve = true, admin = true }
 M.ROLE_SET = ROLE_SET
-M.NAME_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._@-]*$"
-M.MAX_NAME = 64
+M.NAME_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._-]*$"
+M.MAX_NAME = 48
 M.PREFIX_LEN = 10
 
 local function new_secret()
@@ -57,7 +57,7 @@ end
 
 function M.check_name(name)
   if type(name) ~= "string" or #name > M.MAX_NAME or not name:match(M.NAME_PATTERN) then
-    return nil, "a token name is 1 to 64 characters of letters, digits, . _ @ - (starting with a letter or digit)"
+    return nil, "a token name is 1 to 48 characters of letters, digits, . _ - (starting with a letter or digit)"
   end
   return true
 end
@@ -78,6 +78,7 @@ function M.create(s, args)
   if not rows[1] then
     problem.raise("conflict", "a live token named %s exists; revoke it first", args.name)
   end
+  require("qtg.api.clients").ensure(s, args.name)
   require("qtg.outbox").audit(s, args.created_by, "api_token.create", "api_token", rows[1].id, nil,
     { name = args.name, roles = args.roles, expires_at = rows[1].expires_at })
   return secret, rows[1]

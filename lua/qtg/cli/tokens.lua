@@ -2,18 +2,22 @@
 --   qtgd tokens create --name NAME --roles read,operate,approve,admin [--expires-in DURATION]
 --   qtgd tokens list
 --   qtgd tokens revoke NAME
+--   qtgd tokens callback-key NAME [--next]
+--   qtgd tokens rotate-callback-key NAME
 -- create prints what it made, then the token alone on the last line: it is
 -- shown this once and stored only as a hash.  DURATION: seconds, or a number
 -- with s, m, h or d.  Audited as operator:<user> of the shell.
 local qtg = require "qtg"
 local tokens = require "qtg.api.tokens"
+local clients = require "qtg.api.clients"
 
 local M = {}
 
 local function usage(msg)
   io.stderr:write("qtgd tokens: ", msg, "\n",
     "usage: qtgd tokens create --name NAME --roles read,operate,approve,admin [--expires-in 30d]\n",
-    "       qtgd tokens list\n       qtgd tokens revoke NAME\n")
+    "       qtgd tokens list\n       qtgd tokens revoke NAME\n",
+    "       qtgd tokens callback-key NAME [--next]\n       qtgd tokens rotate-callback-key NAME\n")
   return 2
 end
 
@@ -45,7 +49,7 @@ end
 
 local function db_error(e)
   if type(e) == "table" and e.sqlstate == "42P01" then
-    return "the api_tokens table is missing: run `qtgd migrate`"
+    return "the API tables are missing: run `qtgd migrate`"
   end
   return tostring(type(e) == "table" and (e.message or e.kind) or e)
 end
@@ -79,6 +83,13 @@ function COMMANDS.create(args)
   end
   io.stdout:write(("token %s created: roles %s, expires %s\n"):format(row.name, table.concat(roles, ","),
     row.expires_at ~= qtg.db.NULL and tostring(row.expires_at) or "never"))
+  local kok, key_id, key, kerr = pcall(qtg.db.with_session, clients.key, row.name)
+  if kok and key then
+    io.stdout:write(("callbacks of this client's requests are signed with key id %s, key %s\n"):format(key_id, key))
+  else
+    io.stdout:write("no callback key is configured (MG_CALLBACK_KEY_FILE): this client's callbacks cannot be signed yet: ",
+      tostring(kok and (kerr and kerr.message) or key_id), "\n")
+  end
   io.stdout:write("it is shown once; keep it now (qtg stores only its hash):\n")
   io.stdout:write(secret, "\n")
   return 0
@@ -111,6 +122,33 @@ function COMMANDS.revoke(args)
     return 1
   end
   io.stdout:write("token ", args[2], " revoked\n")
+  return 0
+end
+
+COMMANDS["callback-key"] = function(args)
+  local name, flag = args[2], args[3]
+  if not name or #args > 3 or (flag and flag ~= "--next") then return usage("callback-key NAME [--next]") end
+  local ok, key_id, key, err = pcall(qtg.db.with_session, clients.key, name, flag == "--next")
+  if not ok then
+    io.stderr:write("qtgd tokens callback-key: ", db_error(key_id), "\n")
+    return 1
+  end
+  if not key then
+    io.stderr:write("qtgd tokens callback-key: ", tostring(err and err.message or err), "\n")
+    return 1
+  end
+  io.stdout:write(("key id %s%s\n%s\n"):format(key_id, flag and " (next; not used until rotate-callback-key)" or "", key))
+  return 0
+end
+
+COMMANDS["rotate-callback-key"] = function(args)
+  if #args ~= 2 then return usage("rotate-callback-key NAME") end
+  local ok, id = pcall(qtg.db.with_session, clients.rotate, args[2], whoami())
+  if not ok then
+    io.stderr:write("qtgd tokens rotate-callback-key: ", db_error(id), "\n")
+    return 1
+  end
+  io.stdout:write("callbacks written from now on are signed with key id ", id, "\n")
   return 0
 end
 
