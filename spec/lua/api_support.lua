@@ -38,8 +38,15 @@ function M.start(extra)
   return { h = h, class = class, address = address, base = "http://" .. address, env = env }
 end
 
+-- stop(d): SIGTERM; the daemon must exit 0 with no sanitizer report in its
+-- log (under build-asan a leak or a memory error shows there).
 function M.stop(d)
-  if d then host.stop(d.h) end
+  if not d then return end
+  local rc = host.stop(d.h)
+  local log = host.read(d.h.log) or ""
+  local report = log:match("[^\n]*Sanitizer[^\n]*") or log:match("[^\n]*runtime error[^\n]*")
+  assert(not report, "qtgd's log has a sanitizer report: " .. tostring(report))
+  assert(rc == 0, "qtgd exited with " .. tostring(rc) .. ": " .. log:sub(-2000))
 end
 
 -- token(roles, opts) -> token text, name
