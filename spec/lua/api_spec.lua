@@ -523,6 +523,7 @@ describe("HTTP API limits", function()
     common = require "spec.lua.common_support"
     host = require "spec.lua.host_support"
     d2 = api.start({ MG_API_RATE_LIMIT_BURST = "3", MG_API_RATE_LIMIT_PER_SECOND = "0.05",
+                     MG_API_MAX_CONNECTIONS = "3",
                      MG_API_CALLBACK_ALLOW_PRIVATE = "false", MG_WORKERS_ENABLED = "false" })
     tok = api.token("read,operate")
   end)
@@ -561,5 +562,34 @@ describe("HTTP API limits", function()
     assert.truthy(tonumber(last.headers["retry-after"]) >= 1)
     -- another token is not limited by this one's use
     assert.equal(200, api.call(d2, "GET", "/v3/requests", { token = api.token("read") }).status)
+  end)
+
+  it("holds at most MG_API_MAX_CONNECTIONS connections and serves again once they close", function()
+    local script = [[
+import socket, sys, time
+host, port = sys.argv[1], int(sys.argv[2])
+held = [socket.create_connection((host, port), timeout=5) for _ in range(3)]
+time.sleep(0.3)
+extra = socket.create_connection((host, port), timeout=5)
+extra.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+try:
+    got = extra.recv(100)
+except (ConnectionResetError, socket.timeout):
+    got = b""
+print("extra:" + ("closed" if got == b"" else got.decode("latin-1").split("\r\n")[0]))
+held[0].sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+print("held:" + held[0].recv(100).decode("latin-1").split("\r\n")[0])
+for s in held + [extra]:
+    s.close()
+]]
+    local dir = host.tmpdir()
+    host.write(dir .. "/conns.py", script)
+    local h, port = d2.address:match("^(.-):(%d+)$")
+    local rc, out = host.run({}, { "python3", common.quote(dir .. "/conns.py"), h, port })
+    assert.equal(0, rc, out)
+    assert.truthy(out:find("extra:closed", 1, true), out)
+    assert.truthy(out:find("held:HTTP/1.1 200", 1, true), out)
+    common.wait_for(function() return api.call(d2, "GET", "/healthz").status == 200 end, 10, "the API to serve again")
+    os.execute("rm -rf " .. common.quote(dir))
   end)
 end)
