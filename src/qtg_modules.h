@@ -31,5 +31,6 @@ QTG_LUA_MODULE("evm", luaopen_qtg_evm)
 QTG_LUA_MODULE("console_server", luaopen_qtg_console_server)
 QTG_LUA_MODULE("api_server", luaopen_qtg_api_server)
 QTG_LUA_MODULE("api_keys", luaopen_qtg_api_keys)
+QTG_LUA_MODULE("api_net", luaopen_qtg_api_net)
 QTG_LUA_MODULE("systemd", luaopen_qtg_systemd)
 #endif

@@ -550,6 +550,26 @@ describe("HTTP API limits", function()
     assert.equal(before, count_requests(d2.class))
   end)
 
+  it("resolves callback_url names and refuses one that leads to a refused address, or nowhere", function()
+    local p = io.popen("hostname")
+    local name = p:read("*l")
+    p:close()
+    local g = io.popen("getent hosts " .. common.quote(name))
+    local addr = (g:read("*l") or ""):match("^(%S+)")
+    g:close()
+    local cases = { { "http://no-such-host.invalid/h", "does not resolve" } }
+    -- this machine's own name resolves to a loopback or private address here
+    if addr and (addr:match("^127%.") or addr:match("^10%.") or addr:match("^192%.168%.") or addr:match("^172%.")) then
+      cases[#cases + 1] = { "http://" .. name .. "/h", "resolving to " .. addr }
+    end
+    for _, c in ipairs(cases) do
+      local r = api.call(d2, "POST", "/v3/requests", { token = api.token("operate"), key = common.uid("s", 4),
+        json = { template_key = "otc_settlement_manual", intent = api.OTC_INTENT, callback_url = c[1] } })
+      assert.equal(422, r.status, c[1] .. " " .. r.body)
+      assert.truthy(r.json.detail:find(c[2], 1, true), r.body)
+    end
+  end)
+
   it("answers 429 with Retry-After once a token is over its rate", function()
     local statuses = {}
     local last

@@ -7,10 +7,11 @@
 -- (100.64/10), multicast/reserved, and the names localhost and *.localhost,
 -- *.internal, metadata.google.internal.
 --
--- The address checked is the literal in the URL.  Host names are resolved
--- by the dispatcher at delivery time; pinning the resolved address with
--- CURLOPT_RESOLVE (so a name cannot resolve to a public address here and a
--- private one there) is not done yet: see docs/api.md.
+-- A literal address is checked as it is; a host name is resolved
+-- (qtg.api_net.resolve, yields) and refused when any of its addresses is.
+-- The dispatcher resolves the name again at delivery: pinning the address
+-- checked here with CURLOPT_RESOLVE (so a name cannot answer a public
+-- address now and a private one then) is not done yet: see docs/api.md.
 local qtg = require "qtg"
 
 local M = {}
@@ -67,7 +68,20 @@ function M.check(url)
     local a, b = ipv4(host)
     if a then reason = v4_refused(a, b)
     elseif host:match("^[%d.]+$") or host:match("^0x") then reason = "an address in a form other than dotted decimal"
-    elseif NAMES[host] or host:match("%.localhost$") or host:match("%.internal$") then reason = "a local name" end
+    elseif NAMES[host] or host:match("%.localhost$") or host:match("%.internal$") then reason = "a local name"
+    else
+      local addrs, err = qtg.api_net.resolve(host)
+      if not addrs then return nil, ("%s does not resolve (%s)"):format(host, tostring(err and err.message)) end
+      for _, a in ipairs(addrs) do
+        local why
+        if a:find(":", 1, true) then why = v6_refused(a)
+        else
+          local x, y = ipv4(a)
+          why = x and v4_refused(x, y)
+        end
+        if why then reason = ("a name resolving to %s, %s"):format(a, why) break end
+      end
+    end
   end
   if reason then
     return nil, ("%s points at %s; callbacks go to public addresses only (MG_API_CALLBACK_ALLOW_PRIVATE)")
