@@ -36,6 +36,7 @@ static const qtg_command qtg_commands[] = {
    "validate settings, database, migrations, templates and policy scripts", 1, -1},
   {"audit", "verify|export [--since ID]",
    "check the hash-chained audit trail, or write it as JSON lines", 1, -1},
+  {"tokens", "create|list|revoke ...", "API tokens: create --name N --roles read,operate,approve,admin", 1, -1},
   {"console", "[-e CODE] [--socket PATH]", "attach a Lua console to the running daemon", 0, -1},
   {"settings", "[--markdown]", "print every MG_* setting with its value and default", 0, 1},
   {"version", "", "print the version", 0, 0},

@@ -35,6 +35,7 @@ struct qtg_http;
 struct qtg_runtime;
 struct qtg_keys;
 struct qtg_console;
+struct qtg_api;
 
 /* Called once when a task ends.  ok=1: the task's function returned; its
  * results are on qtg_task_thread(t)'s stack (nres of them).  ok=0: it raised;
@@ -56,6 +57,7 @@ struct qtg_host {
   struct qtg_runtime *runtime;  /* workers and their supervisor */
   struct qtg_keys *keys;        /* secrets loaded by C; never reach Lua */
   struct qtg_console *console;  /* console server, when enabled */
+  struct qtg_api *api;          /* HTTP API server (src/qtg_api.c) */
   qtg_task *current;            /* task whose code is running now */
   qtg_task *tasks;              /* every live task (freed at close) */
   qtg_task *ready;              /* woken inside a task's end, run after it */

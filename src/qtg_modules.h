@@ -17,6 +17,7 @@ QTG_SUBSYSTEM(pg, qtg_pg_open, qtg_pg_close, QTG_CLOSE_AFTER_LUA)
 QTG_SUBSYSTEM(http, qtg_http_open, qtg_http_close, QTG_CLOSE_AFTER_LUA)
 QTG_SUBSYSTEM(runtime, qtg_runtime_open, qtg_runtime_close, QTG_CLOSE_BEFORE_LUA)
 QTG_SUBSYSTEM(console, qtg_console_open, qtg_console_close, QTG_CLOSE_BEFORE_LUA)
+QTG_SUBSYSTEM(api, qtg_api_open, qtg_api_close, QTG_CLOSE_BEFORE_LUA)
 #endif
 
 #ifdef QTG_LUA_MODULE
@@ -28,5 +29,8 @@ QTG_LUA_MODULE("crypto", luaopen_qtg_crypto)
 QTG_LUA_MODULE("signer", luaopen_qtg_signer)
 QTG_LUA_MODULE("evm", luaopen_qtg_evm)
 QTG_LUA_MODULE("console_server", luaopen_qtg_console_server)
+QTG_LUA_MODULE("api_server", luaopen_qtg_api_server)
+QTG_LUA_MODULE("api_keys", luaopen_qtg_api_keys)
+QTG_LUA_MODULE("api_net", luaopen_qtg_api_net)
 QTG_LUA_MODULE("systemd", luaopen_qtg_systemd)
 #endif

@@ -12,6 +12,14 @@ QTG_SETTING(SHUTDOWN_GRACE_SECONDS, "MG_SHUTDOWN_GRACE_SECONDS", QTG_SET_NUM, "2
 QTG_SETTING(RUN_DIR, "MG_RUN_DIR", QTG_SET_STR, "", 0, 0, "runtime directory (console socket); unset: var/run under the repo, or $RUNTIME_DIRECTORY under systemd")
 QTG_SETTING(CONSOLE_ENABLED, "MG_CONSOLE_ENABLED", QTG_SET_BOOL, "true", 0, 0, "serve the operator console on a Unix socket")
 QTG_SETTING(CONSOLE_SOCKET, "MG_CONSOLE_SOCKET", QTG_SET_STR, "", 0, 0, "console socket path; unset: <run dir>/console.sock")
+QTG_SETTING(API_LISTEN, "MG_API_LISTEN", QTG_SET_STR, "", 0, 0, "HTTP API sockets: comma list of unix:PATH and HOST:PORT; empty: no API")
+QTG_SETTING(API_MAX_BODY_BYTES, "MG_API_MAX_BODY_BYTES", QTG_SET_INT, "1048576", 1024, 67108864, "largest API request body (413 above it, cut off while it streams in)")
+QTG_SETTING(API_MAX_CONNECTIONS, "MG_API_MAX_CONNECTIONS", QTG_SET_INT, "256", 1, 65536, "open API connections per listen address")
+QTG_SETTING(API_IDLE_TIMEOUT_SECONDS, "MG_API_IDLE_TIMEOUT_SECONDS", QTG_SET_INT, "30", 1, 3600, "an API connection idle this long is closed")
+QTG_SETTING(API_REQUEST_TIMEOUT_SECONDS, "MG_API_REQUEST_TIMEOUT_SECONDS", QTG_SET_NUM, "30", 0.1, 3600, "an API request still running after this is answered 503 and its task interrupted")
+QTG_SETTING(API_RATE_LIMIT_PER_SECOND, "MG_API_RATE_LIMIT_PER_SECOND", QTG_SET_NUM, "50", 0.01, 100000, "API requests per second one token may make on average (429 with Retry-After above it)")
+QTG_SETTING(API_RATE_LIMIT_BURST, "MG_API_RATE_LIMIT_BURST", QTG_SET_INT, "100", 1, 1000000, "API requests one token may make at once before the rate limit applies")
+QTG_SETTING(API_CALLBACK_ALLOW_PRIVATE, "MG_API_CALLBACK_ALLOW_PRIVATE", QTG_SET_BOOL, "false", 0, 0, "let API clients name loopback, private and link-local callback_url hosts (demo and tests only)")
 QTG_SETTING(WAKEUPS_ENABLED, "MG_WAKEUPS_ENABLED", QTG_SET_BOOL, "true", 0, 0, "NOTIFY wake-ups and draining (polling stays the fallback)")
 
 /* Workers: always-on */

@@ -28,6 +28,27 @@ int kill(int pid, int sig);
 ]])
 
 local ACTOR = "console:demo"
+
+-- The HTTP API (tools/demo starts the daemon with MG_API_LISTEN and makes
+-- two tokens): movements are created and approved through it; without it
+-- (QTG_DEMO_API unset) the driver calls the lifecycle functions itself.
+local API = os.getenv("QTG_DEMO_API") and {
+  base = os.getenv("QTG_DEMO_API"),
+  operator = os.getenv("QTG_DEMO_OPERATOR_TOKEN"),
+  approver = os.getenv("QTG_DEMO_APPROVER_TOKEN"),
+} or nil
+
+local function api_call(method, path, token, body, key)
+  local resp, err = qtg.http.request{ method = method, url = API.base .. path, timeout = 30,
+    headers = { Authorization = "Bearer " .. token, ["Content-Type"] = body and "application/json" or nil,
+                ["Idempotency-Key"] = key },
+    body = body and require("qtg.canon_json").encode(body) or nil }
+  if not resp then error("demo: " .. method .. " " .. path .. ": " .. tostring(err and err.message), 0) end
+  if resp.status >= 300 then
+    error(("demo: %s %s answered %d: %s"):format(method, path, resp.status, resp.body), 0)
+  end
+  return cjson.decode(resp.body)
+end
 local DEST = "0x8ba1f109551bd432803012645ac136ddd64dba72"
 
 -- The movement made for each template the demo knows.  A shipped template
@@ -317,15 +338,26 @@ local function create_all(opts, run_id)
       if not schema then error("demo: template " .. key .. " is not loaded", 0) end
       intent, role = make_intent(schema.intent_schema), "(no sample: an intent made from its schema)"
     end
-    local req = with_session(function(s)
-      local r = requests.create(s, {
-        template_key = key, intent = intent,
-        idempotency_key = "demo-" .. run_id .. "-" .. key,
-        input_params = { demo_run = run_id },
+    local req
+    if API then
+      -- as a treasury application would: one client creates, another approves
+      local created = api_call("POST", "/v3/requests", API.operator, {
+        template_key = key, intent = intent, input_params = { demo_run = run_id },
         callback_url = opts.callback_url .. "/" .. key,
-      }, ACTOR)
-      return requests.approve(s, r.id, ACTOR)
-    end)
+      }, "demo-" .. run_id .. "-" .. key)
+      req = api_call("POST", "/v3/requests/" .. created.id .. "/approve", API.approver, nil,
+        "demo-" .. run_id .. "-" .. key .. "-approve")
+    else
+      req = with_session(function(s)
+        local r = requests.create(s, {
+          template_key = key, intent = intent,
+          idempotency_key = "demo-" .. run_id .. "-" .. key,
+          input_params = { demo_run = run_id },
+          callback_url = opts.callback_url .. "/" .. key,
+        }, ACTOR)
+        return requests.approve(s, r.id, ACTOR)
+      end)
+    end
     made[#made + 1] = { id = req.id, template_key = key, role = role, intent = intent }
   end
   return made
@@ -512,8 +544,8 @@ local function run(argv)
   local opts = parse_args(argv)
   local started = qtg.monotonic()
   local run_id = os.date("!%Y%m%dT%H%M%S") .. "-" .. qtg.crypto.hex(qtg.crypto.random_bytes(3))
-  out(string.format("== creating and approving the sample movements (network class %s, actor %s)\n",
-    qtg.settings.network_class, ACTOR))
+  out(string.format("== creating and approving the sample movements (network class %s, %s)\n",
+    qtg.settings.network_class, API and ("through the HTTP API at " .. API.base) or ("actor " .. ACTOR)))
   local made = create_all(opts, run_id)
   if opts.ids_file then
     local f = assert(io.open(opts.ids_file, "w"))

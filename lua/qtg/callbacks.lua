@@ -125,8 +125,17 @@ end
 
 -- Headers of one delivery; raises when no callback key is configured (a
 -- deployment error: nothing is sent unsigned, and no attempt is spent).
-function M.headers(timestamp, nonce, body)
-  local signature, err = qtg.crypto.hmac_callback(M.signed_message(timestamp, nonce, body))
+-- key_id: an API client's own key (the row's signing_key_id, see
+-- lua/qtg/api/clients.lua); nil: the host key (MG_CALLBACK_KEY_ID).
+function M.headers(timestamp, nonce, body, key_id)
+  local message = M.signed_message(timestamp, nonce, body)
+  local signature, err
+  if key_id ~= nil and key_id ~= qtg.db.NULL then
+    signature, err = qtg.api_keys.sign(key_id, message)
+  else
+    key_id = qtg.crypto.callback_key_id()
+    signature, err = qtg.crypto.hmac_callback(message)
+  end
   if not signature then
     error("callbacks: cannot sign (" .. tostring(err and (err.message or err) or "no callback key")
       .. "); set MG_CALLBACK_KEY_FILE", 0)
@@ -137,7 +146,7 @@ function M.headers(timestamp, nonce, body)
     [M.HEADERS.nonce] = nonce,
     [M.HEADERS.version] = M.SIGNATURE_VERSION,
     [M.HEADERS.signature] = signature,
-    [M.HEADERS.key_id] = qtg.crypto.callback_key_id(),
+    [M.HEADERS.key_id] = key_id,
   }
 end
 
@@ -238,7 +247,7 @@ function M.send_batch(rows, t)
       writes[i] = { id = row.id, status = "dlq", attempts = row.attempts, attempted = false,
                     last_error = "refused unsent: " .. why }
     else
-      headers[i] = M.headers(row.callback_timestamp, row.callback_nonce, row.payload)
+      headers[i] = M.headers(row.callback_timestamp, row.callback_nonce, row.payload, row.signing_key_id)
     end
   end
   local tasks = {}

@@ -10,6 +10,7 @@ local commands = {
   templates = "qtg.cli.templates",
   check = "qtg.cli.check",
   audit = "qtg.cli.audit",
+  tokens = "qtg.cli.tokens",
 }
 
 function M.main(cmd, args)

@@ -54,6 +54,13 @@ function M.run()
   if settings.console_enabled and qtg.console_server and qtg.console_server.start then
     qtg.console_server.start()
   end
+  if settings.api_listen ~= "" and qtg.api_server then
+    local aok, aerr = pcall(qtg.api_server.start, settings.api_listen)
+    if not aok then
+      qtg.log.error(tostring(aerr))
+      return 1
+    end
+  end
   local ok, plan = pcall(M.start_workers, settings)
   if not ok then
     qtg.log.error(tostring(plan))

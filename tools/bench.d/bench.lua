@@ -729,6 +729,98 @@ function B.explain(label)
 end
 
 -- ------------------------------------------------------------ output
+-- ------------------------------------------------------------ api phase
+-- The HTTP API on an idle daemon (workers off, so only the API and the
+-- database work): create+approve through HTTP by 1 and 8 concurrent clients
+-- (requests/s, p50/p99 of one create+approve), GET /v3/requests/{id} p99,
+-- and in the same run the same create+approve through the lifecycle
+-- functions the console calls (one transaction each, in this process), so
+-- the API's own cost is a ratio.
+function B.phase_api(o)
+  local n = o.ci and 40 or 400
+  local d = B.start_daemon("api", { MG_API_LISTEN = "127.0.0.1:0", MG_WORKERS_ENABLED = "false", MG_LOG_LEVEL = "info",
+    MG_API_RATE_LIMIT_BURST = "1000000", MG_API_RATE_LIMIT_PER_SECOND = "100000" })
+  local address
+  local deadline = qtg.monotonic() + 30
+  while not address and qtg.monotonic() < deadline do
+    address = (read_file(d.log) or ""):match('"msg":"api listening","address":"([^"]+)"')
+    if not address then qtg.sleep(0.05) end
+  end
+  assert(address, "bench: the API did not start: " .. tostring(read_file(d.log)))
+  local base = "http://" .. address
+  local function token(name, roles)
+    B.sh(("%s tokens revoke %s"):format(sh_quote(B.bin), name))
+    local out = B.sh(("%s tokens create --name %s --roles %s"):format(sh_quote(B.bin), name, roles))
+    return (out:match("(qtg_[%w_-]+)%s*$"))
+  end
+  local creator, approver = token("bench-desk", "read,operate"), token("bench-approver", "read,approve")
+  assert(creator and approver, "bench: cannot create API tokens")
+  local run = qtg.crypto.hex(qtg.crypto.random_bytes(4))
+  local function call(method, path, tok, body, key)
+    local resp, err = qtg.http.request{ method = method, url = base .. path, timeout = 30, body = body,
+      headers = { Authorization = "Bearer " .. tok, ["Content-Type"] = body and "application/json" or nil,
+                  ["Idempotency-Key"] = key } }
+    if not resp or resp.status >= 300 then
+      error(("bench: %s %s: %s"):format(method, path, resp and (resp.status .. " " .. resp.body) or tostring(err.message)), 0)
+    end
+    return resp
+  end
+  local body = cjson.encode({ template_key = "bench_one", intent = { asset = "USDC", amount = "1.00" } })
+  local function create_approve(tag, i)
+    local t0 = qtg.monotonic()
+    local r = call("POST", "/v3/requests", creator, body, ("%s-%s-%d"):format(run, tag, i))
+    local id = cjson.decode(r.body).id
+    call("POST", "/v3/requests/" .. id .. "/approve", approver)
+    return (qtg.monotonic() - t0) * 1000, id
+  end
+  local R = { requests = n }
+  local ids = {}
+  for _, clients in ipairs({ 1, 8 }) do
+    local lat, tasks = {}, {}
+    local t0 = qtg.monotonic()
+    for c = 1, clients do
+      tasks[c] = qtg.spawn(function()
+        for i = c, n, clients do
+          local ms, id = create_approve("c" .. clients, i)
+          lat[#lat + 1] = ms
+          ids[#ids + 1] = id
+        end
+      end)
+    end
+    for c = 1, clients do
+      local ok, err = qtg.join(tasks[c])
+      if not ok then error(err, 0) end
+    end
+    local secs = qtg.monotonic() - t0
+    R["clients_" .. clients] = { per_s = n / secs, ms = B.summary(lat) }
+  end
+  local gets = {}
+  for i = 1, n do
+    local t0 = qtg.monotonic()
+    call("GET", "/v3/requests/" .. ids[(i - 1) % #ids + 1], creator)
+    gets[i] = (qtg.monotonic() - t0) * 1000
+  end
+  R.get_ms = B.summary(gets)
+  -- the same create+approve without HTTP, one at a time
+  local direct = {}
+  local s = qtg.db.acquire()
+  local ok, err = pcall(function()
+    for i = 1, n do
+      local t0 = qtg.monotonic()
+      local req = requests.create(s, { template_key = "bench_one", intent = { asset = "USDC", amount = "1.00" },
+        idempotency_key = ("%s-direct-%d"):format(run, i) }, B.ACTOR)
+      requests.approve(s, req.id, "console:bench-approver")
+      direct[i] = (qtg.monotonic() - t0) * 1000
+    end
+  end)
+  s:release()
+  if not ok then error(err, 0) end
+  R.direct_ms = B.summary(direct)
+  R.api_vs_direct_p50 = R.clients_1.ms.p50 / R.direct_ms.p50
+  B.stop_daemon(d)
+  return R
+end
+
 function B.say(msg)
   io.stderr:write("bench: ", msg, "\n")
   io.stderr:flush()
@@ -764,6 +856,18 @@ function B.print_table(R)
       ("%s/%s/%s"):format(fmt(a.p50), fmt(a.p99), fmt(a.max)), "target p50 <= 10, p99 <= 50")
     line("approve -> COMPLETED (1 node) p50/p99/max",
       ("%s/%s/%s"):format(fmt(c.p50), fmt(c.p99), fmt(c.max)), "target p50 <= 30")
+  end
+  if R.api then
+    local a = R.api
+    out[#out + 1] = ("HTTP API (idle daemon, workers off, %d create+approve per run), ms"):format(a.requests)
+    for _, c in ipairs({ 1, 8 }) do
+      local x = a["clients_" .. c]
+      line(("create+approve, %d client(s): per s, p50/p99"):format(c),
+        ("%s %s/%s"):format(fmt(x.per_s, "%.0f"), fmt(x.ms.p50), fmt(x.ms.p99)))
+    end
+    line("GET /v3/requests/{id} p50/p99", ("%s/%s"):format(fmt(a.get_ms.p50), fmt(a.get_ms.p99)), "target p99 <= 10")
+    line("create+approve without HTTP p50/p99", ("%s/%s"):format(fmt(a.direct_ms.p50), fmt(a.direct_ms.p99)))
+    line("API / without HTTP (p50, 1 client)", fmt(a.api_vs_direct_p50, "%.2f"), "target <= 1.5")
   end
   if R.idle then
     out[#out + 1] = ("idle (one qtgd, default intervals, %.0f s)"):format(R.idle.seconds)
@@ -851,6 +955,10 @@ function B.main(argv)
     if want("latency") then
       B.say("latency: " .. o.latency .. " requests")
       R.latency = B.phase_latency(o)
+    end
+    if want("api") then
+      B.say("api: create+approve over HTTP at 1 and 8 clients, GET p99, the same without HTTP")
+      R.api = B.phase_api(o)
     end
     if want("growth") then
       B.say(("growth: cloning finished requests up to %d"):format(o.growth))

@@ -1,0 +1,79 @@
+-- qtg.api.health: /readyz's checks, one small function each (M.CHECKS), so
+-- a new dependency adds a row.  Each returns status ("ok", "failing",
+-- "not_configured") and a detail; the route answers 200 when none fails.
+--
+-- The signer check is pluggable (M.set_signer_check(fn)): the separate
+-- signer process registers how to reach it; until a signer socket is
+-- configured (MG_SIGNER_SOCKET) it reports not_configured.
+local qtg = require "qtg"
+local canon = require "qtg.canon_json"
+
+local M = {}
+
+M.MIGRATIONS_CACHE_SECONDS = 10
+local migrations_cache -- {at=, status=, detail=}
+
+local function database(s)
+  s:query("SELECT 1")
+  return "ok", "reachable"
+end
+
+local function migrations(s)
+  local now = qtg.monotonic()
+  if migrations_cache and now - migrations_cache.at < M.MIGRATIONS_CACHE_SECONDS then
+    return migrations_cache.status, migrations_cache.detail
+  end
+  local migrate = require "qtg.cli.migrate"
+  local pending, changed = migrate.pending(s, migrate.dir())
+  local status, detail = "ok", "current"
+  if #pending > 0 then status, detail = "failing", "pending: " .. table.concat(pending, ", ")
+  elseif #changed > 0 then status, detail = "failing", "edited after applying: " .. table.concat(changed, ", ") end
+  migrations_cache = { at = now, status = status, detail = detail }
+  return status, detail
+end
+
+local function core_workers()
+  local bad = {}
+  local n = 0
+  for _, w in ipairs(qtg.runtime.workers()) do
+    if w.group == "core" then
+      n = n + 1
+      if w.state == "dead" or w.state == "stopped" then bad[#bad + 1] = w.name .. " " .. w.state end
+    end
+  end
+  if n == 0 then return "failing", "no core worker runs in this process" end
+  if #bad > 0 then return "failing", table.concat(bad, ", ") end
+  return "ok", n .. " core workers running"
+end
+
+local function default_signer_check()
+  -- the setting exists only in builds with the separate signer process
+  local has, socket = pcall(function() return qtg.settings.signer_socket end)
+  if not has then socket = nil end
+  if socket == nil or socket == "" then return "not_configured", "no signer socket is configured" end
+  return "failing", "a signer socket is configured but this build has no check for it"
+end
+
+local signer_check = default_signer_check
+
+function M.set_signer_check(fn) signer_check = fn or default_signer_check end
+
+M.CHECKS = {
+  { name = "database", fn = database },
+  { name = "migrations", fn = migrations },
+  { name = "core_workers", fn = core_workers },
+  { name = "signer", fn = function() return signer_check() end },
+}
+
+function M.readyz(s)
+  local checks, ready = canon.array(), true
+  for _, c in ipairs(M.CHECKS) do
+    local ok, status, detail = pcall(c.fn, s)
+    if not ok then status, detail = "failing", tostring(type(status) == "table" and status.message or status) end
+    if status == "failing" then ready = false end
+    checks[#checks + 1] = { name = c.name, status = status, detail = detail }
+  end
+  return ready and 200 or 503, { ready = ready, checks = checks }
+end
+
+return M

@@ -1,0 +1,195 @@
+-- qtg.api: the HTTP API's request handler.  The C server (src/qtg_api.c)
+-- runs handle(req) as a host task for every request; this module decides
+-- everything else, in this order:
+--
+--   route (qtg.api.routes: one table) -> 404 / 405
+--   authentication (Bearer token, qtg.api.tokens) -> 401, role -> 403
+--   the token's rate limit -> 429 with Retry-After
+--   query parameters and JSON body checked against the route -> 400/415/422
+--   Idempotency-Key (qtg.api.idempotency) on mutating requests
+--   the route's handler, on one database session
+--
+-- and answers every refusal as problem+json (qtg.api.problem).  Counters
+-- of requests by route and status feed /metrics (qtg.api.metrics).
+local qtg = require "qtg"
+local cjson = require "cjson.safe"
+local canon = require "qtg.canon_json"
+local problem = require "qtg.api.problem"
+local tokens = require "qtg.api.tokens"
+local routes = require "qtg.api.routes"
+local idempotency = require "qtg.api.idempotency"
+local metrics = require "qtg.api.metrics"
+
+local M = {}
+
+local JSON = "application/json"
+
+-- ---------------------------------------------------------------- rate limit
+-- A token bucket per token (in this process): `burst` requests at once,
+-- refilled at `rate` per second.
+local buckets = {}
+
+local function rate_limit(principal)
+  local rate = qtg.settings.api_rate_limit_per_second
+  local burst = qtg.settings.api_rate_limit_burst
+  local now = qtg.monotonic()
+  local b = buckets[principal.token_id]
+  if not b then
+    b = { level = burst, at = now }
+    buckets[principal.token_id] = b
+  end
+  b.level = math.min(burst, b.level + (now - b.at) * rate)
+  b.at = now
+  if b.level < 1 then
+    local wait = math.max(1, math.ceil((1 - b.level) / rate))
+    problem.raise_with("rate_limited", { retry_after = wait },
+      "token %s is over its rate limit (%g requests/s, burst %d); retry after %d s",
+      principal.name, rate, burst, wait)
+  end
+  b.level = b.level - 1
+end
+
+function M.reset_rate_limits() buckets = {} end
+
+-- ------------------------------------------------------------------ inputs
+local function check_query(route, query, repeated)
+  local allowed = route.query or {}
+  for name in pairs(repeated or {}) do
+    problem.raise("bad_request", "query parameter %s is given more than once", name)
+  end
+  for name, value in pairs(query) do
+    local def = allowed[name]
+    if not def then
+      local names = {}
+      for n in pairs(allowed) do names[#names + 1] = n end
+      table.sort(names)
+      problem.raise("bad_request", "unknown query parameter %s (this route takes: %s)", name,
+        #names > 0 and table.concat(names, ", ") or "none")
+    end
+    if not canon.text_ok(value) then
+      problem.raise("bad_request", "query parameter %s is not valid UTF-8 text", name)
+    end
+  end
+end
+
+local function media_type(h)
+  return (h or ""):match("^%s*([^;%s]+)") or ""
+end
+
+local function parse_body(route, req)
+  local body = req.body or ""
+  if not route.body then
+    if body ~= "" then problem.raise("bad_request", "%s %s takes no request body", route.method, route.path) end
+    return nil
+  end
+  if body == "" then
+    if route.body.optional then return {} end
+    problem.raise("bad_request", "a JSON object body is required")
+  end
+  if media_type(req.headers["content-type"]):lower() ~= JSON then
+    problem.raise("unsupported_media_type", "the body must be sent as Content-Type: application/json (got %s)",
+      req.headers["content-type"] or "none")
+  end
+  if not canon.text_ok(body) then problem.raise("bad_request", "the body is not valid UTF-8") end
+  local doc, err = cjson.decode(body)
+  if doc == nil then problem.raise("bad_request", "malformed JSON: %s", tostring(err)) end
+  if type(doc) ~= "table" or canon.is_array(doc) or (next(doc) == nil and body:match("^%s*%[")) then
+    problem.raise("bad_request", "the body must be a JSON object")
+  end
+  -- cjson keeps \u0000 and decodes numbers past 2^53 inexactly: refuse what
+  -- could not be stored or compared as sent
+  local storable, why = canon.storable(doc, "body")
+  if not storable then problem.raise("bad_request", "%s", why) end
+  for k, v in pairs(doc) do
+    local def = route.body.fields[k]
+    if not def then
+      local names = {}
+      for n in pairs(route.body.fields) do names[#names + 1] = n end
+      table.sort(names)
+      problem.raise("unknown_field", "unknown field %s (allowed: %s)", tostring(k), table.concat(names, ", "))
+    end
+    local want = def.type
+    local got = type(v)
+    local ok = (want == "string" and got == "string") or (want == "object" and got == "table" and not canon.is_array(v))
+      or (want == "boolean" and got == "boolean") or (want == "integer" and got == "number" and v == math.floor(v))
+      or (want == "any")
+    if not ok then problem.raise("invalid_input", "field %s must be a %s", k, want) end
+  end
+  for k, def in pairs(route.body.fields) do
+    if def.required and doc[k] == nil then problem.raise("invalid_input", "field %s is required", k) end
+  end
+  return doc
+end
+
+-- ---------------------------------------------------------------- dispatch
+local function encode(status, doc, headers)
+  local h = headers or {}
+  if h["Content-Type"] == nil then h["Content-Type"] = JSON end
+  return status, h, type(doc) == "string" and doc or canon.encode(doc)
+end
+
+local function run_route(route, params, req)
+  local query = req.query or {}
+  check_query(route, query, req.query_repeated)
+  if route.public then
+    local status, doc, headers = route.handler({ params = params, query = query, req = req })
+    return encode(status, doc, headers)
+  end
+  return qtg.db.with_session(function(s)
+    local principal = tokens.authenticate(s, req.headers.authorization)
+    if not tokens.has_role(principal, route.role) then
+      problem.raise("forbidden", "token %s lacks the %s role that %s %s requires", principal.name,
+        route.role, route.method, route.path)
+    end
+    rate_limit(principal)
+    local body = parse_body(route, req)
+    local ctx = { s = s, principal = principal, params = params, query = query, body = body,
+                  headers = req.headers, req = req }
+    local function call()
+      local status, doc, headers = route.handler(ctx)
+      return encode(status, doc, headers)
+    end
+    if route.mutating then
+      return idempotency.wrap(s, principal, route, req, body, call)
+    end
+    return call()
+  end)
+end
+
+-- A handler's failure: a known kind is the client's problem (or a known
+-- outage); anything else is logged and answered 500 without its text.
+local function failure(e, route, req)
+  if problem.known(e) then return problem.response(e) end
+  if type(e) == "table" and e.kind == "sql" and e.sqlstate == "57014" then
+    return problem.response({ kind = "timeout", message = "the database statement was cancelled" })
+  end
+  qtg.log.error("api handler failed", { route = route and route.path or "?", method = req.method,
+    error = tostring(type(e) == "table" and (e.message or e.kind) or e) })
+  return problem.response({ kind = "internal", message = "internal error; the daemon's log has the details" })
+end
+
+-- handle(req) -> status, headers, body
+function M.handle(req)
+  local started = qtg.monotonic()
+  req.headers = req.headers or {}
+  local route, params, allow = routes.match(req.method, req.path)
+  local status, headers, body
+  if not route then
+    if allow then
+      status, headers, body = problem.response({ kind = "method_not_allowed", message =
+        ("%s is not allowed on %s (allowed: %s)"):format(req.method, req.path, allow) }, { Allow = allow })
+    else
+      status, headers, body = problem.response({ kind = "not_found", message = "no route " .. tostring(req.path) })
+    end
+  else
+    local ok, s, h, b = pcall(run_route, route, params, req)
+    if ok then status, headers, body = s, h, b
+    else status, headers, body = failure(s, route, req) end
+  end
+  headers["Cache-Control"] = headers["Cache-Control"] or "no-store"
+  headers["X-Content-Type-Options"] = "nosniff"
+  metrics.observe_http(route and route.name or "unmatched", req.method, status, qtg.monotonic() - started)
+  return status, headers, body
+end
+
+return M

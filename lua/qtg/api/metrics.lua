@@ -1,0 +1,154 @@
+-- qtg.api.metrics: /metrics in the Prometheus text format (0.0.4).
+--
+-- Gauges come from the durable tables through one collector whose result is
+-- cached for M.CACHE_SECONDS, so scrapes (and several scrapers) do not load
+-- the database; they describe the whole network class, not this process, so
+-- several replicas report the same numbers (alert on max, not sum).
+-- Counters and histograms are this process's own (HTTP requests by route
+-- and status, worker passes and errors).  Label values are small enums
+-- (state names, route names, worker names), never ids.
+local qtg = require "qtg"
+
+local M = {}
+
+M.CACHE_SECONDS = 2
+M.BUCKETS = { 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10 }
+
+-- ------------------------------------------------------- in-process series
+local http_count = {}   -- "route\0method\0status" -> n
+local http_hist = {}    -- route -> {buckets = {...}, sum =, count =}
+
+function M.observe_http(route, method, status, seconds)
+  local k = route .. "\0" .. method .. "\0" .. tostring(status)
+  http_count[k] = (http_count[k] or 0) + 1
+  local h = http_hist[route]
+  if not h then
+    h = { buckets = {}, sum = 0, count = 0 }
+    for i = 1, #M.BUCKETS do h.buckets[i] = 0 end
+    http_hist[route] = h
+  end
+  for i, le in ipairs(M.BUCKETS) do if seconds <= le then h.buckets[i] = h.buckets[i] + 1 end end
+  h.sum = h.sum + seconds
+  h.count = h.count + 1
+end
+
+-- ---------------------------------------------------------------- writing
+local function esc(v)
+  return (tostring(v):gsub("\\", "\\\\"):gsub("\n", "\\n"):gsub('"', '\\"'))
+end
+
+local function labels(t, order)
+  if not order or #order == 0 then return "" end
+  local parts = {}
+  for i, k in ipairs(order) do parts[i] = k .. '="' .. esc(t[k]) .. '"' end
+  return "{" .. table.concat(parts, ",") .. "}"
+end
+
+local function num(v)
+  if v == nil or v == qtg.db.NULL then return "0" end
+  v = tonumber(v) or 0
+  if v == math.floor(v) and math.abs(v) < 2 ^ 53 then return string.format("%d", v) end
+  return string.format("%.6g", v)
+end
+
+local function family(out, name, kind, help, samples, order)
+  out[#out + 1] = "# HELP " .. name .. " " .. help
+  out[#out + 1] = "# TYPE " .. name .. " " .. kind
+  for _, s in ipairs(samples) do out[#out + 1] = name .. labels(s, order) .. " " .. num(s.value) end
+end
+
+-- ------------------------------------------------------------ the collector
+local GAUGES = {
+  { name = "qtg_nodes", help = "nodes by state and action_type", labels = { "state", "action_type" }, sql = [[
+      SELECT n.node_state AS state, n.action_type, count(*) AS value
+        FROM movement_request_nodes n JOIN movement_requests r ON r.id = n.request_id
+       WHERE r.network_class = $1 GROUP BY 1, 2 ORDER BY 1, 2]] },
+  { name = "qtg_node_oldest_age_seconds", help = "age of the oldest node in each non-terminal state (since its last change)",
+    labels = { "state" }, sql = [[
+      SELECT n.node_state AS state, extract(epoch FROM now() - min(n.updated_at))::float8 AS value
+        FROM movement_request_nodes n JOIN movement_requests r ON r.id = n.request_id
+        JOIN node_states s ON s.state = n.node_state
+       WHERE r.network_class = $1 AND NOT s.terminal GROUP BY 1 ORDER BY 1]] },
+  { name = "qtg_requests", help = "requests by state", labels = { "state" }, sql = [[
+      SELECT request_state AS state, count(*) AS value FROM movement_requests
+       WHERE network_class = $1 GROUP BY 1 ORDER BY 1]] },
+  { name = "qtg_approvals_pending", help = "requests waiting for approval", labels = {}, sql = [[
+      SELECT count(*) AS value FROM movement_requests
+       WHERE network_class = $1 AND request_state = 'PENDING_APPROVAL']] },
+  { name = "qtg_approvals_pending_oldest_age_seconds", help = "age of the oldest request waiting for approval",
+    labels = {}, sql = [[
+      SELECT coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 AS value FROM movement_requests
+       WHERE network_class = $1 AND request_state = 'PENDING_APPROVAL']] },
+  { name = "qtg_callbacks", help = "callback rows by status (pending, dlq)", labels = { "status" }, sql = [[
+      SELECT o.status, count(*) AS value FROM movement_callback_outbox o
+        JOIN movement_requests r ON r.id = o.request_id
+       WHERE r.network_class = $1 AND o.status IN ('pending', 'dlq') GROUP BY 1 ORDER BY 1]] },
+  { name = "qtg_callback_oldest_undelivered_age_seconds", help = "age of the oldest pending callback row",
+    labels = {}, sql = [[
+      SELECT coalesce(extract(epoch FROM now() - min(o.created_at)), 0)::float8 AS value
+        FROM movement_callback_outbox o JOIN movement_requests r ON r.id = o.request_id
+       WHERE r.network_class = $1 AND o.status = 'pending']] },
+  { name = "qtg_audit_outbox_lag_seconds", help = "age of the oldest audit record not yet promoted", labels = {},
+    sql = [[SELECT coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 AS value
+              FROM audit_outbox o WHERE NOT EXISTS (SELECT 1 FROM audit_events e WHERE e.outbox_id = o.id)
+              AND $1::text IS NOT NULL]] },
+}
+
+local cache -- {at=, lines=}
+
+local function collect(s)
+  local out = {}
+  for _, g in ipairs(GAUGES) do
+    local ok, rows = pcall(s.query, s, g.sql, qtg.settings.network_class)
+    if ok then family(out, g.name, "gauge", g.help, rows, g.labels) end
+  end
+  return out
+end
+
+function M.render(s)
+  local now = qtg.monotonic()
+  if not cache or now - cache.at >= M.CACHE_SECONDS then
+    cache = { at = now, lines = collect(s) }
+  end
+  local out = {}
+  for i, l in ipairs(cache.lines) do out[i] = l end
+  -- build info
+  family(out, "qtg_build_info", "gauge", "the running qtgd", { { version = qtg.version or "unknown",
+    network_class = qtg.settings.network_class, value = 1 } }, { "version", "network_class" })
+  -- workers (this process)
+  local passes, errors = {}, {}
+  for _, w in ipairs(qtg.runtime.workers()) do
+    passes[#passes + 1] = { worker = w.name, value = w.ticks }
+    errors[#errors + 1] = { worker = w.name, value = w.errors_total }
+  end
+  family(out, "qtg_worker_passes_total", "counter", "worker passes run by this process", passes, { "worker" })
+  family(out, "qtg_worker_errors_total", "counter", "worker passes that failed in this process", errors, { "worker" })
+  -- HTTP
+  local keys = {}
+  for k in pairs(http_count) do keys[#keys + 1] = k end
+  table.sort(keys)
+  local reqs = {}
+  for _, k in ipairs(keys) do
+    local route, method, status = k:match("^(.-)%z(.-)%z(.*)$")
+    reqs[#reqs + 1] = { route = route, method = method, status = status, value = http_count[k] }
+  end
+  family(out, "qtg_http_requests_total", "counter", "API requests answered by this process",
+    reqs, { "route", "method", "status" })
+  out[#out + 1] = "# HELP qtg_http_request_duration_seconds time to answer an API request"
+  out[#out + 1] = "# TYPE qtg_http_request_duration_seconds histogram"
+  local routes = {}
+  for r in pairs(http_hist) do routes[#routes + 1] = r end
+  table.sort(routes)
+  for _, r in ipairs(routes) do
+    local h = http_hist[r]
+    for i, le in ipairs(M.BUCKETS) do
+      out[#out + 1] = ('qtg_http_request_duration_seconds_bucket{route="%s",le="%s"} %d'):format(esc(r), tostring(le), h.buckets[i])
+    end
+    out[#out + 1] = ('qtg_http_request_duration_seconds_bucket{route="%s",le="+Inf"} %d'):format(esc(r), h.count)
+    out[#out + 1] = ('qtg_http_request_duration_seconds_sum{route="%s"} %s'):format(esc(r), num(h.sum))
+    out[#out + 1] = ('qtg_http_request_duration_seconds_count{route="%s"} %d'):format(esc(r), h.count)
+  end
+  return table.concat(out, "\n") .. "\n"
+end
+
+return M

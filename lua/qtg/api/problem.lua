@@ -1,0 +1,89 @@
+-- qtg.api.problem: errors of the HTTP API as RFC 9457 problem+json.
+--
+-- Every refusal is a table {kind=, message=, ...extra fields}; the kind
+-- decides the status (one table, KINDS), the message becomes `detail`, and
+-- the extra fields go into the document as they are (allowed_states,
+-- retry_after...).  qtg's lifecycle errors (qtg.requests' refuse) already
+-- carry a kind and a message, so they map without translation.
+local canon = require "qtg.canon_json"
+
+local M = {}
+
+-- kind -> status, title
+M.KINDS = {
+  bad_request            = { 400, "Bad Request" },
+  usage                  = { 400, "Bad Request" },
+  missing_idempotency_key = { 400, "Idempotency-Key Required" },
+  unauthorized           = { 401, "Unauthorized" },
+  forbidden              = { 403, "Forbidden" },
+  not_found              = { 404, "Not Found" },
+  method_not_allowed     = { 405, "Method Not Allowed" },
+  illegal_transition     = { 409, "Illegal Transition" },
+  idempotency_in_flight  = { 409, "Request In Flight" },
+  conflict               = { 409, "Conflict" },
+  too_large              = { 413, "Content Too Large" },
+  unsupported_media_type = { 415, "Unsupported Media Type" },
+  invalid_input          = { 422, "Invalid Input" },
+  invalid_intent         = { 422, "Invalid Intent" },
+  unknown_field          = { 422, "Unknown Field" },
+  idempotency_mismatch   = { 422, "Idempotency-Key Reused" },
+  rate_limited           = { 429, "Too Many Requests" },
+  internal               = { 500, "Internal Server Error" },
+  unavailable            = { 503, "Service Unavailable" },
+  connection             = { 503, "Service Unavailable" },
+  timeout                = { 503, "Service Unavailable" },
+}
+
+local mt = { __tostring = function(e) return e.kind .. ": " .. tostring(e.message) end }
+
+-- raise(kind, fmt, ...) / raise_with(kind, extra, fmt, ...): refuse the request.
+function M.raise(kind, fmt, ...)
+  error(setmetatable({ kind = kind, message = string.format(fmt, ...) }, mt), 0)
+end
+
+function M.raise_with(kind, extra, fmt, ...)
+  local e = setmetatable({ kind = kind, message = string.format(fmt, ...) }, mt)
+  for k, v in pairs(extra) do e[k] = v end
+  error(e, 0)
+end
+
+-- Whether e is an error this module can show as it is (a known kind).
+function M.known(e)
+  return type(e) == "table" and type(e.kind) == "string" and M.KINDS[e.kind] ~= nil
+end
+
+local RESERVED = { kind = true, message = true, sqlstate = true, detail = true, constraint = true,
+                   traceback = true }
+
+-- document(e) -> status, document table
+function M.document(e)
+  local def = M.KINDS[e.kind] or M.KINDS.internal
+  local doc = { type = "urn:qtg:problem:" .. (M.KINDS[e.kind] and e.kind or "internal"),
+                title = def[2], status = def[1], kind = M.KINDS[e.kind] and e.kind or "internal",
+                detail = tostring(e.message or def[2]) }
+  for k, v in pairs(e) do
+    if not RESERVED[k] and doc[k] == nil and type(k) == "string" then doc[k] = v end
+  end
+  -- illegal_transition: the states the action is allowed from, as a list
+  if e.kind == "illegal_transition" and doc.allowed_states == nil then
+    local allowed = tostring(e.message):match("allowed from ([%u_, ]+)")
+    if allowed then
+      local list = canon.array()
+      for st in allowed:gmatch("[%u_]+") do list[#list + 1] = st end
+      doc.allowed_states = list
+    end
+  end
+  return def[1], doc
+end
+
+-- response(e) -> status, headers, body
+function M.response(e, headers)
+  local status, doc = M.document(e)
+  local h = headers or {}
+  h["Content-Type"] = "application/problem+json"
+  if status == 401 then h["WWW-Authenticate"] = 'Bearer realm="qtg"' end
+  if e.retry_after then h["Retry-After"] = tostring(e.retry_after) end
+  return status, h, canon.encode(doc)
+end
+
+return M

@@ -1,0 +1,481 @@
+-- qtg.api.routes: every route of the HTTP API, one table (M.LIST), each row
+-- { method, path ("/v3/requests/{id}"), name, role (read | operate |
+--   approve | admin; public routes have none), query = {param = {type=,
+--   description=}}, body = {fields = {name = {type=, required=}}},
+--   mutating (Idempotency-Key honoured), requires_idempotency_key,
+--   summary, response (schema name in qtg.api.openapi), handler(ctx) }.
+-- Handlers call the same lifecycle functions as the console
+-- (qtg.requests, qtg.callbacks, qtg.signers, qtg.balances) with the token's
+-- principal as the actor, and return status, document[, headers].
+local qtg = require "qtg"
+local canon = require "qtg.canon_json"
+local problem = require "qtg.api.problem"
+
+local M = {}
+
+local NULL = qtg.db.NULL
+local UUID = "^%x%x%x%x%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%x%x%x%x%x%x%x%x$"
+
+-- The lifecycle functions take an actor string today; the principal table
+-- ({actor=, kind=, name=, roles=}) is what they will take once the
+-- approvals work (qtg.principals) is merged.  This one helper converts;
+-- drop it (pass ctx.principal) after that merge.
+local function principal_as_actor_until_principals_merge(principal)
+  return type(principal) == "table" and principal.actor or principal
+end
+M.principal_as_actor_until_principals_merge = principal_as_actor_until_principals_merge
+
+local function actor(ctx) return principal_as_actor_until_principals_merge(ctx.principal) end
+
+local function uuid_param(ctx, name, what)
+  local id = ctx.params[name]
+  if type(id) ~= "string" or not id:match(UUID) then
+    problem.raise("not_found", "%s %s: not a %s id (uuid)", what, tostring(id), what)
+  end
+  return id:lower()
+end
+
+local function int_param(ctx, name, default, min, max)
+  local v = ctx.query[name]
+  if v == nil then return default end
+  local n = v:match("^%d+$") and tonumber(v)
+  if not n or n < min or n > max then
+    problem.raise("bad_request", "%s must be an integer from %d to %d", name, min, max)
+  end
+  return n
+end
+
+local function bool_param(ctx, name)
+  local v = ctx.query[name]
+  if v == nil then return false end
+  if v == "true" then return true end
+  if v == "false" then return false end
+  problem.raise("bad_request", "%s must be true or false", name)
+end
+
+local function arr(t)
+  local a = canon.array()
+  for i, v in ipairs(t or {}) do a[i] = v end
+  return a
+end
+
+-- An opaque cursor: hex of the last row's sort key.
+local function encode_cursor(...)
+  return qtg.crypto.hex(table.concat({ ... }, "|"))
+end
+
+local function decode_cursor(text, n)
+  local ok, raw = pcall(qtg.crypto.unhex, text)
+  if ok and #text <= 400 then
+    local parts = {}
+    for p in (raw .. "|"):gmatch("([^|]*)|") do parts[#parts + 1] = p end
+    if #parts == n then return parts end
+  end
+  problem.raise("bad_request", "cursor is not one this API returned")
+end
+
+-- ---------------------------------------------------------------- requests
+local REQUEST_FIELDS = { "id", "template_key", "request_state", "network_class", "intent", "input_params",
+  "current_frontier", "idempotency_key", "callback_url", "created_by", "approved_by", "approved_at",
+  "created_at", "updated_at", "expires_at", "finished_at", "last_error_code", "approvals_required" }
+local NODE_FIELDS = { "id", "node_key", "node_kind", "action_type", "executor", "node_state", "attempt_no",
+  "provider_refs", "error_code", "error_detail", "started_at", "finished_at", "next_observe_at", "updated_at" }
+
+local function pick(row, fields)
+  local out = {}
+  for _, f in ipairs(fields) do
+    local v = row[f]
+    if v == nil then v = NULL end
+    out[f] = v
+  end
+  return out
+end
+
+local function request_doc(s, req)
+  local doc = pick(req, REQUEST_FIELDS)
+  doc.current_frontier = arr(req.current_frontier)
+  if type(doc.intent) == "table" and next(doc.intent) == nil then doc.intent = setmetatable({}, nil) end
+  return doc
+end
+
+local function request_detail(s, id)
+  local req, nodes = require("qtg.requests").get(s, id)
+  local doc = request_doc(s, req)
+  local list, errors = canon.array(), canon.array()
+  for i, n in ipairs(nodes) do
+    list[i] = pick(n, NODE_FIELDS)
+    if n.error_code ~= NULL and n.error_code ~= nil then
+      errors[#errors + 1] = { node_key = n.node_key, node_id = n.id, error_code = n.error_code,
+                              error_detail = n.error_detail }
+    end
+  end
+  doc.nodes = list
+  doc.errors = errors
+  doc.approvals = arr(s:query([[
+    SELECT principal, decision, comment, created_at FROM request_approvals
+     WHERE request_id = $1::uuid ORDER BY id]], id))
+  return doc
+end
+
+local function lifecycle(fn_name, target_kind, extra)
+  return function(ctx)
+    local requests = require "qtg.requests"
+    local id = uuid_param(ctx, "id", target_kind)
+    local body = ctx.body or {}
+    if extra == "reason" and (type(body.reason) ~= "string" or not body.reason:match("%S")) then
+      problem.raise("invalid_input", "a reason (non-empty string) is required")
+    end
+    local req = requests[fn_name](ctx.s, id, actor(ctx), extra == "reason" and body.reason or body.comment)
+    return 200, request_detail(ctx.s, req.id or req.request_id or id)
+  end
+end
+
+local function node_action(fn_name)
+  return function(ctx)
+    local requests = require "qtg.requests"
+    local id = uuid_param(ctx, "id", "node")
+    local req
+    if fn_name == "complete_manual_step" then
+      local input = (ctx.body or {}).input
+      if input == nil then input = {} end
+      req = requests.complete_manual_step(ctx.s, id, actor(ctx), input)
+    else
+      req = requests.retry(ctx.s, id, actor(ctx))
+    end
+    return 200, request_detail(ctx.s, req.id)
+  end
+end
+
+local function create_request(ctx)
+  local b = ctx.body
+  local key = ctx.headers["idempotency-key"]
+  local args = { template_key = b.template_key, intent = b.intent, input_params = b.input_params,
+                 callback_url = b.callback_url,
+                 -- a client's keys never collide with another client's or the console's
+                 idempotency_key = ctx.principal.actor .. ":" .. key }
+  if b.callback_url ~= nil then
+    local ok, why = require("qtg.api.ssrf").check(b.callback_url)
+    if not ok then problem.raise("invalid_input", "bad callback_url: %s", why) end
+  end
+  local req, created = require("qtg.requests").create(ctx.s, args, actor(ctx))
+  local doc = request_detail(ctx.s, req.id)
+  return created and 201 or 200, doc, { Location = "/v3/requests/" .. req.id }
+end
+
+local REQUEST_STATES
+local function check_state(s, st)
+  if not REQUEST_STATES then
+    REQUEST_STATES = {}
+    for _, r in ipairs(s:query("SELECT state FROM request_states")) do REQUEST_STATES[r.state] = true end
+  end
+  if not REQUEST_STATES[st] then problem.raise("bad_request", "unknown request state %s", st) end
+end
+
+local function check_time(name, v)
+  if v and not v:match("^%d%d%d%d%-%d%d%-%d%d[T ]?[%d:%.]*Z?[%+%-]?[%d:]*$") then
+    problem.raise("bad_request", "%s must be an RFC 3339 timestamp", name)
+  end
+  return v
+end
+
+local function list_requests(ctx)
+  local q = ctx.query
+  local limit = int_param(ctx, "limit", 50, 1, 200)
+  local st = q.state and q.state:upper()
+  if st then check_state(ctx.s, st) end
+  local after_ts, after_id
+  if q.cursor then
+    local parts = decode_cursor(q.cursor, 2)
+    after_ts, after_id = parts[1], parts[2]
+    if not after_id:match(UUID) then problem.raise("bad_request", "cursor is not one this API returned") end
+  end
+  local rows = ctx.s:query([[
+    SELECT r.*, r.created_at::text AS cursor_ts FROM movement_requests r
+     WHERE network_class = $1
+       AND ($2::text IS NULL OR request_state = $2)
+       AND ($3::text IS NULL OR template_key = $3)
+       AND ($4::timestamptz IS NULL OR created_at >= $4::timestamptz)
+       AND ($5::timestamptz IS NULL OR created_at < $5::timestamptz)
+       AND ($6::timestamptz IS NULL OR (created_at, id) < ($6::timestamptz, $7::uuid))
+     ORDER BY created_at DESC, id DESC
+     LIMIT $8]], qtg.settings.network_class, st, q.template_key,
+    check_time("created_after", q.created_after), check_time("created_before", q.created_before),
+    after_ts, after_id, limit + 1)
+  local items = canon.array()
+  for i = 1, math.min(#rows, limit) do items[i] = request_doc(ctx.s, rows[i]) end
+  local next_cursor = NULL
+  if #rows > limit then next_cursor = encode_cursor(rows[limit].cursor_ts, rows[limit].id) end
+  return 200, { items = items, next_cursor = next_cursor }
+end
+
+local function request_events(ctx)
+  local id = uuid_param(ctx, "id", "request")
+  require("qtg.requests").get(ctx.s, id) -- not_found for another class's request
+  local limit = int_param(ctx, "limit", 100, 1, 200)
+  local after = 0
+  if ctx.query.cursor then
+    after = tonumber(decode_cursor(ctx.query.cursor, 1)[1])
+    if not after then problem.raise("bad_request", "cursor is not one this API returned") end
+  end
+  local rows = ctx.s:query([[
+    SELECT id, actor, action, entity_type, entity_id, detail, created_at FROM (
+      SELECT outbox_id AS id, actor, action, entity_type, entity_id, detail, created_at
+        FROM audit_events WHERE request_id = $1::uuid AND outbox_id > $2
+      UNION ALL
+      SELECT id, actor, action, entity_type, entity_id, detail, created_at
+        FROM audit_outbox WHERE request_id = $1::uuid AND id > $2
+    ) e ORDER BY id LIMIT $3]], id, after, limit + 1)
+  local items = canon.array()
+  for i = 1, math.min(#rows, limit) do items[i] = rows[i] end
+  local next_cursor = NULL
+  if #rows > limit then next_cursor = encode_cursor(tostring(rows[limit].id)) end
+  return 200, { items = items, next_cursor = next_cursor }
+end
+
+-- ------------------------------------------------------------ other routes
+local function balances(ctx)
+  local b = require "qtg.balances"
+  if bool_param(ctx, "fresh") then
+    local venue = ctx.query.venue_key
+    if not venue then problem.raise("bad_request", "fresh=true needs venue_key") end
+    local found = false
+    for _, f in ipairs(b.FETCHERS) do if f.venue_key == venue then found = true end end
+    if not found then problem.raise("not_found", "no balance fetcher for venue %s", venue) end
+    return 200, { items = arr(b.fresh(ctx.s, venue)) }
+  end
+  return 200, { items = arr(b.latest(ctx.s)) }
+end
+
+local function signers(ctx)
+  return 200, { items = arr(require("qtg.signers").roster(ctx.s)) }
+end
+
+local function set_expected_identity(ctx)
+  local key = ctx.params.signer_key
+  local signers_mod = require "qtg.signers"
+  if not key:match("^[A-Za-z0-9_.-]+$") or #key > 64 then
+    problem.raise("invalid_input", "signer key must be 1-64 of [A-Za-z0-9_.-]")
+  end
+  local ok, why = signers_mod.canonical_address(ctx.body.expected_signer_address)
+  if not ok then problem.raise("invalid_input", "expected_signer_address: %s", tostring(why)) end
+  local row = signers_mod.set_expected_identity(ctx.s, key, ctx.body.expected_signer_address, actor(ctx))
+  return 200, row
+end
+
+local CALLBACK_COLUMNS = [[o.id, o.request_id, o.event_type, o.status, o.attempts, o.last_status,
+  o.last_error, o.created_at, o.updated_at]]
+
+local function list_callbacks(ctx)
+  local status = ctx.query.status or "dlq"
+  if status ~= "dlq" and status ~= "pending" and status ~= "delivered" then
+    problem.raise("bad_request", "status must be dlq, pending or delivered")
+  end
+  local limit = int_param(ctx, "limit", 50, 1, 200)
+  local after = ctx.query.cursor and tonumber(decode_cursor(ctx.query.cursor, 1)[1]) or nil
+  local rows = ctx.s:query([[
+    SELECT ]] .. CALLBACK_COLUMNS .. [[ FROM movement_callback_outbox o
+      JOIN movement_requests q ON q.id = o.request_id
+     WHERE o.status = $1 AND q.network_class = $2 AND ($3::bigint IS NULL OR o.id < $3)
+     ORDER BY o.id DESC LIMIT $4]], status, qtg.settings.network_class, after, limit + 1)
+  local items = canon.array()
+  for i = 1, math.min(#rows, limit) do items[i] = rows[i] end
+  local next_cursor = NULL
+  if #rows > limit then next_cursor = encode_cursor(tostring(rows[limit].id)) end
+  return 200, { items = items, next_cursor = next_cursor }
+end
+
+local function own_callback(s, id)
+  local row = s:query([[
+    SELECT o.id, o.status FROM movement_callback_outbox o JOIN movement_requests q ON q.id = o.request_id
+     WHERE o.id = $1 AND q.network_class = $2]], id, qtg.settings.network_class)[1]
+  if not row then problem.raise("not_found", "callback %s does not exist", tostring(id)) end
+  if row.status ~= "dlq" then
+    problem.raise("illegal_transition", "callback %s is %s; only dlq rows are redelivered", tostring(id), row.status)
+  end
+end
+
+local function redeliver(ctx)
+  local id = ctx.params.id:match("^%d+$") and tonumber(ctx.params.id)
+  if not id or id > 2 ^ 53 then problem.raise("not_found", "callback %s does not exist", ctx.params.id) end
+  own_callback(ctx.s, id)
+  local new = require("qtg.callbacks").redeliver(ctx.s, id, actor(ctx))
+  return 201, { id = new.id, redelivery_of = id, status = new.status }
+end
+
+M.BULK_CAP = 1000
+
+local function bulk_redeliver(ctx)
+  local b = ctx.body
+  local rows = ctx.s:query([[
+    SELECT o.id FROM movement_callback_outbox o JOIN movement_requests q ON q.id = o.request_id
+     WHERE o.status = 'dlq' AND q.network_class = $1
+       AND ($2::text IS NULL OR o.event_type = $2)
+       AND ($3::uuid IS NULL OR o.request_id = $3::uuid)
+       AND NOT EXISTS (SELECT 1 FROM movement_callback_outbox r WHERE r.redelivery_of = o.id)
+     ORDER BY o.id LIMIT $4]], qtg.settings.network_class, b.event_type,
+    b.request_id and (b.request_id:match(UUID) and b.request_id or problem.raise("invalid_input", "request_id must be a uuid")),
+    M.BULK_CAP + 1)
+  local capped = #rows > M.BULK_CAP
+  local n = math.min(#rows, M.BULK_CAP)
+  if b.dry_run ~= false then
+    return 200, { dry_run = true, count = n, capped = capped, cap = M.BULK_CAP }
+  end
+  local ids = canon.array()
+  for i = 1, n do
+    local new = require("qtg.callbacks").redeliver(ctx.s, rows[i].id, actor(ctx))
+    ids[i] = new.id
+  end
+  return 200, { dry_run = false, count = n, capped = capped, cap = M.BULK_CAP, redelivered = ids }
+end
+
+local function workers(ctx)
+  local items = canon.array()
+  for i, w in ipairs(qtg.runtime.workers()) do
+    items[i] = { name = w.name, group = w.group, state = w.state, ticks = w.ticks,
+                 errors_total = w.errors_total, consecutive_errors = w.consecutive_errors,
+                 last_tick_at = w.last_tick_at or NULL, next_run_at = w.next_run_at or NULL,
+                 last_error = w.last_error and tostring(w.last_error) or NULL }
+  end
+  table.sort(items, function(a, b) return a.name < b.name end)
+  return 200, { items = items }
+end
+
+local function templates(ctx)
+  local rows = ctx.s:query([[
+    SELECT DISTINCT ON (t.template_key) t.template_key, pv.version, pv.compiled_plan_hash,
+           pv.intent_schema, pv.created_at
+      FROM movement_templates t JOIN plan_versions pv ON pv.template_id = t.id
+     ORDER BY t.template_key, pv.version DESC]])
+  return 200, { items = arr(rows) }
+end
+
+local function healthz() return 200, { status = "ok" } end
+
+local function readyz(ctx) return require("qtg.api.health").readyz(ctx.s) end
+
+local function metrics(ctx)
+  return 200, require("qtg.api.metrics").render(ctx.s), { ["Content-Type"] = "text/plain; version=0.0.4; charset=utf-8" }
+end
+
+local function openapi() return 200, require("qtg.api.openapi").document() end
+
+-- ------------------------------------------------------------------ table
+local PAGE = { limit = { type = "integer", description = "at most 200" },
+               cursor = { type = "string", description = "next_cursor of the previous page" } }
+local function with_page(t)
+  local out = { limit = PAGE.limit, cursor = PAGE.cursor }
+  for k, v in pairs(t or {}) do out[k] = v end
+  return out
+end
+local REASON = { fields = { reason = { type = "string", required = true } } }
+local COMMENT = { optional = true, fields = { comment = { type = "string" } } }
+local NONE = { optional = true, fields = {} }
+
+M.LIST = {
+  { method = "GET", path = "/healthz", name = "healthz", public = true, handler = healthz,
+    summary = "the process is alive", response = "Health" },
+  { method = "GET", path = "/readyz", name = "readyz", role = "read", handler = readyz,
+    summary = "database reachable, migrations current, core workers running, signer reachable",
+    response = "Ready" },
+  { method = "GET", path = "/metrics", name = "metrics", role = "read", handler = metrics,
+    summary = "Prometheus text format", response = "text" },
+  { method = "GET", path = "/v3/openapi.json", name = "openapi", role = "read", handler = openapi,
+    summary = "this API's OpenAPI 3.1 document", response = "any" },
+  { method = "POST", path = "/v3/requests", name = "create_request", role = "operate", mutating = true,
+    requires_idempotency_key = true, handler = create_request,
+    body = { fields = { template_key = { type = "string", required = true },
+                        intent = { type = "object", required = true },
+                        input_params = { type = "object" }, callback_url = { type = "string" } } },
+    summary = "create a movement request (Idempotency-Key required)", response = "RequestDetail" },
+  { method = "GET", path = "/v3/requests", name = "list_requests", role = "read", handler = list_requests,
+    query = with_page{ state = { type = "string" }, template_key = { type = "string" },
+                       created_after = { type = "string" }, created_before = { type = "string" } },
+    summary = "requests, newest first, keyset-paginated", response = "RequestPage" },
+  { method = "GET", path = "/v3/requests/{id}", name = "get_request", role = "read",
+    handler = function(ctx) return 200, request_detail(ctx.s, uuid_param(ctx, "id", "request")) end,
+    summary = "a request with its nodes, frontier, approvals and errors", response = "RequestDetail" },
+  { method = "GET", path = "/v3/requests/{id}/events", name = "request_events", role = "read",
+    handler = request_events, query = with_page(), summary = "the request's audit timeline",
+    response = "EventPage" },
+  { method = "POST", path = "/v3/requests/{id}/approve", name = "approve_request", role = "approve",
+    mutating = true, body = COMMENT, handler = lifecycle("approve", "request"),
+    summary = "approve a PENDING_APPROVAL request", response = "RequestDetail" },
+  { method = "POST", path = "/v3/requests/{id}/reject", name = "reject_request", role = "approve",
+    mutating = true, body = REASON, handler = lifecycle("reject", "request", "reason"),
+    summary = "reject a PENDING_APPROVAL request (reason required)", response = "RequestDetail" },
+  { method = "POST", path = "/v3/requests/{id}/cancel", name = "cancel_request", role = "operate",
+    mutating = true, body = REASON, handler = lifecycle("cancel", "request", "reason"),
+    summary = "cancel a request with no node in flight (reason required)", response = "RequestDetail" },
+  { method = "POST", path = "/v3/requests/{id}/resume", name = "resume_request", role = "operate",
+    mutating = true, body = NONE, handler = lifecycle("resume", "request"),
+    summary = "resume a MANUAL_INTERVENTION request", response = "RequestDetail" },
+  { method = "POST", path = "/v3/nodes/{id}/retry", name = "retry_node", role = "operate",
+    mutating = true, body = NONE, handler = node_action("retry"),
+    summary = "retry a FAILED or UNKNOWN node", response = "RequestDetail" },
+  { method = "POST", path = "/v3/nodes/{id}/complete", name = "complete_node", role = "operate",
+    mutating = true, body = { optional = true, fields = { input = { type = "any" } } },
+    handler = node_action("complete_manual_step"),
+    summary = "complete a READY manual step with its input", response = "RequestDetail" },
+  { method = "GET", path = "/v3/balances", name = "balances", role = "read", handler = balances,
+    query = { fresh = { type = "boolean" }, venue_key = { type = "string" } },
+    summary = "latest balance of each venue and asset; fresh=true fetches one venue now", response = "ItemList" },
+  { method = "GET", path = "/v3/signers", name = "signers", role = "read", handler = signers,
+    summary = "the signer roster with postures", response = "ItemList" },
+  { method = "PUT", path = "/v3/signers/{signer_key}/expected-identity", name = "set_expected_identity",
+    role = "admin", mutating = true, handler = set_expected_identity,
+    body = { fields = { expected_signer_address = { type = "string", required = true } } },
+    summary = "enroll the address a signer key must have", response = "Signer" },
+  { method = "GET", path = "/v3/callbacks", name = "list_callbacks", role = "read", handler = list_callbacks,
+    query = with_page{ status = { type = "string", description = "dlq (default), pending, delivered" } },
+    summary = "callback rows by status", response = "CallbackPage" },
+  { method = "POST", path = "/v3/callbacks/{id}/redeliver", name = "redeliver_callback", role = "operate",
+    mutating = true, body = NONE, handler = redeliver,
+    summary = "deliver a dead-lettered callback again (a new row)", response = "Redelivery" },
+  { method = "POST", path = "/v3/callbacks/redeliver", name = "bulk_redeliver", role = "operate",
+    mutating = true, handler = bulk_redeliver,
+    body = { optional = true, fields = { dry_run = { type = "boolean" }, event_type = { type = "string" },
+                                         request_id = { type = "string" } } },
+    summary = "redeliver every dlq row matching a filter (dry_run, the default, counts them)",
+    response = "BulkRedelivery" },
+  { method = "GET", path = "/v3/workers", name = "workers", role = "read", handler = workers,
+    summary = "this process's workers", response = "ItemList" },
+  { method = "GET", path = "/v3/templates", name = "templates", role = "read", handler = templates,
+    summary = "the latest plan version of each template", response = "ItemList" },
+}
+
+-- ---------------------------------------------------------------- matching
+local compiled = {}
+for _, r in ipairs(M.LIST) do
+  local segs = {}
+  for seg in r.path:gmatch("[^/]+") do
+    segs[#segs + 1] = seg:match("^{([%w_]+)}$") and { param = seg:match("^{([%w_]+)}$") } or seg
+  end
+  compiled[#compiled + 1] = { route = r, segs = segs }
+end
+
+-- match(method, path) -> route, params | nil, nil, allow ("GET, POST") when
+-- the path exists under other methods.
+function M.match(method, path)
+  if type(path) ~= "string" or path:sub(1, 1) ~= "/" or #path > 2048 then return nil end
+  local segs = {}
+  for seg in path:gmatch("[^/]+") do segs[#segs + 1] = seg end
+  if path ~= "/" and path:sub(-1) == "/" then return nil end
+  local allow = {}
+  for _, c in ipairs(compiled) do
+    if #c.segs == #segs then
+      local params, ok = {}, true
+      for i, want in ipairs(c.segs) do
+        if type(want) == "table" then params[want.param] = segs[i]
+        elseif want ~= segs[i] then ok = false break end
+      end
+      if ok then
+        if c.route.method == method then return c.route, params end
+        allow[#allow + 1] = c.route.method
+      end
+    end
+  end
+  if #allow > 0 then return nil, nil, table.concat(allow, ", ") end
+  return nil
+end
+
+return M
