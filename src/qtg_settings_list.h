@@ -12,6 +12,7 @@ QTG_SETTING(SHUTDOWN_GRACE_SECONDS, "MG_SHUTDOWN_GRACE_SECONDS", QTG_SET_NUM, "2
 QTG_SETTING(RUN_DIR, "MG_RUN_DIR", QTG_SET_STR, "", 0, 0, "runtime directory (console socket); unset: var/run under the repo, or $RUNTIME_DIRECTORY under systemd")
 QTG_SETTING(CONSOLE_ENABLED, "MG_CONSOLE_ENABLED", QTG_SET_BOOL, "true", 0, 0, "serve the operator console on a Unix socket")
 QTG_SETTING(CONSOLE_SOCKET, "MG_CONSOLE_SOCKET", QTG_SET_STR, "", 0, 0, "console socket path; unset: <run dir>/console.sock")
+QTG_SETTING(CONSOLE_BUSY_LIMIT_SECONDS, "MG_CONSOLE_BUSY_LIMIT_SECONDS", QTG_SET_NUM, "30", 0.1, 3600, "a console command that holds the loop this long without yielding is ended (keep below WatchdogSec=)")
 QTG_SETTING(WAKEUPS_ENABLED, "MG_WAKEUPS_ENABLED", QTG_SET_BOOL, "true", 0, 0, "NOTIFY wake-ups and draining (polling stays the fallback)")
 
 /* Workers: always-on */
