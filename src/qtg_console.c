@@ -44,6 +44,8 @@ int qtg_console_socket_path(const qtg_settings *s, const char *root_dir, char *b
       n = snprintf(buf, max, "%s/console.sock", run_dir);
     else if (rt && rt[0])
       n = snprintf(buf, max, "%s/console.sock", rt);
+    else if (root_dir && strcmp(root_dir, QTG_INSTALL_DATADIR) == 0)
+      n = snprintf(buf, max, "%s/console.sock", QTG_PACKAGED_RUN_DIR);   /* qtgd.service's */
     else
       n = snprintf(buf, max, "%s/var/run/console.sock", root_dir ? root_dir : ".");
   }

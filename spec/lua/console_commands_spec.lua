@@ -97,3 +97,21 @@ describe("console request commands", function()
     end
   end)
 end)
+
+describe("qtgd console of the packaged qtgd", function()
+  it("looks for the packaged service's socket, /run/qtg/console.sock, without MG_RUN_DIR", function()
+    local hsup = require "spec.lua.host_support"
+    local cache = hsup.read(hsup.bin:match("^(.*)/[^/]*$") .. "/CMakeCache.txt") or ""
+    local prefix = cache:match("\nCMAKE_INSTALL_PREFIX:PATH=([^\n]*)")
+    assert.is_truthy(prefix, "no CMakeCache.txt next to " .. hsup.bin)
+    -- the packaged binary's root is <prefix>/share/qtg (QTG_ROOT stands in for it)
+    local rc, out = hsup.run({}, { "env -u MG_RUN_DIR -u MG_CONSOLE_SOCKET -u RUNTIME_DIRECTORY",
+      "QTG_ROOT=" .. hsup.sh_quote(prefix .. "/share/qtg"), hsup.sh_quote(hsup.bin), "console", "-e", "1" })
+    assert.matches("/run/qtg/console.sock", out, 1, true)
+    -- a source tree keeps its own var/run
+    local _, dev = hsup.run({}, { "env -u MG_RUN_DIR -u MG_CONSOLE_SOCKET -u RUNTIME_DIRECTORY",
+      "QTG_ROOT=/nonexistent-qtg-root", hsup.sh_quote(hsup.bin), "console", "-e", "1" })
+    assert.matches("/nonexistent-qtg-root/var/run/console.sock", dev, 1, true)
+    assert.is_number(rc)
+  end)
+end)
