@@ -193,14 +193,16 @@ static void qtg_console_refuse(qtg_console_session *sess, const char *msg) {
  * task, and tasks the command spawns inherit its number, so neither
  * escapes; a worker's tick is no command's and is never hit.  Console
  * chunks run interpreted (the host keeps the JIT off), since compiled code
- * does not call hooks.  The hook is installed when a command starts and
- * removed when the last one ends, unless someone else's hook replaced it
- * meanwhile. */
+ * does not call hooks.  The hook is installed when the first command starts
+ * and stays (every GUARD_COUNT instructions it costs a registry lookup):
+ * a task a command spawned may run later, from the loop, and is held to
+ * the busy limit and SIGTERM too (qtg_console_guard_orphan). */
 
 static void qtg_console_guard_hook(lua_State *L, lua_Debug *ar);
 
 static void qtg_console_set_hook(struct qtg_console *c, lua_State *L) {
-  lua_sethook(L, qtg_console_guard_hook, LUA_MASKCOUNT, c->stopping ? 1 : QTG_CONSOLE_GUARD_COUNT);
+  lua_sethook(L, qtg_console_guard_hook, LUA_MASKCOUNT,
+              c->stopping || c->orphan_stopped ? 1 : QTG_CONSOLE_GUARD_COUNT);
 }
 
 static void qtg_console_look(qtg_console_session *sess) {
@@ -243,13 +245,44 @@ static qtg_console_session *qtg_console_running(struct qtg_console *c, qtg_host 
   return NULL;
 }
 
+/* A task of a command that has ended (qtg.spawn'ed, woken later from the
+ * loop): no session answers for it, but it is console code all the same,
+ * held to the busy limit and to SIGTERM like a command. */
+static void qtg_console_guard_orphan(struct qtg_console *c, qtg_host *h, lua_State *L) {
+  uint64_t owner = h->current ? qtg_task_owner(h->current) : 0;
+  int was = c->orphan_stopped;
+  if (!owner) {
+    if (was && c->orphan_iteration != c->iterations) c->orphan_stopped = 0;
+  } else {
+    uint64_t now = uv_hrtime();
+    if (c->orphan_iteration != c->iterations || c->orphan_task != (void *)h->current) {
+      c->orphan_iteration = c->iterations;
+      c->orphan_task = h->current;
+      c->orphan_start = now;
+      c->orphan_stopped = 0;
+    }
+    if (!c->orphan_stopped && (qtg_host_stop_signal() || now - c->orphan_start > c->busy_limit_ns)) {
+      c->orphan_stopped = 1;
+      qtg_log_warn("console: stopping a task a console command spawned: it held the loop longer than "
+                   "MG_CONSOLE_BUSY_LIMIT_SECONDS, or the daemon is stopping");
+    }
+  }
+  if (was != c->orphan_stopped) qtg_console_set_hook(c, L);
+  if (c->orphan_stopped && owner)
+    qtg_raise(L, "interrupted", "a task spawned by a console command held the loop too long "
+                                "(MG_CONSOLE_BUSY_LIMIT_SECONDS) or the daemon is stopping");
+}
+
 static void qtg_console_guard_hook(lua_State *L, lua_Debug *ar) {
   (void)ar;
   qtg_host *h = qtg_host_from_lua(L);
   struct qtg_console *c = h ? h->console : NULL;
   if (!c) return;
   qtg_console_session *sess = qtg_console_running(c, h);
-  if (!sess) return;
+  if (!sess) {
+    qtg_console_guard_orphan(c, h, L);
+    return;
+  }
   if (!sess->stop && qtg_host_stop_signal())
     qtg_console_stop(sess, qtg_host_stop_signal() == SIGTERM ? "the daemon is stopping (SIGTERM)"
                                                              : "the daemon is stopping (SIGINT)");
@@ -285,32 +318,21 @@ void qtg_console_guard(qtg_console_session *sess, lua_State *L) {
   if (sess->stop) qtg_console_stop(sess, sess->stop);
 }
 
-/* The command ended: its number owns nothing any more; the hook slows
- * down when no command must stop, and goes when none runs. */
+/* The command ended: its number owns nothing any more, and the hook runs
+ * at its usual pace again unless another command must stop. */
 static void qtg_console_unguard(qtg_console_session *sess) {
   struct qtg_console *c = sess->console;
   sess->task = NULL;
   sess->command = 0;
   sess->stop = NULL;
   if (!c) return;
+  int stopping = 0;
+  for (qtg_console_session *s = c->sessions; s; s = s->next)
+    if (s != sess && s->busy && s->stop) stopping = 1;
+  if (c->stopping == stopping) return;
+  c->stopping = stopping;
   lua_State *L = c->host->L;
-  int running = 0, stopping = 0;
-  for (qtg_console_session *s = c->sessions; s; s = s->next) {
-    if (s == sess || !s->busy) continue;
-    running = 1;
-    if (s->stop) stopping = 1;
-  }
-  if (lua_gethook(L) != qtg_console_guard_hook) {
-    c->stopping = stopping;
-    return;
-  }
-  if (!running) {
-    c->stopping = 0;
-    lua_sethook(L, NULL, 0, 0);
-  } else if (c->stopping != stopping) {
-    c->stopping = stopping;
-    qtg_console_set_hook(c, L);
-  }
+  if (lua_gethook(L) == qtg_console_guard_hook) qtg_console_set_hook(c, L);
 }
 
 /* ---- commands ------------------------------------------------------------ */

@@ -80,6 +80,12 @@ struct qtg_console {
   uint64_t next_command;          /* command numbers (task owners), from 1 */
   int stopping;                   /* some command has `stop` set: hook every instruction */
   uint64_t busy_limit_ns;         /* MG_CONSOLE_BUSY_LIMIT_SECONDS */
+  /* A task a command spawned that outlived it (an orphan): the guard holds
+   * it to the busy limit too, within one loop iteration (a stopped orphan
+   * cannot yield, so it ends before the loop turns again). */
+  void *orphan_task;              /* the orphan running now (compared, never used) */
+  uint64_t orphan_iteration, orphan_start;
+  int orphan_stopped;
   int nsessions;
   qtg_console_session *sessions;
 };
