@@ -186,6 +186,30 @@ static void qtg_on_signal(uv_signal_t *sig, int signum) {
   qtg_runtime_shutdown(h, 0, signum == SIGTERM ? "SIGTERM" : "SIGINT");
 }
 
+/* libuv's handler only queues a signal for the loop, which a console
+ * command that never yields holds.  In front of it, the stop signals are
+ * also noted at once (qtg_host_note_stop_signal), so the console's guard
+ * ends such a command and the loop runs the shutdown within its grace
+ * period.  libuv's handler is then called as before. */
+static struct sigaction qtg_uv_sigterm, qtg_uv_sigint;
+
+static void qtg_note_stop_signal(int signum, siginfo_t *info, void *uctx) {
+  qtg_host_note_stop_signal(signum);
+  const struct sigaction *uv = signum == SIGTERM ? &qtg_uv_sigterm : &qtg_uv_sigint;
+  if (uv->sa_flags & SA_SIGINFO) uv->sa_sigaction(signum, info, uctx);
+  else if (uv->sa_handler != SIG_DFL && uv->sa_handler != SIG_IGN) uv->sa_handler(signum);
+}
+
+static int qtg_chain_stop_signal(int signum, struct sigaction *uv) {
+  struct sigaction sa;
+  if (sigaction(signum, NULL, uv) != 0) return -1;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_sigaction = qtg_note_stop_signal;
+  sa.sa_mask = uv->sa_mask;
+  sa.sa_flags = SA_SIGINFO | (uv->sa_flags & SA_RESTART);
+  return sigaction(signum, &sa, NULL);
+}
+
 static int qtg_arm_signals(qtg_host *h) {
   uv_signal_t *sigs[] = {&h->sigterm, &h->sigint, &h->sighup};
   int nums[] = {SIGTERM, SIGINT, SIGHUP};
@@ -195,6 +219,9 @@ static int qtg_arm_signals(qtg_host *h) {
     if (uv_signal_start(sigs[i], qtg_on_signal, nums[i]) != 0) return -1;
   }
   h->signals_armed = 1;
+  if (qtg_chain_stop_signal(SIGTERM, &qtg_uv_sigterm) != 0 ||
+      qtg_chain_stop_signal(SIGINT, &qtg_uv_sigint) != 0)
+    return -1;
   return 0;
 }
 

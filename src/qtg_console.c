@@ -44,6 +44,8 @@ int qtg_console_socket_path(const qtg_settings *s, const char *root_dir, char *b
       n = snprintf(buf, max, "%s/console.sock", run_dir);
     else if (rt && rt[0])
       n = snprintf(buf, max, "%s/console.sock", rt);
+    else if (root_dir && strcmp(root_dir, QTG_INSTALL_DATADIR) == 0)
+      n = snprintf(buf, max, "%s/console.sock", QTG_PACKAGED_RUN_DIR);   /* qtgd.service's */
     else
       n = snprintf(buf, max, "%s/var/run/console.sock", root_dir ? root_dir : ".");
   }
@@ -221,7 +223,7 @@ static void qtg_console_shutdown_all(struct qtg_console *c, int free_it) {
     }
     if (!sess->dropping) qtg_console_drop(sess, "console closed");
     qtg_console_unlink(sess);          /* the session outlives the console */
-    if (free_it && sess->task) {
+    if (free_it && sess->busy) {
       /* Still running after the interrupt: Lua goes away next, so the
        * task will never report; forget it and let the close free us. */
       sess->task = NULL;
@@ -260,6 +262,7 @@ int qtg_console_open(qtg_host *h, char *err, size_t errlen) {
   }
   c->host = h;
   c->handler_ref = LUA_NOREF;
+  c->busy_limit_ns = (uint64_t)(qtg_settings_num(h->settings, QTG_S_CONSOLE_BUSY_LIMIT_SECONDS) * 1e9);
   if (qtg_console_socket_path(h->settings, h->root_dir, c->path, sizeof c->path, &c->is_run_dir,
                               err, errlen) != 0) {
     free(c);

@@ -51,8 +51,13 @@ enum {
   QTG_CONSOLE_FATAL = 'f'
 };
 
+/* The packaged qtgd.service's runtime directory (RuntimeDirectory=qtg). */
+#define QTG_PACKAGED_RUN_DIR "/run/qtg"
+
 /* Where the socket lives: MG_CONSOLE_SOCKET, else <run dir>/console.sock,
  * the run dir being MG_RUN_DIR, else $RUNTIME_DIRECTORY (systemd), else
+ * QTG_PACKAGED_RUN_DIR for the packaged qtgd (root_dir is the installed
+ * data dir: a shell's `qtgd console` finds the service's socket), else
  * <root_dir>/var/run.  Writes the path into buf; returns 0, or -1 with a
  * message in err when the path does not fit a Unix socket address.
  * *is_run_dir is set to 1 when the socket's directory is the run dir (the

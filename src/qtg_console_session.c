@@ -19,6 +19,7 @@
 #include "qtg_console_session.h"
 
 #include <errno.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -162,10 +163,7 @@ void qtg_console_drop(qtg_console_session *sess, const char *why) {
     if (!uv_is_closing((uv_handle_t *)&sess->pipe))
       uv_close((uv_handle_t *)&sess->pipe, qtg_console_closed);
   }
-  if (sess->task && qtg_task_waiting(sess->task))
-    qtg_task_interrupt(sess->task);
-  else if (sess->busy)
-    sess->interrupt_pending = 1;
+  qtg_console_stop(sess, "the console went away");
 }
 
 /* Send a fatal message and drop the session. */
@@ -174,17 +172,38 @@ static void qtg_console_refuse(qtg_console_session *sess, const char *msg) {
   qtg_console_drop(sess, msg);
 }
 
-/* ---- the guard: interrupting Lua that never yields ------------------------
+/* ---- the guard: ending Lua that never yields --------------------------------
  *
  * A command that computes without doing I/O never gives the loop back, so
  * its client's interrupt frame would never be read.  While a command runs,
  * a count hook looks at the client's socket itself (without blocking, at
- * most every GUARD_PERIOD) and raises "interrupted" when an interrupt frame
- * or the end of the connection is there.  Console chunks run interpreted
- * (qtg.console.eval turns the JIT off for them) since LuaJIT's compiled
- * code does not call hooks.  LuaJIT has one hook for the whole VM: it is
- * installed when a command starts and removed when the last one ends,
- * unless someone else's hook replaced it meanwhile. */
+ * most every GUARD_PERIOD) and ends the command when an interrupt frame or
+ * the end of the connection is there, when the command held the loop for
+ * MG_CONSOLE_BUSY_LIMIT_SECONDS, or when the daemon got SIGTERM/SIGINT (the loop must run the
+ * shutdown).
+ *
+ * Ending is uncatchable: once a command must stop (sess->stop), the hook
+ * runs at every VM instruction and raises "interrupted" at each, until the
+ * command's task has ended.  A pcall catches one raise; the instruction
+ * after it raises again, so every level of protection is unwound in turn.
+ *
+ * LuaJIT has one hook for the whole VM, called on whatever coroutine runs.
+ * The hook finds the command by the running task (h->current), whose owner
+ * is the command's number: code inside coroutine.wrap runs within that
+ * task, and tasks the command spawns inherit its number, so neither
+ * escapes; a worker's tick is no command's and is never hit.  Console
+ * chunks run interpreted (the host keeps the JIT off), since compiled code
+ * does not call hooks.  The hook is installed when the first command starts
+ * and stays (every GUARD_COUNT instructions it costs a registry lookup):
+ * a task a command spawned may run later, from the loop, and is held to
+ * the busy limit and SIGTERM too (qtg_console_guard_orphan). */
+
+static void qtg_console_guard_hook(lua_State *L, lua_Debug *ar);
+
+static void qtg_console_set_hook(struct qtg_console *c, lua_State *L) {
+  lua_sethook(L, qtg_console_guard_hook, LUA_MASKCOUNT,
+              c->stopping || c->orphan_stopped ? 1 : QTG_CONSOLE_GUARD_COUNT);
+}
 
 static void qtg_console_look(qtg_console_session *sess) {
   uv_os_fd_t fd;
@@ -205,49 +224,115 @@ static void qtg_console_look(qtg_console_session *sess) {
   }
 }
 
+void qtg_console_stop(qtg_console_session *sess, const char *why) {
+  if (!sess->busy) return;
+  if (!sess->stop) sess->stop = why;
+  struct qtg_console *c = sess->console;
+  if (c && !c->stopping) {
+    c->stopping = 1;
+    if (lua_gethook(c->host->L) == qtg_console_guard_hook) qtg_console_set_hook(c, c->host->L);
+  }
+  /* A command waiting for I/O abandons the wait; it raises once resumed. */
+  if (sess->task && qtg_task_waiting(sess->task)) qtg_task_interrupt(sess->task);
+}
+
+/* The session whose command is running now, or NULL (a worker, or nothing). */
+static qtg_console_session *qtg_console_running(struct qtg_console *c, qtg_host *h) {
+  uint64_t owner = h->current ? qtg_task_owner(h->current) : 0;
+  if (!owner) return NULL;
+  for (qtg_console_session *s = c->sessions; s; s = s->next)
+    if (s->busy && s->command == owner) return s;
+  return NULL;
+}
+
+/* A task of a command that has ended (qtg.spawn'ed, woken later from the
+ * loop): no session answers for it, but it is console code all the same,
+ * held to the busy limit and to SIGTERM like a command. */
+static void qtg_console_guard_orphan(struct qtg_console *c, qtg_host *h, lua_State *L) {
+  uint64_t owner = h->current ? qtg_task_owner(h->current) : 0;
+  int was = c->orphan_stopped;
+  if (!owner) {
+    if (was && c->orphan_iteration != c->iterations) c->orphan_stopped = 0;
+  } else {
+    uint64_t now = uv_hrtime();
+    if (c->orphan_iteration != c->iterations || c->orphan_task != (void *)h->current) {
+      c->orphan_iteration = c->iterations;
+      c->orphan_task = h->current;
+      c->orphan_start = now;
+      c->orphan_stopped = 0;
+    }
+    if (!c->orphan_stopped && (qtg_host_stop_signal() || now - c->orphan_start > c->busy_limit_ns)) {
+      c->orphan_stopped = 1;
+      qtg_log_warn("console: stopping a task a console command spawned: it held the loop longer than "
+                   "MG_CONSOLE_BUSY_LIMIT_SECONDS, or the daemon is stopping");
+    }
+  }
+  if (was != c->orphan_stopped) qtg_console_set_hook(c, L);
+  if (c->orphan_stopped && owner)
+    qtg_raise(L, "interrupted", "a task spawned by a console command held the loop too long "
+                                "(MG_CONSOLE_BUSY_LIMIT_SECONDS) or the daemon is stopping");
+}
+
 static void qtg_console_guard_hook(lua_State *L, lua_Debug *ar) {
   (void)ar;
   qtg_host *h = qtg_host_from_lua(L);
   struct qtg_console *c = h ? h->console : NULL;
   if (!c) return;
-  qtg_console_session *sess = c->sessions;
-  while (sess && sess->thread != L) sess = sess->next;
-  if (!sess) return;
-  uint64_t now = uv_hrtime();
-  if (sess->seen_iteration != c->iterations) {   /* the loop ran since: a new burst */
-    sess->seen_iteration = c->iterations;
-    sess->burst_start = now;
+  qtg_console_session *sess = qtg_console_running(c, h);
+  if (!sess) {
+    qtg_console_guard_orphan(c, h, L);
+    return;
   }
-  if (now - sess->burst_start > QTG_CONSOLE_MAX_BUSY_NS) {
-    sess->burst_start = now;
-    qtg_raise(L, "interrupted", "the command ran %d s without giving the loop back (no worker, "
-              "console or signal is served meanwhile)", (int)(QTG_CONSOLE_MAX_BUSY_NS / 1000000000ull));
+  if (!sess->stop && qtg_host_stop_signal())
+    qtg_console_stop(sess, qtg_host_stop_signal() == SIGTERM ? "the daemon is stopping (SIGTERM)"
+                                                             : "the daemon is stopping (SIGINT)");
+  if (!sess->stop) {
+    uint64_t now = uv_hrtime();
+    if (sess->seen_iteration != c->iterations) {   /* the loop ran since: a new burst */
+      sess->seen_iteration = c->iterations;
+      sess->burst_start = now;
+    }
+    if (now - sess->burst_start > c->busy_limit_ns) {
+      qtg_console_stop(sess, "the command held the loop longer than MG_CONSOLE_BUSY_LIMIT_SECONDS "
+                             "without giving it back (no worker, console or signal is served meanwhile)");
+    } else if (now - sess->last_look >= QTG_CONSOLE_GUARD_PERIOD_NS) {
+      sess->last_look = now;
+      qtg_console_look(sess);                      /* may set sess->stop */
+    }
   }
-  if (now - sess->last_look < QTG_CONSOLE_GUARD_PERIOD_NS) return;
-  sess->last_look = now;
-  qtg_console_look(sess);
-  if (sess->interrupt_pending || sess->dropping) {
-    sess->interrupt_pending = 0;
-    qtg_raise(L, "interrupted", sess->dropping ? "the console went away" : "stopped by the operator");
-  }
+  if (!sess->stop) return;
+  if (lua_gethookcount(L) != 1) qtg_console_set_hook(c, L);
+  qtg_raise(L, "interrupted", "%s", sess->stop);
 }
 
 void qtg_console_guard(qtg_console_session *sess, lua_State *L) {
-  sess->thread = L;
+  qtg_host *h = sess->host;
+  struct qtg_console *c = sess->console;
+  if (!c || sess->task || !h->current || qtg_task_thread(h->current) != L) return;
+  sess->task = h->current;
+  sess->command = ++c->next_command;
+  qtg_task_set_owner(sess->task, sess->command);
   sess->last_look = sess->burst_start = uv_hrtime();
-  sess->seen_iteration = sess->console ? sess->console->iterations : 0;
-  if (lua_gethook(L) != qtg_console_guard_hook)
-    lua_sethook(L, qtg_console_guard_hook, LUA_MASKCOUNT, QTG_CONSOLE_GUARD_COUNT);
+  sess->seen_iteration = c->iterations;
+  if (lua_gethook(L) != qtg_console_guard_hook) qtg_console_set_hook(c, L);
+  if (sess->stop) qtg_console_stop(sess, sess->stop);
 }
 
+/* The command ended: its number owns nothing any more, and the hook runs
+ * at its usual pace again unless another command must stop. */
 static void qtg_console_unguard(qtg_console_session *sess) {
-  lua_State *T = sess->thread;
-  sess->thread = NULL;
   struct qtg_console *c = sess->console;
-  if (!T || !c) return;
+  sess->task = NULL;
+  sess->command = 0;
+  sess->stop = NULL;
+  if (!c) return;
+  int stopping = 0;
   for (qtg_console_session *s = c->sessions; s; s = s->next)
-    if (s->thread) return;                /* another command still runs */
-  if (lua_gethook(T) == qtg_console_guard_hook) lua_sethook(T, NULL, 0, 0);
+    if (s != sess && s->busy && s->stop) stopping = 1;
+  if (c->stopping == stopping) return;
+  c->stopping = stopping;
+  lua_State *L = c->host->L;
+  if (lua_gethook(L) == qtg_console_guard_hook) qtg_console_set_hook(c, L);
 }
 
 /* ---- commands ------------------------------------------------------------ */
@@ -271,21 +356,35 @@ static void qtg_console_push_failure(lua_State *T, const char **msg, size_t *len
   }
 }
 
+/* A command ended by the guard skipped its own clean-up code (a database
+ * session's release, a transaction's rollback): what it held is garbage
+ * now and is collected at once, so its __gc hands it back (the pool rolls
+ * an open transaction back). */
+static void qtg_console_collect(lua_State *T, qtg_host *h) {
+  lua_settop(T, 0);
+  lua_gc(h->L, LUA_GCCOLLECT, 0);
+}
+
 static void qtg_console_task_done(qtg_task *t, int ok, int nres, void *data) {
   qtg_console_session *sess = data;
   lua_State *T = qtg_task_thread(t);
+  const char *stop = sess->stop;
   qtg_console_unguard(sess);
-  sess->task = NULL;
   sess->busy = 0;
-  sess->interrupt_pending = 0;
   if (sess->dropping) {
+    if (stop) qtg_console_collect(T, sess->host);
     qtg_console_maybe_free(sess);
     return;
   }
   const char *text = NULL;
   size_t len = 0;
   int type = QTG_CONSOLE_ERROR;
-  if (!ok) {
+  char stopped[256];
+  if (stop) {
+    int n = snprintf(stopped, sizeof stopped, "interrupted: %s", stop);
+    text = stopped;
+    len = n < 0 ? 0 : (size_t)n < sizeof stopped ? (size_t)n : sizeof stopped - 1;
+  } else if (!ok) {
     qtg_console_push_failure(T, &text, &len);
   } else if (nres >= 1 && lua_type(T, -nres) == LUA_TSTRING) {
     size_t tl;
@@ -303,6 +402,7 @@ static void qtg_console_task_done(qtg_task *t, int ok, int nres, void *data) {
     len = strlen(text);
   }
   qtg_console_send(sess, type, text ? text : "", text ? len : 0);
+  if (stop) qtg_console_collect(T, sess->host);
   qtg_console_run_next(sess);
 }
 
@@ -327,8 +427,9 @@ static void qtg_console_start(qtg_console_session *sess, int type, const char *d
     qtg_console_sendf(sess, QTG_CONSOLE_ERROR, "cannot start the command: out of memory");
     return;
   }
-  /* The task may already have finished (it ran until its first yield). */
-  if (sess->busy) sess->task = t;
+  /* The task may have finished already, and the next queued command may
+   * be running in its place: sess->task is set by the command itself (its
+   * guard() call), never from t here. */
 }
 
 static void qtg_console_run_next(qtg_console_session *sess) {
@@ -371,11 +472,7 @@ static void qtg_console_frame_in(qtg_console_session *sess, int type, const unsi
                                  size_t len) {
   switch (type) {
   case QTG_CONSOLE_INTERRUPT:
-    if (!sess->busy) return;            /* nothing runs: ignored */
-    if (sess->task && qtg_task_waiting(sess->task))
-      qtg_task_interrupt(sess->task);   /* the host abandons the wait */
-    else
-      sess->interrupt_pending = 1;      /* running Lua: the guard hook raises */
+    qtg_console_stop(sess, "stopped by the operator");   /* nothing runs: ignored */
     return;
   case QTG_CONSOLE_EVAL:
   case QTG_CONSOLE_COMPLETE:

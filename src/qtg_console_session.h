@@ -19,15 +19,14 @@
 #define QTG_CONSOLE_MAX_UNSENT (64u << 20)
 #define QTG_CONSOLE_READ_CHUNK 65536
 /* The guard hook runs every GUARD_COUNT VM instructions of any Lua code
- * while a console command runs, and looks at the client's socket at most
- * every GUARD_PERIOD_NS. */
+ * while a console command runs (every instruction while one must stop),
+ * and looks at the client's socket at most every GUARD_PERIOD_NS. */
 #define QTG_CONSOLE_GUARD_COUNT 10000
 #define QTG_CONSOLE_GUARD_PERIOD_NS 50000000ull
-/* A command that runs Lua this long without giving the loop back (no I/O,
- * no sleep) is interrupted: meanwhile no worker, console or signal is
- * served.  A prepare handle counts the loop's iterations, so the guard
- * knows when the command last let the loop run. */
-#define QTG_CONSOLE_MAX_BUSY_NS 30000000000ull
+/* A command that runs Lua MG_CONSOLE_BUSY_LIMIT_SECONDS without giving the
+ * loop back (no I/O, no sleep) is ended: meanwhile no worker, console or
+ * signal is served.  A prepare handle counts the loop's iterations, so the
+ * guard knows when the command last let the loop run. */
 
 typedef struct qtg_console_session qtg_console_session;
 
@@ -49,10 +48,11 @@ struct qtg_console_session {
   size_t in_len, in_cap;
   qtg_console_frame *queue_head, *queue_tail;
   int queued;
-  qtg_task *task;                 /* the running command, or NULL */
+  qtg_task *task;                 /* the running command (set by guard()), or NULL */
   int busy;                       /* a command runs (set before spawn) */
-  lua_State *thread;              /* its Lua thread, for the guard hook */
-  int interrupt_pending;          /* the guard hook raises at its next look */
+  uint64_t command;               /* its number: the owner of its tasks */
+  const char *stop;               /* why it must end: the guard raises this at
+                                   * every hook call until its task ends */
   uint64_t last_look;             /* uv_hrtime of the guard's last look */
   uint64_t seen_iteration;        /* loop iteration the guard last saw */
   uint64_t burst_start;           /* when the command last got the CPU */
@@ -77,6 +77,15 @@ struct qtg_console {
   int bound;                      /* we created the socket file */
   int handler_ref;                /* the Lua trampoline */
   uint64_t next_id;
+  uint64_t next_command;          /* command numbers (task owners), from 1 */
+  int stopping;                   /* some command has `stop` set: hook every instruction */
+  uint64_t busy_limit_ns;         /* MG_CONSOLE_BUSY_LIMIT_SECONDS */
+  /* A task a command spawned that outlived it (an orphan): the guard holds
+   * it to the busy limit too, within one loop iteration (a stopped orphan
+   * cannot yield, so it ends before the loop turns again). */
+  void *orphan_task;              /* the orphan running now (compared, never used) */
+  uint64_t orphan_iteration, orphan_start;
+  int orphan_stopped;
   int nsessions;
   qtg_console_session *sessions;
 };
@@ -90,7 +99,10 @@ void qtg_console_unlink(qtg_console_session *sess);
 /* Queue one frame; 0, or -1 when the session is gone (then dropped). */
 int qtg_console_send(qtg_console_session *sess, int type, const char *data, size_t len);
 qtg_console_session *qtg_console_find(struct qtg_console *c, uint64_t id);
-/* Arm the guard hook for the command running on L (see "the guard"). */
+/* Arm the guard hook for the command whose task runs now (see "the
+ * guard"); called first by the command, on its own thread L. */
 void qtg_console_guard(qtg_console_session *sess, lua_State *L);
+/* Make the running command end (uncatchably) with `why`, a static string. */
+void qtg_console_stop(qtg_console_session *sess, const char *why);
 
 #endif

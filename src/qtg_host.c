@@ -7,6 +7,7 @@
  * h->current is saved and restored around every resume. */
 #include "qtg_host.h"
 
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,6 +32,7 @@ struct qtg_task {
   qtg_task *prev, *next; /* live tasks, so close can free the stragglers */
   qtg_task *ready_next;  /* queued by qtg_task_resume_later */
   int ready_nres;
+  uint64_t owner;        /* qtg_task_set_owner; inherited at spawn */
   char name[64];
 };
 
@@ -218,6 +220,7 @@ qtg_task *qtg_task_spawn(qtg_host *h, const char *name, int nargs, int flags,
   t->flags = flags;
   t->done = done;
   t->data = data;
+  t->owner = h->current ? h->current->owner : 0;
   snprintf(t->name, sizeof t->name, "%s", name ? name : "task");
   t->co = lua_newthread(L);
   lua_insert(L, -(nargs + 2));           /* thread below fn and args */
@@ -268,6 +271,15 @@ void qtg_task_interrupt(qtg_task *t) {
 }
 
 int qtg_task_waiting(qtg_task *t) { return t->waiting; }
+
+void qtg_task_set_owner(qtg_task *t, uint64_t owner) { t->owner = owner; }
+uint64_t qtg_task_owner(qtg_task *t) { return t->owner; }
+
+/* Process-wide by nature: a signal is sent to the process, not to a host. */
+static volatile sig_atomic_t qtg_stop_signal;
+
+void qtg_host_note_stop_signal(int signum) { qtg_stop_signal = signum; }
+int qtg_host_stop_signal(void) { return qtg_stop_signal; }
 
 /* ---- host lifecycle ------------------------------------------------------ */
 

@@ -36,6 +36,7 @@ struct qtg_runtime;
 struct qtg_keys;
 struct qtg_console;
 struct qtg_api;
+struct qtg_watchdog;
 
 /* Called once when a task ends.  ok=1: the task's function returned; its
  * results are on qtg_task_thread(t)'s stack (nres of them).  ok=0: it raised;
@@ -58,6 +59,7 @@ struct qtg_host {
   struct qtg_keys *keys;        /* secrets loaded by C; never reach Lua */
   struct qtg_console *console;  /* console server, when enabled */
   struct qtg_api *api;          /* HTTP API server (src/qtg_api.c) */
+  struct qtg_watchdog *watchdog; /* systemd watchdog pings (qtg_notify.c) */
   qtg_task *current;            /* task whose code is running now */
   qtg_task *tasks;              /* every live task (freed at close) */
   qtg_task *ready;              /* woken inside a task's end, run after it */
@@ -111,6 +113,17 @@ void qtg_task_interrupt(qtg_task *t);
  * binding (qtg_task_set_cancel(t, NULL, NULL)) before it resumes normally. */
 void qtg_task_set_cancel(qtg_task *t, void (*cancel)(qtg_task *, void *), void *arg);
 int qtg_task_waiting(qtg_task *t);
+/* A task's owner: a number a subsystem tags its tasks with (0: none).  A
+ * task inherits the owner of the task running when it is spawned, so what
+ * a console command spawns and runs at once is still that command's. */
+void qtg_task_set_owner(qtg_task *t, uint64_t owner);
+uint64_t qtg_task_owner(qtg_task *t);
+
+/* SIGTERM/SIGINT seen by the process (0: none yet), noted by the signal
+ * handler itself, before the loop turns: code that holds the loop (the
+ * console's guard) polls it to give the loop back to the shutdown. */
+void qtg_host_note_stop_signal(int signum);
+int qtg_host_stop_signal(void);
 
 /* Run the loop until qtg_host_stop or until nothing is left. */
 int qtg_host_run(qtg_host *h);

@@ -18,6 +18,7 @@ QTG_SUBSYSTEM(http, qtg_http_open, qtg_http_close, QTG_CLOSE_AFTER_LUA)
 QTG_SUBSYSTEM(runtime, qtg_runtime_open, qtg_runtime_close, QTG_CLOSE_BEFORE_LUA)
 QTG_SUBSYSTEM(console, qtg_console_open, qtg_console_close, QTG_CLOSE_BEFORE_LUA)
 QTG_SUBSYSTEM(api, qtg_api_open, qtg_api_close, QTG_CLOSE_BEFORE_LUA)
+QTG_SUBSYSTEM(watchdog, qtg_watchdog_open, qtg_watchdog_close, QTG_CLOSE_AFTER_LUA)
 #endif
 
 #ifdef QTG_LUA_MODULE

@@ -12,7 +12,14 @@
  *      | nil, {kind="notify", message=...};
  *      qtg.systemd.socket() -> the $NOTIFY_SOCKET value or nil;
  *      qtg.systemd.monotonic_usec() -> CLOCK_MONOTONIC in microseconds (the
- *      MONOTONIC_USEC= field systemd wants next to RELOADING=1). */
+ *      MONOTONIC_USEC= field systemd wants next to RELOADING=1).
+ *
+ * The watchdog (subsystem `watchdog`): when systemd set $WATCHDOG_USEC (the
+ * unit's WatchdogSec=) for this process ($WATCHDOG_PID unset or ours), a
+ * loop timer sends WATCHDOG=1 every half of it.  A timer fires only when
+ * the loop turns, so a daemon stuck in Lua that never yields (or in a
+ * blocking call) stops pinging and systemd restarts it; nothing is sent
+ * from a thread or a signal, which would ping for a wedged loop. */
 #include <errno.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -24,6 +31,7 @@
 #include <unistd.h>
 
 #include "qtg_host.h"
+#include "qtg_log.h"
 #include "qtg_notify.h"
 
 int qtg_notify_send(const char *msg, size_t len, char *err, size_t errlen) {
@@ -73,6 +81,72 @@ int qtg_notify_send(const char *msg, size_t len, char *err, size_t errlen) {
   }
   return 1;
 }
+
+/* ---- the watchdog ------------------------------------------------------------ */
+
+struct qtg_watchdog {
+  uv_timer_t timer;
+  int failing;                    /* the last ping failed (logged once) */
+};
+
+static void qtg_watchdog_ping(uv_timer_t *timer) {
+  struct qtg_watchdog *w = timer->data;
+  static const char ping[] = "WATCHDOG=1";
+  char err[256];
+  if (qtg_notify_send(ping, sizeof ping - 1, err, sizeof err) < 0) {
+    if (!w->failing) qtg_log_error("sd_notify WATCHDOG=1: %s", err);
+    w->failing = 1;
+  } else {
+    w->failing = 0;
+  }
+}
+
+/* The watchdog interval in microseconds systemd asked this process for, or
+ * 0 (none, not ours, or not a number). */
+static unsigned long long qtg_watchdog_usec(void) {
+  const char *usec = getenv("WATCHDOG_USEC"), *pid = getenv("WATCHDOG_PID");
+  if (!usec || !usec[0] || !getenv("NOTIFY_SOCKET")) return 0;
+  if (pid && pid[0]) {
+    char *end;
+    errno = 0;
+    long p = strtol(pid, &end, 10);
+    if (errno || *end || p != (long)getpid()) return 0;
+  }
+  char *end;
+  errno = 0;
+  unsigned long long v = strtoull(usec, &end, 10);
+  if (errno || *end || usec[0] == '-') return 0;
+  return v;
+}
+
+int qtg_watchdog_open(qtg_host *h, char *err, size_t errlen) {
+  h->watchdog = NULL;
+  unsigned long long usec = qtg_watchdog_usec();
+  if (usec == 0) return 0;
+  struct qtg_watchdog *w = calloc(1, sizeof *w);
+  if (!w || uv_timer_init(h->loop, &w->timer) != 0) {
+    free(w);
+    snprintf(err, errlen, "watchdog: cannot create its timer");
+    return -1;
+  }
+  w->timer.data = w;
+  uint64_t every = usec / 2000 ? usec / 2000 : 1;     /* half the interval, in ms */
+  uv_timer_start(&w->timer, qtg_watchdog_ping, 0, every);
+  uv_unref((uv_handle_t *)&w->timer);                  /* never keeps the loop alive */
+  h->watchdog = w;
+  return 0;
+}
+
+static void qtg_watchdog_closed(uv_handle_t *handle) { free(handle->data); }
+
+void qtg_watchdog_close(qtg_host *h) {
+  struct qtg_watchdog *w = h->watchdog;
+  if (!w) return;
+  h->watchdog = NULL;
+  uv_close((uv_handle_t *)&w->timer, qtg_watchdog_closed);
+}
+
+/* ---- Lua ------------------------------------------------------------------ */
 
 static int qtg_lua_systemd_notify(lua_State *L) {
   size_t len;

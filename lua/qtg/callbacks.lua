@@ -279,6 +279,9 @@ end
 -- attempts 0, redelivery_of = the dead row; audited in the same
 -- transaction.  Returns the new row.  Raises when the row is not in dlq or
 -- already has a pending redelivery.
+-- A dead row whose latest redelivery is pending or delivered is refused
+-- with that row's id and state; one whose redelivery died too may be
+-- redelivered again.
 function M.redeliver(s, outbox_id, actor)
   if type(actor) ~= "string" or actor == "" then
     error("callbacks.redeliver: actor (who asks) is required", 2)
@@ -291,6 +294,18 @@ function M.redeliver(s, outbox_id, actor)
     if dead.status ~= "dlq" then
       error(string.format("callbacks.redeliver: row %s is %s, only dlq rows are redelivered",
         tostring(outbox_id), dead.status), 0)
+    end
+    -- A second redelivery says what became of the first (the dead row is
+    -- locked, so two operators cannot both pass this check).
+    local prev = s:query([[SELECT id, status, attempts, delivered_at FROM movement_callback_outbox
+                            WHERE redelivery_of = $1 ORDER BY id DESC LIMIT 1]], dead.id)[1]
+    if prev and prev.status == "pending" then
+      error(string.format("callbacks.redeliver: row %s was already redelivered as row %s, which is "
+        .. "still pending (%d attempts so far); wait for it, or redeliver row %s once it is dead-lettered",
+        tostring(dead.id), tostring(prev.id), prev.attempts, tostring(prev.id)), 0)
+    elseif prev and prev.status == "delivered" then
+      error(string.format("callbacks.redeliver: row %s was already redelivered as row %s, delivered at %s",
+        tostring(dead.id), tostring(prev.id), tostring(prev.delivered_at)), 0)
     end
     local new = s:query([[
       INSERT INTO movement_callback_outbox

@@ -292,12 +292,41 @@ end
 
 -- ----------------------------------------------------------------- resume
 -- MANUAL_INTERVENTION -> EXECUTING: the operator has looked; recovery sweeps
--- the request's UNKNOWN nodes again.
+-- the request's UNKNOWN nodes again.  Refused while a node is FAILED (no
+-- worker moves a FAILED node: retry it, which resumes the request, or
+-- cancel the request) and when no node is left that a worker would move:
+-- an EXECUTING request that nothing can move would vanish from every
+-- MANUAL_INTERVENTION list.
+local MOVABLE = { UNKNOWN = true, READY = true, BLOCKED = true,
+                  SUBMITTING = true, SUBMITTED = true, OBSERVING = true }
+
+local function check_resumable(s, req)
+  local g = nodes_db.load_all(s, req)
+  local failed, movable = {}, false
+  for _, n in ipairs(g.nodes) do
+    if n.node_state == "FAILED" then
+      failed[#failed + 1] = string.format("%s (%s, %s)", n.node_key, n.id, tostring(n.error_code))
+    elseif MOVABLE[n.node_state] then
+      movable = true
+    end
+  end
+  if #failed > 0 then
+    refuse("illegal_transition", "cannot resume request %s: node %s is FAILED and no worker moves a "
+      .. "FAILED node; retry(node_id) it (that resumes the request) or cancel the request",
+      req.id, table.concat(failed, ", node "))
+  end
+  if not movable then
+    refuse("illegal_transition", "cannot resume request %s: none of its nodes is UNKNOWN, READY, "
+      .. "BLOCKED or in flight, so nothing would move it; cancel it instead", req.id)
+  end
+end
+
 function M.resume(s, id, actor)
   check_actor(actor)
   return in_tx(s, function()
     local req = lock_request(s, id)
     expect_state(req, { "MANUAL_INTERVENTION" }, "resume")
+    check_resumable(s, req)
     nodes_db.set_request_state(s, req, "EXECUTING", actor, {
       event = "request_resumed", action = "request.resume",
     })

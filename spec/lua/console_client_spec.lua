@@ -170,7 +170,7 @@ describe("qtgd console on a terminal", function()
   -- command fails with `interrupted: WHY`, and the next command works
   for _, case in ipairs({
     { "computing in Lua", "busy", "stopped by the operator", "=7*8", "56" },
-    { "waiting in qtg.sleep", "sleep", "sleep interrupted by the operator", "=9*9", "81" },
+    { "waiting in qtg.sleep", "sleep", "stopped by the operator", "=9*9", "81" },
   }) do
     local what, name, why, expr, value = unpack(case)
     it("Ctrl-C interrupts a command " .. what .. "; the session goes on", function()

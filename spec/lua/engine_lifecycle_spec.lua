@@ -233,6 +233,28 @@ describe("request lifecycle", function()
       refused("illegal_transition", requests.resume, s, req.id, sup.ACTOR)
     end)
 
+    it("resume refuses a request whose node is FAILED, naming it and the way out (retry)", function()
+      sup.load_doc(s, sup.doc("spec_lc_se_fail", {
+        { "a", "action", "withdrawal", { sim = { observes = 0, side_effect = true } } },
+        { "c", "action", "withdrawal", { sim = { fail = "submit" } } },
+      }, { { "a", "c" } }))
+      local req = sup.create_approved(s, "spec_lc_se_fail")
+      assert.is_true(sup.drive(s, sup.state_is(req.id, "MANUAL_INTERVENTION"), 20))
+      local c = sup.nodes(s, req.id).c
+      assert.equal("FAILED", c.node_state)
+      local err = refused("illegal_transition", requests.resume, s, req.id, sup.ACTOR)
+      assert.matches("node c (" .. c.id .. ", SIM_SUBMIT_REJECTED) is FAILED", err.message, 1, true)
+      assert.matches("retry(node_id)", err.message, 1, true)
+      -- nothing changed: still listed as needing intervention, no audit row
+      assert.equal("MANUAL_INTERVENTION", s:query("SELECT request_state FROM movement_requests WHERE id = $1::uuid",
+        req.id)[1].request_state)
+      assert.equal(0, #s:query([[SELECT 1 FROM audit_outbox WHERE request_id = $1::uuid
+                                  AND action = 'request.resume']], req.id))
+      -- the way out it names works
+      local r2 = requests.retry(s, c.id, sup.ACTOR)
+      assert.equal("EXECUTING", r2.request_state)
+    end)
+
     it("retry puts a FAILED node back to READY with the next attempt and a new key", function()
       sup.load_doc(s, sup.doc("spec_lc_fail", {
         { "a", "action", "withdrawal", { sim = { fail = "submit" } } },

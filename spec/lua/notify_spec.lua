@@ -190,3 +190,60 @@ describe("qtgd run under a NOTIFY_SOCKET", function()
     assert.equals(0, sup.stop(h, 60))
   end)
 end)
+
+describe("qtgd run under a systemd watchdog", function()
+  local tmp
+  setup(function()
+    sup = require "spec.lua.host_support"
+    tmp = sup.tmpdir()
+  end)
+  teardown(function()
+    sup.stop_all()
+    for _, pid in ipairs(listeners) do os.execute("kill " .. pid .. " 2>/dev/null") end
+    listeners = {}
+    os.execute("rm -rf " .. q(tmp))
+  end)
+
+  local function pings(record)
+    local n = 0
+    for _, m in ipairs(messages(record)) do if m.fields.WATCHDOG == "1" then n = n + 1 end end
+    return n
+  end
+
+  it("pings WATCHDOG=1 while its loop turns, and not while a command holds it", function()
+    local path = tmp .. "/wd-notify.sock"
+    local record = listen(tmp, path)
+    local run = tmp .. "/run"
+    os.execute("mkdir -p " .. q(run) .. " && chmod 700 " .. q(run))
+    local h = sup.start(sup.base_env({ NOTIFY_SOCKET = path, WATCHDOG_USEC = "400000",
+                                       MG_CONSOLE_ENABLED = "true", MG_RUN_DIR = run,
+                                       MG_NETWORK_CLASS = "notify-spec" }), { "run" })
+    assert.is_truthy(sup.eventually(function() return pings(record) >= 3 end, 30), sup.read(h.log))
+    for _, m in ipairs(messages(record)) do assert.equals(h.pid, m.pid) end
+
+    -- a console command holds the loop: the pings stop while it does
+    local out = tmp .. "/spin.out"
+    local pid = require("spec.lua.common_support").background(("%s console --socket %s -e %s"):format(
+      q(sup.bin), q(run .. "/console.sock"), q("qtg.log.info('spin begins') while true do end")), out)
+    assert.is_truthy(sup.eventually(function() return sup.read(h.log):find("spin begins", 1, true) end, 30))
+    local before = pings(record)
+    os.execute("sleep 2")                      -- five intervals of 0.4 s
+    assert.equals(before, pings(record))
+    os.execute("kill -INT " .. pid)            -- Ctrl-C: the command ends, the loop turns again
+    assert.is_truthy(sup.eventually(function() return pings(record) > before + 1 end, 30), sup.read(h.log))
+    assert.equals(0, sup.stop(h, 60))
+  end)
+
+  it("sends nothing when WATCHDOG_PID names another process", function()
+    local path = tmp .. "/wd2-notify.sock"
+    local record = listen(tmp, path)
+    local h = sup.start(sup.base_env({ NOTIFY_SOCKET = path, WATCHDOG_USEC = "200000", WATCHDOG_PID = "1",
+                                       MG_NETWORK_CLASS = "notify-spec" }), { "run" })
+    assert.is_truthy(sup.eventually(function()
+      for _, m in ipairs(messages(record)) do if m.fields.READY == "1" then return true end end
+    end, 30), sup.read(h.log))
+    os.execute("sleep 1")
+    assert.equals(0, pings(record))
+    assert.equals(0, sup.stop(h, 60))
+  end)
+end)

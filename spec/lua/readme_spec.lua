@@ -41,3 +41,27 @@ describe("README settings table", function()
     for _, r in ipairs(rows) do assert.is_true(seen[r.name], r.name .. " is missing") end
   end)
 end)
+
+describe("docs/templates.md", function()
+  setup(function() sup = require "spec.lua.host_support" end)
+
+  it("lists every shipped template, and no other, in its shipped-templates table", function()
+    local doc = assert(sup.read(sup.root .. "/docs/templates.md"), "no docs/templates.md")
+    local section = doc:match("\n## Shipped templates\n(.-)\n## ") or doc:match("\n## Shipped templates\n(.*)$")
+    assert.is_truthy(section, "docs/templates.md has no '## Shipped templates' section")
+    local listed = {}
+    for key in section:gmatch("\n| `([a-z][a-z0-9_]*)` |") do listed[key] = true end
+    local cjson = require "cjson"
+    local p = io.popen("ls " .. q(sup.root .. "/templates"))
+    local shipped = {}
+    for file in p:lines() do
+      if file:match("%.json$") then
+        local key = cjson.decode(sup.read(sup.root .. "/templates/" .. file)).template_key
+        shipped[key] = true
+        assert.is_true(listed[key] == true, key .. " (templates/" .. file .. ") is not in docs/templates.md")
+      end
+    end
+    p:close()
+    for key in pairs(listed) do assert.is_true(shipped[key] == true, key .. " is listed but not shipped") end
+  end)
+end)

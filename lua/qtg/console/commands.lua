@@ -22,17 +22,23 @@ M.LIST = {
   { "pause", "(name)", "pause a worker (its running pass finishes)" },
   { "resume_worker", "(name)", "resume a paused worker" },
   { "tick", "(name)", "run one pass of a worker now and wait for it" },
-  { "req", "(id)", "a request with its nodes, states, attempts, provider refs, errors" },
+  { "req", "(id)", "a request (any state; id or its first 6+ hex digits): nodes, attempts, errors, "
+    .. "manual steps' instructions and inputs, why it was rejected or cancelled" },
   { "requests", "{state=, limit=}", "recent requests of this network class" },
   { "create", "{template_key=, intent=, idempotency_key=}", "create a movement request" },
-  { "approve", "(id)", "approve a PENDING_APPROVAL request" },
-  { "reject", "(id, reason)", "reject a PENDING_APPROVAL request" },
-  { "cancel", "(id, reason)", "cancel a request" },
-  { "resume", "(id)", "resume a request (MANUAL_INTERVENTION/FAILED -> EXECUTING)" },
-  { "retry", "(node_id)", "retry a FAILED or UNKNOWN node" },
-  { "complete_manual", "(node_id, artifacts)", "complete a manual step with its artifacts" },
+  { "approve", "(id)", "PENDING_APPROVAL (within its approval window) -> APPROVED" },
+  { "reject", "(id, reason)", "PENDING_APPROVAL -> REJECTED" },
+  { "cancel", "(id, reason)", "PENDING_APPROVAL, APPROVED, EXECUTING, WAITING_MANUAL_ACTION or "
+    .. "MANUAL_INTERVENTION -> CANCELLED, while no node is in flight" },
+  { "resume", "(id)", "MANUAL_INTERVENTION -> EXECUTING; refused while a node is FAILED (retry it) "
+    .. "or when no node is left to move" },
+  { "retry", "(node_id)", "a FAILED or UNKNOWN node -> READY, of a FAILED, MANUAL_INTERVENTION or "
+    .. "EXECUTING request (which becomes EXECUTING)" },
+  { "complete_manual", "(node_id, artifacts)", "a READY manual step -> COMPLETED, of a WAITING_MANUAL_ACTION "
+    .. "or EXECUTING request; artifacts: the step's required_inputs (req() lists them)" },
   { "dlq", "()", "dead-lettered callbacks" },
-  { "redeliver", "(callback_id)", "deliver a dead-lettered callback again (new row)" },
+  { "redeliver", "(callback_id)", "a dlq callback row -> a new pending row; refused while its last "
+    .. "redelivery is pending or was delivered" },
   { "signers", "()", "the signer roster: expected and observed addresses, posture" },
   { "set_expected_signer", "(key, address)", "enroll the address a signer key must have" },
   { "balances", "()", "the latest balance snapshot of each venue" },
@@ -49,11 +55,35 @@ local function usage(fmt, ...)
   error({ kind = "usage", message = string.format(fmt, ...) }, 0)
 end
 
-local function check_uuid(what, id)
-  if type(id) ~= "string" or not id:match(UUID) then
-    usage("%s must be a uuid string, got %s", what, pretty.pretty(id))
+-- A request or node id as the operator typed it: the full uuid, or a
+-- prefix of at least 6 hex digits (the demo prints 8) naming exactly one
+-- request (or node of a request) of this network class.
+local SHORT_MIN = 6
+local SHORT_TABLES = {
+  request = [[SELECT id::text FROM movement_requests
+               WHERE network_class = $1 AND id::text LIKE $2 ORDER BY id LIMIT 5]],
+  node = [[SELECT n.id::text FROM movement_request_nodes n JOIN movement_requests r ON r.id = n.request_id
+            WHERE r.network_class = $1 AND n.id::text LIKE $2 ORDER BY n.id LIMIT 5]],
+}
+
+local function resolve_id(what, id)
+  if type(id) == "string" and id:match(UUID) then return id:lower() end
+  if type(id) ~= "string" or not id:match("^[%x%-]+$") or #id:gsub("%-", "") < SHORT_MIN then
+    usage("%s id must be a uuid or its first %d or more hex digits, got %s", what, SHORT_MIN, pretty.pretty(id))
   end
-  return id:lower()
+  local rows = qtg.db.with_session(function(s)
+    return s:query(SHORT_TABLES[what], qtg.settings.network_class, id:lower() .. "%")
+  end)
+  if #rows == 0 then
+    error({ kind = "not_found", message = string.format("no %s id of network class %s starts with %s", what,
+      qtg.settings.network_class, id) }, 0)
+  elseif #rows > 1 then
+    local ids = {}
+    for _, r in ipairs(rows) do ids[#ids + 1] = r.id end
+    usage("%s id %s is ambiguous: %s%s; type more of it", what, id, table.concat(ids, ", "),
+      #rows == 5 and ", ..." or "")
+  end
+  return rows[1].id
 end
 
 local function check_name(what, v)
@@ -160,8 +190,8 @@ local NODE_COLUMNS = { "node_key", "node_kind", "action_type", "node_state", "at
                        "provider_refs", "error_code", "error_detail", "next_observe_at", "id" }
 local REQUEST_ORDER = { "id", "created", "template_key", "request_state", "network_class", "created_by",
                         "approved_by", "created_at", "updated_at", "expires_at", "finished_at",
-                        "last_error_code", "current_frontier", "callback_url", "idempotency_key",
-                        "intent", "nodes", "callbacks" }
+                        "last_error_code", "reason", "manual_steps", "current_frontier", "callback_url",
+                        "idempotency_key", "intent", "nodes", "callbacks" }
 local REQUEST_COLUMNS = { "id", "template_key", "request_state", "created_at", "created_by",
                           "last_error_code" }
 local CALLBACK_COLUMNS = { "id", "event_type", "status", "attempts", "last_status", "last_error",
@@ -176,6 +206,30 @@ local function request_detail(s, id)
     SELECT n.*, pn.ordinal FROM movement_request_nodes n
       JOIN plan_nodes pn ON pn.id = n.plan_node_id
      WHERE n.request_id = $1::uuid ORDER BY pn.ordinal, n.node_key]], id), NODE_COLUMNS)
+  -- what an operator must do for a manual step, and what to give
+  local manual = {}
+  for _, n in ipairs(s:query([[
+    SELECT n.id, n.node_key, n.node_state, pn.config->>'instructions' AS instructions,
+           pn.config->'required_inputs' AS required_inputs
+      FROM movement_request_nodes n JOIN plan_nodes pn ON pn.id = n.plan_node_id
+     WHERE n.request_id = $1::uuid AND n.action_type LIKE 'manual\_%' ORDER BY pn.ordinal, n.node_key]], id)) do
+    local inputs = type(n.required_inputs) == "table" and n.required_inputs or {}
+    manual[#manual + 1] = string.format("%s (%s, node %s): %s%s", n.node_key, n.node_state, n.id,
+      tostring(n.instructions ~= qtg.db.NULL and n.instructions or "(no instructions)"),
+      #inputs > 0 and ("; complete_manual(node_id, {" .. table.concat(inputs, "=, ") .. "=})") or "")
+  end
+  if #manual > 0 then r.manual_steps = manual end
+  -- who rejected or cancelled it, and why (the audit trail keeps the reason)
+  local why = s:query([[
+    SELECT actor, action, detail->>'reason' AS reason, created_at FROM (
+      SELECT actor, action, detail, created_at, id FROM audit_events WHERE request_id = $1::uuid
+      UNION ALL
+      SELECT actor, action, detail, created_at, id FROM audit_outbox WHERE request_id = $1::uuid) a
+     WHERE action IN ('request.reject', 'request.cancel') ORDER BY created_at DESC LIMIT 1]], id)[1]
+  if why then
+    r.reason = string.format("%s by %s: %s", why.action == "request.reject" and "rejected" or "cancelled",
+      why.actor, tostring(why.reason ~= qtg.db.NULL and why.reason or "(none given)"))
+  end
   r.callbacks = view.rows(s:query([[
     SELECT id, event_type, status, attempts, last_status, last_error, created_at
       FROM movement_callback_outbox WHERE request_id = $1::uuid ORDER BY id DESC LIMIT 10]], id),
@@ -317,6 +371,8 @@ local function help()
     lines[#lines + 1] = "  " .. sig .. string.rep(" ", width - #sig + 2) .. c[3]
   end
   lines[#lines + 1] = ""
+  lines[#lines + 1] = "Request and node ids: the full uuid or its first 6 or more hex digits, when only "
+    .. "one id of this network class starts with them."
   lines[#lines + 1] = "Any Lua runs too: `=expr` or a bare expression prints its value; `qtg` is the host "
     .. "module (qtg.db, qtg.runtime, ...); Tab completes names; Ctrl-C interrupts a command."
   return view.text(table.concat(lines, "\n"))
@@ -402,7 +458,7 @@ function M.bind(ctx)
   end
 
   function c.req(id)
-    id = check_uuid("request id", id)
+    id = resolve_id("request", id)
     return with_session(request_detail, id)
   end
 
@@ -429,29 +485,29 @@ function M.bind(ctx)
   end
 
   function c.approve(id)
-    id = check_uuid("request id", id)
+    id = resolve_id("request", id)
     return lifecycle(function(mod, s) mod.approve(s, id, actor) return id end)
   end
 
   function c.reject(id, reason)
-    id = check_uuid("request id", id)
+    id = resolve_id("request", id)
     reason = check_reason(reason)
     return lifecycle(function(mod, s) mod.reject(s, id, actor, reason) return id end)
   end
 
   function c.cancel(id, reason)
-    id = check_uuid("request id", id)
+    id = resolve_id("request", id)
     reason = check_reason(reason)
     return lifecycle(function(mod, s) mod.cancel(s, id, actor, reason) return id end)
   end
 
   function c.resume(id)
-    id = check_uuid("request id", id)
+    id = resolve_id("request", id)
     return lifecycle(function(mod, s) mod.resume(s, id, actor) return id end)
   end
 
   function c.retry(node_id)
-    node_id = check_uuid("node id", node_id)
+    node_id = resolve_id("node", node_id)
     return lifecycle(function(mod, s)
       local r = mod.retry(s, node_id, actor)
       return r.id
@@ -459,7 +515,7 @@ function M.bind(ctx)
   end
 
   function c.complete_manual(node_id, artifacts)
-    node_id = check_uuid("node id", node_id)
+    node_id = resolve_id("node", node_id)
     if type(artifacts) ~= "table" then
       usage("complete_manual(node_id, artifacts): artifacts must be a table (the step's inputs)")
     end
