@@ -173,6 +173,9 @@ function M.call(adapter, fname, ...)
   end
   local ok, answer = pcall(f, ...)
   if not ok then
+    -- the signer could not be asked: not the executor's failure, and not
+    -- final; the dispatcher rolls the attempt back (node stays READY)
+    if type(answer) == "table" and answer.kind == "signer_unavailable" then error(answer, 0) end
     return nil, M.ERROR, string.format("%s raised: %s", fname, error_text(answer))
   end
   local checked, why = M.check(fname, answer)

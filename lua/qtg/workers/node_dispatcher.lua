@@ -13,7 +13,8 @@
 --   no such executor              FAILED   EXECUTOR_NOT_REGISTERED
 --   preflight/prepare raise, garbage  FAILED EXECUTOR_ERROR / EXECUTOR_BAD_RESPONSE
 --   preflight refuses             FAILED   PREFLIGHT_REJECTED
---   signer refuses                FAILED   SIGNING_FAILED
+--   signer refuses                FAILED   SIGNING_REFUSED ("CODE: reason")
+--   signer cannot be asked        the tick raises: rolled back, node stays READY
 --   submit answers                SUBMITTED / SUBMITTING / COMPLETED / FAILED / UNKNOWN
 --   submit raises or garbage      UNKNOWN  EXECUTOR_ERROR / EXECUTOR_BAD_RESPONSE
 --     (it may have reached the provider: never guessed, recovery decides)
@@ -147,7 +148,12 @@ local function pipeline(s, g, node, progress)
     local sreq = context.sign_request(ctx, prepared)
     local sig, err = qtg.signer.sign(prepared.signer_key, sreq)
     if not sig then
-      return fail("SIGNING_FAILED", type(err) == "table" and tostring(err.message) or tostring(err))
+      if type(err) == "table" and err.kind == "signer_unavailable" then error(err, 0) end
+      local code = type(err) == "table" and tostring(err.code) or "SIGNER_ERROR"
+      local why = type(err) == "table" and tostring(err.message) or tostring(err)
+      qtg.log.warn("signing refused", { worker = "node_dispatcher", request_id = g.request.id,
+        node_id = node.id, node_key = node.node_key, attempt_no = attempt_no, code = code, reason = why })
+      return fail("SIGNING_REFUSED", code .. ": " .. why)
     end
     signature = sig
   end
@@ -186,7 +192,9 @@ function M.dispatch(s, node_id, request_id, claimed)
   if not ok then
     -- An engine error (not the executor's): record it rather than loop on
     -- the node.  Past submit the provider may have acted: UNKNOWN.
-    if type(outcome) == "table" and outcome.kind == "connection" then error(outcome, 0) end
+    if type(outcome) == "table" and (outcome.kind == "connection" or outcome.kind == "signer_unavailable") then
+      error(outcome, 0)
+    end
     s:rollback_to("dispatch_pipeline")
     local detail = type(outcome) == "table" and tostring(outcome.message) or tostring(outcome)
     qtg.log.error("dispatch failed", { worker = "node_dispatcher", node_id = node.id, error = detail })
