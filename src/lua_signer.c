@@ -7,6 +7,8 @@
  *   sign(name, sign_request) {signature=, r=, s=, recid=, address=} or nil, err
  *   checksum_address(addr)   EIP-55 form (raises {kind="invalid"} on bad input)
  *   recover(hash, signature) the address that signed hash, or nil, err
+ *   raw_call(line)           one protocol line to the signer -> its answer line
+ *   socket_path()            the signer socket this process uses
  *
  * keys/address/health/sign ask the signer process over its Unix socket
  * (MG_SIGNER_SOCKET, protocol in qtg_signer_proto.h), one connection per
@@ -175,6 +177,13 @@ static void qtg_signer_call_cancel(qtg_task *t, void *arg) {
   qtg_signer_call_finish(call, "interrupted");
 }
 
+/* socket_path() -> where this process asks the signer. */
+static int qtg_lua_signer_socket_path(lua_State *L) {
+  struct qtg_signer_client *c = qtg_host_from_lua(L)->signer;
+  lua_pushstring(L, c != NULL ? c->path : "");
+  return 1;
+}
+
 /* raw_call(line) -> answer line, or nil, err.  Yields. */
 static int qtg_lua_signer_raw_call(lua_State *L) {
   size_t len;
@@ -337,6 +346,7 @@ static const char qtg_signer_prelude[] =
 int luaopen_qtg_signer(lua_State *L) {
   static const luaL_Reg fns[] = {
       {"raw_call", qtg_lua_signer_raw_call},
+      {"socket_path", qtg_lua_signer_socket_path},
       {"checksum_address", qtg_lua_signer_checksum_address},
       {"recover", qtg_lua_signer_recover},
       {NULL, NULL},
