@@ -322,7 +322,8 @@ int main(int argc, char **argv) {
     return rc;
   }
   signal(SIGPIPE, SIG_IGN);
-  if (c->needs_db && qtg_resolve_database(&s, root) != 0) {
+  int own_db = strcmp(cmd, "signer") == 0 && qtg_settings_str(&s, QTG_S_SIGNER_DATABASE_URL)[0];
+  if (c->needs_db && !own_db && qtg_resolve_database(&s, root) != 0) {
     qtg_settings_free(&s);
     return 1;
   }
