@@ -13,6 +13,7 @@
 #include "qtg_keys.h"
 #include "qtg_settings.h"
 #include "qtg_signer.h"
+#include "qtg_signer_proto.h"
 #include "qtg_test.h"
 #include "qtg_test_host.h"
 
@@ -383,6 +384,58 @@ static void test_lua(void) {
   qtg_settings_free(&s);
 }
 
+/* The signer's request line and payload decoding (qtg_signer_proto.c). */
+#define U1 "00000000-0000-4000-8000-000000000001"
+#define U2 "00000000-0000-4000-8000-000000000002"
+#define TX "02f2827a6980843b9aca00852e90edd00082520894000000000000000000000000000000000000aaaa880de0b6b3a764000080c0"
+
+static int parse(const char *line, qtg_signer_line *l) {
+  char err[160];
+  return qtg_signer_line_parse(line, strlen(line), l, err, sizeof err);
+}
+
+static void test_proto(void) {
+  qtg_signer_line l;
+  qtg_eip1559_tx tx;
+  qtg_u256 v, w;
+  char err[160], dec[80];
+  CHECK(&tc, parse("SIGN " U1 " " U2 " 7 evm_hot 0x" TX, &l) == 0);
+  CHECK(&tc, l.verb == QTG_SIGNER_VERB_SIGN && l.attempt == 7 && strcmp(l.key, "evm_hot") == 0);
+  CHECK(&tc, strcmp(l.request_id, U1) == 0 && strcmp(l.node_id, U2) == 0 && l.payload_len == 52);
+  CHECK(&tc, qtg_eip1559_decode(l.payload, l.payload_len, &tx, err, sizeof err) == 0);
+  qtg_u256_decimal(&tx.value, dec, sizeof dec);
+  CHECK_STR(&tc, dec, "1000000000000000000");
+  qtg_u256_decimal(&tx.chain_id, dec, sizeof dec);
+  CHECK_STR(&tc, dec, "31337");
+  CHECK(&tc, tx.has_to && tx.to[18] == 0xaa && tx.data_len == 0);
+  /* a non-canonical integer (leading zero byte) and trailing bytes: refused */
+  l.payload[3] = 0x00;
+  CHECK(&tc, qtg_eip1559_decode(l.payload, l.payload_len, &tx, err, sizeof err) == -1);
+  qtg_signer_line_free(&l);
+  static const char *const bad[] = {
+      "", "KEYS ", "KEYS x", "ADDRESS", "ADDRESS a b", "ADDRESS bad/name", "sign " U1 " " U2 " 1 k 0x00",
+      "SIGN " U1 " " U2 " 0 k 0x00", "SIGN " U1 " " U2 " 01 k 0x00", "SIGN " U1 " " U2 " 1 k 0x0",
+      "SIGN " U1 " " U2 " 1 k 00", "SIGN " U1 " " U2 " 1 k 0x", "SIGN " U1 " " U2 " 99999999999 k 0x00",
+      "SIGN " U1 "  " U2 " 1 k 0x00", "SIGN 00000000-0000-4000-8000-00000000000A " U2 " 1 k 0x00",
+      "SIGN " U1 " " U2 " 1 k 0x00 extra", "SIGN " U1 " " U2 " 1 k 0x00\r", NULL};
+  for (int i = 0; bad[i]; i++) {
+    CHECK(&tc, parse(bad[i], &l) == -1);
+  }
+  CHECK(&tc, parse("KEYS", &l) == 0 && l.verb == QTG_SIGNER_VERB_KEYS);
+  CHECK(&tc, parse("ADDRESS evm.hot-1", &l) == 0 && l.verb == QTG_SIGNER_VERB_ADDRESS);
+  /* exact decimal amounts */
+  CHECK(&tc, qtg_amount_to_units("0.25", 4, 18, &v) == 0);
+  qtg_u256_decimal(&v, dec, sizeof dec);
+  CHECK_STR(&tc, dec, "250000000000000000");
+  CHECK(&tc, qtg_amount_to_units("1.000000000000000001", 20, 18, &w) == 0);
+  qtg_u256_decimal(&w, dec, sizeof dec);
+  CHECK_STR(&tc, dec, "1000000000000000001");
+  CHECK(&tc, qtg_u256_cmp(&v, &w) < 0);
+  static const char *const bad_amounts[] = {"1.0000000000000000001", "-1", "1e18", ".5", "5.", "1..2", " 1", "0x10", NULL};
+  for (int i = 0; bad_amounts[i]; i++)
+    CHECK(&tc, qtg_amount_to_units(bad_amounts[i], strlen(bad_amounts[i]), 18, &v) == -1);
+}
+
 int main(void) {
   secp256k1_context *ctx;
   snprintf(tmpdir, sizeof tmpdir, "%s/qtg-test-signer-XXXXXX",
@@ -395,6 +448,7 @@ int main(void) {
   test_sign_request_checks();
   test_key_files();
   test_lua();
+  test_proto();
   qtg_signer_context_free(ctx);
   {
     char cmd[300];
