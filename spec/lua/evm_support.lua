@@ -210,7 +210,7 @@ function M.start_run(env)
 end
 
 -- start_signer(env) -> the handle of a `qtgd signer` with env's keys and
--- socket (MG_SIGNER_SOCKET), once its socket exists.
+-- socket (MG_SIGNER_SOCKET), once it listens.
 function M.start_signer(env)
   local senv = {}
   for k, v in pairs(env) do senv[k] = v end
@@ -218,8 +218,8 @@ function M.start_signer(env)
   M.wait_for(function()
     local rc = host.read(h.rcfile)
     if rc and rc:match("%d") then error("qtgd signer exited; log " .. h.log .. ": " .. (host.read(h.log) or ""), 0) end
-    return os.execute("test -S " .. q(env.MG_SIGNER_SOCKET)) == 0
-  end, 30, "the signer's socket")
+    return (host.read(h.log) or ""):find('"signer: listening"', 1, true)
+  end, 30, "the signer listening")
   h.socket = env.MG_SIGNER_SOCKET
   return h
 end

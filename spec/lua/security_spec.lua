@@ -119,7 +119,7 @@ describe("security", function()
       MG_SIGNER_KEYS = "ops=" .. dir .. "/ops.key", MG_SIGNER_SOCKET = dir .. "/signer/signer.sock" }
     local signer = support.start(signer_env, { "signer" })
     support.eventually(function()
-      return os.execute("test -S " .. q(dir .. "/signer/signer.sock")) == 0
+      return (support.read(signer.log) or ""):find('"signer: listening"', 1, true)
     end, 30, 0.1)
     daemon = support.start(support.base_env{
       MG_SIGNER_SOCKET = dir .. "/signer/signer.sock",
