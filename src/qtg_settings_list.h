@@ -39,6 +39,7 @@ QTG_SETTING(SIGNER_SOCKET, "MG_SIGNER_SOCKET", QTG_SET_STR, "", 0, 0, "the signe
 QTG_SETTING(SIGNER_ALLOWED_UID, "MG_SIGNER_ALLOWED_UID", QTG_SET_INT, "-1", -1, 4294967294, "uid qtgd signer answers (SO_PEERCRED); -1: its own uid")
 QTG_SETTING(SIGNER_DATABASE_URL, "MG_SIGNER_DATABASE_URL", QTG_SET_SECRET, "", 0, 0, "qtgd signer's PostgreSQL URL; unset: MG_DATABASE_URL")
 QTG_SETTING(SIGNER_DATABASE_USER, "MG_SIGNER_DATABASE_USER", QTG_SET_STR, "qtg_signer", 0, 0, "role qtgd signer connects as (overrides the URL's user); empty: the URL's")
+QTG_SETTING(SIM_NETWORK_CLASSES, "MG_SIM_NETWORK_CLASSES", QTG_SET_STR, "devnet,dev,test,testnet,demo,bench,chaos,pkgsmoke", 0, 0, "network classes where the sim executor may run (comma list; NAME* matches a prefix, * all); elsewhere its nodes fail with EXECUTOR_NOT_ALLOWED")
 QTG_SETTING(SIGNER_TIMEOUT_SECONDS, "MG_SIGNER_TIMEOUT_SECONDS", QTG_SET_NUM, "10", 0.1, 600, "how long qtgd run waits for the signer's answer")
 
 /* Workers: conditional */

@@ -74,6 +74,25 @@ function M.known_executor(name)
 end
 
 -- get(name) -> adapter table, or nil + message.
+-- executor name -> the setting listing the network classes it may run on
+-- (stand-in executors must never "complete" a movement on a real network).
+M.RESTRICTED = { sim = "sim_network_classes" }
+
+-- allowed(name, class) -> true, or nil + reason.  The setting is a comma
+-- list of class names; NAME* matches a prefix, * every class.
+function M.allowed(name, class)
+  local setting = M.RESTRICTED[name]
+  if not setting then return true end
+  local list = require("qtg").settings[setting] or ""
+  for item in list:gmatch("[^,%s]+") do
+    if item == "*" or item == class then return true end
+    local prefix = item:match("^(.*)%*$")
+    if prefix and class:sub(1, #prefix) == prefix then return true end
+  end
+  return nil, string.format("executor %s does not run on network class %s (MG_%s=%s)", name,
+    tostring(class), setting:upper(), list)
+end
+
 function M.get(name)
   local modname = M.ADAPTERS[name]
   if not modname then return nil, "no executor named " .. tostring(name) end

@@ -11,6 +11,7 @@
 -- Outcomes (docs/data-model.md has the table):
 --   bad $ref                      FAILED   CONFIG_REF_UNRESOLVED
 --   no such executor              FAILED   EXECUTOR_NOT_REGISTERED
+--   executor not for this class   FAILED   EXECUTOR_NOT_ALLOWED (sim off dev classes)
 --   preflight/prepare raise, garbage  FAILED EXECUTOR_ERROR / EXECUTOR_BAD_RESPONSE
 --   preflight refuses             FAILED   PREFLIGHT_REJECTED
 --   signer refuses                FAILED   SIGNING_REFUSED ("CODE: reason")
@@ -134,6 +135,8 @@ local function pipeline(s, g, node, progress)
   end
   local adapter, why = executors.get(node.executor)
   if not adapter then return fail(executors.NOT_REGISTERED, why) end
+  local allowed, not_here = executors.allowed(node.executor, g.request.network_class)
+  if not allowed then return fail("EXECUTOR_NOT_ALLOWED", not_here) end
   local pre, code, detail = executors.call(adapter, "preflight", ctx)
   if not pre then return fail(code, detail) end
   if not pre.ok then
