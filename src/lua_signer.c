@@ -1,7 +1,7 @@
 /* lua_signer.c -- qtg.signer: the client of `qtgd signer`, and the public
  * EVM address helpers.
  *
- *   keys()                   names of the keys the signer holds ({} when down)
+ *   keys()                   names of the keys the signer holds ({}, err when down)
  *   address(name)            lowercase 0x address, or nil, err
  *   health(name)             {ok=true, signer_address=} or {ok=false, error=, code=}
  *   sign(name, sign_request) {signature=, r=, s=, recid=, address=} or nil, err
@@ -310,10 +310,10 @@ static const char qtg_signer_prelude[] =
   "end\n"
   "local function key_ok(name) return type(name) == 'string' and #name <= 64 and name:match('^[A-Za-z0-9_.-]+$') ~= nil end\n"
   "function signer.keys()\n"
-  "  local s = call('KEYS')\n"
+  "  local s, err = call('KEYS')\n"
   "  local out = {}\n"
   "  for w in (s or ''):gmatch('%S+') do out[#out + 1] = w end\n"
-  "  return out\n"
+  "  return out, err\n"
   "end\n"
   "function signer.address(name)\n"
   "  if not key_ok(name) then return bad('key name must be 1-64 of [A-Za-z0-9_.-]') end\n"
