@@ -205,8 +205,9 @@ describe("qtgd signer", function()
     for line in maps:lines() do
       local lo, hi, perms = line:match("^(%x+)-(%x+) (%S+)")
       local path = line:match("%s(%S+)$") or ""
-      if perms:sub(1, 1) == "r" and path ~= "[vvar]" and path ~= "[vsyscall]" then
-        local start, stop = tonumber(lo, 16), tonumber(hi, 16)
+      local start, stop = tonumber(lo, 16), tonumber(hi, 16)
+      -- (regions of 1 GiB and more are a sanitizer's shadow memory, not heap)
+      if perms:sub(1, 1) == "r" and path ~= "[vvar]" and path ~= "[vsyscall]" and stop - start < 2 ^ 30 then
         local pos, tail = start, ""
         while pos < stop do
           local n = math.min(1048576, stop - pos)
@@ -240,12 +241,12 @@ describe("qtgd signer", function()
     local hex = DEV[2].key
     local raw = qtg.crypto.unhex and qtg.crypto.unhex(hex) or (hex:gsub("%x%x", function(x) return string.char(tonumber(x, 16)) end))
     local needles = { raw, hex, hex:upper() }
+    local env = assert(io.open("/proc/" .. h.pid .. "/environ", "rb")):read("*a")
     local found, scanned = memory_holds(h.pid, needles)
     assert.truthy(scanned > 1000000, "scanned " .. scanned .. " bytes")
     assert.is_nil(found[1], "the daemon's memory holds the key bytes")
     assert.is_nil(found[2], "the daemon's memory holds the key hex")
     assert.is_nil(found[3], "the daemon's memory holds the key hex (upper case)")
-    local env = assert(io.open("/proc/" .. h.pid .. "/environ", "rb")):read("*a")
     assert.truthy(#env > 0)
     assert.is_nil(env:find(hex, 1, true))
     assert.is_nil(env:find(hex:upper(), 1, true))
