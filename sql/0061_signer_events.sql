@@ -11,7 +11,7 @@
 -- enrolled identity, nonce reservations) and may only INSERT into
 -- signer_events.  It is created here when the migrating role may create
 -- roles; otherwise the DBA creates it and runs the GRANTs below by hand.
--- It is created NOLOGIN-less (LOGIN, no password): how it authenticates
+-- It is created LOGIN without a password: how it authenticates
 -- (peer map for the qtg-signer system user, a password, a certificate) is
 -- pg_hba.conf's business.
 CREATE TABLE signer_events (
