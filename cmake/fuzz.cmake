@@ -17,7 +17,7 @@ function(qtg_fuzz_targets)
                         "(Debian: apt-get install clang libclang-rt-14-dev)")
   endif()
   target_compile_options(qtgcore PRIVATE -fsanitize=fuzzer-no-link)
-  foreach(t settings json console http)
+  foreach(t settings json console http signer)
     add_executable(fuzz_${t} ${CMAKE_SOURCE_DIR}/fuzz/libfuzzer_main.c
                              ${CMAKE_SOURCE_DIR}/fuzz/fuzz_${t}.c
                              ${CMAKE_SOURCE_DIR}/fuzz/fuzz_host.c)

@@ -36,7 +36,9 @@ install(DIRECTORY ${CMAKE_SOURCE_DIR}/templates/ DESTINATION ${CMAKE_INSTALL_DAT
 # shipped 0644 (it holds no secret yet); the postinst makes it 0640 root:qtg
 install(FILES ${QTG_PKG_DIR}/qtg.env DESTINATION /etc/qtg
         PERMISSIONS OWNER_READ OWNER_WRITE GROUP_READ WORLD_READ)
-install(FILES ${QTG_PKG_DIR}/qtgd.service ${QTG_PKG_DIR}/qtgd@.service
+install(FILES ${QTG_PKG_DIR}/signer.env DESTINATION /etc/qtg
+        PERMISSIONS OWNER_READ OWNER_WRITE GROUP_READ WORLD_READ)
+install(FILES ${QTG_PKG_DIR}/qtgd.service ${QTG_PKG_DIR}/qtgd@.service ${QTG_PKG_DIR}/qtg-signer.service
         DESTINATION /lib/systemd/system
         PERMISSIONS OWNER_READ OWNER_WRITE GROUP_READ WORLD_READ)
 

@@ -22,6 +22,8 @@
  *   http      raw bytes answered by a real socket to qtg.http.request: a
  *             response or a classified error in Lua, bounded by max_body,
  *             and never a hang
+ *   signer    the request line `qtgd signer` reads and the EIP-1559 payload
+ *             it decodes (qtg_signer_proto.c): strict fields, canonical RLP
  */
 #ifndef QTG_FUZZ_H
 #define QTG_FUZZ_H
@@ -33,6 +35,7 @@ int qtg_fuzz_settings(const uint8_t *data, size_t size);
 int qtg_fuzz_json(const uint8_t *data, size_t size);
 int qtg_fuzz_console(const uint8_t *data, size_t size);
 int qtg_fuzz_http(const uint8_t *data, size_t size);
+int qtg_fuzz_signer(const uint8_t *data, size_t size);
 
 /* The shared host of the console and http targets (fuzz/fuzz_host.c):
  * made on first use, closed at exit (or by qtg_fuzz_host_close). */

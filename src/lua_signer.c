@@ -1,27 +1,237 @@
-/* lua_signer.c -- qtg.signer: EVM signing with keys held by C.
+/* lua_signer.c -- qtg.signer: the client of `qtgd signer`, and the public
+ * EVM address helpers.
  *
- *   keys()                   names of the loaded signer keys
+ *   keys()                   names of the keys the signer holds ({}, err when down)
  *   address(name)            lowercase 0x address, or nil, err
- *   checksum_address(addr)   EIP-55 form (raises {kind="invalid"} on bad input)
  *   health(name)             {ok=true, signer_address=} or {ok=false, error=, code=}
  *   sign(name, sign_request) {signature=, r=, s=, recid=, address=} or nil, err
+ *   checksum_address(addr)   EIP-55 form (raises {kind="invalid"} on bad input)
  *   recover(hash, signature) the address that signed hash, or nil, err
+ *   raw_call(line)           one protocol line to the signer -> its answer line
+ *   socket_path()            the signer socket this process uses
  *
- * sign() refuses with err = {kind="signer", code=...} unless the request's
- * payload_hash equals signing_intent.allowed_payload_hash and the payload
- * bytes hash (keccak256) to it; see qtg_signer_check_request.  The key
- * bytes never leave qtg_keys.c.
+ * keys/address/health/sign ask the signer process over its Unix socket
+ * (MG_SIGNER_SOCKET, protocol in qtg_signer_proto.h), one connection per
+ * call, yielding the calling task until the one-line answer comes (never
+ * blocking the loop).  err is {kind="signer", code=, message=} when the
+ * signer refused, {kind="signer_unavailable", message=} when it could not
+ * be asked (down, timed out, answered garbage, or cannot read its
+ * database): the caller may try again later.  This process holds no
+ * signer key.
  */
 #include <string.h>
+
+#include <stdlib.h>
+#include <sys/un.h>
+
+#include <uv.h>
 
 #include "qtg_crypto.h"
 #include "qtg_host.h"
 #include "qtg_keys.h"
+#include "qtg_modules_decl.h"
 #include "qtg_signer.h"
+#include "qtg_signer_proto.h"
+#include "qtg_signerd.h"
 
-static const qtg_keys *qtg_lua_keys(lua_State *L) {
+enum { QTG_SIGNER_ANSWER_MAX = 1024 };
+
+/* The client: where the signer listens, and the calls in flight (closed
+ * without resuming anyone when the host closes). */
+typedef struct qtg_signer_call qtg_signer_call;
+struct qtg_signer_client {
+  char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+  uint64_t timeout_ms;
+  qtg_signer_call *calls;
+};
+
+struct qtg_signer_call {
+  uv_pipe_t pipe;
+  uv_connect_t connect;
+  uv_write_t write;
+  uv_timer_t timer;
+  qtg_task *task;
+  struct qtg_signer_client *client;
+  char *line;                     /* the request, LF-terminated */
+  size_t line_len;
+  char answer[QTG_SIGNER_ANSWER_MAX];
+  size_t answer_len;
+  int done, open_handles;
+  qtg_signer_call *prev, *next;
+};
+
+int qtg_signer_client_open(qtg_host *h, char *err, size_t errlen) {
+  struct qtg_signer_client *c = calloc(1, sizeof *c);
+  if (c == NULL) {
+    snprintf(err, errlen, "out of memory");
+    return -1;
+  }
+  if (qtg_signer_socket_path(h->settings, h->root_dir, c->path, sizeof c->path, err, errlen) != 0) {
+    free(c);
+    return -1;
+  }
+  c->timeout_ms = (uint64_t)(qtg_settings_num(h->settings, QTG_S_SIGNER_TIMEOUT_SECONDS) * 1000.0);
+  h->signer = c;
+  return 0;
+}
+
+static void qtg_signer_call_closed(uv_handle_t *handle) {
+  qtg_signer_call *call = handle->data;
+  if (--call->open_handles == 0) {
+    free(call->line);
+    free(call);
+  }
+}
+
+/* Unlist and close; the memory goes when both handles are closed. */
+static void qtg_signer_call_end(qtg_signer_call *call) {
+  struct qtg_signer_client *c = call->client;
+  call->done = 1;
+  if (call->prev) call->prev->next = call->next;
+  else c->calls = call->next;
+  if (call->next) call->next->prev = call->prev;
+  uv_timer_stop(&call->timer);
+  uv_close((uv_handle_t *)&call->timer, qtg_signer_call_closed);
+  uv_close((uv_handle_t *)&call->pipe, qtg_signer_call_closed);
+}
+
+void qtg_signer_client_close(qtg_host *h) {
+  struct qtg_signer_client *c = h->signer;
+  if (c == NULL) return;
+  while (c->calls) qtg_signer_call_end(c->calls);
+  free(c);
+  h->signer = NULL;
+}
+
+/* Resume the task with the answer line, or nil + {kind="signer_unavailable"}. */
+static void qtg_signer_call_finish(qtg_signer_call *call, const char *why) {
+  if (call->done) return;
+  qtg_task *t = call->task;
+  lua_State *co = qtg_task_thread(t);
+  int n;
+  if (why == NULL) {
+    lua_pushlstring(co, call->answer, call->answer_len);
+    n = 1;
+  } else {
+    lua_pushnil(co);
+    qtg_push_error(co, "signer_unavailable", "the signer at %s cannot be asked: %s",
+                   call->client->path, why);
+    n = 2;
+  }
+  qtg_signer_call_end(call);
+  qtg_task_set_cancel(t, NULL, NULL);
+  qtg_task_resume(t, n);
+}
+
+static void qtg_signer_on_timeout(uv_timer_t *timer) {
+  qtg_signer_call_finish(timer->data, "no answer in time (MG_SIGNER_TIMEOUT_SECONDS)");
+}
+
+static void qtg_signer_alloc(uv_handle_t *handle, size_t suggested, uv_buf_t *buf) {
+  qtg_signer_call *call = handle->data;
+  (void)suggested;
+  buf->base = call->answer + call->answer_len;
+  buf->len = sizeof call->answer - call->answer_len;
+}
+
+static void qtg_signer_on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
+  qtg_signer_call *call = stream->data;
+  (void)buf;
+  if (call->done) return;
+  if (nread < 0) {
+    qtg_signer_call_finish(call, nread == UV_EOF ? "it closed without an answer" : uv_strerror((int)nread));
+    return;
+  }
+  call->answer_len += (size_t)nread;
+  char *lf = memchr(call->answer, '\n', call->answer_len);
+  if (lf) {
+    call->answer_len = (size_t)(lf - call->answer);
+    qtg_signer_call_finish(call, NULL);
+  } else if (call->answer_len == sizeof call->answer) {
+    qtg_signer_call_finish(call, "its answer is too long");
+  }
+}
+
+static void qtg_signer_on_write(uv_write_t *req, int status) {
+  qtg_signer_call *call = req->data;
+  if (status < 0) qtg_signer_call_finish(call, uv_strerror(status));
+}
+
+static void qtg_signer_on_connect(uv_connect_t *req, int status) {
+  qtg_signer_call *call = req->data;
+  if (call->done) return;
+  if (status < 0) {
+    qtg_signer_call_finish(call, uv_strerror(status));
+    return;
+  }
+  uv_buf_t b = uv_buf_init(call->line, (unsigned)call->line_len);
+  call->write.data = call;
+  int rc = uv_write(&call->write, (uv_stream_t *)&call->pipe, &b, 1, qtg_signer_on_write);
+  if (rc == 0) rc = uv_read_start((uv_stream_t *)&call->pipe, qtg_signer_alloc, qtg_signer_on_read);
+  if (rc != 0) qtg_signer_call_finish(call, uv_strerror(rc));
+}
+
+static void qtg_signer_call_cancel(qtg_task *t, void *arg) {
+  qtg_signer_call *call = arg;
+  (void)t;
+  qtg_signer_call_finish(call, "interrupted");
+}
+
+/* socket_path() -> where this process asks the signer. */
+static int qtg_lua_signer_socket_path(lua_State *L) {
+  struct qtg_signer_client *c = qtg_host_from_lua(L)->signer;
+  lua_pushstring(L, c != NULL ? c->path : "");
+  return 1;
+}
+
+/* raw_call(line) -> answer line, or nil, err.  Yields. */
+static int qtg_lua_signer_raw_call(lua_State *L) {
+  size_t len;
+  const char *line = luaL_checklstring(L, 1, &len);
+  qtg_task *t = qtg_task_check(L);
   qtg_host *h = qtg_host_from_lua(L);
-  return h != NULL ? h->keys : NULL;
+  struct qtg_signer_client *c = h->signer;
+  if (c == NULL) return qtg_raise(L, "signer_unavailable", "the signer client is not open");
+  if (len == 0 || len > QTG_SIGNER_LINE_MAX || memchr(line, '\n', len))
+    return qtg_raise(L, "invalid", "signer request line must be 1-%d bytes without LF",
+                     QTG_SIGNER_LINE_MAX);
+  qtg_signer_call *call = calloc(1, sizeof *call);
+  char *copy = malloc(len + 1);
+  if (call == NULL || copy == NULL) {
+    free(call);
+    free(copy);
+    return luaL_error(L, "qtg.signer: out of memory");
+  }
+  memcpy(copy, line, len);
+  copy[len] = '\n';
+  call->line = copy;
+  call->line_len = len + 1;
+  call->task = t;
+  call->client = c;
+  if (uv_pipe_init(h->loop, &call->pipe, 0) != 0) {
+    free(copy);
+    free(call);
+    return luaL_error(L, "qtg.signer: cannot create a pipe");
+  }
+  call->pipe.data = call;
+  call->open_handles = 1;
+  if (uv_timer_init(h->loop, &call->timer) != 0) {
+    call->done = 1;
+    uv_close((uv_handle_t *)&call->pipe, qtg_signer_call_closed);
+    return luaL_error(L, "qtg.signer: cannot create a timer");
+  }
+  call->timer.data = call;
+  call->open_handles = 2;
+  call->next = c->calls;
+  if (call->next) call->next->prev = call;
+  c->calls = call;
+  call->connect.data = call;
+  uv_pipe_connect(&call->connect, &call->pipe, c->path, qtg_signer_on_connect);
+  uv_update_time(h->loop);
+  uv_timer_start(&call->timer, qtg_signer_on_timeout, c->timeout_ms, 0);
+  qtg_task_set_cancel(t, qtg_signer_call_cancel, call);
+  lua_settop(L, 0);
+  return qtg_task_yield(L);
 }
 
 /* nil, {kind="signer", code=, message=[, key=]} */
@@ -38,28 +248,6 @@ static int qtg_lua_signer_refuse(lua_State *L, qtg_signer_code code,
   return 2;
 }
 
-static int qtg_lua_signer_keys(lua_State *L) {
-  const qtg_keys *k = qtg_lua_keys(L);
-  size_t n = qtg_keys_signer_count(k);
-  lua_createtable(L, (int)n, 0);
-  for (size_t i = 0; i < n; i++) {
-    lua_pushstring(L, qtg_keys_signer_name(k, i));
-    lua_rawseti(L, -2, (int)i + 1);
-  }
-  return 1;
-}
-
-static int qtg_lua_signer_address(lua_State *L) {
-  const char *name = luaL_checkstring(L, 1);
-  uint8_t addr[QTG_ADDRESS_LEN];
-  char hex[QTG_ADDRESS_HEX_LEN + 1];
-  if (qtg_keys_signer_address(qtg_lua_keys(L), name, addr) != 0)
-    return qtg_lua_signer_refuse(L, QTG_SIGNER_NOT_FOUND, name, "no signer key of that name");
-  qtg_signer_address_hex(addr, hex);
-  lua_pushstring(L, hex);
-  return 1;
-}
-
 static int qtg_lua_signer_checksum_address(lua_State *L) {
   size_t len;
   const char *s = luaL_checklstring(L, 1, &len);
@@ -69,120 +257,6 @@ static int qtg_lua_signer_checksum_address(lua_State *L) {
     return qtg_raise(L, "invalid", "checksum_address: want 0x followed by 40 hex digits");
   qtg_signer_checksum_address(addr, out);
   lua_pushstring(L, out);
-  return 1;
-}
-
-/* A key is healthy when a signature it makes recovers to its address. */
-static int qtg_lua_signer_health(lua_State *L) {
-  const char *name = luaL_checkstring(L, 1);
-  const qtg_keys *k = qtg_lua_keys(L);
-  static const char probe[] = "qtg signer health probe";
-  uint8_t addr[QTG_ADDRESS_LEN], got[QTG_ADDRESS_LEN], hash[32];
-  char hex[QTG_ADDRESS_HEX_LEN + 1];
-  qtg_signature sig;
-  qtg_signer_code code;
-  const char *why = NULL;
-
-  lua_createtable(L, 0, 3);
-  if (qtg_keys_signer_address(k, name, addr) != 0) {
-    code = QTG_SIGNER_NOT_FOUND;
-    why = "no signer key of that name";
-  } else {
-    qtg_keccak256(probe, sizeof probe - 1, hash);
-    code = qtg_keys_sign_hash(k, name, hash, &sig);
-    if (code != QTG_SIGNER_OK) {
-      why = "signing the probe failed";
-    } else if (qtg_signer_recover(qtg_keys_context(k), hash, &sig, got) != 0 ||
-               memcmp(got, addr, sizeof addr) != 0) {
-      code = QTG_SIGNER_INTERNAL;
-      why = "the probe signature does not recover to the key's address";
-    }
-  }
-  lua_pushboolean(L, why == NULL);
-  lua_setfield(L, -2, "ok");
-  if (why == NULL) {
-    qtg_signer_address_hex(addr, hex);
-    lua_pushstring(L, hex);
-    lua_setfield(L, -2, "signer_address");
-  } else {
-    lua_pushstring(L, why);
-    lua_setfield(L, -2, "error");
-    lua_pushstring(L, qtg_signer_code_name(code));
-    lua_setfield(L, -2, "code");
-  }
-  return 1;
-}
-
-/* t[field] as a string (or NULL when it is not one). */
-static const char *qtg_lua_signer_field(lua_State *L, int t, const char *field,
-                                        size_t *len) {
-  const char *s;
-  lua_getfield(L, t, field);
-  s = lua_type(L, -1) == LUA_TSTRING ? lua_tolstring(L, -1, len) : NULL;
-  lua_pop(L, 1);   /* the table still references the string */
-  return s;
-}
-
-static void qtg_lua_push_hex_field(lua_State *L, const char *field,
-                                   const uint8_t *bytes, size_t len) {
-  char hex[2 + 2 * 32 + 1];
-  hex[0] = '0';
-  hex[1] = 'x';
-  qtg_hex_encode(bytes, len, hex + 2);
-  lua_pushstring(L, hex);
-  lua_setfield(L, -2, field);
-}
-
-static int qtg_lua_signer_sign(lua_State *L) {
-  const char *name = luaL_checkstring(L, 1);
-  const qtg_keys *k = qtg_lua_keys(L);
-  const char *payload_hash, *allowed, *payload;
-  size_t payload_hash_len = 0, allowed_len = 0, payload_len = 0;
-  uint8_t hash[32], addr[QTG_ADDRESS_LEN];
-  char msg[256], sighex[2 + 130 + 1], addrhex[QTG_ADDRESS_HEX_LEN + 1];
-  qtg_signature sig;
-  qtg_signer_code code;
-
-  if (qtg_keys_signer_address(k, name, addr) != 0)
-    return qtg_lua_signer_refuse(L, QTG_SIGNER_NOT_FOUND, name, "no signer key of that name");
-  if (!lua_istable(L, 2))
-    return qtg_lua_signer_refuse(L, QTG_SIGNER_BAD_REQUEST, name,
-                                 "sign_request must be a table");
-  payload_hash = qtg_lua_signer_field(L, 2, "payload_hash", &payload_hash_len);
-  payload = qtg_lua_signer_field(L, 2, "payload", &payload_len);
-  lua_getfield(L, 2, "signing_intent");
-  if (!lua_istable(L, -1))
-    return qtg_lua_signer_refuse(L, QTG_SIGNER_BAD_REQUEST, name,
-                                 "sign_request.signing_intent must be a table");
-  allowed = qtg_lua_signer_field(L, lua_gettop(L), "allowed_payload_hash", &allowed_len);
-  /* Keccak-256 and secp256k1 are the EVM's; refuse other chain families
-   * rather than sign something their chain would read differently. */
-  lua_getfield(L, -1, "chain_family");
-  if (!lua_isnil(L, -1) &&
-      (lua_type(L, -1) != LUA_TSTRING || strcmp(lua_tostring(L, -1), "evm") != 0))
-    return qtg_lua_signer_refuse(L, QTG_SIGNER_BAD_REQUEST, name,
-                                 "signing_intent.chain_family must be \"evm\"");
-  lua_pop(L, 2);
-
-  code = qtg_signer_check_request(payload_hash, payload_hash_len, allowed, allowed_len,
-                                  payload, payload_len, hash, msg, sizeof msg);
-  if (code != QTG_SIGNER_OK) return qtg_lua_signer_refuse(L, code, name, msg);
-  code = qtg_keys_sign_hash(k, name, hash, &sig);
-  if (code != QTG_SIGNER_OK)
-    return qtg_lua_signer_refuse(L, code, name, "signing failed");
-
-  lua_createtable(L, 0, 6);
-  qtg_signer_signature_hex(&sig, sighex);
-  lua_pushstring(L, sighex);
-  lua_setfield(L, -2, "signature");
-  qtg_lua_push_hex_field(L, "r", sig.r, 32);
-  qtg_lua_push_hex_field(L, "s", sig.s, 32);
-  qtg_lua_push_hex_field(L, "payload_hash", hash, 32);
-  lua_pushinteger(L, sig.recid);
-  lua_setfield(L, -2, "recid");
-  qtg_signer_address_hex(addr, addrhex);
-  lua_pushstring(L, addrhex);
-  lua_setfield(L, -2, "address");
   return 1;
 }
 
@@ -207,7 +281,7 @@ static int qtg_lua_signer_recover(lua_State *L) {
   memcpy(sig.s, raw + 32, 32);
   sig.recid = raw[64] >= 27 ? raw[64] - 27 : raw[64];
   if (sig.recid > 1 ||
-      qtg_signer_recover(qtg_keys_context(qtg_lua_keys(L)), hash, &sig, addr) != 0)
+      qtg_signer_recover(qtg_keys_context(NULL), hash, &sig, addr) != 0)
     return qtg_lua_signer_refuse(L, QTG_SIGNER_BAD_REQUEST, NULL,
                                  "signature does not recover to any key");
   qtg_signer_address_hex(addr, hex);
@@ -215,17 +289,77 @@ static int qtg_lua_signer_recover(lua_State *L) {
   return 1;
 }
 
+/* keys/address/health/sign over raw_call: parse the one-line answers. */
+static const char qtg_signer_prelude[] =
+  "local signer = ...\n"
+  "local raw = signer.raw_call\n"
+  "local function call(line)\n"
+  "  local answer, err = raw(line)\n"
+  "  if not answer then return nil, err end\n"
+  "  local ok = answer:match('^OK ?(.*)$')\n"
+  "  if ok then return ok end\n"
+  "  local code, reason = answer:match('^REFUSED ([A-Z0-9_]+) ?(.*)$')\n"
+  "  if code == 'SIGNER_DB_UNAVAILABLE' then\n"
+  "    return nil, setmetatable({ kind = 'signer_unavailable', code = code, message = reason }, signer.error_mt)\n"
+  "  end\n"
+  "  if code then return nil, setmetatable({ kind = 'signer', code = code, message = reason }, signer.error_mt) end\n"
+  "  return nil, setmetatable({ kind = 'signer_unavailable', message = 'the signer answered garbage' }, signer.error_mt)\n"
+  "end\n"
+  "local function bad(msg)\n"
+  "  return nil, setmetatable({ kind = 'signer', code = 'SIGNER_BAD_REQUEST', message = msg }, signer.error_mt)\n"
+  "end\n"
+  "local function key_ok(name) return type(name) == 'string' and #name <= 64 and name:match('^[A-Za-z0-9_.-]+$') ~= nil end\n"
+  "function signer.keys()\n"
+  "  local s, err = call('KEYS')\n"
+  "  local out = {}\n"
+  "  for w in (s or ''):gmatch('%S+') do out[#out + 1] = w end\n"
+  "  return out, err\n"
+  "end\n"
+  "function signer.address(name)\n"
+  "  if not key_ok(name) then return bad('key name must be 1-64 of [A-Za-z0-9_.-]') end\n"
+  "  return call('ADDRESS ' .. name)\n"
+  "end\n"
+  "function signer.health(name)\n"
+  "  local a, err = signer.address(name)\n"
+  "  if a then return { ok = true, signer_address = a } end\n"
+  "  return { ok = false, error = tostring(err.message), code = err.code or 'SIGNER_UNAVAILABLE' }\n"
+  "end\n"
+  "function signer.sign(name, req)\n"
+  "  if not key_ok(name) then return bad('key name must be 1-64 of [A-Za-z0-9_.-]') end\n"
+  "  if type(req) ~= 'table' then return bad('sign_request must be a table') end\n"
+  "  local rid, nid, attempt, payload = req.request_id, req.request_node_id, req.attempt_no, req.payload\n"
+  "  if type(rid) ~= 'string' or type(nid) ~= 'string' then return bad('sign_request needs request_id and request_node_id') end\n"
+  "  if type(attempt) ~= 'number' or attempt < 1 or attempt ~= math.floor(attempt) then\n"
+  "    return bad('sign_request.attempt_no must be an integer from 1')\n"
+  "  end\n"
+  "  if type(payload) ~= 'string' then return bad('sign_request.payload must be 0x hex') end\n"
+  "  local s, err = call(string.format('SIGN %s %s %d %s %s', rid:lower(), nid:lower(), attempt, name, payload))\n"
+  "  if not s then return nil, err end\n"
+  "  local sig, addr = s:match('^(0x%x+) (0x%x+)$')\n"
+  "  if not sig or #sig ~= 132 then\n"
+  "    return nil, setmetatable({ kind = 'signer_unavailable', message = 'the signer answered garbage' }, signer.error_mt)\n"
+  "  end\n"
+  "  return { signature = sig, r = '0x' .. sig:sub(3, 66), s = '0x' .. sig:sub(67, 130),\n"
+  "           recid = tonumber(sig:sub(131, 132), 16), address = addr, payload_hash = req.payload_hash }\n"
+  "end\n";
+
 int luaopen_qtg_signer(lua_State *L) {
   static const luaL_Reg fns[] = {
-      {"keys", qtg_lua_signer_keys},
-      {"address", qtg_lua_signer_address},
+      {"raw_call", qtg_lua_signer_raw_call},
+      {"socket_path", qtg_lua_signer_socket_path},
       {"checksum_address", qtg_lua_signer_checksum_address},
-      {"health", qtg_lua_signer_health},
-      {"sign", qtg_lua_signer_sign},
       {"recover", qtg_lua_signer_recover},
       {NULL, NULL},
   };
-  lua_createtable(L, 0, 6);
+  lua_createtable(L, 0, 8);
   luaL_register(L, NULL, fns);
+  /* error_mt: the metatable of qtg errors (their tostring) */
+  qtg_push_error(L, "signer", "probe");
+  if (lua_getmetatable(L, -1)) lua_setfield(L, -3, "error_mt");
+  lua_pop(L, 1);
+  if (luaL_loadbuffer(L, qtg_signer_prelude, sizeof qtg_signer_prelude - 1, "=qtg.signer") != 0)
+    return lua_error(L);
+  lua_pushvalue(L, -2);
+  lua_call(L, 1, 0);
   return 1;
 }

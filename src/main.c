@@ -18,6 +18,7 @@
 #include "qtg_log.h"
 #include "qtg_runtime.h"
 #include "qtg_console_client.h"
+#include "qtg_signerd.h"
 
 typedef struct {
   const char *name;
@@ -37,6 +38,7 @@ static const qtg_command qtg_commands[] = {
   {"audit", "verify|export [--since ID]",
    "check the hash-chained audit trail, or write it as JSON lines", 1, -1},
   {"tokens", "create|list|revoke ...", "API tokens: create --name N --roles read,operate,approve,admin", 1, -1},
+  {"signer", "", "run the signer: holds MG_SIGNER_KEYS, signs only what was approved", 1, 0},
   {"console", "[-e CODE] [--socket PATH]", "attach a Lua console to the running daemon", 0, -1},
   {"settings", "[--markdown]", "print every MG_* setting with its value and default", 0, 1},
   {"version", "", "print the version", 0, 0},
@@ -350,9 +352,16 @@ int main(int argc, char **argv) {
     return rc;
   }
   signal(SIGPIPE, SIG_IGN);
-  if (c->needs_db && qtg_resolve_database(&s, root) != 0) {
+  int own_db = strcmp(cmd, "signer") == 0 && qtg_settings_str(&s, QTG_S_SIGNER_DATABASE_URL)[0];
+  if (c->needs_db && !own_db && qtg_resolve_database(&s, root) != 0) {
     qtg_settings_free(&s);
     return 1;
+  }
+  if (strcmp(cmd, "signer") == 0) {
+    const char *url = qtg_settings_str(&s, QTG_S_SIGNER_DATABASE_URL);
+    int rc = qtg_signerd_main(&s, url[0] ? url : qtg_settings_str(&s, QTG_S_DATABASE_URL), root);
+    qtg_settings_free(&s);
+    return rc;
   }
   int rc = qtg_run_command(root, &s, cmd, argc - argi, argv + argi);
   qtg_settings_free(&s);

@@ -57,6 +57,7 @@ struct qtg_host {
   struct qtg_http *http;        /* libcurl multi on this loop */
   struct qtg_runtime *runtime;  /* workers and their supervisor */
   struct qtg_keys *keys;        /* secrets loaded by C; never reach Lua */
+  struct qtg_signer_client *signer; /* client of `qtgd signer` (lua_signer.c) */
   struct qtg_console *console;  /* console server, when enabled */
   struct qtg_api *api;          /* HTTP API server (src/qtg_api.c) */
   struct qtg_watchdog *watchdog; /* systemd watchdog pings (qtg_notify.c) */

@@ -347,7 +347,9 @@ int qtg_keys_open(qtg_host *h, char *err, size_t errlen) {
   cfg.callback_key_file = qtg_settings_str(h->settings, QTG_S_CALLBACK_KEY_FILE);
   cfg.callback_key = qtg_settings_str(h->settings, QTG_S_CALLBACK_KEY);
   cfg.callback_key_id = qtg_settings_str(h->settings, QTG_S_CALLBACK_KEY_ID);
-  cfg.signer_keys = qtg_settings_str(h->settings, QTG_S_SIGNER_KEYS);
+  /* MG_SIGNER_KEYS is `qtgd signer`'s (qtg_signerd.c): this process never
+   * loads a signer key, whatever its environment says. */
+  cfg.signer_keys = NULL;
   return qtg_keys_load(&cfg, &h->keys, err, errlen);
 }
 

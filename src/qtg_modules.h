@@ -15,6 +15,7 @@
 QTG_SUBSYSTEM(keys, qtg_keys_open, qtg_keys_close, QTG_CLOSE_AFTER_LUA)
 QTG_SUBSYSTEM(pg, qtg_pg_open, qtg_pg_close, QTG_CLOSE_AFTER_LUA)
 QTG_SUBSYSTEM(http, qtg_http_open, qtg_http_close, QTG_CLOSE_AFTER_LUA)
+QTG_SUBSYSTEM(signer, qtg_signer_client_open, qtg_signer_client_close, QTG_CLOSE_AFTER_LUA)
 QTG_SUBSYSTEM(runtime, qtg_runtime_open, qtg_runtime_close, QTG_CLOSE_BEFORE_LUA)
 QTG_SUBSYSTEM(console, qtg_console_open, qtg_console_close, QTG_CLOSE_BEFORE_LUA)
 QTG_SUBSYSTEM(api, qtg_api_open, qtg_api_close, QTG_CLOSE_BEFORE_LUA)

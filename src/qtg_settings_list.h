@@ -44,7 +44,13 @@ QTG_SETTING(TEMPLATE_PROPOSAL_EXPIRATION_INTERVAL_SECONDS, "MG_TEMPLATE_PROPOSAL
 QTG_SETTING(TEMPLATE_PROPOSAL_TTL_SECONDS, "MG_TEMPLATE_PROPOSAL_TTL_SECONDS", QTG_SET_INT, "86400", 1, 31536000, "review window of a template proposal")
 QTG_SETTING(EXECUTOR_HEALTH_INTERVAL_SECONDS, "MG_EXECUTOR_HEALTH_INTERVAL_SECONDS", QTG_SET_NUM, "60", 0.01, 86400, "executor_health interval")
 QTG_SETTING(AUDIT_OUTBOX_PROMOTER_INTERVAL_SECONDS, "MG_AUDIT_OUTBOX_PROMOTER_INTERVAL_SECONDS", QTG_SET_NUM, "1", 0.01, 86400, "audit_outbox_promoter interval")
-QTG_SETTING(SIGNER_KEYS, "MG_SIGNER_KEYS", QTG_SET_STR, "", 0, 0, "signer keys: name=/path/to/keyfile[,name=/path...] (files 0600, hex private key)")
+QTG_SETTING(SIGNER_KEYS, "MG_SIGNER_KEYS", QTG_SET_STR, "", 0, 0, "signer keys, read by qtgd signer only: name=/path/to/keyfile[,name=/path...] (files 0600, hex private key)")
+QTG_SETTING(SIGNER_SOCKET, "MG_SIGNER_SOCKET", QTG_SET_STR, "", 0, 0, "the signer's Unix socket (qtgd signer listens, qtgd run connects); unset: <run dir>/signer.sock")
+QTG_SETTING(SIGNER_ALLOWED_UID, "MG_SIGNER_ALLOWED_UID", QTG_SET_INT, "-1", -1, 4294967294, "uid qtgd signer answers (SO_PEERCRED); -1: its own uid")
+QTG_SETTING(SIGNER_DATABASE_URL, "MG_SIGNER_DATABASE_URL", QTG_SET_SECRET, "", 0, 0, "qtgd signer's PostgreSQL URL; unset: MG_DATABASE_URL")
+QTG_SETTING(SIGNER_DATABASE_USER, "MG_SIGNER_DATABASE_USER", QTG_SET_STR, "qtg_signer", 0, 0, "role qtgd signer connects as (overrides the URL's user); empty: the URL's")
+QTG_SETTING(SIM_NETWORK_CLASSES, "MG_SIM_NETWORK_CLASSES", QTG_SET_STR, "devnet,dev,test,testnet,demo,bench,chaos,pkgsmoke", 0, 0, "network classes where the sim executor may run (comma list; NAME* matches a prefix, * all); elsewhere its nodes fail with EXECUTOR_NOT_ALLOWED")
+QTG_SETTING(SIGNER_TIMEOUT_SECONDS, "MG_SIGNER_TIMEOUT_SECONDS", QTG_SET_NUM, "10", 0.1, 600, "how long qtgd run waits for the signer's answer")
 
 /* Workers: conditional */
 QTG_SETTING(EVM_NONCE_REAPER_ENABLED, "MG_EVM_NONCE_REAPER_ENABLED", QTG_SET_BOOL, "true", 0, 0, "evm_nonce_reaper (core group; skipped with a warning without EVM RPC endpoints)")

@@ -105,6 +105,7 @@ function M.sign_request(ctx, prepared)
     protocol_version = M.PROTOCOL_VERSION,
     request_id = ctx.request_id,
     request_node_id = ctx.request_node_id,
+    attempt_no = ctx.attempt_no,
     signing_intent = {
       action = prepared.action_type or ctx.action_type,
       asset = str(ctx.intent.asset, ""),

@@ -16,6 +16,7 @@
 #include "../../fuzz/fuzz_json.c"
 #include "../../fuzz/fuzz_console.c"
 #include "../../fuzz/fuzz_http.c"
+#include "../../fuzz/fuzz_signer.c"
 #include "qtg_test.h"
 
 static qtg_test_counts tc;
@@ -79,5 +80,6 @@ int main(void) {
   replay("json", qtg_fuzz_json);
   replay("console", qtg_fuzz_console);
   replay("http", qtg_fuzz_http);
+  replay("signer", qtg_fuzz_signer);
   return qtg_test_finish(&tc);
 }

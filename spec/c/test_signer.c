@@ -13,6 +13,7 @@
 #include "qtg_keys.h"
 #include "qtg_settings.h"
 #include "qtg_signer.h"
+#include "qtg_signer_proto.h"
 #include "qtg_test.h"
 #include "qtg_test_host.h"
 
@@ -285,18 +286,9 @@ static void test_key_files(void) {
 static const char lua_signer_spec[] =
     "local qtg = require 'qtg'\n"
     "local signer = qtg.signer\n"
-    "local keys = signer.keys()\n"
-    "assert(#keys == 2 and keys[1] == 'hot' and keys[2] == 'k46', 'keys()')\n"
-    "assert(signer.address('hot') == '0xf39fd6e51aad88f6f4ce6ab8827279cfffb92266')\n"
-    "local a, e = signer.address('nope')\n"
-    "assert(a == nil and e.kind == 'signer' and e.code == 'SIGNER_NOT_FOUND')\n"
-    "assert(signer.checksum_address(signer.address('hot')) == '0xf39Fd6e51aad88F6F4ce6aB8827279cffFb92266')\n"
+    "assert(signer.checksum_address('0xf39fd6e51aad88f6f4ce6ab8827279cfffb92266') == '0xf39Fd6e51aad88F6F4ce6aB8827279cffFb92266')\n"
     "local ok, err = pcall(signer.checksum_address, '0x1234')\n"
     "assert(not ok and err.kind == 'invalid')\n"
-    "local h = signer.health('k46')\n"
-    "assert(h.ok == true and h.signer_address == '0x9d8a62f656a8d1615c1294fd71e9cfb3e4855a4f')\n"
-    "h = signer.health('nope')\n"
-    "assert(h.ok == false and h.error and h.code == 'SIGNER_NOT_FOUND')\n"
     "local payload = '" EIP155_PAYLOAD "'\n"
     "local hash = '" EIP155_HASH "'\n"
     "local function request(over)\n"
@@ -306,34 +298,21 @@ static const char lua_signer_spec[] =
     "  for k, v in pairs(over or {}) do r[k] = v end\n"
     "  return r\n"
     "end\n"
-    "local sig = assert(signer.sign('k46', request()))\n"
-    "assert(sig.r == '0x" EIP155_R "', sig.r)\n"
-    "assert(sig.s == '0x" EIP155_S "', sig.s)\n"
-    "assert(sig.recid == 0 and sig.signature == '0x" EIP155_R EIP155_S "00')\n"
-    "assert(sig.address == '0x9d8a62f656a8d1615c1294fd71e9cfb3e4855a4f' and sig.payload_hash == hash)\n"
-    "assert(signer.recover(hash, sig.signature) == sig.address, 'recovers to the signer')\n"
-    "assert(signer.recover(hash, sig.signature:sub(1, 130) .. '1b') == sig.address, 'v = 27')\n"
-    "local hot = assert(signer.sign('hot', request()))\n"
-    "assert(signer.recover(hash, hot.signature) == signer.address('hot'))\n"
-    "local function refused(code, name, req)\n"
-    "  local r, e = signer.sign(name, req)\n"
-    "  assert(r == nil and e.kind == 'signer' and e.code == code,\n"
-    "         code .. ' expected, got ' .. tostring(e and e.code))\n"
-    "end\n"
-    "local other = '0x' .. string.rep('11', 32)\n"
-    "refused('SIGNER_NOT_FOUND', 'nope', request())\n"
-    "refused('SIGNER_PAYLOAD_HASH_MISMATCH', 'k46', request{signing_intent = {allowed_payload_hash = other}})\n"
-    "refused('SIGNER_PAYLOAD_HASH_MISMATCH', 'k46', request{payload = payload .. '00'})\n"
-    "refused('SIGNER_PAYLOAD_HASH_MISMATCH', 'k46', request{payload_hash = other,\n"
-    "         signing_intent = {allowed_payload_hash = other}})\n"
-    "refused('SIGNER_BAD_REQUEST', 'k46', 'not a table')\n"
-    "refused('SIGNER_BAD_REQUEST', 'k46', request{signing_intent = false})\n"
-    "refused('SIGNER_BAD_REQUEST', 'k46', request{payload_hash = 42})\n"
-    "refused('SIGNER_BAD_REQUEST', 'k46', request{payload = payload:sub(3)})\n"
-    "refused('SIGNER_BAD_REQUEST', 'k46', request{payload = payload .. '0'})\n"
-    "refused('SIGNER_BAD_REQUEST', 'k46', request{signing_intent = {allowed_payload_hash = hash,\n"
-    "         chain_family = 'solana'}})\n"
-    "assert(not pcall(signer.sign, nil, request()))\n"
+    "-- the host holds no key: every key operation goes to qtgd signer, which\n"
+    "-- is not running here: unavailable (retryable), never a refusal\n"
+    "local sig, e = signer.sign('k46', request{attempt_no = 1,\n"
+    "  request_id = '00000000-0000-0000-0000-000000000001', request_node_id = '00000000-0000-0000-0000-000000000002'})\n"
+    "assert(sig == nil and e.kind == 'signer_unavailable', tostring(e and e.kind))\n"
+    "local a, e1 = signer.address('k46')\n"
+    "assert(a == nil and e1.kind == 'signer_unavailable')\n"
+    "assert(#signer.keys() == 0)\n"
+    "local hh = signer.health('k46')\n"
+    "assert(hh.ok == false and hh.code == 'SIGNER_UNAVAILABLE')\n"
+    "local r0, e0 = signer.sign('k46', request{attempt_no = 0})\n"
+    "assert(r0 == nil and e0.code == 'SIGNER_BAD_REQUEST')\n"
+    "local r1, e3 = signer.sign('bad name', request())\n"
+    "assert(r1 == nil and e3.code == 'SIGNER_BAD_REQUEST')\n"
+    "assert(signer.socket_path():match('signer.sock$'))\n"
     "local r2, e2 = signer.recover(hash, '0x1234')\n"
     "assert(r2 == nil and e2.code == 'SIGNER_BAD_REQUEST')\n"
     "-- no key bytes anywhere in the Lua state\n"
@@ -395,12 +374,66 @@ static void test_lua(void) {
   qtg_host_close(&h);
   qtg_settings_free(&s);
 
-  /* A loose signer key file stops the host at start-up. */
+  /* The host never opens MG_SIGNER_KEYS (qtgd signer does): a loose key
+   * file does not concern it. */
   write_file(key_path("lua-k46.key"), KEY46, 0604);
   memset(&s, 0, sizeof s);
   CHECK(&tc, qtg_settings_load(&s, qtg_test_env_lookup, env, err, sizeof err) == 0);
-  CHECK(&tc, qtg_host_init(&h, &s, root ? root : QTG_SOURCE_DIR) == -1);
+  CHECK(&tc, qtg_host_init(&h, &s, root ? root : QTG_SOURCE_DIR) == 0);
+  qtg_host_close(&h);
   qtg_settings_free(&s);
+}
+
+/* The signer's request line and payload decoding (qtg_signer_proto.c). */
+#define U1 "00000000-0000-4000-8000-000000000001"
+#define U2 "00000000-0000-4000-8000-000000000002"
+#define TX "02f2827a6980843b9aca00852e90edd00082520894000000000000000000000000000000000000aaaa880de0b6b3a764000080c0"
+
+static int parse(const char *line, qtg_signer_line *l) {
+  char err[160];
+  return qtg_signer_line_parse(line, strlen(line), l, err, sizeof err);
+}
+
+static void test_proto(void) {
+  qtg_signer_line l;
+  qtg_eip1559_tx tx;
+  qtg_u256 v, w;
+  char err[160], dec[80];
+  CHECK(&tc, parse("SIGN " U1 " " U2 " 7 evm_hot 0x" TX, &l) == 0);
+  CHECK(&tc, l.verb == QTG_SIGNER_VERB_SIGN && l.attempt == 7 && strcmp(l.key, "evm_hot") == 0);
+  CHECK(&tc, strcmp(l.request_id, U1) == 0 && strcmp(l.node_id, U2) == 0 && l.payload_len == 52);
+  CHECK(&tc, qtg_eip1559_decode(l.payload, l.payload_len, &tx, err, sizeof err) == 0);
+  qtg_u256_decimal(&tx.value, dec, sizeof dec);
+  CHECK_STR(&tc, dec, "1000000000000000000");
+  qtg_u256_decimal(&tx.chain_id, dec, sizeof dec);
+  CHECK_STR(&tc, dec, "31337");
+  CHECK(&tc, tx.has_to && tx.to[18] == 0xaa && tx.data_len == 0);
+  /* a non-canonical integer (leading zero byte) and trailing bytes: refused */
+  l.payload[3] = 0x00;
+  CHECK(&tc, qtg_eip1559_decode(l.payload, l.payload_len, &tx, err, sizeof err) == -1);
+  qtg_signer_line_free(&l);
+  static const char *const bad[] = {
+      "", "KEYS ", "KEYS x", "ADDRESS", "ADDRESS a b", "ADDRESS bad/name", "sign " U1 " " U2 " 1 k 0x00",
+      "SIGN " U1 " " U2 " 0 k 0x00", "SIGN " U1 " " U2 " 01 k 0x00", "SIGN " U1 " " U2 " 1 k 0x0",
+      "SIGN " U1 " " U2 " 1 k 00", "SIGN " U1 " " U2 " 1 k 0x", "SIGN " U1 " " U2 " 99999999999 k 0x00",
+      "SIGN " U1 "  " U2 " 1 k 0x00", "SIGN 00000000-0000-4000-8000-00000000000A " U2 " 1 k 0x00",
+      "SIGN " U1 " " U2 " 1 k 0x00 extra", "SIGN " U1 " " U2 " 1 k 0x00\r", NULL};
+  for (int i = 0; bad[i]; i++) {
+    CHECK(&tc, parse(bad[i], &l) == -1);
+  }
+  CHECK(&tc, parse("KEYS", &l) == 0 && l.verb == QTG_SIGNER_VERB_KEYS);
+  CHECK(&tc, parse("ADDRESS evm.hot-1", &l) == 0 && l.verb == QTG_SIGNER_VERB_ADDRESS);
+  /* exact decimal amounts */
+  CHECK(&tc, qtg_amount_to_units("0.25", 4, 18, &v) == 0);
+  qtg_u256_decimal(&v, dec, sizeof dec);
+  CHECK_STR(&tc, dec, "250000000000000000");
+  CHECK(&tc, qtg_amount_to_units("1.000000000000000001", 20, 18, &w) == 0);
+  qtg_u256_decimal(&w, dec, sizeof dec);
+  CHECK_STR(&tc, dec, "1000000000000000001");
+  CHECK(&tc, qtg_u256_cmp(&v, &w) < 0);
+  static const char *const bad_amounts[] = {"1.0000000000000000001", "-1", "1e18", ".5", "5.", "1..2", " 1", "0x10", NULL};
+  for (int i = 0; bad_amounts[i]; i++)
+    CHECK(&tc, qtg_amount_to_units(bad_amounts[i], strlen(bad_amounts[i]), 18, &v) == -1);
 }
 
 int main(void) {
@@ -415,6 +448,7 @@ int main(void) {
   test_sign_request_checks();
   test_key_files();
   test_lua();
+  test_proto();
   qtg_signer_context_free(ctx);
   {
     char cmd[300];

@@ -107,12 +107,30 @@ describe("engine pipeline", function()
       assert.equal("FAILED", sup.request(s, req.id).request_state)
     end)
 
-    it("a signer that refuses fails the node with SIGNING_FAILED before anything is sent", function()
+    it("a signer that cannot be asked leaves the node READY; one that refuses fails it with SIGNING_REFUSED", function()
       local req = sup.create_approved(s, one("spec_pl_nosigner", { signer_key = "no_such_signer" }))
-      sup.tick("node_dispatcher")
+      -- no signer listens: the tick raises, its transaction is rolled back
+      local ok, err = pcall(sup.tick, "node_dispatcher")
       local a = sup.nodes(s, req.id).a
+      assert.equal("READY", a.node_state, tostring(err))
+      assert.equal(0, a.attempt_no)
+      assert.falsy(ok and a.node_state ~= "READY")
+      -- a signer (`qtgd signer` on this process's socket) refuses a key it
+      -- does not hold, and a sim payload is no EIP-1559 transfer anyway
+      local evm = require "spec.lua.evm_support"
+      local dir = evm.host.tmpdir()
+      local keys = "ops=" .. evm.key_file(dir, "ops", evm.DEV[1].key)
+      local signer = evm.start_signer(evm.run_env("unused", { MG_SIGNER_KEYS = keys,
+        MG_SIGNER_SOCKET = qtg.signer.socket_path() }))
+      finally(function()
+        evm.host.stop(signer, 30)
+        os.execute("rm -rf " .. evm.host.sh_quote(dir))
+      end)
+      sup.tick("node_dispatcher")
+      a = sup.nodes(s, req.id).a
       assert.equal("FAILED", a.node_state)
-      assert.equal("SIGNING_FAILED", a.error_code)
+      assert.equal("SIGNING_REFUSED", a.error_code)
+      assert.truthy(a.error_detail:match("^SIGNER_NOT_FOUND: "), a.error_detail)
       assert.equal(0, #ledger(a.id))
     end)
 

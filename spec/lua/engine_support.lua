@@ -57,6 +57,16 @@ function M.create(s, template_key, opts)
   }, M.ACTOR)
 end
 
+-- move_class(s, id, class): the request as if made and approved by a
+-- deployment of `class`, its approval digest and votes recomputed.
+function M.move_class(s, id, class)
+  s:query("UPDATE movement_requests SET network_class = $2 WHERE id = $1::uuid", id, class)
+  s:query([[UPDATE movement_requests r SET approval_digest = qtg_approval_digest(r)
+             WHERE id = $1::uuid AND approval_digest IS NOT NULL]], id)
+  s:query([[UPDATE request_approvals a SET approval_digest = r.approval_digest
+              FROM movement_requests r WHERE r.id = a.request_id AND a.request_id = $1::uuid]], id)
+end
+
 function M.create_approved(s, template_key, opts)
   local own = {}
   for k, v in pairs(opts or {}) do own[k] = v end
@@ -64,8 +74,9 @@ function M.create_approved(s, template_key, opts)
   local req = M.create(s, template_key, own)
   req = requests.approve(s, req.id, M.ACTOR)
   if opts and opts.network_class then
-    -- as if another deployment had made it
-    s:query("UPDATE movement_requests SET network_class = $2 WHERE id = $1::uuid", req.id, opts.network_class)
+    -- as if another deployment had made and approved it: the approval
+    -- digest covers the network class (the signer recomputes it)
+    M.move_class(s, req.id, opts.network_class)
     req.network_class = opts.network_class
   end
   return req

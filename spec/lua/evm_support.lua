@@ -192,10 +192,36 @@ function M.run_env(class, extra)
   return env
 end
 
+-- start_run(env) -> the `qtgd run` handle.  When env names signer keys
+-- (MG_SIGNER_KEYS), a `qtgd signer` holding them is started first on its
+-- own socket (h.signer is its handle) and the daemon gets no MG_SIGNER_KEYS.
 function M.start_run(env)
   local dir = tmpdir()
   env.MG_RUN_DIR = env.MG_RUN_DIR or (dir .. "/run")
-  return host.start(env, { "run" })
+  local signer
+  if env.MG_SIGNER_KEYS and env.MG_SIGNER_KEYS ~= "" then
+    env.MG_SIGNER_SOCKET = env.MG_SIGNER_SOCKET or (dir .. "/signer/signer.sock")
+    signer = M.start_signer(env)
+    env.MG_SIGNER_KEYS = nil
+  end
+  local h = host.start(env, { "run" })
+  h.signer = signer
+  return h
+end
+
+-- start_signer(env) -> the handle of a `qtgd signer` with env's keys and
+-- socket (MG_SIGNER_SOCKET), once it listens.
+function M.start_signer(env)
+  local senv = {}
+  for k, v in pairs(env) do senv[k] = v end
+  local h = host.start(senv, { "signer" })
+  M.wait_for(function()
+    local rc = host.read(h.rcfile)
+    if rc and rc:match("%d") then error("qtgd signer exited; log " .. h.log .. ": " .. (host.read(h.log) or ""), 0) end
+    return (host.read(h.log) or ""):find('"signer: listening"', 1, true)
+  end, 30, "the signer listening")
+  h.socket = env.MG_SIGNER_SOCKET
+  return h
 end
 
 function M.log_count(h, needle)

@@ -30,6 +30,7 @@ local CHAIN = 31411        -- this spec's chain: its reservations are its own
 local AMOUNT, AMOUNT_WEI = "0.25", "250000000000000000"
 local ACTOR = "console:spec"
 
+local engine = require "spec.lua.engine_support"
 local sup, s, dir, anvil, keys_env
 local DEV
 
@@ -187,7 +188,7 @@ describe("evm_transfer on a real anvil chain", function()
       template_key = "evm_t_main", chain_id = CHAIN, amount = AMOUNT,
       destination = qtg.signer.checksum_address(dest) })
     assert.equal("APPROVED", req.request_state)
-    s:query("UPDATE movement_requests SET network_class = $2 WHERE id = $1::uuid", req.id, class)
+    engine.move_class(s, req.id, class)
     sup.wait_states(s, { req.id }, { COMPLETED = true, FAILED = true, MANUAL_INTERVENTION = true }, 60, { h })
     assert.equal("COMPLETED", sup.request(s, req.id).request_state, sup.detail(s, req.id))
 
@@ -577,7 +578,7 @@ describe("evm_transfer on a real anvil chain", function()
     s:query("UPDATE movement_requests SET network_class = $2 WHERE id = $1::uuid",
       ids.unfunded, qtg.settings.network_class)
     local rok, rerr = pcall(require("qtg.requests").retry, s, poor.id, ACTOR)
-    s:query("UPDATE movement_requests SET network_class = $2 WHERE id = $1::uuid", ids.unfunded, class)
+    engine.move_class(s, ids.unfunded, class)
     assert(rok, tostring(rerr))
     sup.wait_states(s, { ids.unfunded }, { COMPLETED = true, FAILED = true, MANUAL_INTERVENTION = true }, 60, { h })
     assert.equal("COMPLETED", sup.request(s, ids.unfunded).request_state, sup.detail(s, ids.unfunded))

@@ -6,8 +6,9 @@
 -- have -- a callback key file, a signer key file, a password in
 -- MG_DATABASE_URL -- and makes it use them all: signed callbacks delivered
 -- to a real receiver (tools/fake-receiver, which verifies the signatures),
--- a receiver that fails (error text in the logs), sim nodes signed by the
--- signer key and one naming a key that does not exist (SIGNING_FAILED), and
+-- a receiver that fails (error text in the logs), a `qtgd signer` holding
+-- the signer key (the daemon never loads it) asked for a key it does not
+-- hold (SIGNING_REFUSED) and for its health from the console, and
 -- an operator console session that asks for the settings and raises.  Then
 -- it starts qtgd with broken key files (mode 0644, garbage content) and
 -- reads their errors.  Every line of everything qtgd wrote is scanned for
@@ -93,7 +94,7 @@ describe("security", function()
     template_key = "sec_" .. qtg.crypto.hex(qtg.crypto.random_bytes(4))
     local s = qtg.db.acquire()
     sup.load_doc(s, sup.doc(template_key, {
-      { "withdraw", "action", "withdrawal", { sim = { observes = 0, side_effect = true, signer_key = "ops" } } },
+      { "withdraw", "action", "withdrawal", { sim = { observes = 0, side_effect = true } } },
       { "status", "observe", "cex_withdrawal_status",
         { withdrawal_id = "$ref:withdraw.withdrawal_id", sim = { observes = 1, retry_after_seconds = 0.2 } } },
     }, { { "withdraw", "status" } }))
@@ -113,7 +114,15 @@ describe("security", function()
     local url = os.getenv("MG_DATABASE_URL")
     local with_password = url:gsub("^postgresql://([^@/]*)@", "postgresql://%1:" .. db_password .. "@", 1)
     assert(with_password ~= url, "cannot put a password in " .. url)
+    local signer_env = support.base_env{
+      MG_DATABASE_URL = with_password, MG_LOG_LEVEL = "debug",
+      MG_SIGNER_KEYS = "ops=" .. dir .. "/ops.key", MG_SIGNER_SOCKET = dir .. "/signer/signer.sock" }
+    local signer = support.start(signer_env, { "signer" })
+    support.eventually(function()
+      return (support.read(signer.log) or ""):find('"signer: listening"', 1, true)
+    end, 30, 0.1)
     daemon = support.start(support.base_env{
+      MG_SIGNER_SOCKET = dir .. "/signer/signer.sock",
       MG_DATABASE_URL = with_password, MG_NETWORK_CLASS = class, MG_LOG_LEVEL = "debug",
       MG_CALLBACK_KEY_FILE = dir .. "/callback.key", MG_CALLBACK_KEY_ID = "k1",
       MG_SIGNER_KEYS = "ops=" .. dir .. "/ops.key",
@@ -157,6 +166,8 @@ describe("security", function()
 
     assert.equals(0, support.stop(daemon, 30))
     logs.daemon = support.read(daemon.log)
+    assert.equals(0, support.stop(signer, 30))
+    logs.signer = support.read(signer.log)
 
     -- `qtgd settings` with every secret set
     local _, settings_out = support.run({ MG_DATABASE_URL = with_password, MG_CALLBACK_KEY = callback_key,
@@ -178,7 +189,7 @@ describe("security", function()
       env.MG_DATABASE_URL = with_password
       env.MG_NETWORK_CLASS = class
       env.MG_CONSOLE_ENABLED = "false"
-      local rc, out = support.run(env, { q(support.bin), "run" })
+      local rc, out = support.run(env, { q(support.bin), env.MG_SIGNER_KEYS and "signer" or "run" })
       refusals[#refusals + 1] = string.format("[rc %s] %s", tostring(rc), out)
     end
     logs.refusals = table.concat(refusals, "\n")
@@ -201,7 +212,7 @@ describe("security", function()
     local seen = {}
     for _, r in ipairs(rows) do seen[r.node_state .. ":" .. tostring(r.error_code)] = r.n end
     assert.equals(8, seen["COMPLETED:-"], cjson.encode(rows))
-    assert.equals(1, seen["FAILED:SIGNING_FAILED"], cjson.encode(rows))
+    assert.equals(1, seen["FAILED:SIGNING_REFUSED"], cjson.encode(rows))
     -- the healthy receiver verified every signature it got
     local verified, refused = 0, 0
     for line in (support.read(dir .. "/rx-ok.jsonl") or ""):gmatch("[^\n]+") do

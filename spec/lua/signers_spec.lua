@@ -2,7 +2,8 @@
 -- expected identity set from the console, the observed identity written only
 -- by executor_health from the signers' health(), and the posture derived
 -- when the roster is read (match, mismatch, unobserved, unenrolled, orphan).
--- Real signer keys are loaded by child qtgd processes (MG_SIGNER_KEYS); the
+-- Real signer keys are held by `qtgd signer` processes beside child qtgd
+-- processes, which ask them over the signer socket; the
 -- answers a real signer cannot give (a zero address, a raise) are injected
 -- in this process by swapping qtg.signer for the length of one tick.
 local qtg = require "qtg"
@@ -84,10 +85,21 @@ describe("signer roster", function()
     return table.concat(parts, ",")
   end
 
+  -- one executor_health pass of a child qtgd whose signer (a `qtgd signer`
+  -- beside it) holds the keys `names` (none: no signer runs at all)
   local function health_pass(name, class, names)
-    return sup.wait_child(sup.start_child(dir, name,
-      { MG_NETWORK_CLASS = class, MG_SIGNER_KEYS = signer_keys(names) },
+    local evm = require "spec.lua.evm_support"
+    local socket = dir .. "/" .. name .. "-signer/signer.sock"
+    local signer
+    if #names > 0 then
+      signer = evm.start_signer(evm.run_env(class, { MG_SIGNER_KEYS = signer_keys(names),
+                                                      MG_SIGNER_SOCKET = socket }))
+    end
+    local rc = sup.wait_child(sup.start_child(dir, name,
+      { MG_NETWORK_CLASS = class, MG_SIGNER_SOCKET = socket },
       { "executor_health", "30", "once" }), 120)
+    if signer then evm.host.stop(signer, 30) end
+    return rc
   end
 
   local function roster(class) return by_key(signers.roster(s, class)) end

@@ -382,6 +382,24 @@ function M.check_templates(report, s, opts)
       add(report, "warn", "templates", ("the file differs from the loaded version: %s; run `qtgd templates load %s`")
         :format(table.concat(stale, ", "), dir))
     end
+    -- a loaded template whose nodes run on an executor not allowed on this
+    -- class (sim on a real network) would fail there: say so now
+    local executors = require("qtg.executors")
+    local class = qtg.settings.network_class
+    for _, r in ipairs(s:query([[
+        SELECT t.template_key, string_agg(DISTINCT pn.executor, ',') AS executors
+          FROM movement_templates t
+          JOIN LATERAL (SELECT id FROM plan_versions WHERE template_id = t.id
+                         ORDER BY version DESC LIMIT 1) pv ON true
+          JOIN plan_nodes pn ON pn.plan_version_id = pv.id
+         GROUP BY t.template_key ORDER BY t.template_key]])) do
+      for name in r.executors:gmatch("[^,]+") do
+        local allowed, why = executors.allowed(name, class)
+        if not allowed then
+          add(report, "FAIL", "templates", ("template %s would run on %s: %s"):format(r.template_key, name, why))
+        end
+      end
+    end
   end
   return true
 end

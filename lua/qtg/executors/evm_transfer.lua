@@ -182,10 +182,12 @@ function M.plan(ctx)
     return nil, "EVM_BAD_DESTINATION", "the zero address burns funds: refused"
   end
   local key = cfg.signer_key
-  local from = type(key) == "string" and qtg.signer.address(key) or nil
+  local from, serr
+  if type(key) == "string" then from, serr = qtg.signer.address(key) end
+  if not from and type(serr) == "table" and serr.kind == "signer_unavailable" then error(serr, 0) end
   if not from then
     return nil, "EVM_SIGNER_NOT_LOADED", string.format(
-      "signer key %s is not loaded (MG_SIGNER_KEYS)", tostring(key))
+      "signer key %s is not held by the signer (qtgd signer, MG_SIGNER_KEYS)", tostring(key))
   end
   return { chain_id = chain_id, to = to, value_wei = wei, signer_key = key, from = from, controls = c }
 end

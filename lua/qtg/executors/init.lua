@@ -77,6 +77,25 @@ function M.known_executor(name)
 end
 
 -- get(name) -> adapter table, or nil + message.
+-- executor name -> the setting listing the network classes it may run on
+-- (stand-in executors must never "complete" a movement on a real network).
+M.RESTRICTED = { sim = "sim_network_classes" }
+
+-- allowed(name, class) -> true, or nil + reason.  The setting is a comma
+-- list of class names; NAME* matches a prefix, * every class.
+function M.allowed(name, class)
+  local setting = M.RESTRICTED[name]
+  if not setting then return true end
+  local list = require("qtg").settings[setting] or ""
+  for item in list:gmatch("[^,%s]+") do
+    if item == "*" or item == class then return true end
+    local prefix = item:match("^(.*)%*$")
+    if prefix and class:sub(1, #prefix) == prefix then return true end
+  end
+  return nil, string.format("executor %s does not run on network class %s (MG_%s=%s)", name,
+    tostring(class), setting:upper(), list)
+end
+
 function M.get(name)
   local modname = M.ADAPTERS[name]
   if not modname then return nil, "no executor named " .. tostring(name) end
@@ -176,6 +195,9 @@ function M.call(adapter, fname, ...)
   end
   local ok, answer = pcall(f, ...)
   if not ok then
+    -- the signer could not be asked: not the executor's failure, and not
+    -- final; the dispatcher rolls the attempt back (node stays READY)
+    if type(answer) == "table" and answer.kind == "signer_unavailable" then error(answer, 0) end
     return nil, M.ERROR, string.format("%s raised: %s", fname, error_text(answer))
   end
   local checked, why = M.check(fname, answer)

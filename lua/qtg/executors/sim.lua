@@ -127,9 +127,9 @@ function M.prepare(ctx)
                                  request_node_id = ctx.request_node_id, attempt_no = ctx.attempt_no })
   local out = { payload_format = "json", payload = payload, action_type = ctx.action_type }
   if c.signer_key then
-    -- a signable payload: 0x-hex bytes whose keccak256 (0x-hex) the signer
-    -- checks (qtg.signer.sign refuses them without the 0x: every signed sim
-    -- node failed with SIGNING_FAILED, found by spec/lua/security_spec.lua)
+    -- a signable-looking payload: 0x-hex bytes and their keccak256.  The
+    -- signer process signs only approved EIP-1559 transfers, so it refuses
+    -- this (SIGNING_REFUSED): a sim node never gets anything signed
     out.payload_format = "hex"
     out.payload = "0x" .. qtg().crypto.hex(payload)
     out.payload_hash = "0x" .. qtg().crypto.keccak256_hex(payload)

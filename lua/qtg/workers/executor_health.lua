@@ -116,7 +116,17 @@ function M.tick(s)
   for _, name in ipairs(sorted_keys(executors.ADAPTERS)) do
     jobs[#jobs + 1] = { kind = "executor", name = name, fn = check_executor }
   end
-  local keys = qtg.signer.keys()
+  local keys, kerr = qtg.signer.keys()
+  if kerr then
+    -- the signer cannot be asked: its keys are the ones last seen, each
+    -- checked (and found down) rather than forgotten as orphans
+    qtg.log.warn("signer cannot be asked", { worker = "executor_health", error = tostring(kerr.message) })
+    keys = {}
+    for _, r in ipairs(s:query([[SELECT signer_key FROM signer_roster
+                                  WHERE network_class = $1 AND runtime_present]], qtg.settings.network_class)) do
+      keys[#keys + 1] = r.signer_key
+    end
+  end
   table.sort(keys)
   for _, name in ipairs(keys) do
     jobs[#jobs + 1] = { kind = "signer", name = name, fn = check_signer }

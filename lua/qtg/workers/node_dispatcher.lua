@@ -11,9 +11,11 @@
 -- Outcomes (docs/data-model.md has the table):
 --   bad $ref                      FAILED   CONFIG_REF_UNRESOLVED
 --   no such executor              FAILED   EXECUTOR_NOT_REGISTERED
+--   executor not for this class   FAILED   EXECUTOR_NOT_ALLOWED (sim off dev classes)
 --   preflight/prepare raise, garbage  FAILED EXECUTOR_ERROR / EXECUTOR_BAD_RESPONSE
 --   preflight refuses             FAILED   PREFLIGHT_REJECTED
---   signer refuses                FAILED   SIGNING_FAILED
+--   signer refuses                FAILED   SIGNING_REFUSED ("CODE: reason")
+--   signer cannot be asked        the tick raises: rolled back, node stays READY
 --   submit answers                SUBMITTED / SUBMITTING / COMPLETED / FAILED / UNKNOWN
 --   submit raises or garbage      UNKNOWN  EXECUTOR_ERROR / EXECUTOR_BAD_RESPONSE
 --     (it may have reached the provider: never guessed, recovery decides)
@@ -143,6 +145,8 @@ local function pipeline(s, g, node, progress)
   end
   local adapter, why = executors.get(node.executor)
   if not adapter then return fail(executors.NOT_REGISTERED, why) end
+  local allowed, not_here = executors.allowed(node.executor, g.request.network_class)
+  if not allowed then return fail("EXECUTOR_NOT_ALLOWED", not_here) end
   local pre, code, detail = executors.call(adapter, "preflight", ctx)
   if not pre then return fail(code, detail) end
   if not pre.ok then
@@ -157,7 +161,12 @@ local function pipeline(s, g, node, progress)
     local sreq = context.sign_request(ctx, prepared)
     local sig, err = qtg.signer.sign(prepared.signer_key, sreq)
     if not sig then
-      return fail("SIGNING_FAILED", type(err) == "table" and tostring(err.message) or tostring(err))
+      if type(err) == "table" and err.kind == "signer_unavailable" then error(err, 0) end
+      local code = type(err) == "table" and tostring(err.code) or "SIGNER_ERROR"
+      local why = type(err) == "table" and tostring(err.message) or tostring(err)
+      qtg.log.warn("signing refused", { worker = "node_dispatcher", request_id = g.request.id,
+        node_id = node.id, node_key = node.node_key, attempt_no = attempt_no, code = code, reason = why })
+      return fail("SIGNING_REFUSED", code .. ": " .. why)
     end
     signature = sig
   end
@@ -196,7 +205,9 @@ function M.dispatch(s, node_id, request_id, claimed)
   if not ok then
     -- An engine error (not the executor's): record it rather than loop on
     -- the node.  Past submit the provider may have acted: UNKNOWN.
-    if type(outcome) == "table" and outcome.kind == "connection" then error(outcome, 0) end
+    if type(outcome) == "table" and (outcome.kind == "connection" or outcome.kind == "signer_unavailable") then
+      error(outcome, 0)
+    end
     s:rollback_to("dispatch_pipeline")
     local detail = type(outcome) == "table" and tostring(outcome.message) or tostring(outcome)
     qtg.log.error("dispatch failed", { worker = "node_dispatcher", node_id = node.id, error = detail })

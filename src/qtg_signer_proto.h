@@ -1,0 +1,76 @@
+/* qtg_signer_proto.h -- the signer's wire protocol and the pure checks the
+ * signer process (qtg_signerd.c) applies to what it is asked to sign.
+ *
+ * Why a line protocol with fixed tokens: the signer is the last gate before
+ * money moves, so its parser is small, strict and fuzzed (fuzz/fuzz_signer.c).
+ * One request per connection, one line each way (LF-terminated, single
+ * spaces, nothing optional):
+ *
+ *   SIGN <request uuid> <node uuid> <attempt> <key name> 0x<payload hex>
+ *   ADDRESS <key name>
+ *   KEYS
+ *
+ * answered by
+ *
+ *   OK <words...>                 SIGN: 0x<r s v hex> 0x<address>
+ *                                 ADDRESS: 0x<address>; KEYS: the names
+ *   REFUSED <CODE> <reason text>
+ *
+ * uuids are lowercase 8-4-4-4-12 hex, attempt a decimal 1..2147483647
+ * without leading zeros, key names [A-Za-z0-9_.-]{1,64}, the payload 0x +
+ * lowercase or uppercase hex of 1..QTG_SIGNER_PAYLOAD_MAX bytes.  Anything
+ * else is refused as SIGNER_BAD_REQUEST before any database or key is
+ * touched.
+ *
+ * The payload is an unsigned EIP-1559 transaction (0x02 || rlp of nine
+ * fields); qtg_eip1559_decode reads it and refuses every non-canonical form
+ * (it re-encodes the fields and compares the bytes).
+ */
+#ifndef QTG_SIGNER_PROTO_H
+#define QTG_SIGNER_PROTO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "qtg_rlp.h"
+
+enum {
+  QTG_SIGNER_PAYLOAD_MAX = 2048,                 /* bytes of an unsigned tx */
+  QTG_SIGNER_LINE_MAX = 4 * 1024 + 256,          /* one request line */
+  QTG_SIGNER_UUID_LEN = 36
+};
+
+typedef enum { QTG_SIGNER_VERB_SIGN, QTG_SIGNER_VERB_ADDRESS, QTG_SIGNER_VERB_KEYS } qtg_signer_verb;
+
+typedef struct {
+  qtg_signer_verb verb;
+  char request_id[QTG_SIGNER_UUID_LEN + 1];
+  char node_id[QTG_SIGNER_UUID_LEN + 1];
+  int attempt;
+  char key[65];
+  uint8_t *payload;          /* malloc'd (SIGN only); qtg_signer_line_free */
+  size_t payload_len;
+} qtg_signer_line;
+
+/* Parse one request line (without its LF).  0 on success; -1 with a reason
+ * in err (never quoting the input); -2 when memory runs out. */
+int qtg_signer_line_parse(const char *s, size_t len, qtg_signer_line *out,
+                          char *err, size_t errlen);
+void qtg_signer_line_free(qtg_signer_line *l);
+
+/* Decode an unsigned EIP-1559 payload into tx (data points into bytes;
+ * the access list must be empty).  0, or -1 with a reason in err. */
+int qtg_eip1559_decode(const uint8_t *bytes, size_t len, qtg_eip1559_tx *tx,
+                       char *err, size_t errlen);
+
+/* "1.5" with `decimals` decimals -> base units, exactly.  A plain decimal
+ * (digits, optionally '.' and digits), no sign, no exponent, no more
+ * fractional digits than decimals.  0 or -1. */
+int qtg_amount_to_units(const char *amount, size_t len, int decimals, qtg_u256 *out);
+
+/* -1, 0, 1 as a < b, a == b, a > b. */
+int qtg_u256_cmp(const qtg_u256 *a, const qtg_u256 *b);
+/* Decimal text of v (out: at least 79 bytes). */
+void qtg_u256_decimal(const qtg_u256 *v, char *out, size_t outlen);
+
+#endif

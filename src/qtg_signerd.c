@@ -1,0 +1,641 @@
+/* qtg_signerd.c -- `qtgd signer`: listen on a Unix socket, check each sign
+ * request against the database rows, sign or refuse, log every decision in
+ * signer_events.  See qtg_signerd.h for why it is its own process.
+ *
+ * One connection at a time, one request per connection, blocking I/O: the
+ * signer does nothing else, a decision is a few milliseconds, and a
+ * sequential server has no shared state to get wrong.  A client that stalls
+ * is cut off after QTG_SIGNERD_IO_SECONDS.
+ *
+ * What it reads is the last committed state: the dispatcher asks while its
+ * own transaction (holding the node and request row locks) is open, and a
+ * plain SELECT neither waits for those locks nor sees that transaction's
+ * writes.  So "the node is being dispatched at attempt N" reads as: the
+ * committed node row is READY with attempt_no = N - 1, of an APPROVED or
+ * EXECUTING request; the nonce reservation, which the executor commits in
+ * its own transaction before it asks, names the node, the nonce and the
+ * payload hash.
+ */
+#include "qtg_signerd.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <libpq-fe.h>
+
+#include "qtg_crypto.h"
+#include "qtg_keys.h"
+#include "qtg_log.h"
+#include "qtg_notify.h"
+#include "qtg_signer.h"
+#include "qtg_signer_proto.h"
+
+enum { QTG_SIGNERD_IO_SECONDS = 5, QTG_SIGNERD_STATEMENT_MS = 5000 };
+
+typedef struct {
+  qtg_keys *keys;
+  PGconn *db;
+  const char *db_url;
+  const char *db_user;
+  long allowed_uid;
+  int listen_fd;
+} qtg_signerd;
+
+/* A decision: what is answered and what signer_events records. */
+typedef struct {
+  int granted;
+  char code[48];
+  char reason[256];
+  char digest[65];
+  char payload_hash[67];
+  char address[QTG_ADDRESS_HEX_LEN + 1];
+  char signature[2 + 130 + 1];
+} qtg_decision;
+
+static volatile sig_atomic_t qtg_signerd_stop;
+
+static void qtg_signerd_on_signal(int sig) {
+  (void)sig;
+  qtg_signerd_stop = 1;
+}
+
+int qtg_signer_socket_path(const qtg_settings *s, const char *root_dir, char *buf,
+                           size_t buflen, char *err, size_t errlen) {
+  const char *explicit_path = qtg_settings_str(s, QTG_S_SIGNER_SOCKET);
+  const char *run_dir = qtg_settings_str(s, QTG_S_RUN_DIR);
+  const char *rt = getenv("RUNTIME_DIRECTORY");
+  size_t max = sizeof(((struct sockaddr_un *)0)->sun_path);
+  int n;
+  if (max > buflen) max = buflen;
+  if (explicit_path && explicit_path[0]) n = snprintf(buf, max, "%s", explicit_path);
+  else if (run_dir && run_dir[0]) n = snprintf(buf, max, "%s/signer.sock", run_dir);
+  else if (rt && rt[0]) n = snprintf(buf, max, "%s/signer.sock", rt);
+  else n = snprintf(buf, max, "%s/var/run/signer.sock", root_dir ? root_dir : ".");
+  if (n < 0 || (size_t)n >= max) {
+    snprintf(err, errlen, "signer socket path is too long for a Unix socket (at most %zu bytes): "
+             "set MG_SIGNER_SOCKET to a shorter path", max - 1);
+    return -1;
+  }
+  return 0;
+}
+
+/* ---- database ---------------------------------------------------------------- */
+
+static void qtg_signerd_db_drop(qtg_signerd *d) {
+  if (d->db) PQfinish(d->db);
+  d->db = NULL;
+}
+
+static PGconn *qtg_signerd_db(qtg_signerd *d) {
+  if (d->db && PQstatus(d->db) == CONNECTION_OK) return d->db;
+  qtg_signerd_db_drop(d);
+  const char *keys[4], *vals[4];
+  int n = 0;
+  keys[n] = "dbname", vals[n++] = d->db_url;
+  if (d->db_user && d->db_user[0]) keys[n] = "user", vals[n++] = d->db_user;
+  keys[n] = "application_name", vals[n++] = "qtgd signer";
+  keys[n] = NULL, vals[n] = NULL;
+  d->db = PQconnectdbParams(keys, vals, 1);
+  if (d->db == NULL || PQstatus(d->db) != CONNECTION_OK) {
+    qtg_log_warn("signer: cannot connect to the database: %s",
+                 d->db ? PQerrorMessage(d->db) : "out of memory");
+    qtg_signerd_db_drop(d);
+    return NULL;
+  }
+  char set[64];
+  snprintf(set, sizeof set, "SET statement_timeout = %d", QTG_SIGNERD_STATEMENT_MS);
+  PGresult *r = PQexec(d->db, set);
+  int ok = r && PQresultStatus(r) == PGRES_COMMAND_OK;
+  PQclear(r);
+  if (!ok) {
+    qtg_signerd_db_drop(d);
+    return NULL;
+  }
+  return d->db;
+}
+
+/* The request, node, plan and approval facts of one decision.  The approval
+ * digest is the expression of qtg_approval_digest (sql/0060) written out
+ * with built-ins only: a role that can replace a qtg_* function cannot
+ * change what is checked here. */
+static const char qtg_signerd_facts_sql[] =
+    "WITH r AS ("
+    " SELECT m.*, encode(sha256(convert_to(jsonb_build_object("
+    "   'template_key', m.template_key, 'plan_version_id', m.plan_version_id,"
+    "   'compiled_plan_hash', m.compiled_plan_hash, 'intent', m.intent,"
+    "   'input_params', m.input_params, 'network_class', m.network_class,"
+    "   'callback_url', m.callback_url)::text, 'UTF8')), 'hex') AS digest"
+    "  FROM movement_requests m WHERE m.id = $1::uuid)"
+    " SELECT r.request_state, r.approval_digest, r.digest, r.approvals_required,"
+    "  (SELECT count(DISTINCT a.principal) FROM request_approvals a"
+    "    WHERE a.request_id = r.id AND a.decision = 'approve' AND a.approval_digest = r.digest) AS approvals,"
+    "  (SELECT count(*) FROM request_approvals a"
+    "    WHERE a.request_id = r.id AND a.decision = 'reject') AS rejects,"
+    "  upper(r.intent->>'asset') AS asset, r.intent->>'amount' AS amount,"
+    "  CASE WHEN jsonb_typeof(pn.config->'destination') IS NULL THEN r.intent->>'destination'"
+    "       WHEN jsonb_typeof(pn.config->'destination') = 'string' THEN pn.config->>'destination' END AS destination,"
+    "  CASE WHEN pn.config ? 'chain_id' THEN pn.config->>'chain_id' ELSE r.intent->>'chain_id' END AS chain_id,"
+    "  n.id IS NOT NULL AND n.request_id = r.id AND pn.plan_version_id = r.plan_version_id AS node_of_request,"
+    "  n.node_state, n.attempt_no, n.executor, n.action_type, pn.config->>'signer_key' AS planned_key,"
+    "  pv.risk_controls->>'max_fee_per_gas_wei' AS max_fee,"
+    "  pv.risk_controls->>'max_priority_fee_per_gas_wei' AS max_tip,"
+    "  COALESCE(pv.risk_controls->>'gas_limit', '21000') AS gas_limit,"
+    "  CASE WHEN jsonb_typeof(pv.risk_controls->'allowed_chain_ids') = 'array' THEN"
+    "   (SELECT COALESCE(string_agg(x, ','), '') FROM jsonb_array_elements_text(pv.risk_controls->'allowed_chain_ids') x)"
+    "  END AS allowed_chain_ids,"
+    "  sr.expected_signer_address"
+    " FROM r"
+    " JOIN plan_versions pv ON pv.id = r.plan_version_id"
+    " LEFT JOIN movement_request_nodes n ON n.id = $2::uuid"
+    " LEFT JOIN plan_nodes pn ON pn.id = n.plan_node_id"
+    " LEFT JOIN signer_roster sr ON sr.network_class = r.network_class AND sr.signer_key = $3";
+
+enum {
+  F_STATE, F_STORED_DIGEST, F_DIGEST, F_REQUIRED, F_APPROVALS, F_REJECTS, F_ASSET, F_AMOUNT,
+  F_DESTINATION, F_CHAIN_ID, F_NODE_OF_REQUEST, F_NODE_STATE, F_ATTEMPT_NO, F_EXECUTOR,
+  F_ACTION_TYPE, F_PLANNED_KEY, F_MAX_FEE, F_MAX_TIP, F_GAS_LIMIT, F_ALLOWED_CHAINS,
+  F_EXPECTED, F__COUNT
+};
+
+static const char qtg_signerd_reservation_sql[] =
+    "SELECT 1 FROM evm_nonce_reservation"
+    " WHERE request_node_id = $1::uuid AND chain_id = $2::bigint AND address = $3"
+    "   AND nonce = $4::bigint AND payload_hash = $5"
+    "   AND status IN ('reserved', 'signed', 'broadcast')";
+
+static const char qtg_signerd_event_sql[] =
+    "INSERT INTO signer_events (decision, code, reason, request_id, request_node_id, attempt_no,"
+    " signer_key, signer_address, approval_digest, payload_hash, peer_uid, peer_pid)"
+    " VALUES ($1, $2, $3, $4::uuid, $5::uuid, $6::int, $7, $8, $9, $10, $11::bigint, $12::bigint)";
+
+#define QTG_REFUSE(dec, c, ...)                                         \
+  do {                                                                  \
+    snprintf((dec)->code, sizeof (dec)->code, "%s", c);                 \
+    snprintf((dec)->reason, sizeof (dec)->reason, __VA_ARGS__);         \
+    return -1;                                                          \
+  } while (0)
+
+static const char *qtg_field(PGresult *r, int f) {
+  return PQgetisnull(r, 0, f) ? NULL : PQgetvalue(r, 0, f);
+}
+
+static int qtg_parse_u256(const char *s, qtg_u256 *out) {
+  return s == NULL ? -1 : qtg_u256_parse(s, strlen(s), out);
+}
+
+/* A u256 that fits a bigint, as decimal text (for the reservation query). */
+static int qtg_u256_bigint(const qtg_u256 *v, char *out, size_t outlen) {
+  for (int i = 0; i < 24; i++)
+    if (v->be[i] != 0) return -1;
+  if (v->be[24] & 0x80) return -1;
+  qtg_u256_decimal(v, out, outlen);
+  return 0;
+}
+
+/* Every check on the facts, in order; the first that fails refuses. */
+static int qtg_signerd_check_facts(qtg_decision *dec, PGresult *r, const qtg_signer_line *l,
+                                   const qtg_eip1559_tx *tx, const uint8_t key_addr[20]) {
+  const char *state = qtg_field(r, F_STATE), *stored = qtg_field(r, F_STORED_DIGEST);
+  const char *digest = qtg_field(r, F_DIGEST);
+  qtg_u256 want, cap;
+  snprintf(dec->digest, sizeof dec->digest, "%s", digest ? digest : "");
+  if (stored == NULL || state == NULL ||
+      (strcmp(state, "APPROVED") != 0 && strcmp(state, "EXECUTING") != 0))
+    QTG_REFUSE(dec, "REQUEST_NOT_APPROVED", "request is %s%s", state ? state : "?",
+               stored ? "" : " and holds no approval digest");
+  if (digest == NULL || strcmp(stored, digest) != 0)
+    QTG_REFUSE(dec, "APPROVAL_DIGEST_MISMATCH",
+               "the request's rows hash to %.16s..., the approvals were given for %.16s...",
+               digest ? digest : "?", stored);
+  if (atol(qtg_field(r, F_REJECTS)) > 0)
+    QTG_REFUSE(dec, "APPROVALS_INCOMPLETE", "the request was rejected by a principal");
+  if (atol(qtg_field(r, F_APPROVALS)) < atol(qtg_field(r, F_REQUIRED)))
+    QTG_REFUSE(dec, "APPROVALS_INCOMPLETE", "%s of %s approvals for this digest",
+               qtg_field(r, F_APPROVALS), qtg_field(r, F_REQUIRED));
+  const char *of = qtg_field(r, F_NODE_OF_REQUEST);
+  if (of == NULL || strcmp(of, "t") != 0)
+    QTG_REFUSE(dec, "NODE_NOT_OF_REQUEST", "node is not a node of this request and its plan");
+  const char *nstate = qtg_field(r, F_NODE_STATE);
+  long attempt_no = atol(qtg_field(r, F_ATTEMPT_NO));
+  if (strcmp(nstate, "READY") != 0 || attempt_no + 1 != l->attempt)
+    QTG_REFUSE(dec, "NODE_NOT_DISPATCHING",
+               "node is %s at attempt %ld (committed), not being dispatched at attempt %d",
+               nstate, attempt_no, l->attempt);
+  if (strcmp(qtg_field(r, F_EXECUTOR), "evm_transfer") != 0 ||
+      strcmp(qtg_field(r, F_ACTION_TYPE), "evm_transfer") != 0)
+    QTG_REFUSE(dec, "EXECUTOR_NOT_SIGNABLE", "node runs %s/%s: only evm_transfer nodes are signed",
+               qtg_field(r, F_EXECUTOR), qtg_field(r, F_ACTION_TYPE));
+  const char *planned = qtg_field(r, F_PLANNED_KEY);
+  if (planned == NULL || strcmp(planned, l->key) != 0)
+    QTG_REFUSE(dec, "SIGNER_KEY_NOT_PLANNED", "the node's plan names signer key %s, not %s",
+               planned ? planned : "(none)", l->key);
+  const char *expected = qtg_field(r, F_EXPECTED);
+  if (expected != NULL) {
+    uint8_t ex[20];
+    if (qtg_signer_parse_address(expected, strlen(expected), ex) != 0 || memcmp(ex, key_addr, 20) != 0)
+      QTG_REFUSE(dec, "SIGNER_IDENTITY_MISMATCH", "key %s is %s, the enrolled identity is %s",
+                 l->key, dec->address, expected);
+  }
+  if (qtg_parse_u256(qtg_field(r, F_CHAIN_ID), &want) != 0)
+    QTG_REFUSE(dec, "CHAIN_MISMATCH", "the approved request names no valid chain_id");
+  if (qtg_u256_cmp(&want, &tx->chain_id) != 0)
+    QTG_REFUSE(dec, "CHAIN_MISMATCH", "payload is for another chain than the approved %s",
+               qtg_field(r, F_CHAIN_ID));
+  const char *allowed = qtg_field(r, F_ALLOWED_CHAINS);
+  if (allowed != NULL) {
+    int found = 0;
+    char list[512];
+    snprintf(list, sizeof list, "%s", allowed);
+    for (char *save = NULL, *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save))
+      if (qtg_parse_u256(t, &cap) == 0 && qtg_u256_cmp(&cap, &tx->chain_id) == 0) found = 1;
+    if (!found)
+      QTG_REFUSE(dec, "CHAIN_NOT_ALLOWED", "chain %s is not in the template's allowed_chain_ids",
+                 qtg_field(r, F_CHAIN_ID));
+  }
+  const char *dest = qtg_field(r, F_DESTINATION);
+  uint8_t to[20];
+  if (dest == NULL || qtg_signer_parse_address(dest, strlen(dest), to) != 0)
+    QTG_REFUSE(dec, "DESTINATION_MISMATCH", "the approved destination is not a literal address");
+  if (!tx->has_to || memcmp(to, tx->to, 20) != 0)
+    QTG_REFUSE(dec, "DESTINATION_MISMATCH", "payload pays another address than the approved %s", dest);
+  const char *asset = qtg_field(r, F_ASSET), *amount = qtg_field(r, F_AMOUNT);
+  if (asset == NULL || strcmp(asset, "ETH") != 0)
+    QTG_REFUSE(dec, "VALUE_MISMATCH", "only the native asset (ETH) is signed, the request moves %s",
+               asset ? asset : "(none)");
+  if (amount == NULL || qtg_amount_to_units(amount, strlen(amount), 18, &want) != 0)
+    QTG_REFUSE(dec, "VALUE_MISMATCH", "the approved amount is not a plain decimal of at most 18 decimals");
+  if (qtg_u256_cmp(&want, &tx->value) != 0) {
+    char got[80];
+    qtg_u256_decimal(&tx->value, got, sizeof got);
+    QTG_REFUSE(dec, "VALUE_MISMATCH", "payload moves %s wei, the approved amount is %s ETH", got, amount);
+  }
+  if (tx->data_len != 0) QTG_REFUSE(dec, "DATA_NOT_ALLOWED", "a plain transfer carries no call data");
+  if (qtg_parse_u256(qtg_field(r, F_MAX_FEE), &cap) != 0)
+    QTG_REFUSE(dec, "FEES_ABOVE_CAP", "the template sets no max_fee_per_gas_wei");
+  if (qtg_u256_cmp(&tx->max_fee_per_gas, &cap) > 0)
+    QTG_REFUSE(dec, "FEES_ABOVE_CAP", "max_fee_per_gas exceeds the template's %s wei", qtg_field(r, F_MAX_FEE));
+  if (qtg_parse_u256(qtg_field(r, F_MAX_TIP), &cap) != 0)
+    QTG_REFUSE(dec, "FEES_ABOVE_CAP", "the template sets no max_priority_fee_per_gas_wei");
+  if (qtg_u256_cmp(&tx->max_priority_fee_per_gas, &cap) > 0)
+    QTG_REFUSE(dec, "FEES_ABOVE_CAP", "max_priority_fee_per_gas exceeds the template's %s wei",
+               qtg_field(r, F_MAX_TIP));
+  if (qtg_parse_u256(qtg_field(r, F_GAS_LIMIT), &cap) != 0 || qtg_u256_cmp(&tx->gas_limit, &cap) > 0)
+    QTG_REFUSE(dec, "FEES_ABOVE_CAP", "gas limit exceeds the template's %s", qtg_field(r, F_GAS_LIMIT));
+  return 0;
+}
+
+/* 0 ok (dec filled on refusal with -1), -2 the database failed. */
+static int qtg_signerd_decide_sign(qtg_signerd *d, const qtg_signer_line *l, qtg_decision *dec) {
+  qtg_eip1559_tx tx;
+  uint8_t key_addr[20], hash[32];
+  char why[160];
+  qtg_keccak256(l->payload, l->payload_len, hash);
+  dec->payload_hash[0] = '0', dec->payload_hash[1] = 'x';
+  qtg_hex_encode(hash, 32, dec->payload_hash + 2);
+  if (qtg_keys_signer_address(d->keys, l->key, key_addr) != 0)
+    QTG_REFUSE(dec, "SIGNER_NOT_FOUND", "no signer key %s is loaded", l->key);
+  qtg_signer_address_hex(key_addr, dec->address);
+  if (qtg_eip1559_decode(l->payload, l->payload_len, &tx, why, sizeof why) != 0)
+    QTG_REFUSE(dec, "PAYLOAD_NOT_EIP1559", "%s", why);
+  PGconn *db = qtg_signerd_db(d);
+  if (db == NULL) return -2;
+  const char *params[5] = {l->request_id, l->node_id, l->key, NULL, NULL};
+  PGresult *r = PQexecParams(db, qtg_signerd_facts_sql, 3, NULL, params, NULL, NULL, 0);
+  if (r == NULL || PQresultStatus(r) != PGRES_TUPLES_OK) {
+    qtg_log_warn("signer: reading the request failed: %s", PQerrorMessage(db));
+    PQclear(r);
+    qtg_signerd_db_drop(d);
+    return -2;
+  }
+  if (PQntuples(r) == 0) {
+    PQclear(r);
+    QTG_REFUSE(dec, "REQUEST_NOT_FOUND", "no request %s", l->request_id);
+  }
+  int rc = qtg_signerd_check_facts(dec, r, l, &tx, key_addr);
+  PQclear(r);
+  if (rc != 0) return -1;
+  char chain[24], nonce[24];
+  if (qtg_u256_bigint(&tx.chain_id, chain, sizeof chain) != 0 ||
+      qtg_u256_bigint(&tx.nonce, nonce, sizeof nonce) != 0)
+    QTG_REFUSE(dec, "NONCE_NOT_RESERVED", "chain id or nonce out of range");
+  const char *rp[5] = {l->node_id, chain, dec->address, nonce, dec->payload_hash};
+  r = PQexecParams(db, qtg_signerd_reservation_sql, 5, NULL, rp, NULL, NULL, 0);
+  if (r == NULL || PQresultStatus(r) != PGRES_TUPLES_OK) {
+    qtg_log_warn("signer: reading the nonce reservation failed: %s", PQerrorMessage(db));
+    PQclear(r);
+    qtg_signerd_db_drop(d);
+    return -2;
+  }
+  int reserved = PQntuples(r) == 1;
+  PQclear(r);
+  if (!reserved)
+    QTG_REFUSE(dec, "NONCE_NOT_RESERVED",
+               "no reservation of nonce %s on chain %s for this node and payload", nonce, chain);
+  uint8_t sighash[32];
+  qtg_signature sig;
+  qtg_keccak256(l->payload, l->payload_len, sighash);
+  if (qtg_keys_sign_hash(d->keys, l->key, sighash, &sig) != QTG_SIGNER_OK)
+    QTG_REFUSE(dec, "SIGNER_INTERNAL", "signing failed");
+  qtg_signer_signature_hex(&sig, dec->signature);
+  dec->granted = 1;
+  snprintf(dec->code, sizeof dec->code, "GRANTED");
+  snprintf(dec->reason, sizeof dec->reason, "the payload is what request %s approved", l->request_id);
+  return 0;
+}
+
+/* Append the decision; -1 when it could not be recorded. */
+static int qtg_signerd_record(qtg_signerd *d, const qtg_decision *dec, const qtg_signer_line *l,
+                              int parsed, const struct ucred *peer) {
+  PGconn *db = qtg_signerd_db(d);
+  if (db == NULL) return -1;
+  char attempt[16], uid[24], pid[24];
+  int sign = parsed && l->verb == QTG_SIGNER_VERB_SIGN;
+  snprintf(attempt, sizeof attempt, "%d", sign ? l->attempt : 0);
+  snprintf(uid, sizeof uid, "%lu", (unsigned long)peer->uid);
+  snprintf(pid, sizeof pid, "%ld", (long)peer->pid);
+  const char *p[12] = {
+      dec->granted ? "granted" : "refused", dec->code, dec->reason,
+      sign ? l->request_id : NULL, sign ? l->node_id : NULL, sign ? attempt : NULL,
+      parsed && l->key[0] ? l->key : NULL, dec->address[0] ? dec->address : NULL,
+      dec->digest[0] ? dec->digest : NULL, dec->payload_hash[0] ? dec->payload_hash : NULL,
+      uid, pid};
+  PGresult *r = PQexecParams(db, qtg_signerd_event_sql, 12, NULL, p, NULL, NULL, 0);
+  int ok = r && PQresultStatus(r) == PGRES_COMMAND_OK;
+  if (!ok) {
+    qtg_log_warn("signer: recording the decision failed: %s", PQerrorMessage(db));
+    qtg_signerd_db_drop(d);
+  }
+  PQclear(r);
+  return ok ? 0 : -1;
+}
+
+/* ---- connections ------------------------------------------------------------------- */
+
+static void qtg_signerd_write(int fd, const char *s, size_t len) {
+  while (len > 0) {
+    ssize_t n = write(fd, s, len);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    s += n;
+    len -= (size_t)n;
+  }
+}
+
+static void qtg_signerd_answer(int fd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void qtg_signerd_answer(int fd, const char *fmt, ...) {
+  char buf[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(buf, sizeof buf - 1, fmt, ap);
+  va_end(ap);
+  if (n < 0) return;
+  if ((size_t)n > sizeof buf - 2) n = (int)sizeof buf - 2;
+  for (int i = 0; i < n; i++)
+    if (buf[i] == '\n' || buf[i] == '\r') buf[i] = ' ';
+  buf[n++] = '\n';
+  qtg_signerd_write(fd, buf, (size_t)n);
+}
+
+/* Read one LF-terminated line into buf (without the LF); -1 on EOF, timeout
+ * or a line longer than cap - 1. */
+static int qtg_signerd_read_line(int fd, char *buf, size_t cap, size_t *len) {
+  size_t n = 0;
+  while (n < cap - 1) {
+    ssize_t got = read(fd, buf + n, cap - 1 - n);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return -1;
+    char *lf = memchr(buf + n, '\n', (size_t)got);
+    n += (size_t)got;
+    if (lf) {
+      *len = (size_t)(lf - buf);
+      return 0;
+    }
+  }
+  return -1;
+}
+
+static void qtg_signerd_serve(qtg_signerd *d, int fd) {
+  struct ucred peer;
+  socklen_t plen = sizeof peer;
+  struct timeval tv = {QTG_SIGNERD_IO_SECONDS, 0};
+  qtg_decision dec;
+  qtg_signer_line line;
+  char err[160];
+  int parsed = 0;
+  memset(&dec, 0, sizeof dec);
+  memset(&line, 0, sizeof line);
+  if (setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) != 0 ||
+      setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) != 0 ||
+      getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &plen) != 0) {
+    qtg_log_warn("signer: cannot set up a connection: %s", strerror(errno));
+    return;
+  }
+  if ((long)peer.uid != d->allowed_uid) {
+    snprintf(dec.code, sizeof dec.code, "PEER_NOT_ALLOWED");
+    snprintf(dec.reason, sizeof dec.reason, "uid %lu may not use this signer",
+             (unsigned long)peer.uid);
+    qtg_logf(QTG_LOG_WARN, "code", dec.code, "signer: refused a peer: %s", dec.reason);
+    qtg_signerd_record(d, &dec, &line, 0, &peer);
+    qtg_signerd_answer(fd, "REFUSED %s %s", dec.code, dec.reason);
+    return;
+  }
+  char *buf = malloc(QTG_SIGNER_LINE_MAX + 2);
+  size_t len = 0;
+  if (buf == NULL) return;
+  if (qtg_signerd_read_line(fd, buf, QTG_SIGNER_LINE_MAX + 2, &len) != 0) {
+    free(buf);
+    return;     /* nothing was asked: nothing to decide */
+  }
+  int rc = qtg_signer_line_parse(buf, len, &line, err, sizeof err);
+  free(buf);
+  if (rc != 0) {
+    snprintf(dec.code, sizeof dec.code, rc == -2 ? "SIGNER_INTERNAL" : "SIGNER_BAD_REQUEST");
+    snprintf(dec.reason, sizeof dec.reason, "%s", err);
+  } else if (line.verb == QTG_SIGNER_VERB_KEYS) {
+    char names[1024] = "";
+    size_t used = 0;
+    for (size_t i = 0; i < qtg_keys_signer_count(d->keys); i++) {
+      int n = snprintf(names + used, sizeof names - used, " %s", qtg_keys_signer_name(d->keys, i));
+      if (n < 0 || (size_t)n >= sizeof names - used) break;
+      used += (size_t)n;
+    }
+    qtg_signerd_answer(fd, "OK%s", names);
+    return;
+  } else if (line.verb == QTG_SIGNER_VERB_ADDRESS) {
+    uint8_t addr[20];
+    char hex[QTG_ADDRESS_HEX_LEN + 1];
+    if (qtg_keys_signer_address(d->keys, line.key, addr) != 0) {
+      qtg_signerd_answer(fd, "REFUSED SIGNER_NOT_FOUND no signer key %s is loaded", line.key);
+    } else {
+      qtg_signer_address_hex(addr, hex);
+      qtg_signerd_answer(fd, "OK %s", hex);
+    }
+    return;
+  } else {
+    parsed = 1;
+    rc = qtg_signerd_decide_sign(d, &line, &dec);
+    if (rc == -2) {
+      qtg_signer_line_free(&line);
+      qtg_signerd_answer(fd, "REFUSED SIGNER_DB_UNAVAILABLE the signer cannot read the database");
+      return;
+    }
+  }
+  if (qtg_signerd_record(d, &dec, &line, parsed, &peer) != 0) {
+    qtg_signer_line_free(&line);
+    qtg_signerd_answer(fd, "REFUSED SIGNER_DB_UNAVAILABLE the signer cannot record its decision");
+    return;
+  }
+  const char *f[] = {"code", dec.code, "request_id", parsed ? line.request_id : "",
+                     "node_id", parsed ? line.node_id : "", "reason", dec.reason, NULL};
+  qtg_log_fields(dec.granted ? QTG_LOG_INFO : QTG_LOG_WARN,
+                 dec.granted ? "signer: granted" : "signer: refused", f);
+  if (dec.granted) qtg_signerd_answer(fd, "OK %s %s", dec.signature, dec.address);
+  else qtg_signerd_answer(fd, "REFUSED %s %s", dec.code, dec.reason);
+  qtg_signer_line_free(&line);
+}
+
+/* ---- start-up --------------------------------------------------------------------- */
+
+/* Create the missing directories above path (0700). */
+static int qtg_signerd_mkdirs(const char *path, char *err, size_t errlen) {
+  char dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
+  snprintf(dir, sizeof dir, "%s", path);
+  for (char *p = dir + 1; *p; p++) {
+    if (*p != '/') continue;
+    *p = 0;
+    if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
+      snprintf(err, errlen, "cannot create %s: %s", dir, strerror(errno));
+      return -1;
+    }
+    *p = '/';
+  }
+  return 0;
+}
+
+static int qtg_signerd_listen(const char *path, char *err, size_t errlen) {
+  struct sockaddr_un sa;
+  struct stat st;
+  if (qtg_signerd_mkdirs(path, err, errlen) != 0) return -1;
+  if (lstat(path, &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) {
+      snprintf(err, errlen, "%s exists and is not a socket; not touching it", path);
+      return -1;
+    }
+    int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    memset(&sa, 0, sizeof sa);
+    sa.sun_family = AF_UNIX;
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+    int live = probe >= 0 && connect(probe, (struct sockaddr *)&sa, sizeof sa) == 0;
+    if (probe >= 0) close(probe);
+    if (live) {
+      snprintf(err, errlen, "signer socket %s is in use by another running signer", path);
+      return -1;
+    }
+    unlink(path);
+  }
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    snprintf(err, errlen, "socket: %s", strerror(errno));
+    return -1;
+  }
+  memset(&sa, 0, sizeof sa);
+  sa.sun_family = AF_UNIX;
+  snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+  mode_t old = umask(0177);   /* the socket is born 0600 */
+  int rc = bind(fd, (struct sockaddr *)&sa, sizeof sa);
+  umask(old);
+  if (rc != 0 || chmod(path, 0600) != 0 || listen(fd, 64) != 0) {
+    snprintf(err, errlen, "cannot listen on %s: %s", path, strerror(errno));
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+/* Each key must sign a probe that recovers to its own address. */
+static int qtg_signerd_self_test(const qtg_keys *k, char *err, size_t errlen) {
+  static const char probe[] = "qtg signer start-up probe";
+  uint8_t hash[32], addr[20], got[20];
+  qtg_signature sig;
+  qtg_keccak256(probe, sizeof probe - 1, hash);
+  for (size_t i = 0; i < qtg_keys_signer_count(k); i++) {
+    const char *name = qtg_keys_signer_name(k, i);
+    if (qtg_keys_signer_address(k, name, addr) != 0 ||
+        qtg_keys_sign_hash(k, name, hash, &sig) != QTG_SIGNER_OK ||
+        qtg_signer_recover(qtg_keys_context(k), hash, &sig, got) != 0 ||
+        memcmp(addr, got, 20) != 0) {
+      snprintf(err, errlen, "signer key %s fails its start-up probe", name);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+int qtg_signerd_main(const qtg_settings *s, const char *db_url, const char *root_dir) {
+  qtg_signerd d;
+  char path[sizeof(((struct sockaddr_un *)0)->sun_path)], err[512];
+  qtg_keys_config cfg;
+  memset(&d, 0, sizeof d);
+  memset(&cfg, 0, sizeof cfg);
+  d.db_url = db_url;
+  d.db_user = qtg_settings_str(s, QTG_S_SIGNER_DATABASE_USER);
+  d.allowed_uid = (long)qtg_settings_num(s, QTG_S_SIGNER_ALLOWED_UID);
+  if (d.allowed_uid < 0) d.allowed_uid = (long)getuid();
+  cfg.signer_keys = qtg_settings_str(s, QTG_S_SIGNER_KEYS);
+  if (qtg_keys_load(&cfg, &d.keys, err, sizeof err) != 0 ||
+      qtg_signerd_self_test(d.keys, err, sizeof err) != 0 ||
+      qtg_signer_socket_path(s, root_dir, path, sizeof path, err, sizeof err) != 0) {
+    qtg_log_error("signer: %s", err);
+    qtg_keys_free(d.keys);
+    return 1;
+  }
+  if (qtg_signerd_db(&d) == NULL) {
+    qtg_log_error("signer: cannot connect to the database as %s",
+                  d.db_user && d.db_user[0] ? d.db_user : "the URL's user");
+    qtg_keys_free(d.keys);
+    return 1;
+  }
+  d.listen_fd = qtg_signerd_listen(path, err, sizeof err);
+  if (d.listen_fd < 0) {
+    qtg_log_error("signer: %s", err);
+    qtg_signerd_db_drop(&d);
+    qtg_keys_free(d.keys);
+    return 1;
+  }
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = qtg_signerd_on_signal;   /* no SA_RESTART: poll returns EINTR */
+  sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGINT, &sa, NULL);
+  signal(SIGPIPE, SIG_IGN);
+  char uid[24];
+  snprintf(uid, sizeof uid, "%ld", d.allowed_uid);
+  const char *f[] = {"socket", path, "allowed_uid", uid, NULL};
+  qtg_log_fields(QTG_LOG_INFO, "signer: listening", f);
+  qtg_notify_send("READY=1", 7, err, sizeof err);
+  while (!qtg_signerd_stop) {
+    struct pollfd p = {d.listen_fd, POLLIN, 0};
+    int n = poll(&p, 1, 1000);
+    if (n <= 0) continue;
+    int fd = accept4(d.listen_fd, NULL, NULL, SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    qtg_signerd_serve(&d, fd);
+    close(fd);
+  }
+  qtg_log_info("signer: stopping");
+  close(d.listen_fd);
+  unlink(path);
+  qtg_signerd_db_drop(&d);
+  qtg_keys_free(d.keys);
+  return 0;
+}
