@@ -130,6 +130,7 @@ end)
 
 describe("qtgd check on the daemon's role", function()
   local function check(env)
+    env.MG_SIM_NETWORK_CLASSES = "devnet,test*"
     return support.run(support.base_env(env), { support.bin, "check" })
   end
   local function line(out, level)

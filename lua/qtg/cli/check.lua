@@ -261,11 +261,13 @@ end
 
 -- ---- the daemon's database role -------------------------------------------------
 
--- Network classes that move no real money: there a superuser or owning role
--- is a warning (the development cluster connects as its superuser);
--- everywhere else it is a failure.
-local DEVELOPMENT_CLASSES = { devnet = true, dev = true, test = true, testnet = true,
-                              demo = true, bench = true, ["local"] = true }
+-- Network classes that move no real money are those the stand-in executor
+-- may run on (MG_SIM_NETWORK_CLASSES): there a superuser or owning role is a
+-- warning (the development cluster connects as its superuser); everywhere
+-- else it is a failure.
+local function development_class(class)
+  return require("qtg.executors").allowed("sim", class) == true
+end
 
 M.ROLE_SQL = [[
 SELECT r.rolsuper AS superuser,
@@ -283,7 +285,7 @@ function M.check_role(report, s)
     "pg_has_role%(current_user, 'qtg_runtime', 'MEMBER'%)", "false")
   local r = s:query(sql)[1]
   local class = qtg.settings.network_class
-  local level = DEVELOPMENT_CLASSES[class] and "warn" or "FAIL"
+  local level = development_class(class) and "warn" or "FAIL"
   local user = s:query("SELECT current_user AS u")[1].u
   if r.superuser then
     add(report, level, "db role", ("%s is a superuser: it can disable the audit trail's guards;"
