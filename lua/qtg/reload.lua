@@ -306,7 +306,7 @@ function M.describe(report)
     if #report.started > 0 then lines[#lines + 1] = "started: " .. table.concat(report.started, ", ") end
     if #report.stopped > 0 then lines[#lines + 1] = "stopped: " .. table.concat(report.stopped, ", ") end
     for _, c in ipairs(report.interval_changed) do
-      lines[#lines + 1] = string.format("interval of %s: %gs -> %gs (from its next sleep)", c.name, c.from, c.to)
+      lines[#lines + 1] = string.format("interval of %s: %.14gs -> %.14gs (from its next sleep)", c.name, c.from, c.to)
     end
     lines[#lines + 1] = string.format("workers on the new code from their next pass: %d", #report.updated)
   else
