@@ -342,7 +342,7 @@ int main(int argc, char **argv) {
     const char *fmt = qtg_settings_str(&s, QTG_S_LOG_FORMAT);
     qtg_log_set_text(fmt[0] ? strcmp(fmt, "text") == 0 : isatty(STDERR_FILENO));
   }
-  s.keys_report_only = strcmp(cmd, "check") == 0;
+  s.report_only = strcmp(cmd, "check") == 0;
   qtg_log_set_repeat_window(strcmp(cmd, "run") == 0 ? 60 : 0);
   if (strcmp(cmd, "settings") == 0) {
     for (int i = 0; i < QTG_S__COUNT; i++) {

@@ -349,7 +349,7 @@ int qtg_keys_open(qtg_host *h, char *err, size_t errlen) {
   cfg.callback_key_id = qtg_settings_str(h->settings, QTG_S_CALLBACK_KEY_ID);
   cfg.signer_keys = qtg_settings_str(h->settings, QTG_S_SIGNER_KEYS);
   if (qtg_keys_load(&cfg, &h->keys, err, errlen) == 0) return 0;
-  if (!h->settings->keys_report_only) return -1;
+  if (!h->settings->report_only) return -1;
   snprintf(h->settings->keys_error, sizeof h->settings->keys_error, "%s", err);
   h->keys = NULL;
   return 0;

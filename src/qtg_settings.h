@@ -43,10 +43,12 @@ enum {
 typedef struct qtg_settings {
   qtg_setting_value v[QTG_S__COUNT];
   /* Set by `qtgd check` before the host starts: a key file that does not
-   * load (unreadable, too open, malformed) is kept in keys_error for check's
-   * report instead of stopping the host, which would leave no table. */
-  int keys_report_only;
+   * load (unreadable, too open, malformed) or an MG_LUA_PATH that may not be
+   * trusted is kept here for check's report instead of stopping the host,
+   * which would leave no table (the override is then not searched). */
+  int report_only;
   char keys_error[512];
+  char lua_path_error[512];
 } qtg_settings;
 
 extern const qtg_setting_def qtg_setting_defs[QTG_S__COUNT];

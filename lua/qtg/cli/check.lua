@@ -163,7 +163,11 @@ function M.check_settings(report, opts)
       ok = false
     end
   end
-  if settings.lua_path ~= "" and not is_dir(settings.lua_path) then
+  local lua_path_error = qtg.crypto.lua_path_error()
+  if lua_path_error then
+    add(report, "FAIL", "settings", lua_path_error)
+    ok = false
+  elseif settings.lua_path ~= "" and not is_dir(settings.lua_path) then
     add(report, "FAIL", "settings", "MG_LUA_PATH=" .. settings.lua_path .. " is not a directory")
     ok = false
   end
