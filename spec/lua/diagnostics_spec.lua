@@ -80,7 +80,7 @@ return 0]])
     assert.equal("42", line.s)      -- a string stays a string
     assert.equal("inf", line.inf)   -- not a JSON number: quoted
     assert.equal("table", line.t)
-    assert.matches('"big":31536000,', out, 1, true)
+    assert.matches('"big":31536000[,}]', out)
   end)
 
   it("writes the text format with MG_LOG_FORMAT=text, one line per event", function()
@@ -345,6 +345,57 @@ describe("qtgd's command line", function()
       local rc, out = sup.run(sup.base_env({ MG_LUA_PATH = dir .. "/override" }), { q(sup.bin), "check" })
       assert.equal(1, rc, out)
       assert.matches("FAIL%s+settings%s+MG_LUA_PATH: " .. dir:gsub("%p", "%%%0") .. "/override/qtg is writable by anyone", out)
+    end)
+  end)
+
+  describe("the console socket's directory and peer", function()
+    local dir
+    before_each(function() dir = sup.tmpdir() end)
+    after_each(function()
+      sup.stop_all()
+      os.execute("rm -rf " .. q(dir))
+    end)
+
+    it("an explicit MG_CONSOLE_SOCKET in a directory others may write stops qtgd run", function()
+      os.execute("mkdir -m 777 " .. q(dir .. "/shared") .. " && chmod 777 " .. q(dir .. "/shared"))
+      local p = sup.start(sup.base_env({ MG_CONSOLE_ENABLED = "true", MG_WORKERS_ENABLED = "false",
+        MG_CONSOLE_SOCKET = dir .. "/shared/console.sock" }), { "run" })
+      local rc = sup.wait_exit(p, 30)
+      assert.is_truthy(rc and rc ~= 0, sup.read(p.log))
+      assert.matches(dir .. "/shared (MG_CONSOLE_SOCKET) is writable by others (mode 0777)", sup.read(p.log), 1, true)
+    end)
+
+    -- The console client runs as root here; a listener run as `nobody`
+    -- plays a socket another user planted.
+    local function planted(sockdir, sock)
+      local py = "import socket,time\ns=socket.socket(socket.AF_UNIX)\ns.bind(%q)\ns.listen(1)\n"
+        .. "c,_=s.accept()\nc.sendall(b'x'*4)\ntime.sleep(3)\n"
+      sup.write(dir .. "/plant.py", py:format(sock))
+      os.execute(("chmod 755 %s && chmod 644 %s"):format(q(dir), q(dir .. "/plant.py")))
+      os.execute(("setpriv --reuid=nobody --regid=nogroup --clear-groups /usr/bin/python3 %s >/dev/null 2>&1 &")
+        :format(q(dir .. "/plant.py")))
+      return sup.eventually(function()
+        return io.open(sock, "rb") ~= nil or os.execute("test -S " .. q(sock)) == 0
+      end, 10)
+    end
+
+    it("the console client refuses a socket served by another user in a shared directory", function()
+      if io.popen("id -u"):read("*l") ~= "0" then pending("needs root to play another user") return end
+      local shared = dir .. "/shared"
+      os.execute("mkdir -m 1777 " .. q(shared) .. " && chmod 1777 " .. q(shared))
+      assert.is_truthy(planted(shared, shared .. "/console.sock"))
+      local rc, out = sup.run({}, { q(sup.bin), "console", "--socket", q(shared .. "/console.sock"), "-e", "'return 1'" })
+      assert.are_not.equal(0, rc, out)
+      assert.matches("refusing " .. shared .. "/console.sock: the process behind it runs as uid", out, 1, true)
+    end)
+
+    it("the console client accepts the owner of a directory only it may write", function()
+      if io.popen("id -u"):read("*l") ~= "0" then pending("needs root to play another user") return end
+      local own = dir .. "/own"
+      os.execute("mkdir -m 700 " .. q(own) .. " && chown nobody " .. q(own))
+      assert.is_truthy(planted(own, own .. "/console.sock"))
+      local _, out = sup.run({}, { q(sup.bin), "console", "--socket", q(own .. "/console.sock"), "-e", "'return 1'" })
+      assert.is_nil(out:find("refusing", 1, true), out)
     end)
   end)
 end)
