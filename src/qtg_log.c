@@ -32,7 +32,7 @@ int qtg_log_get_repeat_window(void) { return qtg_log_repeat_window; }
 #define QTG_LOG_REPEAT_SLOTS 64
 static struct {
   uint64_t hash;
-  time_t since;
+  int64_t since_ms;         /* CLOCK_MONOTONIC */
   unsigned long suppressed;
 } qtg_log_repeats[QTG_LOG_REPEAT_SLOTS];
 
@@ -51,14 +51,16 @@ static int qtg_log_suppress(qtg_log_level level, const char *msg, const char *co
     h = qtg_log_hash(qtg_log_hash(h, fields[i]), fields[i + 1]);
   struct timespec now;
   clock_gettime(CLOCK_MONOTONIC, &now);
+  int64_t now_ms = (int64_t)now.tv_sec * 1000 + now.tv_nsec / 1000000;
   size_t slot = (size_t)(h % QTG_LOG_REPEAT_SLOTS);
-  if (qtg_log_repeats[slot].hash == h && now.tv_sec - qtg_log_repeats[slot].since < qtg_log_repeat_window) {
+  if (qtg_log_repeats[slot].hash == h &&
+      now_ms - qtg_log_repeats[slot].since_ms < (int64_t)qtg_log_repeat_window * 1000) {
     qtg_log_repeats[slot].suppressed++;
     return 1;
   }
   if (qtg_log_repeats[slot].hash == h) *repeated = qtg_log_repeats[slot].suppressed;
   qtg_log_repeats[slot].hash = h;
-  qtg_log_repeats[slot].since = now.tv_sec;
+  qtg_log_repeats[slot].since_ms = now_ms;
   qtg_log_repeats[slot].suppressed = 0;
   return 0;
 }
