@@ -101,6 +101,8 @@ function M.on_sighup()
     qtg.systemd.notify(report and report.ok and "READY=1\nSTATUS=policy reloaded"
                        or "READY=1\nSTATUS=policy reload failed; the old code keeps running")
   end
+  -- after READY: a core worker failing its first passes is logged (warn)
+  if report and report.ok then pcall(reload.watch, report, reload.WATCH_SECONDS) end
 end
 
 return M
