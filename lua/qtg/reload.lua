@@ -465,7 +465,7 @@ function M.reload(who, opts)
     end
   end
   if report.ok then
-    qtg.log.info("policy reloaded", { actor = report.actor, modules = tostring(#report.modules),
+    qtg.log.info("policy reloaded", { actor = report.actor, modules = #report.modules,
       started = table.concat(report.started, ","), stopped = table.concat(report.stopped, ",") })
   else
     local first = report.errors[1]
