@@ -91,6 +91,24 @@ static int qtg_lua_hmac_callback(lua_State *L) {
   return 1;
 }
 
+/* qtg.crypto.keys_error(): why a key file did not load under `qtgd check`
+ * (which reports it), or nil. */
+static int qtg_lua_keys_error(lua_State *L) {
+  qtg_host *h = qtg_host_from_lua(L);
+  if (h == NULL || h->settings == NULL || h->settings->keys_error[0] == '\0') return 0;
+  lua_pushstring(L, h->settings->keys_error);
+  return 1;
+}
+
+/* qtg.crypto.lua_path_error(): why MG_LUA_PATH may not be trusted, under
+ * `qtgd check`, or nil. */
+static int qtg_lua_lua_path_error(lua_State *L) {
+  qtg_host *h = qtg_host_from_lua(L);
+  if (h == NULL || h->settings == NULL || h->settings->lua_path_error[0] == '\0') return 0;
+  lua_pushstring(L, h->settings->lua_path_error);
+  return 1;
+}
+
 static int qtg_lua_callback_key_id(lua_State *L) {
   qtg_host *h = qtg_host_from_lua(L);
   lua_pushstring(L, qtg_keys_callback_key_id(h != NULL ? h->keys : NULL));
@@ -162,6 +180,8 @@ int luaopen_qtg_crypto(lua_State *L) {
       {"hmac_sha256_hex", qtg_lua_hmac_sha256_hex},
       {"hmac_callback", qtg_lua_hmac_callback},
       {"callback_key_id", qtg_lua_callback_key_id},
+      {"keys_error", qtg_lua_keys_error},
+      {"lua_path_error", qtg_lua_lua_path_error},
       {"random_bytes", qtg_lua_random_bytes},
       {"nonce", qtg_lua_nonce},
       {"hex", qtg_lua_hex},

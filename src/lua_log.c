@@ -1,6 +1,10 @@
 /* lua_log.c -- qtg.log.{debug,info,warn,error}(msg, fields): Lua's side of
- * the JSON-lines logger.  Fields are a flat table; values are stringified
- * (tables as "<table>") so a log call can never raise on odd input. */
+ * the JSON-lines logger.  Fields are a flat table; numbers and booleans are
+ * written as JSON numbers and booleans (a non-finite number as a string),
+ * anything else as a string (tables by __tostring or type name) so a log
+ * call can never raise on odd input. */
+#include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "qtg_host.h"
@@ -12,6 +16,7 @@ static int qtg_lua_log_at(lua_State *L, qtg_log_level level) {
   if (level < qtg_log_get_level()) return 0;
   const char *msg = luaL_optstring(L, 1, "");
   const char *fields[QTG_LOG_MAX_FIELDS * 2 + 1];
+  char kinds[QTG_LOG_MAX_FIELDS + 1];
   int n = 0;
   lua_settop(L, 2);
   lua_newtable(L); /* 3: anchors the field strings while we log */
@@ -22,7 +27,15 @@ static int qtg_lua_log_at(lua_State *L, qtg_log_level level) {
         int t = lua_type(L, -1);
         lua_pushvalue(L, -2);
         lua_rawseti(L, 3, ++n);
-        if (t == LUA_TSTRING || t == LUA_TNUMBER) {
+        kinds[n / 2] = t == LUA_TBOOLEAN ? 'b' : t == LUA_TNUMBER ? 'n' : 's';
+        if (t == LUA_TNUMBER) {
+          char num[64];
+          double d = lua_tonumber(L, -1);
+          if (!isfinite(d)) snprintf(num, sizeof num, "%s", isnan(d) ? "nan" : d > 0 ? "inf" : "-inf");
+          else if (d == floor(d) && fabs(d) < 9.2e18) snprintf(num, sizeof num, "%.0f", d);
+          else snprintf(num, sizeof num, "%.17g", d);
+          lua_pushstring(L, num);
+        } else if (t == LUA_TSTRING) {
           lua_pushstring(L, lua_tostring(L, -1));
         } else if (t == LUA_TBOOLEAN) {
           lua_pushstring(L, lua_toboolean(L, -1) ? "true" : "false");
@@ -45,7 +58,8 @@ static int qtg_lua_log_at(lua_State *L, qtg_log_level level) {
     lua_pop(L, 1); /* still referenced by table 3 */
   }
   fields[n] = NULL;
-  qtg_log_fields(level, msg, fields);
+  kinds[n / 2] = '\0';
+  qtg_log_fieldsk(level, msg, fields, kinds);
   return 0;
 }
 
@@ -64,11 +78,30 @@ static int qtg_lua_log_level(lua_State *L) {
   return 1;
 }
 
+/* qtg.log.repeat_window([seconds]) -> seconds: the window in which a
+ * repeated identical warning is only counted (0: every line written). */
+static int qtg_lua_log_repeat_window(lua_State *L) {
+  if (lua_gettop(L) >= 1) {
+    lua_Number n = luaL_checknumber(L, 1);
+    if (!(n >= 0 && n <= 86400)) return luaL_argerror(L, 1, "expected 0 to 86400 seconds");
+    qtg_log_set_repeat_window((int)n);
+  }
+  lua_pushinteger(L, qtg_log_get_repeat_window());
+  return 1;
+}
+
+/* qtg.log.format() -> "json" | "text" */
+static int qtg_lua_log_format(lua_State *L) {
+  lua_pushstring(L, qtg_log_get_text() ? "text" : "json");
+  return 1;
+}
+
 int luaopen_qtg_log(lua_State *L) {
   static const luaL_Reg funcs[] = {
     {"debug", qtg_lua_log_debug}, {"info", qtg_lua_log_info},
     {"warn", qtg_lua_log_warn},   {"error", qtg_lua_log_error},
-    {"level", qtg_lua_log_level}, {NULL, NULL},
+    {"level", qtg_lua_log_level}, {"repeat_window", qtg_lua_log_repeat_window},
+    {"format", qtg_lua_log_format}, {NULL, NULL},
   };
   lua_newtable(L);
   luaL_register(L, NULL, funcs);

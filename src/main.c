@@ -29,7 +29,7 @@ typedef struct {
 } qtg_command;
 
 static const qtg_command qtg_commands[] = {
-  {"run", "", "run the daemon: workers, console, wake-ups (the default command)", 1, 0},
+  {"run", "", "run the daemon: workers, console, wake-ups", 1, 0},
   {"migrate", "[DIR]", "apply sql/NNNN_*.sql (or DIR's) in order, each once, in a transaction", 1, 1},
   {"exec", "FILE [ARGS...]", "run a Lua script inside the host (it may query); exits with what it returns", 1, -1},
   {"templates", "load|check DIR | list", "validate and compile movement templates into plan versions", 1, -1},
@@ -42,12 +42,12 @@ static const qtg_command qtg_commands[] = {
   {"console", "[-e CODE] [--socket PATH]", "attach a Lua console to the running daemon", 0, -1},
   {"settings", "[--markdown]", "print every MG_* setting with its value and default", 0, 1},
   {"version", "", "print the version", 0, 0},
-  {"help", "", "print this help", 0, 0},
+  {"help", "[COMMAND]", "print this help, or one command's", 0, 1},
 };
 #define QTG_NCOMMANDS (sizeof qtg_commands / sizeof qtg_commands[0])
 
 static void qtg_usage(FILE *out) {
-  fprintf(out, "usage: qtgd [COMMAND] [ARGS...]\n\ncommands:\n");
+  fprintf(out, "usage: qtgd COMMAND [ARGS...]\n\ncommands:\n");
   for (size_t i = 0; i < QTG_NCOMMANDS; i++) {
     char left[64];
     snprintf(left, sizeof left, "%s %s", qtg_commands[i].name, qtg_commands[i].args);
@@ -56,6 +56,24 @@ static void qtg_usage(FILE *out) {
   }
   fprintf(out, "\nSettings come from MG_* environment variables (qtgd settings lists them).\n"
                "Without MG_DATABASE_URL, qtgd uses the private cluster under the repo (tools/pg).\n");
+}
+
+static const qtg_command *qtg_find_command(const char *name) {
+  for (size_t i = 0; i < QTG_NCOMMANDS; i++)
+    if (strcmp(qtg_commands[i].name, name) == 0) return &qtg_commands[i];
+  return NULL;
+}
+
+/* `qtgd help COMMAND` and `qtgd COMMAND --help`. */
+static void qtg_command_usage(FILE *out, const qtg_command *c) {
+  fprintf(out, "usage: qtgd %s%s%s\n\n%s\n", c->name, c->args[0] ? " " : "", c->args, c->help);
+  if (c->needs_db)
+    fprintf(out, "\nIt connects to MG_DATABASE_URL (unset: the private cluster of tools/pg).\n");
+  fprintf(out, "Settings come from MG_* environment variables (qtgd settings lists them).\n");
+}
+
+static int qtg_is_help_flag(const char *a) {
+  return strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0;
 }
 
 /* Arguments of a command that takes a fixed few (max_args >= 0; the others
@@ -67,6 +85,7 @@ static int qtg_check_args(const qtg_command *c, int nargs, char **args) {
   for (int i = 0; i < nargs; i++) {
     if (args[i][0] != '-') continue;
     if (strcmp(c->name, "settings") == 0 && strcmp(args[i], "--markdown") == 0) continue;
+    if (strcmp(c->name, "help") == 0) continue;
     fprintf(stderr, "qtgd %s: unknown option '%s'\n\n", c->name, args[i]);
     return -1;
   }
@@ -286,9 +305,14 @@ static int qtg_run_command(const char *root, qtg_settings *s, const char *cmd, i
 }
 
 int main(int argc, char **argv) {
-  const char *cmd = "run";
+  const char *cmd = NULL;
   int argi = 1;
-  if (argc > 1) {
+  if (argc < 2) {
+    /* No command: usage, not a daemon nobody asked for. */
+    qtg_usage(stderr);
+    return 2;
+  }
+  {
     if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) cmd = "help";
     else if (strcmp(argv[1], "--version") == 0) cmd = "version";
     else if (argv[1][0] == '-') {
@@ -298,19 +322,31 @@ int main(int argc, char **argv) {
     } else cmd = argv[1];
     argi = 2;
   }
-  const qtg_command *c = NULL;
-  for (size_t i = 0; i < QTG_NCOMMANDS; i++)
-    if (strcmp(qtg_commands[i].name, cmd) == 0) c = &qtg_commands[i];
+  const qtg_command *c = qtg_find_command(cmd);
   if (!c) {
     fprintf(stderr, "qtgd: unknown command '%s'\n\n", cmd);
     qtg_usage(stderr);
     return 2;
   }
+  if (argc > argi && qtg_is_help_flag(argv[argi])) {
+    qtg_command_usage(stdout, c);
+    return 0;
+  }
   if (qtg_check_args(c, argc - argi, argv + argi) != 0) {
-    qtg_usage(stderr);
+    qtg_command_usage(stderr, c);
     return 2;
   }
   if (strcmp(cmd, "help") == 0) {
+    if (argc > argi) {
+      const qtg_command *about = qtg_find_command(argv[argi]);
+      if (!about) {
+        fprintf(stderr, "qtgd help: unknown command '%s'\n\n", argv[argi]);
+        qtg_usage(stderr);
+        return 2;
+      }
+      qtg_command_usage(stdout, about);
+      return 0;
+    }
     qtg_usage(stdout);
     return 0;
   }
@@ -324,12 +360,22 @@ int main(int argc, char **argv) {
   }
 
   qtg_settings s;
-  char err[512];
+  char err[4096];
   if (qtg_settings_load(&s, qtg_env, NULL, err, sizeof err) != 0) {
-    fprintf(stderr, "qtgd: %s\n", err);
+    for (char *line = err, *nl; line && *line; line = nl ? nl + 1 : NULL) {
+      nl = strchr(line, '\n');
+      if (nl) *nl = '\0';
+      fprintf(stderr, "qtgd: %s\n", line);
+    }
     return 2;
   }
   qtg_log_set_level((qtg_log_level)qtg_log_level_parse(qtg_settings_str(&s, QTG_S_LOG_LEVEL)));
+  {
+    const char *fmt = qtg_settings_str(&s, QTG_S_LOG_FORMAT);
+    qtg_log_set_text(fmt[0] ? strcmp(fmt, "text") == 0 : isatty(STDERR_FILENO));
+  }
+  s.report_only = strcmp(cmd, "check") == 0;
+  qtg_log_set_repeat_window(strcmp(cmd, "run") == 0 ? 60 : 0);
   if (strcmp(cmd, "settings") == 0) {
     for (int i = 0; i < QTG_S__COUNT; i++) {
       const qtg_setting_def *d = &qtg_setting_defs[i];

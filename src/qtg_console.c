@@ -95,6 +95,20 @@ static int qtg_console_prepare_dir(const char *path, int is_run_dir, char *err, 
     snprintf(err, errlen, "console directory %s is not a directory", dir);
     return -1;
   }
+  /* An explicit MG_CONSOLE_SOCKET: its directory must be ours or root's and
+   * writable by no one else (a root-owned sticky one, /tmp, aside), or
+   * another user could replace the socket with one of their own. */
+  if (!is_run_dir && st.st_uid != geteuid() && st.st_uid != 0) {
+    snprintf(err, errlen, "console directory %s (MG_CONSOLE_SOCKET) is owned by uid %lu, not by this "
+             "user or root", dir, (unsigned long)st.st_uid);
+    return -1;
+  }
+  if (!is_run_dir && (st.st_mode & (S_IWGRP | S_IWOTH)) && !(st.st_uid == 0 && (st.st_mode & S_ISVTX))) {
+    snprintf(err, errlen, "console directory %s (MG_CONSOLE_SOCKET) is writable by others (mode %04o): "
+             "another user could replace the socket; use a directory only this user can write",
+             dir, (unsigned)(st.st_mode & 07777));
+    return -1;
+  }
   if (is_run_dir && (st.st_mode & 077)) {
     if (st.st_uid != geteuid()) {
       snprintf(err, errlen, "run directory %s is open to others and not ours to restrict (mode %03o)",

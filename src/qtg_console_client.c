@@ -53,6 +53,34 @@ typedef struct {
 
 /* ---- connection ---------------------------------------------------------- */
 
+/* Before anything is sent (commands may carry secrets an operator types),
+ * the process behind the socket must be root, this user, or the owner of
+ * the socket's directory when only that owner can write there (the
+ * daemon's run directory): a socket another user slipped into a shared
+ * directory is refused. */
+static int qtg_client_check_peer(int fd, const char *path) {
+  struct ucred cred;
+  socklen_t len = sizeof cred;
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+    fprintf(stderr, "qtgd console: cannot read the peer credentials of %s: %s\n", path, strerror(errno));
+    return -1;
+  }
+  if (cred.uid == 0 || cred.uid == geteuid()) return 0;
+  char dir[PATH_MAX];
+  snprintf(dir, sizeof dir, "%s", path);
+  char *slash = strrchr(dir, '/');
+  if (slash == NULL) snprintf(dir, sizeof dir, ".");
+  else if (slash == dir) slash[1] = '\0';
+  else *slash = '\0';
+  struct stat st;
+  if (stat(dir, &st) == 0 && st.st_uid == cred.uid && !(st.st_mode & (S_IWGRP | S_IWOTH))) return 0;
+  fprintf(stderr,
+          "qtgd console: refusing %s: the process behind it runs as uid %lu, which is neither root, "
+          "this user, nor the owner of %s (a socket planted by another user?)\n",
+          path, (unsigned long)cred.uid, dir);
+  return -1;
+}
+
 static int qtg_client_connect(qtg_client *c, const char *path) {
   struct sockaddr_un sa;
   memset(&sa, 0, sizeof sa);
@@ -67,7 +95,12 @@ static int qtg_client_connect(qtg_client *c, const char *path) {
     fprintf(stderr, "qtgd console: socket: %s\n", strerror(errno));
     return -1;
   }
-  if (connect(c->fd, (struct sockaddr *)&sa, sizeof sa) == 0) return 0;
+  if (connect(c->fd, (struct sockaddr *)&sa, sizeof sa) == 0) {
+    if (qtg_client_check_peer(c->fd, path) == 0) return 0;
+    close(c->fd);
+    c->fd = -1;
+    return -1;
+  }
   int e = errno;
   if (e == ENOENT)
     fprintf(stderr,

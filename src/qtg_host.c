@@ -16,6 +16,7 @@
 #include <luajit.h>
 
 #include "qtg_log.h"
+#include "qtg_lua_path.h"
 #include "qtg_modules_decl.h"
 
 struct qtg_task {
@@ -303,6 +304,7 @@ static const qtg_subsystem qtg_subsystems[] = {
 static void qtg_host_set_paths(qtg_host *h) {
   lua_State *L = h->L;
   const char *over = qtg_settings_str(h->settings, QTG_S_LUA_PATH);
+  if (h->settings->lua_path_error[0]) over = "";
   lua_getglobal(L, "package");
   int top = lua_gettop(L);
   if (over[0]) lua_pushfstring(L, "%s/?.lua;%s/?/init.lua;", over, over);
@@ -347,6 +349,17 @@ int qtg_host_init(qtg_host *h, qtg_settings *s, const char *root_dir) {
   lua_pushlightuserdata(h->L, (void *)&qtg_host_key);
   lua_pushlightuserdata(h->L, h);
   lua_rawset(h->L, LUA_REGISTRYINDEX);
+  {
+    const char *over = qtg_settings_str(h->settings, QTG_S_LUA_PATH);
+    if (over[0] && qtg_lua_path_check(over, err, sizeof err) != 0) {
+      if (!h->settings->report_only) {
+        qtg_log_fields(QTG_LOG_ERROR, err, (const char *const[]){"setting", "MG_LUA_PATH", NULL});
+        qtg_host_close(h);
+        return -1;
+      }
+      snprintf(h->settings->lua_path_error, sizeof h->settings->lua_path_error, "%s", err);
+    }
+  }
   qtg_host_set_paths(h);
   for (size_t i = 0; i < QTG_NSUBSYSTEMS; i++) {
     if (qtg_subsystems[i].open(h, err, sizeof err) != 0) {

@@ -78,6 +78,28 @@ static char *qtg_http_strndup_trim(const char *s, size_t n) {
   return out;
 }
 
+static int qtg_http_is_tchar(char ch);
+
+/* "HTTP/" 1*DIGIT ["." 1*DIGIT] SP 3DIGIT [SP reason] CRLF, as RFC 9112
+ * writes it (curl also accepts "HTTP/2 200").  curl parses looser lines (a
+ * long digit run gives status -1); a status that is not three digits is not
+ * an answer a policy can act on, so the response is refused. */
+static int qtg_http_status_line_ok(const char *line, size_t n) {
+  size_t i = 5, d;
+  for (d = 0; i < n && isdigit((unsigned char)line[i]); i++) d++;
+  if (d != 1) return 0;
+  if (i < n && line[i] == '.') {
+    i++;
+    for (d = 0; i < n && isdigit((unsigned char)line[i]); i++) d++;
+    if (d != 1) return 0;
+  }
+  if (i >= n || line[i] != ' ') return 0;
+  i++;
+  for (d = 0; i < n && isdigit((unsigned char)line[i]); i++) d++;
+  if (d != 3) return 0;
+  return i == n || line[i] == ' ' || line[i] == '\r' || line[i] == '\n';
+}
+
 /* curl hands header lines one at a time, including each response's status
  * line (a new one after a 100 Continue or a followed redirect: the headers
  * kept are the final response's). */
@@ -96,12 +118,22 @@ static size_t qtg_http_header_cb(char *line, size_t size, size_t nitems,
     return 0;
   }
   if (n >= 5 && memcmp(line, "HTTP/", 5) == 0) {
+    if (!qtg_http_status_line_ok(line, n)) {
+      c->bad_response = "malformed status line";
+      return 0;
+    }
     qtg_http_reset_headers(c);
     c->header_bytes = n;
     return n;
   }
   colon = memchr(line, ':', n);
   if (colon == NULL || colon == line) return n;     /* blank or folded line */
+  for (const char *p = line; p < colon; p++) {
+    if (!qtg_http_is_tchar(*p)) {
+      c->bad_response = "header name is not a token";
+      return 0;
+    }
+  }
   if (c->nheaders == c->headers_cap) {
     size_t cap = c->headers_cap ? c->headers_cap * 2 : 16;
     qtg_http_header *p = realloc(c->headers, cap * sizeof *p);
@@ -412,7 +444,10 @@ static qtg_http_kind qtg_http_call_classify(CURLcode rc, const qtg_http_call *c)
 qtg_http_kind qtg_http_call_outcome(const qtg_http_call *c, CURLcode rc,
                                     char *message, size_t msglen) {
   qtg_http_kind kind = qtg_http_call_classify(rc, c);
-  if (kind == QTG_HTTP_TOO_LARGE && c->too_large_what != NULL) {
+  if (c->bad_response != NULL && rc != CURLE_OK) {
+    kind = QTG_HTTP_ERROR;
+    snprintf(message, msglen, "bad response: %s", c->bad_response);
+  } else if (kind == QTG_HTTP_TOO_LARGE && c->too_large_what != NULL) {
     snprintf(message, msglen, "%s larger than %zu bytes", c->too_large_what,
              c->too_large_limit);
   } else if (kind == QTG_HTTP_TOO_LARGE) {

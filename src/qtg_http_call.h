@@ -22,6 +22,7 @@ struct qtg_http_call {
   int too_large;                 /* set by the write/header callbacks */
   const char *too_large_what;    /* "response body" or "response headers" */
   size_t too_large_limit;
+  const char *bad_response;      /* why the header callback refused the answer */
   char *body;                    /* response body (NUL-terminated) */
   size_t body_len, body_cap;
   qtg_http_header *headers;      /* of the current response */

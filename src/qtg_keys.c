@@ -350,7 +350,11 @@ int qtg_keys_open(qtg_host *h, char *err, size_t errlen) {
   /* MG_SIGNER_KEYS is `qtgd signer`'s (qtg_signerd.c): this process never
    * loads a signer key, whatever its environment says. */
   cfg.signer_keys = NULL;
-  return qtg_keys_load(&cfg, &h->keys, err, errlen);
+  if (qtg_keys_load(&cfg, &h->keys, err, errlen) == 0) return 0;
+  if (!h->settings->report_only) return -1;
+  snprintf(h->settings->keys_error, sizeof h->settings->keys_error, "%s", err);
+  h->keys = NULL;
+  return 0;
 }
 
 void qtg_keys_close(qtg_host *h) {

@@ -1,10 +1,12 @@
 /* qtg_log.c -- JSON-lines logger (see qtg_log.h).
  *
- * The level is the one piece of process-wide state: a process has one
- * stderr, and every host instance in it writes to the same stream. */
+ * The level, the format and the repeat table are the process-wide state: a
+ * process has one stderr, and every host instance in it writes to the same
+ * stream. */
 #include "qtg_log.h"
 
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +15,55 @@
 #include <unistd.h>
 
 static qtg_log_level qtg_log_threshold = QTG_LOG_INFO;
+static int qtg_log_text;           /* 1: the human format */
+static int qtg_log_repeat_window;  /* seconds; 0: no rate limit */
+
+void qtg_log_set_text(int on) { qtg_log_text = on != 0; }
+int qtg_log_get_text(void) { return qtg_log_text; }
+void qtg_log_set_repeat_window(int seconds) { qtg_log_repeat_window = seconds > 0 ? seconds : 0; }
+int qtg_log_get_repeat_window(void) { return qtg_log_repeat_window; }
+
+/* Repeated identical warnings and errors (same level, message and fields):
+ * the first is written, the same line again within QTG_LOG_REPEAT_WINDOW
+ * seconds only counted, and the next one written after the window carries
+ * "repeated": how many were left out (the daemon's window is 60 s).  A listener reconnecting every second
+ * through an outage is then one line a minute.  Direct-mapped by hash: two
+ * lines that share a slot only shorten each other's silence. */
+#define QTG_LOG_REPEAT_SLOTS 64
+static struct {
+  uint64_t hash;
+  int64_t since_ms;         /* CLOCK_MONOTONIC */
+  unsigned long suppressed;
+} qtg_log_repeats[QTG_LOG_REPEAT_SLOTS];
+
+static uint64_t qtg_log_hash(uint64_t h, const char *s) {
+  for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ULL;
+  return (h ^ 0xff) * 1099511628211ULL;  /* separator: "ab","c" != "a","bc" */
+}
+
+/* 1: leave the line out; else *repeated is the count to report (0: none). */
+static int qtg_log_suppress(qtg_log_level level, const char *msg, const char *const *fields,
+                            unsigned long *repeated) {
+  *repeated = 0;
+  if (qtg_log_repeat_window == 0 || level < QTG_LOG_WARN) return 0;
+  uint64_t h = qtg_log_hash(14695981039346656037ULL + (uint64_t)level, msg);
+  for (int i = 0; fields && fields[i] && fields[i + 1]; i += 2)
+    h = qtg_log_hash(qtg_log_hash(h, fields[i]), fields[i + 1]);
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  int64_t now_ms = (int64_t)now.tv_sec * 1000 + now.tv_nsec / 1000000;
+  size_t slot = (size_t)(h % QTG_LOG_REPEAT_SLOTS);
+  if (qtg_log_repeats[slot].hash == h &&
+      now_ms - qtg_log_repeats[slot].since_ms < (int64_t)qtg_log_repeat_window * 1000) {
+    qtg_log_repeats[slot].suppressed++;
+    return 1;
+  }
+  if (qtg_log_repeats[slot].hash == h) *repeated = qtg_log_repeats[slot].suppressed;
+  qtg_log_repeats[slot].hash = h;
+  qtg_log_repeats[slot].since_ms = now_ms;
+  qtg_log_repeats[slot].suppressed = 0;
+  return 0;
+}
 
 static const char *const qtg_log_names[] = {"debug", "info", "warn", "error"};
 
@@ -93,8 +144,89 @@ static size_t qtg_log_put_string(char *line, size_t off, size_t limit, const cha
   return off + 4;
 }
 
+/* A value of kind 'n' is written bare only when it is a JSON number (the
+ * caller formats it); anything else is quoted, so a line always parses. */
+static int qtg_log_is_json_number(const char *s) {
+  const char *p = s;
+  if (*p == '-') p++;
+  if (*p == '0') p++;
+  else if (*p >= '1' && *p <= '9') while (*p >= '0' && *p <= '9') p++;
+  else return 0;
+  if (*p == '.') {
+    p++;
+    if (!(*p >= '0' && *p <= '9')) return 0;
+    while (*p >= '0' && *p <= '9') p++;
+  }
+  if (*p == 'e' || *p == 'E') {
+    p++;
+    if (*p == '+' || *p == '-') p++;
+    if (!(*p >= '0' && *p <= '9')) return 0;
+    while (*p >= '0' && *p <= '9') p++;
+  }
+  return *p == '\0' && p - s < 40;
+}
+
+static int qtg_log_bare(char kind, const char *v) {
+  if (kind == 'n') return qtg_log_is_json_number(v);
+  if (kind == 'b') return strcmp(v, "true") == 0 || strcmp(v, "false") == 0;
+  return 0;
+}
+
+/* Text format: `TIME LEVEL msg key=value ...`; a value with a space, quote,
+ * '=' or control character is written JSON-quoted, so a line stays one line. */
+static int qtg_log_plain_ok(const char *s) {
+  if (*s == '\0') return 0;
+  for (; *s; s++) {
+    unsigned char c = (unsigned char)*s;
+    if (c <= 0x20 || c == 0x7f || c == '"' || c == '=' || c == '\\') return 0;
+  }
+  return 1;
+}
+
+static void qtg_log_write_text(qtg_log_level level, const char *ts, const char *msg,
+                               const char *const *fields, unsigned long repeated) {
+  char line[QTG_LOG_LINE_MAX + 2];
+  static const char *const upper[] = {"DEBUG", "INFO ", "WARN ", "ERROR"};
+  const size_t limit = QTG_LOG_LINE_MAX;
+  int cut = 0;
+  size_t off = 0;
+  off = qtg_log_append(line, off, ts, strlen(ts));
+  off = qtg_log_append(line, off, " ", 1);
+  off = qtg_log_append(line, off, upper[level], 5);
+  off = qtg_log_append(line, off, " ", 1);
+  /* the message as it is, its control characters escaped */
+  for (const char *p = msg; *p && off + 8 < limit; p++) {
+    unsigned char c = (unsigned char)*p;
+    if (c < 0x20 || c == 0x7f) off += (size_t)snprintf(line + off, 8, "\\x%02x", c);
+    else line[off++] = (char)c;
+  }
+  for (int i = 0; fields && fields[i] && fields[i + 1] && !cut; i += 2) {
+    size_t klen = strlen(fields[i]);
+    if (off + klen + 8 > limit) break;
+    line[off++] = ' ';
+    off = qtg_log_append(line, off, fields[i], klen);
+    line[off++] = '=';
+    const char *v = fields[i + 1];
+    if (qtg_log_plain_ok(v) && off + strlen(v) <= limit) off = qtg_log_append(line, off, v, strlen(v));
+    else off = qtg_log_put_string(line, off, limit, v, strlen(v), &cut);
+  }
+  if (repeated > 0 && off + 32 < limit)
+    off += (size_t)snprintf(line + off, 32, " repeated=%lu", repeated);
+  line[off++] = '\n';
+  ssize_t w = write(STDERR_FILENO, line, off);
+  (void)w;
+}
+
 void qtg_log_fields(qtg_log_level level, const char *msg, const char *const *fields) {
+  qtg_log_fieldsk(level, msg, fields, NULL);
+}
+
+void qtg_log_fieldsk(qtg_log_level level, const char *msg, const char *const *fields,
+                     const char *kinds) {
   if (level < qtg_log_threshold) return;
+  if (!msg) msg = "";
+  unsigned long repeated;
+  if (qtg_log_suppress(level, msg, fields, &repeated)) return;
   char line[QTG_LOG_LINE_MAX + 2];
   char ts[64];
   struct timeval tv;
@@ -103,6 +235,10 @@ void qtg_log_fields(qtg_log_level level, const char *msg, const char *const *fie
   gmtime_r(&tv.tv_sec, &tm);
   size_t tl = strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%S", &tm);
   snprintf(ts + tl, sizeof ts - tl, ".%06ldZ", (long)tv.tv_usec);
+  if (qtg_log_text) {
+    qtg_log_write_text(level, ts, msg, fields, repeated);
+    return;
+  }
 
   /* limit: the closing brace and the newline go after it */
   const size_t limit = QTG_LOG_LINE_MAX;
@@ -113,7 +249,6 @@ void qtg_log_fields(qtg_log_level level, const char *msg, const char *const *fie
   off = qtg_log_append(line, off, "\",\"level\":\"", 11);
   off = qtg_log_append(line, off, qtg_log_names[level], strlen(qtg_log_names[level]));
   off = qtg_log_append(line, off, "\",\"msg\":", 8);
-  if (!msg) msg = "";
   off = qtg_log_put_string(line, off, limit, msg, strlen(msg), &cut);
   for (int i = 0; !cut && fields && fields[i] && fields[i + 1]; i += 2) {
     size_t klen = strlen(fields[i]);
@@ -122,8 +257,15 @@ void qtg_log_fields(qtg_log_level level, const char *msg, const char *const *fie
     line[off++] = ',';
     off += qtg_json_quote(line + off, kneed, fields[i], klen);
     line[off++] = ':';
-    off = qtg_log_put_string(line, off, limit, fields[i + 1], strlen(fields[i + 1]), &cut);
+    const char *v = fields[i + 1];
+    size_t vlen = strlen(v);
+    if (kinds && kinds[i / 2] && qtg_log_bare(kinds[i / 2], v) && off + vlen <= limit)
+      off = qtg_log_append(line, off, v, vlen);
+    else
+      off = qtg_log_put_string(line, off, limit, v, vlen, &cut);
   }
+  if (!cut && repeated > 0 && off + 32 < limit)
+    off += (size_t)snprintf(line + off, 32, ",\"repeated\":%lu", repeated);
   line[off++] = '}';
   line[off++] = '\n';
   ssize_t w = write(STDERR_FILENO, line, off);

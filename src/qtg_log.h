@@ -20,6 +20,19 @@ const char *qtg_log_level_name(qtg_log_level level);
 
 /* fields: NULL-terminated key/value pairs of C strings. */
 void qtg_log_fields(qtg_log_level level, const char *msg, const char *const *fields);
+/* kinds: one character per pair ('s' string, 'n' number, 'b' boolean) or
+ * NULL (all strings).  A number or boolean is written as a JSON number or
+ * boolean when its text is one, else quoted. */
+void qtg_log_fieldsk(qtg_log_level level, const char *msg, const char *const *fields,
+                     const char *kinds);
+
+/* The human format (MG_LOG_FORMAT=text, or a terminal on stderr). */
+void qtg_log_set_text(int on);
+int qtg_log_get_text(void);
+/* Rate-limit repeated identical warnings and errors within a window of
+ * seconds (0: off; `qtgd run` uses 60). */
+void qtg_log_set_repeat_window(int seconds);
+int qtg_log_get_repeat_window(void);
 /* printf-style message, optional single field pair (key may be NULL). */
 void qtg_logf(qtg_log_level level, const char *key, const char *val, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));

@@ -16,12 +16,19 @@
 #include "qtg_log.h"
 
 typedef enum { QTG_PG_CONNECTING, QTG_PG_IDLE, QTG_PG_BUSY, QTG_PG_BROKEN } qtg_pg_state;
-typedef enum { QTG_PG_STEP_RUN, QTG_PG_STEP_PREPARE } qtg_pg_step;
+typedef enum { QTG_PG_STEP_RUN, QTG_PG_STEP_PREPARE, QTG_PG_STEP_DEALLOCATE } qtg_pg_step;
+
+/* Prepared statements per connection: a bounded cache, least recently used
+ * out first (DEALLOCATEd on the server, one round trip more on that query
+ * only).  Unbounded, a policy that builds SQL text from data left a backend
+ * holding every statement it ever saw (20,000 of them: 131 MB). */
+#define QTG_PG_MAX_STMTS 256
 
 typedef struct {
   uint32_t hash;
   char *sql;
-  char name[16];
+  char name[24];
+  uint64_t used;             /* c->stmt_clock when last run */
 } qtg_pg_stmt;
 
 typedef struct qtg_pg_waiter {
@@ -51,6 +58,9 @@ struct qtg_pg_conn {
   /* prepared statements of this connection */
   qtg_pg_stmt *stmts;
   int nstmts, capstmts;
+  uint64_t stmt_clock;       /* bumped by each use: the LRU order */
+  unsigned long stmt_serial; /* names are never reused: qtg<serial> */
+  char pending_name[24];
   qtg_pg_conn *next; /* pool's list of all connections */
 };
 
@@ -262,6 +272,7 @@ static int qtg_pg_flush(qtg_pg_conn *c) {
 
 static int qtg_pg_send_prepared(qtg_pg_conn *c, int idx) {
   c->step = QTG_PG_STEP_RUN;
+  c->stmts[idx].used = ++c->stmt_clock;
   if (!PQsendQueryPrepared(c->pg, c->stmts[idx].name, c->pending_n,
                            (const char *const *)c->pending_values, NULL, NULL, 0))
     return -1;
@@ -280,8 +291,26 @@ static int qtg_pg_stmt_add(qtg_pg_conn *c, const char *sql) {
   s->sql = strdup(sql);
   if (!s->sql) return -1;
   s->hash = qtg_pg_hash(sql);
-  snprintf(s->name, sizeof s->name, "qtg%d", c->nstmts);
+  snprintf(s->name, sizeof s->name, "%s", c->pending_name);
+  s->used = c->stmt_clock;
   return c->nstmts++;
+}
+
+/* Forget the least recently used statement; its name goes to out (for the
+ * DEALLOCATE the caller sends). */
+static void qtg_pg_stmt_evict(qtg_pg_conn *c, char *out, size_t cap) {
+  int lru = 0;
+  for (int i = 1; i < c->nstmts; i++)
+    if (c->stmts[i].used < c->stmts[lru].used) lru = i;
+  snprintf(out, cap, "%s", c->stmts[lru].name);
+  free(c->stmts[lru].sql);
+  c->stmts[lru] = c->stmts[--c->nstmts];
+}
+
+static int qtg_pg_send_prepare(qtg_pg_conn *c) {
+  c->step = QTG_PG_STEP_PREPARE;
+  if (!PQsendPrepare(c->pg, c->pending_name, c->pending_sql, c->pending_n, NULL)) return -1;
+  return qtg_pg_flush(c);
 }
 
 static int qtg_pg_stmt_find(const qtg_pg_conn *c, const char *sql) {
@@ -292,6 +321,15 @@ static int qtg_pg_stmt_find(const qtg_pg_conn *c, const char *sql) {
 }
 
 static void qtg_pg_command_done(qtg_pg_conn *c) {
+  if (c->step == QTG_PG_STEP_DEALLOCATE) {
+    /* Its failure (an aborted transaction) leaves one statement on the
+     * server under a name never used again; the PREPARE that follows
+     * reports the same error to the caller. */
+    if (c->last) PQclear(c->last);
+    c->last = NULL;
+    if (qtg_pg_send_prepare(c) != 0) qtg_pg_conn_fail(c, "cannot send a PREPARE");
+    return;
+  }
   if (c->step == QTG_PG_STEP_PREPARE) {
     if (c->last && PQresultStatus(c->last) == PGRES_COMMAND_OK) {
       PQclear(c->last);
@@ -582,12 +620,18 @@ int qtg_pg_query(qtg_pg_conn *c, const char *sql, int nparams, const char *const
     return 0;
   }
   if (prepare) {
-    char name[16];
-    snprintf(name, sizeof name, "qtg%d", c->nstmts);
     c->pending_sql = strdup(sql);
     if (!c->pending_sql) goto fail;
-    c->step = QTG_PG_STEP_PREPARE;
-    if (!PQsendPrepare(c->pg, name, sql, nparams, NULL)) goto fail;
+    snprintf(c->pending_name, sizeof c->pending_name, "qtg%lu", c->stmt_serial++);
+    if (c->nstmts >= QTG_PG_MAX_STMTS) {
+      char cmd[64] = "DEALLOCATE ";
+      qtg_pg_stmt_evict(c, cmd + strlen(cmd), sizeof cmd - strlen(cmd));
+      c->step = QTG_PG_STEP_DEALLOCATE;
+      if (!PQsendQuery(c->pg, cmd)) goto fail;
+    } else {
+      c->step = QTG_PG_STEP_PREPARE;
+      if (!PQsendPrepare(c->pg, c->pending_name, sql, nparams, NULL)) goto fail;
+    }
   } else if (!PQsendQueryParams(c->pg, sql, nparams, NULL, (const char *const *)c->pending_values, NULL,
                                 NULL, 0)) {
     goto fail;

@@ -42,6 +42,11 @@ static int qtg_settings_parse_num(const char *v, int integer, double *out) {
   return 0;
 }
 
+void qtg_settings_format_number(double n, char *buf, size_t cap) {
+  if (n == floor(n) && fabs(n) < 1e15) snprintf(buf, cap, "%.0f", n);
+  else snprintf(buf, cap, "%.15g", n);
+}
+
 static int qtg_settings_parse_one(const qtg_setting_def *d, const char *text,
                                   qtg_setting_value *v, char *err, size_t errlen) {
   switch (d->type) {
@@ -55,8 +60,13 @@ static int qtg_settings_parse_one(const qtg_setting_def *d, const char *text,
     if (qtg_settings_parse_num(text, d->type == QTG_SET_INT, &v->n) == 0 &&
         v->n >= d->min && v->n <= d->max)
       return 0;
-    snprintf(err, errlen, "%s=\"%s\" is invalid: expected %s between %g and %g", d->name,
-             text, d->type == QTG_SET_INT ? "an integer" : "a number", d->min, d->max);
+    {
+      char lo[32], hi[32];
+      qtg_settings_format_number(d->min, lo, sizeof lo);
+      qtg_settings_format_number(d->max, hi, sizeof hi);
+      snprintf(err, errlen, "%s=\"%s\" is invalid: expected %s between %s and %s", d->name,
+               text, d->type == QTG_SET_INT ? "an integer" : "a number", lo, hi);
+    }
     return -1;
   case QTG_SET_STR:
   case QTG_SET_SECRET:
@@ -79,6 +89,13 @@ static int qtg_settings_check_log_level(const qtg_settings *s, char *err, size_t
   return -1;
 }
 
+static int qtg_settings_check_log_format(const qtg_settings *s, char *err, size_t errlen) {
+  const char *f = s->v[QTG_S_LOG_FORMAT].s;
+  if (f[0] == '\0' || strcmp(f, "json") == 0 || strcmp(f, "text") == 0) return 0;
+  snprintf(err, errlen, "MG_LOG_FORMAT=\"%s\" is invalid: expected json or text", f);
+  return -1;
+}
+
 static int qtg_settings_check_network_class(const qtg_settings *s, char *err, size_t errlen) {
   const char *nc = s->v[QTG_S_NETWORK_CLASS].s;
   size_t n = strlen(nc);
@@ -90,20 +107,45 @@ static int qtg_settings_check_network_class(const qtg_settings *s, char *err, si
   return -1;
 }
 
+/* Append one finding to err (one line each), as far as it fits. */
+static void qtg_settings_add_error(char *err, size_t errlen, size_t *used, const char *line) {
+  if (errlen == 0 || *used >= errlen - 1) return;
+  int n = snprintf(err + *used, errlen - *used, "%s%s", *used ? "\n" : "", line);
+  if (n > 0) *used += (size_t)n < errlen - *used ? (size_t)n : errlen - *used - 1;
+}
+
+/* Every invalid setting is reported, one line each: an operator fixing a
+ * unit file should not meet them one start at a time. */
 int qtg_settings_load(qtg_settings *s, qtg_env_lookup get, void *ud, char *err, size_t errlen) {
+  char one[512];
+  size_t used = 0;
+  int bad = 0;
   memset(s, 0, sizeof *s);
+  if (errlen > 0) err[0] = '\0';
   for (int i = 0; i < QTG_S__COUNT; i++) {
     const qtg_setting_def *d = &qtg_setting_defs[i];
     const char *text = get(d->name, ud);
     s->v[i].set = text != NULL;
     if (!text) text = d->def;
-    if (qtg_settings_parse_one(d, text, &s->v[i], err, errlen) != 0) {
-      qtg_settings_free(s);
-      return -1;
+    if (qtg_settings_parse_one(d, text, &s->v[i], one, sizeof one) != 0) {
+      qtg_settings_add_error(err, errlen, &used, one);
+      bad = 1;
+      if (d->type == QTG_SET_STR || d->type == QTG_SET_SECRET) break; /* out of memory */
     }
   }
-  if (qtg_settings_check_log_level(s, err, errlen) != 0 ||
-      qtg_settings_check_network_class(s, err, errlen) != 0) {
+  if (s->v[QTG_S_LOG_FORMAT].s && qtg_settings_check_log_format(s, one, sizeof one) != 0) {
+    qtg_settings_add_error(err, errlen, &used, one);
+    bad = 1;
+  }
+  if (s->v[QTG_S_LOG_LEVEL].s && qtg_settings_check_log_level(s, one, sizeof one) != 0) {
+    qtg_settings_add_error(err, errlen, &used, one);
+    bad = 1;
+  }
+  if (s->v[QTG_S_NETWORK_CLASS].s && qtg_settings_check_network_class(s, one, sizeof one) != 0) {
+    qtg_settings_add_error(err, errlen, &used, one);
+    bad = 1;
+  }
+  if (bad) {
     qtg_settings_free(s);
     return -1;
   }

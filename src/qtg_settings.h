@@ -42,6 +42,13 @@ enum {
 
 typedef struct qtg_settings {
   qtg_setting_value v[QTG_S__COUNT];
+  /* Set by `qtgd check` before the host starts: a key file that does not
+   * load (unreadable, too open, malformed) or an MG_LUA_PATH that may not be
+   * trusted is kept here for check's report instead of stopping the host,
+   * which would leave no table (the override is then not searched). */
+  int report_only;
+  char keys_error[512];
+  char lua_path_error[512];
 } qtg_settings;
 
 extern const qtg_setting_def qtg_setting_defs[QTG_S__COUNT];
@@ -56,6 +63,9 @@ void qtg_settings_free(qtg_settings *s);
 int qtg_settings_bool(const qtg_settings *s, int id);
 double qtg_settings_num(const qtg_settings *s, int id);
 const char *qtg_settings_str(const qtg_settings *s, int id);
+
+/* n as people write it: 31536000, 0.01 (never 3.1536e+07). */
+void qtg_settings_format_number(double n, char *buf, size_t cap);
 
 /* Print the settings table as Markdown (for the README) to stdout. */
 void qtg_settings_print_markdown(void);

@@ -8,6 +8,7 @@ QTG_SETTING(DB_POOL_SIZE, "MG_DB_POOL_SIZE", QTG_SET_INT, "8", 1, 256, "connecti
 QTG_SETTING(NETWORK_CLASS, "MG_NETWORK_CLASS", QTG_SET_STR, "devnet", 0, 0, "the network class this process serves (requests of other classes are left alone)")
 QTG_SETTING(LUA_PATH, "MG_LUA_PATH", QTG_SET_STR, "", 0, 0, "operator override directory for policy scripts, searched before the packaged lua/")
 QTG_SETTING(LOG_LEVEL, "MG_LOG_LEVEL", QTG_SET_STR, "info", 0, 0, "debug, info, warn or error")
+QTG_SETTING(LOG_FORMAT, "MG_LOG_FORMAT", QTG_SET_STR, "", 0, 0, "json (one object per line) or text; unset: text when stderr is a terminal, else json")
 QTG_SETTING(SHUTDOWN_GRACE_SECONDS, "MG_SHUTDOWN_GRACE_SECONDS", QTG_SET_NUM, "20", 0, 3600, "on SIGTERM, how long in-flight ticks may run before they are rolled back")
 QTG_SETTING(RUN_DIR, "MG_RUN_DIR", QTG_SET_STR, "", 0, 0, "runtime directory (console socket); unset: var/run under the repo, or $RUNTIME_DIRECTORY under systemd")
 QTG_SETTING(CONSOLE_ENABLED, "MG_CONSOLE_ENABLED", QTG_SET_BOOL, "true", 0, 0, "serve the operator console on a Unix socket")

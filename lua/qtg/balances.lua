@@ -67,7 +67,7 @@ function M.gateway_fetch(settings)
   if resp.status ~= 200 then
     return nil, string.format("gateway: HTTP %d: %s", resp.status, body_excerpt(resp.body))
   end
-  local doc = json.decode(resp.body or "")
+  local doc = canon.decode(resp.body or "", json)
   if type(doc) ~= "table" or doc.token ~= "USDC" or type(doc.balances) ~= "table" then
     return nil, "gateway: answer is not a USDC balances object: " .. body_excerpt(resp.body)
   end

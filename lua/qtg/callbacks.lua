@@ -12,6 +12,7 @@
 -- every retry.
 local qtg = require("qtg")
 local cjson = require("cjson.safe")
+local canon = require("qtg.canon_json")
 
 local M = {}
 
@@ -115,7 +116,7 @@ function M.check_payload(payload)
   if #payload > M.MAX_PAYLOAD_BYTES then
     return nil, "payload larger than " .. M.MAX_PAYLOAD_BYTES .. " bytes"
   end
-  local value, err = json.decode(payload)
+  local value, err = canon.decode(payload, json)
   if value == nil then return nil, "payload is not valid JSON: " .. tostring(err) end
   if type(value) ~= "table" or not payload:match("^%s*{") then
     return nil, "payload is not a JSON object"

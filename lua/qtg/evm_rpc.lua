@@ -22,6 +22,7 @@
 -- the reaper asks for "latest" only.
 local qtg = require("qtg")
 local cjson = require("cjson.safe")
+local canon = require("qtg.canon_json")
 
 local M = {}
 
@@ -152,7 +153,7 @@ function M.request(url, method, params, opts)
     return fail("status", string.format("HTTP %d: %s", resp.status,
       (resp.body or ""):sub(1, 200):gsub("[%c]", " ")), ctx)
   end
-  local doc = json.decode(resp.body or "")
+  local doc = canon.decode(resp.body or "", json)
   if type(doc) ~= "table" or doc.jsonrpc ~= "2.0" or doc.id ~= 1 then
     return fail("garbage", "not a JSON-RPC 2.0 response: " .. (resp.body or ""):sub(1, 120):gsub("[%c]", " "), ctx)
   end

@@ -49,8 +49,20 @@ local function optional(name)
   if module_exists(name) then return require(name) end
 end
 
+-- `qtgd check` fails on an MG_* name that is not a setting; run, which
+-- may start without check, says so too (a typo leaves a default in force).
+local function warn_unknown_settings()
+  local ok, check = pcall(require, "qtg.cli.check")
+  if not ok then return end
+  for _, u in ipairs(check.unknown_settings()) do
+    qtg.log.warn(u.name .. " is not a qtg setting" .. (u.hint and (" (did you mean " .. u.hint .. "?)") or "")
+      .. "; it is ignored", {setting = u.name, suggestion = u.hint})
+  end
+end
+
 function M.run()
   local settings = qtg.settings
+  warn_unknown_settings()
   if settings.console_enabled and qtg.console_server and qtg.console_server.start then
     qtg.console_server.start()
   end
@@ -96,6 +108,8 @@ function M.on_sighup()
     qtg.systemd.notify(report and report.ok and "READY=1\nSTATUS=policy reloaded"
                        or "READY=1\nSTATUS=policy reload failed; the old code keeps running")
   end
+  -- after READY: a core worker failing its first passes is logged (warn)
+  if report and report.ok then pcall(reload.watch, report, reload.WATCH_SECONDS) end
 end
 
 return M

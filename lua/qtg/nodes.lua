@@ -4,6 +4,7 @@
 -- DAG after a completion and derive the request state.  Every function runs
 -- inside the caller's open transaction, with the request row already locked
 -- by the caller (rule: a request row is locked before any of its node rows).
+local qtg = require "qtg"
 local canon = require "qtg.canon_json"
 local state = require "qtg.state"
 local outbox = require "qtg.outbox"
@@ -227,6 +228,11 @@ M.STATE_EVENTS = {
 
 M.TERMINAL_REQUEST = { COMPLETED = true, REJECTED = true, CANCELLED = true, EXPIRED = true }
 
+-- States an operator must hear about: a warn line when a request or a node
+-- enters one (written with the change, in its transaction).
+M.WARN_REQUEST_STATES = { FAILED = true, MANUAL_INTERVENTION = true }
+M.WARN_NODE_STATES = { FAILED = true, UNKNOWN = true }
+
 -- set_request_state(s, request, to, actor, opts): the change, its callback
 -- and its audit row.  opts: {event = (default M.STATE_EVENTS[to]), data = {},
 -- fields = {extra REQUEST_SET fields}, action = audit action}.
@@ -242,6 +248,11 @@ function M.set_request_state(s, request, to, actor, opts)
   local event = opts.event or M.STATE_EVENTS[to]
   M.write_request(s, request, fields, event and { event = event, data = data } or nil,
     { actor = actor, action = opts.action or ("request." .. to:lower()), detail = data })
+  if M.WARN_REQUEST_STATES[to] and from ~= to then
+    local code = request.last_error_code
+    qtg.log.warn("request " .. to, { request_id = request.id, from_state = from, actor = actor,
+      error_code = code ~= NULL and code or nil, request_state = to })
+  end
 end
 
 -- set_node_state(s, g, node, fields, actor): a node change plus its audit
@@ -264,6 +275,14 @@ function M.set_node_state(s, g, node, fields, actor)
     "SELECT * FROM u"
   local row = s:query(sql, unpack(args, 1, n + 3))[1]
   for k, v in pairs(row) do node[k] = v end
+  if M.WARN_NODE_STATES[node.node_state] and from ~= node.node_state then
+    local code, detail = node.error_code, node.error_detail
+    qtg.log.warn("node " .. node.node_state, { request_id = g.request.id, node_id = node.id,
+      node_key = node.node_key, from_state = from, attempt_no = node.attempt_no, actor = actor,
+      error_code = code ~= NULL and code or nil,
+      error_detail = type(detail) == "string" and detail:sub(1, 500) or nil,
+      node_state = node.node_state })
+  end
   return node
 end
 

@@ -250,6 +250,33 @@ local function load_all(policy_path, roots, errors)
   return names, plan
 end
 
+-- prune(errors, policy_path) -> errors without the cascade: once a module
+-- failed, every module that requires it fails too with "loop or previous
+-- error loading module 'X'" (Lua keeps a sentinel for X), which names an
+-- innocent file; those are dropped, and so are repeats of one file, line
+-- and message (a module failing inside another's require is reported by
+-- both).
+function M.prune(errors, policy_path)
+  local failed_files = {}
+  for _, e in ipairs(errors) do if e.file then failed_files[e.file] = true end end
+  local function failed(dep)
+    local file = package.searchpath(dep, policy_path)
+    return file and failed_files[file]
+  end
+  local out, seen = {}, {}
+  for _, e in ipairs(errors) do
+    local msg = tostring(e.message or "")
+    local dep = msg:match("loop or previous error loading module '([^']+)'")
+    local key = tostring(e.file) .. ":" .. tostring(e.line) .. ":" .. msg:gsub("^[^\n]-%.lua:%d+: ", "")
+    if not (dep and failed(dep)) and not seen[key] then
+      seen[key] = true
+      out[#out + 1] = e
+    end
+  end
+  if #out == 0 then out[1] = errors[1] end
+  return out
+end
+
 -- ---- applying the registry ------------------------------------------------------
 
 local function apply(plan, report)
@@ -296,6 +323,61 @@ local function apply(plan, report)
   if type(wakeups) == "table" and wakeups.refresh then wakeups.refresh() end
 end
 
+-- ---- the first passes after a reload --------------------------------------------
+
+-- A reload can succeed and leave a core worker failing every pass on the
+-- new code.  watch(report, seconds) waits (at most `seconds`) for each core
+-- worker the reload touched whose next pass is due within that time to
+-- finish its first pass on the new code, and lists in report.failing those
+-- whose pass failed, with the error; report.unwatched names the ones not
+-- due in time, paused, or in a pass on the old code during the swap (the
+-- answer does not wait for an old pass to end).
+M.WATCH_SECONDS = 10
+
+function M.watch(report, seconds)
+  local rt = qtg.runtime
+  local touched = {}
+  for _, n in ipairs(report.updated) do touched[n] = true end
+  for _, n in ipairs(report.started) do touched[n] = true end
+  local now = qtg.now()
+  local watched = {}
+  for _, w in ipairs(rt.workers()) do
+    if touched[w.name] and w.group == "core" then
+      local due = w.state ~= "running" and (w.state == "ready"
+        or (w.next_run_at and w.next_run_at - now <= seconds))
+      if due and not w.paused then
+        watched[w.name] = { passes = w.ticks, errors = w.errors_total, need = 1 }
+      else
+        report.unwatched[#report.unwatched + 1] = w.name
+      end
+    end
+  end
+  local deadline = qtg.monotonic() + seconds
+  while next(watched) and qtg.monotonic() < deadline do
+    qtg.sleep(0.1)
+    local seen = {}
+    for _, w in ipairs(rt.workers()) do seen[w.name] = w end
+    for name, b in pairs(watched) do
+      local w = seen[name]
+      if not w then
+        watched[name] = nil
+      elseif w.ticks - b.passes >= b.need then
+        -- the last pass (the first on the new code) failed
+        if w.consecutive_errors > 0 and w.errors_total > b.errors then
+          report.failing[#report.failing + 1] = { name = name, error = w.last_error or "?" }
+        end
+        watched[name] = nil
+      end
+    end
+  end
+  for name in pairs(watched) do report.unwatched[#report.unwatched + 1] = name end
+  table.sort(report.failing, function(a, b) return a.name < b.name end)
+  table.sort(report.unwatched)
+  for _, f in ipairs(report.failing) do
+    qtg.log.warn("core worker failing after a reload", { worker = f.name, error = f.error, actor = report.actor })
+  end
+end
+
 -- ---- reporting ----------------------------------------------------------------------
 
 -- describe(report) -> text for the operator.
@@ -306,14 +388,20 @@ function M.describe(report)
     if #report.started > 0 then lines[#lines + 1] = "started: " .. table.concat(report.started, ", ") end
     if #report.stopped > 0 then lines[#lines + 1] = "stopped: " .. table.concat(report.stopped, ", ") end
     for _, c in ipairs(report.interval_changed) do
-      lines[#lines + 1] = string.format("interval of %s: %gs -> %gs (from its next sleep)", c.name, c.from, c.to)
+      lines[#lines + 1] = string.format("interval of %s: %.14gs -> %.14gs (from its next sleep)", c.name, c.from, c.to)
     end
     lines[#lines + 1] = string.format("workers on the new code from their next pass: %d", #report.updated)
+    for _, f in ipairs(report.failing or {}) do
+      lines[#lines + 1] = string.format("FAILING: core worker %s failed its first pass on the new code: %s",
+        f.name, f.error)
+    end
   else
     lines[1] = "reload failed; the old code keeps running:"
     for _, e in ipairs(report.errors) do
       local where = e.file and (e.file .. (e.line and (":" .. e.line) or "")) or (e.module or "?")
-      lines[#lines + 1] = "  " .. where .. ": " .. e.message:gsub("\n", "\n    ")
+      local msg = e.message
+      if msg:sub(1, #where + 2) == where .. ": " then msg = msg:sub(#where + 3) end -- the place once
+      lines[#lines + 1] = "  " .. where .. ": " .. msg:gsub("\n", "\n    ")
     end
   end
   local text = table.concat(lines, "\n")
@@ -344,9 +432,11 @@ end
 -- reload(who) -> report {ok, actor, modules, started, stopped, updated,
 -- interval_changed, errors}.  Never raises for a broken script: the report
 -- says what failed.  who: "console:<uid>" or a reason such as "sighup".
-function M.reload(who)
+-- opts.watch: seconds to watch the touched core workers' first passes
+-- (M.watch; the console and SIGHUP use M.WATCH_SECONDS).
+function M.reload(who, opts)
   local report = { ok = false, actor = actor_of(who), modules = {}, started = {}, stopped = {},
-                   updated = {}, interval_changed = {}, errors = {} }
+                   updated = {}, interval_changed = {}, errors = {}, failing = {}, unwatched = {} }
   local policy_path, roots = M.policy_path(), M.roots()
   local before = {}
   for name, mod in pairs(package.loaded) do before[name] = mod end
@@ -358,6 +448,7 @@ function M.reload(who)
     report.errors[#report.errors + 1] = { message = "a policy module yielded while loading (no I/O at load time)" }
   end
   if #report.errors > 0 then
+    report.errors = M.prune(report.errors, policy_path)
     -- put package.loaded back exactly as it was: the old modules, and none
     -- of the new ones
     for name in pairs(package.loaded) do
@@ -374,13 +465,17 @@ function M.reload(who)
     end
   end
   if report.ok then
-    qtg.log.info("policy reloaded", { actor = report.actor, modules = tostring(#report.modules),
+    qtg.log.info("policy reloaded", { actor = report.actor, modules = #report.modules,
       started = table.concat(report.started, ","), stopped = table.concat(report.stopped, ",") })
   else
     local first = report.errors[1]
     qtg.log.error("policy reload failed; the old code keeps running", { actor = report.actor,
       file = first.file and tostring(first.file) or "", line = first.line and tostring(first.line) or "",
       error = first.message })
+  end
+  if report.ok and opts and opts.watch and opts.watch > 0 then
+    local ok, err = pcall(M.watch, report, opts.watch)
+    if not ok then qtg.log.warn("reload: cannot watch the workers: " .. message_of(err)) end
   end
   audit(report)
   return report

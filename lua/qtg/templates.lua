@@ -30,23 +30,79 @@ M.EDGE_FIELDS = { from = true, to = true }
 M.INTENT_FIELDS = { required = true, types = true }
 M.TIMEOUT_FIELDS = { observe_seconds = true, submit_seconds = true }
 
--- Intent field types: name -> predicate(value) -> ok, and what it means.
+-- Intent field types: name -> predicate(value, spec) -> ok, and what it
+-- means.  A field's type is a name ("decimal") or an object naming it with
+-- its bounds: {"type": "decimal", "scale": 6}, {"type": "integer", "min": 1,
+-- "max": 100}.  spec is that object (or {type = name}).
+M.DECIMAL_MAX_INTEGER_DIGITS = 78   -- a uint256 has 78 decimal digits
+M.DECIMAL_DEFAULT_SCALE = 18
+M.INTEGER_LIMIT = 2^53 - 1          -- a larger JSON number is not exact
 M.INTENT_TYPES = {
   string = { check = function(v) return type(v) == "string" and v ~= "" end,
              says = "a non-empty string" },
   -- A string only: a JSON number has already lost what a double cannot
   -- hold, and its text depends on the encoder (1e14 vs 99999999999999).
-  decimal = { check = function(v)
-                return type(v) == "string" and v:match("^%d+%.?%d*$") ~= nil
-                  and v:sub(-1) ~= "." and tonumber(v) ~= nil and tonumber(v) > 0
+  decimal = { check = function(v, spec)
+                if type(v) ~= "string" then return false end
+                local int, frac = v:match("^(%d+)%.?(%d*)$")
+                if not int or v:sub(-1) == "." then return false end
+                if #int > M.DECIMAL_MAX_INTEGER_DIGITS then return false end
+                if #frac > (spec.scale or M.DECIMAL_DEFAULT_SCALE) then return false end
+                return (int .. frac):find("[1-9]") ~= nil
               end,
-              says = "a positive decimal string such as \"125.50\" (not a JSON number: amounts go in strings, a number can lose digits)" },
-  integer = { check = function(v) return type(v) == "number" and v == math.floor(v) end,
-              says = "an integer" },
+              bounds = { scale = true },
+              says = function(spec)
+                return string.format("a positive decimal string such as \"125.50\" with at most %d "
+                  .. "integer digits and %d decimals (not a JSON number: amounts go in strings, "
+                  .. "a number can lose digits)", M.DECIMAL_MAX_INTEGER_DIGITS,
+                  spec.scale or M.DECIMAL_DEFAULT_SCALE)
+              end },
+  integer = { check = function(v, spec)
+                return type(v) == "number" and v == math.floor(v)
+                  and v >= (spec.min or -M.INTEGER_LIMIT) and v <= (spec.max or M.INTEGER_LIMIT)
+              end,
+              bounds = { min = true, max = true },
+              says = function(spec)
+                return string.format("an integer from %s to %s",
+                  M.number_text(spec.min or -M.INTEGER_LIMIT), M.number_text(spec.max or M.INTEGER_LIMIT))
+              end },
   evm_address = { check = function(v) return type(v) == "string" and v:match("^0x%x+$") ~= nil and #v == 42 end,
                   says = "an EVM address (0x + 40 hex digits)" },
   object = { check = function(v) return type(v) == "table" end, says = "a JSON object" },
 }
+
+-- number_text(n): n as people write it (integers in full, no exponent).
+function M.number_text(n)
+  if n == math.floor(n) and math.abs(n) < 2^63 then return string.format("%d", n) end
+  return (string.format("%.17g", n))
+end
+
+-- type_spec(t) -> spec | nil, why: a field's declared type as a table.
+local function type_spec(t)
+  if type(t) == "string" then
+    return M.INTENT_TYPES[t] and { type = t } or nil, "unknown type"
+  end
+  if type(t) ~= "table" or type(t.type) ~= "string" or not M.INTENT_TYPES[t.type] then
+    return nil, "unknown type"
+  end
+  local known = M.INTENT_TYPES[t.type].bounds or {}
+  for k, v in pairs(t) do
+    if k ~= "type" then
+      if not known[k] then return nil, string.format("%q takes no %q", t.type, tostring(k)) end
+      if type(v) ~= "number" or v ~= math.floor(v) or math.abs(v) > M.INTEGER_LIMIT then
+        return nil, string.format("%q must be an integer", k)
+      end
+    end
+  end
+  if t.scale and (t.scale < 0 or t.scale > 78) then return nil, "\"scale\" must be 0 to 78" end
+  if t.min and t.max and t.min > t.max then return nil, "\"min\" is above \"max\"" end
+  return t
+end
+
+M.MAX_NODES = 256
+M.MAX_EDGES = 1024
+
+local check_risk_values
 
 local function is_object(v)
   if type(v) ~= "table" then return false end
@@ -109,9 +165,13 @@ local function check_intent(intent, add)
     if type(f) ~= "string" or f == "" then add("intent", "required field names must be strings") end
   end
   for _, f in ipairs(sorted_keys(types)) do
-    if not M.INTENT_TYPES[types[f]] then
-      add("intent", "field %q has unknown type %q (known: %s)", f, tostring(types[f]),
+    local spec, why = type_spec(types[f])
+    if not spec and why == "unknown type" then
+      add("intent", "field %q has unknown type %q (known: %s)", f,
+        type(types[f]) == "table" and tostring(types[f].type) or tostring(types[f]),
         table.concat(sorted_keys(M.INTENT_TYPES), ", "))
+    elseif not spec then
+      add("intent", "field %q: %s", f, why)
     end
   end
   local out = { required = canon.array(canon.copy(is_array(required) and required or {})),
@@ -119,6 +179,37 @@ local function check_intent(intent, add)
   local ok, why = canon.storable({ intent = out })
   if not ok then add("intent", "cannot be stored: %s", why) end
   return out
+end
+
+-- risk_controls value shapes, by key suffix (the policy module owns which
+-- keys exist and what they mean): amounts are non-negative decimal strings
+-- (a JSON number may already have lost digits, a negative cap is a typo),
+-- wei are integer strings, counts are non-negative JSON integers.
+M.RISK_VALUE_SHAPES = {
+  { suffix = "_amount", pattern = "^%d+%.?%d*$", says = "a non-negative decimal string such as \"1000.50\"" },
+  { suffix = "_usd", pattern = "^%d+%.?%d*$", says = "a non-negative decimal string such as \"25\"" },
+  { suffix = "_wei", pattern = "^%d+$", says = "a non-negative integer string (wei)" },
+  { suffix = "gas_limit", integer = true, says = "a non-negative integer" },
+  { suffix = "_nonces", integer = true, says = "a non-negative integer" },
+}
+
+function check_risk_values(rc, add)
+  for _, k in ipairs(sorted_keys(rc)) do
+    local v = rc[k]
+    for _, shape in ipairs(M.RISK_VALUE_SHAPES) do
+      if k:sub(-#shape.suffix) == shape.suffix then
+        local ok
+        if shape.integer then
+          ok = type(v) == "number" and v >= 0 and v == math.floor(v) and v <= M.INTEGER_LIMIT
+        else
+          ok = type(v) == "string" and v:match(shape.pattern) ~= nil and v:sub(-1) ~= "."
+            and #v:match("^%d*") <= M.DECIMAL_MAX_INTEGER_DIGITS and #v <= 2 * M.DECIMAL_MAX_INTEGER_DIGITS
+        end
+        if not ok then add("risk_controls", "%q must be %s", k, shape.says) end
+        break
+      end
+    end
+  end
 end
 
 local function check_timeout_policy(tp, where, add)
@@ -189,10 +280,11 @@ end
 local function find_cycle(keys, graph)
   local indeg = {}
   for _, k in ipairs(keys) do indeg[k] = #(graph.preds[k] or {}) end
-  local queue, seen = {}, 0
+  local queue, seen, head = {}, 0, 1
   for _, k in ipairs(keys) do if indeg[k] == 0 then queue[#queue + 1] = k end end
-  while #queue > 0 do
-    local k = table.remove(queue, 1)
+  while head <= #queue do
+    local k = queue[head]
+    head = head + 1
     seen = seen + 1
     for _, s in ipairs(graph.succs[k] or {}) do
       indeg[s] = indeg[s] - 1
@@ -239,7 +331,7 @@ local function check_refs(nodes, node_set, graph, has_cycle, add)
       add(where, "config.%s: %s is below the top level of config (only top-level values may be $ref)",
         r.path, r.expr)
     end
-    local up = (not has_cycle) and ancestors(graph, n.key) or {}
+    local up = (not has_cycle and #top > 0) and ancestors(graph, n.key) or {}
     for _, r in ipairs(top) do
       local node_key, path = ref.parse(r.expr)
       if not node_key then
@@ -288,10 +380,17 @@ function M.validate_and_compile(doc, file, hash)
   if not is_object(risk_controls) then add(nil, "\"risk_controls\" must be an object"); risk_controls = {} end
   local rc_ok, rc_why = canon.storable({ risk_controls = risk_controls })
   if not rc_ok then add(nil, "\"risk_controls\" cannot be stored: %s", rc_why); risk_controls = {} end
+  check_risk_values(risk_controls, add)
 
   local nodes, node_set = {}, {}
   if type(doc.nodes) ~= "table" or not is_array(doc.nodes) or #doc.nodes == 0 then
     add(nil, "missing field \"nodes\" (a non-empty array)")
+  elseif #doc.nodes > M.MAX_NODES then
+    add(nil, "%d nodes: a template has at most %d", #doc.nodes, M.MAX_NODES)
+    return nil, errors
+  elseif type(doc.edges) == "table" and #doc.edges > M.MAX_EDGES then
+    add(nil, "%d edges: a template has at most %d", #doc.edges, M.MAX_EDGES)
+    return nil, errors
   else
     for i, n in ipairs(doc.nodes) do
       local c = check_node(n, i, add, node_set)
@@ -386,10 +485,9 @@ end
 
 -- decode_and_compile(text, file, hash): JSON text -> compiled | nil, errors
 function M.decode_and_compile(text, file, hash)
-  local cjson = require "cjson"
-  local ok, doc = pcall(cjson.decode, text)
-  if not ok then
-    return nil, { string.format("%s: not valid JSON: %s", file, tostring(doc)) }
+  local doc, err = canon.decode(text)
+  if doc == nil then
+    return nil, { string.format("%s: not valid JSON: %s", file, tostring(err)) }
   end
   return M.validate_and_compile(doc, file, hash)
 end
@@ -525,9 +623,11 @@ function M.validate_intent(schema, intent)
   end
   for _, f in ipairs(sorted_keys(schema.types or {})) do
     local v = intent[f]
-    local t = M.INTENT_TYPES[schema.types[f]]
-    if v ~= nil and v ~= NULL and t and not t.check(v) then
-      return nil, string.format("intent field %q must be %s", f, t.says)
+    local spec = type_spec(schema.types[f])
+    local t = spec and M.INTENT_TYPES[spec.type]
+    if v ~= nil and v ~= NULL and t and not t.check(v, spec) then
+      return nil, string.format("intent field %q must be %s", f,
+        type(t.says) == "function" and t.says(spec) or t.says)
     end
   end
   return true

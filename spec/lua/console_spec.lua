@@ -300,6 +300,54 @@ describe_host("reload (failures leave the old code)", function()
     assert.same(before, snapshot())
   end)
 
+  it("names the failing file and line once, without the modules that only require it", function()
+    write("qtg_spec_probe/base.lua", "local M = {}\nerror('base is broken')\nreturn M\n")
+    write("qtg_spec_probe/user_a.lua", "return { base = require('qtg_spec_probe.base') }\n")
+    write("qtg_spec_probe/user_b.lua", "return { base = require('qtg_spec_probe.base') }\n")
+    for _, n in ipairs({ "base", "user_a", "user_b" }) do package.loaded["qtg_spec_probe." .. n] = { old = true } end
+    local saved_path = package.path   -- as in the daemon: the override root is on require's path
+    package.path = reload.policy_path() .. ";" .. package.path
+    local report = reload.reload("spec")
+    package.path = saved_path
+    for _, n in ipairs({ "base", "user_a", "user_b" }) do package.loaded["qtg_spec_probe." .. n] = nil end
+    assert.is_false(report.ok)
+    assert.equal(1, #report.errors, reload.describe(report).text)
+    assert.equal(root .. "/qtg_spec_probe/base.lua", report.errors[1].file)
+    assert.equal(2, report.errors[1].line)
+    local text = reload.describe(report).text
+    assert.is_nil(text:find("loop or previous error", 1, true), text)
+    assert.is_nil(text:find("user_b", 1, true), text)
+  end)
+
+  it("reports a core worker whose first pass on the new code fails; workers() shows its error", function()
+    local qtg = require("qtg")
+    local rt = qtg.runtime
+    rt.start_worker{ name = "spec_reload_bad", group = "core", interval = 0.2,
+                     tick = function() error("boom on the new code") end }
+    rt.start_worker{ name = "spec_reload_good", group = "core", interval = 0.2, tick = function() return 0 end }
+    local report = { ok = true, actor = "console:spec", modules = {}, started = {}, stopped = {},
+                     updated = { "spec_reload_bad", "spec_reload_good" }, interval_changed = {},
+                     errors = {}, failing = {}, unwatched = {} }
+    local ok, err = pcall(reload.watch, report, 10)
+    local rows = require("qtg.console.commands").bind({ actor = "console:spec" }).workers()
+    rt.stop_worker("spec_reload_bad")
+    rt.stop_worker("spec_reload_good")
+    assert(ok, err)
+    assert.equal(1, #report.failing)
+    assert.equal("spec_reload_bad", report.failing[1].name)
+    assert.matches("boom on the new code", report.failing[1].error, 1, true)
+    local text = reload.describe(report).text
+    assert.matches("FAILING: core worker spec_reload_bad failed its first pass on the new code", text, 1, true)
+    assert.is_nil(text:find("spec_reload_good", 1, true), text)
+    local shown = require("qtg.console.pretty").pretty(rows)
+    assert.matches("last error", shown, 1, true)
+    local bad_row
+    for _, r in ipairs(rows) do if r.name == "spec_reload_bad" then bad_row = r end end
+    assert.is_table(bad_row, shown)
+    assert.matches("boom on the new code", bad_row["last error"], 1, true)
+    assert.matches("boom on the new code", shown, 1, true)
+  end)
+
   it("refuses a module that does I/O while it loads", function()
     write("qtg_spec_probe/mod.lua", "require('qtg').sleep(0)\nreturn { version = 3 }\n")
     package.loaded["qtg_spec_probe.mod"] = { version = 1 }

@@ -143,6 +143,35 @@ describe("templates", function()
       "node withdraw: timeout_policy.observe_seconds must be a positive number" },
     { "an unknown intent type", function(d) d.intent.types = { amount = "money" } end,
       'intent: field "amount" has unknown type "money"' },
+    { "a bound an intent type does not take", function(d)
+        d.intent.types = { amount = { type = "decimal", min = 1 } } end,
+      'intent: field "amount": "decimal" takes no "min"' },
+    { "a fractional decimal scale", function(d)
+        d.intent.types = { amount = { type = "decimal", scale = 1.5 } } end,
+      'intent: field "amount": "scale" must be an integer' },
+    { "integer bounds the wrong way round", function(d)
+        d.intent.types = { n = { type = "integer", min = 5, max = 1 } } end,
+      'intent: field "n": "min" is above "max"' },
+    { "a negative max_amount", function(d) d.risk_controls = { max_amount = "-5" } end,
+      'risk_controls: "max_amount" must be a non-negative decimal string' },
+    { "a max_amount as a JSON float", function(d) d.risk_controls = { max_amount = 100.5 } end,
+      'risk_controls: "max_amount" must be a non-negative decimal string' },
+    { "a 400-digit min_amount", function(d) d.risk_controls = { min_amount = string.rep("9", 400) } end,
+      'risk_controls: "min_amount" must be a non-negative decimal string' },
+    { "a fee in wei with decimals", function(d) d.risk_controls = { max_fee_per_gas_wei = "1.5" } end,
+      'risk_controls: "max_fee_per_gas_wei" must be a non-negative integer string' },
+    { "a max_fee_usd of 1e3", function(d) d.risk_controls = { max_fee_usd = "1e3" } end,
+      'risk_controls: "max_fee_usd" must be a non-negative decimal string' },
+    { "a negative gas_limit", function(d) d.risk_controls = { gas_limit = -1 } end,
+      'risk_controls: "gas_limit" must be a non-negative integer' },
+    { "a fractional max_pending_nonces", function(d) d.risk_controls = { max_pending_nonces = 2.5 } end,
+      'risk_controls: "max_pending_nonces" must be a non-negative integer' },
+    { "more nodes than the limit", function(d)
+        d.nodes, d.edges = {}, {}
+        for i = 1, templates.MAX_NODES + 1 do
+          d.nodes[i] = { key = "n" .. i, kind = "manual", action_type = "manual_confirmation" }
+        end
+      end, (templates.MAX_NODES + 1) .. " nodes: a template has at most " .. templates.MAX_NODES },
   }
   for _, case in ipairs(invalid) do
     it("refuses " .. case[1] .. ", naming the file and the node, and writes nothing", function()
@@ -170,6 +199,33 @@ describe("templates", function()
     write(tmp, "b.json", base("spec_dup"))
     _, errors = templates.load_dir(s, tmp)
     assert.matches('b.json: template_key "spec_dup" is also defined in', errors[1], 1, true)
+  end)
+
+  it("refuses a duplicate key anywhere in the file, also spelled with an escape", function()
+    local key = "spec_dupkey_" .. sup.uid("t"):gsub("-", "_")
+    local text = cjson.encode(base(key))
+    -- the same key twice at the top, and inside a node's config
+    write(tmp, "a.json", text:gsub('^{', '{"name":"shown to the reviewer",', 1))
+    local _, errors = templates.load_dir(s, tmp)
+    assert.matches('a.json: not valid JSON: duplicate key "name" in $', errors[1], 1, true)
+    write(tmp, "a.json", (text:gsub('"network":"ETH"', '"network":"ETH","netw\\u006frk":"ARB"', 1)))
+    _, errors = templates.load_dir(s, tmp)
+    assert.matches('duplicate key "network" in $.nodes[].config', errors[1], 1, true)
+    assert.equal(0, #versions(key))
+  end)
+
+  it("compiles a template at the node limit, a chain with $refs, in linear passes", function()
+    local d = base("spec_long_chain")
+    d.nodes, d.edges = {}, {}
+    for i = 1, templates.MAX_NODES do
+      d.nodes[i] = i == 1 and { key = "n1", kind = "action", action_type = "withdrawal", config = { network = "ETH" } }
+        or { key = "n" .. i, kind = "observe", action_type = "cex_withdrawal_status",
+             config = { withdrawal_id = "$ref:n" .. (i - 1) .. ".x" } }
+      if i > 1 then d.edges[#d.edges + 1] = { from = "n" .. (i - 1), to = "n" .. i } end
+    end
+    local c, errs = templates.validate_and_compile(d, "long.json")
+    assert.is_nil(errs)
+    assert.equal(templates.MAX_NODES, #c.nodes)
   end)
 
   it("qtgd templates load exits 1 with the errors on stderr, 0 when it loads", function()

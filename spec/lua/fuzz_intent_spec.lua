@@ -26,10 +26,11 @@ local function valid_value(g, t)
 end
 
 local NEAR = {
-  decimal = { "0", "0.0", "-1", "1.", ".5", "1e5", "1,5", " 1", "1 ", "NaN", "0x10", "", "+1", "1.2.3" },
+  decimal = { "0", "0.0", "-1", "1.", ".5", "1e5", "1,5", " 1", "1 ", "NaN", "0x10", "", "+1", "1.2.3",
+              string.rep("9", 79), string.rep("9", 400), "1." .. string.rep("5", 19), string.rep("9", 78) },
   evm_address = { "0x", "0x" .. string.rep("g", 40), "0x" .. string.rep("a", 39), "0x" .. string.rep("a", 41),
                   string.rep("a", 42), "0X" .. string.rep("a", 40) },
-  integer = { 1.5, -0.5, "1" },
+  integer = { 1.5, -0.5, "1", 2^53, -2^53, 1e300 },
   object = { "{}", 1, true },
   string = { "", 1, false },
 }
@@ -73,13 +74,17 @@ local function oracle(schema, intent)
       if t == "evm_address" and not (type(v) == "string" and #v == 42 and v:match("^0x[0-9a-fA-F]+$")) then
         return false, f
       end
-      if t == "integer" and not (type(v) == "number" and v == math.floor(v)) then return false, f end
+      if t == "integer" and not (type(v) == "number" and v == math.floor(v) and math.abs(v) < 2^53) then
+        return false, f
+      end
       if t == "object" and type(v) ~= "table" then return false, f end
       if t == "decimal" then
         if type(v) == "string" then
           if not (v:match("^[0-9]+$") or v:match("^[0-9]+%.[0-9]+$")) or not v:match("[1-9]") then
             return false, f
           end
+          local int, frac = v:match("^([0-9]+)%.?([0-9]*)$")
+          if #int > 78 or #frac > 18 then return false, f end
         else -- a JSON number is refused: amounts are strings
           return false, f
         end

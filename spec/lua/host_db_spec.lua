@@ -37,6 +37,37 @@ describe("qtg.db", function()
     s:release()
   end)
 
+  it("keeps at most 256 prepared statements per connection, least recently used out", function()
+    local s = db.acquire()
+    local function n_prepared()
+      return s:query("SELECT count(*)::int AS n FROM pg_prepared_statements")[1].n
+    end
+    local hot = "SELECT $1::int + 0 AS v"
+    assert.are.equal(7, s:query(hot, 7)[1].v)
+    for i = 1, 600 do
+      assert.are.equal(i, s:query("SELECT $1::int AS v, " .. i .. " AS distinct_text", i)[1].v)
+      if i % 50 == 0 then assert.are.equal(i, s:query(hot, i)[1].v) end -- stays recent
+    end
+    local n = n_prepared()
+    assert.is_true(n <= 256 + 1, "prepared statements on the server: " .. n)
+    assert.is_true(n >= 200, "the cache still works: " .. n)
+    -- the recently used one was kept, an evicted one is prepared again
+    local before = n_prepared()
+    assert.are.equal(8, s:query(hot, 8)[1].v)
+    assert.are.equal(before, n_prepared())
+    assert.are.equal(1, s:query("SELECT $1::int AS v, 1 AS distinct_text", 1)[1].v)
+    -- in an aborted transaction the error is the caller's, and the session recovers
+    s:begin()
+    pcall(s.query, s, "SELEC 1")
+    local ok, err = pcall(s.query, s, "SELECT $1::int AS v, 'fresh' AS distinct_text", 1)
+    assert.is_false(ok)
+    assert.are.equal("25P02", err.sqlstate)
+    s:rollback()
+    assert.are.equal(2, s:query("SELECT $1::int AS v, 'fresh' AS distinct_text", 2)[1].v)
+    assert.is_true(n_prepared() <= 256 + 1)
+    s:release()
+  end)
+
   it("refuses unusable parameters before sending anything", function()
     local s = db.acquire()
     assert.has_error(function() s:query("SELECT $1", function() end) end)

@@ -160,7 +160,7 @@ describe("qtgd run under a NOTIFY_SOCKET", function()
     assert.matches('"qtgd running"', sup.read(h.log), 1, true)
     local n = tonumber(ready.fields.STATUS:match("^(%d+) workers running$"))
     assert.is_truthy(n, ready.fields.STATUS)
-    assert.equals(tonumber(sup.read(h.log):match('"msg":"qtgd running"[^\n]*"workers":"(%d+)"')), n)
+    assert.equals(tonumber(sup.read(h.log):match('"msg":"qtgd running"[^\n]*"workers":(%d+)[,}]')), n)
 
     sup.signal(h, "HUP")
     local msgs = sup.eventually(function()

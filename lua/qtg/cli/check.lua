@@ -131,6 +131,21 @@ local function console_socket(settings)
   return qtg.root .. "/var/run/console.sock", "the default (<root>/var/run)"
 end
 
+-- unknown_settings([env_names]) -> {{name=, hint=}}: MG_* names in the
+-- environment that are not settings (typos), with the closest setting.
+function M.unknown_settings(env_names)
+  local known, known_set = {}, {}
+  for _, row in ipairs(qtg.settings_list()) do
+    known[#known + 1] = row.name
+    known_set[row.name] = true
+  end
+  local out = {}
+  for _, name in ipairs(env_names or M.environment_names()) do
+    if not known_set[name] then out[#out + 1] = { name = name, hint = M.suggest(name, known) } end
+  end
+  return out
+end
+
 function M.check_settings(report, opts)
   local settings = qtg.settings
   local known, known_set = {}, {}
@@ -148,7 +163,11 @@ function M.check_settings(report, opts)
       ok = false
     end
   end
-  if settings.lua_path ~= "" and not is_dir(settings.lua_path) then
+  local lua_path_error = qtg.crypto.lua_path_error()
+  if lua_path_error then
+    add(report, "FAIL", "settings", lua_path_error)
+    ok = false
+  elseif settings.lua_path ~= "" and not is_dir(settings.lua_path) then
     add(report, "FAIL", "settings", "MG_LUA_PATH=" .. settings.lua_path .. " is not a directory")
     ok = false
   end
@@ -177,7 +196,11 @@ function M.check_settings(report, opts)
     add(report, "ok", "settings", ("%s valid (%d set, the rest default); network class %s")
       :format(plural(#known, "setting"), n, settings.network_class))
   end
-  if not settings.callback_key_configured and settings.callback_key_file == "" then
+  local keys_error = qtg.crypto.keys_error()
+  if keys_error then
+    add(report, "FAIL", "settings", keys_error)
+    ok = false
+  elseif not settings.callback_key_configured and settings.callback_key_file == "" then
     add(report, "warn", "settings", "no callback key (MG_CALLBACK_KEY_FILE): callbacks cannot be signed,"
       .. " so requests with a callback_url keep them pending")
   elseif settings.callback_key_file ~= "" and not qtg.crypto.callback_key_id() then
@@ -227,7 +250,7 @@ local function acquire(timeout)
   while not box.done and qtg.monotonic() < deadline do qtg.sleep(0.02) end
   if not box.done then
     box.abandoned = true
-    return nil, ("no answer within %g s (MG_CHECK_TIMEOUT_SECONDS)"):format(timeout), task
+    return nil, ("no answer within %.14g s (MG_CHECK_TIMEOUT_SECONDS)"):format(timeout), task
   end
   if not box.ok then return nil, message_of(box.value) end
   return box.value

@@ -147,7 +147,7 @@ end
 
 -- ---- workers ----------------------------------------------------------------
 
-local WORKER_COLUMNS = { "name", "group", "state", "last tick", "items", "errors", "next run" }
+local WORKER_COLUMNS = { "name", "group", "state", "last tick", "items", "errors", "next run", "last error" }
 
 local function workers()
   local now = qtg.now()
@@ -161,6 +161,9 @@ local function workers()
     row["items"] = string.format("%d", w.items_total or 0)
     row["errors"] = string.format("%d", w.consecutive_errors or 0)
     row["next run"] = w.next_run_at and view.when(w.next_run_at, now) or (w.paused and "paused" or "-")
+    -- the error of the last failed pass, while the worker keeps failing
+    row["last error"] = (w.consecutive_errors or 0) > 0 and w.last_error
+      and (w.last_error:match("^[^\n]*")) or "-"
     row.state = state
     out[#out + 1] = row
   end
@@ -559,7 +562,7 @@ function M.bind(ctx)
 
   function c.reload()
     local reload = require("qtg.reload")
-    local report = reload.reload(actor)
+    local report = reload.reload(actor, { watch = reload.WATCH_SECONDS })
     local text = reload.describe(report)
     if not report.ok then error({ kind = "reload", message = text.text }, 0) end
     return text

@@ -102,7 +102,7 @@ function M.fetch_page(venue, cursor, settings)
   if resp.status ~= 200 then
     return nil, string.format("HTTP %d: %s", resp.status, (resp.body or ""):sub(1, 120):gsub("%c", " "))
   end
-  local doc = json.decode(resp.body or "")
+  local doc = canon.decode(resp.body or "", json)
   if type(doc) ~= "table" or type(doc.transfers) ~= "table" then
     return nil, "answer is not a transfers page: " .. (resp.body or ""):sub(1, 120):gsub("%c", " ")
   end

@@ -15,6 +15,7 @@
 -- when a ccip check finished less than half an interval ago.
 local qtg = require("qtg")
 local cjson = require("cjson.safe")
+local canon = require("qtg.canon_json")
 local drift = require("qtg.drift")
 
 local M = {}
@@ -45,7 +46,7 @@ function M.poll(settings)
   if resp.status ~= 200 then
     return nil, string.format("ccip sidecar: HTTP %d: %s", resp.status, (resp.body or ""):sub(1, 120):gsub("%c", " "))
   end
-  local doc = json.decode(resp.body or "")
+  local doc = canon.decode(resp.body or "", json)
   if type(doc) ~= "table" or type(doc.findings) ~= "table" then
     return nil, "ccip sidecar: answer is not a drift report: " .. (resp.body or ""):sub(1, 120):gsub("%c", " ")
   end
