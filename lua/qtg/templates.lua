@@ -288,6 +288,7 @@ function M.validate_and_compile(doc, file, hash)
   if not is_object(risk_controls) then add(nil, "\"risk_controls\" must be an object"); risk_controls = {} end
   local rc_ok, rc_why = canon.storable({ risk_controls = risk_controls })
   if not rc_ok then add(nil, "\"risk_controls\" cannot be stored: %s", rc_why); risk_controls = {} end
+  for _, e in ipairs(require("qtg.risk_controls").validate(risk_controls)) do add(nil, "%s", e) end
 
   local nodes, node_set = {}, {}
   if type(doc.nodes) ~= "table" or not is_array(doc.nodes) or #doc.nodes == 0 then

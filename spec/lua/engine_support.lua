@@ -10,13 +10,15 @@ local common = require "spec.lua.common_support"
 local M = {}
 
 M.ACTOR = "console:spec"
+-- The initiator of the specs' requests: never the approver (four eyes).
+M.INITIATOR = "console:spec-initiator"
 
 function M.uid(prefix) return common.uid(prefix or "k", 8) end
 
 -- Move every request of this process's network class out of the way, so a
 -- spec's ticks only see the requests it made.
 function M.park_others(s)
-  s:query([[UPDATE movement_requests SET network_class = 'parked-' || network_class
+  common.unfrozen(s, [[UPDATE movement_requests SET network_class = 'parked-' || network_class
              WHERE network_class = $1]], qtg.settings.network_class)
 end
 
@@ -54,7 +56,7 @@ function M.create(s, template_key, opts)
     callback_url = opts.callback_url == nil and "http://127.0.0.1:9/callback" or opts.callback_url or nil,
     input_params = opts.input_params,
     network_class = opts.network_class,
-  }, M.ACTOR)
+  }, M.INITIATOR)
 end
 
 function M.create_approved(s, template_key, opts)
@@ -65,7 +67,7 @@ function M.create_approved(s, template_key, opts)
   req = requests.approve(s, req.id, M.ACTOR)
   if opts and opts.network_class then
     -- as if another deployment had made it
-    s:query("UPDATE movement_requests SET network_class = $2 WHERE id = $1::uuid", req.id, opts.network_class)
+    common.unfrozen(s, "UPDATE movement_requests SET network_class = $2 WHERE id = $1::uuid", req.id, opts.network_class)
     req.network_class = opts.network_class
   end
   return req
@@ -86,6 +88,7 @@ end
 
 -- One tick of a worker module on a fresh session, as the runtime runs it.
 M.tick = common.tick
+M.unfrozen = common.unfrozen
 
 -- Tick the core workers until done(s) is true or `seconds` pass.
 function M.drive(s, done, seconds, workers)
