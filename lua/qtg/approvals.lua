@@ -28,7 +28,7 @@ end
 local MATCH_KEYS = {
   template_key = "list", network_class = "list", asset = "list", initiator = "list",
   amount_at_least = "decimal", amount_below = "decimal", initiator_role = "role",
-  destination_in = "book", destination_not_in = "book", velocity = "velocity",
+  destination_in = "book", destination_not_in = "book", velocity = "velocity", when = "func",
 }
 
 local function list_ok(v)
@@ -43,6 +43,7 @@ local CHECKS = {
   decimal = function(v) return risk.is_decimal(v) or "must be a decimal string" end,
   role = function(v) return principals.ROLES[v] == true or "must be one of read, operate, approve, admin" end,
   book = function(v) return v == "address_book" or "must be \"address_book\"" end,
+  func = function(v) return type(v) == "function" or "must be a function(request, inputs) -> boolean" end,
   velocity = function(v)
     if type(v) ~= "table" then return "must be a table {window_seconds=, over=}" end
     if type(v.window_seconds) ~= "number" or v.window_seconds < 1 or v.window_seconds ~= math.floor(v.window_seconds) then
@@ -213,6 +214,7 @@ local function matches(s, req, rule, inputs)
                                    approved_in_window = total }
     if not over then return false end
   end
+  if m.when and not m.when(req, inputs) then return false end
   return true
 end
 

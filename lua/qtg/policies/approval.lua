@@ -9,7 +9,8 @@
 --             amount_at_least = "decimal", amount_below = "decimal",
 --             destination_in = "address_book", destination_not_in = "address_book",
 --             initiator = actor or list, initiator_role = role,
---             velocity = { window_seconds =, over = "decimal", per_destination = bool } }
+--             velocity = { window_seconds =, over = "decimal", per_destination = bool },
+--             when = function(request, inputs) -> boolean   (any other test, in Lua) }
 --   action = P.allow() | P.require{ approvals = N, roles = { ... } } | P.block{ reason = "..." }
 -- The velocity clause holds when the amounts of this asset (and destination)
 -- approved in the window and not cancelled, rejected or expired, plus this
@@ -17,6 +18,8 @@
 local P = require "qtg.approvals"
 
 return {
+  -- address book changes need this many admins besides the proposer
+  address_book = { approvals = 2 },
   rules = {
     { name = "two_approvers_from_100k",
       match = { amount_at_least = "100000" },
