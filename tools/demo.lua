@@ -28,6 +28,10 @@ int kill(int pid, int sig);
 ]])
 
 local ACTOR = "console:demo"
+-- Four eyes: the desk initiates, ACTOR approves (and a second approver when
+-- the approval policy asks for two: the OTC sample is over its 100000 tier).
+local INITIATOR = "operator:demo-desk"
+local SECOND = "operator:demo-treasurer"
 local DEST = "0x8ba1f109551bd432803012645ac136ddd64dba72"
 
 -- The movement made for each template the demo knows.  A shipped template
@@ -41,8 +45,8 @@ local SAMPLES = {
   cctp_bridge = { role = "burn, attestation, mint (CCTP)",
     intent = { asset = "USDC", amount = "10000", source_chain = "ethereum", destination_chain = "base",
                destination = DEST } },
-  otc_settlement_manual = { role = "waits for the desk's confirmation (manual step)",
-    intent = { asset = "USDT", amount = "50000", venue = "kraken", destination = DEST,
+  otc_settlement_manual = { role = "two approvers (from 100000), then the desk's confirmation (manual step)",
+    intent = { asset = "USDT", amount = "150000", venue = "kraken", destination = DEST,
                counterparty = "desk-17" } },
   dual_venue_funding = { role = "two venues in parallel, then a join",
     intent = { asset = "USDC", amount = "40000", primary_venue = "binance", secondary_venue = "okx",
@@ -323,8 +327,15 @@ local function create_all(opts, run_id)
         idempotency_key = "demo-" .. run_id .. "-" .. key,
         input_params = { demo_run = run_id },
         callback_url = opts.callback_url .. "/" .. key,
-      }, ACTOR)
-      return requests.approve(s, r.id, ACTOR)
+      }, INITIATOR)
+      r = requests.approve(s, r.id, ACTOR)
+      if r.request_state == "PENDING_APPROVAL" then
+        out(string.format("   %s %s: %s approved; the policy (rule %s) needs %d approvers: %s approves too\n",
+          r.id:sub(1, 8), key, ACTOR, tostring(r.approval_policy and r.approval_policy.rule),
+          r.approvals_required, SECOND))
+        r = requests.approve(s, r.id, SECOND)
+      end
+      return r
     end)
     made[#made + 1] = { id = req.id, template_key = key, role = role, intent = intent }
   end
@@ -512,8 +523,8 @@ local function run(argv)
   local opts = parse_args(argv)
   local started = qtg.monotonic()
   local run_id = os.date("!%Y%m%dT%H%M%S") .. "-" .. qtg.crypto.hex(qtg.crypto.random_bytes(3))
-  out(string.format("== creating and approving the sample movements (network class %s, actor %s)\n",
-    qtg.settings.network_class, ACTOR))
+  out(string.format("== creating and approving the sample movements (network class %s, initiator %s, approver %s)\n",
+    qtg.settings.network_class, INITIATOR, ACTOR))
   local made = create_all(opts, run_id)
   if opts.ids_file then
     local f = assert(io.open(opts.ids_file, "w"))

@@ -7,6 +7,7 @@
 --   system:<worker>   the daemon's own workers
 --   policy:<rule>     the approval policy deciding by itself
 --   console:<uid>     a console uid with no operator row: may read only
+--                     (every role while no operator is enrolled at all)
 --
 -- The trust boundary is where a principal is built: the console session
 -- (resolve_uid) and the API (from its token).  In-process Lua (workers, the
@@ -89,6 +90,17 @@ function M.resolve_uid(s, uid)
   local row = s:query("SELECT name, roles::text AS roles FROM operators WHERE uid = $1", uid)[1]
   if row then return operator_principal(row) end
   return { actor = "console:" .. tostring(uid), kind = "operator", name = tostring(uid), roles = { "read" } }
+end
+
+-- console(s, uid) -> the principal of a console session's uid.  Until the
+-- first operator is enrolled (a fresh install), a console uid acts as
+-- console:<uid> with every role, so the first admin can enroll operators;
+-- from then on it is resolve_uid's answer.
+function M.console(s, uid)
+  if not s:query("SELECT 1 FROM operators LIMIT 1")[1] then
+    return { actor = "console:" .. tostring(uid), kind = "operator", name = tostring(uid), roles = M.ALL_ROLES }
+  end
+  return M.resolve_uid(s, uid)
 end
 
 -- operator(s, name) -> the principal of a named operator, or nil.

@@ -990,6 +990,10 @@ static void test_lifecycle_commands(fixture *f) {
   id = create_otc(f, key);
   CHECK(&tc, id != NULL);
   if (!id) return;
+  /* four eyes: the request this console approves was initiated by someone
+     else (its initiator may still be set while it is PENDING_APPROVAL) */
+  CHECK(&tc, pg_long(f, "WITH u AS (UPDATE movement_requests SET created_by = 'operator:desk' "
+                        "WHERE id = '%s' RETURNING 1) SELECT count(*) FROM u", id) == 1);
   snprintf(code, sizeof code, "approve('%s')", id);
   out = CONSOLE_OK(f, code);
   CHECK_HAS(out, "approved_by:");
