@@ -9,6 +9,7 @@ local commands = {
   exec = "qtg.cli.exec",
   templates = "qtg.cli.templates",
   check = "qtg.cli.check",
+  operators = "qtg.cli.operators",
 }
 
 function M.main(cmd, args)
