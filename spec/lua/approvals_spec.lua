@@ -329,6 +329,41 @@ describe("approvals", function()
       end)
     end)
 
+    it("velocity: two processes approving at once cannot both cross the window", function()
+      local common = require "spec.lua.common_support"
+      local dir = common.tmpdir("approvals")
+      local asset = "W" .. sup.uid("a"):upper():gsub("[^%w]", "")
+      local ids = {}
+      with_policy({ rules = { { name = "day_cap", match = { velocity = { window_seconds = 86400, over = "1000" } },
+                                action = P.block{ reason = "over 1000 a day" } },
+                              { name = "rest", match = {}, action = P.require{ approvals = 1, roles = { "approve" } } } } }, function()
+        ids[1] = create(T, { asset = asset, amount = "600" }).id
+        ids[2] = create(T, { asset = asset, amount = "600" }).id
+      end)
+      local env = { MG_NETWORK_CLASS = qtg.settings.network_class, MG_WORKERS_ENABLED = "false" }
+      local gate = dir .. "/go"
+      local kids = {
+        common.start_script(dir, "a", env, "approvals_child.lua", { ids[1], "bob", gate, "0.5" }),
+        common.start_script(dir, "b", env, "approvals_child.lua", { ids[2], "carol", gate, "0.5" }),
+      }
+      qtg.sleep(0.3)
+      common.write(gate, "go")
+      local approved, refusals = 0, {}
+      for _, k in ipairs(kids) do
+        local res = common.wait_result(k, 60)
+        assert.is_true(res.ok, tostring(res.error))
+        if res.approved then approved = approved + 1 else refusals[#refusals + 1] = res.error end
+      end
+      os.execute("rm -rf " .. common.quote(dir))
+      assert.equal(1, approved)
+      assert.equal(1, #refusals)
+      assert.matches("day_cap", refusals[1], 1, true)
+      local states = {}
+      for _, id in ipairs(ids) do states[#states + 1] = state(id) end
+      table.sort(states)
+      assert.same({ "APPROVED", "PENDING_APPROVAL" }, states)
+    end)
+
     it("a rule that raises leaves the request waiting with the error recorded, never approved", function()
       with_policy({ rules = { { name = "buggy", match = { when = function() error("nil index") end }, action = P.allow() } } }, function()
         local req = create()
