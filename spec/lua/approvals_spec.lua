@@ -413,6 +413,40 @@ describe("approvals", function()
     end)
   end)
 
+  describe("the console", function()
+    it("acts as the operator of the session's uid; an unmapped uid reads only once operators exist", function()
+      local commands = require "qtg.console.commands"
+      local uid_ok, uid_other = 900000 + math.random(1, 9999), 800000 + math.random(1, 9999)
+      local lines = {}
+      local cmds = commands.bind({ actor = "console:" .. uid_ok, print = function(l) lines[#lines + 1] = l end })
+      local stranger = commands.bind({ actor = "console:" .. uid_other, print = function() end })
+      local ok, err = pcall(function()
+        local principals = require "qtg.principals"
+        principals.add(s, "spec-approver", uid_ok, { "read", "approve" }, "system:spec")
+        assert.equal("operator:spec-approver", cmds.whoami().actor)
+        assert.equal("console:" .. uid_other, stranger.whoami().actor)
+        assert.equal("read", stranger.whoami().roles)
+        local req = create(T, { asset = "USDC", amount = "100000" })
+        local inbox = cmds.approvals({ pending = true })
+        local found = false
+        for _, r in ipairs(inbox) do if r.id == req.id then found = true end end
+        assert.is_true(found)
+        local e = select(2, pcall(stranger.approve, req.id))
+        assert.equal("forbidden", e.kind)
+        local detail = cmds.approve(req.id, "looks right")
+        assert.equal(1, detail.approvals.still_needed)
+        assert.equal("operator:spec-approver", detail.approvals.votes[1].principal)
+        assert.equal("looks right", detail.approvals.votes[1].comment)
+        -- voted: out of my inbox
+        for _, r in ipairs(cmds.approvals({ pending = true })) do assert.not_equal(req.id, r.id) end
+        e = select(2, pcall(cmds.add_operator, "x-" .. uid_ok, uid_ok + 1, { "read" }))
+        assert.equal("forbidden", e.kind)
+      end)
+      s:query("DELETE FROM operators WHERE uid = $1", uid_ok)
+      if not ok then error(err, 0) end
+    end)
+  end)
+
   describe("the address book", function()
     it("takes a change into effect only once its quorum of admins approved it", function()
       local book = require "qtg.address_book"
