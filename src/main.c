@@ -33,6 +33,8 @@ static const qtg_command qtg_commands[] = {
   {"migrate", "[DIR]", "apply sql/NNNN_*.sql (or DIR's) in order, each once, in a transaction", 1, 1},
   {"exec", "FILE [ARGS...]", "run a Lua script inside the host (it may query); exits with what it returns", 1, -1},
   {"templates", "load|check DIR | list", "validate and compile movement templates into plan versions", 1, -1},
+  {"operators", "add NAME UID ROLES | remove NAME | list",
+   "map console uids to named operators and their roles (read,operate,approve,admin)", 1, -1},
   {"check", "[--templates DIR] [--strict] [--quiet]",
    "validate settings, database, migrations, templates and policy scripts", 1, -1},
   {"audit", "verify|export [--since ID]",

@@ -36,6 +36,7 @@ local API = os.getenv("QTG_DEMO_API") and {
   base = os.getenv("QTG_DEMO_API"),
   operator = os.getenv("QTG_DEMO_OPERATOR_TOKEN"),
   approver = os.getenv("QTG_DEMO_APPROVER_TOKEN"),
+  second_approver = os.getenv("QTG_DEMO_SECOND_APPROVER_TOKEN"),
 } or nil
 
 local function api_call(method, path, token, body, key)
@@ -49,6 +50,10 @@ local function api_call(method, path, token, body, key)
   end
   return cjson.decode(resp.body)
 end
+-- Four eyes: the desk initiates, ACTOR approves (and a second approver when
+-- the approval policy asks for two: the OTC sample is over its 100000 tier).
+local INITIATOR = "operator:demo-desk"
+local SECOND = "operator:demo-treasurer"
 local DEST = "0x8ba1f109551bd432803012645ac136ddd64dba72"
 
 -- The movement made for each template the demo knows.  A shipped template
@@ -62,8 +67,8 @@ local SAMPLES = {
   cctp_bridge = { role = "burn, attestation, mint (CCTP)",
     intent = { asset = "USDC", amount = "10000", source_chain = "ethereum", destination_chain = "base",
                destination = DEST } },
-  otc_settlement_manual = { role = "waits for the desk's confirmation (manual step)",
-    intent = { asset = "USDT", amount = "50000", venue = "kraken", destination = DEST,
+  otc_settlement_manual = { role = "two approvers (from 100000), then the desk's confirmation (manual step)",
+    intent = { asset = "USDT", amount = "150000", venue = "kraken", destination = DEST,
                counterparty = "desk-17" } },
   dual_venue_funding = { role = "two venues in parallel, then a join",
     intent = { asset = "USDC", amount = "40000", primary_venue = "binance", secondary_venue = "okx",
@@ -347,6 +352,13 @@ local function create_all(opts, run_id)
       }, "demo-" .. run_id .. "-" .. key)
       req = api_call("POST", "/v3/requests/" .. created.id .. "/approve", API.approver, nil,
         "demo-" .. run_id .. "-" .. key .. "-approve")
+      if req.request_state == "PENDING_APPROVAL" then
+        out(string.format("   %s %s: approved once; the policy (rule %s) needs %d approvers: a second client approves\n",
+          req.id:sub(1, 8), key, tostring(req.approval_policy and req.approval_policy.rule),
+          tonumber(req.approvals_required) or 2))
+        req = api_call("POST", "/v3/requests/" .. created.id .. "/approve", API.second_approver, nil,
+          "demo-" .. run_id .. "-" .. key .. "-approve-2")
+      end
     else
       req = with_session(function(s)
         local r = requests.create(s, {
@@ -354,8 +366,15 @@ local function create_all(opts, run_id)
           idempotency_key = "demo-" .. run_id .. "-" .. key,
           input_params = { demo_run = run_id },
           callback_url = opts.callback_url .. "/" .. key,
-        }, ACTOR)
-        return requests.approve(s, r.id, ACTOR)
+        }, INITIATOR)
+        r = requests.approve(s, r.id, ACTOR)
+        if r.request_state == "PENDING_APPROVAL" then
+          out(string.format("   %s %s: %s approved; the policy (rule %s) needs %d approvers: %s approves too\n",
+            r.id:sub(1, 8), key, ACTOR, tostring(r.approval_policy and r.approval_policy.rule),
+            r.approvals_required, SECOND))
+          r = requests.approve(s, r.id, SECOND)
+        end
+        return r
       end)
     end
     made[#made + 1] = { id = req.id, template_key = key, role = role, intent = intent }
@@ -545,7 +564,8 @@ local function run(argv)
   local started = qtg.monotonic()
   local run_id = os.date("!%Y%m%dT%H%M%S") .. "-" .. qtg.crypto.hex(qtg.crypto.random_bytes(3))
   out(string.format("== creating and approving the sample movements (network class %s, %s)\n",
-    qtg.settings.network_class, API and ("through the HTTP API at " .. API.base) or ("actor " .. ACTOR)))
+    qtg.settings.network_class, API and ("through the HTTP API at " .. API.base)
+      or ("initiator " .. INITIATOR .. ", approver " .. ACTOR)))
   local made = create_all(opts, run_id)
   if opts.ids_file then
     local f = assert(io.open(opts.ids_file, "w"))

@@ -51,7 +51,7 @@ local function run(argv)
       intent = { asset = "USDC", amount = "125.50", venue = "binance", destination_chain = "ethereum",
                  destination = "0x8ba1f109551bd432803012645ac136ddd64dba72" },
       callback_url = opts.callback_url,
-    }, "console:package-smoke")
+    }, "console:package-smoke-initiator")
     return requests.approve(s, r.id, "console:package-smoke")
   end)
   say("created and approved %s (cex_withdrawal_to_wallet)", req.id)

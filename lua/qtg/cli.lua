@@ -11,6 +11,7 @@ local commands = {
   check = "qtg.cli.check",
   audit = "qtg.cli.audit",
   tokens = "qtg.cli.tokens",
+  operators = "qtg.cli.operators",
 }
 
 function M.main(cmd, args)

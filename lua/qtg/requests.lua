@@ -16,7 +16,15 @@
 -- row commit together or not at all.
 --
 -- Refusals raise {kind = "illegal_transition" | "not_found" | "invalid_intent"
--- | "invalid_input", message = ...} (tostring gives the message).
+-- | "invalid_input" | "forbidden", message = ...} (tostring gives the message).
+--
+-- `actor` is a principal table (qtg.principals: the console and the API
+-- build one) or, for in-process callers, an actor string.  A principal
+-- needs the operate role to create, cancel, resume, retry and complete a
+-- manual step, and the approve role (plus one the matched approval rule
+-- names) to approve or reject.  The initiator never approves its own
+-- request; a request is APPROVED once the approval policy's quorum of
+-- distinct principals approved the same approval digest (docs/approvals.md).
 --
 -- A process serves one network class (MG_NETWORK_CLASS): requests are
 -- created in it, and a request of another class is "not_found" here.
@@ -26,6 +34,9 @@ local nodes_db = require "qtg.nodes"
 local outbox = require "qtg.outbox"
 local templates = require "qtg.templates"
 local executors = require "qtg.executors"
+local principals = require "qtg.principals"
+local approvals = require "qtg.approvals"
+local risk = require "qtg.risk_controls"
 
 local M = {}
 
@@ -58,10 +69,19 @@ local function check_uuid(id, what)
 end
 
 local function check_actor(actor)
+  if type(actor) == "table" then principals.of(actor) return end
   if type(actor) ~= "string" or not actor:match("^[a-z]+:[%w%._%-@]+$") then
     refuse("invalid_input", "actor must look like console:<uid> or system:<worker>, got %s",
       tostring(actor))
   end
+end
+
+-- acting(who, role, action) -> principal, its actor string: refused unless
+-- the principal holds `role`.
+local function acting(who, role, action)
+  local p = principals.of(who)
+  principals.require_role(p, role, action)
+  return p, p.actor
 end
 
 -- The request of this process's network class (locked with `lock`), or
@@ -97,6 +117,65 @@ local function expect_state(req, allowed, action)
   for _, st in ipairs(allowed) do if req.request_state == st then return end end
   refuse("illegal_transition", "cannot %s request %s: it is %s (allowed from %s)", action,
     req.id, req.request_state, table.concat(allowed, ", "))
+end
+
+-- --------------------------------------------------------- approval policy
+-- evaluate_policy(s, req) -> decision | nil, error: a rule that raises (or
+-- a policy that never loaded) leaves the request waiting with the error
+-- recorded, never approved by accident.
+local function evaluate_policy(s, req)
+  local ok, decision = pcall(approvals.evaluate, s, req)
+  if ok then return decision end
+  return nil, tostring(decision)
+end
+
+-- What approval_policy stores: the matched rule and its inputs, or the error.
+local function policy_record(decision, policy_error, initiator)
+  local rec = { evaluated_at = os.date("!%Y-%m-%dT%H:%M:%SZ"), initiator_roles = initiator.roles }
+  if decision then
+    rec.rule, rec.action, rec.approvals = decision.rule, decision.action, decision.approvals
+    rec.roles, rec.reason, rec.inputs = decision.roles, decision.reason, decision.inputs
+  else
+    rec.error = policy_error
+  end
+  return rec
+end
+
+local function votes(s, id)
+  return s:query([[SELECT principal, decision, comment, approval_digest, created_at
+                     FROM request_approvals WHERE request_id = $1::uuid ORDER BY id]], id)
+end
+
+-- grant(s, req, actor, approved, decision): PENDING_APPROVAL -> APPROVED,
+-- the frontier READY.  The audit detail says what was approved: the digest,
+-- the intent and amount, the rule and every approval.
+local function grant(s, req, actor, approved, decision)
+  local digest = s:query("SELECT qtg_approval_digest(r) AS d FROM movement_requests r WHERE id = $1::uuid",
+    req.id)[1].d
+  if req.approval_digest == nil or req.approval_digest == NULL then
+    s:query("UPDATE movement_requests SET approval_digest = $2 WHERE id = $1::uuid", req.id, digest)
+    req.approval_digest = digest
+  end
+  local list = {}
+  for _, v in ipairs(approved) do
+    list[#list + 1] = { principal = v.principal, comment = v.comment, at = v.created_at }
+  end
+  local g = nodes_db.load_all(s, req)
+  nodes_db.write_request(s, req, { request_state = "APPROVED", approved_by = actor, approved_now = true },
+    { event = "request_approved", data = { from_state = "PENDING_APPROVAL" } },
+    { actor = actor, action = "request.approve", detail = {
+        from_state = "PENDING_APPROVAL", approval_digest = digest, intent = req.intent,
+        amount = type(req.intent) == "table" and req.intent.amount or nil,
+        approval_rule = decision and decision.rule, approvals_required = req.approvals_required,
+        approvals = canon.array(list) } })
+  for _, key in ipairs(req.current_frontier) do
+    local node = g.by_key[key]
+    if node and node.node_state == "BLOCKED" then
+      nodes_db.set_node_state(s, g, node, { node_state = "READY" }, actor)
+    end
+  end
+  nodes_db.apply_request_state(s, g, actor)
+  return req
 end
 
 -- ----------------------------------------------------------------- create
@@ -145,8 +224,8 @@ end
 --            callback_url=}, actor) -> request, created
 -- The latest plan version of the template is used.  A repeated
 -- (network_class, idempotency_key) returns the first request, created=false.
-function M.create(s, args, actor)
-  check_actor(actor)
+function M.create(s, args, who)
+  local initiator, actor = acting(who, "operate", "create requests")
   check_create_args(args)
   local network_class = settings().network_class
   return in_tx(s, function()
@@ -159,6 +238,17 @@ function M.create(s, args, actor)
     if not pv then refuse("not_found", "template %s is not loaded", args.template_key) end
     local ok, why = templates.validate_intent(pv.intent_schema, args.intent)
     if not ok then refuse("invalid_intent", "template %s: %s", args.template_key, why) end
+    local rc_ok, rule, rc_why = risk.check(pv.risk_controls, args.intent)
+    if not rc_ok then
+      refuse("invalid_intent", "template %s: risk_controls.%s refuses: %s", args.template_key, rule, rc_why)
+    end
+    local decision, policy_error = evaluate_policy(s, {
+      template_key = args.template_key, network_class = network_class, intent = args.intent,
+      initiator = initiator })
+    if decision and decision.action == "block" then
+      refuse("invalid_intent", "approval policy rule %s blocks this request: %s", decision.rule,
+        tostring(decision.reason))
+    end
     local keys = {}
     for _, r in ipairs(s:query("SELECT node_key FROM plan_nodes WHERE plan_version_id = $1", pv.id)) do
       keys[#keys + 1] = r.node_key
@@ -169,16 +259,18 @@ function M.create(s, args, actor)
     local req = s:query([[
       INSERT INTO movement_requests (network_class, template_key, plan_version_id,
         compiled_plan_hash, request_state, intent, input_params, current_frontier,
-        idempotency_key, callback_url, created_at, expires_at, created_by)
+        idempotency_key, callback_url, created_at, expires_at, created_by, approvals_required,
+        approval_policy)
       SELECT $1, $2, $3, $4, 'PENDING_APPROVAL', $5::jsonb, $6::jsonb, $7::jsonb, $8, $9,
-             t.at, t.at + $10::int * interval '1 second', $11
+             t.at, t.at + $10::int * interval '1 second', $11, $12, $13::jsonb
         FROM (SELECT clock_timestamp() AS at) t
       ON CONFLICT (network_class, idempotency_key) DO NOTHING
       RETURNING *]], network_class, args.template_key, pv.id, pv.compiled_plan_hash,
       canon.encode(args.intent), canon.encode(args.input_params or {}),
       canon.encode(canon.array(frontier)), args.idempotency_key,
       type(args.callback_url) == "string" and require("qtg.callbacks").normalize_url(args.callback_url) or nil,
-      settings().approval_ttl_seconds, actor)[1]
+      settings().approval_ttl_seconds, actor, decision and decision.approvals or 1,
+      canon.encode(policy_record(decision, policy_error, initiator)))[1]
     if not req then
       -- a concurrent create with the same key won the race
       return find_existing(s, network_class, args.idempotency_key), false
@@ -195,47 +287,132 @@ function M.create(s, args, actor)
     outbox.audit(s, actor, "request.create", "movement_request", req.id, req.id, {
       template_key = args.template_key, template_version = pv.version,
       idempotency_key = args.idempotency_key, network_class = network_class,
+      approval_rule = decision and decision.rule, approvals_required = req.approvals_required,
+      approval_policy_error = policy_error,
     })
+    if decision and decision.action == "allow" then
+      -- approved by the policy itself
+      local locked = lock_request(s, req.id)
+      grant(s, locked, "policy:" .. decision.rule, {}, decision)
+    end
     return nodes_db.load_request(s, req.id), true
   end)
 end
 
 -- ---------------------------------------------------------------- approve
-function M.approve(s, id, actor)
-  check_actor(actor)
-  return in_tx(s, function()
-    local req = lock_request(s, id)
-    expect_state(req, { "PENDING_APPROVAL" }, "approve")
-    local expired = s:query("SELECT expires_at IS NOT NULL AND expires_at <= now() AS x FROM movement_requests WHERE id = $1::uuid", id)[1].x
-    if expired then
-      refuse("illegal_transition", "cannot approve request %s: its approval window closed at %s",
-        id, tostring(req.expires_at))
+-- approve(s, id, who[, comment]) -> request: one principal's approval.  The
+-- policy is evaluated again (its rule may now ask for more approvals, or
+-- block: then the vote is refused and the request keeps waiting, the
+-- refusal recorded); the request becomes APPROVED when the quorum of
+-- distinct principals who approved this digest is met.
+local function approve(s, id, p, comment)
+  local actor = p.actor
+  local req = lock_request(s, id)
+  expect_state(req, { "PENDING_APPROVAL" }, "approve")
+  local expired = s:query("SELECT expires_at IS NOT NULL AND expires_at <= now() AS x FROM movement_requests WHERE id = $1::uuid", id)[1].x
+  if expired then
+    refuse("illegal_transition", "cannot approve request %s: its approval window closed at %s",
+      id, tostring(req.expires_at))
+  end
+  if actor == req.created_by then
+    refuse("forbidden", "%s created request %s and cannot approve it (four eyes)", actor, id)
+  end
+  if s:query("SELECT 1 FROM request_approvals WHERE request_id = $1::uuid AND principal = $2",
+      id, actor)[1] then
+    refuse("illegal_transition", "%s already decided on request %s", actor, id)
+  end
+  local digest = s:query([[
+    SELECT qtg_approval_digest(r) AS d FROM movement_requests r WHERE id = $1::uuid]], id)[1].d
+  if req.approval_digest ~= nil and req.approval_digest ~= NULL and req.approval_digest ~= digest then
+    refuse("illegal_transition", "cannot approve request %s: it changed since its first approval",
+      id)
+  end
+  local rc = s:query("SELECT risk_controls FROM plan_versions WHERE id = $1", req.plan_version_id)[1]
+  local rc_ok, rule, rc_why = risk.check(rc and rc.risk_controls, req.intent)
+  if not rc_ok then
+    refuse("invalid_intent", "request %s: risk_controls.%s refuses: %s", id, rule, rc_why)
+  end
+  -- the policy again, with the velocity windows of this asset serialised
+  approvals.lock_velocity(s, req)
+  local stored = type(req.approval_policy) == "table" and req.approval_policy or {}
+  local initiator = { actor = req.created_by,
+                      roles = type(stored.initiator_roles) == "table" and stored.initiator_roles or {} }
+  local decision, policy_error = evaluate_policy(s, { id = req.id, template_key = req.template_key,
+    network_class = req.network_class, intent = req.intent, initiator = initiator })
+  local refusal
+  if not decision then
+    refusal = setmetatable({ kind = "illegal_transition", message = string.format(
+      "cannot approve request %s now: the approval policy failed: %s", id, policy_error) }, err_mt)
+  elseif decision.action == "block" then
+    refusal = setmetatable({ kind = "invalid_intent", message = string.format(
+      "cannot approve request %s now: approval policy rule %s blocks it: %s", id, decision.rule,
+      tostring(decision.reason)) }, err_mt)
+  end
+  if refusal then
+    -- recorded and committed; the request keeps waiting
+    s:query("UPDATE movement_requests SET approval_policy = $2::jsonb WHERE id = $1::uuid", id,
+      canon.encode(policy_record(decision, policy_error, initiator)))
+    outbox.audit(s, actor, "request.approval_refused", "movement_request", id, id,
+      { reason = refusal.message, rule = decision and decision.rule })
+    return req, refusal
+  end
+  local roles = decision.roles
+  if roles then
+    local holds = false
+    for _, r in ipairs(roles) do if principals.has_role(p, r) then holds = true end end
+    if not holds then
+      refuse("forbidden", "%s may not approve request %s: rule %s needs one of the roles %s", actor, id,
+        decision.rule, table.concat(roles, ", "))
     end
-    local digest = s:query([[
-      SELECT qtg_approval_digest(r) AS d FROM movement_requests r WHERE id = $1::uuid]], id)[1].d
-    if req.approval_digest ~= nil and req.approval_digest ~= NULL and req.approval_digest ~= digest then
-      refuse("illegal_transition", "cannot approve request %s: it changed since its first approval",
-        id)
-    end
-    s:query([[
-      INSERT INTO request_approvals (request_id, principal, decision, approval_digest)
-      VALUES ($1::uuid, $2, 'approve', $3)]], id, actor, digest)
-    s:query("UPDATE movement_requests SET approval_digest = $2 WHERE id = $1::uuid", id, digest)
-    req.approval_digest = digest
-    local g = nodes_db.load_all(s, req)
-    nodes_db.set_request_state(s, req, "APPROVED", actor, {
-      event = "request_approved", action = "request.approve",
-      fields = { approved_by = actor, approved_now = true },
-    })
-    for _, key in ipairs(req.current_frontier) do
-      local node = g.by_key[key]
-      if node and node.node_state == "BLOCKED" then
-        nodes_db.set_node_state(s, g, node, { node_state = "READY" }, actor)
-      end
-    end
-    nodes_db.apply_request_state(s, g, actor)
+  end
+  local required = math.max(tonumber(req.approvals_required) or 1, decision.approvals)
+  s:query([[
+    INSERT INTO request_approvals (request_id, principal, decision, comment, approval_digest)
+    VALUES ($1::uuid, $2, 'approve', $3, $4)]], id, actor, type(comment) == "string" and comment or nil, digest)
+  s:query([[UPDATE movement_requests SET approval_digest = $2, approvals_required = $3,
+                   approval_policy = $4::jsonb WHERE id = $1::uuid]],
+    id, digest, required, canon.encode(policy_record(decision, nil, initiator)))
+  req.approval_digest, req.approvals_required = digest, required
+  local approved = {}
+  for _, v in ipairs(votes(s, id)) do
+    if v.decision == "approve" and v.approval_digest == digest then approved[#approved + 1] = v end
+  end
+  if #approved < required then
+    outbox.audit(s, actor, "request.approval", "movement_request", id, id, {
+      approval_digest = digest, intent = req.intent, amount = req.intent.amount,
+      approval_rule = decision.rule, approvals = #approved, approvals_required = required,
+      comment = comment })
     return req
+  end
+  return grant(s, req, actor, approved, decision)
+end
+
+function M.approve(s, id, who, comment)
+  local p = acting(who, "approve", "approve requests")
+  local req, refusal = in_tx(s, function()
+    local r, why = approve(s, id, p, comment)
+    return r, why
   end)
+  if refusal then error(refusal, 0) end
+  return req
+end
+
+-- status(s, id) -> {approvals_required=, approved_by={...}, rejected_by=,
+-- still_needed=, rule=, roles=, error=}: who approved, who is still needed
+-- and why (req() in the console, the API).
+function M.approval_status(s, id)
+  local req = own_request(s, id, false)
+  local pol = type(req.approval_policy) == "table" and req.approval_policy or {}
+  local out = { approvals_required = req.approvals_required, approved_by = {}, rejected_by = {},
+                rule = pol.rule, roles = pol.roles, error = pol.error, digest = req.approval_digest }
+  for _, v in ipairs(votes(s, id)) do
+    local list = v.decision == "approve" and out.approved_by or out.rejected_by
+    list[#list + 1] = { principal = v.principal, comment = v.comment, at = v.created_at,
+                        current = v.approval_digest == req.approval_digest }
+  end
+  out.still_needed = req.request_state == "PENDING_APPROVAL"
+    and math.max(0, req.approvals_required - #out.approved_by) or 0
+  return out
 end
 
 -- Cancel every node that has not started (BLOCKED/READY).
@@ -248,11 +425,18 @@ local function cancel_pending_nodes(s, g, actor)
 end
 
 -- ----------------------------------------------------------------- reject
-function M.reject(s, id, actor, reason)
-  check_actor(actor)
+function M.reject(s, id, who, reason)
+  local p, actor = acting(who, "approve", "reject requests")
   return in_tx(s, function()
     local req = lock_request(s, id)
     expect_state(req, { "PENDING_APPROVAL" }, "reject")
+    if s:query("SELECT 1 FROM request_approvals WHERE request_id = $1::uuid AND principal = $2",
+        id, p.actor)[1] then
+      refuse("illegal_transition", "%s already decided on request %s", p.actor, id)
+    end
+    s:query([[INSERT INTO request_approvals (request_id, principal, decision, comment, approval_digest)
+              SELECT $1::uuid, $2, 'reject', $3, qtg_approval_digest(r) FROM movement_requests r
+               WHERE r.id = $1::uuid]], id, p.actor, type(reason) == "string" and reason or nil)
     local g = nodes_db.load_all(s, req)
     cancel_pending_nodes(s, g, actor)
     nodes_db.set_request_state(s, req, "REJECTED", actor, {
@@ -406,6 +590,15 @@ function M.complete_manual_step(s, node_id, actor, input)
     nodes_db.after_node_change(s, g, node, actor)
     return req, node
   end)
+end
+
+-- The other mutations need the operate role; they pass the actor string on.
+for _, name in ipairs({ "cancel", "resume", "retry", "complete_manual_step" }) do
+  local fn = M[name]
+  M[name] = function(s, target, who, ...)
+    local _, actor = acting(who, "operate", (name:gsub("_", " ")) .. " requests")
+    return fn(s, target, actor, ...)
+  end
 end
 
 -- -------------------------------------------------------------------- get

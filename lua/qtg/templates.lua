@@ -102,7 +102,6 @@ end
 M.MAX_NODES = 256
 M.MAX_EDGES = 1024
 
-local check_risk_values
 
 local function is_object(v)
   if type(v) ~= "table" then return false end
@@ -179,37 +178,6 @@ local function check_intent(intent, add)
   local ok, why = canon.storable({ intent = out })
   if not ok then add("intent", "cannot be stored: %s", why) end
   return out
-end
-
--- risk_controls value shapes, by key suffix (the policy module owns which
--- keys exist and what they mean): amounts are non-negative decimal strings
--- (a JSON number may already have lost digits, a negative cap is a typo),
--- wei are integer strings, counts are non-negative JSON integers.
-M.RISK_VALUE_SHAPES = {
-  { suffix = "_amount", pattern = "^%d+%.?%d*$", says = "a non-negative decimal string such as \"1000.50\"" },
-  { suffix = "_usd", pattern = "^%d+%.?%d*$", says = "a non-negative decimal string such as \"25\"" },
-  { suffix = "_wei", pattern = "^%d+$", says = "a non-negative integer string (wei)" },
-  { suffix = "gas_limit", integer = true, says = "a non-negative integer" },
-  { suffix = "_nonces", integer = true, says = "a non-negative integer" },
-}
-
-function check_risk_values(rc, add)
-  for _, k in ipairs(sorted_keys(rc)) do
-    local v = rc[k]
-    for _, shape in ipairs(M.RISK_VALUE_SHAPES) do
-      if k:sub(-#shape.suffix) == shape.suffix then
-        local ok
-        if shape.integer then
-          ok = type(v) == "number" and v >= 0 and v == math.floor(v) and v <= M.INTEGER_LIMIT
-        else
-          ok = type(v) == "string" and v:match(shape.pattern) ~= nil and v:sub(-1) ~= "."
-            and #v:match("^%d*") <= M.DECIMAL_MAX_INTEGER_DIGITS and #v <= 2 * M.DECIMAL_MAX_INTEGER_DIGITS
-        end
-        if not ok then add("risk_controls", "%q must be %s", k, shape.says) end
-        break
-      end
-    end
-  end
 end
 
 local function check_timeout_policy(tp, where, add)
@@ -380,7 +348,7 @@ function M.validate_and_compile(doc, file, hash)
   if not is_object(risk_controls) then add(nil, "\"risk_controls\" must be an object"); risk_controls = {} end
   local rc_ok, rc_why = canon.storable({ risk_controls = risk_controls })
   if not rc_ok then add(nil, "\"risk_controls\" cannot be stored: %s", rc_why); risk_controls = {} end
-  check_risk_values(risk_controls, add)
+  for _, e in ipairs(require("qtg.risk_controls").validate(risk_controls)) do add(nil, "%s", e) end
 
   local nodes, node_set = {}, {}
   if type(doc.nodes) ~= "table" or not is_array(doc.nodes) or #doc.nodes == 0 then

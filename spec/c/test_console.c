@@ -990,6 +990,10 @@ static void test_lifecycle_commands(fixture *f) {
   id = create_otc(f, key);
   CHECK(&tc, id != NULL);
   if (!id) return;
+  /* four eyes: the request this console approves was initiated by someone
+     else (its initiator may still be set while it is PENDING_APPROVAL) */
+  CHECK(&tc, pg_long(f, "WITH u AS (UPDATE movement_requests SET created_by = 'operator:desk' "
+                        "WHERE id = '%s' RETURNING 1) SELECT count(*) FROM u", id) == 1);
   snprintf(code, sizeof code, "approve('%s')", id);
   out = CONSOLE_OK(f, code);
   CHECK_HAS(out, "approved_by:");
@@ -1066,6 +1070,9 @@ static void test_observe_interval_reload(fixture *f) {
   char *id = CONSOLE_STRING(f, code);
   CHECK(&tc, id != NULL);
   if (!id) return;
+  /* four eyes: initiated by someone else than this console's approver */
+  CHECK(&tc, pg_long(f, "WITH u AS (UPDATE movement_requests SET created_by = 'operator:desk' "
+                        "WHERE id = '%s' RETURNING 1) SELECT count(*) FROM u", id) == 1);
   snprintf(code, sizeof code, "approve('%s')", id);
   free(CONSOLE_OK(f, code));
   char *node = pg_str(f, "SELECT id FROM movement_request_nodes WHERE request_id = '%s'", id);

@@ -267,6 +267,26 @@ time.sleep(120)]]), q(portfile)))
     assert.matches("1 override from " .. good .. ": qtg.workers.node_recovery", line_of(out, "ok", "policies"), 1, true)
   end)
 
+  it("fails on an approval policy that does not load or has a malformed rule", function()
+    local over = tmp .. "/lua-approval"
+    sup.write(over .. "/qtg/policies/approval.lua", [[
+local P = require "qtg.approvals"
+return { rules = { { name = "tiers", match = { amount_over = "5" }, action = P.allow() },
+                   { name = "none", match = {}, action = P.require{ approvals = 0, roles = { "approve" } } } } }
+]])
+    local rc, out = check({ MG_LUA_PATH = over }, "--templates " .. q(tdir))
+    assert.equals(1, rc, out)
+    local fails = table.concat(lines_of(out, "FAIL", "policies"), "\n")
+    assert.matches("rule 1 (tiers): unknown match key amount_over", fails, 1, true)
+    assert.matches("rule 2 (none): require needs approvals", fails, 1, true)
+    local broken = tmp .. "/lua-approval-raise"
+    sup.write(broken .. "/qtg/policies/approval.lua", "error('no rules yet')\n")
+    rc, out = check({ MG_LUA_PATH = broken }, "--templates " .. q(tdir))
+    assert.equals(1, rc, out)
+    assert.matches("qtg.policies.approval: ", line_of(out, "FAIL", "policies"), 1, true)
+    assert.matches("no rules yet", line_of(out, "FAIL", "policies"), 1, true)
+  end)
+
   it("fails on a policy module that does I/O while it loads", function()
     local over = tmp .. "/lua-io"
     sup.write(over .. "/qtg/executors/manual.lua", "local qtg = require 'qtg'\nqtg.sleep(0.01)\nreturn {}\n")

@@ -99,7 +99,7 @@ describe("two qtgd processes, 200 requests", function()
     for i = 1, N do
       local t = TEMPLATES[(i - 1) % #TEMPLATES + 1]
       local req = sup.create(s, t.key, { intent = t.intent })
-      requests.approve(s, req.id, sup.ACTOR)
+      sup.approve(s, req.id)
       ids[i] = req.id
       kind_of[req.id] = t
     end

@@ -156,7 +156,7 @@ describe("engine pipeline", function()
       local a = sup.nodes(s, other.id).a
       assert.equal("SUBMITTED", a.node_state)
       assert.equal(0, a.observe_count)
-      s:query("UPDATE movement_requests SET network_class = 'parked-spec' WHERE id = $1::uuid", other.id)
+      sup.unfrozen(s, "UPDATE movement_requests SET network_class = 'parked-spec' WHERE id = $1::uuid", other.id)
     end)
   end)
 

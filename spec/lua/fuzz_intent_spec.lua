@@ -35,10 +35,19 @@ local NEAR = {
   string = { "", 1, false },
 }
 
+-- Fields the shipped templates' risk_controls limit (allowed_assets,
+-- allowed_chain_ids): a valid intent stays inside them.
+local WITHIN_LIMITS = {
+  asset = function(g) return g:pick({ "USDC", "USDT" }) end,
+  chain_id = function() return 31337 end,
+}
+
 local function valid_intent(g, schema)
   local intent = {}
   local types = schema.types or {}
-  for _, f in ipairs(schema.required or {}) do intent[f] = valid_value(g, types[f] or "string") end
+  for _, f in ipairs(schema.required or {}) do
+    intent[f] = WITHIN_LIMITS[f] and WITHIN_LIMITS[f](g) or valid_value(g, types[f] or "string")
+  end
   return intent
 end
 

@@ -110,7 +110,7 @@ function M.request(s, template_key, class, callback_url)
   local req, created = requests.create(s, {
     template_key = template_key, intent = { asset = "USDC", amount = "1.00" },
     idempotency_key = M.uid("idem"), callback_url = callback_url,
-  }, "console:spec")
+  }, "console:spec-initiator")
   if class and class ~= qtg.settings.network_class then
     s:query("UPDATE movement_requests SET network_class = $1 WHERE id = $2", class, req.id)
     req.network_class = class

@@ -114,7 +114,7 @@ describe("expiration_checker", function()
     -- approved in this process's class, then moved to the class under test
     local id = make(nil, 3600)
     require("qtg.requests").approve(s, id, "console:spec")
-    s:query("UPDATE movement_requests SET network_class = $2 WHERE id = $1::uuid", id, class)
+    require("spec.lua.common_support").unfrozen(s, "UPDATE movement_requests SET network_class = $2 WHERE id = $1::uuid", id, class)
     s:query("UPDATE movement_requests SET expires_at = now() - interval '1 second' WHERE id = $1::uuid", id)
     local res = run_child(dir, "exp-appr", class, "expiration_checker")
     assert.equals(0, res.items)

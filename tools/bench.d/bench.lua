@@ -38,6 +38,7 @@ local function fmt(v, f)
 end
 
 B.ACTOR = "console:bench"
+B.INITIATOR = "console:bench-initiator" -- four eyes: never the approver
 B.CLASS = "bench"
 B.RAW_CLASS = "bench-raw"
 
@@ -259,7 +260,7 @@ function B.create(template_key, n, prefix, approve)
       local req = requests.create(s, {
         template_key = template_key, intent = { asset = "USDC", amount = "1.00" },
         idempotency_key = ("%s-%d"):format(prefix, i), callback_url = B.callback_url,
-      }, B.ACTOR)
+      }, B.INITIATOR)
       if approve then requests.approve(s, req.id, B.ACTOR) end
       ids[i] = req.id
     end

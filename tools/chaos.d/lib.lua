@@ -22,6 +22,7 @@ M.work = assert(os.getenv("QTG_CHAOS_WORK"), "QTG_CHAOS_WORK is not set (run too
 M.ci = os.getenv("QTG_CHAOS_CI") == "1"
 M.pg_dir = os.getenv("QTG_PG_DIR")
 M.ACTOR = "console:chaos"
+M.INITIATOR = "console:chaos-initiator" -- four eyes: never the approver
 M.failures = {}
 M.started = {}      -- every process started here: {pid, kind, name}
 
@@ -404,7 +405,7 @@ function M.create_request(i, callback_url, kind)
   local key = string.format("chaos-%06d", i)
   local id = M.with_retry(function(s)
     local req = requests.create(s, { template_key = kind.key, intent = kind.intent,
-                                     idempotency_key = key, callback_url = callback_url }, M.ACTOR)
+                                     idempotency_key = key, callback_url = callback_url }, M.INITIATOR)
     if req.request_state == "PENDING_APPROVAL" then
       req = requests.approve(s, req.id, M.ACTOR)
     end

@@ -16,16 +16,11 @@ local M = {}
 local NULL = qtg.db.NULL
 local UUID = "^%x%x%x%x%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%x%x%x%x%x%x%x%x$"
 
--- The lifecycle functions take an actor string today; the principal table
--- ({actor=, kind=, name=, roles=}) is what they will take once the
--- approvals work (qtg.principals) is merged.  This one helper converts;
--- drop it (pass ctx.principal) after that merge.
-local function principal_as_actor_until_principals_merge(principal)
-  return type(principal) == "table" and principal.actor or principal
-end
-M.principal_as_actor_until_principals_merge = principal_as_actor_until_principals_merge
-
-local function actor(ctx) return principal_as_actor_until_principals_merge(ctx.principal) end
+-- The lifecycle functions (qtg.requests) take the principal itself, so its
+-- roles decide (four eyes across the API and the console); the functions
+-- that record only who acted take its actor string.
+local function principal(ctx) return ctx.principal end
+local function actor(ctx) return ctx.principal.actor end
 
 local function uuid_param(ctx, name, what)
   local id = ctx.params[name]
@@ -125,7 +120,7 @@ local function lifecycle(fn_name, target_kind, extra)
     if extra == "reason" and (type(body.reason) ~= "string" or not body.reason:match("%S")) then
       problem.raise("invalid_input", "a reason (non-empty string) is required")
     end
-    local req = requests[fn_name](ctx.s, id, actor(ctx), extra == "reason" and body.reason or body.comment)
+    local req = requests[fn_name](ctx.s, id, principal(ctx), extra == "reason" and body.reason or body.comment)
     return 200, request_detail(ctx.s, req.id or req.request_id or id)
   end
 end
@@ -138,9 +133,9 @@ local function node_action(fn_name)
     if fn_name == "complete_manual_step" then
       local input = (ctx.body or {}).input
       if input == nil then input = {} end
-      req = requests.complete_manual_step(ctx.s, id, actor(ctx), input)
+      req = requests.complete_manual_step(ctx.s, id, principal(ctx), input)
     else
-      req = requests.retry(ctx.s, id, actor(ctx))
+      req = requests.retry(ctx.s, id, principal(ctx))
     end
     return 200, request_detail(ctx.s, req.id)
   end
@@ -157,7 +152,7 @@ local function create_request(ctx)
     local ok, why = require("qtg.api.ssrf").check(b.callback_url)
     if not ok then problem.raise("invalid_input", "bad callback_url: %s", why) end
   end
-  local req, created = require("qtg.requests").create(ctx.s, args, actor(ctx))
+  local req, created = require("qtg.requests").create(ctx.s, args, principal(ctx))
   local doc = request_detail(ctx.s, req.id)
   return created and 201 or 200, doc, { Location = "/v3/requests/" .. req.id }
 end

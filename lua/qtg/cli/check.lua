@@ -536,6 +536,13 @@ function M.check_policies(report)
       end
     end
   end
+  -- the approval policy: loads and its rules are well formed
+  local policy, perr = load_module("qtg.policies.approval")
+  local perrs = policy ~= nil and require("qtg.approvals").validate(policy) or { perr }
+  for _, e in ipairs(perrs) do
+    add(report, "FAIL", "policies", "qtg.policies.approval: " .. tostring(e))
+    good = false
+  end
   if good then
     local text = ("%s compile; %s and %s load"):format(plural(nfiles, "script"),
       plural(nworkers, "enabled worker"), plural(#adapters, "executor"))

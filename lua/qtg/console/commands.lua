@@ -26,8 +26,16 @@ M.LIST = {
     .. "manual steps' instructions and inputs, why it was rejected or cancelled" },
   { "requests", "{state=, limit=}", "recent requests of this network class" },
   { "create", "{template_key=, intent=, idempotency_key=}", "create a movement request" },
-  { "approve", "(id)", "PENDING_APPROVAL (within its approval window) -> APPROVED" },
-  { "reject", "(id, reason)", "PENDING_APPROVAL -> REJECTED" },
+  { "approve", "(id)", "approve a PENDING_APPROVAL request: your vote towards its quorum (approve(id, comment) adds a comment)" },
+  { "reject", "(id, reason)", "reject a PENDING_APPROVAL request (any rejection ends it)" },
+  { "approvals", "{pending=true}", "requests waiting for approval that you may still approve (your inbox)" },
+  { "whoami", "()", "your principal: actor and roles" },
+  { "operators", "()", "the operators: name, uid, roles" },
+  { "add_operator", "(name, uid, roles)", "map a console uid to a named operator (admin)" },
+  { "remove_operator", "(name)", "remove an operator (admin)" },
+  { "address_book", "()", "the address book, and its changes waiting for a quorum" },
+  { "propose_address", "{action=, asset=, chain=, address=, label=}", "propose adding/removing an address (admin)" },
+  { "vote_address", "(change_id, decision, comment)", "approve or reject an address book change (admin)" },
   { "cancel", "(id, reason)", "PENDING_APPROVAL, APPROVED, EXECUTING, WAITING_MANUAL_ACTION or "
     .. "MANUAL_INTERVENTION -> CANCELLED, while no node is in flight" },
   { "resume", "(id)", "MANUAL_INTERVENTION -> EXECUTING; refused while a node is FAILED (retry it) "
@@ -192,9 +200,9 @@ end
 local NODE_COLUMNS = { "node_key", "node_kind", "action_type", "node_state", "attempt_no",
                        "provider_refs", "error_code", "error_detail", "next_observe_at", "id" }
 local REQUEST_ORDER = { "id", "created", "template_key", "request_state", "network_class", "created_by",
-                        "approved_by", "created_at", "updated_at", "expires_at", "finished_at",
-                        "last_error_code", "reason", "manual_steps", "current_frontier", "callback_url",
-                        "idempotency_key", "intent", "nodes", "callbacks" }
+                        "approved_by", "approvals", "created_at", "updated_at", "expires_at",
+                        "finished_at", "last_error_code", "reason", "manual_steps", "current_frontier",
+                        "callback_url", "idempotency_key", "intent", "nodes", "callbacks" }
 local REQUEST_COLUMNS = { "id", "template_key", "request_state", "created_at", "created_by",
                           "last_error_code" }
 local CALLBACK_COLUMNS = { "id", "event_type", "status", "attempts", "last_status", "last_error",
@@ -237,6 +245,19 @@ local function request_detail(s, id)
     SELECT id, event_type, status, attempts, last_status, last_error, created_at
       FROM movement_callback_outbox WHERE request_id = $1::uuid ORDER BY id DESC LIMIT 10]], id),
     CALLBACK_COLUMNS)
+  -- who approved, who is still needed and why
+  local pol = type(r.approval_policy) == "table" and r.approval_policy or {}
+  local votes = s:query([[SELECT principal, decision, comment, created_at,
+                                 approval_digest = $2 AS current
+                            FROM request_approvals WHERE request_id = $1::uuid ORDER BY id]],
+    id, r.approval_digest)
+  local approved = 0
+  for _, v in ipairs(votes) do if v.decision == "approve" and v.current then approved = approved + 1 end end
+  r.approvals = {
+    rule = pol.rule, error = pol.error, required = r.approvals_required, roles = pol.roles,
+    still_needed = r.request_state == "PENDING_APPROVAL" and math.max(0, r.approvals_required - approved) or 0,
+    votes = view.rows(votes, { "principal", "decision", "comment", "created_at", "current" }),
+  }
   return view.record(r, REQUEST_ORDER)
 end
 
@@ -423,19 +444,38 @@ function M.bind(ctx)
   local actor = ctx.actor
   local out = ctx.print or print
   local c = {}
+  local principals = require("qtg.principals")
+  local uid = type(actor) == "string" and tonumber(actor:match("^console:(%d+)$")) or nil
+  -- me(s): the principal this session acts as, looked up at each command
+  -- (an operator enrolled or removed meanwhile takes effect at once)
+  local function me(s)
+    if uid then return principals.console(s, uid) end
+    return principals.from_actor(actor)
+  end
+
+  -- as(role, action) -> the actor of this session's principal, after
+  -- refusing one without `role` (an unmapped uid only reads): every command
+  -- that changes something records the operator's name, never a bare uid.
+  local function as(role, action)
+    return with_session(function(s)
+      local p = me(s)
+      principals.require_role(p, role, action)
+      return p.actor
+    end)
+  end
 
   c.help = help
   c.workers = workers
 
   function c.pause(name)
     find_worker(name)
-    audited_runtime(actor, "worker.pause", name, {}, function() qtg.runtime.pause(name) end)
+    audited_runtime(as("operate", "pause a worker"), "worker.pause", name, {}, function() qtg.runtime.pause(name) end)
     return view.text("paused " .. name)
   end
 
   function c.resume_worker(name)
     find_worker(name)
-    audited_runtime(actor, "worker.resume", name, {}, function() qtg.runtime.resume(name) end)
+    audited_runtime(as("operate", "resume a worker"), "worker.resume", name, {}, function() qtg.runtime.resume(name) end)
     return view.text("resumed " .. name)
   end
 
@@ -443,7 +483,7 @@ function M.bind(ctx)
     local before = find_worker(name)
     timeout = timeout or 300
     if type(timeout) ~= "number" or timeout <= 0 then usage("tick: timeout must be a positive number of seconds") end
-    audited_runtime(actor, "worker.tick", name, {}, function() qtg.runtime.tick_now(name) end)
+    audited_runtime(as("operate", "run a worker's pass"), "worker.tick", name, {}, function() qtg.runtime.tick_now(name) end)
     local started = qtg.monotonic()
     local after = wait_for_pass(name, before, timeout)
     -- a pass that failed or did not finish is an error, so `qtgd console -e`
@@ -480,39 +520,40 @@ function M.bind(ctx)
     local created
     local detail = lifecycle(function(mod, s)
       local r
-      r, created = mod.create(s, fields, actor)
+      r, created = mod.create(s, fields, me(s))
       return r.id
     end)
     detail.created = created
     return detail
   end
 
-  function c.approve(id)
+  function c.approve(id, comment)
     id = resolve_id("request", id)
-    return lifecycle(function(mod, s) mod.approve(s, id, actor) return id end)
+    if comment ~= nil and type(comment) ~= "string" then usage("approve(id, comment): comment must be a string") end
+    return lifecycle(function(mod, s) mod.approve(s, id, me(s), comment) return id end)
   end
 
   function c.reject(id, reason)
     id = resolve_id("request", id)
     reason = check_reason(reason)
-    return lifecycle(function(mod, s) mod.reject(s, id, actor, reason) return id end)
+    return lifecycle(function(mod, s) mod.reject(s, id, me(s), reason) return id end)
   end
 
   function c.cancel(id, reason)
     id = resolve_id("request", id)
     reason = check_reason(reason)
-    return lifecycle(function(mod, s) mod.cancel(s, id, actor, reason) return id end)
+    return lifecycle(function(mod, s) mod.cancel(s, id, me(s), reason) return id end)
   end
 
   function c.resume(id)
     id = resolve_id("request", id)
-    return lifecycle(function(mod, s) mod.resume(s, id, actor) return id end)
+    return lifecycle(function(mod, s) mod.resume(s, id, me(s)) return id end)
   end
 
   function c.retry(node_id)
     node_id = resolve_id("node", node_id)
     return lifecycle(function(mod, s)
-      local r = mod.retry(s, node_id, actor)
+      local r = mod.retry(s, node_id, me(s))
       return r.id
     end)
   end
@@ -523,20 +564,97 @@ function M.bind(ctx)
       usage("complete_manual(node_id, artifacts): artifacts must be a table (the step's inputs)")
     end
     return lifecycle(function(mod, s)
-      local r = mod.complete_manual_step(s, node_id, actor, artifacts)
+      local r = mod.complete_manual_step(s, node_id, me(s), artifacts)
       return r.id
     end)
   end
 
   c.dlq = dlq
 
+  function c.whoami()
+    return with_session(function(s)
+      local p = me(s)
+      return view.record({ actor = p.actor, kind = p.kind, name = p.name, roles = table.concat(p.roles, ", "),
+                           uid = uid }, { "actor", "kind", "name", "roles", "uid" })
+    end)
+  end
+
+  -- approvals{pending=true}: PENDING_APPROVAL requests of this class that
+  -- this principal may still approve (not its own, not voted yet).
+  function c.approvals(filter)
+    if filter ~= nil and type(filter) ~= "table" then usage("approvals{pending=true} takes a table") end
+    return with_session(function(s)
+      local p = me(s)
+      local rows = s:query([[
+        SELECT r.id, r.template_key, r.intent->>'asset' AS asset, r.intent->>'amount' AS amount,
+               r.created_by, r.approvals_required,
+               (SELECT count(*)::int FROM request_approvals a WHERE a.request_id = r.id
+                   AND a.decision = 'approve' AND a.approval_digest = r.approval_digest) AS approvals,
+               r.approval_policy->>'rule' AS rule, r.expires_at
+          FROM movement_requests r
+         WHERE r.network_class = $1 AND r.request_state = 'PENDING_APPROVAL'
+           AND r.created_by <> $2
+           AND NOT EXISTS (SELECT 1 FROM request_approvals a WHERE a.request_id = r.id AND a.principal = $2)
+         ORDER BY r.created_at LIMIT 200]], qtg.settings.network_class, p.actor)
+      return view.rows(rows, { "id", "template_key", "asset", "amount", "created_by", "approvals",
+                               "approvals_required", "rule", "expires_at" })
+    end)
+  end
+
+  function c.operators()
+    return with_session(function(s)
+      return view.rows(principals.list(s), { "name", "uid", "roles", "created_by", "created_at" })
+    end)
+  end
+
+  function c.add_operator(name, op_uid, roles)
+    check_name("name", name)
+    return with_session(function(s)
+      return view.record(principals.add(s, name, op_uid, roles, me(s)), { "name", "uid", "roles" })
+    end)
+  end
+
+  function c.remove_operator(name)
+    check_name("name", name)
+    return with_session(function(s)
+      return view.record(principals.remove(s, name, me(s)), { "name", "uid", "roles" })
+    end)
+  end
+
+  local CHANGE_COLUMNS = { "id", "action", "asset", "chain", "address", "label", "state", "approvals",
+                           "approvals_required", "proposed_by", "created_at" }
+
+  function c.address_book()
+    local book = require("qtg.address_book")
+    return with_session(function(s)
+      return view.record({
+        entries = view.rows(book.list(s), { "asset", "chain", "address", "label", "added_at" }),
+        pending = view.rows(book.changes(s, { pending = true }), CHANGE_COLUMNS),
+      }, { "entries", "pending" })
+    end)
+  end
+
+  function c.propose_address(change)
+    if type(change) ~= "table" then usage("propose_address{action=, asset=, chain=, address=, label=}") end
+    local book = require("qtg.address_book")
+    return with_session(function(s) return view.record(book.propose(s, change, me(s)), CHANGE_COLUMNS) end)
+  end
+
+  function c.vote_address(change_id, decision, comment)
+    local book = require("qtg.address_book")
+    return with_session(function(s)
+      return view.record(book.vote(s, change_id, me(s), decision, comment), CHANGE_COLUMNS)
+    end)
+  end
+
   function c.redeliver(callback_id)
     if type(callback_id) ~= "number" or callback_id ~= math.floor(callback_id) or callback_id < 1 then
       usage("redeliver(callback_id): the id is a positive integer, got %s", pretty.pretty(callback_id))
     end
     local mod = optional_module("qtg.callbacks", "callback redelivery")
+    local who = as("operate", "redeliver a callback")
     return with_session(function(s)
-      local ok, row = pcall(mod.redeliver, s, callback_id, actor)
+      local ok, row = pcall(mod.redeliver, s, callback_id, who)
       if not ok then explain_missing(row, "redeliver") end
       return view.record(row, { "id", "redelivery_of", "request_id", "event_type", "status",
                                 "callback_timestamp", "callback_nonce" })
@@ -549,8 +667,9 @@ function M.bind(ctx)
     check_name("signer key", key)
     check_name("address", address)
     local mod = optional_module("qtg.signers", "the signer roster")
+    local who = as("admin", "enroll a signer identity")
     return with_session(function(s)
-      local ok, row = pcall(mod.set_expected_identity, s, key, address, actor)
+      local ok, row = pcall(mod.set_expected_identity, s, key, address, who)
       if not ok then explain_missing(row, "set_expected_signer") end
       return view.record(row, { "signer_key", "posture", "expected_signer_address",
                                 "observed_signer_address", "expected_set_by", "expected_set_at" })
@@ -562,14 +681,16 @@ function M.bind(ctx)
 
   function c.reload()
     local reload = require("qtg.reload")
-    local report = reload.reload(actor, { watch = reload.WATCH_SECONDS })
+    local report = reload.reload(as("admin", "reload the policies"), { watch = reload.WATCH_SECONDS })
     local text = reload.describe(report)
     if not report.ok then error({ kind = "reload", message = text.text }, 0) end
     return text
   end
 
-  c.sql = function(query, ...) return run_sql(actor, "sql", query, ...) end
-  c.sql_write = function(query, ...) return run_sql(actor, "sql_write", query, ...) end
+  c.sql = function(query, ...) return run_sql(as("read", "run sql()"), "sql", query, ...) end
+  c.sql_write = function(query, ...)
+    return run_sql(as("admin", "run sql_write()"), "sql_write", query, ...)
+  end
 
   function c.pp(v)
     out(pretty.pretty(v))

@@ -675,7 +675,8 @@ end
 
 -- demo_request(s, actor[, opts]) -> the request: an evm_transfer of
 -- opts.amount (1.5) ETH to opts.destination (anvil's account 1), created
--- and approved in this process's network class.
+-- by the demo itself (system:evm-demo) and approved by `actor` (four eyes:
+-- the initiator never approves) in this process's network class.
 function M.demo_request(s, actor, opts)
   opts = opts or {}
   local requests = require "qtg.requests"
@@ -686,7 +687,7 @@ function M.demo_request(s, actor, opts)
                chain_id = opts.chain_id or M.DEMO.chain_id },
     idempotency_key = opts.idempotency_key or ("demo-evm-" .. qtg.crypto.nonce()),
     callback_url = opts.callback_url,
-  }, actor)
+  }, "system:evm-demo")
   return requests.approve(s, req.id, actor)
 end
 

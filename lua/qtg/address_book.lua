@@ -1,0 +1,122 @@
+-- qtg.address_book: destinations per asset and chain, with a label, that
+-- approval rules can require (match.destination_in = "address_book").  A
+-- change (add or remove) takes effect only once a quorum of admins other
+-- than its proposer approved it; any rejection ends it.  Every step is
+-- audited (entity address_book_change).  The quorum is the approval
+-- policy's `address_book = { approvals = N }` (default 2).
+--   propose(s, {action=, asset=, chain=, address=, label=}, who) -> change
+--   vote(s, change_id, who, "approve" | "reject"[, comment]) -> change
+--   list(s) -> entries;  changes(s, {pending = true}) -> changes
+local principals = require "qtg.principals"
+local outbox = require "qtg.outbox"
+
+local M = {}
+
+M.DEFAULT_APPROVALS = 2
+
+local err_mt = { __tostring = function(e) return e.kind .. ": " .. e.message end }
+local function refuse(kind, fmt, ...)
+  error(setmetatable({ kind = kind, message = string.format(fmt, ...) }, err_mt), 0)
+end
+
+local function in_tx(s, fn)
+  if s:in_transaction() then return fn() end
+  return s:transaction(fn)
+end
+
+local function quorum()
+  local ok, policy = pcall(function() return require("qtg.approvals").policy() end)
+  local n = ok and type(policy.address_book) == "table" and policy.address_book.approvals
+  if type(n) == "number" and n >= 1 and n == math.floor(n) then return n end
+  return M.DEFAULT_APPROVALS
+end
+
+local function text(v, what, max)
+  if type(v) ~= "string" or v == "" or #v > (max or 200) or not require("qtg.canon_json").text_ok(v) then
+    refuse("invalid_input", "%s must be a non-empty string (at most %d characters, UTF-8)", what, max or 200)
+  end
+  return v
+end
+
+function M.propose(s, change, who)
+  local p = principals.of(who)
+  principals.require_role(p, "admin", "change the address book")
+  if type(change) ~= "table" then refuse("invalid_input", "propose needs {action=, asset=, chain=, address=, label=}") end
+  if change.action ~= "add" and change.action ~= "remove" then
+    refuse("invalid_input", "action must be \"add\" or \"remove\"")
+  end
+  local asset, chain = text(change.asset, "asset", 32), text(tostring(change.chain or ""), "chain", 64)
+  local address = text(change.address, "address", 128)
+  local label = change.action == "add" and text(change.label, "label") or nil
+  return in_tx(s, function()
+    local present = s:query("SELECT 1 FROM address_book WHERE asset = $1 AND chain = $2 AND lower(address) = lower($3)",
+      asset, chain, address)[1] ~= nil
+    if change.action == "add" and present then refuse("illegal_transition", "%s on %s is already in the address book for %s", address, chain, asset) end
+    if change.action == "remove" and not present then refuse("not_found", "%s on %s is not in the address book for %s", address, chain, asset) end
+    local row = s:query([[
+      INSERT INTO address_book_changes (action, asset, chain, address, label, approvals_required, proposed_by)
+      VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING RETURNING *]],
+      change.action, asset, chain, address, label, quorum(), p.actor)[1]
+    if not row then refuse("illegal_transition", "a change of %s on %s for %s is already pending", address, chain, asset) end
+    outbox.audit(s, p.actor, "address_book.propose", "address_book_change", row.id, nil,
+      { action = row.action, asset = asset, chain = chain, address = address, label = label,
+        approvals_required = row.approvals_required })
+    return row
+  end)
+end
+
+local function apply(s, c, actor)
+  if c.action == "add" then
+    s:query([[INSERT INTO address_book (asset, chain, address, label, change_id) VALUES ($1, $2, $3, $4, $5)]],
+      c.asset, c.chain, c.address, c.label, c.id)
+  else
+    s:query("DELETE FROM address_book WHERE asset = $1 AND chain = $2 AND lower(address) = lower($3)",
+      c.asset, c.chain, c.address)
+  end
+  outbox.audit(s, actor, "address_book." .. c.action, "address_book_change", c.id, nil,
+    { asset = c.asset, chain = c.chain, address = c.address, label = c.label })
+end
+
+function M.vote(s, id, who, decision, comment)
+  local p = principals.of(who)
+  principals.require_role(p, "admin", "approve address book changes")
+  if decision ~= "approve" and decision ~= "reject" then refuse("invalid_input", "decision must be approve or reject") end
+  if type(id) ~= "number" or id ~= math.floor(id) then refuse("not_found", "no address book change %s", tostring(id)) end
+  return in_tx(s, function()
+    local c = s:query("SELECT * FROM address_book_changes WHERE id = $1 FOR UPDATE", id)[1]
+    if not c then refuse("not_found", "no address book change %s", tostring(id)) end
+    if c.state ~= "PENDING" then refuse("illegal_transition", "address book change %d is %s", id, c.state) end
+    if c.proposed_by == p.actor then
+      refuse("forbidden", "%s proposed address book change %d and cannot approve it", p.actor, id)
+    end
+    local row = s:query([[INSERT INTO address_book_votes (change_id, principal, decision, comment)
+                          VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING RETURNING 1 AS x]],
+      id, p.actor, decision, type(comment) == "string" and comment or nil)[1]
+    if not row then refuse("illegal_transition", "%s already voted on address book change %d", p.actor, id) end
+    outbox.audit(s, p.actor, "address_book.vote", "address_book_change", id, nil,
+      { decision = decision, comment = comment })
+    local n = s:query("SELECT count(*)::int AS n FROM address_book_votes WHERE change_id = $1 AND decision = 'approve'", id)[1].n
+    local to
+    if decision == "reject" then to = "REJECTED" elseif n >= c.approvals_required then to = "APPLIED" end
+    if to then
+      c = s:query("UPDATE address_book_changes SET state = $2, decided_at = now() WHERE id = $1 RETURNING *", id, to)[1]
+      if to == "APPLIED" then apply(s, c, p.actor) end
+    end
+    c.approvals = n
+    return c
+  end)
+end
+
+function M.list(s)
+  return s:query("SELECT asset, chain, address, label, change_id, added_at FROM address_book ORDER BY asset, chain, label")
+end
+
+function M.changes(s, opts)
+  local pending = type(opts) == "table" and opts.pending
+  return s:query([[SELECT c.*, (SELECT count(*)::int FROM address_book_votes v
+                                 WHERE v.change_id = c.id AND v.decision = 'approve') AS approvals
+                     FROM address_book_changes c WHERE NOT $1 OR c.state = 'PENDING' ORDER BY c.id]],
+    pending and true or false)
+end
+
+return M

@@ -1,0 +1,250 @@
+-- qtg.approvals: the approval policy's engine.  The rules live in
+-- qtg.policies.approval (operator-overridable, reloadable); this module
+-- validates them, evaluates them for a request (first match wins, no match
+-- = deny) and computes the database inputs a rule asks for (address book,
+-- velocity windows).
+--
+--   allow() / require{approvals=, roles=} / block{reason=}: the actions
+--   validate(policy) -> array of errors (empty when well formed)
+--   policy() -> the policy in force: the loaded module when it validates,
+--     else the last one that did (a broken edit never turns approvals off);
+--     raises when no valid policy was ever loaded
+--   evaluate(s, req) -> decision {rule=, action=, approvals=, roles=,
+--     reason=, inputs=}; raises when a rule raises while matching
+local risk = require "qtg.risk_controls"
+local principals = require "qtg.principals"
+
+local M = {}
+
+M.MODULE = "qtg.policies.approval"
+
+function M.allow() return { kind = "allow" } end
+function M.block(t) return { kind = "block", reason = type(t) == "table" and t.reason or t } end
+function M.require(t)
+  t = type(t) == "table" and t or {}
+  return { kind = "require", approvals = t.approvals, roles = t.roles }
+end
+
+local MATCH_KEYS = {
+  template_key = "list", network_class = "list", asset = "list", initiator = "list",
+  amount_at_least = "decimal", amount_below = "decimal", initiator_role = "role",
+  destination_in = "book", destination_not_in = "book", velocity = "velocity", when = "func",
+}
+
+local function list_ok(v)
+  if type(v) == "string" then return v ~= "" end
+  if type(v) ~= "table" or #v == 0 then return false end
+  for _, x in ipairs(v) do if type(x) ~= "string" or x == "" then return false end end
+  return true
+end
+
+local CHECKS = {
+  list = function(v) return list_ok(v) or "must be a non-empty string or array of strings" end,
+  decimal = function(v) return risk.is_decimal(v) or "must be a decimal string" end,
+  role = function(v) return principals.ROLES[v] == true or "must be one of read, operate, approve, admin" end,
+  book = function(v) return v == "address_book" or "must be \"address_book\"" end,
+  func = function(v) return type(v) == "function" or "must be a function(request, inputs) -> boolean" end,
+  velocity = function(v)
+    if type(v) ~= "table" then return "must be a table {window_seconds=, over=}" end
+    if type(v.window_seconds) ~= "number" or v.window_seconds < 1 or v.window_seconds ~= math.floor(v.window_seconds) then
+      return "window_seconds must be a positive integer"
+    end
+    if not risk.is_decimal(v.over) then return "over must be a decimal string" end
+    if v.per_destination ~= nil and type(v.per_destination) ~= "boolean" then return "per_destination must be a boolean" end
+    return true
+  end,
+}
+
+local function validate_action(a)
+  if type(a) ~= "table" then return "action must be allow(), require{...} or block{...}" end
+  if a.kind == "allow" then return nil end
+  if a.kind == "block" then
+    if type(a.reason) ~= "string" or a.reason == "" then return "block needs a reason" end
+    return nil
+  end
+  if a.kind == "require" then
+    if type(a.approvals) ~= "number" or a.approvals < 1 or a.approvals ~= math.floor(a.approvals) or a.approvals > 20 then
+      return "require needs approvals = an integer from 1 to 20"
+    end
+    if type(a.roles) ~= "table" or #a.roles == 0 then return "require needs roles = a non-empty list" end
+    for _, r in ipairs(a.roles) do
+      if not principals.ROLES[r] then return "require: unknown role " .. tostring(r) end
+    end
+    return nil
+  end
+  return "action must be allow(), require{...} or block{...}"
+end
+
+function M.validate(policy)
+  local errs = {}
+  if type(policy) ~= "table" or type(policy.rules) ~= "table" or #policy.rules == 0 then
+    return { "the approval policy must return { rules = { ... } } with at least one rule" }
+  end
+  local names = {}
+  for i, rule in ipairs(policy.rules) do
+    local where = string.format("rule %d", i)
+    if type(rule) ~= "table" then
+      errs[#errs + 1] = where .. " is not a table"
+    else
+      if type(rule.name) ~= "string" or not rule.name:match("^[%w_%.%-]+$") then
+        errs[#errs + 1] = where .. ": name must be a word ([A-Za-z0-9_.-])"
+      elseif names[rule.name] then
+        errs[#errs + 1] = where .. ": name " .. rule.name .. " is used twice"
+      else
+        names[rule.name] = true
+        where = where .. " (" .. rule.name .. ")"
+      end
+      if type(rule.match) ~= "table" then
+        errs[#errs + 1] = where .. ": match must be a table"
+      else
+        for k, v in pairs(rule.match) do
+          local check = CHECKS[MATCH_KEYS[k]]
+          if not check then
+            errs[#errs + 1] = string.format("%s: unknown match key %s", where, tostring(k))
+          else
+            local ok = check(v)
+            if ok ~= true then errs[#errs + 1] = string.format("%s: match.%s %s", where, k, ok) end
+          end
+        end
+      end
+      local why = validate_action(rule.action)
+      if why then errs[#errs + 1] = where .. ": " .. why end
+    end
+  end
+  return errs
+end
+
+-- The last policy that validated survives a reload of this module.
+local function store() 
+  local qtg = require "qtg"
+  qtg.approval_policy_state = qtg.approval_policy_state or {}
+  return qtg.approval_policy_state
+end
+
+-- load() -> policy, nil | nil, error: load and validate the module now.
+function M.load()
+  local ok, policy = pcall(require, M.MODULE)
+  if not ok then return nil, "the approval policy does not load: " .. tostring(policy) end
+  local errs = M.validate(policy)
+  if #errs > 0 then return nil, "the approval policy is malformed: " .. table.concat(errs, "; ") end
+  return policy
+end
+
+function M.policy()
+  local st = store()
+  local policy, err = M.load()
+  if policy then
+    st.good = policy
+    return policy
+  end
+  if st.good then
+    if st.warned ~= err then
+      st.warned = err
+      pcall(function() require("qtg").log.warn("approval policy: " .. err .. "; the previous policy stays in force") end)
+    end
+    return st.good
+  end
+  error(err, 0)
+end
+
+-- ---- matching ----------------------------------------------------------------
+
+local function one_of(v, x)
+  if type(v) == "string" then return v == x end
+  for _, y in ipairs(v) do if y == x then return true end end
+  return false
+end
+
+local function chain_of(intent)
+  local c = intent.destination_chain or intent.chain_id
+  return c ~= nil and tostring(c) or nil
+end
+
+local function in_book(s, intent, inputs)
+  if inputs.in_address_book == nil then
+    local dest = type(intent.destination) == "string" and intent.destination or ""
+    local chain = chain_of(intent)
+    local row = s:query([[
+      SELECT label FROM address_book
+       WHERE asset = $1 AND lower(address) = lower($2) AND ($3::text IS NULL OR chain = $3)
+       LIMIT 1]], tostring(intent.asset), dest, chain)[1]
+    inputs.in_address_book = row ~= nil
+    inputs.address_label = row and row.label or nil
+  end
+  return inputs.in_address_book
+end
+
+local function velocity_total(s, req, v)
+  local intent = req.intent
+  local row = s:query([[
+    SELECT COALESCE(sum((intent->>'amount')::numeric), 0)::text AS total,
+           COALESCE(sum((intent->>'amount')::numeric), 0) + $4::numeric > $5::numeric AS over
+      FROM movement_requests
+     WHERE network_class = $1 AND intent->>'asset' = $2
+       AND approved_at > now() - $3::int * interval '1 second'
+       AND request_state NOT IN ('CANCELLED', 'REJECTED', 'EXPIRED')
+       AND intent->>'amount' ~ '^[0-9]+(\.[0-9]+)?$'
+       AND ($6::uuid IS NULL OR id <> $6::uuid)
+       AND ($7::text IS NULL OR lower(intent->>'destination') = lower($7))]],
+    req.network_class, tostring(intent.asset), v.window_seconds, intent.amount, v.over,
+    req.id, v.per_destination and tostring(intent.destination) or nil)[1]
+  return row.total, row.over
+end
+
+local function matches(s, req, rule, inputs)
+  local m, intent = rule.match, req.intent
+  if m.template_key and not one_of(m.template_key, req.template_key) then return false end
+  if m.network_class and not one_of(m.network_class, req.network_class) then return false end
+  if m.asset and not one_of(m.asset, intent.asset) then return false end
+  if m.initiator and not one_of(m.initiator, req.initiator.actor) then return false end
+  if m.initiator_role and not principals.has_role(req.initiator, m.initiator_role) then return false end
+  if m.amount_at_least or m.amount_below then
+    local a = intent.amount
+    if not risk.is_decimal(a) then return false end
+    if m.amount_at_least and risk.cmp(a, m.amount_at_least) < 0 then return false end
+    if m.amount_below and risk.cmp(a, m.amount_below) >= 0 then return false end
+  end
+  if m.destination_in and not in_book(s, intent, inputs) then return false end
+  if m.destination_not_in and in_book(s, intent, inputs) then return false end
+  if m.velocity then
+    if not risk.is_decimal(intent.amount) then return false end
+    local total, over = velocity_total(s, req, m.velocity)
+    inputs.velocity = inputs.velocity or {}
+    inputs.velocity[rule.name] = { window_seconds = m.velocity.window_seconds, over = m.velocity.over,
+                                   approved_in_window = total }
+    if not over then return false end
+  end
+  if m.when and not m.when(req, inputs) then return false end
+  return true
+end
+
+-- lock_velocity(s, req): serialise approvals of one asset in a network
+-- class, so two approvals that together cross a velocity window cannot both
+-- read the sum without the other (held to the end of the transaction).
+function M.lock_velocity(s, req)
+  s:query("SELECT pg_advisory_xact_lock(hashtextextended('qtg.velocity:' || $1 || ':' || $2, 0))",
+    req.network_class, tostring(req.intent.asset))
+end
+
+-- evaluate(s, req): req = {id=, template_key=, network_class=, intent=,
+-- initiator = principal}.
+function M.evaluate(s, req)
+  local policy = M.policy()
+  local inputs = { amount = req.intent.amount, asset = req.intent.asset,
+                   destination = req.intent.destination, initiator = req.initiator.actor }
+  for _, rule in ipairs(policy.rules) do
+    local ok, hit = pcall(matches, s, req, rule, inputs)
+    if not ok then
+      error(string.format("approval policy rule %s raised while matching: %s", rule.name, tostring(hit)), 0)
+    end
+    if hit then
+      local a = rule.action
+      return { rule = rule.name, action = a.kind, approvals = a.kind == "require" and a.approvals or 0,
+               roles = a.roles, reason = a.reason, inputs = inputs }
+    end
+  end
+  return { rule = "default_deny", action = "block", approvals = 0,
+           reason = "no approval policy rule matches", inputs = inputs }
+end
+
+return M

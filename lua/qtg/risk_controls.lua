@@ -1,0 +1,148 @@
+-- qtg.risk_controls: a template's limits, enforced by the engine at create
+-- and again at approval (qtg.requests), not only by executors.
+--
+--   validate(rc) -> array of errors (empty when the table is well formed):
+--     called when templates load; an unknown key or a malformed value is
+--     refused there, so a typo never silently disables a limit.
+--   check(rc, intent) -> true | nil, rule, message: the intent against the
+--     limits; `rule` names the key that refused (e.g. "max_amount").
+--
+-- Amounts are compared as exact decimals (decimal text, never floats).
+local M = {}
+
+local DECIMAL = "^(%d+)%.?(%d*)$"
+
+-- norm(d) -> integer digits, fraction digits (no leading/trailing zeros), or nil.
+local function norm(d)
+  if type(d) ~= "string" then return nil end
+  local int, frac = d:match(DECIMAL)
+  if not int or (d:find("%.") and frac == "") then return nil end
+  int = int:gsub("^0+", "")
+  frac = frac:gsub("0+$", "")
+  return int, frac
+end
+
+-- cmp(a, b) -> -1, 0, 1 for two non-negative decimal strings, or nil.
+function M.cmp(a, b)
+  local ai, af = norm(a)
+  local bi, bf = norm(b)
+  if not ai or not bi then return nil end
+  if #ai ~= #bi then return #ai < #bi and -1 or 1 end
+  if ai ~= bi then return ai < bi and -1 or 1 end
+  local n = math.max(#af, #bf)
+  af, bf = af .. string.rep("0", n - #af), bf .. string.rep("0", n - #bf)
+  if af == bf then return 0 end
+  return af < bf and -1 or 1
+end
+
+function M.is_decimal(v) return norm(v) ~= nil end
+
+-- ---- the keys: their shape, and the check each one makes -------------------
+
+-- At most 78 integer digits (a uint256's), as intents' decimals.
+local MAX_DIGITS = 78
+local function decimal(v)
+  local int = norm(v)
+  if not int or #int > MAX_DIGITS then
+    return "must be a non-negative decimal string (e.g. \"250000\" or \"0.5\")"
+  end
+end
+local function wei(v)
+  if type(v) ~= "string" or not v:match("^%d+$") or #v > MAX_DIGITS then
+    return "must be a non-negative integer in a decimal string (wei)"
+  end
+end
+local function integer(v)
+  if type(v) ~= "number" or v ~= math.floor(v) or v < 0 then return "must be an integer >= 0" end
+end
+local function boolean(v)
+  if type(v) ~= "boolean" then return "must be true or false" end
+end
+local function array_of(pred, what)
+  return function(v)
+    if type(v) ~= "table" or next(v) ~= nil and #v == 0 then return "must be an array of " .. what end
+    for k, x in pairs(v) do
+      if type(k) ~= "number" or not pred(x) then return "must be an array of " .. what end
+    end
+  end
+end
+local function nonempty_string(x) return type(x) == "string" and x ~= "" end
+local function chain_id(x) return type(x) == "number" and x >= 1 and x == math.floor(x) end
+
+local function amount_of(intent) return intent.amount end
+
+-- check(limit, intent) -> nil when allowed, else the refusal's message.
+M.KEYS = {
+  max_amount = { shape = decimal, check = function(limit, intent)
+    local c = M.cmp(amount_of(intent), limit)
+    if c == nil then return "the intent's amount is not a decimal" end
+    if c > 0 then return string.format("amount %s exceeds max_amount %s", intent.amount, limit) end
+  end },
+  min_amount = { shape = decimal, check = function(limit, intent)
+    local c = M.cmp(amount_of(intent), limit)
+    if c == nil then return "the intent's amount is not a decimal" end
+    if c < 0 then return string.format("amount %s is below min_amount %s", intent.amount, limit) end
+  end },
+  allowed_assets = { shape = array_of(nonempty_string, "asset names"), check = function(list, intent)
+    for _, a in ipairs(list) do if a == intent.asset then return end end
+    return string.format("asset %s is not in allowed_assets (%s)", tostring(intent.asset), table.concat(list, ", "))
+  end },
+  allowed_chain_ids = { shape = array_of(chain_id, "positive integer chain ids"), check = function(list, intent)
+    if intent.chain_id == nil then return nil end -- a template whose intent names no chain id
+    for _, c in ipairs(list) do if c == intent.chain_id then return end end
+    return string.format("chain_id %s is not in allowed_chain_ids", tostring(intent.chain_id))
+  end },
+  allowed_destinations = { shape = array_of(nonempty_string, "addresses"), check = function(list, intent)
+    local d = type(intent.destination) == "string" and intent.destination:lower() or nil
+    for _, a in ipairs(list) do if a:lower() == d then return end end
+    return string.format("destination %s is not in allowed_destinations", tostring(intent.destination))
+  end },
+  -- shapes only: enforced elsewhere (the approval policy's address-book
+  -- rules, the executors' fee caps)
+  destination_allowlist_required = { shape = boolean },
+  counterparty_allowlist_required = { shape = boolean },
+  max_fee_usd = { shape = decimal },
+  max_fee_per_gas_wei = { shape = wei },
+  max_priority_fee_per_gas_wei = { shape = wei },
+  gas_limit = { shape = integer },
+  max_pending_nonces = { shape = integer },
+}
+
+local ORDER = {}
+for k in pairs(M.KEYS) do ORDER[#ORDER + 1] = k end
+table.sort(ORDER)
+
+function M.validate(rc)
+  local errs = {}
+  if type(rc) ~= "table" then return { "\"risk_controls\" must be an object" } end
+  for k, v in pairs(rc) do
+    local key = M.KEYS[k]
+    if not key then
+      errs[#errs + 1] = string.format("\"risk_controls\" has an unknown key %q (known: %s)",
+        tostring(k), table.concat(ORDER, ", "))
+    else
+      local why = key.shape(v)
+      if why then errs[#errs + 1] = string.format("\"risk_controls.%s\" %s", k, why) end
+    end
+  end
+  if #errs == 0 and rc.min_amount and rc.max_amount and M.cmp(rc.min_amount, rc.max_amount) > 0 then
+    errs[#errs + 1] = "\"risk_controls.min_amount\" exceeds max_amount"
+  end
+  table.sort(errs)
+  return errs
+end
+
+function M.check(rc, intent)
+  if type(rc) ~= "table" then return true end
+  if type(intent) ~= "table" then return nil, "intent", "the intent is not an object" end
+  for _, k in ipairs(ORDER) do
+    local key = M.KEYS[k]
+    if rc[k] ~= nil and key.check then
+      local why = key.check(rc[k], intent)
+      if why then return nil, k, why end
+    end
+  end
+  return true
+end
+
+return M
