@@ -354,8 +354,7 @@ local function create_all(opts, run_id)
         "demo-" .. run_id .. "-" .. key .. "-approve")
       if req.request_state == "PENDING_APPROVAL" then
         out(string.format("   %s %s: approved once; the policy (rule %s) needs %d approvers: a second client approves\n",
-          req.id:sub(1, 8), key, tostring(req.approval_policy and req.approval_policy.rule),
-          tonumber(req.approvals_required) or 2))
+          req.id:sub(1, 8), key, tostring(req.approval_policy.rule), req.approvals_required))
         req = api_call("POST", "/v3/requests/" .. created.id .. "/approve", API.second_approver, nil,
           "demo-" .. run_id .. "-" .. key .. "-approve-2")
       end

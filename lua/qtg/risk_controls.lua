@@ -53,7 +53,7 @@ local function wei(v)
   end
 end
 local function integer(v)
-  if type(v) ~= "number" or v ~= math.floor(v) or v < 0 then return "must be an integer >= 0" end
+  if type(v) ~= "number" or v ~= math.floor(v) or v < 0 then return "must be a non-negative integer" end
 end
 local function boolean(v)
   if type(v) ~= "boolean" then return "must be true or false" end

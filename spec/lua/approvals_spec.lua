@@ -145,8 +145,8 @@ describe("approvals", function()
       local templates = require "qtg.templates"
       for _, case in ipairs({
         { { max_amout = "5" }, "unknown key \"max_amout\"" },
-        { { max_amount = 5 }, "risk_controls.max_amount\" must be a decimal string" },
-        { { max_amount = "1e9" }, "risk_controls.max_amount\" must be a decimal string" },
+        { { max_amount = 5 }, "risk_controls.max_amount\" must be a non-negative decimal string" },
+        { { max_amount = "1e9" }, "risk_controls.max_amount\" must be a non-negative decimal string" },
         { { allowed_assets = "USDC" }, "risk_controls.allowed_assets\" must be an array" },
         { { allowed_chain_ids = { 0 } }, "risk_controls.allowed_chain_ids\" must be an array" },
         { { min_amount = "10", max_amount = "1" }, "min_amount\" exceeds max_amount" },

@@ -251,6 +251,25 @@ describe("the console's SQL", function()
                                      WHERE action = 'console.sql_write']])[1].n)
   end)
 
+  it("audits every evaluated console chunk before it runs, with the operator, even one that is not text", function()
+    local console = require "qtg.console"
+    local session = { id = 424242, uid = 0, pid = 1 }
+    local who = require("qtg.principals").console(s, 0).actor
+    local kind, text = console.handle(session, "e", "spec_chunk_marker = 41 return spec_chunk_marker + 1")
+    assert.equals("r", kind, text)
+    assert.matches("42", text)
+    local row = audited("console.eval")
+    assert.equals(who, row.actor)
+    assert.equals("spec_chunk_marker = 41 return spec_chunk_marker + 1", row.detail.code)
+    -- a chunk PostgreSQL could not store as text is kept as hex, never dropped
+    local sneaky = "local _ = '\0' return 'hidden'"
+    console.handle(session, "e", sneaky)
+    row = audited("console.eval")
+    assert.is_nil(row.detail.code)
+    assert.equals(qtg.crypto.hex(sneaky), row.detail.code_hex)
+    assert.equals(#sneaky, row.detail.bytes)
+  end)
+
   it("refuses a query that is not text", function()
     local ok, err = pcall(cmds.sql, 42)
     assert.is_false(ok)

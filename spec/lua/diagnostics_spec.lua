@@ -294,8 +294,8 @@ describe("qtgd's command line", function()
       assert.is_nil(out:find('{"time"', 1, true), out)  -- not a bare JSON log line
     end)
 
-    it("reports a signer key file that cannot be read as a FAIL line in its table", function()
-      local rc, out, line = check_line({ MG_SIGNER_KEYS = "hot=" .. dir .. "/missing.key" })
+    it("reports a key file that cannot be read as a FAIL line in its table", function()
+      local rc, out, line = check_line({ MG_CALLBACK_KEY_FILE = dir .. "/missing.key" })
       assert.equal(1, rc, out)
       assert.is_truthy(line, out)
       assert.matches(dir .. "/missing.key", line, 1, true)

@@ -148,12 +148,18 @@ describe("evm_transfer executor: checks without a chain", function()
     assert.equal("EVM_BAD_DESTINATION", code(with("destination", "0x1234")))
     assert.equal("EVM_BAD_DESTINATION", code(with("destination", DEST:gsub("C8$", "c8"))))  -- checksum typo
     assert.equal("EVM_BAD_DESTINATION", code(with("destination", "0x" .. string.rep("0", 40))))
-    local c, why = code(base)   -- all good but the signer key: not loaded here
-    assert.equal("EVM_SIGNER_NOT_LOADED", c)
-    assert.matches("nope", why)
+    -- all good but the signer: no `qtgd signer` runs for this spec, so the
+    -- plan cannot learn the key's address and raises signer_unavailable
+    -- (the dispatcher's tick rolls back: the node stays READY, retryable)
+    local function unavailable(intent)
+      local ok, e = pcall(exe.plan, ctx(intent))
+      assert.is_false(ok)
+      assert.equal("signer_unavailable", type(e) == "table" and e.kind or tostring(e))
+    end
+    unavailable(base)
     -- lowercase and uppercase hex carry no checksum and are accepted
-    assert.equal("EVM_SIGNER_NOT_LOADED", code(with("destination", DEST:lower())))
-    assert.equal("EVM_SIGNER_NOT_LOADED", code(with("destination", "0x" .. DEST:sub(3):upper())))
+    unavailable(with("destination", DEST:lower()))
+    unavailable(with("destination", "0x" .. DEST:sub(3):upper()))
   end)
 
   it("validates node configs per action type", function()

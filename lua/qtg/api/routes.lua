@@ -109,6 +109,10 @@ local function request_detail(s, id)
   doc.approvals = arr(s:query([[
     SELECT principal, decision, comment, created_at FROM request_approvals
      WHERE request_id = $1::uuid ORDER BY id]], id))
+  -- who is still needed, and why: the policy's matched rule and its roles
+  local st = require("qtg.requests").approval_status(s, id)
+  doc.approval_policy = { rule = st.rule or NULL, roles = arr(st.roles or {}),
+                          still_needed = st.still_needed, error = st.error or NULL }
   return doc
 end
 

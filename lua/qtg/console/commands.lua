@@ -26,8 +26,9 @@ M.LIST = {
     .. "manual steps' instructions and inputs, why it was rejected or cancelled" },
   { "requests", "{state=, limit=}", "recent requests of this network class" },
   { "create", "{template_key=, intent=, idempotency_key=}", "create a movement request" },
-  { "approve", "(id)", "approve a PENDING_APPROVAL request: your vote towards its quorum (approve(id, comment) adds a comment)" },
-  { "reject", "(id, reason)", "reject a PENDING_APPROVAL request (any rejection ends it)" },
+  { "approve", "(id)", "PENDING_APPROVAL (within its approval window): your vote; -> APPROVED once "
+    .. "the policy's quorum is met (approve(id, comment) adds a comment)" },
+  { "reject", "(id, reason)", "PENDING_APPROVAL -> REJECTED (any rejection ends it)" },
   { "approvals", "{pending=true}", "requests waiting for approval that you may still approve (your inbox)" },
   { "whoami", "()", "your principal: actor and roles" },
   { "operators", "()", "the operators: name, uid, roles" },
@@ -385,7 +386,7 @@ end
 -- ---- help -----------------------------------------------------------------------
 
 local function help()
-  local lines = { "Operator commands (mutations are audited as your console:<uid>):", "" }
+  local lines = { "Operator commands (mutations are audited as the operator your uid is enrolled as; whoami()):", "" }
   local width = 0
   for _, c in ipairs(M.LIST) do
     if #(c[1] .. c[2]) > width then width = #(c[1] .. c[2]) end

@@ -51,12 +51,40 @@ function M.env(session)
   return env
 end
 
+-- Every evaluated chunk is on the record before it runs: an audit row
+-- console.eval with the operator (the principal of the session's uid), the
+-- code (the first CODE_LIMIT bytes; as hex when it is not text PostgreSQL
+-- can store, so a NUL byte cannot hide a chunk) and its size.  So every
+-- chunk that wrote is audited, whatever it called.  When the row cannot be
+-- written (the database is down) the chunk still runs -- it could not write
+-- either -- and a warning says so.
+local CODE_LIMIT = 4096
+
+local function audit_chunk(session, code)
+  local qtg = require("qtg")
+  local canon = require("qtg.canon_json")
+  local shown = #code > CODE_LIMIT and code:sub(1, CODE_LIMIT) or code
+  local detail = { bytes = #code, pid = session.pid }
+  if canon.text_ok(shown) then detail.code = shown else detail.code_hex = qtg.crypto.hex(shown) end
+  local ok, err = pcall(qtg.db.with_session, function(s)
+    local p = require("qtg.principals").console(s, session.uid)
+    s:transaction(function()
+      require("qtg.outbox").audit(s, p.actor, "console.eval", "console", tostring(session.id), nil, detail)
+    end)
+  end)
+  if not ok then
+    qtg.log.warn("console chunk not audited", { uid = session.uid, error = tostring(
+      type(err) == "table" and err.message or err) })
+  end
+end
+
 function M.handle(session, kind, payload)
   if type(session) ~= "table" or type(payload) ~= "string" then
     return "x", "console: bad request from the server"
   end
   local env = M.env(session)
   if kind == "e" then
+    audit_chunk(session, payload)
     return eval.evaluate(payload, env)
   elseif kind == "c" then
     return "k", table.concat(complete.candidates(payload, env), "\n")
