@@ -73,10 +73,7 @@ function M.run(lib)
   if not lib.settle(lib.ci and 300 or 1200, function() restarts = restarts + lib.restart_dead() end) then
     lib.fail("not settled before the deadline")
   end
-  for _ = 1, 30 do
-    if lib.scalar("SELECT count(*)::int FROM audit_outbox") == 0 then break end
-    qtg.sleep(1)
-  end
+  lib.drain_audit(30)
   kills = count_kills(lib)
   local total = random_kills + kills.submit + kills.callback
   if random_kills < want.random then lib.fail("only %d random kills", random_kills) end

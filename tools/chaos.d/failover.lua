@@ -28,8 +28,7 @@ function M.run(lib)
   lib.load_workload()
   local rx = lib.start_receiver("receiver", "ok")
   lib.start_daemons(4)
-  local pids = {}
-  for i, h in pairs(lib.daemons) do pids[i] = h.pid end
+  local pids = lib.pids_of_daemons()
   lib.log("failover: 4 processes, %d requests, the primary killed half-way", N)
   local recovery
   for i = 1, N do
@@ -42,39 +41,19 @@ function M.run(lib)
       qtg.sleep(1)
       local out = lib.sh(lib.q(lib.root .. "/tools/pg") .. " --dir " .. lib.q(standby) .. " promote 2>&1")
       if out:match("%S") then lib.log("failover: tools/pg promote said: %s", out) end
-      local t1 = qtg.monotonic()
-      -- lib.scalar retries a lost connection, so this waits for the promotion
-      local mark = lib.scalar("SELECT now()")
-      local seen = false
-      for _ = 1, 480 do
-        if lib.scalar([[SELECT count(*)::int FROM movement_request_nodes
-                         WHERE updated_at > $1::timestamptz]], mark) > 0 then
-          seen = true
-          break
-        end
-        qtg.sleep(0.25)
-      end
-      recovery = seen and math.floor((qtg.monotonic() - t1) * 10 + 0.5) / 10 or -1
-      if not seen then lib.fail("no progress within 120 s after the promotion") end
+      recovery = lib.wait_progress("the promotion", 120)
       lib.log("failover: work resumed on the new primary %s s after the promotion", tostring(recovery))
     end
     if i % 50 == 0 then qtg.sleep(0.1) end
   end
   if not lib.settle(lib.ci and 360 or 1200) then lib.fail("not settled before the deadline") end
-  for i, h in pairs(lib.daemons) do
-    if not lib.alive(h) or h.pid ~= pids[i] then
-      lib.fail("qtgd%d did not carry on (rc %s)", i, tostring(lib.rc(h)))
-    end
-  end
+  lib.carried_on(pids)
   for i, h in pairs(lib.daemons) do
     if not (lib.read(h.log) or ""):find("wake-up listener re-established", 1, true) then
       lib.fail("qtgd%d: its wake-up listener never re-established after the failover", i)
     end
   end
-  for _ = 1, 30 do
-    if lib.scalar("SELECT count(*)::int FROM audit_outbox") == 0 then break end
-    qtg.sleep(1)
-  end
+  lib.drain_audit(30)
   -- a commit cut by the kill after the provider call is redone once per
   -- in-flight dispatch or POST per process
   local r = lib.check{ receivers = { rx }, max_resubmits = 4,

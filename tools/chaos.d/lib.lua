@@ -466,6 +466,51 @@ function M.callbacks_pending()
                     WHERE c.status = 'pending' AND r.network_class = $1]], qtg.settings.network_class)
 end
 
+-- ------------------------------------------------------------ outages
+-- pids_of_daemons() -> {index = pid}: what carried_on compares against.
+function M.pids_of_daemons()
+  local pids = {}
+  for i, h in pairs(M.daemons) do pids[i] = h.pid end
+  return pids
+end
+
+-- wait_progress(what, seconds) -> the seconds from now to the first node
+-- change committed after now (tenths); -1 and a failure when none comes in
+-- time.  M.scalar retries a lost connection, so this also waits for the
+-- database to be back.
+function M.wait_progress(what, seconds)
+  local t1 = qtg.monotonic()
+  local mark = M.scalar("SELECT now()")
+  while qtg.monotonic() - t1 < seconds do
+    if M.scalar([[SELECT count(*)::int FROM movement_request_nodes
+                   WHERE updated_at > $1::timestamptz]], mark) > 0 then
+      return math.floor((qtg.monotonic() - t1) * 10 + 0.5) / 10
+    end
+    qtg.sleep(0.25)
+  end
+  M.fail("no progress within %d s after %s", seconds, what)
+  return -1
+end
+
+-- carried_on(pids): every daemon still runs with the pid it started with
+-- (an outage must not have made any of them exit).
+function M.carried_on(pids)
+  for i, h in pairs(M.daemons) do
+    if not M.alive(h) or h.pid ~= pids[i] then
+      M.fail("qtgd%d did not carry on (rc %s)", i, tostring(M.rc(h)))
+    end
+  end
+end
+
+-- drain_audit(seconds): wait until the audit outbox is promoted.
+function M.drain_audit(seconds)
+  for _ = 1, seconds or 30 do
+    if M.scalar("SELECT count(*)::int FROM audit_outbox") == 0 then return true end
+    qtg.sleep(1)
+  end
+  return false
+end
+
 -- Wait until every request is where it must be (operating manual steps on
 -- the way) and every callback row is out of `pending`; progress every 10 s.
 function M.settle(deadline_seconds, tick)

@@ -28,10 +28,7 @@ function M.run(lib)
     if not lib.alive(h) then lib.fail("qtgd%d exited during the run (rc %s)", i, tostring(lib.rc(h))) end
   end
   -- let the audit promoter catch up (it runs every second)
-  for _ = 1, 30 do
-    if lib.scalar("SELECT count(*)::int FROM audit_outbox") == 0 then break end
-    qtg.sleep(1)
-  end
+  lib.drain_audit(30)
   local r = lib.check{ receivers = { rx }, max_resubmits = 0, max_callback_dups = 0 }
   -- every process took part (SKIP LOCKED shares the work)
   local per = lib.query([[SELECT process_id, count(*)::int AS n FROM movement_callback_attempts

@@ -15,8 +15,7 @@ function M.run(lib)
   lib.load_workload()
   local rx = lib.start_receiver("receiver", "ok")
   lib.start_daemons(4)
-  local pids = {}
-  for i, h in pairs(lib.daemons) do pids[i] = h.pid end
+  local pids = lib.pids_of_daemons()
   lib.log("pg-restart: 4 processes, %d requests, PostgreSQL down %d s twice", N, down)
   local restarts, recovery = 0, {}
   local pg = lib.q(lib.root .. "/tools/pg") .. " --dir " .. lib.q(lib.pg_dir)
@@ -32,33 +31,15 @@ function M.run(lib)
       qtg.sleep(down)
       lib.sh(pg .. " start")
       restarts = restarts + 1
-      local t1 = qtg.monotonic()
       -- recovery: the first node change committed after the start
-      local mark = lib.scalar("SELECT now()")
-      local seen = false
-      for _ = 1, 240 do
-        if lib.scalar([[SELECT count(*)::int FROM movement_request_nodes WHERE updated_at > $1::timestamptz]], mark) > 0 then
-          seen = true
-          break
-        end
-        qtg.sleep(0.5)
-      end
-      recovery[#recovery + 1] = seen and math.floor((qtg.monotonic() - t1) * 10 + 0.5) / 10 or -1
-      if not seen then lib.fail("no progress within 120 s after PostgreSQL restart %d", restarts) end
+      recovery[#recovery + 1] = lib.wait_progress("PostgreSQL restart " .. restarts, 120)
       lib.log("pg-restart: PostgreSQL back; work resumed after %s s", tostring(recovery[#recovery]))
     end
     if i % 50 == 0 then qtg.sleep(0.1) end
   end
   if not lib.settle(lib.ci and 360 or 1200) then lib.fail("not settled before the deadline") end
-  for i, h in pairs(lib.daemons) do
-    if not lib.alive(h) or h.pid ~= pids[i] then
-      lib.fail("qtgd%d did not carry on (rc %s)", i, tostring(lib.rc(h)))
-    end
-  end
-  for _ = 1, 30 do
-    if lib.scalar("SELECT count(*)::int FROM audit_outbox") == 0 then break end
-    qtg.sleep(1)
-  end
+  lib.carried_on(pids)
+  lib.drain_audit(30)
   -- a cut commit after the provider call can be redone once per in-flight
   -- dispatch or POST per process per restart
   local r = lib.check{ receivers = { rx }, max_resubmits = 4 * restarts,

@@ -69,10 +69,7 @@ function M.run(lib)
   end) then
     lib.fail("not settled before the deadline")
   end
-  for _ = 1, 30 do
-    if lib.scalar("SELECT count(*)::int FROM audit_outbox") == 0 then break end
-    qtg.sleep(1)
-  end
+  lib.drain_audit(30)
   local r = lib.check{
     receivers = { rx.ok, rx.huge200 }, max_resubmits = 0,
     dlq_ok = function(c) return faulty[url_kind[c.callback_url]] end,

@@ -39,10 +39,7 @@ function M.run(lib)
     end
   end
   if not lib.settle(lib.ci and 300 or 900) then lib.fail("not settled before the deadline") end
-  for _ = 1, 30 do
-    if lib.scalar("SELECT count(*)::int FROM audit_outbox") == 0 then break end
-    qtg.sleep(1)
-  end
+  lib.drain_audit(30)
   local r = lib.check{ receivers = { rx }, max_resubmits = 0, max_callback_dups = 0 }
   local res = lib.stop_daemons(grace + 20)
   for d, s in pairs(res) do

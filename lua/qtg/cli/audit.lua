@@ -25,13 +25,8 @@ local function parse(args)
   return { since = since }
 end
 
-local function with_session(fn)
-  local s = require("qtg").db.acquire()
-  local ok, a = pcall(fn, s)
-  s:release()
-  if not ok then error(a, 0) end
-  return a
-end
+-- one pooled session for fn(s), released whatever happens
+local function with_session(fn) return require("qtg").db.with_session(fn) end
 
 local commands = {}
 

@@ -17,14 +17,8 @@ local function print_errors(errors)
     #errors, #errors == 1 and "" or "s"))
 end
 
-local function with_session(fn)
-  local qtg = require "qtg"
-  local s = qtg.db.acquire()
-  local ok, a, b = pcall(fn, s)
-  s:release()
-  if not ok then error(a, 0) end
-  return a, b
-end
+-- one pooled session for fn(s), released whatever happens
+local function with_session(fn) return require("qtg").db.with_session(fn) end
 
 local commands = {}
 
