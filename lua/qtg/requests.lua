@@ -289,6 +289,8 @@ function M.create(s, args, who)
       idempotency_key = args.idempotency_key, network_class = network_class,
       approval_rule = decision and decision.rule, approvals_required = req.approvals_required,
       approval_policy_error = policy_error,
+      -- what was asked for: the trail shows it without the request row
+      intent = args.intent, callback_url = req.callback_url,
     })
     if decision and decision.action == "allow" then
       -- approved by the policy itself

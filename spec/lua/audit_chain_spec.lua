@@ -100,6 +100,15 @@ describe("the audit chain", function()
                              WHERE network_class = '']])[1].m, head.chain_seq)
   end)
 
+  it("records what a request asked for in its create row (intent, amount, callback URL)", function()
+    local req = sup.create(s, "spec_audit_chain", { intent = { asset = "USDC", amount = "123.45" } })
+    local row = s:query([[SELECT detail FROM audit_outbox WHERE request_id = $1::uuid
+                           AND action = 'request.create']], req.id)[1]
+    assert.equals("123.45", row.detail.intent.amount)
+    assert.equals("USDC", row.detail.intent.asset)
+    assert.equals(req.callback_url, row.detail.callback_url)
+  end)
+
   it("finds a row edited by the owner role", function()
     history(2)
     local victim = last_rows(3)[3]
