@@ -22,6 +22,11 @@ static const char *const qtg_worker_state_names[] = {"sleeping", "running", "pau
 
 #define QTG_DELAY_HISTORY 16
 
+/* Upper bounds (seconds) of the pass-duration histogram's buckets: the same
+ * as qtg.metrics.BUCKETS, which renders them (workers() hands both). */
+static const double qtg_pass_buckets[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
+#define QTG_PASS_BUCKETS (sizeof qtg_pass_buckets / sizeof qtg_pass_buckets[0])
+
 typedef struct qtg_worker {
   struct qtg_runtime *rt;
   char name[64];
@@ -37,6 +42,8 @@ typedef struct qtg_worker {
   double last_tick_at, next_run_at, last_delay;
   double delays[QTG_DELAY_HISTORY];
   int ndelays;
+  uint64_t pass_started_ns;  /* uv_hrtime() when the running pass began */
+  double pass_sum, pass_count, pass_buckets[QTG_PASS_BUCKETS];
   char last_error[512];
   struct qtg_worker *next;
 } qtg_worker;
@@ -174,6 +181,11 @@ static void qtg_worker_tick_done(qtg_task *t, int ok, int nres, void *data) {
   rt->running_ticks--;
   w->ticks++;
   w->last_tick_at = qtg_wall_now();
+  double took = (double)(uv_hrtime() - w->pass_started_ns) / 1e9;
+  for (size_t i = 0; i < QTG_PASS_BUCKETS; i++)
+    if (took <= qtg_pass_buckets[i]) w->pass_buckets[i]++;
+  w->pass_sum += took;
+  w->pass_count++;
   if (ok) {
     double count = nres > 0 ? lua_tonumber(co, -nres) : 0;
     w->last_count = count;
@@ -217,6 +229,7 @@ static void qtg_worker_start_tick(qtg_worker *w) {
   if (rt->stopping || w->state == QTG_W_RUNNING || w->state == QTG_W_DEAD) return;
   uv_timer_stop(w->timer);
   w->state = QTG_W_RUNNING;
+  w->pass_started_ns = uv_hrtime();
   rt->running_ticks++;
   lua_State *L = h->L;
   lua_rawgeti(L, LUA_REGISTRYINDEX, rt->trampoline_ref);
@@ -468,6 +481,23 @@ static int qtg_lua_workers(lua_State *L) {
       lua_rawseti(L, -2, i + 1);
     }
     lua_setfield(L, -2, "delays");
+    /* pass_seconds = {le = {bounds}, buckets = {cumulative}, sum =, count =} */
+    lua_createtable(L, 0, 4);
+    lua_createtable(L, (int)QTG_PASS_BUCKETS, 0);
+    for (size_t i = 0; i < QTG_PASS_BUCKETS; i++) {
+      lua_pushnumber(L, qtg_pass_buckets[i]);
+      lua_rawseti(L, -2, (int)i + 1);
+    }
+    lua_setfield(L, -2, "le");
+    lua_createtable(L, (int)QTG_PASS_BUCKETS, 0);
+    for (size_t i = 0; i < QTG_PASS_BUCKETS; i++) {
+      lua_pushnumber(L, w->pass_buckets[i]);
+      lua_rawseti(L, -2, (int)i + 1);
+    }
+    lua_setfield(L, -2, "buckets");
+    qtg_set_num(L, "sum", w->pass_sum);
+    qtg_set_num(L, "count", w->pass_count);
+    lua_setfield(L, -2, "pass_seconds");
     lua_rawseti(L, -2, ++n);
   }
   return 1;

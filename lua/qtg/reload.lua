@@ -31,9 +31,10 @@ local M = {}
 -- effect at the next start).  They are still compiled in step 1.
 -- qtg.wakeups is kept too: it is the NOTIFY listener's process state (the
 -- listener calls the module it started with); apply() asks it to take the
--- new registry's wakeable workers instead.
+-- new registry's wakeable workers instead.  qtg.metrics holds the
+-- process's counters, which a reload must not reset.
 M.KEEP = { ["qtg"] = true, ["qtg.main"] = true, ["qtg.cli"] = true, ["qtg.reload"] = true,
-           ["qtg.wakeups"] = true }
+           ["qtg.wakeups"] = true, ["qtg.metrics"] = true }
 M.KEEP_PREFIXES = { "qtg.cli." }
 M.MAX_DEPTH = 8
 

@@ -486,6 +486,39 @@ describe("HTTP API", function()
       -- labels hold no ids
       assert.falsy(r.body:match("%x%x%x%x%x%x%x%x%-%x%x%x%x%-"))
     end)
+
+    it("/metrics has each worker's pass durations and the approve -> SUBMITTED latency", function()
+      local req = create(operator, common.uid("lat", 4)).json
+      local second = api.token("read,approve")
+      local r = api.call(d, "POST", "/v3/requests/" .. req.id .. "/approve", { token = approver,
+        key = common.uid("a", 4) })
+      assert.equal(200, r.status, r.body)
+      if r.json.request_state == "PENDING_APPROVAL" then
+        r = api.call(d, "POST", "/v3/requests/" .. req.id .. "/approve", { token = second, key = common.uid("a", 4) })
+        assert.equal(200, r.status, r.body)
+      end
+      local body = common.wait_for(function()
+        local x = api.call(d, "GET", "/metrics", { token = reader }).body
+        local n = tonumber(x:match("\nqtg_approve_to_submitted_seconds_count (%d+)"))
+        return n and n >= 1 and x
+      end, 30, "a submitted node counted from its approval")
+      assert.truthy(body:find("# TYPE qtg_approve_to_submitted_seconds histogram", 1, true))
+      assert.truthy(body:find('qtg_approve_to_submitted_seconds_bucket{le="+Inf"}', 1, true))
+      local sum = tonumber(body:match("\nqtg_approve_to_submitted_seconds_sum ([%d%.e+-]+)"))
+      assert.truthy(sum and sum >= 0 and sum < 30, body)
+      local passes = tonumber(body:match('qtg_worker_pass_duration_seconds_count{worker="node_dispatcher"} (%d+)'))
+      assert.truthy(passes and passes >= 1, body)
+      -- buckets are cumulative: +Inf holds every pass
+      local inf = tonumber(body:match('qtg_worker_pass_duration_seconds_bucket{worker="node_dispatcher",le="%+Inf"} (%d+)'))
+      assert.equal(passes, inf)
+      -- the runtime's bucket bounds are qtg.metrics' (C and Lua name them apart)
+      local les = {}
+      for le in body:gmatch('qtg_worker_pass_duration_seconds_bucket{worker="node_dispatcher",le="([%d%.]+)"}') do
+        les[#les + 1] = tonumber(le)
+      end
+      assert.same(require("qtg.metrics").BUCKETS, les)
+      assert.truthy(body:find("# TYPE qtg_signer_decisions_total counter", 1, true))
+    end)
   end)
 
   describe("/v3/openapi.json", function()

@@ -109,8 +109,14 @@ describe("engine pipeline", function()
 
     it("a signer that cannot be asked leaves the node READY; one that refuses fails it with SIGNING_REFUSED", function()
       local req = sup.create_approved(s, one("spec_pl_nosigner", { signer_key = "no_such_signer" }))
+      local metrics = require "qtg.metrics"
+      local function decisions(outcome, code)
+        return metrics.value("qtg_signer_decisions_total", { outcome = outcome, code = code or "" }) or 0
+      end
+      local unavailable, refused = decisions("unavailable"), decisions("refused", "SIGNER_NOT_FOUND")
       -- no signer listens: the tick raises, its transaction is rolled back
       local ok, err = pcall(sup.tick, "node_dispatcher")
+      assert.equal(unavailable + 1, decisions("unavailable"))
       local a = sup.nodes(s, req.id).a
       assert.equal("READY", a.node_state, tostring(err))
       assert.equal(0, a.attempt_no)
@@ -132,6 +138,11 @@ describe("engine pipeline", function()
       assert.equal("SIGNING_REFUSED", a.error_code)
       assert.truthy(a.error_detail:match("^SIGNER_NOT_FOUND: "), a.error_detail)
       assert.equal(0, #ledger(a.id))
+      -- each answer is counted for /metrics, the refusal under its code
+      assert.equal(refused + 1, decisions("refused", "SIGNER_NOT_FOUND"))
+      local text = table.concat(metrics.render({}), "\n")
+      assert.truthy(text:find('qtg_signer_decisions_total{outcome="refused",code="SIGNER_NOT_FOUND"} '
+        .. (refused + 1), 1, true), text)
     end)
 
     it("leaves a request of another network class alone", function()

@@ -4,32 +4,21 @@
 -- cached for M.CACHE_SECONDS, so scrapes (and several scrapers) do not load
 -- the database; they describe the whole network class, not this process, so
 -- several replicas report the same numbers (alert on max, not sum).
--- Counters and histograms are this process's own (HTTP requests by route
--- and status, worker passes and errors).  Label values are small enums
+-- Counters and histograms are this process's own (qtg.metrics: HTTP
+-- requests by route and status, signer decisions, approve -> SUBMITTED;
+-- the runtime's worker passes, errors and pass durations).  Label values are small enums
 -- (state names, route names, worker names), never ids.
 local qtg = require "qtg"
 
 local M = {}
 
 M.CACHE_SECONDS = 2
-M.BUCKETS = { 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10 }
 
--- ------------------------------------------------------- in-process series
-local http_count = {}   -- "route\0method\0status" -> n
-local http_hist = {}    -- route -> {buckets = {...}, sum =, count =}
+local counters = require "qtg.metrics"
 
 function M.observe_http(route, method, status, seconds)
-  local k = route .. "\0" .. method .. "\0" .. tostring(status)
-  http_count[k] = (http_count[k] or 0) + 1
-  local h = http_hist[route]
-  if not h then
-    h = { buckets = {}, sum = 0, count = 0 }
-    for i = 1, #M.BUCKETS do h.buckets[i] = 0 end
-    http_hist[route] = h
-  end
-  for i, le in ipairs(M.BUCKETS) do if seconds <= le then h.buckets[i] = h.buckets[i] + 1 end end
-  h.sum = h.sum + seconds
-  h.count = h.count + 1
+  counters.count("qtg_http_requests_total", { route = route, method = method, status = tostring(status) })
+  counters.observe("qtg_http_request_duration_seconds", { route = route }, seconds)
 end
 
 -- ---------------------------------------------------------------- writing
@@ -46,9 +35,7 @@ end
 
 local function num(v)
   if v == nil or v == qtg.db.NULL then return "0" end
-  v = tonumber(v) or 0
-  if v == math.floor(v) and math.abs(v) < 2 ^ 53 then return string.format("%d", v) end
-  return string.format("%.6g", v)
+  return counters.num(tonumber(v) or 0)
 end
 
 local function family(out, name, kind, help, samples, order)
@@ -123,31 +110,17 @@ function M.render(s)
   end
   family(out, "qtg_worker_passes_total", "counter", "worker passes run by this process", passes, { "worker" })
   family(out, "qtg_worker_errors_total", "counter", "worker passes that failed in this process", errors, { "worker" })
-  -- HTTP
-  local keys = {}
-  for k in pairs(http_count) do keys[#keys + 1] = k end
-  table.sort(keys)
-  local reqs = {}
-  for _, k in ipairs(keys) do
-    local route, method, status = k:match("^(.-)%z(.-)%z(.*)$")
-    reqs[#reqs + 1] = { route = route, method = method, status = status, value = http_count[k] }
-  end
-  family(out, "qtg_http_requests_total", "counter", "API requests answered by this process",
-    reqs, { "route", "method", "status" })
-  out[#out + 1] = "# HELP qtg_http_request_duration_seconds time to answer an API request"
-  out[#out + 1] = "# TYPE qtg_http_request_duration_seconds histogram"
-  local routes = {}
-  for r in pairs(http_hist) do routes[#routes + 1] = r end
-  table.sort(routes)
-  for _, r in ipairs(routes) do
-    local h = http_hist[r]
-    for i, le in ipairs(M.BUCKETS) do
-      out[#out + 1] = ('qtg_http_request_duration_seconds_bucket{route="%s",le="%s"} %d'):format(esc(r), tostring(le), h.buckets[i])
+  -- each worker's pass durations, as the runtime keeps them
+  out[#out + 1] = "# HELP qtg_worker_pass_duration_seconds time one worker pass took in this process"
+  out[#out + 1] = "# TYPE qtg_worker_pass_duration_seconds histogram"
+  for _, w in ipairs(qtg.runtime.workers()) do
+    if w.pass_seconds then
+      counters.histogram_lines(out, "qtg_worker_pass_duration_seconds", { worker = w.name }, { "worker" },
+        w.pass_seconds)
     end
-    out[#out + 1] = ('qtg_http_request_duration_seconds_bucket{route="%s",le="+Inf"} %d'):format(esc(r), h.count)
-    out[#out + 1] = ('qtg_http_request_duration_seconds_sum{route="%s"} %s'):format(esc(r), num(h.sum))
-    out[#out + 1] = ('qtg_http_request_duration_seconds_count{route="%s"} %d'):format(esc(r), h.count)
   end
+  -- HTTP, signer decisions, approve -> SUBMITTED (qtg.metrics)
+  counters.render(out)
   return table.concat(out, "\n") .. "\n"
 end
 

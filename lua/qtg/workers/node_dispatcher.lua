@@ -34,6 +34,7 @@ local context = require "qtg.context"
 local executors = require "qtg.executors"
 local intervals = require "qtg.observe_intervals"
 local nodes_db = require "qtg.nodes"
+local metrics = require "qtg.metrics"
 local pacing = require "qtg.pacing"
 
 local M = {}
@@ -161,13 +162,18 @@ local function pipeline(s, g, node, progress)
     local sreq = context.sign_request(ctx, prepared)
     local sig, err = qtg.signer.sign(prepared.signer_key, sreq)
     if not sig then
-      if type(err) == "table" and err.kind == "signer_unavailable" then error(err, 0) end
+      if type(err) == "table" and err.kind == "signer_unavailable" then
+        metrics.count("qtg_signer_decisions_total", { outcome = "unavailable", code = "" })
+        error(err, 0)
+      end
       local code = type(err) == "table" and tostring(err.code) or "SIGNER_ERROR"
+      metrics.count("qtg_signer_decisions_total", { outcome = "refused", code = code })
       local why = type(err) == "table" and tostring(err.message) or tostring(err)
       qtg.log.warn("signing refused", { worker = "node_dispatcher", request_id = g.request.id,
         node_id = node.id, node_key = node.node_key, attempt_no = attempt_no, code = code, reason = why })
       return fail("SIGNING_REFUSED", code .. ": " .. why)
     end
+    metrics.count("qtg_signer_decisions_total", { outcome = "granted", code = "" })
     signature = sig
   end
   local key = context.idempotency_key(node.id, attempt_no)
@@ -196,6 +202,7 @@ function M.dispatch(s, node_id, request_id, claimed)
   local g = nodes_db.load_all(s, req)
   local node
   for _, n in ipairs(g.nodes) do if n.id == node_id then node = n end end
+  local approved_at = req.request_state == "APPROVED" and metrics.epoch(req.approved_at) or nil
   if req.request_state == "APPROVED" then
     nodes_db.set_request_state(s, req, "EXECUTING", M.ACTOR, { action = "request.executing" })
   end
@@ -220,6 +227,10 @@ function M.dispatch(s, node_id, request_id, claimed)
   end
   -- the savepoint is not released: COMMIT ends it (one round trip less)
   record(s, g, node, outcome)
+  -- the request's first dispatch: how long it took from its approval
+  if approved_at and outcome.state == "SUBMITTED" then
+    metrics.observe("qtg_approve_to_submitted_seconds", {}, math.max(0, qtg.now() - approved_at))
+  end
   return node
 end
 
