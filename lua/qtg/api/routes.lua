@@ -69,6 +69,17 @@ local function decode_cursor(text, n)
   problem.raise("bad_request", "cursor is not one this API returned")
 end
 
+-- id_page(rows, limit) -> {items, next_cursor}: rows were asked for with
+-- LIMIT limit + 1, so one more than a page means there is a next one, which
+-- starts after the last item's id.
+local function id_page(rows, limit)
+  local items = canon.array()
+  for i = 1, math.min(#rows, limit) do items[i] = rows[i] end
+  local next_cursor = NULL
+  if #rows > limit then next_cursor = encode_cursor(tostring(rows[limit].id)) end
+  return { items = items, next_cursor = next_cursor }
+end
+
 -- ---------------------------------------------------------------- requests
 local REQUEST_FIELDS = { "id", "template_key", "request_state", "network_class", "intent", "input_params",
   "current_frontier", "idempotency_key", "callback_url", "created_by", "approved_by", "approved_at",
@@ -224,11 +235,7 @@ local function request_events(ctx)
       SELECT id, actor, action, entity_type, entity_id, detail, created_at
         FROM audit_outbox WHERE request_id = $1::uuid AND id > $2
     ) e ORDER BY id LIMIT $3]], id, after, limit + 1)
-  local items = canon.array()
-  for i = 1, math.min(#rows, limit) do items[i] = rows[i] end
-  local next_cursor = NULL
-  if #rows > limit then next_cursor = encode_cursor(tostring(rows[limit].id)) end
-  return 200, { items = items, next_cursor = next_cursor }
+  return 200, id_page(rows, limit)
 end
 
 -- ------------------------------------------------------------ other routes
@@ -276,11 +283,7 @@ local function list_callbacks(ctx)
       JOIN movement_requests q ON q.id = o.request_id
      WHERE o.status = $1 AND q.network_class = $2 AND ($3::bigint IS NULL OR o.id < $3)
      ORDER BY o.id DESC LIMIT $4]], status, qtg.settings.network_class, after, limit + 1)
-  local items = canon.array()
-  for i = 1, math.min(#rows, limit) do items[i] = rows[i] end
-  local next_cursor = NULL
-  if #rows > limit then next_cursor = encode_cursor(tostring(rows[limit].id)) end
-  return 200, { items = items, next_cursor = next_cursor }
+  return 200, id_page(rows, limit)
 end
 
 local function own_callback(s, id)
