@@ -88,7 +88,7 @@ static lua_State *fuzz_json_state(void) {
   lua_getglobal(L, "package");
   lua_pushfstring(L, "%s/lua/?.lua;/usr/share/lua/5.1/?.lua", qtg_fuzz_root());
   lua_setfield(L, -2, "path");
-  lua_pushliteral(L, "/usr/lib/x86_64-linux-gnu/lua/5.1/?.so;/usr/lib/aarch64-linux-gnu/lua/5.1/?.so");
+  lua_pushliteral(L, QTG_LUA_CMODULE_DIR "/?.so");   /* CMakeLists.txt: the build's multiarch dir */
   lua_setfield(L, -2, "cpath");
   lua_pop(L, 1);
   if (luaL_loadbuffer(L, fuzz_json_lua, sizeof fuzz_json_lua - 1, "=fuzz_json") != 0 ||

@@ -26,9 +26,10 @@
 -- and the other busted handlers work too.  Without spec paths busted looks
 -- in `spec`; tools/test passes `spec/lua`.
 
--- Debian's busted and its C helpers (lfs, luasystem, term).  The host adds
--- these paths itself; they are added here too (when missing) so the runner
--- also starts under a host built without them.
+-- Debian's busted.  The host adds this path itself, and the C helpers' one
+-- (lfs, luasystem, term: the multiarch directory of the machine that built
+-- it, QTG_LUA_CMODULE_DIR); the Lua path is added here too (when missing)
+-- so the runner also starts under a host built without it.
 local function add_search_paths(field, entries)
   for _, entry in ipairs(entries) do
     if not package[field]:find(entry, 1, true) then
@@ -37,8 +38,6 @@ local function add_search_paths(field, entries)
   end
 end
 add_search_paths("path", { "/usr/share/lua/5.1/?.lua", "/usr/share/lua/5.1/?/init.lua" })
-add_search_paths("cpath", { "/usr/lib/x86_64-linux-gnu/lua/5.1/?.so",
-                            "/usr/lib/aarch64-linux-gnu/lua/5.1/?.so" })
 
 -- Spec helpers are required by their path from the repo root (e.g.
 -- `require "spec.lua.host_support"`) wherever qtgd exec is started from:

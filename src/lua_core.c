@@ -11,6 +11,7 @@
 #include "qtg_host.h"
 #include "qtg_log.h"
 #include "qtg_modules_decl.h"
+#include "qtg_prelude.h"
 
 /* ---- time and sleep ------------------------------------------------------ */
 
@@ -303,16 +304,6 @@ static int qtg_lua_settings_list(lua_State *L) {
   return 1;
 }
 
-/* Thin Lua wrappers over bindings that resume with a value to unpack or
- * raise (LuaJIT has no lua_yieldk continuations). */
-static const char qtg_core_prelude[] =
-  "local qtg = ...\n"
-  "local raw_sleep, raw_join, unpack = qtg.raw_sleep, qtg.raw_join, unpack\n"
-  "function qtg.sleep(s) local err = raw_sleep(s) if err ~= nil then error(err, 2) end end\n"
-  "function qtg.join(h) local r = raw_join(h) return r.ok, unpack(r, 1, r.n) end\n"
-  "local mt = debug.getregistry()['qtg.task']\n"
-  "mt.__index.join = qtg.join\n";
-
 typedef struct {
   const char *field;
   lua_CFunction open;
@@ -366,7 +357,7 @@ int qtg_core_register(qtg_host *h) {
     }
     lua_setfield(L, -2, qtg_lua_modules[i].field);
   }
-  if (luaL_loadbuffer(L, qtg_core_prelude, strlen(qtg_core_prelude), "=qtg.prelude") != 0) {
+  if (qtg_prelude_load(L, QTG_PRELUDE_core) != 0) {
     qtg_log_error("qtg prelude: %s", lua_tostring(L, -1));
     lua_pop(L, 2);
     return -1;

@@ -4,26 +4,18 @@
  * talks to the server yields the calling task; the pool's callback converts
  * the result on the main Lua state (a suspended coroutine must not run
  * code), moves it onto the task's stack and resumes the task.  Raw bindings
- * return (value) or (nil, err); thin Lua wrappers in the prelude raise. */
+ * return (value) or (nil, err); thin Lua wrappers in src/prelude/db.lua
+ * raise. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "qtg_host.h"
+#include "lua_db.h"
 #include "qtg_log.h"
-#include "qtg_pg.h"
+#include "qtg_prelude.h"
 
-#define QTG_DB_SESSION "qtg.db.session"
 #define QTG_DB_MAX_PARAMS 64
-
-const char *qtg_pg_pool_last_error(const qtg_pg_pool *p);
-void qtg_db_claim_register(lua_State *L);
-
-typedef struct {
-  qtg_pg_conn *conn;
-  qtg_host *h;
-} qtg_db_session;
 
 /* Every piece of data lua_db hands the pool starts with `drop`, so the pool
  * can free it at host close without knowing its type (qtg_claim too). */
@@ -165,7 +157,7 @@ static void qtg_db_push_conn_error(lua_State *L, const char *err) {
 }
 
 /* Push (rows, affected) or (nil, err) for res onto L; returns 2. */
-static int qtg_db_push_result(lua_State *L, PGresult *res, const char *err) {
+int qtg_db_push_result(lua_State *L, PGresult *res, const char *err) {
   if (err || !res) {
     lua_pushnil(L);
     qtg_db_push_conn_error(L, err ? err : "no result");
@@ -187,10 +179,6 @@ static int qtg_db_push_result(lua_State *L, PGresult *res, const char *err) {
     lua_insert(L, -2);
   }
   return 2;
-}
-
-int qtg_db_push_result_public(lua_State *L, PGresult *res, const char *err) {
-  return qtg_db_push_result(L, res, err);
 }
 
 /* ---- query ------------------------------------------------------------------ */
@@ -253,9 +241,8 @@ static int qtg_db_table_rounds(lua_State *L, int idx, int depth, double *bad) {
   return found;
 }
 
-/* Lua value at idx -> text parameter $pnum (NULL for SQL NULL), anchored on
- * L at idx.  Raises with the parameter's number on a value it cannot send. */
-static const char *qtg_db_param(lua_State *L, int idx, int pnum) {
+/* Lua value at idx -> text parameter $pnum (lua_db.h). */
+const char *qtg_db_param(lua_State *L, int idx, int pnum) {
   switch (lua_type(L, idx)) {
   case LUA_TNIL:
     return NULL;
@@ -306,8 +293,6 @@ static const char *qtg_db_param(lua_State *L, int idx, int pnum) {
   luaL_error(L, "qtg.db: parameter $%d has unsupported type %s", pnum, luaL_typename(L, idx));
   return NULL;
 }
-
-const char *qtg_db_param_public(lua_State *L, int idx, int pnum) { return qtg_db_param(L, idx, pnum); }
 
 static int qtg_db_send(lua_State *L, int simple) {
   qtg_db_session *s = qtg_db_check_session(L);
@@ -523,26 +508,6 @@ void qtg_pg_close(qtg_host *h) {
   h->pool = NULL;
 }
 
-/* Wrappers that raise instead of returning (nil, err). */
-static const char qtg_db_prelude[] =
-  "local db, session = ...\n"
-  "local raw_acquire, raw_query, raw_exec = db.raw_acquire, session.raw_query, session.raw_exec\n"
-  "function db.acquire() local s, err = raw_acquire() if s == nil then error(err, 2) end return s end\n"
-  "function session:query(sql, ...) local rows, n = raw_query(self, sql, ...) if rows == nil then error(n, 2) end return rows, n end\n"
-  "function session:exec(sql) local rows, n = raw_exec(self, sql) if rows == nil then error(n, 2) end return rows, n end\n"
-  "function session:begin() return self:query('BEGIN') end\n"
-  "function session:commit() return self:query('COMMIT') end\n"
-  "function session:rollback() return self:query('ROLLBACK') end\n"
-  "function session:transaction(fn, ...) self:begin() local r = { pcall(fn, ...) } if not r[1] then pcall(self.rollback, self) error(r[2], 0) end self:commit() return unpack(r, 2, table.maxn(r)) end\n"
-  "local function ident(name) assert(type(name) == 'string' and name:match('^[%a_][%w_]*$'), 'savepoint name must be an identifier') return name end\n"
-  "function session:savepoint(name) return self:exec('SAVEPOINT \"' .. ident(name) .. '\"') end\n"
-  "function session:rollback_to(name) return self:exec('ROLLBACK TO SAVEPOINT \"' .. ident(name) .. '\"') end\n"
-  "function session:release_savepoint(name) return self:exec('RELEASE SAVEPOINT \"' .. ident(name) .. '\"') end\n"
-  "local claim = db.claim\n"
-  "function claim.one(s, spec) local row, err = claim.raw_one(s, spec) if row == nil and err ~= nil then error(err, 2) end return row end\n"
-  "function claim.try(s, sql, id, ...) local row, err = claim.raw_try(s, sql, id, ...) if row == nil and err ~= nil then error(err, 2) end return row end\n"
-  "function db.with_session(fn, ...) local s = db.acquire() local ok, a, b, c = pcall(fn, s, ...) s:release() if not ok then error(a, 0) end return a, b, c end\n";
-
 int luaopen_qtg_db(lua_State *L) {
   static const luaL_Reg session_methods[] = {
     {"raw_query", qtg_db_raw_query}, {"raw_exec", qtg_db_raw_exec},
@@ -577,7 +542,7 @@ int luaopen_qtg_db(lua_State *L) {
   lua_pushvalue(L, -1);
   lua_setfield(L, -3, "__index");
   /* stack: db, mt, methods */
-  if (luaL_loadbuffer(L, qtg_db_prelude, sizeof qtg_db_prelude - 1, "=qtg.db.prelude") != 0)
+  if (qtg_prelude_load(L, QTG_PRELUDE_db) != 0)
     return lua_error(L);
   lua_pushvalue(L, -4);
   lua_pushvalue(L, -3);

@@ -25,15 +25,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "qtg_host.h"
-#include "qtg_pg.h"
+#include "lua_db.h"
 
 #define QTG_CLAIM_MAX_ARGS 16
-
-typedef struct {
-  qtg_pg_conn *conn;
-  qtg_host *h;
-} qtg_claim_session; /* layout of lua_db.c's session userdata */
 
 typedef enum {
   QTG_CLAIM_CANDIDATES, QTG_CLAIM_SAVEPOINT, QTG_CLAIM_SELECT, QTG_CLAIM_ROLLBACK_TO
@@ -53,8 +47,6 @@ typedef struct {
   char *candidate;
   PGresult *hit;
 } qtg_claim;
-
-int qtg_db_push_result_public(lua_State *L, PGresult *res, const char *err);
 
 static void qtg_claim_free(qtg_claim *c);
 /* The claim's callback will never run: see qtg_db_req_drop. */
@@ -82,9 +74,9 @@ static void qtg_claim_finish(qtg_claim *c, PGresult *err_res, const char *err) {
   int n;
   qtg_task_set_cancel(t, NULL, NULL);
   if (err || err_res) {
-    n = qtg_db_push_result_public(L, err_res, err); /* nil, err */
+    n = qtg_db_push_result(L, err_res, err); /* nil, err */
   } else if (c->hit) {
-    qtg_db_push_result_public(L, c->hit, NULL); /* rows, affected */
+    qtg_db_push_result(L, c->hit, NULL); /* rows, affected */
     lua_pop(L, 1);
     lua_rawgeti(L, -1, 1);
     lua_remove(L, -2);
@@ -203,9 +195,7 @@ static void qtg_claim_cancel(qtg_task *t, void *arg) {
   qtg_task_resume(t, 2);
 }
 
-const char *qtg_db_param_public(lua_State *L, int idx, int pnum);
-
-static qtg_claim *qtg_claim_new(lua_State *L, qtg_claim_session *s) {
+static qtg_claim *qtg_claim_new(lua_State *L, qtg_db_session *s) {
   if (!s->conn) luaL_error(L, "qtg.db.claim: session already released");
   if (qtg_pg_busy(s->conn)) luaL_error(L, "qtg.db.claim: session is busy");
   if (qtg_pg_txn_status(s->conn) == PQTRANS_IDLE)
@@ -236,7 +226,7 @@ static int qtg_claim_start(lua_State *L, qtg_claim *c) {
 }
 
 static int qtg_lua_claim_one(lua_State *L) {
-  qtg_claim_session *s = luaL_checkudata(L, 1, "qtg.db.session");
+  qtg_db_session *s = luaL_checkudata(L, 1, QTG_DB_SESSION);
   luaL_checktype(L, 2, LUA_TTABLE);
   lua_getfield(L, 2, "candidates_sql");
   const char *cand = luaL_checkstring(L, -1);
@@ -253,7 +243,7 @@ static int qtg_lua_claim_one(lua_State *L) {
   const char *vals[QTG_CLAIM_MAX_ARGS];
   for (int i = 1; i <= n; i++) {
     lua_rawgeti(L, args_idx, i);
-    vals[i - 1] = qtg_db_param_public(L, lua_gettop(L), i + 1);
+    vals[i - 1] = qtg_db_param(L, lua_gettop(L), i + 1);
   }
   qtg_claim *c = qtg_claim_new(L, s);
   c->max_misses = max_misses > 0 ? max_misses : 1;
@@ -270,16 +260,16 @@ static int qtg_lua_claim_one(lua_State *L) {
 }
 
 static int qtg_lua_claim_try(lua_State *L) {
-  qtg_claim_session *s = luaL_checkudata(L, 1, "qtg.db.session");
+  qtg_db_session *s = luaL_checkudata(L, 1, QTG_DB_SESSION);
   const char *claim = luaL_checkstring(L, 2);
   luaL_checkany(L, 3);
   int top = lua_gettop(L);
   if (top - 3 > QTG_CLAIM_MAX_ARGS) return luaL_error(L, "qtg.db.claim: at most %d args", QTG_CLAIM_MAX_ARGS);
   /* the id is $1, the args $2...; converted (and refused) first */
-  const char *id = qtg_db_param_public(L, 3, 1);
+  const char *id = qtg_db_param(L, 3, 1);
   if (!id) return luaL_error(L, "qtg.db.claim.try: the id must not be nil");
   const char *vals[QTG_CLAIM_MAX_ARGS];
-  for (int i = 4; i <= top; i++) vals[i - 4] = qtg_db_param_public(L, i, i - 2);
+  for (int i = 4; i <= top; i++) vals[i - 4] = qtg_db_param(L, i, i - 2);
   qtg_claim *c = qtg_claim_new(L, s);
   c->claim_sql = strdup(claim);
   c->candidate = strdup(id);

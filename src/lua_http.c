@@ -1,12 +1,16 @@
 /* lua_http.c -- qtg.http.request: the Lua face of qtg_http.
  *
  * request{method, url, headers, body, timeout, connect_timeout, max_body,
- * follow_redirects, verify_tls} yields the calling task until the response
+ * follow_redirects, verify_tls, pin} yields the calling task until the response
  * (or a classified failure) arrives, then returns
  *   {status=, headers={lowercase name = value}, body=}   or   nil, err
  * with err = {kind=, message=, url=[, curl_code=]}.  Wrong argument types
  * raise (a bug in the caller); everything about the peer or the URL comes
- * back as nil, err (data the caller must handle).
+ * back as nil, err (data the caller must handle).  pin: an array of
+ * numeric addresses the URL's host is connected at (qtg_http_start).
+ *
+ * target(url) -> host, port: where curl connects for url (its own reading
+ * of the URL, qtg_http_url_target), or nil, err.
  *
  * A request still in flight when the host closes is never resumed: the
  * http subsystem closes after the Lua state (QTG_CLOSE_AFTER_LUA), so its
@@ -176,6 +180,51 @@ static const char **qtg_lua_http_headers(lua_State *L, size_t *n) {
   return lines;
 }
 
+/* opts.pin as strings left on the stack, their pointers in a userdata
+ * array; NULL when absent. */
+static const char **qtg_lua_http_pin(lua_State *L, size_t *n) {
+  const char **addrs;
+  size_t count;
+  *n = 0;
+  lua_getfield(L, 1, "pin");
+  if (lua_isnil(L, -1)) {
+    lua_pop(L, 1);
+    return NULL;
+  }
+  if (!lua_istable(L, -1))
+    qtg_raise(L, "usage", "qtg.http.request: pin must be an array of addresses");
+  count = lua_objlen(L, -1);
+  if (count > QTG_HTTP_MAX_PIN)
+    qtg_raise(L, "usage", "qtg.http.request: more than %d pinned addresses",
+              (int)QTG_HTTP_MAX_PIN);
+  if (!lua_checkstack(L, (int)count + 4))
+    qtg_raise(L, "usage", "qtg.http.request: too many pinned addresses");
+  addrs = lua_newuserdata(L, (count > 0 ? count : 1) * sizeof *addrs);
+  for (size_t i = 0; i < count; i++) {
+    lua_rawgeti(L, -2, (int)i + 1);
+    if (lua_type(L, -1) != LUA_TSTRING)
+      qtg_raise(L, "usage", "qtg.http.request: pin must be an array of addresses");
+    addrs[i] = lua_tostring(L, -1);
+    lua_insert(L, -3);                /* kept below the table and the array */
+  }
+  *n = count;
+  return addrs;
+}
+
+static int qtg_lua_http_target(lua_State *L) {
+  char host[256], err[128];
+  long port;
+  const char *url = luaL_checkstring(L, 1);
+  if (qtg_http_url_target(url, host, sizeof host, &port, err, sizeof err) != 0) {
+    lua_pushnil(L);
+    qtg_push_error(L, "invalid", "%s", err);
+    return 2;
+  }
+  lua_pushstring(L, host);
+  lua_pushinteger(L, (lua_Integer)port);
+  return 2;
+}
+
 static int qtg_lua_http_request(lua_State *L) {
   qtg_host *h = qtg_host_from_lua(L);
   qtg_http_request req;
@@ -218,6 +267,7 @@ static int qtg_lua_http_request(lua_State *L) {
   req.follow_redirects = qtg_lua_http_opt_bool(L, "follow_redirects", 0);
   req.verify_tls = qtg_lua_http_opt_bool(L, "verify_tls", 1);
   req.headers = qtg_lua_http_headers(L, &req.nheaders);
+  req.pin = qtg_lua_http_pin(L, &req.npin);
 
   t = qtg_task_check(L);
   w = malloc(sizeof *w);
@@ -238,9 +288,10 @@ static int qtg_lua_http_request(lua_State *L) {
 int luaopen_qtg_http(lua_State *L) {
   static const luaL_Reg fns[] = {
       {"request", qtg_lua_http_request},
+      {"target", qtg_lua_http_target},
       {NULL, NULL},
   };
-  lua_createtable(L, 0, 1);
+  lua_createtable(L, 0, 2);
   luaL_register(L, NULL, fns);
   return 1;
 }

@@ -30,6 +30,7 @@
 #include "qtg_host.h"
 #include "qtg_keys.h"
 #include "qtg_modules_decl.h"
+#include "qtg_prelude.h"
 #include "qtg_signer.h"
 #include "qtg_signer_proto.h"
 #include "qtg_signerd.h"
@@ -289,60 +290,6 @@ static int qtg_lua_signer_recover(lua_State *L) {
   return 1;
 }
 
-/* keys/address/health/sign over raw_call: parse the one-line answers. */
-static const char qtg_signer_prelude[] =
-  "local signer = ...\n"
-  "local raw = signer.raw_call\n"
-  "local function call(line)\n"
-  "  local answer, err = raw(line)\n"
-  "  if not answer then return nil, err end\n"
-  "  local ok = answer:match('^OK ?(.*)$')\n"
-  "  if ok then return ok end\n"
-  "  local code, reason = answer:match('^REFUSED ([A-Z0-9_]+) ?(.*)$')\n"
-  "  if code == 'SIGNER_DB_UNAVAILABLE' then\n"
-  "    return nil, setmetatable({ kind = 'signer_unavailable', code = code, message = reason }, signer.error_mt)\n"
-  "  end\n"
-  "  if code then return nil, setmetatable({ kind = 'signer', code = code, message = reason }, signer.error_mt) end\n"
-  "  return nil, setmetatable({ kind = 'signer_unavailable', message = 'the signer answered garbage' }, signer.error_mt)\n"
-  "end\n"
-  "local function bad(msg)\n"
-  "  return nil, setmetatable({ kind = 'signer', code = 'SIGNER_BAD_REQUEST', message = msg }, signer.error_mt)\n"
-  "end\n"
-  "local function key_ok(name) return type(name) == 'string' and #name <= 64 and name:match('^[A-Za-z0-9_.-]+$') ~= nil end\n"
-  "function signer.keys()\n"
-  "  local s, err = call('KEYS')\n"
-  "  local out = {}\n"
-  "  for w in (s or ''):gmatch('%S+') do out[#out + 1] = w end\n"
-  "  return out, err\n"
-  "end\n"
-  "function signer.address(name)\n"
-  "  if not key_ok(name) then return bad('key name must be 1-64 of [A-Za-z0-9_.-]') end\n"
-  "  return call('ADDRESS ' .. name)\n"
-  "end\n"
-  "function signer.health(name)\n"
-  "  local a, err = signer.address(name)\n"
-  "  if a then return { ok = true, signer_address = a } end\n"
-  "  return { ok = false, error = tostring(err.message), code = err.code or 'SIGNER_UNAVAILABLE' }\n"
-  "end\n"
-  "function signer.sign(name, req)\n"
-  "  if not key_ok(name) then return bad('key name must be 1-64 of [A-Za-z0-9_.-]') end\n"
-  "  if type(req) ~= 'table' then return bad('sign_request must be a table') end\n"
-  "  local rid, nid, attempt, payload = req.request_id, req.request_node_id, req.attempt_no, req.payload\n"
-  "  if type(rid) ~= 'string' or type(nid) ~= 'string' then return bad('sign_request needs request_id and request_node_id') end\n"
-  "  if type(attempt) ~= 'number' or attempt < 1 or attempt ~= math.floor(attempt) then\n"
-  "    return bad('sign_request.attempt_no must be an integer from 1')\n"
-  "  end\n"
-  "  if type(payload) ~= 'string' then return bad('sign_request.payload must be 0x hex') end\n"
-  "  local s, err = call(string.format('SIGN %s %s %d %s %s', rid:lower(), nid:lower(), attempt, name, payload))\n"
-  "  if not s then return nil, err end\n"
-  "  local sig, addr = s:match('^(0x%x+) (0x%x+)$')\n"
-  "  if not sig or #sig ~= 132 then\n"
-  "    return nil, setmetatable({ kind = 'signer_unavailable', message = 'the signer answered garbage' }, signer.error_mt)\n"
-  "  end\n"
-  "  return { signature = sig, r = '0x' .. sig:sub(3, 66), s = '0x' .. sig:sub(67, 130),\n"
-  "           recid = tonumber(sig:sub(131, 132), 16), address = addr, payload_hash = req.payload_hash }\n"
-  "end\n";
-
 int luaopen_qtg_signer(lua_State *L) {
   static const luaL_Reg fns[] = {
       {"raw_call", qtg_lua_signer_raw_call},
@@ -357,7 +304,7 @@ int luaopen_qtg_signer(lua_State *L) {
   qtg_push_error(L, "signer", "probe");
   if (lua_getmetatable(L, -1)) lua_setfield(L, -3, "error_mt");
   lua_pop(L, 1);
-  if (luaL_loadbuffer(L, qtg_signer_prelude, sizeof qtg_signer_prelude - 1, "=qtg.signer") != 0)
+  if (qtg_prelude_load(L, QTG_PRELUDE_signer) != 0)
     return lua_error(L);
   lua_pushvalue(L, -2);
   lua_call(L, 1, 0);

@@ -44,6 +44,7 @@
 
 #include "qtg_log.h"
 #include "qtg_modules_decl.h"
+#include "qtg_prelude.h"
 
 #define QTG_API_MAX_LISTENERS 8
 
@@ -715,9 +716,6 @@ static struct qtg_api *qtg_api_check(lua_State *L) {
   return h->api;
 }
 
-static const char qtg_api_trampoline[] =
-    "return require('qtg.api').handle(...)\n";
-
 static void qtg_api_push_addresses(lua_State *L, struct qtg_api *api) {
   lua_createtable(L, api->nlisteners, 0);
   for (int i = 0; i < api->nlisteners; i++) {
@@ -736,7 +734,7 @@ static int qtg_api_lua_start(lua_State *L) {
   lua_pushliteral(L, "qtg.api");
   if (lua_pcall(L, 1, 1, 0) != 0) return qtg_raise(L, "api", "cannot load qtg.api: %s", lua_tostring(L, -1));
   lua_pop(L, 1);
-  if (luaL_loadbuffer(L, qtg_api_trampoline, sizeof qtg_api_trampoline - 1, "=api") != 0)
+  if (qtg_prelude_load(L, QTG_PRELUDE_api) != 0)
     return qtg_raise(L, "api", "%s", lua_tostring(L, -1));
   if (api->handler_ref == LUA_NOREF) api->handler_ref = qtg_ref(L);
   else lua_pop(L, 1);

@@ -24,6 +24,7 @@
 #include "qtg_host.h"
 #include "qtg_log.h"
 #include "qtg_modules_decl.h"
+#include "qtg_prelude.h"
 
 /* ---- paths ------------------------------------------------------------- */
 
@@ -302,11 +303,6 @@ static struct qtg_console *qtg_console_check(lua_State *L) {
   return h->console;
 }
 
-static const char qtg_console_trampoline[] =
-    "local session, kind, payload = ...\n"
-    "require('qtg').console_server.guard(session.id)\n"
-    "return require('qtg.console').handle(session, kind, payload)\n";
-
 /* start() -> socket path.  Binds and listens; raises on any failure. */
 static int qtg_console_lua_start(lua_State *L) {
   struct qtg_console *c = qtg_console_check(L);
@@ -320,8 +316,7 @@ static int qtg_console_lua_start(lua_State *L) {
   if (lua_pcall(L, 1, 1, 0) != 0)
     return qtg_raise(L, "console", "cannot load qtg.console: %s", lua_tostring(L, -1));
   lua_pop(L, 1);
-  if (luaL_loadbuffer(L, qtg_console_trampoline, sizeof qtg_console_trampoline - 1,
-                      "=console") != 0)
+  if (qtg_prelude_load(L, QTG_PRELUDE_console) != 0)
     return qtg_raise(L, "console", "%s", lua_tostring(L, -1));
   c->handler_ref = qtg_ref(L);
   if (qtg_console_listen(c, err, sizeof err) != 0) {

@@ -50,7 +50,8 @@ const char *qtg_http_kind_name(qtg_http_kind kind);
 enum {
   QTG_HTTP_DEFAULT_MAX_BODY = 8 * 1024 * 1024,
   QTG_HTTP_MAX_HEADER_BYTES = 256 * 1024,
-  QTG_HTTP_MAX_REDIRECTS = 5
+  QTG_HTTP_MAX_REDIRECTS = 5,
+  QTG_HTTP_MAX_PIN = 16
 };
 #define QTG_HTTP_DEFAULT_TIMEOUT 30.0
 #define QTG_HTTP_DEFAULT_CONNECT_TIMEOUT 10.0
@@ -67,6 +68,10 @@ typedef struct {
   size_t max_body;               /* bytes; 0: default */
   int follow_redirects;          /* 0: a 3xx is returned as is */
   int verify_tls;                /* 1 unless the caller says otherwise */
+  const char *const *pin;        /* numeric addresses the URL's host is
+                                    connected at, none looked up (see
+                                    qtg_http_start); NULL: curl resolves */
+  size_t npin;
 } qtg_http_request;
 
 typedef struct {
@@ -95,7 +100,21 @@ typedef void (*qtg_http_done_cb)(const qtg_http_response *res, void *data);
 int qtg_http_open(qtg_host *h, char *err, size_t errlen);
 void qtg_http_close(qtg_host *h);
 
-/* Start a request.  On 0, *call (when call is non-NULL) identifies it until
+/* The host and port curl connects to for url, as its URL parser reads
+ * them: the host normalised (an IPv4 address in any numeric form written
+ * as dotted decimal, IPv6 without brackets), the port defaulted by the
+ * scheme.  0, or -1 with a message in err (not an http/https URL with a
+ * host). */
+int qtg_http_url_target(const char *url, char *host, size_t hostlen,
+                        long *port, char *err, size_t errlen);
+
+/* Start a request.  With req->pin (up to QTG_HTTP_MAX_PIN addresses), the
+ * connection goes to one of those addresses and nowhere else: for a host
+ * name, CURLOPT_RESOLVE entries "host:port:addr,..." in a DNS cache of the
+ * call's own (so the pin neither leaks into nor is raced by other calls),
+ * and a fresh connection (a pooled one may lead elsewhere); a URL whose
+ * host is an address must name one of the pinned addresses.  Callers check
+ * the addresses before they pin them (lua/qtg/api/ssrf.lua).  On 0, *call (when call is non-NULL) identifies it until
  * the callback runs.  On -1, kind says why (QTG_HTTP_INVALID for a bad URL,
  * method or header; QTG_HTTP_ERROR for resources or a closed subsystem) and
  * err holds a message. */

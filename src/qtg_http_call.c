@@ -8,6 +8,7 @@
  */
 #include "qtg_http_call.h"
 
+#include <arpa/inet.h>
 #include <ctype.h>
 #include <math.h>
 #include <stdio.h>
@@ -222,6 +223,120 @@ void qtg_http_redact_url(const char *url, char *out, size_t outlen) {
   }
 }
 
+int qtg_http_url_target(const char *url, char *host, size_t hostlen,
+                        long *port, char *err, size_t errlen) {
+  CURLU *u = curl_url();
+  char *scheme = NULL, *h = NULL, *p = NULL;
+  int rc = -1;
+  if (u == NULL) {
+    snprintf(err, errlen, "out of memory");
+    return -1;
+  }
+  if (curl_url_set(u, CURLUPART_URL, url, 0) != CURLUE_OK ||
+      curl_url_get(u, CURLUPART_SCHEME, &scheme, 0) != CURLUE_OK ||
+      (strcmp(scheme, "http") != 0 && strcmp(scheme, "https") != 0)) {
+    snprintf(err, errlen, "not an http or https URL");
+  } else if (curl_url_get(u, CURLUPART_HOST, &h, 0) != CURLUE_OK || h[0] == '\0') {
+    snprintf(err, errlen, "no host in the URL");
+  } else if (curl_url_get(u, CURLUPART_PORT, &p, CURLU_DEFAULT_PORT) != CURLUE_OK) {
+    snprintf(err, errlen, "no port for the URL");
+  } else {
+    size_t n = strlen(h);
+    const char *start = h;
+    if (n >= 2 && h[0] == '[' && h[n - 1] == ']') start++, n -= 2;
+    /* a zone id ("fe80::1%25eth0") is not an address to pin or check */
+    if (n >= hostlen || memchr(start, '%', n) != NULL) {
+      snprintf(err, errlen, "host too long or with a zone id");
+    } else {
+      memcpy(host, start, n);
+      host[n] = '\0';
+      *port = strtol(p, NULL, 10);
+      rc = 0;
+    }
+  }
+  curl_free(scheme);
+  curl_free(h);
+  curl_free(p);
+  curl_url_cleanup(u);
+  return rc;
+}
+
+/* One numeric address, as bytes (family, 4 or 16 of them). */
+static int qtg_http_parse_addr(const char *s, int *family, unsigned char out[16]) {
+  if (inet_pton(AF_INET, s, out) == 1) {
+    *family = AF_INET;
+    return 1;
+  }
+  if (inet_pton(AF_INET6, s, out) == 1) {
+    *family = AF_INET6;
+    return 1;
+  }
+  return 0;
+}
+
+/* The pin of qtg_http_start (qtg_http.h): a host that is an address must
+ * be one of the pinned ones; a name gets "host:port:a,b,..." as its only
+ * answer in a DNS cache of this call's own, and a fresh connection. */
+static int qtg_http_pin(qtg_http_call *c, const qtg_http_request *req,
+                        char *err, size_t errlen) {
+  char host[256], entry[256 + 16 + QTG_HTTP_MAX_PIN * (INET6_ADDRSTRLEN + 3)];
+  unsigned char want[16], got[16];
+  int want_family = 0, family = 0;
+  long port;
+  size_t len;
+  if (req->follow_redirects) {
+    snprintf(err, errlen, "a pinned request does not follow redirects");
+    return -1;
+  }
+  if (req->npin > QTG_HTTP_MAX_PIN) {
+    snprintf(err, errlen, "more than %d pinned addresses", (int)QTG_HTTP_MAX_PIN);
+    return -1;
+  }
+  if (qtg_http_url_target(req->url, host, sizeof host, &port, err, errlen) != 0) return -1;
+  for (size_t i = 0; i < req->npin; i++) {
+    if (req->pin[i] == NULL || !qtg_http_parse_addr(req->pin[i], &family, got)) {
+      snprintf(err, errlen, "pinned address %s is not a numeric address",
+               req->pin[i] != NULL ? req->pin[i] : "(null)");
+      return -1;
+    }
+  }
+  if (qtg_http_parse_addr(host, &want_family, want)) {
+    for (size_t i = 0; i < req->npin; i++) {
+      qtg_http_parse_addr(req->pin[i], &family, got);
+      if (family == want_family &&
+          memcmp(got, want, family == AF_INET ? 4 : 16) == 0)
+        return 0;
+    }
+    snprintf(err, errlen, "the URL's address %s is not a pinned address", host);
+    return -1;
+  }
+  if (req->npin == 0) {
+    snprintf(err, errlen, "no address to pin %s to", host);
+    return -1;
+  }
+  len = (size_t)snprintf(entry, sizeof entry, "%s:%ld:", host, port);
+  for (size_t i = 0; i < req->npin && len < sizeof entry; i++) {
+    int v6 = strchr(req->pin[i], ':') != NULL;
+    len += (size_t)snprintf(entry + len, sizeof entry - len, "%s%s%s%s",
+                            i > 0 ? "," : "", v6 ? "[" : "", req->pin[i], v6 ? "]" : "");
+  }
+  if (len >= sizeof entry) {
+    snprintf(err, errlen, "pinned addresses too long");
+    return -1;
+  }
+  c->resolve = curl_slist_append(NULL, entry);
+  c->dns = curl_share_init();
+  if (c->resolve == NULL || c->dns == NULL ||
+      curl_share_setopt(c->dns, CURLSHOPT_SHARE, CURL_LOCK_DATA_DNS) != CURLSHE_OK ||
+      curl_easy_setopt(c->easy, CURLOPT_SHARE, c->dns) != CURLE_OK ||
+      curl_easy_setopt(c->easy, CURLOPT_RESOLVE, c->resolve) != CURLE_OK ||
+      curl_easy_setopt(c->easy, CURLOPT_FRESH_CONNECT, 1L) != CURLE_OK) {
+    snprintf(err, errlen, "cannot pin the address (out of memory?)");
+    return -1;
+  }
+  return 0;
+}
+
 /* "Name: value" with a token name and no CR, LF or NUL in the value.  An
  * empty value is sent as "Name;" (curl's way; "Name:" would remove the
  * header). */
@@ -382,6 +497,11 @@ qtg_http_call *qtg_http_call_new(const qtg_http_request *req, qtg_http_kind *kin
     }
     if (strcmp(method, "POST") != 0) QTG_SETOPT(e, CURLOPT_CUSTOMREQUEST, method);
   }
+  if (req->pin != NULL && qtg_http_pin(c, req, err, errlen) != 0) {
+    *kind = QTG_HTTP_INVALID;
+    qtg_http_call_free(c);
+    return NULL;
+  }
   return c;
 
 setopt_failed:
@@ -392,6 +512,8 @@ setopt_failed:
 
 void qtg_http_call_free(qtg_http_call *c) {
   if (c->easy != NULL) curl_easy_cleanup(c->easy);
+  if (c->dns != NULL) curl_share_cleanup(c->dns);   /* after its one user */
+  curl_slist_free_all(c->resolve);
   curl_slist_free_all(c->req_headers);
   for (size_t i = 0; i < c->nheaders; i++) {
     free((char *)c->headers[i].name);

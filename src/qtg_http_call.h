@@ -15,6 +15,8 @@ struct qtg_http_call {
   qtg_http *http;                /* set by qtg_http_start */
   CURL *easy;
   struct curl_slist *req_headers;
+  struct curl_slist *resolve;    /* the pin's CURLOPT_RESOLVE entry */
+  CURLSH *dns;                   /* the pinned call's own DNS cache */
   qtg_http_done_cb cb;
   void *data;
   char *url;                     /* as requested, without user:password */

@@ -61,6 +61,8 @@ int qtg_pg_broken(const qtg_pg_conn *conn);
 PGTransactionStatusType qtg_pg_txn_status(const qtg_pg_conn *conn);
 int qtg_pg_backend_pid(const qtg_pg_conn *conn);
 void qtg_pg_pool_stats(const qtg_pg_pool *pool, int *size, int *open, int *in_use, int *waiting);
+/* Why the pool's last connection attempt failed ("" when none has). */
+const char *qtg_pg_pool_last_error(const qtg_pg_pool *pool);
 
 /* LISTEN/NOTIFY on a dedicated connection kept out of the pool, re-opened
  * (with its channels) after it drops. */

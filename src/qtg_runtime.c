@@ -16,6 +16,7 @@
 
 #include "qtg_log.h"
 #include "qtg_notify.h"
+#include "qtg_prelude.h"
 
 typedef enum { QTG_W_SLEEPING, QTG_W_RUNNING, QTG_W_PAUSED, QTG_W_STOPPED, QTG_W_DEAD } qtg_worker_state;
 static const char *const qtg_worker_state_names[] = {"sleeping", "running", "paused", "stopped", "dead"};
@@ -520,28 +521,6 @@ static int qtg_lua_stopping(lua_State *L) {
   return 1;
 }
 
-/* The pass itself: a fresh session, the tick under xpcall (keeping the
- * traceback), the session released (rolled back if left open). */
-static const char qtg_runtime_trampoline[] =
-  "local db = require('qtg').db\n"
-  "local traceback, xpcall, type, tonumber = debug.traceback, xpcall, type, tonumber\n"
-  "local function keep(e) return {err = e, traceback = traceback('', 2)} end\n"
-  "local mt = {__tostring = function(t) return tostring(t.err) end}\n"
-  "return function(tick, name)\n"
-  "  local s = db.acquire()\n"
-  "  local ok, res = xpcall(tick, keep, s)\n"
-  "  s:release()\n"
-  "  if not ok then\n"
-  "    local e = res.err\n"
-  "    res.fatal = type(e) == 'table' and e.fatal or nil\n"
-  "    error(setmetatable(res, mt), 0)\n"
-  "  end\n"
-  "  if res == nil then return 0 end\n"
-  "  local n = tonumber(res)\n"
-  "  if n == nil then error('tick of ' .. name .. ' returned ' .. type(res) .. ', not a count', 0) end\n"
-  "  return n\n"
-  "end\n";
-
 int luaopen_qtg_runtime(lua_State *L) {
   static const luaL_Reg funcs[] = {
     {"start_worker", qtg_lua_start_worker}, {"stop_worker", qtg_lua_stop_worker},
@@ -561,7 +540,7 @@ int luaopen_qtg_runtime(lua_State *L) {
 static int qtg_runtime_trampoline_load(qtg_host *h) {
   struct qtg_runtime *rt = h->runtime;
   if (rt->trampoline_ref != LUA_NOREF) return 0;
-  if (luaL_loadbuffer(h->L, qtg_runtime_trampoline, sizeof qtg_runtime_trampoline - 1, "=qtg.run_loop") != 0 ||
+  if (qtg_prelude_load(h->L, QTG_PRELUDE_run_loop) != 0 ||
       lua_pcall(h->L, 0, 1, 0) != 0) {
     qtg_log_error("run_loop trampoline: %s", lua_tostring(h->L, -1));
     lua_pop(h->L, 1);

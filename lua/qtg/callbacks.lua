@@ -216,19 +216,42 @@ function M.stamp_first_attempts(rows)
   return rows
 end
 
--- post(url, body, headers, timeout) -> M.outcome(...) with duration_ms:
--- one signed POST as every sender makes it (no redirects, the answer read
--- up to MAX_RESPONSE_BYTES, connecting within CONNECT_TIMEOUT_SECONDS).
-function M.post(url, body, headers, timeout)
+-- post(url, body, headers, timeout, pin) -> M.outcome(...) with
+-- duration_ms: one signed POST as every sender makes it (no redirects, the
+-- answer read up to MAX_RESPONSE_BYTES, connecting within
+-- CONNECT_TIMEOUT_SECONDS; pin: the only addresses connected to, see
+-- guard).
+function M.post(url, body, headers, timeout, pin)
   local started = qtg.monotonic()
   local resp, err = qtg.http.request{
     method = "POST", url = url, headers = headers, body = body, timeout = timeout,
     connect_timeout = math.min(timeout, M.CONNECT_TIMEOUT_SECONDS),
-    max_body = M.MAX_RESPONSE_BYTES, follow_redirects = false,
+    max_body = M.MAX_RESPONSE_BYTES, follow_redirects = false, pin = pin,
   }
   local out = M.outcome(resp, err)
   out.duration_ms = math.floor((qtg.monotonic() - started) * 1000 + 0.5)
   return out
+end
+
+-- A row an API client's request wrote (it is signed with the client's
+-- key): its URL came from outside, so it is checked again at delivery.
+function M.from_api_client(row)
+  return row.signing_key_id ~= nil and row.signing_key_id ~= qtg.db.NULL
+end
+
+-- guard(url) -> pin | nil, outcome (yields): the delivery-time check of an
+-- API client's callback_url (qtg.api.ssrf.pin).  The name is resolved now
+-- and every address checked (refused unless MG_API_CALLBACK_ALLOW_PRIVATE);
+-- the POST is then pinned to those addresses, so curl connects to exactly
+-- what was checked and never looks the name up again: a DNS answer that
+-- changes between the check and the connection (rebinding) cannot lead
+-- into the operator's network.  A refusal is a failed attempt (retried,
+-- then dlq), since a name's answer may change back.
+function M.guard(url)
+  local ok, pin, why = pcall(require("qtg.api.ssrf").pin, url)
+  if ok and pin then return pin end
+  if not ok then why = tostring(pin) end
+  return nil, { delivered = false, error = clip("forbidden_address: " .. why), duration_ms = 0 }
 end
 
 -- send_batch(rows, t) -> writes: the middle of a delivery pass, shared by
@@ -239,7 +262,8 @@ end
 -- outcome (to log it).  writes[i] is row i's new state for the
 -- dispatcher's write (`attempted` false for a refusal).  Every header is
 -- made before anything is sent: a missing callback key raises with nothing
--- sent and no attempt spent.
+-- sent and no attempt spent.  The URLs of API clients' rows are guarded
+-- (M.guard), once per URL in the batch.
 function M.send_batch(rows, t)
   local writes, headers = {}, {}
   for i, row in ipairs(rows) do
@@ -251,13 +275,29 @@ function M.send_batch(rows, t)
       headers[i] = M.headers(row.callback_timestamp, row.callback_nonce, row.payload, row.signing_key_id)
     end
   end
+  local guards, by_url = {}, {}   -- row i -> {pin=} or {refused=outcome}
+  for i, row in ipairs(rows) do
+    if headers[i] and M.from_api_client(row) then
+      local url = t.url(row)
+      if not by_url[url] then
+        local pin, refused = M.guard(url)
+        by_url[url] = { pin = pin, refused = refused }
+      end
+      guards[i] = by_url[url]
+    end
+  end
   local tasks = {}
   for i, row in ipairs(rows) do
-    if headers[i] then tasks[i] = qtg.spawn(M.post, t.url(row), row.payload, headers[i], t.timeout) end
+    local g = guards[i] or {}
+    if headers[i] and not g.refused then
+      tasks[i] = qtg.spawn(M.post, t.url(row), row.payload, headers[i], t.timeout, g.pin)
+    end
   end
   for i, row in ipairs(rows) do
-    if tasks[i] then
-      local ok, out = qtg.join(tasks[i])
+    local refused = guards[i] and guards[i].refused
+    if tasks[i] or refused then
+      local ok, out = true, refused
+      if tasks[i] then ok, out = qtg.join(tasks[i]) end
       if not ok then
         out = { delivered = false, error = clip("dispatcher: " .. tostring(out)), duration_ms = 0 }
       end

@@ -30,7 +30,8 @@ M.tick = common.tick
 local pids = {}
 
 -- Start tools/fake-receiver; returns {port, pid, url, record}.
--- opts: mode, keys = {id = path}, args (extra command-line text).
+-- opts: mode, keys = {id = path}, bind (the address, 127.0.0.1 unless given),
+-- args (extra command-line text).
 function M.start_receiver(dir, name, opts)
   local record = dir .. "/" .. name .. ".jsonl"
   local portfile = dir .. "/" .. name .. ".port"
@@ -39,14 +40,16 @@ function M.start_receiver(dir, name, opts)
   for id, path in pairs(opts.keys or {}) do
     cmd[#cmd + 1] = "--key-file " .. q(id .. "=" .. path)
   end
+  if opts.bind then cmd[#cmd + 1] = "--bind " .. q(opts.bind) end
   if opts.args then cmd[#cmd + 1] = opts.args end
   local log = dir .. "/" .. name .. ".log"
   local line = table.concat(cmd, " ") .. " >" .. q(log) .. " 2>&1 &"
   assert(os.execute(line) == 0, "cannot start " .. line)
   local port, pid = common.wait_port_file(portfile, 30, "receiver " .. name, log)
   pids[#pids + 1] = pid
+  local shown = opts.bind and (opts.bind:find(":", 1, true) and "[" .. opts.bind .. "]" or opts.bind) or "127.0.0.1"
   return { port = port, pid = pid, record = record,
-           url = "http://127.0.0.1:" .. port .. "/callbacks/" .. name }
+           url = "http://" .. shown .. ":" .. port .. "/callbacks/" .. name }
 end
 
 -- The requests a receiver recorded, in arrival order.

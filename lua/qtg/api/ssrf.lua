@@ -4,21 +4,30 @@
 -- Refused (unless MG_API_CALLBACK_ALLOW_PRIVATE, which the demo and tests
 -- set): loopback, private (RFC 1918, fc00::/7), link-local (169.254/16,
 -- fe80::/10, which holds the cloud metadata address), unspecified, CGNAT
--- (100.64/10), multicast/reserved, and the names localhost and *.localhost,
--- *.internal, metadata.google.internal.
+-- (100.64/10), multicast/reserved, IPv6 forms embedding a refused IPv4
+-- address (mapped, compatible, NAT64), and the names localhost and
+-- *.localhost, *.internal, metadata.google.internal.
 --
--- A literal address is checked as it is; a host name is resolved
--- (qtg.api_net.resolve, yields) and refused when any of its addresses is.
--- The dispatcher resolves the name again at delivery: pinning the address
--- checked here with CURLOPT_RESOLVE (so a name cannot answer a public
--- address now and a private one then) is not done yet: see docs/api.md.
+-- Checked twice, by one function (pin): when the client creates the
+-- request (check, which also refuses numeric spellings other than dotted
+-- decimal), and again at each delivery (qtg.callbacks), since the name's
+-- answer may have changed since (DNS rebinding).  pin reads the host as
+-- curl will (qtg.http.target: 2130706433 and 0177.0.0.1 are 127.0.0.1),
+-- resolves it (qtg.api_net.resolve, yields), refuses when any address is
+-- refused, and returns the addresses, which the delivery pins
+-- (qtg.http.request's pin: curl connects to one of them, looks up nothing).
 local qtg = require "qtg"
 
 local M = {}
 
+-- Dotted decimal only: four numbers 0-255 without leading zeros (which
+-- some parsers, curl's among them, read as octal).
 local function ipv4(host)
   local a, b, c, d = host:match("^(%d+)%.(%d+)%.(%d+)%.(%d+)$")
   if not a then return nil end
+  for _, part in ipairs({ a, b, c, d }) do
+    if #part > 1 and part:sub(1, 1) == "0" then return nil end
+  end
   a, b, c, d = tonumber(a), tonumber(b), tonumber(c), tonumber(d)
   if a > 255 or b > 255 or c > 255 or d > 255 then return nil end
   return a, b, c, d
@@ -34,13 +43,17 @@ local function v4_refused(a, b)
   return nil
 end
 
+-- An IPv6 address as inet_ntop writes it (lower case, "::" compressed,
+-- a trailing embedded IPv4 address in dotted form).
 local function v6_refused(h)
   h = h:lower()
   if h == "::" then return "an unspecified address" end
   if h == "::1" then return "a loopback address" end
-  local mapped = h:match("^::ffff:(%d+%.%d+%.%d+%.%d+)$")
-  if mapped then
-    local a, b = ipv4(mapped)
+  local embedded = h:match("^::ffff:(%d+%.%d+%.%d+%.%d+)$")   -- mapped
+    or h:match("^::(%d+%.%d+%.%d+%.%d+)$")                     -- compatible
+    or h:match("^64:ff9b::(%d+%.%d+%.%d+%.%d+)$")              -- NAT64
+  if embedded then
+    local a, b = ipv4(embedded)
     if a then return v4_refused(a, b) end
   end
   if h:match("^f[cd]") then return "a private (unique local) address" end
@@ -51,42 +64,59 @@ end
 
 local NAMES = { localhost = true, ["metadata.google.internal"] = true, ["metadata"] = true }
 
--- check(url) -> true | nil, why
+-- Why a numeric address (as qtg.api_net.resolve returns them) is refused, or nil.
+function M.address_refused(addr)
+  if addr:find(":", 1, true) then return v6_refused(addr) end
+  local a, b = ipv4(addr)
+  if not a then return "an address that is not numeric" end
+  return v4_refused(a, b)
+end
+
+local function refusal(host, reason)
+  return ("%s points at %s; callbacks go to public addresses only (MG_API_CALLBACK_ALLOW_PRIVATE)")
+    :format(host, reason)
+end
+
+-- pin(url) -> addresses | nil, why (yields).  The addresses curl may
+-- connect to for url, each checked; with MG_API_CALLBACK_ALLOW_PRIVATE
+-- nothing is refused, but the addresses are still resolved and returned.
+function M.pin(url)
+  local host, port = qtg.http.target(url)
+  if not host then return nil, "no host curl can read in the URL (" .. tostring(port.message) .. ")" end
+  local allow = qtg.settings.api_callback_allow_private
+  local name = host:lower():gsub("%.$", "")
+  if not allow and (NAMES[name] or name:match("%.localhost$") or name:match("%.internal$")) then
+    return nil, refusal(name, "a local name")
+  end
+  local addrs, err = qtg.api_net.resolve(host)
+  if not addrs or #addrs == 0 then
+    return nil, ("%s does not resolve (%s)"):format(host, tostring(err and err.message or "no address"))
+  end
+  if not allow then
+    for _, a in ipairs(addrs) do
+      local why = M.address_refused(a)
+      if why then
+        return nil, refusal(name, a == host and why or ("a name resolving to %s, %s"):format(a, why))
+      end
+    end
+  end
+  return addrs
+end
+
+-- check(url) -> true | nil, why: a callback_url an API client may give.
 function M.check(url)
   local ok, why = require("qtg.callbacks").check_url(url)
   if not ok then return nil, why end
   if qtg.settings.api_callback_allow_private then return true end
   local authority = url:match("^[%a][%w+.-]*://([^/?#]*)")
-  if not authority then return nil, "no host in the URL" end
-  authority = authority:gsub("^.*@", "")
-  local host = authority:match("^%[([^%]]+)%]") or authority:match("^([^:]+)") or ""
-  host = host:lower():gsub("%.$", "")
-  if host == "" then return nil, "no host in the URL" end
-  local reason
-  if host:find(":", 1, true) then reason = v6_refused(host)
-  else
-    local a, b = ipv4(host)
-    if a then reason = v4_refused(a, b)
-    elseif host:match("^[%d.]+$") or host:match("^0x") then reason = "an address in a form other than dotted decimal"
-    elseif NAMES[host] or host:match("%.localhost$") or host:match("%.internal$") then reason = "a local name"
-    else
-      local addrs, err = qtg.api_net.resolve(host)
-      if not addrs then return nil, ("%s does not resolve (%s)"):format(host, tostring(err and err.message)) end
-      for _, a in ipairs(addrs) do
-        local why
-        if a:find(":", 1, true) then why = v6_refused(a)
-        else
-          local x, y = ipv4(a)
-          why = x and v4_refused(x, y)
-        end
-        if why then reason = ("a name resolving to %s, %s"):format(a, why) break end
-      end
-    end
+  local host = authority and (authority:match("^%[([^%]]+)%]") or authority:match("^([^:]+)")) or ""
+  if not host:find(":", 1, true) and not ipv4(host)
+     and (host:match("^[%d.]+$") or host:lower():match("^0x")) then
+    return nil, refusal(host, "an address in a form other than dotted decimal")
   end
-  if reason then
-    return nil, ("%s points at %s; callbacks go to public addresses only (MG_API_CALLBACK_ALLOW_PRIVATE)")
-      :format(host, reason)
-  end
+  local addrs
+  addrs, why = M.pin(url)
+  if not addrs then return nil, why end
   return true
 end
 

@@ -1,0 +1,33 @@
+/* lua_db.h -- internal to qtg.db (lua_db.c, lua_db_claim.c): the session
+ * userdata and the conversions both files use, so the claim primitives
+ * work on the session itself and not on a copy of its layout.
+ */
+#ifndef QTG_LUA_DB_H
+#define QTG_LUA_DB_H
+
+#include <libpq-fe.h>
+
+#include "qtg_host.h"
+#include "qtg_pg.h"
+
+#define QTG_DB_SESSION "qtg.db.session"
+
+/* The userdata behind a Lua session (metatable QTG_DB_SESSION): one
+ * pooled connection, NULL once released. */
+typedef struct {
+  qtg_pg_conn *conn;
+  qtg_host *h;
+} qtg_db_session;
+
+/* Push a query's outcome: (rows, affected) for a result, (nil, err) for an
+ * error result or message.  Returns the number of values pushed. */
+int qtg_db_push_result(lua_State *L, PGresult *res, const char *err);
+
+/* The Lua value at idx as the text of parameter $pnum (NULL for SQL NULL),
+ * anchored on L at idx.  Raises, naming $pnum, on a value it cannot send. */
+const char *qtg_db_param(lua_State *L, int idx, int pnum);
+
+/* Push the table of qtg.db.claim's raw primitives (lua_db_claim.c). */
+void qtg_db_claim_register(lua_State *L);
+
+#endif

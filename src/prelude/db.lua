@@ -1,0 +1,20 @@
+-- qtg.db prelude (src/lua_db.c runs it with the db table and the session
+-- methods): the raw bindings return (value) or (nil, err); these wrappers
+-- raise instead, and build transactions, savepoints and claims on them.
+local db, session = ...
+local raw_acquire, raw_query, raw_exec = db.raw_acquire, session.raw_query, session.raw_exec
+function db.acquire() local s, err = raw_acquire() if s == nil then error(err, 2) end return s end
+function session:query(sql, ...) local rows, n = raw_query(self, sql, ...) if rows == nil then error(n, 2) end return rows, n end
+function session:exec(sql) local rows, n = raw_exec(self, sql) if rows == nil then error(n, 2) end return rows, n end
+function session:begin() return self:query('BEGIN') end
+function session:commit() return self:query('COMMIT') end
+function session:rollback() return self:query('ROLLBACK') end
+function session:transaction(fn, ...) self:begin() local r = { pcall(fn, ...) } if not r[1] then pcall(self.rollback, self) error(r[2], 0) end self:commit() return unpack(r, 2, table.maxn(r)) end
+local function ident(name) assert(type(name) == 'string' and name:match('^[%a_][%w_]*$'), 'savepoint name must be an identifier') return name end
+function session:savepoint(name) return self:exec('SAVEPOINT "' .. ident(name) .. '"') end
+function session:rollback_to(name) return self:exec('ROLLBACK TO SAVEPOINT "' .. ident(name) .. '"') end
+function session:release_savepoint(name) return self:exec('RELEASE SAVEPOINT "' .. ident(name) .. '"') end
+local claim = db.claim
+function claim.one(s, spec) local row, err = claim.raw_one(s, spec) if row == nil and err ~= nil then error(err, 2) end return row end
+function claim.try(s, sql, id, ...) local row, err = claim.raw_try(s, sql, id, ...) if row == nil and err ~= nil then error(err, 2) end return row end
+function db.with_session(fn, ...) local s = db.acquire() local ok, a, b, c = pcall(fn, s, ...) s:release() if not ok then error(a, 0) end return a, b, c end

@@ -1,0 +1,54 @@
+-- qtg.signer prelude (src/lua_signer.c runs it with the signer table):
+-- keys/address/health/sign over raw_call, parsing the signer's one-line
+-- answers into values or structured errors.
+local signer = ...
+local raw = signer.raw_call
+local function call(line)
+  local answer, err = raw(line)
+  if not answer then return nil, err end
+  local ok = answer:match('^OK ?(.*)$')
+  if ok then return ok end
+  local code, reason = answer:match('^REFUSED ([A-Z0-9_]+) ?(.*)$')
+  if code == 'SIGNER_DB_UNAVAILABLE' then
+    return nil, setmetatable({ kind = 'signer_unavailable', code = code, message = reason }, signer.error_mt)
+  end
+  if code then return nil, setmetatable({ kind = 'signer', code = code, message = reason }, signer.error_mt) end
+  return nil, setmetatable({ kind = 'signer_unavailable', message = 'the signer answered garbage' }, signer.error_mt)
+end
+local function bad(msg)
+  return nil, setmetatable({ kind = 'signer', code = 'SIGNER_BAD_REQUEST', message = msg }, signer.error_mt)
+end
+local function key_ok(name) return type(name) == 'string' and #name <= 64 and name:match('^[A-Za-z0-9_.-]+$') ~= nil end
+function signer.keys()
+  local s, err = call('KEYS')
+  local out = {}
+  for w in (s or ''):gmatch('%S+') do out[#out + 1] = w end
+  return out, err
+end
+function signer.address(name)
+  if not key_ok(name) then return bad('key name must be 1-64 of [A-Za-z0-9_.-]') end
+  return call('ADDRESS ' .. name)
+end
+function signer.health(name)
+  local a, err = signer.address(name)
+  if a then return { ok = true, signer_address = a } end
+  return { ok = false, error = tostring(err.message), code = err.code or 'SIGNER_UNAVAILABLE' }
+end
+function signer.sign(name, req)
+  if not key_ok(name) then return bad('key name must be 1-64 of [A-Za-z0-9_.-]') end
+  if type(req) ~= 'table' then return bad('sign_request must be a table') end
+  local rid, nid, attempt, payload = req.request_id, req.request_node_id, req.attempt_no, req.payload
+  if type(rid) ~= 'string' or type(nid) ~= 'string' then return bad('sign_request needs request_id and request_node_id') end
+  if type(attempt) ~= 'number' or attempt < 1 or attempt ~= math.floor(attempt) then
+    return bad('sign_request.attempt_no must be an integer from 1')
+  end
+  if type(payload) ~= 'string' then return bad('sign_request.payload must be 0x hex') end
+  local s, err = call(string.format('SIGN %s %s %d %s %s', rid:lower(), nid:lower(), attempt, name, payload))
+  if not s then return nil, err end
+  local sig, addr = s:match('^(0x%x+) (0x%x+)$')
+  if not sig or #sig ~= 132 then
+    return nil, setmetatable({ kind = 'signer_unavailable', message = 'the signer answered garbage' }, signer.error_mt)
+  end
+  return { signature = sig, r = '0x' .. sig:sub(3, 66), s = '0x' .. sig:sub(67, 130),
+           recid = tonumber(sig:sub(131, 132), 16), address = addr, payload_hash = req.payload_hash }
+end
