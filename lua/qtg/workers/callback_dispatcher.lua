@@ -121,6 +121,11 @@ SELECT id, attempts, at, outcome, last_status, last_error, duration_ms,
        CASE WHEN outcome = 'retry' THEN next_attempt_at END, $2
   FROM upd WHERE attempted]]
 
+-- The arguments of WRITE_SQL for send_batch's writes.
+function M.write_args(writes, process_id)
+  return { canon.encode(writes), process_id }
+end
+
 -- Why a row can never be sent, or nil.
 local function refusal(row)
   local ok, why = callbacks.check_url(row.callback_url)
@@ -157,7 +162,7 @@ local function handle(ls, rows, timeout)
       })
     end
   end
-  ls:query(M.WRITE_SQL, canon.encode(writes), heartbeats.process_id())
+  ls:query(M.WRITE_SQL, unpack(M.write_args(writes, heartbeats.process_id())))
 end
 
 -- Lanes per pass: MAX_LANES, but at most half the session pool, so the

@@ -95,6 +95,11 @@ UPDATE notification_outbox n
   FROM o, t
  WHERE n.id = o.id]]
 
+-- The arguments of WRITE_SQL for send_batch's writes (process_id unused).
+function M.write_args(writes)
+  return { canon.encode(writes) }
+end
+
 local function webhook_url()
   local url = qtg.settings.notify_webhook_url
   local ok, why = callbacks.check_url(url)
@@ -135,7 +140,7 @@ function M.tick(s)
   end
   local writes = callbacks.send_batch(rows, { refusal = refusal, url = function() return url end,
                                               timeout = timeout, attempted = attempted })
-  s:query(M.WRITE_SQL, canon.encode(writes))
+  s:query(M.WRITE_SQL, unpack(M.write_args(writes)))
   s:commit()
   return #rows
 end
