@@ -103,7 +103,8 @@ function M.generic_plan(s, sql, args, analyze)
   if nested then pcall(s.rollback_to, s, name) else pcall(s.rollback, s) end
   pcall(s.exec, s, "DEALLOCATE " .. name) -- a prepared statement outlives a rollback
   if not ok then
-    error("hot_statements.generic_plan: " .. tostring(type(rows) == "table" and rows.message or rows), 0)
+    error("hot_statements.generic_plan: " .. tostring(type(rows) == "table" and rows.message or rows)
+      .. " (" .. sql:gsub("%s+", " "):sub(1, 80) .. ")", 0)
   end
   local lines = {}
   for i, r in ipairs(rows) do lines[i] = r["QUERY PLAN"] end

@@ -14,8 +14,10 @@
 --      MG_CALLBACK_TIMEOUT_SECONDS;
 --   4. write every outcome and one movement_callback_attempts row per POST
 --      in one statement, and commit;
--- until nothing is due, the pass has run for one timeout (PASS_BUDGET), or
--- the process is stopping.  Why lanes of one receiver each, and not the
+-- until a batch is short (nothing more of the receiver was due: rows queued
+-- later wake a later pass, gathered so that batches are full), the pass has
+-- run for one timeout (PASS_BUDGET: the pass then wakes the worker again),
+-- or the process is stopping.  Why lanes of one receiver each, and not the
 -- spec's one batch of the five oldest rows: that batch lasts as long as its
 -- slowest POST, so a receiver that hangs held up every other receiver's
 -- callbacks (tools/chaos receivers found healthy rows going stale that way,
@@ -53,7 +55,7 @@ WITH head AS (
    WHERE c.status = 'pending'
      AND c.next_attempt_at <= now()
      AND r.network_class = $1
-     AND (c.callback_url IS NULL OR c.callback_url <> ALL ($3::text[]))
+     AND coalesce(c.callback_url, '') <> ALL ($3::text[])
    ORDER BY c.created_at ASC, c.id ASC
    LIMIT 1
    FOR UPDATE OF c SKIP LOCKED
@@ -87,12 +89,16 @@ SELECT 1
  LIMIT 1
  FOR UPDATE OF c SKIP LOCKED]]
 
--- $1: array of {id, status, attempts, backoff_seconds?, last_error?,
--- last_status?, attempted, outcome?, duration_ms?, stamp?} (qtg.callbacks
--- send_batch's writes; stamp: a first attempt's timestamp); $2: process id.
+-- $1: the ids of the rows written (bigint[]); $2: array of {id, status,
+-- attempts, backoff_seconds?, last_error?, last_status?, attempted,
+-- outcome?, duration_ms?, stamp?} (qtg.callbacks send_batch's writes;
+-- stamp: a first attempt's timestamp); $3: process id.  The rows are found
+-- by `c.id = ANY ($1)`, an index condition on the primary key whatever the
+-- planner guesses of the JSON's row count (joined to the JSON alone, the
+-- generic plan hash-joined it against a sequential scan of the outbox).
 M.WRITE_SQL = [[
 WITH o AS (
-  SELECT * FROM jsonb_to_recordset($1::jsonb) AS o(
+  SELECT * FROM jsonb_to_recordset($2::jsonb) AS o(
     id bigint, status text, attempts int, backoff_seconds double precision,
     last_error text, last_status int, attempted boolean, outcome text, duration_ms int,
     stamp bigint)
@@ -110,7 +116,7 @@ upd AS (
          delivered_at = CASE WHEN o.status = 'delivered' THEN t.at ELSE c.delivered_at END,
          updated_at = t.at
     FROM o, t
-   WHERE c.id = o.id
+   WHERE c.id = ANY ($1::bigint[]) AND c.id = o.id
   RETURNING c.id, c.attempts, c.next_attempt_at, o.attempted, o.outcome, o.last_status,
             o.last_error, o.duration_ms, t.at
 )
@@ -118,12 +124,14 @@ INSERT INTO movement_callback_attempts
   (outbox_id, attempt_no, attempted_at, outcome, http_status, error, duration_ms,
    next_attempt_at, process_id)
 SELECT id, attempts, at, outcome, last_status, last_error, duration_ms,
-       CASE WHEN outcome = 'retry' THEN next_attempt_at END, $2
+       CASE WHEN outcome = 'retry' THEN next_attempt_at END, $3
   FROM upd WHERE attempted]]
 
 -- The arguments of WRITE_SQL for send_batch's writes.
 function M.write_args(writes, process_id)
-  return { canon.encode(writes), process_id }
+  local ids = {}
+  for i, w in ipairs(writes) do ids[i] = string.format("%d", w.id) end
+  return { "{" .. table.concat(ids, ",") .. "}", canon.encode(writes), process_id }
 end
 
 -- Why a row can never be sent, or nil.
@@ -245,8 +253,12 @@ function M.tick(s)
       local url = type(rows[1].callback_url) == "string" and rows[1].callback_url or nil
       if url then pass.sending[url] = (pass.sending[url] or 0) + 1 end
       local started = qtg.monotonic()
-      -- after a full batch (a backlog) the next claim comes straight away
-      probe = #rows < M.BATCH
+      -- after a full batch (a backlog) the next claim comes straight away;
+      -- a short batch ends the lane: what is queued later wakes a later
+      -- pass (gathered, qtg.wakeups.GATHER), so batches are full, and
+      -- rows of another receiver are another lane's or the next pass's
+      local short = #rows < M.BATCH
+      probe = false
       local sent = false
       if #rows >= M.BATCH then
         start_lane()
@@ -265,7 +277,13 @@ function M.tick(s)
       if not ok then error(err, 0) end
       ls:commit()
       pass.rows = pass.rows + #rows
+      if short then
+        pass.short = true
+        return
+      end
     end
+    -- the budget or a stop ended the lane with rows perhaps still due
+    pass.cut = true
   end
   run = function(ls, probe)
     local ok, err = pcall(lane, ls, probe)
@@ -285,6 +303,17 @@ function M.tick(s)
   pass.closed = true -- a slow-batch watcher that wakes now starts nothing
   last_pass_empty = pass.rows == 0 and pass.err == nil
   if pass.err ~= nil then error(pass.err, 0) end
+  if not stopping() then
+    if pass.cut then
+      require("qtg.wakeups").wake_in("callback_dispatcher", 0)
+    elseif pass.short then
+      -- rows of other receivers, or queued meanwhile, are due within one
+      -- gathering slot: the next pass probes first (one statement)
+      last_pass_empty = true
+      local wakeups = require("qtg.wakeups")
+      wakeups.wake_in("callback_dispatcher", wakeups.GATHER.callback_dispatcher)
+    end
+  end
   return pass.rows
 end
 
