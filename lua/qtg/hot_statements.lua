@@ -56,8 +56,10 @@ M.LIST = {
 -- Arguments of an outcome write for these row ids, each delivered now:
 -- built by the worker module itself when it says how (write_args), so the
 -- plan is of the shape the worker sends.
+-- No ids: id 0, which no row has (the plan is the same, nothing is written).
 function M.outcome_args(ids, process_id)
-  return { ids = ids or {}, process_id = process_id or "bench" }
+  if ids == nil or #ids == 0 then ids = { 0 } end
+  return { ids = ids, process_id = process_id or "bench" }
 end
 
 local function literal(v)
