@@ -1023,11 +1023,6 @@ function B.main(argv)
               cores = tonumber((B.sh("nproc"):match("%d+"))) or 0, options = o,
               failures = B.failures, ratios = {} }
   B.exec("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-  R.cluster = B.q([[SELECT current_setting('fsync') AS fsync,
-                           current_setting('synchronous_commit') AS synchronous_commit,
-                           current_setting('full_page_writes') AS full_page_writes,
-                           current_setting('commit_delay') AS commit_delay,
-                           current_setting('shared_buffers') AS shared_buffers]])[1]
   -- diagnostics: QTG_BENCH_SQL runs first (e.g. "ALTER SYSTEM SET
   -- pg_stat_statements.track_planning = on; SELECT pg_reload_conf()")
   local pre = os.getenv("QTG_BENCH_SQL")
@@ -1037,6 +1032,13 @@ function B.main(argv)
     end
     R.setup_sql = pre
   end
+  -- the cluster's settings as the daemons see them (after QTG_BENCH_SQL)
+  R.cluster = B.q([[SELECT current_setting('fsync') AS fsync,
+                           current_setting('synchronous_commit') AS synchronous_commit,
+                           current_setting('full_page_writes') AS full_page_writes,
+                           current_setting('commit_delay') AS commit_delay,
+                           current_setting('commit_siblings') AS commit_siblings,
+                           current_setting('shared_buffers') AS shared_buffers]])[1]
   local want = function(p) return o.only == nil or o.only:find(p, 1, true) ~= nil end
   local ok, err = pcall(function()
     if want("raw") then R.raw = B.phase_raw(o) end

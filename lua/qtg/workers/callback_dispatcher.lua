@@ -14,10 +14,11 @@
 --      MG_CALLBACK_TIMEOUT_SECONDS;
 --   4. write every outcome and one movement_callback_attempts row per POST
 --      in one statement, and commit;
--- until a batch is short (nothing more of the receiver was due: rows queued
--- later wake a later pass, gathered so that batches are full), the pass has
--- run for one timeout (PASS_BUDGET: the pass then wakes the worker again),
--- or the process is stopping.  Why lanes of one receiver each, and not the
+-- until nothing is due of a receiver not yet done in this pass (a receiver
+-- whose batch came back short is done: rows queued for it later wake a
+-- later pass, gathered so that batches are full), the pass has run for one
+-- timeout (PASS_BUDGET: the pass then wakes the worker again), or the
+-- process is stopping.  Why lanes of one receiver each, and not the
 -- spec's one batch of the five oldest rows: that batch lasts as long as its
 -- slowest POST, so a receiver that hangs held up every other receiver's
 -- callbacks (tools/chaos receivers found healthy rows going stale that way,
@@ -46,7 +47,12 @@ M.SLOW_BATCH_SECONDS = 0.25 -- a batch still sending after this starts another l
 -- of that receiver (the head included: its lock is this transaction's own),
 -- oldest first.  A NULL callback_url batches with NULLs (refused unsent).
 -- $3 (text[]) names receivers the head skips: those this pass is already
--- sending to and has not seen answer within SLOW_BATCH_SECONDS (see tick).
+-- sending to and has not seen answer within SLOW_BATCH_SECONDS, and those
+-- done for this pass ('' names the rows without a URL) (see tick).  The
+-- skip-list is tested on coalesce(callback_url, ''), an expression without
+-- statistics: on the column itself, with one receiver holding every row,
+-- the planner estimated that no row passes and its generic plan read and
+-- sorted every pending row instead of walking the index in order.
 M.CLAIM_SQL = [[
 WITH head AS (
   SELECT c.callback_url
@@ -209,7 +215,7 @@ function M.tick(s)
   -- lanes: lanes running now.  sending[url]: batches of that receiver in
   -- flight; fast[url]: its last batch in this pass was sent within
   -- SLOW_BATCH_SECONDS.
-  local pass = { rows = 0, err = nil, lanes = 1, sending = {}, fast = {} }
+  local pass = { rows = 0, err = nil, lanes = 1, sending = {}, fast = {}, done = {} }
   local max_lanes = M.lanes()
   local tasks = {}
   local run
@@ -217,8 +223,10 @@ function M.tick(s)
   -- or still sending after SLOW_BATCH_SECONDS (a slow receiver) starts the
   -- next one (up to max_lanes), which looks for more while it sends.  With
   -- fast receivers and no backlog one lane does the work, at the spec's
-  -- statements per batch.  A lane's look after a short batch is the plain
-  -- probe, so the last look of each lane costs one statement.
+  -- statements per batch.  A lane's look after a short batch (and a new
+  -- lane's first) is the claim of one row with the pass's skip-list run
+  -- on its own, outside a transaction (its lock ends with it), so the last
+  -- look of each lane costs one statement.
   -- A new lane skips the receivers already being sent to that have not
   -- proven fast in this pass: a receiver that hangs holds one lane however
   -- many of its rows are due (without this, its backlog filled every lane,
@@ -234,16 +242,19 @@ function M.tick(s)
       pass.lanes = pass.lanes - 1
     end)
   end
+  -- receivers the head skips: those being sent to and not proven fast,
+  -- and those done for this pass ("" is the NULL URL's rows, see CLAIM_SQL)
   local function skipped()
     local list = {}
     for url, n in pairs(pass.sending) do
-      if n > 0 and not pass.fast[url] then list[#list + 1] = url end
+      if n > 0 and not pass.fast[url] and not pass.done[url] then list[#list + 1] = url end
     end
+    for url in pairs(pass.done) do list[#list + 1] = url end
     return text_array(list)
   end
   local function lane(ls, probe)
     while pass.err == nil and qtg.monotonic() < deadline and not stopping() do
-      if probe and #ls:query(M.PROBE_SQL, class) == 0 then return end
+      if probe and #ls:query(M.CLAIM_SQL, class, 1, skipped()) == 0 then return end
       ls:begin()
       local rows = callbacks.stamp_first_attempts(ls:query(M.CLAIM_SQL, class, M.BATCH, skipped()))
       if #rows == 0 then
@@ -254,11 +265,13 @@ function M.tick(s)
       if url then pass.sending[url] = (pass.sending[url] or 0) + 1 end
       local started = qtg.monotonic()
       -- after a full batch (a backlog) the next claim comes straight away;
-      -- a short batch ends the lane: what is queued later wakes a later
-      -- pass (gathered, qtg.wakeups.GATHER), so batches are full, and
-      -- rows of another receiver are another lane's or the next pass's
+      -- after a short one the receiver is done for this pass: the pass's
+      -- later claims skip it (rows queued for it meanwhile wake a later,
+      -- gathered pass, so batches are full instead of chasing each row as
+      -- it commits) and go on with the other receivers' due rows
       local short = #rows < M.BATCH
-      probe = false
+      if short then pass.done[url or ""] = true end
+      probe = short
       local sent = false
       if #rows >= M.BATCH then
         start_lane()
@@ -277,10 +290,7 @@ function M.tick(s)
       if not ok then error(err, 0) end
       ls:commit()
       pass.rows = pass.rows + #rows
-      if short then
-        pass.short = true
-        return
-      end
+      if short then pass.short = true end
     end
     -- the budget or a stop ended the lane with rows perhaps still due
     pass.cut = true
