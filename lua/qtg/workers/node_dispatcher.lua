@@ -42,7 +42,7 @@ local M = {}
 
 M.ACTOR = "system:node_dispatcher"
 
--- $1: ids already tried (text[], given by qtg.db.claim.one), $2: network
+-- $1: ids already tried (text[], given by M.claim_one), $2: network
 -- class, $3: executors paced out for now (JSON array of names).
 M.CANDIDATES_SQL = [[
 SELECT n.id
