@@ -31,8 +31,11 @@ M.SLOT = 0.1          -- seconds: due times in the same slot share a timer
 -- The audit promoter is notified by every transaction that writes audit
 -- rows (most of them); waking it for each would cost a pass (one
 -- statement, and a heartbeat flush now and then) per transaction.  Gathered, it moves up to its batch (500)
--- per pass at most 1 / SLOT times a second.
-M.GATHER = { audit_outbox_promoter = 0.1 }
+-- per pass at most 1 / SLOT times a second.  The callback dispatcher is
+-- notified by every transaction that queues a callback: gathered, a pass
+-- finds up to 0.1 s of them due and sends full batches (5 rows of a
+-- receiver) instead of chasing each row as it commits.
+M.GATHER = { audit_outbox_promoter = 0.1, callback_dispatcher = 0.1 }
 
 -- Process state of the listener (not policy): which workers may be woken,
 -- pending timers per worker and slot, counters for the console and tests.

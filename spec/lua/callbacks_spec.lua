@@ -387,9 +387,9 @@ describe("callback delivery to real receivers", function()
       local rows = callbacks.stamp_first_attempts(lane:query(dispatcher.CLAIM_SQL, class, dispatcher.BATCH, "{}"))
       assert.equals(1, #rows)
       assert.is_true(rows[1].stamped)
-      lane:query(dispatcher.WRITE_SQL, require("qtg.canon_json").encode({
+      lane:query(dispatcher.WRITE_SQL, unpack(dispatcher.write_args({
         { id = rows[1].id, status = "delivered", attempts = 1, attempted = true, outcome = "delivered",
-          last_status = 200, duration_ms = 1, stamp = rows[1].callback_timestamp } }), "spec")
+          last_status = 200, duration_ms = 1, stamp = rows[1].callback_timestamp } }, "spec")))
       -- the node claims take the request FOR UPDATE ... SKIP LOCKED: a
       -- lock the lane held on it (FOR KEY SHARE, from a second UPDATE of a
       -- callback row re-checking its foreign key) would make them skip it

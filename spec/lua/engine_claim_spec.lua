@@ -88,6 +88,41 @@ describe("per-candidate claim", function()
     s2:rollback()
   end)
 
+  it("the dispatcher's one-statement claim skips a node whose request is locked and leaves no lock on it", function()
+    local older = sup.create_approved(s3, T)
+    local newer = sup.create_approved(s3, T)
+    local older_node = sup.nodes(s3, older.id).a
+    local newer_node = sup.nodes(s3, newer.id).a
+
+    s2:begin()
+    s2:query("SELECT id FROM movement_requests WHERE id = $1::uuid FOR UPDATE", older.id)
+
+    local row = dispatcher.claim_one(s1, qtg.settings.network_class)
+    assert.is_not_nil(row)
+    assert.is_true(s1:in_transaction())
+    assert.equal(newer_node.id, row.node_id)     -- FIFO would give older: it was skipped
+    assert.equal(newer.id, row.request_id)
+    assert.is_nil(row.candidate_id)
+
+    local locks = node_row_locks(s3)
+    assert.is_nil(locks[older_node.id], "the skipped node must carry no row lock")
+    assert.is_string(locks[newer_node.id], "the claimed node is row-locked")
+    s3:begin()
+    assert.equal(1, #s3:query([[SELECT id FROM movement_request_nodes WHERE id = $1::uuid
+                                 FOR UPDATE NOWAIT]], older_node.id))
+    s3:rollback()
+    s1:rollback()
+    -- only the locked one left: a miss, then nothing, and no transaction open
+    sup.tick("node_dispatcher")
+    assert.is_nil(dispatcher.claim_one(s1, qtg.settings.network_class))
+    assert.is_false(s1:in_transaction())
+    assert.is_nil(node_row_locks(s3)[older_node.id])
+    s2:rollback()
+    row = dispatcher.claim_one(s1, qtg.settings.network_class)
+    assert.equal(older_node.id, row.node_id)
+    s1:rollback()
+  end)
+
   it("dispatches FIFO by request created_at, one node per tick", function()
     local ids = {}
     for i = 1, 3 do ids[i] = sup.create_approved(s3, T).id end

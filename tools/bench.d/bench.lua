@@ -51,7 +51,7 @@ B.CI = { n = 200, latency = 20, idle = 5, growth = 2000, raw_seconds = 1,
          timeout = 300 }
 
 function B.parse_args(argv)
-  local o = { ci = false }
+  local o = { ci = false, fast = false }
   local i = 1
   local numeric = { ["--n"] = "n", ["--latency"] = "latency", ["--idle"] = "idle",
                     ["--growth"] = "growth", ["--raw-seconds"] = "raw_seconds",
@@ -59,6 +59,7 @@ function B.parse_args(argv)
   while i <= #argv do
     local a = argv[i]
     if a == "--ci" then o.ci = true
+    elseif a == "--fast" then o.fast = true
     elseif a == "--json" then o.json = argv[i + 1]; i = i + 1
     elseif a == "--only" then o.only = argv[i + 1]; i = i + 1
     elseif numeric[a] then
@@ -275,7 +276,8 @@ function B.backlog()
   local r = B.q([[
     SELECT (SELECT count(*)::int FROM movement_requests
              WHERE network_class = $1 AND request_state IN ('APPROVED', 'EXECUTING')) AS moving,
-           (SELECT count(*)::int FROM movement_callback_outbox WHERE status = 'pending') AS pending]],
+           (SELECT count(*)::int FROM movement_callback_outbox WHERE status = 'pending') AS pending
+      /* bench-probe */]],
     B.CLASS)[1]
   return r.moving, r.pending
 end
@@ -474,7 +476,8 @@ function B.logged_statements(path, from, to)
     if line:find(" qtgd ", 1, true) then
       local what = line:match("duration: [%d%.]+ ms  execute [^:]*: (.*)$")
         or line:match("duration: [%d%.]+ ms  statement: (.*)$")
-      if what and not what:find("pg_stat", 1, true) and not what:find("queryid", 1, true) then
+      if what and not what:find("pg_stat", 1, true) and not what:find("queryid", 1, true)
+         and not what:find("bench-probe", 1, true) then
         n = n + 1
         local key = what:gsub("%s+", " "):sub(1, 60)
         by[key] = (by[key] or 0) + 1
@@ -484,13 +487,22 @@ function B.logged_statements(path, from, to)
   return n, by
 end
 
-function B.phase_idle(o)
-  local log = B.server_log()
-  if log then
+-- Every statement into the server log (on), or back to the default (off).
+function B.log_statements(on)
+  if not B.server_log() then return end
+  if on then
     B.exec("ALTER SYSTEM SET log_min_duration_statement = 0")
     B.exec("ALTER SYSTEM SET log_line_prefix = '%m [%p] %a '")
-    B.q("SELECT pg_reload_conf()")
+  else
+    B.exec("ALTER SYSTEM RESET log_min_duration_statement")
+    B.exec("ALTER SYSTEM RESET log_line_prefix")
   end
+  B.q("SELECT pg_reload_conf()")
+end
+
+function B.phase_idle(o)
+  local log = B.server_log()
+  B.log_statements(true)
   local d = B.start_daemon("idle")
   assert(B.wait_ready(1), "bench: the idle daemon did not start listening")
   qtg.sleep(3)  -- start-up work (heartbeat seed, first passes) is not idle cost
@@ -499,12 +511,8 @@ function B.phase_idle(o)
   local b, p1, t1, l1 = B.stmt_snapshot(), B.proc(d.pid), qtg.monotonic(), file_size(log)
   B.stop_daemon(d)
   local logged, by_stmt
-  if log then
-    B.exec("ALTER SYSTEM RESET log_min_duration_statement")
-    B.exec("ALTER SYSTEM RESET log_line_prefix")
-    B.q("SELECT pg_reload_conf()")
-    if l0 and l1 then logged, by_stmt = B.logged_statements(log, l0, l1) end
-  end
+  B.log_statements(false)
+  if log and l0 and l1 then logged, by_stmt = B.logged_statements(log, l0, l1) end
   local list, calls = B.stmt_delta(a, b)
   local secs = t1 - t0
   local top = {}
@@ -520,6 +528,56 @@ function B.phase_idle(o)
   }
 end
 
+-- ------------------------------------------------------------ counters
+-- Transactions of the database (pg_stat_database), WAL activity
+-- (pg_stat_wal: wal_sync counts the WAL flushes that reached the disk, 0 on
+-- a --fast cluster), the WAL insert position, and the sim provider's own
+-- ledger writes (one autocommit statement per submit and per observe, on
+-- its own session: not the engine's commits).
+function B.counters()
+  return B.q([[
+    SELECT d.xact_commit::float8 AS xact_commit, d.xact_rollback::float8 AS xact_rollback,
+           w.wal_records::float8 AS wal_records, w.wal_bytes::float8 AS wal_bytes,
+           w.wal_write::float8 AS wal_write, w.wal_sync::float8 AS wal_sync,
+           pg_current_wal_insert_lsn()::text AS lsn,
+           (SELECT coalesce(sum(submit_count + observe_count), 0)::float8 FROM sim_ledger) AS sim_writes
+      FROM pg_stat_database d, pg_stat_wal w
+     WHERE d.datname = current_database() /* bench-probe */]])[1]
+end
+
+-- Commit records in the WAL between two positions (pg_waldump --stats):
+-- the transactions that wrote something, whoever ran them.  nil when the
+-- segments are gone (a checkpoint recycled them) or pg_waldump fails.
+function B.wal_commits(from, to)
+  local dir = os.getenv("QTG_BENCH_PGDIR")
+  if not dir then return nil end
+  local text, rc = B.sh(("%s -p %s -s %s -e %s --stats=record"):format(
+    sh_quote(B.pgbin .. "/pg_waldump"), sh_quote(dir .. "/data/pg_wal"), from, to))
+  if rc ~= 0 then return nil end
+  local n = 0
+  for c in text:gmatch("\nTransaction/COMMIT%s+(%d+)") do n = n + tonumber(c) end
+  for c in text:gmatch("\nTransaction/COMMIT_PREPARED%s+(%d+)") do n = n + tonumber(c) end
+  return n
+end
+
+-- Per-node figures of a burn-down from the counters before (a) and after (b).
+function B.per_node(a, b, nodes)
+  local d = function(k) return b[k] - a[k] end
+  local r = {
+    xact_commit = d("xact_commit"), xact_rollback = d("xact_rollback"),
+    wal_records = d("wal_records"), wal_bytes = d("wal_bytes"),
+    wal_write = d("wal_write"), wal_sync = d("wal_sync"), sim_writes = d("sim_writes"),
+    wal_commits = B.wal_commits(a.lsn, b.lsn),
+  }
+  r.commits_per_node = r.xact_commit / nodes
+  r.wal_flushes_per_node = r.wal_sync / nodes
+  if r.wal_commits then
+    r.write_commits_per_node = r.wal_commits / nodes
+    r.engine_write_commits_per_node = (r.wal_commits - r.sim_writes) / nodes
+  end
+  return r
+end
+
 -- ------------------------------------------------------------ throughput
 function B.burn_down(o, label, procs, prefix)
   B.say(("%s: creating and approving %d requests"):format(label, o.n))
@@ -528,6 +586,10 @@ function B.burn_down(o, label, procs, prefix)
   -- and right after this burn-down, and the ratio taken against their mean.
   local raw_before = B.raw_tps(o, { 8 }, o.raw_seconds, " (before " .. label .. ")")["8"]
   B.exec("ANALYZE movement_requests, movement_request_nodes, movement_callback_outbox")
+  local log = B.server_log()
+  B.log_statements(true)
+  local l0 = file_size(log)
+  local c0 = B.counters()
   local snap = B.stmt_snapshot()
   local pg0 = B.pg_cpu()
   local rc0 = B.receiver and B.proc(B.receiver.pid)
@@ -559,16 +621,30 @@ function B.burn_down(o, label, procs, prefix)
     if last and last.hwm_kb > hwm then hwm = last.hwm_kb end
     if last then qcpu = qcpu + last.cpu_s end
   end
+  -- the daemons' backends have exited, so their statistics are flushed
+  qtg.sleep(0.5)
+  local c1 = B.counters()
+  local l1 = file_size(log)
+  B.log_statements(false)
+  local logged, by_stmt
+  if log and l0 and l1 then logged, by_stmt = B.logged_statements(log, l0, l1) end
   local raw_after = B.raw_tps(o, { 8 }, o.raw_seconds, " (after " .. label .. ")")["8"]
   local check = B.check_done(ids, label)
   local list, calls, ms = B.stmt_delta(snap, after)
   local top = {}
   for i = 1, math.min(40, #list) do top[i] = list[i] end
   local nodes = 3 * o.n
+  local top_logged = {}
+  for k, v in pairs(by_stmt or {}) do top_logged[#top_logged + 1] = { statement = k, per_node = v / nodes } end
+  table.sort(top_logged, function(x, y) return x.per_node > y.per_node end)
+  for i = #top_logged, 26, -1 do top_logged[i] = nil end
   local r = {
     processes = procs, requests = o.n, nodes = nodes, seconds = elapsed,
     nodes_per_s = nodes / elapsed, requests_per_s = o.n / elapsed,
-    statements = calls, statements_per_node = calls / nodes, db_exec_ms = ms,
+    statements = logged or calls, statements_per_node = (logged or calls) / nodes, db_exec_ms = ms,
+    counted_by = logged and "server log (every statement)" or "pg_stat_statements",
+    pgss_statements_per_node = calls / nodes, logged_per_node = top_logged,
+    counters = B.per_node(c0, c1, nodes),
     peak_rss_kb = math.max(hwm, peak), check = check, top = top,
     timed_out = moving ~= 0 or pending ~= 0,
     raw8_before = raw_before, raw8_after = raw_after, plans = plans,
@@ -578,6 +654,13 @@ function B.burn_down(o, label, procs, prefix)
             machine_s = elapsed * B.cores },
   }
   if r.raw8_mean then r.ratio_vs_raw8 = r.nodes_per_s / r.raw8_mean end
+  r.cpu.qtgd_ms_per_node = 1000 * qcpu / nodes
+  r.cpu.postgres_ms_per_node = r.cpu.postgres_s and 1000 * r.cpu.postgres_s / nodes or nil
+  local k = r.counters
+  B.say(("%s per node: %.1f statements, %.2f commits (%s write, %s without the sim's), %.2f WAL flushes, CPU ms: postgres %s, qtgd %.2f"):format(
+    label, r.statements_per_node, k.commits_per_node, fmt(k.write_commits_per_node, "%.2f"),
+    fmt(k.engine_write_commits_per_node, "%.2f"), k.wal_flushes_per_node,
+    fmt(r.cpu.postgres_ms_per_node, "%.2f"), r.cpu.qtgd_ms_per_node))
   B.say(("%s: %d nodes in %.2f s = %.0f nodes/s (%d processes), %.1f statements/node; CPU s: qtgd %.1f, postgres %s, receiver %s of %.1f; raw8 %s/%s TPS, ratio %s"):format(
     label, nodes, elapsed, r.nodes_per_s, procs, r.statements_per_node, qcpu,
     fmt(r.cpu.postgres_s), fmt(r.cpu.receiver_s), r.cpu.machine_s, fmt(raw_before, "%.0f"),
@@ -693,38 +776,34 @@ function B.seed_finished(target)
 end
 
 -- ------------------------------------------------------------ plans
--- EXPLAIN (ANALYZE, BUFFERS) of the hot claim statements, taken from the
--- worker modules themselves, with the parameters a pass uses (inside a
--- transaction that is rolled back: the FOR UPDATE ones lock nothing after).
+-- The GENERIC plan of every hot statement (qtg.hot_statements: PREPARE
+-- under plan_cache_mode = force_generic_plan, then EXPLAIN (ANALYZE,
+-- BUFFERS) EXECUTE), as the daemons run them, with the arguments a pass
+-- uses and real row ids of this run (the outcome write's are delivered
+-- rows, which no lane holds); inside a transaction rolled back (the claims
+-- lock nothing after, the writes leave nothing).
 function B.explain(label)
-  local d = require("qtg.workers.node_dispatcher")
-  local o = require("qtg.workers.node_observer")
-  local c = require("qtg.workers.callback_dispatcher")
-  local list = {
-    { "dispatcher candidates", d.CANDIDATES_SQL, { "{}", B.CLASS, "[]" } },
-    { "observer snapshot", o.SNAPSHOT_SQL, { B.CLASS, 10, o.MAX_PER_PASS } },
-    { "callback claim", c.CLAIM_SQL, { B.CLASS, c.BATCH, "{}" } },
-  }
-  local out = {}
+  local hot = require("qtg.hot_statements")
   local s = qtg.db.acquire()
-  local ok, err = pcall(function()
-    for _, e in ipairs(list) do
-      s:begin()
-      local rows = s:query("EXPLAIN (ANALYZE, BUFFERS) " .. e[2], unpack(e[3]))
-      s:rollback()
-      local lines = {}
-      for i, r in ipairs(rows) do lines[i] = r["QUERY PLAN"] end
-      local text = table.concat(lines, "\n")
-      out[#out + 1] = { name = e[1], plan = text,
-        ms = tonumber(text:match("Execution Time: ([%d%.]+) ms")),
-        shared_hit = tonumber(text:match("Buffers: shared hit=(%d+)")) }
-    end
+  local ok, out = pcall(function()
+    local node = s:query([[SELECT n.id FROM movement_request_nodes n
+                            JOIN movement_requests r ON r.id = n.request_id
+                           WHERE r.network_class = $1 AND n.node_state = 'READY'
+                           LIMIT 1 /* bench-probe */]], B.CLASS)[1]
+    local cb = s:query([[SELECT string_agg(id::text, ',') AS ids FROM (
+                           SELECT id FROM movement_callback_outbox WHERE status = 'delivered'
+                            ORDER BY id DESC LIMIT 5) x /* bench-probe */]])[1]
+    local ids = {}
+    for id in tostring(cb.ids or ""):gmatch("%d+") do ids[#ids + 1] = tonumber(id) end
+    return hot.explain_all(s, { class = B.CLASS, node_id = node and node.id, outbox_ids = ids,
+                                notification_ids = {}, process_id = "bench" }, true)
   end)
   s:release()
-  if not ok then error(err, 0) end
+  if not ok then error(out, 0) end
   for _, e in ipairs(out) do
-    B.say(("plan %s, %s: %s ms, %s buffers"):format(label, e.name, fmt(e.ms, "%.3f"),
-      tostring(e.shared_hit)))
+    e.shared_hit = e.buffers
+    B.say(("plan %s, %s: %s ms, %s buffers%s"):format(label, e.name, fmt(e.ms, "%.3f"),
+      tostring(e.buffers), #e.seq_scans > 0 and (", Seq Scan on " .. table.concat(e.seq_scans, ", ")) or ""))
   end
   return out
 end
@@ -831,7 +910,9 @@ end
 function B.print_table(R)
   local out = {}
   local function line(k, v, target) out[#out + 1] = string.format("  %-44s %14s   %s", k, v, target or "") end
-  out[#out + 1] = string.format("qtg bench (%s mode) %s, %d cores", R.mode, R.date, R.cores)
+  out[#out + 1] = string.format("qtg bench (%s mode, %s cluster: fsync %s, synchronous_commit %s, commit_delay %s) %s, %d cores",
+    R.mode, R.durable and "durable" or "fast", R.cluster.fsync, R.cluster.synchronous_commit,
+    R.cluster.commit_delay, R.date, R.cores)
   if R.raw then
     out[#out + 1] = "raw limit (pgbench: claim + node update + 2 outbox inserts)"
     for _, c in ipairs(R.options.clients) do
@@ -844,7 +925,17 @@ function B.print_table(R)
       line(("nodes/s, %d process(es)"):format(t.processes), fmt(t.nodes_per_s, "%.0f"),
         ("%.2f s, %.1f statements/node"):format(t.seconds, t.statements_per_node))
       line(("  / raw TPS at 8 clients around it (%s)"):format(fmt(t.raw8_mean, "%.0f")),
-        fmt(t.ratio_vs_raw8, "%.3f"), t.processes == 2 and "target >= 0.15 (aim 0.25)" or "")
+        fmt(t.ratio_vs_raw8, "%.3f"), t.processes == 2 and "target >= 0.5 (aim 0.8)" or "target >= 0.35")
+      local k = t.counters
+      line("  statements per node (server log)", fmt(t.statements_per_node, "%.1f"),
+        t.processes == 2 and "target <= 14" or "target <= 12")
+      line("  commits / write commits (without the sim's) per node",
+        ("%s / %s"):format(fmt(k.commits_per_node, "%.2f"), fmt(k.engine_write_commits_per_node, "%.2f")),
+        "target write <= 3.5")
+      line("  WAL flushes per node", fmt(k.wal_flushes_per_node, "%.2f"))
+      line("  CPU per node, ms: postgres / qtgd",
+        ("%s / %s"):format(fmt(t.cpu.postgres_ms_per_node, "%.2f"), fmt(t.cpu.qtgd_ms_per_node, "%.2f")),
+        "target <= 1.0 each")
     end
     if R.ratios and R.ratios.throughput2_vs_raw8 then
       line("nodes/s (2 proc) / raw TPS (8 clients, raw phase)", fmt(R.ratios.throughput2_vs_raw8, "%.3f"))
@@ -854,7 +945,7 @@ function B.print_table(R)
     local a, c = R.latency.approve_to_submitted_ms, R.latency.approve_to_completed_ms
     out[#out + 1] = ("latency (idle daemon, %d single requests), ms"):format(R.latency.requests)
     line("approve -> first node SUBMITTED p50/p99/max",
-      ("%s/%s/%s"):format(fmt(a.p50), fmt(a.p99), fmt(a.max)), "target p50 <= 10, p99 <= 50")
+      ("%s/%s/%s"):format(fmt(a.p50), fmt(a.p99), fmt(a.max)), "target p50 <= 2.5, p99 <= 6")
     line("approve -> COMPLETED (1 node) p50/p99/max",
       ("%s/%s/%s"):format(fmt(c.p50), fmt(c.p99), fmt(c.max)), "target p50 <= 30")
   end
@@ -900,11 +991,12 @@ function B.print_table(R)
   local t2
   for _, t in ipairs(R.throughput or {}) do if t.processes == 2 then t2 = t end end
   if t2 and t2.plans then
-    out[#out + 1] = "claim statements half-way through the 2-process burn-downs, EXPLAIN ANALYZE ms (empty / growth)"
+    out[#out + 1] = "hot statements half-way through the 2-process burn-downs, generic plans, EXPLAIN ANALYZE ms (empty / growth)"
     for i, e in ipairs(t2.plans) do
       local g = R.growth and R.growth.plans and R.growth.plans[i]
       line(e.name, ("%s / %s"):format(fmt(e.ms, "%.3f"), fmt(g and g.ms, "%.3f")),
-        ("buffers %s / %s"):format(tostring(e.shared_hit), tostring(g and g.shared_hit)))
+        ("buffers %s / %s%s"):format(tostring(e.shared_hit), tostring(g and g.shared_hit),
+          #e.seq_scans > 0 and ("  SEQ SCAN on " .. table.concat(e.seq_scans, ", ")) or ""))
     end
   end
   if #R.failures > 0 then
@@ -920,13 +1012,14 @@ function B.main(argv)
   local o = B.parse_args(argv)
   B.root = qtg.root
   B.bin = os.getenv("QTG_BIN") or (qtg.root .. "/build/qtgd")
-  B.pgbench = os.getenv("PGBENCH") or "/usr/lib/postgresql/15/bin/pgbench"
+  B.pgbin = "/usr/lib/postgresql/15/bin"
+  B.pgbench = os.getenv("PGBENCH") or (B.pgbin .. "/pgbench")
   B.dir = B.tmpdir()
   B.failures = {}
   local tck = B.sh("getconf CLK_TCK")
   B.clk_tck = tonumber(tck:match("%d+")) or 100
   B.cores = tonumber((B.sh("nproc"):match("%d+"))) or 1
-  local R = { mode = o.ci and "ci" or "full", date = os.date("!%Y-%m-%dT%H:%M:%SZ"),
+  local R = { mode = o.ci and "ci" or "full", durable = not o.fast, date = os.date("!%Y-%m-%dT%H:%M:%SZ"),
               cores = tonumber((B.sh("nproc"):match("%d+"))) or 0, options = o,
               failures = B.failures, ratios = {} }
   B.exec("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
@@ -939,6 +1032,13 @@ function B.main(argv)
     end
     R.setup_sql = pre
   end
+  -- the cluster's settings as the daemons see them (after QTG_BENCH_SQL)
+  R.cluster = B.q([[SELECT current_setting('fsync') AS fsync,
+                           current_setting('synchronous_commit') AS synchronous_commit,
+                           current_setting('full_page_writes') AS full_page_writes,
+                           current_setting('commit_delay') AS commit_delay,
+                           current_setting('commit_siblings') AS commit_siblings,
+                           current_setting('shared_buffers') AS shared_buffers]])[1]
   local want = function(p) return o.only == nil or o.only:find(p, 1, true) ~= nil end
   local ok, err = pcall(function()
     if want("raw") then R.raw = B.phase_raw(o) end

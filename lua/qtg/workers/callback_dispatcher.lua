@@ -14,8 +14,11 @@
 --      MG_CALLBACK_TIMEOUT_SECONDS;
 --   4. write every outcome and one movement_callback_attempts row per POST
 --      in one statement, and commit;
--- until nothing is due, the pass has run for one timeout (PASS_BUDGET), or
--- the process is stopping.  Why lanes of one receiver each, and not the
+-- until nothing is due of a receiver not yet done in this pass (a receiver
+-- whose batch came back short is done: rows queued for it later wake a
+-- later pass, gathered so that batches are full), the pass has run for one
+-- timeout (PASS_BUDGET: the pass then wakes the worker again), or the
+-- process is stopping.  Why lanes of one receiver each, and not the
 -- spec's one batch of the five oldest rows: that batch lasts as long as its
 -- slowest POST, so a receiver that hangs held up every other receiver's
 -- callbacks (tools/chaos receivers found healthy rows going stale that way,
@@ -44,7 +47,12 @@ M.SLOW_BATCH_SECONDS = 0.25 -- a batch still sending after this starts another l
 -- of that receiver (the head included: its lock is this transaction's own),
 -- oldest first.  A NULL callback_url batches with NULLs (refused unsent).
 -- $3 (text[]) names receivers the head skips: those this pass is already
--- sending to and has not seen answer within SLOW_BATCH_SECONDS (see tick).
+-- sending to and has not seen answer within SLOW_BATCH_SECONDS, and those
+-- done for this pass ('' names the rows without a URL) (see tick).  The
+-- skip-list is tested on coalesce(callback_url, ''), an expression without
+-- statistics: on the column itself, with one receiver holding every row,
+-- the planner estimated that no row passes and its generic plan read and
+-- sorted every pending row instead of walking the index in order.
 M.CLAIM_SQL = [[
 WITH head AS (
   SELECT c.callback_url
@@ -53,7 +61,7 @@ WITH head AS (
    WHERE c.status = 'pending'
      AND c.next_attempt_at <= now()
      AND r.network_class = $1
-     AND (c.callback_url IS NULL OR c.callback_url <> ALL ($3::text[]))
+     AND coalesce(c.callback_url, '') <> ALL ($3::text[])
    ORDER BY c.created_at ASC, c.id ASC
    LIMIT 1
    FOR UPDATE OF c SKIP LOCKED
@@ -87,12 +95,16 @@ SELECT 1
  LIMIT 1
  FOR UPDATE OF c SKIP LOCKED]]
 
--- $1: array of {id, status, attempts, backoff_seconds?, last_error?,
--- last_status?, attempted, outcome?, duration_ms?, stamp?} (qtg.callbacks
--- send_batch's writes; stamp: a first attempt's timestamp); $2: process id.
+-- $1: the ids of the rows written (bigint[]); $2: array of {id, status,
+-- attempts, backoff_seconds?, last_error?, last_status?, attempted,
+-- outcome?, duration_ms?, stamp?} (qtg.callbacks send_batch's writes;
+-- stamp: a first attempt's timestamp); $3: process id.  The rows are found
+-- by `c.id = ANY ($1)`, an index condition on the primary key whatever the
+-- planner guesses of the JSON's row count (joined to the JSON alone, the
+-- generic plan hash-joined it against a sequential scan of the outbox).
 M.WRITE_SQL = [[
 WITH o AS (
-  SELECT * FROM jsonb_to_recordset($1::jsonb) AS o(
+  SELECT * FROM jsonb_to_recordset($2::jsonb) AS o(
     id bigint, status text, attempts int, backoff_seconds double precision,
     last_error text, last_status int, attempted boolean, outcome text, duration_ms int,
     stamp bigint)
@@ -110,7 +122,7 @@ upd AS (
          delivered_at = CASE WHEN o.status = 'delivered' THEN t.at ELSE c.delivered_at END,
          updated_at = t.at
     FROM o, t
-   WHERE c.id = o.id
+   WHERE c.id = ANY ($1::bigint[]) AND c.id = o.id
   RETURNING c.id, c.attempts, c.next_attempt_at, o.attempted, o.outcome, o.last_status,
             o.last_error, o.duration_ms, t.at
 )
@@ -118,8 +130,15 @@ INSERT INTO movement_callback_attempts
   (outbox_id, attempt_no, attempted_at, outcome, http_status, error, duration_ms,
    next_attempt_at, process_id)
 SELECT id, attempts, at, outcome, last_status, last_error, duration_ms,
-       CASE WHEN outcome = 'retry' THEN next_attempt_at END, $2
+       CASE WHEN outcome = 'retry' THEN next_attempt_at END, $3
   FROM upd WHERE attempted]]
+
+-- The arguments of WRITE_SQL for send_batch's writes.
+function M.write_args(writes, process_id)
+  local ids = {}
+  for i, w in ipairs(writes) do ids[i] = string.format("%d", w.id) end
+  return { "{" .. table.concat(ids, ",") .. "}", canon.encode(writes), process_id }
+end
 
 -- Why a row can never be sent, or nil.
 local function refusal(row)
@@ -157,7 +176,7 @@ local function handle(ls, rows, timeout)
       })
     end
   end
-  ls:query(M.WRITE_SQL, canon.encode(writes), heartbeats.process_id())
+  ls:query(M.WRITE_SQL, unpack(M.write_args(writes, heartbeats.process_id())))
 end
 
 -- Lanes per pass: MAX_LANES, but at most half the session pool, so the
@@ -196,7 +215,7 @@ function M.tick(s)
   -- lanes: lanes running now.  sending[url]: batches of that receiver in
   -- flight; fast[url]: its last batch in this pass was sent within
   -- SLOW_BATCH_SECONDS.
-  local pass = { rows = 0, err = nil, lanes = 1, sending = {}, fast = {} }
+  local pass = { rows = 0, err = nil, lanes = 1, sending = {}, fast = {}, done = {} }
   local max_lanes = M.lanes()
   local tasks = {}
   local run
@@ -204,8 +223,10 @@ function M.tick(s)
   -- or still sending after SLOW_BATCH_SECONDS (a slow receiver) starts the
   -- next one (up to max_lanes), which looks for more while it sends.  With
   -- fast receivers and no backlog one lane does the work, at the spec's
-  -- statements per batch.  A lane's look after a short batch is the plain
-  -- probe, so the last look of each lane costs one statement.
+  -- statements per batch.  A lane's look after a short batch (and a new
+  -- lane's first) is the claim of one row with the pass's skip-list run
+  -- on its own, outside a transaction (its lock ends with it), so the last
+  -- look of each lane costs one statement.
   -- A new lane skips the receivers already being sent to that have not
   -- proven fast in this pass: a receiver that hangs holds one lane however
   -- many of its rows are due (without this, its backlog filled every lane,
@@ -221,16 +242,19 @@ function M.tick(s)
       pass.lanes = pass.lanes - 1
     end)
   end
+  -- receivers the head skips: those being sent to and not proven fast,
+  -- and those done for this pass ("" is the NULL URL's rows, see CLAIM_SQL)
   local function skipped()
     local list = {}
     for url, n in pairs(pass.sending) do
-      if n > 0 and not pass.fast[url] then list[#list + 1] = url end
+      if n > 0 and not pass.fast[url] and not pass.done[url] then list[#list + 1] = url end
     end
+    for url in pairs(pass.done) do list[#list + 1] = url end
     return text_array(list)
   end
   local function lane(ls, probe)
     while pass.err == nil and qtg.monotonic() < deadline and not stopping() do
-      if probe and #ls:query(M.PROBE_SQL, class) == 0 then return end
+      if probe and #ls:query(M.CLAIM_SQL, class, 1, skipped()) == 0 then return end
       ls:begin()
       local rows = callbacks.stamp_first_attempts(ls:query(M.CLAIM_SQL, class, M.BATCH, skipped()))
       if #rows == 0 then
@@ -240,8 +264,14 @@ function M.tick(s)
       local url = type(rows[1].callback_url) == "string" and rows[1].callback_url or nil
       if url then pass.sending[url] = (pass.sending[url] or 0) + 1 end
       local started = qtg.monotonic()
-      -- after a full batch (a backlog) the next claim comes straight away
-      probe = #rows < M.BATCH
+      -- after a full batch (a backlog) the next claim comes straight away;
+      -- after a short one the receiver is done for this pass: the pass's
+      -- later claims skip it (rows queued for it meanwhile wake a later,
+      -- gathered pass, so batches are full instead of chasing each row as
+      -- it commits) and go on with the other receivers' due rows
+      local short = #rows < M.BATCH
+      if short then pass.done[url or ""] = true end
+      probe = short
       local sent = false
       if #rows >= M.BATCH then
         start_lane()
@@ -260,7 +290,10 @@ function M.tick(s)
       if not ok then error(err, 0) end
       ls:commit()
       pass.rows = pass.rows + #rows
+      if short then pass.short = true end
     end
+    -- the budget or a stop ended the lane with rows perhaps still due
+    pass.cut = true
   end
   run = function(ls, probe)
     local ok, err = pcall(lane, ls, probe)
@@ -280,6 +313,17 @@ function M.tick(s)
   pass.closed = true -- a slow-batch watcher that wakes now starts nothing
   last_pass_empty = pass.rows == 0 and pass.err == nil
   if pass.err ~= nil then error(pass.err, 0) end
+  if not stopping() then
+    if pass.cut then
+      require("qtg.wakeups").wake_in("callback_dispatcher", 0)
+    elseif pass.short then
+      -- rows of other receivers, or queued meanwhile, are due within one
+      -- gathering slot: the next pass probes first (one statement)
+      last_pass_empty = true
+      local wakeups = require("qtg.wakeups")
+      wakeups.wake_in("callback_dispatcher", wakeups.GATHER.callback_dispatcher)
+    end
+  end
   return pass.rows
 end
 

@@ -29,8 +29,10 @@ local rows = {
    drain = true, wake = true},
   {name = "node_recovery", group = "core", interval = "node_recovery_interval_seconds"},
   -- always-on, sidecar group
+  -- not drained: its wake-ups are gathered (qtg.wakeups.GATHER) so a pass
+  -- finds full batches; a pass cut short by its budget wakes it again
   {name = "callback_dispatcher", group = "sidecar", interval = "callback_dispatch_interval_seconds",
-   drain = true, wake = true},
+   wake = true},
   {name = "expiration_checker", group = "sidecar", interval = "expiration_check_interval_seconds"},
   {name = "template_proposal_expiration", group = "sidecar",
    interval = "template_proposal_expiration_interval_seconds"},

@@ -3,10 +3,11 @@
 -- submit, in one transaction that holds the node and request locks from the
 -- claim to the commit (no per-node commit split).
 --
--- Claim: qtg.db.claim.one walks the unlocked FIFO candidates one at a time
--- and claims one by id with FOR UPDATE OF nodes, requests SKIP LOCKED under a
--- savepoint, rolling the savepoint back on a miss (so a node whose request is
--- locked elsewhere keeps no lock) and excluding tried ids.
+-- Claim: M.claim_one walks the unlocked FIFO candidates one at a time and
+-- claims one by id with FOR UPDATE OF nodes, requests SKIP LOCKED, the
+-- listing and the claim in one statement that opens its transaction; a miss
+-- rolls the transaction back (so a node whose request is locked elsewhere
+-- keeps no lock) and the next try excludes the tried ids.
 --
 -- Outcomes (docs/data-model.md has the table):
 --   bad $ref                      FAILED   CONFIG_REF_UNRESOLVED
@@ -41,7 +42,7 @@ local M = {}
 
 M.ACTOR = "system:node_dispatcher"
 
--- $1: ids already tried (text[], given by qtg.db.claim.one), $2: network
+-- $1: ids already tried (text[], given by M.claim_one), $2: network
 -- class, $3: executors paced out for now (JSON array of names).
 M.CANDIDATES_SQL = [[
 SELECT n.id
@@ -52,7 +53,7 @@ SELECT n.id
    AND r.network_class = $2
    AND n.action_type NOT LIKE 'manual\_%'
    AND NOT (n.id::text = ANY ($1::text[]))
-   AND n.executor <> ALL (ARRAY(SELECT jsonb_array_elements_text($3::jsonb)))
+   AND coalesce(n.executor, '') <> ALL (ARRAY(SELECT jsonb_array_elements_text($3::jsonb)))
  ORDER BY r.created_at ASC, n.node_key ASC
  LIMIT 1]]
 
@@ -71,6 +72,19 @@ SELECT movement_request_nodes.id AS node_id, movement_requests.id AS request_id,
    FOR UPDATE OF movement_request_nodes, movement_requests SKIP LOCKED]]
 
 M.MAX_MISSES = 50
+
+-- The listing and the per-id claim in one statement: the first unlocked
+-- FIFO candidate (CANDIDATES_SQL, no lock), then CLAIM_SQL for its id.  It
+-- returns candidate_id with the claimed row (node_id set) on a hit, with
+-- node_id NULL on a miss, and no row when no candidate is left.  Run as its
+-- transaction's first statement, so a miss is undone by rolling the
+-- transaction back (the spec's miss-only savepoint, with the transaction as
+-- the savepoint: a partial lock on the node is released) and the next
+-- transaction excludes the id: BEGIN + one statement per dispatch, where
+-- the savepoint walk took BEGIN, candidates, SAVEPOINT and the claim.
+M.CLAIM_ONE_SQL = "WITH candidate AS MATERIALIZED (\n" .. M.CANDIDATES_SQL .. "\n)\n"
+  .. "SELECT candidate.id AS candidate_id, claimed.*\n  FROM candidate\n  LEFT JOIN LATERAL (\n"
+  .. M.CLAIM_SQL:gsub("%$1::uuid", "candidate.id") .. "\n) claimed ON true"
 
 local NULL = qtg.db.NULL
 
@@ -255,24 +269,33 @@ end
 -- to the claim, so busy passes pay nothing for this.
 local last_pass_empty = false
 
+-- claim_one(s, class) -> the claimed row in s's open transaction, or nil
+-- (no transaction open) when no candidate is left or MAX_MISSES missed.
+function M.claim_one(s, class)
+  local tried = {}
+  for _ = 0, M.MAX_MISSES do
+    s:begin()
+    local row = s:query(M.CLAIM_ONE_SQL, "{" .. table.concat(tried, ",") .. "}", class, paced_out())[1]
+    if row and row.node_id ~= nil and row.node_id ~= NULL then
+      row.candidate_id = nil -- the claimed row is CLAIM_SQL's
+      return row
+    end
+    s:rollback()
+    if not row then return nil end
+    tried[#tried + 1] = row.candidate_id
+  end
+  return nil
+end
+
 M.MAX_PACED_CLAIMS = 8   -- claims rolled back for pacing in one pass, at most
 
 function M.tick(s)
   local class = qtg.settings.network_class
   if last_pass_empty and #s:query(M.CANDIDATES_SQL, "{}", class, paced_out()) == 0 then return 0 end
   for _ = 1, M.MAX_PACED_CLAIMS do
-    s:begin()
-    local row = qtg.db.claim.one(s, {
-      candidates_sql = M.CANDIDATES_SQL,
-      claim_sql = M.CLAIM_SQL,
-      args = { class, paced_out() },
-      max_misses = M.MAX_MISSES,
-    })
+    local row = M.claim_one(s, class)
     last_pass_empty = row == nil
-    if not row then
-      s:rollback()
-      return 0
-    end
+    if not row then return 0 end
     local name = row.node_executor
     local adapter = executors.get(name)
     local go, wait = true, nil

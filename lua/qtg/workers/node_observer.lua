@@ -4,8 +4,9 @@
 --
 -- Two-phase claim: an unlocked snapshot of due ids, then per id, in its own
 -- transaction, a re-select FOR UPDATE OF movement_request_nodes,
--- movement_requests SKIP LOCKED under a savepoint (qtg.db.claim.try: rolled
--- back on a miss), still filtered on the due predicate.  A hit keeps the node
+-- movement_requests SKIP LOCKED as the transaction's first statement (a
+-- miss ends the transaction, which releases a partial lock as the spec's
+-- savepoint would), still filtered on the due predicate.  A hit keeps the node
 -- and request locks through observe() and the commit; one node's slow
 -- provider never holds another node's lock.
 --
@@ -164,20 +165,28 @@ UPDATE movement_request_nodes
  WHERE id = $1::uuid]]
 
 -- One candidate: its own transaction on session s; 1 if claimed and observed.
+-- The claim is the transaction's first statement and a miss ends the
+-- transaction, so a miss's partial lock (the node, when SKIP LOCKED then
+-- rejected its request) is released at once without a savepoint: the
+-- spec's miss-only savepoint, with the transaction as the savepoint.
+local function claim(s, id, class)
+  return s:query(M.CLAIM_SQL, id, class)[1]
+end
+
 local function observe_one(s, cand, class)
   local adapter = executors.get(cand.executor)
   if adapter then
     local go, wait = pacing.take(cand.executor, adapter, "observe")
     if not go then
       return s:transaction(function()
-        local row = qtg.db.claim.try(s, M.CLAIM_SQL, cand.id, class)
+        local row = claim(s, cand.id, class)
         if row then s:query(M.DEFER_SQL, cand.id, wait) end
         return 0
       end)
     end
   end
   return s:transaction(function()
-    local row = qtg.db.claim.try(s, M.CLAIM_SQL, cand.id, class)
+    local row = claim(s, cand.id, class)
     if not row then return 0 end
     M.observe_claimed(s, row)
     return 1

@@ -77,9 +77,11 @@ SELECT * FROM notification_outbox
  LIMIT $2
  FOR UPDATE SKIP LOCKED]]
 
+-- $1: the ids written (bigint[], the primary key's index condition, see
+-- callback_dispatcher.WRITE_SQL); $2: send_batch's writes.
 M.WRITE_SQL = [[
 WITH o AS (
-  SELECT * FROM jsonb_to_recordset($1::jsonb) AS o(
+  SELECT * FROM jsonb_to_recordset($2::jsonb) AS o(
     id bigint, status text, attempts int, backoff_seconds double precision,
     last_error text, last_status int, attempted boolean, stamp bigint)
 ), t AS (SELECT clock_timestamp() AS at)
@@ -93,7 +95,14 @@ UPDATE notification_outbox n
        delivered_at = CASE WHEN o.status = 'delivered' THEN t.at ELSE n.delivered_at END,
        updated_at = t.at
   FROM o, t
- WHERE n.id = o.id]]
+ WHERE n.id = ANY ($1::bigint[]) AND n.id = o.id]]
+
+-- The arguments of WRITE_SQL for send_batch's writes.
+function M.write_args(writes)
+  local ids = {}
+  for i, w in ipairs(writes) do ids[i] = string.format("%d", w.id) end
+  return { "{" .. table.concat(ids, ",") .. "}", canon.encode(writes) }
+end
 
 local function webhook_url()
   local url = qtg.settings.notify_webhook_url
@@ -135,7 +144,7 @@ function M.tick(s)
   end
   local writes = callbacks.send_batch(rows, { refusal = refusal, url = function() return url end,
                                               timeout = timeout, attempted = attempted })
-  s:query(M.WRITE_SQL, canon.encode(writes))
+  s:query(M.WRITE_SQL, unpack(M.write_args(writes)))
   s:commit()
   return #rows
 end
