@@ -418,6 +418,8 @@ local function approvals_inbox(ctx)
     after_ts, after_id = parts[1], parts[2]
     if not after_id:match(UUID) then problem.raise("bad_request", "cursor is not one this API returned") end
   end
+  -- the principal's roles as a text[] literal (role names are [a-z]+)
+  local roles = "{" .. table.concat(p.roles, ",") .. "}"
   local rows = ctx.s:query([[
     SELECT r.id, r.template_key, r.created_by, r.created_at, r.created_at::text AS cursor_ts, r.expires_at,
            r.approvals_required, r.approval_policy->>'rule' AS rule,
@@ -430,24 +432,20 @@ local function approvals_inbox(ctx)
      WHERE r.network_class = $1 AND r.request_state = 'PENDING_APPROVAL'
        AND r.created_by <> $2
        AND NOT EXISTS (SELECT 1 FROM request_approvals a WHERE a.request_id = r.id AND a.principal = $2)
+       AND (jsonb_typeof(r.approval_policy->'roles') IS DISTINCT FROM 'array'
+            OR jsonb_array_length(r.approval_policy->'roles') = 0
+            OR r.approval_policy->'roles' ?| $5::text[])
        AND ($3::timestamptz IS NULL OR (r.created_at, r.id) > ($3::timestamptz, $4::uuid))
-     ORDER BY r.created_at, r.id]], qtg.settings.network_class, p.actor, after_ts, after_id)
-  local principals = require "qtg.principals"
+     ORDER BY r.created_at, r.id LIMIT $6]], qtg.settings.network_class, p.actor, after_ts, after_id, roles,
+    limit + 1)
   local items = canon.array()
-  local next_cursor = NULL
-  for _, row in ipairs(rows) do
-    local roles, holds = type(row.roles) == "table" and row.roles or {}, false
-    for _, r in ipairs(roles) do if principals.has_role(p, r) then holds = true end end
-    if #roles == 0 or holds then
-      if #items == limit then
-        local last = items[#items]
-        next_cursor = encode_cursor(last.cursor_ts, last.id)
-        break
-      end
-      row.roles = arr(roles)
-      items[#items + 1] = row
-    end
+  for i = 1, math.min(#rows, limit) do
+    local row = rows[i]
+    row.roles = arr(type(row.roles) == "table" and row.roles or {})
+    items[i] = row
   end
+  local next_cursor = NULL
+  if #rows > limit then next_cursor = encode_cursor(rows[limit].cursor_ts, rows[limit].id) end
   for _, item in ipairs(items) do item.cursor_ts = nil end
   return 200, { items = items, next_cursor = next_cursor }
 end
