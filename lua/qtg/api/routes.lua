@@ -111,8 +111,18 @@ local function request_detail(s, id)
   local req, nodes = require("qtg.requests").get(s, id)
   local doc = request_doc(s, req)
   local list, errors = canon.array(), canon.array()
+  -- a manual step's instructions and the inputs completing it requires
+  local manual = {}
+  for _, m in ipairs(s:query([[
+      SELECT n.id, pn.config FROM movement_request_nodes n JOIN plan_nodes pn ON pn.id = n.plan_node_id
+       WHERE n.request_id = $1::uuid AND n.node_kind = 'manual']], id)) do
+    local c = type(m.config) == "table" and m.config or {}
+    manual[m.id] = { instructions = type(c.instructions) == "string" and c.instructions or NULL,
+                     required_inputs = arr(type(c.required_inputs) == "table" and c.required_inputs or {}) }
+  end
   for i, n in ipairs(nodes) do
     list[i] = pick(n, NODE_FIELDS)
+    list[i].manual = manual[n.id]
     if n.error_code ~= NULL and n.error_code ~= nil then
       errors[#errors + 1] = { node_key = n.node_key, node_id = n.id, error_code = n.error_code,
                               error_detail = n.error_detail }
@@ -309,8 +319,11 @@ local function set_expected_identity(ctx)
   return 200, row
 end
 
+-- redelivered_as: the newest row made by redelivering this one (a dlq row
+-- is redelivered once while that copy is pending or delivered).
 local CALLBACK_COLUMNS = [[o.id, o.request_id, o.event_type, o.status, o.attempts, o.last_status,
-  o.last_error, o.created_at, o.updated_at]]
+  o.last_error, o.created_at, o.updated_at,
+  (SELECT max(r.id) FROM movement_callback_outbox r WHERE r.redelivery_of = o.id) AS redelivered_as]]
 
 local function list_callbacks(ctx)
   local status = ctx.query.status or "dlq"
