@@ -243,7 +243,7 @@ describe("the web console's needs", function()
   end)
 
   describe("what the detail and health pages read", function()
-    it("gives the request's DAG edges as the plan has them", function()
+    it("gives the request's DAG edges as the plan has them, and what a manual step needs", function()
       local id = create(with{ amount = "7" })
       local r = api.check(doc, api.call(d, "GET", "/v3/requests/" .. id, { token = reader }),
         "GET", "/v3/requests/{id}")
@@ -259,6 +259,15 @@ describe("the web console's needs", function()
       local expect = {}
       for _, e in ipairs(want) do expect[#expect + 1] = e.f .. ">" .. e.t end
       assert.same(expect, got)
+      -- a manual step says what completing it needs; other nodes have no such field
+      for _, n in ipairs(r.json.nodes) do
+        if n.node_kind == "manual" then
+          assert.same({ "desk_reference" }, n.manual.required_inputs)
+          assert.truthy(n.manual.instructions:find("OTC desk", 1, true))
+        else
+          assert.is_nil(n.manual)
+        end
+      end
     end)
 
     it("lists workers with their intervals and every process's heartbeats", function()

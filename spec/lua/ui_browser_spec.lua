@@ -86,6 +86,13 @@ describe("the web console in a browser", function()
       local st = rows("SELECT request_state FROM movement_requests WHERE id = $1::uuid", ids.dag)[1].request_state
       return st == "WAITING_MANUAL_ACTION", st
     end, 60, "the request to wait for its manual step")
+    -- a second one, whose manual step the browser completes
+    ids.complete = create(intent{ amount = "17" })
+    assert.equal(200, api.call(d, "POST", "/v3/requests/" .. ids.complete .. "/approve", { token = tokens.approver }).status)
+    common.wait_for(function()
+      local st = rows("SELECT request_state FROM movement_requests WHERE id = $1::uuid", ids.complete)[1].request_state
+      return st == "WAITING_MANUAL_ACTION", st
+    end, 60, "the second request to wait for its manual step")
     ids.approve = create(intent{ amount = "12" })
     ids.reject = create(intent{ amount = "13" })
     ids.read_only = create(intent{ amount = "14" })
@@ -102,11 +109,12 @@ describe("the web console in a browser", function()
     plan = {
       base = d.base, chromium = chromium:match("[^\n]+"), out = out, report = out .. "/report.json",
       tokens = tokens,
-      scenarios = { "filter", "dag", "approve", "reject", "deadLetters", "readOnly", "health", "paging" },
+      scenarios = { "filter", "dag", "approve", "reject", "complete", "deadLetters", "readOnly", "health", "paging" },
       filter = { destination = dest:upper():gsub("^0X", "0x"), state = "PENDING_APPROVAL", expect = 1 },
       dag = { id = ids.dag },
       approve = { id = ids.approve },
       reject = { id = ids.reject, reason = "amount does not match the desk ticket" },
+      complete = { id = ids.complete, node = "desk_confirmation", reference = "DESK-UI-1" },
       dlq = { id = ids.dlq, bulkRequest = ids.bulk_request },
       readOnly = { id = ids.read_only },
       paging = { template = "otc_settlement_manual", state = "EXPIRED", pages = 3 },
@@ -188,11 +196,30 @@ describe("the web console in a browser", function()
     assert.equal(plan.reject.reason, vote.comment)
   end)
 
+  it("completes a manual step through its input form", function()
+    local s = scenario("complete")
+    assert.same({ "desk_reference" }, s.fields)
+    assert.is_true(s.disabledEmpty)
+    assert.is_false(s.disabledTyped)
+    local instructions = false
+    for _, l in ipairs(s.lines) do instructions = instructions or l:find("OTC desk", 1, true) ~= nil end
+    assert.is_true(instructions, "the dialog shows the step's instructions: " .. cjson.encode(s.lines))
+    common.wait_for(function()
+      local st = rows("SELECT request_state FROM movement_requests WHERE id = $1::uuid", ids.complete)[1].request_state
+      return st == "COMPLETED", st
+    end, 30, "the request to complete")
+    local node = rows([[SELECT node_state, provider_refs->>'desk_reference' AS ref FROM movement_request_nodes
+                         WHERE request_id = $1::uuid AND node_key = 'desk_confirmation']], ids.complete)[1]
+    assert.equal("COMPLETED", node.node_state)
+    assert.equal("DESK-UI-1", node.ref)
+  end)
+
   it("redelivers a dead letter, and counts a bulk redelivery before doing it", function()
     local s = scenario("deadLetters")
     local new = rows("SELECT id, status FROM movement_callback_outbox WHERE redelivery_of = $1", ids.dlq)
     assert.equal(1, #new)
     assert.truthy(s.status:find(tostring(new[1].id), 1, true), s.status)
+    assert.truthy(s.rowText:find("redelivered as " .. new[1].id, 1, true), s.rowText)
     assert.equal("Redeliver 1 dead letter(s)?", s.bulkTitle)
     -- the bulk dialog was cancelled: nothing redelivered for that request
     assert.equal(0, rows([[SELECT count(*)::int AS n FROM movement_callback_outbox o
@@ -248,7 +275,8 @@ describe("the web console in a browser", function()
   end)
 
   it("saved a screenshot of each page", function()
-    for _, f in ipairs({ "requests", "request-detail", "approvals", "reject-dialog", "dead-letters", "health" }) do
+    for _, f in ipairs({ "requests", "request-detail", "approvals", "reject-dialog", "complete-dialog", "dead-letters",
+                         "health" }) do
       local png = host.read(plan.out .. "/" .. f .. ".png")
       assert.truthy(png and #png > 1000, f .. ".png")
       assert.equal("\137PNG", png:sub(1, 4), f .. ".png")

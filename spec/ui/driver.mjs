@@ -115,12 +115,35 @@ const SCENARIOS = {
     await page.waitForFunction((id) => document.querySelector('#dlq-status').textContent.includes(`Callback ${id} queued`),
       { timeout: TIMEOUT }, plan.dlq.id);
     const status = await page.$eval('#dlq-status', (s) => s.textContent);
+    // the redelivered row is no longer offered for redelivery
+    await page.waitForFunction((sel) => !document.querySelector(sel), { timeout: TIMEOUT }, btn);
+    const rowText = await page.$$eval('#dlq-table tbody tr', (trs, id) => trs
+      .filter((tr) => tr.cells[0].textContent === String(id)).map((tr) => tr.textContent).join(''), plan.dlq.id);
     await page.type('#bulk-request', plan.dlq.bulkRequest);
     await page.click('#bulk-count');
     await page.waitForSelector('dialog[open] h2', { timeout: TIMEOUT });
     const bulkTitle = await page.$eval('dialog[open] h2', (h) => h.textContent);
     await page.click('dialog[open] #confirm-cancel');
-    return { status, bulkTitle };
+    return { status, rowText, bulkTitle };
+  },
+
+  // complete a manual step through its input form (one box per required input)
+  async complete(page) {
+    await signIn(page, plan.tokens.operator);
+    await page.goto(`${plan.base}/ui/#/request/${plan.complete.id}`);
+    const btn = `button[data-action=complete][data-node=${plan.complete.node}]`;
+    await page.waitForSelector(btn, { timeout: TIMEOUT });
+    await page.click(btn);
+    await page.waitForSelector('dialog[open] #confirm-ok', { timeout: TIMEOUT });
+    const lines = await texts(page, 'dialog[open] p:not(.error)');
+    const fields = await page.$$eval('dialog[open] input[data-field]', (is) => is.map((i) => i.name));
+    const disabledEmpty = await page.$eval('#confirm-ok', (b) => b.disabled);
+    await page.type(`dialog[open] input[data-field=${fields[0]}]`, plan.complete.reference);
+    const disabledTyped = await page.$eval('#confirm-ok', (b) => b.disabled);
+    await page.screenshot({ path: `${plan.out}/complete-dialog.png` });
+    await page.click('#confirm-ok');
+    await page.waitForSelector(`#dag g.node[data-node-key=${plan.complete.node}]:not([data-state=READY])`, { timeout: TIMEOUT });
+    return { lines, fields, disabledEmpty, disabledTyped };
   },
 
   // a read-only token: no approve, reject or cancel offered, no inbox link

@@ -39,9 +39,14 @@ export function nodeActions(req, node, ctx) {
 }
 
 // run(action, target, lines) -> the API's answer, or null when not confirmed.
+// A manual step's dialog shows its instructions and asks for its required
+// inputs one field each.
 export async function run(action, target, what) {
-  const answer = await confirmAction({ title: `${action.label} ${what}?`, lines: action.lines,
-    reason: action.reason, input: action.input, confirm: action.label });
+  const manual = action.input && target.manual ? target.manual : null;
+  const answer = await confirmAction({ title: `${action.label} ${what}?`,
+    lines: manual && manual.instructions ? [manual.instructions] : action.lines,
+    reason: action.reason, input: action.input, fields: manual ? manual.required_inputs : undefined,
+    confirm: action.label });
   if (!answer) return null;
   const body = {};
   if (action.field && answer.reason) body[action.field] = answer.reason;

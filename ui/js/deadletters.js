@@ -35,8 +35,9 @@ export function render(main, ctx) {
     { title: 'Updated', cell: (r) => when(r.updated_at) },
   ];
   if (operate) {
-    columns.push({ title: '', cell: (r) => h('button', { type: 'button', 'data-action': 'redeliver',
-      'data-callback': r.id, onclick: () => redeliverOne(r) }, 'Redeliver') });
+    columns.push({ title: '', cell: (r) => (r.redelivered_as ? h('span', { class: 'muted' }, `redelivered as ${r.redelivered_as}`)
+      : h('button', { type: 'button', 'data-action': 'redeliver', 'data-callback': r.id, onclick: () => redeliverOne(r) },
+        'Redeliver')) });
   }
 
   async function load() {

@@ -70,15 +70,20 @@ export function table(columns, rows, attrs) {
 function c0(columns, r) { return columns.rowAttrs ? columns.rowAttrs(r) : {}; }
 
 // confirmAction({title, lines, reason: 'required'|'optional'|'none',
-// reasonLabel, input: bool, confirm}) -> Promise<{reason, input}|null>.
-// A modal <dialog>: Confirm stays disabled while a required reason is empty
-// or the input is not a JSON object.
+// reasonLabel, input: bool, fields: [name...], confirm})
+//   -> Promise<{reason, input}|null>.
+// A modal <dialog>: Confirm stays disabled while a required reason is
+// empty, a named field is empty, or the JSON input is not an object.  With
+// fields, the input is {name: value} from one text box each; with input
+// and no fields, a JSON object typed in a text area.
 export function confirmAction(opts) {
   return new Promise((resolve) => {
     const reason = opts.reason || 'none';
     const area = reason === 'none' ? null
       : h('textarea', { id: 'confirm-reason', rows: 3, placeholder: reason === 'required' ? 'required' : 'optional' });
-    const input = opts.input ? h('textarea', { id: 'confirm-input', rows: 6, class: 'mono' }, '{}') : null;
+    const names = opts.fields || [];
+    const boxes = names.map((n, i) => h('input', { id: `confirm-field-${i}`, name: n, 'data-field': n, size: 40 }));
+    const input = opts.input && names.length === 0 ? h('textarea', { id: 'confirm-input', rows: 6, class: 'mono' }, '{}') : null;
     const problem = h('p', { class: 'error', id: 'confirm-problem' });
     const ok = h('button', { type: 'button', class: 'danger', id: 'confirm-ok' }, opts.confirm || 'Confirm');
     const cancel = h('button', { type: 'button', id: 'confirm-cancel' }, 'Cancel');
@@ -87,11 +92,13 @@ export function confirmAction(opts) {
       (opts.lines || []).map((l) => h('p', {}, l)),
       area && h('label', { for: 'confirm-reason' }, opts.reasonLabel || (reason === 'required' ? 'Reason (required)' : 'Comment (optional)')),
       area,
+      boxes.map((b, i) => [h('label', { for: `confirm-field-${i}` }, `${names[i]} (required)`), b]),
       input && h('label', { for: 'confirm-input' }, 'Input (a JSON object)'),
       input,
       problem,
       h('div', { class: 'buttons' }, cancel, ok));
     const parsed = () => {
+      if (boxes.length) return Object.fromEntries(boxes.map((b) => [b.name, b.value.trim()]));
       if (!input) return undefined;
       try {
         const v = JSON.parse(input.value);
@@ -102,18 +109,20 @@ export function confirmAction(opts) {
       let why = '';
       if (reason === 'required' && !area.value.trim()) why = 'A reason is required.';
       else if (input && parsed() === null) why = 'The input must be a JSON object.';
+      else if (boxes.some((b) => !b.value.trim())) why = 'Every field is required.';
       ok.disabled = !!why;
       problem.textContent = why;
     };
     const done = (v) => { dlg.close(); dlg.remove(); resolve(v); };
     if (area) area.addEventListener('input', check);
     if (input) input.addEventListener('input', check);
+    for (const b of boxes) b.addEventListener('input', check);
     cancel.addEventListener('click', () => done(null));
     dlg.addEventListener('cancel', (e) => { e.preventDefault(); done(null); });
     ok.addEventListener('click', () => done({ reason: area ? area.value.trim() : undefined, input: parsed() }));
     document.body.append(dlg);
     check();
     dlg.showModal();
-    (area || ok).focus();
+    (boxes[0] || area || ok).focus();
   });
 }
