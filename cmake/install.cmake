@@ -7,6 +7,7 @@
 #   /usr/share/qtg/{lua,sql,templates}    policy scripts, migrations,
 #                                         templates (qtgd's root directory:
 #                                         QTG_INSTALL_DATADIR in the binary)
+#   /usr/share/qtg/ui                     the web console's static files
 #   /etc/qtg/qtg.env                      settings (a conffile)
 #   /lib/systemd/system/qtgd.service, qtgd@.service
 #   /usr/lib/tmpfiles.d/qtg.conf          /run/qtg, the console's directory
@@ -32,6 +33,9 @@ install(DIRECTORY ${CMAKE_SOURCE_DIR}/sql/ DESTINATION ${CMAKE_INSTALL_DATADIR}/
         FILES_MATCHING PATTERN "*.sql")
 install(DIRECTORY ${CMAKE_SOURCE_DIR}/templates/ DESTINATION ${CMAKE_INSTALL_DATADIR}/qtg/templates
         FILES_MATCHING PATTERN "*.json")
+# the web console's static files, served by qtgd under /ui/ (qtg.api.ui)
+install(DIRECTORY ${CMAKE_SOURCE_DIR}/ui/ DESTINATION ${CMAKE_INSTALL_DATADIR}/qtg/ui
+        FILES_MATCHING PATTERN "*.html" PATTERN "*.css" PATTERN "*.js" PATTERN "*.svg")
 
 # shipped 0644 (it holds no secret yet); the postinst makes it 0640 root:qtg
 install(FILES ${QTG_PKG_DIR}/qtg.env DESTINATION /etc/qtg

@@ -2,6 +2,7 @@
 -- runs handle(req) as a host task for every request; this module decides
 -- everything else, in this order:
 --
+--   /ui and /ui/... -> the web console's static files (qtg.api.ui)
 --   route (qtg.api.routes: one table) -> 404 / 405
 --   authentication (Bearer token, qtg.api.tokens) -> 401, role -> 403
 --   the token's rate limit -> 429 with Retry-After
@@ -19,6 +20,7 @@ local tokens = require "qtg.api.tokens"
 local routes = require "qtg.api.routes"
 local idempotency = require "qtg.api.idempotency"
 local metrics = require "qtg.api.metrics"
+local ui = require "qtg.api.ui"
 
 local M = {}
 
@@ -174,7 +176,13 @@ function M.handle(req)
   req.headers = req.headers or {}
   local route, params, allow = routes.match(req.method, req.path)
   local status, headers, body
-  if not route then
+  if ui.is_ui(req.path) then
+    -- the web console's static files (qtg.api.ui): no token, no database
+    local ok, s, h, b = pcall(ui.serve, req)
+    if ok then status, headers, body = s, h, b
+    else status, headers, body = failure(s, nil, req) end
+    route = { name = "ui" }
+  elseif not route then
     if allow then
       status, headers, body = problem.response({ kind = "method_not_allowed", message =
         ("%s is not allowed on %s (allowed: %s)"):format(req.method, req.path, allow) }, { Allow = allow })

@@ -7,6 +7,7 @@
 -- Handlers call the same lifecycle functions as the console
 -- (qtg.requests, qtg.callbacks, qtg.signers, qtg.balances) with the token's
 -- principal as the actor, and return status, document[, headers].
+-- role "any": any valid token (GET /v3/me).
 local qtg = require "qtg"
 local canon = require "qtg.canon_json"
 local problem = require "qtg.api.problem"
@@ -83,9 +84,11 @@ end
 -- ---------------------------------------------------------------- requests
 local REQUEST_FIELDS = { "id", "template_key", "request_state", "network_class", "intent", "input_params",
   "current_frontier", "idempotency_key", "callback_url", "created_by", "approved_by", "approved_at",
-  "created_at", "updated_at", "expires_at", "finished_at", "last_error_code", "approvals_required" }
+  "created_at", "updated_at", "expires_at", "finished_at", "last_error_code", "approvals_required",
+  "approval_digest" }
 local NODE_FIELDS = { "id", "node_key", "node_kind", "action_type", "executor", "node_state", "attempt_no",
-  "provider_refs", "error_code", "error_detail", "started_at", "finished_at", "next_observe_at", "updated_at" }
+  "observe_count", "provider_refs", "error_code", "error_detail", "started_at", "finished_at",
+  "next_observe_at", "updated_at" }
 
 local function pick(row, fields)
   local out = {}
@@ -108,8 +111,18 @@ local function request_detail(s, id)
   local req, nodes = require("qtg.requests").get(s, id)
   local doc = request_doc(s, req)
   local list, errors = canon.array(), canon.array()
+  -- a manual step's instructions and the inputs completing it requires
+  local manual = {}
+  for _, m in ipairs(s:query([[
+      SELECT n.id, pn.config FROM movement_request_nodes n JOIN plan_nodes pn ON pn.id = n.plan_node_id
+       WHERE n.request_id = $1::uuid AND n.node_kind = 'manual']], id)) do
+    local c = type(m.config) == "table" and m.config or {}
+    manual[m.id] = { instructions = type(c.instructions) == "string" and c.instructions or NULL,
+                     required_inputs = arr(type(c.required_inputs) == "table" and c.required_inputs or {}) }
+  end
   for i, n in ipairs(nodes) do
     list[i] = pick(n, NODE_FIELDS)
+    list[i].manual = manual[n.id]
     if n.error_code ~= NULL and n.error_code ~= nil then
       errors[#errors + 1] = { node_key = n.node_key, node_id = n.id, error_code = n.error_code,
                               error_detail = n.error_detail }
@@ -117,6 +130,14 @@ local function request_detail(s, id)
   end
   doc.nodes = list
   doc.errors = errors
+  -- the plan's edges by node key (from must finish before to starts)
+  doc.edges = arr(s:query([[
+    SELECT fn.node_key AS "from", tn.node_key AS "to"
+      FROM movement_requests r
+      JOIN plan_edges e ON e.plan_version_id = r.plan_version_id
+      JOIN plan_nodes fn ON fn.id = e.from_node_id
+      JOIN plan_nodes tn ON tn.id = e.to_node_id
+     WHERE r.id = $1::uuid ORDER BY fn.ordinal, tn.ordinal]], id))
   doc.approvals = arr(s:query([[
     SELECT principal, decision, comment, created_at FROM request_approvals
      WHERE request_id = $1::uuid ORDER BY id]], id))
@@ -188,11 +209,33 @@ local function check_time(name, v)
   return v
 end
 
+local function decimal_param(ctx, name)
+  local v = ctx.query[name]
+  if v ~= nil and (#v > 40 or not (v:match("^%d+$") or v:match("^%d+%.%d+$"))) then
+    problem.raise("bad_request", "%s must be a non-negative decimal such as 1500 or 0.25", name)
+  end
+  return v
+end
+
+local function text_param(ctx, name, max)
+  local v = ctx.query[name]
+  if v ~= nil and (v == "" or #v > max) then
+    problem.raise("bad_request", "%s must be 1 to %d characters", name, max)
+  end
+  return v
+end
+
+-- The filters of GET /v3/requests: the intent's asset, destination and
+-- amount (compared as numbers; an amount that is not a plain decimal never
+-- matches a range), and an error code on the request or any of its nodes.
 local function list_requests(ctx)
   local q = ctx.query
   local limit = int_param(ctx, "limit", 50, 1, 200)
   local st = q.state and q.state:upper()
   if st then check_state(ctx.s, st) end
+  local asset, destination = text_param(ctx, "asset", 64), text_param(ctx, "destination", 200)
+  local error_code = text_param(ctx, "error_code", 100)
+  local amount_min, amount_max = decimal_param(ctx, "amount_min"), decimal_param(ctx, "amount_max")
   local after_ts, after_id
   if q.cursor then
     local parts = decode_cursor(q.cursor, 2)
@@ -207,10 +250,18 @@ local function list_requests(ctx)
        AND ($4::timestamptz IS NULL OR created_at >= $4::timestamptz)
        AND ($5::timestamptz IS NULL OR created_at < $5::timestamptz)
        AND ($6::timestamptz IS NULL OR (created_at, id) < ($6::timestamptz, $7::uuid))
+       AND ($9::text IS NULL OR intent->>'asset' = $9)
+       AND ($10::text IS NULL OR lower(intent->>'destination') = lower($10))
+       AND ($11::numeric IS NULL OR (CASE WHEN intent->>'amount' ~ '^[0-9]+(\.[0-9]+)?$'
+                                          THEN (intent->>'amount')::numeric END) >= $11::numeric)
+       AND ($12::numeric IS NULL OR (CASE WHEN intent->>'amount' ~ '^[0-9]+(\.[0-9]+)?$'
+                                          THEN (intent->>'amount')::numeric END) <= $12::numeric)
+       AND ($13::text IS NULL OR r.last_error_code = $13
+            OR EXISTS (SELECT 1 FROM movement_request_nodes n WHERE n.request_id = r.id AND n.error_code = $13))
      ORDER BY created_at DESC, id DESC
      LIMIT $8]], qtg.settings.network_class, st, q.template_key,
     check_time("created_after", q.created_after), check_time("created_before", q.created_before),
-    after_ts, after_id, limit + 1)
+    after_ts, after_id, limit + 1, asset, destination, amount_min, amount_max, error_code)
   local items = canon.array()
   for i = 1, math.min(#rows, limit) do items[i] = request_doc(ctx.s, rows[i]) end
   local next_cursor = NULL
@@ -268,8 +319,11 @@ local function set_expected_identity(ctx)
   return 200, row
 end
 
+-- redelivered_as: the newest row made by redelivering this one (a dlq row
+-- is redelivered once while that copy is pending or delivered).
 local CALLBACK_COLUMNS = [[o.id, o.request_id, o.event_type, o.status, o.attempts, o.last_status,
-  o.last_error, o.created_at, o.updated_at]]
+  o.last_error, o.created_at, o.updated_at,
+  (SELECT max(r.id) FROM movement_callback_outbox r WHERE r.redelivery_of = o.id) AS redelivered_as]]
 
 local function list_callbacks(ctx)
   local status = ctx.query.status or "dlq"
@@ -334,12 +388,79 @@ local function workers(ctx)
   local items = canon.array()
   for i, w in ipairs(qtg.runtime.workers()) do
     items[i] = { name = w.name, group = w.group, state = w.state, ticks = w.ticks,
+                 interval = w.interval, paused = w.paused and true or false,
                  errors_total = w.errors_total, consecutive_errors = w.consecutive_errors,
                  last_tick_at = w.last_tick_at or NULL, next_run_at = w.next_run_at or NULL,
                  last_error = w.last_error and tostring(w.last_error) or NULL }
   end
   table.sort(items, function(a, b) return a.name < b.name end)
   return 200, { items = items }
+end
+
+-- Every process's worker liveness rows for this class; a row not updated
+-- for qtg.heartbeats.STALE_AFTER seconds is stale (its process is gone or
+-- stuck).
+local function heartbeats(ctx)
+  local hb = require "qtg.heartbeats"
+  local rows = ctx.s:query([[
+    SELECT worker_name, process_id, group_name, started_at, last_tick_at, last_count, consecutive_errors,
+           updated_at, updated_at < now() - $2 * interval '1 second' AS stale
+      FROM worker_heartbeats WHERE network_class = $1
+     ORDER BY process_id, worker_name]], qtg.settings.network_class, hb.STALE_AFTER)
+  return 200, { items = arr(rows), stale_after_seconds = hb.STALE_AFTER }
+end
+
+-- The token's own principal: what the web console shows and offers.
+local function me(ctx)
+  local p = ctx.principal
+  return 200, { actor = p.actor, kind = p.kind, name = p.name, roles = arr(p.roles),
+                network_class = qtg.settings.network_class }
+end
+
+-- The approvals inbox: PENDING_APPROVAL requests of this class that the
+-- token's principal may still approve (not its own, not decided yet, and it
+-- holds one of the roles the matched policy rule asks for), oldest first,
+-- each with the document an approval approves (qtg_approval_document) and
+-- its digest.
+local function approvals_inbox(ctx)
+  local p = ctx.principal
+  local limit = int_param(ctx, "limit", 50, 1, 200)
+  local after_ts, after_id
+  if ctx.query.cursor then
+    local parts = decode_cursor(ctx.query.cursor, 2)
+    after_ts, after_id = parts[1], parts[2]
+    if not after_id:match(UUID) then problem.raise("bad_request", "cursor is not one this API returned") end
+  end
+  -- the principal's roles as a text[] literal (role names are [a-z]+)
+  local roles = "{" .. table.concat(p.roles, ",") .. "}"
+  local rows = ctx.s:query([[
+    SELECT r.id, r.template_key, r.created_by, r.created_at, r.created_at::text AS cursor_ts, r.expires_at,
+           r.approvals_required, r.approval_policy->>'rule' AS rule,
+           COALESCE(r.approval_policy->'roles', '[]'::jsonb) AS roles,
+           (SELECT count(*)::int FROM request_approvals a WHERE a.request_id = r.id
+               AND a.decision = 'approve' AND a.approval_digest = r.approval_digest) AS approvals,
+           qtg_approval_document(r) AS approval_document, qtg_approval_digest(r) AS digest,
+           r.approval_digest AS approved_digest
+      FROM movement_requests r
+     WHERE r.network_class = $1 AND r.request_state = 'PENDING_APPROVAL'
+       AND r.created_by <> $2
+       AND NOT EXISTS (SELECT 1 FROM request_approvals a WHERE a.request_id = r.id AND a.principal = $2)
+       AND (jsonb_typeof(r.approval_policy->'roles') IS DISTINCT FROM 'array'
+            OR jsonb_array_length(r.approval_policy->'roles') = 0
+            OR r.approval_policy->'roles' ?| $5::text[])
+       AND ($3::timestamptz IS NULL OR (r.created_at, r.id) > ($3::timestamptz, $4::uuid))
+     ORDER BY r.created_at, r.id LIMIT $6]], qtg.settings.network_class, p.actor, after_ts, after_id, roles,
+    limit + 1)
+  local items = canon.array()
+  for i = 1, math.min(#rows, limit) do
+    local row = rows[i]
+    row.roles = arr(type(row.roles) == "table" and row.roles or {})
+    items[i] = row
+  end
+  local next_cursor = NULL
+  if #rows > limit then next_cursor = encode_cursor(rows[limit].cursor_ts, rows[limit].id) end
+  for _, item in ipairs(items) do item.cursor_ts = nil end
+  return 200, { items = items, next_cursor = next_cursor }
 end
 
 local function templates(ctx)
@@ -391,7 +512,12 @@ M.LIST = {
     summary = "create a movement request (Idempotency-Key required)", response = "RequestDetail" },
   { method = "GET", path = "/v3/requests", name = "list_requests", role = "read", handler = list_requests,
     query = with_page{ state = { type = "string" }, template_key = { type = "string" },
-                       created_after = { type = "string" }, created_before = { type = "string" } },
+                       created_after = { type = "string" }, created_before = { type = "string" },
+                       asset = { type = "string", description = "the intent's asset" },
+                       destination = { type = "string", description = "the intent's destination (case-insensitive)" },
+                       amount_min = { type = "string", description = "decimal; the intent's amount at least this" },
+                       amount_max = { type = "string", description = "decimal; the intent's amount at most this" },
+                       error_code = { type = "string", description = "the request's or any node's error code" } },
     summary = "requests, newest first, keyset-paginated", response = "RequestPage" },
   { method = "GET", path = "/v3/requests/{id}", name = "get_request", role = "read",
     handler = function(ctx) return 200, request_detail(ctx.s, uuid_param(ctx, "id", "request")) end,
@@ -441,6 +567,15 @@ M.LIST = {
     response = "BulkRedelivery" },
   { method = "GET", path = "/v3/workers", name = "workers", role = "read", handler = workers,
     summary = "this process's workers", response = "ItemList" },
+  { method = "GET", path = "/v3/heartbeats", name = "heartbeats", role = "read", handler = heartbeats,
+    summary = "every process's worker heartbeats for this network class, stale ones flagged",
+    response = "HeartbeatList" },
+  { method = "GET", path = "/v3/me", name = "me", role = "any", handler = me,
+    summary = "the token's principal: actor, name and roles", response = "Me" },
+  { method = "GET", path = "/v3/approvals", name = "approvals_inbox", role = "approve", handler = approvals_inbox,
+    query = with_page(),
+    summary = "requests waiting for this token's approval, with the approval document and its digest",
+    response = "ApprovalPage" },
   { method = "GET", path = "/v3/templates", name = "templates", role = "read", handler = templates,
     summary = "the latest plan version of each template", response = "ItemList" },
 }

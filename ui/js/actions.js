@@ -1,0 +1,55 @@
+// actions.js -- the lifecycle actions the console offers, one table: which
+// role each needs (as the API's route table says), in which states it is
+// legal, what the API requires (a reason, an input), and its route.  A
+// page offers an action only when the signed-in token holds its role and
+// the request (or node) is in one of its states; the API decides again.
+import * as api from './api.js';
+import { confirmAction } from './dom.js';
+
+export const REQUEST_ACTIONS = [
+  { key: 'approve', label: 'Approve', role: 'approve', states: ['PENDING_APPROVAL'], reason: 'optional',
+    field: 'comment', path: (r) => `/v3/requests/${r.id}/approve`,
+    legal: (r, me) => r.created_by !== me.actor && !(r.approvals || []).some((a) => a.principal === me.actor) },
+  { key: 'reject', label: 'Reject', role: 'approve', states: ['PENDING_APPROVAL'], reason: 'required',
+    field: 'reason', path: (r) => `/v3/requests/${r.id}/reject`,
+    legal: (r, me) => !(r.approvals || []).some((a) => a.principal === me.actor) },
+  { key: 'cancel', label: 'Cancel', role: 'operate',
+    states: ['PENDING_APPROVAL', 'APPROVED', 'EXECUTING', 'WAITING_MANUAL_ACTION', 'MANUAL_INTERVENTION'],
+    reason: 'required', field: 'reason', path: (r) => `/v3/requests/${r.id}/cancel`,
+    legal: (r) => !(r.nodes || []).some((n) => ['SUBMITTING', 'SUBMITTED', 'OBSERVING', 'UNKNOWN'].includes(n.node_state)) },
+  { key: 'resume', label: 'Resume', role: 'operate', states: ['MANUAL_INTERVENTION'], reason: 'none',
+    path: (r) => `/v3/requests/${r.id}/resume` },
+];
+
+export const NODE_ACTIONS = [
+  { key: 'retry', label: 'Retry', role: 'operate', states: ['FAILED', 'UNKNOWN'], reason: 'none',
+    requestStates: ['FAILED', 'MANUAL_INTERVENTION', 'EXECUTING'], path: (n) => `/v3/nodes/${n.id}/retry` },
+  { key: 'complete', label: 'Complete step', role: 'operate', states: ['READY'], reason: 'none', input: true,
+    requestStates: ['WAITING_MANUAL_ACTION', 'EXECUTING'], manual: true, path: (n) => `/v3/nodes/${n.id}/complete` },
+];
+
+export function requestActions(req, ctx) {
+  return REQUEST_ACTIONS.filter((a) => ctx.can(a.role) && a.states.includes(req.request_state)
+    && (!a.legal || a.legal(req, ctx.me)));
+}
+
+export function nodeActions(req, node, ctx) {
+  return NODE_ACTIONS.filter((a) => ctx.can(a.role) && a.states.includes(node.node_state)
+    && a.requestStates.includes(req.request_state) && (!a.manual || node.node_kind === 'manual'));
+}
+
+// run(action, target, lines) -> the API's answer, or null when not confirmed.
+// A manual step's dialog shows its instructions and asks for its required
+// inputs one field each.
+export async function run(action, target, what) {
+  const manual = action.input && target.manual ? target.manual : null;
+  const answer = await confirmAction({ title: `${action.label} ${what}?`,
+    lines: manual && manual.instructions ? [manual.instructions] : action.lines,
+    reason: action.reason, input: action.input, fields: manual ? manual.required_inputs : undefined,
+    confirm: action.label });
+  if (!answer) return null;
+  const body = {};
+  if (action.field && answer.reason) body[action.field] = answer.reason;
+  if (action.input) body.input = answer.input;
+  return api.post(action.path(target), body);
+}
