@@ -664,7 +664,6 @@ int qtg_pg_busy(const qtg_pg_conn *c) { return c->state == QTG_PG_BUSY; }
 int qtg_pg_broken(const qtg_pg_conn *c) { return c->state == QTG_PG_BROKEN; }
 PGTransactionStatusType qtg_pg_txn_status(const qtg_pg_conn *c) { return PQtransactionStatus(c->pg); }
 int qtg_pg_backend_pid(const qtg_pg_conn *c) { return PQbackendPID(c->pg); }
-const char *qtg_pg_error_message(const qtg_pg_conn *c) { return PQerrorMessage(c->pg); }
 
 void qtg_pg_pool_stats(const qtg_pg_pool *p, int *size, int *open, int *in_use, int *waiting) {
   *size = p->size;

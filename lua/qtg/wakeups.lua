@@ -30,7 +30,7 @@ M.SLOT = 0.1          -- seconds: due times in the same slot share a timer
 -- seconds later, and every NOTIFY of the same slot shares that one wake.
 -- The audit promoter is notified by every transaction that writes audit
 -- rows (most of them); waking it for each would cost a pass (one
--- statement, and a heartbeat flush now and then) per transaction.  Gathered, it moves up to its batch (500)
+-- statement) per transaction.  Gathered, it moves up to its batch (500)
 -- per pass at most 1 / SLOT times a second.
 M.GATHER = { audit_outbox_promoter = 0.1 }
 

@@ -12,6 +12,9 @@
 local qtg = require("qtg")
 local view = require("qtg.console.view")
 local pretty = require("qtg.console.pretty")
+local lifecycle_mod = require("qtg.requests")
+local signers = require("qtg.signers")
+local callbacks = require("qtg.callbacks")
 
 local M = {}
 
@@ -121,17 +124,6 @@ local function explain_missing(e, what)
   error(e, 0)
 end
 
-local function optional_module(name, what)
-  local ok, mod = pcall(require, name)
-  if not ok then
-    if tostring(mod):find("module '" .. name .. "' not found", 1, true) then
-      error({ kind = "unavailable", message = what .. " is not available: module " .. name .. " is not installed" }, 0)
-    end
-    error(mod, 0)
-  end
-  return mod
-end
-
 local function find_worker(name)
   check_name("worker name", name)
   for _, w in ipairs(qtg.runtime.workers()) do
@@ -210,10 +202,7 @@ local CALLBACK_COLUMNS = { "id", "event_type", "status", "attempts", "last_statu
                            "created_at" }
 
 local function request_detail(s, id)
-  local r = s:query("SELECT * FROM movement_requests WHERE id = $1::uuid", id)[1]
-  if not r then
-    error({ kind = "not_found", message = "no request " .. id }, 0)
-  end
+  local r = lifecycle_mod.get(s, id)
   r.nodes = view.rows(s:query([[
     SELECT n.*, pn.ordinal FROM movement_request_nodes n
       JOIN plan_nodes pn ON pn.id = n.plan_node_id
@@ -301,7 +290,7 @@ end
 -- request as it is afterwards.  call(mod, s) makes the change and returns
 -- the request id.
 local function lifecycle(call)
-  local mod = optional_module("qtg.requests", "the request lifecycle")
+  local mod = lifecycle_mod
   return with_session(function(s)
     local id = call(mod, s)
     return request_detail(s, id)
@@ -331,7 +320,7 @@ local SIGNER_COLUMNS = { "signer_key", "posture", "expected_signer_address", "ob
                          "health_state", "runtime_present", "observed_at" }
 
 local function signers()
-  local mod = optional_module("qtg.signers", "the signer roster")
+  local mod = signers
   return with_session(function(s)
     local ok, rows = pcall(mod.roster, s)
     if not ok then explain_missing(rows, "signers") end
@@ -652,7 +641,7 @@ function M.bind(ctx)
     if type(callback_id) ~= "number" or callback_id ~= math.floor(callback_id) or callback_id < 1 then
       usage("redeliver(callback_id): the id is a positive integer, got %s", pretty.pretty(callback_id))
     end
-    local mod = optional_module("qtg.callbacks", "callback redelivery")
+    local mod = callbacks
     local who = as("operate", "redeliver a callback")
     return with_session(function(s)
       local ok, row = pcall(mod.redeliver, s, callback_id, who)
@@ -667,7 +656,7 @@ function M.bind(ctx)
   function c.set_expected_signer(key, address)
     check_name("signer key", key)
     check_name("address", address)
-    local mod = optional_module("qtg.signers", "the signer roster")
+    local mod = signers
     local who = as("admin", "enroll a signer identity")
     return with_session(function(s)
       local ok, row = pcall(mod.set_expected_identity, s, key, address, who)
