@@ -174,44 +174,21 @@ local function request_update_sql(request, fields, level)
 end
 
 function M.update_request(s, request, fields)
-  local sets, args = request_update_sql(request, fields, 2)
-  local sql = "UPDATE movement_requests SET " .. table.concat(sets, ", ") ..
-    " WHERE id = $1::uuid RETURNING *"
-  local row = s:query(sql, unpack(args, 1, #args))[1]
-  for k, v in pairs(row) do request[k] = v end
-  return request
+  return M.write_request(s, request, fields)
 end
 
--- write_request(s, request, fields, cb, audit): the request update, its
+-- write_request(s, request, fields[, cb[, audit]]): the request update, its
 -- callback row (cb = {event, data}, only when the request has a
 -- callback_url: callback_sequence is bumped in the same UPDATE) and its
--- audit row (audit = {actor, action, detail}) in ONE statement (issue 8:
--- one round trip and one row version where there were three and two).
--- Either cb or audit may be nil.  The callback payload is the one
--- qtg.outbox.enqueue_callback writes (outbox.callback_insert_sql).
+-- audit row (audit = {actor, action, detail}) in one statement
+-- (qtg.outbox.write).  Either cb or audit may be nil.
 function M.write_request(s, request, fields, cb, audit)
   local sets, args = request_update_sql(request, fields, 2)
-  if cb then
-    outbox.check_event(cb.event, 2)
-    sets[#sets + 1] = "callback_sequence = callback_sequence + (callback_url IS NOT NULL)::int"
-  end
-  local parts = { "WITH u AS (UPDATE movement_requests SET ", table.concat(sets, ", "),
-                  " WHERE id = $1::uuid RETURNING *)" }
-  if cb then
-    local n = #args
-    args[n + 1], args[n + 2], args[n + 3] = cb.event, canon.encode(cb.data or {}), outbox.max_attempts()
-    parts[#parts + 1] = ", c AS (" .. outbox.callback_insert_sql("u", n + 1, n + 2, n + 3) .. ")"
-  end
-  if audit then
-    outbox.check_actor(audit.actor, 2)
-    local n = #args
-    args[n + 1], args[n + 2], args[n + 3] = audit.actor, audit.action, canon.encode(audit.detail or {})
-    parts[#parts + 1] = (", a AS (INSERT INTO audit_outbox (actor, action, entity_type, entity_id, " ..
-      "request_id, detail) SELECT $%d, $%d, 'movement_request', u.id::text, u.id, $%d::jsonb FROM u)")
-      :format(n + 1, n + 2, n + 3)
-  end
-  parts[#parts + 1] = " SELECT * FROM u"
-  local row = s:query(table.concat(parts), unpack(args, 1, #args))[1]
+  if cb then sets[#sets + 1] = outbox.BUMP end
+  local row = outbox.write(s,
+    "UPDATE movement_requests SET " .. table.concat(sets, ", ") .. " WHERE id = $1::uuid RETURNING *",
+    args, { callback = cb, audit = audit and { of = "request", actor = audit.actor, action = audit.action,
+                                               detail = audit.detail } }, 2)
   for k, v in pairs(row) do request[k] = v end
   return request
 end
@@ -256,24 +233,15 @@ function M.set_request_state(s, request, to, actor, opts)
 end
 
 -- set_node_state(s, g, node, fields, actor): a node change plus its audit
--- row (node changes have no callback of their own: the request-level events
--- that follow from them carry the news).  One statement (issue 8): the
--- UPDATE and the audit_outbox INSERT that reads the updated row, so the
--- audit detail is {node_key, from_state, attempt_no[, error_code]} of the
--- row as written.
+-- row, in one statement (qtg.outbox.write; node changes have no callback of
+-- their own: the request-level events that follow from them carry the
+-- news).  The audit detail is {node_key, from_state, attempt_no[,
+-- error_code]} of the row as written.
 function M.set_node_state(s, g, node, fields, actor)
   outbox.check_actor(actor, 2)
   local from = node.node_state
   local upd, args = node_update_sql(node, fields, 2)
-  local n = #args
-  args[n + 1], args[n + 2], args[n + 3] = actor, g.request.id, from
-  local sql = "WITH u AS (" .. upd .. "), a AS (" ..
-    "INSERT INTO audit_outbox (actor, action, entity_type, entity_id, request_id, detail) " ..
-    "SELECT $" .. (n + 1) .. ", 'node.' || lower(u.node_state), 'movement_request_node', u.id::text, $" ..
-    (n + 2) .. "::uuid, jsonb_strip_nulls(jsonb_build_object('node_key', u.node_key, 'from_state', $" ..
-    (n + 3) .. "::text, 'attempt_no', u.attempt_no, 'error_code', u.error_code)) FROM u) " ..
-    "SELECT * FROM u"
-  local row = s:query(sql, unpack(args, 1, n + 3))[1]
+  local row = outbox.write(s, upd, args, { audit = { of = "node", actor = actor, from_state = from } }, 2)
   for k, v in pairs(row) do node[k] = v end
   if M.WARN_NODE_STATES[node.node_state] and from ~= node.node_state then
     local code, detail = node.error_code, node.error_detail

@@ -50,10 +50,13 @@ end
 function M.surface(s, t)
   local note = M.enqueue(s, t.kind, t.dedupe_key, t.data, t.severity)
   if not note then return nil end
-  outbox.audit(s, "system:" .. t.worker, t.kind, t.entity_type, t.entity_id, t.request_id, t.data)
+  local audit = { actor = "system:" .. t.worker, action = t.kind, entity_type = t.entity_type,
+                  entity_id = t.entity_id, request_id = t.request_id, detail = t.data }
   if t.request_id then
     outbox.enqueue_callback(s, { id = t.request_id }, "request_attention",
-      { reason = t.kind, entity_type = t.entity_type, entity_id = tostring(t.entity_id), detail = t.data })
+      { reason = t.kind, entity_type = t.entity_type, entity_id = tostring(t.entity_id), detail = t.data }, audit)
+  else
+    outbox.write(s, nil, nil, { audit = audit })
   end
   return note
 end

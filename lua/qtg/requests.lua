@@ -283,15 +283,15 @@ function M.create(s, args, who)
     outbox.enqueue_callback(s, req, "request_created", {
       template_key = args.template_key, template_version = pv.version,
       expires_at = req.expires_at,
-    })
-    outbox.audit(s, actor, "request.create", "movement_request", req.id, req.id, {
+    }, { actor = actor, action = "request.create", entity_type = "movement_request", entity_id = req.id,
+         request_id = req.id, detail = {
       template_key = args.template_key, template_version = pv.version,
       idempotency_key = args.idempotency_key, network_class = network_class,
       approval_rule = decision and decision.rule, approvals_required = req.approvals_required,
       approval_policy_error = policy_error,
       -- what was asked for: the trail shows it without the request row
       intent = args.intent, callback_url = req.callback_url,
-    })
+    } })
     if decision and decision.action == "allow" then
       -- approved by the policy itself
       local locked = lock_request(s, req.id)
@@ -546,8 +546,9 @@ function M.retry(s, node_id, actor)
           detail = { from_state = req.request_state, cause = "node.retry", node_key = node.node_key } })
     end
     outbox.enqueue_callback(s, req, "node_retried", { node_key = node.node_key,
-      previous_state = previous.node_state, previous_error_code = previous.error_code })
-    outbox.audit(s, actor, "node.retry", "movement_request_node", node.id, req.id, previous)
+      previous_state = previous.node_state, previous_error_code = previous.error_code },
+      { actor = actor, action = "node.retry", entity_type = "movement_request_node", entity_id = node.id,
+        request_id = req.id, detail = previous })
     return req, node
   end)
 end
