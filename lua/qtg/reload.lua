@@ -105,14 +105,7 @@ end
 
 -- ---- errors with file and line ----------------------------------------------
 
-local function message_of(e)
-  if type(e) == "table" then
-    local mt = getmetatable(e)
-    if mt and mt.__tostring then return tostring(e) end
-    if e.message then return (e.kind and (tostring(e.kind) .. ": ") or "") .. tostring(e.message) end
-  end
-  return tostring(e)
-end
+local message_of = require("qtg.errors").text
 
 -- {module, file, line, message, traceback}: the location is the first
 -- "file.lua:N:" of the message, else the first frame of the traceback in

@@ -15,8 +15,9 @@
 -- Either way the state change, its callback-outbox row and its audit-outbox
 -- row commit together or not at all.
 --
--- Refusals raise {kind = "illegal_transition" | "not_found" | "invalid_intent"
--- | "invalid_input" | "forbidden", message = ...} (tostring gives the message).
+-- Refusals raise qtg.error(kind, message) (qtg.errors), kind one of
+-- "illegal_transition", "not_found", "invalid_intent", "invalid_input",
+-- "forbidden".
 --
 -- `actor` is a principal table (qtg.principals: the console and the API
 -- build one) or, for in-process callers, an actor string.  A principal
@@ -37,16 +38,13 @@ local executors = require "qtg.executors"
 local principals = require "qtg.principals"
 local approvals = require "qtg.approvals"
 local risk = require "qtg.risk_controls"
+local errors = require "qtg.errors"
 
 local M = {}
 
 local NULL = require("cjson").null
 
-local err_mt = { __tostring = function(e) return e.kind .. ": " .. e.message end }
-
-local function refuse(kind, fmt, ...)
-  error(setmetatable({ kind = kind, message = string.format(fmt, ...) }, err_mt), 0)
-end
+local refuse = errors.raise
 M.refuse = refuse
 
 local function settings()
@@ -189,7 +187,6 @@ local function check_create_args(args)
     refuse("invalid_input", "idempotency_key is required (1 to 200 characters)")
   end
   -- text PostgreSQL cannot hold is refused here, not by a failing write
-  -- (found by spec/lua/fuzz_intent_spec.lua)
   if not canon.text_ok(args.idempotency_key) then
     refuse("invalid_input", "idempotency_key holds a NUL byte or is not valid UTF-8")
   end
@@ -343,12 +340,12 @@ local function approve(s, id, p, comment)
     network_class = req.network_class, intent = req.intent, initiator = initiator })
   local refusal
   if not decision then
-    refusal = setmetatable({ kind = "illegal_transition", message = string.format(
-      "cannot approve request %s now: the approval policy failed: %s", id, policy_error) }, err_mt)
+    refusal = errors.new("illegal_transition", string.format(
+      "cannot approve request %s now: the approval policy failed: %s", id, policy_error))
   elseif decision.action == "block" then
-    refusal = setmetatable({ kind = "invalid_intent", message = string.format(
+    refusal = errors.new("invalid_intent", string.format(
       "cannot approve request %s now: approval policy rule %s blocks it: %s", id, decision.rule,
-      tostring(decision.reason)) }, err_mt)
+      tostring(decision.reason)))
   end
   if refusal then
     -- recorded and committed; the request keeps waiting
@@ -583,14 +580,10 @@ function M.complete_manual_step(s, node_id, actor, input)
           detail = { from_state = "WAITING_MANUAL_ACTION", cause = "manual_step_completed",
                      node_key = node.node_key } })
     end
-    nodes_db.set_node_state(s, g, node, {
-      node_state = "COMPLETED", attempt_no = node.attempt_no + 1,
-      merge_provider_refs = done.provider_refs, append_artifacts = done.artifacts,
-      side_effect = done.side_effect or node.side_effect, finished_now = true,
-      resolved_config = config,
-    }, actor)
     outbox.enqueue_callback(s, req, "manual_step_completed", { node_key = node.node_key })
-    nodes_db.after_node_change(s, g, node, actor)
+    nodes_db.apply_answer(s, g, node, actor, "complete", { attempt_no = node.attempt_no + 1,
+      resolved_config = config }, { status = "COMPLETED", provider_refs = done.provider_refs,
+      artifacts = done.artifacts, side_effect = done.side_effect })
     return req, node
   end)
 end

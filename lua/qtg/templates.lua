@@ -265,7 +265,7 @@ local function find_cycle(keys, graph)
   local start
   for _, k in ipairs(keys) do if indeg[k] > 0 then start = k; break end end
   -- a duplicate node key (already an error) makes the counts differ
-  -- without a cycle (found by spec/lua/fuzz_templates_spec.lua)
+  -- without a cycle
   if not start then return nil end
   local path, at, pos = {}, start, {}
   while not pos[at] do

@@ -1,4 +1,4 @@
--- qtg.wakeups: NOTIFY wake-ups of idle workers (issue 8; docs/performance.md).
+-- qtg.wakeups: NOTIFY wake-ups of idle workers (docs/performance.md).
 --
 -- The database says when work appears (sql/0030_wakeups.sql): one channel,
 -- qtg_wake, whose payload names the worker, optionally with the seconds until

@@ -1,4 +1,4 @@
--- The conditional workers that surface things to operators (issue 5):
+-- The conditional workers that surface things to operators:
 -- ccip_stranded_reaper, capital_transfer_followup and notification_dispatcher
 -- (the operators' webhook: tools/fake-providers, a real HTTP server, with
 -- the callbacks' signature, schedule and dead-letter queue).  Real

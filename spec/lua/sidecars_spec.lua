@@ -1,5 +1,5 @@
--- The sidecar workers other than callbacks and signers (issue 4, items 4, 5,
--- 6, 7, 8; docs/callbacks.md): expiration_checker, template proposals and
+-- The sidecar workers other than callbacks and signers (docs/callbacks.md):
+-- expiration_checker, template proposals and
 -- their expiry, executor health states, the audit promoter (exactly once, in
 -- order, with two processes) and worker heartbeats.  Real PostgreSQL; the
 -- per-class workers run in child qtgd processes of their own network class.

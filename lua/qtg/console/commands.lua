@@ -12,6 +12,7 @@
 local qtg = require("qtg")
 local view = require("qtg.console.view")
 local pretty = require("qtg.console.pretty")
+local errors = require("qtg.errors")
 local lifecycle_mod = require("qtg.requests")
 local signers = require("qtg.signers")
 local callbacks = require("qtg.callbacks")
@@ -64,7 +65,7 @@ M.LIST = {
 local UUID = "^%x%x%x%x%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%x%x%x%x%x%x%x%x$"
 
 local function usage(fmt, ...)
-  error({ kind = "usage", message = string.format(fmt, ...) }, 0)
+  errors.raise("usage", fmt, ...)
 end
 
 -- A request or node id as the operator typed it: the full uuid, or a
@@ -87,8 +88,8 @@ local function resolve_id(what, id)
     return s:query(SHORT_TABLES[what], qtg.settings.network_class, id:lower() .. "%")
   end)
   if #rows == 0 then
-    error({ kind = "not_found", message = string.format("no %s id of network class %s starts with %s", what,
-      qtg.settings.network_class, id) }, 0)
+    error(qtg.error("not_found", string.format("no %s id of network class %s starts with %s", what,
+      qtg.settings.network_class, id)), 0)
   elseif #rows > 1 then
     local ids = {}
     for _, r in ipairs(rows) do ids[#ids + 1] = r.id end
@@ -118,8 +119,8 @@ end
 -- A missing table means a migration is not installed: say which.
 local function explain_missing(e, what)
   if type(e) == "table" and e.sqlstate == "42P01" then
-    error({ kind = "unavailable",
-            message = what .. ": " .. tostring(e.message) .. " (run `qtgd migrate`; the module that owns it may not be installed)" }, 0)
+    error(qtg.error("unavailable", what .. ": " .. tostring(e.message)
+      .. " (run `qtgd migrate`; the module that owns it may not be installed)"), 0)
   end
   error(e, 0)
 end
@@ -351,9 +352,8 @@ local function balances()
       qtg.settings.network_class, qtg.settings.balance_stale_threshold_seconds)
     if not ok then
       if type(rows) == "table" and rows.sqlstate == "42P01" then
-        error({ kind = "unavailable",
-                message = "balances: there is no balance_snapshots table in this database (the balance "
-                  .. "snapshot migration is not installed; run `qtgd migrate` once it is)" }, 0)
+        error(qtg.error("unavailable", "balances: there is no balance_snapshots table in this database (the balance "
+                  .. "snapshot migration is not installed; run `qtgd migrate` once it is)"), 0)
       end
       error(rows, 0)
     end
@@ -479,12 +479,12 @@ function M.bind(ctx)
     -- a pass that failed or did not finish is an error, so `qtgd console -e`
     -- exits 1 and a script stops there
     if not after then
-      error({ kind = "tick", message = string.format("%s: pass requested; not finished after %.0fs",
-        name, timeout) }, 0)
+      error(qtg.error("tick", string.format("%s: pass requested; not finished after %.0fs",
+        name, timeout)), 0)
     end
     if after.errors_total > before.errors_total then
-      error({ kind = "tick", message = string.format("%s: pass failed after %.2fs: %s", name,
-        qtg.monotonic() - started, tostring(after.last_error)) }, 0)
+      error(qtg.error("tick", string.format("%s: pass failed after %.2fs: %s", name,
+        qtg.monotonic() - started, tostring(after.last_error))), 0)
     end
     return view.text(string.format("%s: pass done in %.2fs, %d item%s", name, qtg.monotonic() - started,
       after.last_count or 0, after.last_count == 1 and "" or "s"))
@@ -673,7 +673,7 @@ function M.bind(ctx)
     local reload = require("qtg.reload")
     local report = reload.reload(as("admin", "reload the policies"), { watch = reload.WATCH_SECONDS })
     local text = reload.describe(report)
-    if not report.ok then error({ kind = "reload", message = text.text }, 0) end
+    if not report.ok then error(qtg.error("reload", text.text), 0) end
     return text
   end
 

@@ -389,7 +389,9 @@ function M.preflight(ctx)
   return { ok = true }
 end
 
-local function raise(code, detail) error({ message = code .. ": " .. tostring(detail), code = code }, 0) end
+-- A refusal of prepare: the error's kind is the node's error code, so the
+-- recorded detail reads "CODE: detail".
+local function raise(code, detail) error(qtg.error(code, tostring(detail)), 0) end
 
 local function prepared_of(ctx, p, row)
   return {
