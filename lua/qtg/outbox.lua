@@ -143,6 +143,7 @@ function M.write(s, change, args, t, level)
   end
   local sql
   if not change then
+    if not au then error("outbox.write: nothing to write", level) end
     sql = parts[1]
   elseif #parts == 0 then
     sql = change

@@ -14,8 +14,8 @@ local view = require("qtg.console.view")
 local pretty = require("qtg.console.pretty")
 local errors = require("qtg.errors")
 local lifecycle_mod = require("qtg.requests")
-local signers = require("qtg.signers")
-local callbacks = require("qtg.callbacks")
+local signers_mod = require("qtg.signers")
+local callbacks_mod = require("qtg.callbacks")
 
 local M = {}
 
@@ -203,7 +203,16 @@ local CALLBACK_COLUMNS = { "id", "event_type", "status", "attempts", "last_statu
                            "created_at" }
 
 local function request_detail(s, id)
-  local r = lifecycle_mod.get(s, id)
+  -- through the lifecycle: another network class's request is not this
+  -- process's to show
+  local ok, r = pcall(lifecycle_mod.get, s, id)
+  if not ok then
+    if type(r) == "table" and r.kind == "not_found"
+        and not s:query("SELECT 1 FROM movement_requests WHERE id = $1::uuid", id)[1] then
+      error(qtg.error("not_found", "no request " .. id), 0)
+    end
+    error(r, 0)
+  end
   r.nodes = view.rows(s:query([[
     SELECT n.*, pn.ordinal FROM movement_request_nodes n
       JOIN plan_nodes pn ON pn.id = n.plan_node_id
@@ -321,7 +330,7 @@ local SIGNER_COLUMNS = { "signer_key", "posture", "expected_signer_address", "ob
                          "health_state", "runtime_present", "observed_at" }
 
 local function signers()
-  local mod = signers
+  local mod = signers_mod
   return with_session(function(s)
     local ok, rows = pcall(mod.roster, s)
     if not ok then explain_missing(rows, "signers") end
@@ -641,7 +650,7 @@ function M.bind(ctx)
     if type(callback_id) ~= "number" or callback_id ~= math.floor(callback_id) or callback_id < 1 then
       usage("redeliver(callback_id): the id is a positive integer, got %s", pretty.pretty(callback_id))
     end
-    local mod = callbacks
+    local mod = callbacks_mod
     local who = as("operate", "redeliver a callback")
     return with_session(function(s)
       local ok, row = pcall(mod.redeliver, s, callback_id, who)
@@ -656,7 +665,7 @@ function M.bind(ctx)
   function c.set_expected_signer(key, address)
     check_name("signer key", key)
     check_name("address", address)
-    local mod = signers
+    local mod = signers_mod
     local who = as("admin", "enroll a signer identity")
     return with_session(function(s)
       local ok, row = pcall(mod.set_expected_identity, s, key, address, who)
