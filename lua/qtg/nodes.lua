@@ -1,6 +1,7 @@
 -- qtg.nodes: the engine's writes on requests and nodes, shared by the
 -- lifecycle (qtg.requests) and the core workers: load a request's graph,
--- change a node or a request (with its callback and audit rows), advance the
+-- change a node or a request (with its callback and audit rows), turn an
+-- executor's answer into a node change (claimed, apply_answer), advance the
 -- DAG after a completion and derive the request state.  Every function runs
 -- inside the caller's open transaction, with the request row already locked
 -- by the caller (rule: a request row is locked before any of its node rows).
