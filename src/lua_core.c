@@ -322,6 +322,7 @@ static const luaL_Reg qtg_core_funcs[] = {
   {"spawn", qtg_lua_spawn},
   {"raw_join", qtg_lua_join},
   {"fatal", qtg_lua_fatal},
+  {"error", qtg_lua_error_new},
   {"refs", qtg_lua_refs},
   {"pid", qtg_lua_pid},
   {"process_id", qtg_lua_process_id},

@@ -63,11 +63,56 @@ void qtg_unref(lua_State *L, int ref) {
 
 /* ---- structured errors ------------------------------------------------ */
 
+/* "[where ]kind[ (method)]: message[ [code N]]": where names the component
+ * (evm_rpc), method the operation, a numeric code the protocol's error code
+ * (JSON-RPC); an error without them reads "kind: message". */
 static int qtg_error_tostring(lua_State *L) {
+  luaL_Buffer b;
+  luaL_buffinit(L, &b);
+  lua_getfield(L, 1, "where");
+  if (lua_type(L, -1) == LUA_TSTRING) {
+    luaL_addvalue(&b);
+    luaL_addchar(&b, ' ');
+  } else {
+    lua_pop(L, 1);
+  }
   lua_getfield(L, 1, "kind");
+  luaL_addstring(&b, lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "error");
+  lua_pop(L, 1);
+  lua_getfield(L, 1, "method");
+  if (lua_type(L, -1) == LUA_TSTRING) {
+    luaL_addstring(&b, " (");
+    luaL_addvalue(&b);
+    luaL_addchar(&b, ')');
+  } else {
+    lua_pop(L, 1);
+  }
+  luaL_addstring(&b, ": ");
   lua_getfield(L, 1, "message");
-  lua_pushfstring(L, "%s: %s", luaL_optstring(L, -2, "error"), luaL_optstring(L, -1, "?"));
+  if (lua_type(L, -1) == LUA_TSTRING || lua_type(L, -1) == LUA_TNUMBER) {
+    luaL_addvalue(&b);
+  } else {
+    lua_pop(L, 1);
+    luaL_addchar(&b, '?');
+  }
+  lua_getfield(L, 1, "code");
+  if (lua_type(L, -1) == LUA_TNUMBER) {
+    lua_pushfstring(L, " [code %s]", lua_tostring(L, -1));
+    lua_remove(L, -2);
+    luaL_addvalue(&b);
+  } else {
+    lua_pop(L, 1);
+  }
+  luaL_pushresult(&b);
   return 1;
+}
+
+static void qtg_error_setmeta(lua_State *L) {
+  if (luaL_newmetatable(L, "qtg.error")) {
+    lua_pushcfunction(L, qtg_error_tostring);
+    lua_setfield(L, -2, "__tostring");
+  }
+  lua_setmetatable(L, -2);
 }
 
 void qtg_push_error_v(lua_State *L, const char *kind, const char *fmt, va_list ap) {
@@ -76,11 +121,31 @@ void qtg_push_error_v(lua_State *L, const char *kind, const char *fmt, va_list a
   lua_setfield(L, -2, "kind");
   lua_pushvfstring(L, fmt, ap);
   lua_setfield(L, -2, "message");
-  if (luaL_newmetatable(L, "qtg.error")) {
-    lua_pushcfunction(L, qtg_error_tostring);
-    lua_setfield(L, -2, "__tostring");
+  qtg_error_setmeta(L);
+}
+
+/* qtg.error(kind, message[, fields]) -> the same error table the host
+ * raises: {kind=, message=, ...fields}, kind and message winning over a
+ * field of the same name. */
+int qtg_lua_error_new(lua_State *L) {
+  luaL_checkstring(L, 1);
+  luaL_checkstring(L, 2);
+  if (!lua_isnoneornil(L, 3)) luaL_checktype(L, 3, LUA_TTABLE);
+  lua_createtable(L, 0, 4);
+  if (lua_istable(L, 3)) {
+    lua_pushnil(L);
+    while (lua_next(L, 3) != 0) {
+      lua_pushvalue(L, -2);
+      lua_insert(L, -2);
+      lua_rawset(L, -4);
+    }
   }
-  lua_setmetatable(L, -2);
+  lua_pushvalue(L, 1);
+  lua_setfield(L, -2, "kind");
+  lua_pushvalue(L, 2);
+  lua_setfield(L, -2, "message");
+  qtg_error_setmeta(L);
+  return 1;
 }
 
 void qtg_push_error(lua_State *L, const char *kind, const char *fmt, ...) {

@@ -135,5 +135,7 @@ int qtg_raise(lua_State *L, const char *kind, const char *fmt, ...);
 /* Push a structured error table without raising. */
 void qtg_push_error(lua_State *L, const char *kind, const char *fmt, ...);
 void qtg_push_error_v(lua_State *L, const char *kind, const char *fmt, va_list ap);
+/* qtg.error(kind, message[, fields]): the same table, built from Lua. */
+int qtg_lua_error_new(lua_State *L);
 
 #endif

@@ -84,7 +84,7 @@ QTG_SETTING(VERIFY_DRIFT_INTERVAL_SECONDS, "MG_VERIFY_DRIFT_INTERVAL_SECONDS", Q
 QTG_SETTING(VERIFY_DRIFT_CONCURRENCY, "MG_VERIFY_DRIFT_CONCURRENCY", QTG_SET_INT, "4", 1, 64, "verify_drift RPC calls in flight per chain")
 QTG_SETTING(VERIFY_DRIFT_LANE_TIMEOUT_SECONDS, "MG_VERIFY_DRIFT_LANE_TIMEOUT_SECONDS", QTG_SET_NUM, "20", 0.1, 600, "verify_drift per-lane timeout")
 
-/* Conditional workers: provider clients and policies (issue 5, docs/conditional-workers.md) */
+/* Conditional workers: provider clients and policies (docs/conditional-workers.md) */
 QTG_SETTING(EVM_RPC_TIMEOUT_SECONDS, "MG_EVM_RPC_TIMEOUT_SECONDS", QTG_SET_NUM, "10", 0.1, 600, "timeout of one EVM JSON-RPC call")
 QTG_SETTING(EVM_NONCE_REAPER_MAX_REBROADCASTS, "MG_EVM_NONCE_REAPER_MAX_REBROADCASTS", QTG_SET_INT, "3", 1, 100, "failed rebroadcasts of a signed reservation before it is surfaced to operators")
 QTG_SETTING(PROVIDER_TIMEOUT_SECONDS, "MG_PROVIDER_TIMEOUT_SECONDS", QTG_SET_NUM, "10", 0.1, 600, "timeout of one call to the Gateway API, the CCIP sidecar or a CEX venue API")

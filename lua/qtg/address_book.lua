@@ -14,10 +14,7 @@ local M = {}
 
 M.DEFAULT_APPROVALS = 2
 
-local err_mt = { __tostring = function(e) return e.kind .. ": " .. e.message end }
-local function refuse(kind, fmt, ...)
-  error(setmetatable({ kind = kind, message = string.format(fmt, ...) }, err_mt), 0)
-end
+local refuse = require("qtg.errors").raise
 
 local function in_tx(s, fn)
   if s:in_transaction() then return fn() end

@@ -1,6 +1,7 @@
--- qtg.context: the ExecutionContext handed to executors, and the SignRequest
--- handed to the signer, exactly as spec section 1 lists them (pure; the
--- dispatcher loads the rows and calls M.build).
+-- qtg.context: what executors and the signer are handed, from the rows the
+-- workers loaded (pure): the ExecutionContext of preflight/prepare/submit
+-- (build) and the SignRequest (sign_request), exactly as spec section 1
+-- lists them, and the context of observe() and recover() (observe_context).
 local canon = require "qtg.canon_json"
 local ref = require "qtg.ref"
 
@@ -91,8 +92,36 @@ function M.build(a)
   }
 end
 
+local NULL = require("cjson").null
+
+local function present(x)
+  if x == NULL then return nil end
+  return x
+end
+
+-- observe_context(request, node) -> the context observe() and recover() receive
+-- (the node as it is: attempt_no is the attempt being observed).
+function M.observe_context(request, node)
+  return {
+    request_id = tostring(request.id),
+    request_node_id = tostring(node.id),
+    node_key = node.node_key,
+    node_kind = node.node_kind,
+    action_type = node.action_type,
+    node_state = node.node_state,
+    attempt_no = node.attempt_no,
+    idempotency_key = present(node.idempotency_key),
+    provider_refs = canon.copy(node.provider_refs),
+    node_config = canon.copy(present(node.resolved_config) or {}),
+    intent = canon.copy(request.intent),
+    input_params = canon.copy(request.input_params),
+    observe_count = node.observe_count,
+    started_at = present(node.started_at),
+  }
+end
+
 local function str(v, default)
-  if v == nil or v == require("cjson").null then return default end
+  if v == nil or v == NULL then return default end
   return tostring(v)
 end
 

@@ -13,7 +13,7 @@
 local qtg = require("qtg")
 local canon = require("qtg.canon_json")
 local evm_rpc = require("qtg.evm_rpc")
-local notify = require("qtg.workers.notification_dispatcher")
+local notify = require("qtg.notifications")
 local outbox = require("qtg.outbox")
 
 local M = {}

@@ -1,9 +1,10 @@
 -- qtg.evm_rpc: an Ethereum JSON-RPC 2.0 client over qtg.http, for the
--- nonce reaper, verify_drift and (issue 10) the evm_transfer executor.
+-- nonce reaper, verify_drift and the evm_transfer executor.
 --
 -- Every call returns `value` or `nil, err`; it never raises for anything a
--- node or the network does.  err is a table {kind=, message=, method=, url=
--- [, code=, data=, status=]} with a __tostring, kind one of:
+-- node or the network does.  err is a qtg.error {kind=, message=,
+-- where="evm_rpc", method=, url= [, code=, data=, status=]}, reading
+-- "evm_rpc kind (method): message [code N]", kind one of:
 --   invalid      an argument refused before any I/O (a malformed address,
 --                hash, block tag or raw transaction)
 --   timeout, refused, dns, closed, tls, too_large, http, interrupted
@@ -33,20 +34,10 @@ local json = cjson.new()
 json.decode_invalid_numbers(false)
 json.decode_max_depth(64)
 
-local err_mt = {
-  __tostring = function(e)
-    local s = string.format("evm_rpc %s", e.kind)
-    if e.method then s = s .. " (" .. e.method .. ")" end
-    s = s .. ": " .. tostring(e.message)
-    if e.code then s = s .. " [code " .. tostring(e.code) .. "]" end
-    return s
-  end,
-}
-
 local function fail(kind, message, extra)
-  local e = { kind = kind, message = message }
-  for k, v in pairs(extra or {}) do e[k] = v end
-  return nil, setmetatable(e, err_mt)
+  local fields = { where = "evm_rpc" }
+  for k, v in pairs(extra or {}) do fields[k] = v end
+  return nil, qtg.error(kind, message, fields)
 end
 M.fail = fail
 

@@ -8,9 +8,11 @@
 -- process of this class silent for PRUNE_AFTER are deleted.
 -- flush(s): the liveness of every worker of qtg.runtime.workers() in ONE
 -- statement (last tick, last count, consecutive errors; updated_at = now).
--- maybe_flush(s): flush at most once every FLUSH_EVERY seconds; the
--- audit_outbox_promoter (1 s interval) calls it, so liveness is at most about
--- FLUSH_EVERY + 1 s old while the process is healthy, and a row whose
+-- maybe_flush(s): flush unless the last flush is less than FLUSH_EVERY
+-- seconds old.
+-- start(), stop(): the flush task.  Under `qtgd run` (qtg.main starts it
+-- after the seed) it flushes every FLUSH_EVERY seconds, so liveness is at
+-- most about FLUSH_EVERY s old while the process is healthy, and a row whose
 -- updated_at is older than STALE_AFTER means the process is gone or stuck.
 local qtg = require("qtg")
 local canon = require("qtg.canon_json")
@@ -122,6 +124,29 @@ function M.maybe_flush(s)
     return 0
   end
   return M.flush(s)
+end
+
+-- start(): the flush task (once per process until stop(); under `qtgd run`
+-- it ends with the process).  A flush that fails (the database is away) is
+-- logged and tried again at the next turn.
+function M.start()
+  if state.task then return state.task end
+  state.stop = false
+  state.task = qtg.spawn(function()
+    while not state.stop and not qtg.runtime.stopping() do
+      local ok, err = pcall(qtg.db.with_session, M.maybe_flush)
+      if not ok then qtg.log.warn("cannot flush worker heartbeats: " .. tostring(err)) end
+      local since = qtg.monotonic() - (state.last_flush or 0)
+      qtg.sleep(math.max(0.1, M.FLUSH_EVERY - since))
+    end
+    state.task = nil
+  end)
+  return state.task
+end
+
+-- stop(): the flush task ends at its next turn.
+function M.stop()
+  state.stop = true
 end
 
 return M

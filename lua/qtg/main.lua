@@ -1,13 +1,13 @@
--- qtg.main: `qtgd run`.  Starts the console, seeds heartbeats, and starts
--- every enabled worker from the registry (lua/qtg/workers/init.lua), then
--- returns: the loop keeps running until SIGTERM/SIGINT or a core failure.
+-- qtg.main: `qtgd run`.  Starts the console and the API, starts every
+-- enabled worker from the registry (lua/qtg/workers/init.lua), seeds and
+-- starts flushing their heartbeats, listens for wake-ups, then returns: the
+-- loop keeps running until SIGTERM/SIGINT or a core failure.
 local qtg = require("qtg")
+local heartbeats = require("qtg.heartbeats")
+local wakeups = require("qtg.wakeups")
+local reload = require("qtg.reload")
 
 local M = {}
-
-local function module_exists(name)
-  return package.searchpath(name, package.path) ~= nil
-end
 
 -- Load each enabled worker's module first, so that a broken script stops
 -- start-up with its file and line before any worker runs.
@@ -17,16 +17,12 @@ local function load_workers(registry)
     if w.skip_reason then
       qtg.log.warn("worker skipped: " .. w.skip_reason, {worker = w.name})
     elseif w.enabled then
-      if not module_exists(w.module) then
-        qtg.log.warn("worker not available in this build", {worker = w.name, module = w.module})
-      else
-        local ok, mod = pcall(require, w.module)
-        if not ok then error("cannot load worker " .. w.name .. ": " .. tostring(mod), 0) end
-        if type(mod) ~= "table" or type(mod.tick) ~= "function" then
-          error("worker module " .. w.module .. " must return a table with tick(session)", 0)
-        end
-        plan[#plan + 1] = {spec = w, mod = mod}
+      local ok, mod = pcall(require, w.module)
+      if not ok then error("cannot load worker " .. w.name .. ": " .. tostring(mod), 0) end
+      if type(mod) ~= "table" or type(mod.tick) ~= "function" then
+        error("worker module " .. w.module .. " must return a table with tick(session)", 0)
       end
+      plan[#plan + 1] = {spec = w, mod = mod}
     end
   end
   return plan
@@ -45,15 +41,10 @@ function M.start_workers(settings)
   return plan
 end
 
-local function optional(name)
-  if module_exists(name) then return require(name) end
-end
-
 -- `qtgd check` fails on an MG_* name that is not a setting; run, which
 -- may start without check, says so too (a typo leaves a default in force).
 local function warn_unknown_settings()
-  local ok, check = pcall(require, "qtg.cli.check")
-  if not ok then return end
+  local check = require("qtg.cli.check")
   for _, u in ipairs(check.unknown_settings()) do
     qtg.log.warn(u.name .. " is not a qtg setting" .. (u.hint and (" (did you mean " .. u.hint .. "?)") or "")
       .. "; it is ignored", {setting = u.name, suggestion = u.hint})
@@ -63,10 +54,8 @@ end
 function M.run()
   local settings = qtg.settings
   warn_unknown_settings()
-  if settings.console_enabled and qtg.console_server and qtg.console_server.start then
-    qtg.console_server.start()
-  end
-  if settings.api_listen ~= "" and qtg.api_server then
+  if settings.console_enabled then qtg.console_server.start() end
+  if settings.api_listen ~= "" then
     local aok, aerr = pcall(qtg.api_server.start, settings.api_listen)
     if not aok then
       qtg.log.error(tostring(aerr))
@@ -78,36 +67,27 @@ function M.run()
     qtg.log.error(tostring(plan))
     return 1
   end
-  local heartbeats = optional("qtg.heartbeats")
-  if heartbeats and #plan > 0 then
+  if #plan > 0 then
     local names = {}
     for i, p in ipairs(plan) do names[i] = {name = p.spec.name, group = p.spec.group} end
     local hb_ok, err = pcall(qtg.db.with_session, heartbeats.seed, names)
     if not hb_ok then qtg.log.warn("cannot seed worker heartbeats: " .. tostring(err)) end
+    heartbeats.start()
   end
-  local wakeups = optional("qtg.wakeups")
-  if wakeups and settings.wakeups_enabled then wakeups.start() end
+  if settings.wakeups_enabled then wakeups.start() end
   qtg.log.info("qtgd running", {workers = #plan, network_class = settings.network_class,
-                                pid = tostring(qtg.pid and qtg.pid() or "")})
-  if qtg.systemd then -- Type=notify: ready once the workers run (a no-op without NOTIFY_SOCKET)
-    local _, nerr = qtg.systemd.notify(("READY=1\nSTATUS=%d workers running"):format(#plan))
-    if nerr then qtg.log.warn("sd_notify READY=1: " .. tostring(nerr)) end
-  end
+                                pid = tostring(qtg.pid())})
+  -- Type=notify: ready once the workers run (a no-op without NOTIFY_SOCKET)
+  local _, nerr = qtg.systemd.notify(("READY=1\nSTATUS=%d workers running"):format(#plan))
+  if nerr then qtg.log.warn("sd_notify READY=1: " .. tostring(nerr)) end
   return 0
 end
 
 function M.on_sighup()
-  local reload = optional("qtg.reload")
-  if not reload then
-    qtg.log.warn("SIGHUP: live reload is not available in this build")
-    return
-  end
-  if qtg.systemd then qtg.systemd.notify("RELOADING=1\nMONOTONIC_USEC=" .. qtg.systemd.monotonic_usec()) end
+  qtg.systemd.notify("RELOADING=1\nMONOTONIC_USEC=" .. qtg.systemd.monotonic_usec())
   local report = reload.reload("sighup")
-  if qtg.systemd then
-    qtg.systemd.notify(report and report.ok and "READY=1\nSTATUS=policy reloaded"
-                       or "READY=1\nSTATUS=policy reload failed; the old code keeps running")
-  end
+  qtg.systemd.notify(report and report.ok and "READY=1\nSTATUS=policy reloaded"
+                     or "READY=1\nSTATUS=policy reload failed; the old code keeps running")
   -- after READY: a core worker failing its first passes is logged (warn)
   if report and report.ok then pcall(reload.watch, report, reload.WATCH_SECONDS) end
 end

@@ -1,6 +1,7 @@
 -- qtg.nodes: the engine's writes on requests and nodes, shared by the
 -- lifecycle (qtg.requests) and the core workers: load a request's graph,
--- change a node or a request (with its callback and audit rows), advance the
+-- change a node or a request (with its callback and audit rows), turn an
+-- executor's answer into a node change (claimed, apply_answer), advance the
 -- DAG after a completion and derive the request state.  Every function runs
 -- inside the caller's open transaction, with the request row already locked
 -- by the caller (rule: a request row is locked before any of its node rows).
@@ -8,6 +9,8 @@ local qtg = require "qtg"
 local canon = require "qtg.canon_json"
 local state = require "qtg.state"
 local outbox = require "qtg.outbox"
+local executors = require "qtg.executors"
+local intervals = require "qtg.observe_intervals"
 
 local M = {}
 
@@ -20,32 +23,20 @@ function M.load_request(s, id, lock)
   return s:query(sql, id)[1]
 end
 
--- request_of(row, ...) -> the request row inside a row a worker's claim
--- returned (movement_requests.* plus node_id and request_id), without those
--- two columns nor the other claim columns named in ..., so the worker need
--- not read the request again.
-function M.request_of(row, ...)
-  local req = {}
-  for k, v in pairs(row) do req[k] = v end
-  req.node_id, req.request_id = nil, nil
-  for i = 1, select("#", ...) do req[select(i, ...)] = nil end
-  return req
-end
-
--- All nodes of a request, sorted by node_key, and a by-key index.
+-- All nodes of a request, sorted by node_key, a by-key and a by-id index.
 function M.load_nodes(s, request_id)
   local nodes = s:query(
     "SELECT * FROM movement_request_nodes WHERE request_id = $1::uuid ORDER BY node_key",
     request_id)
-  local by = {}
-  for _, n in ipairs(nodes) do by[n.node_key] = n end
-  return nodes, by
+  local by, by_id = {}, {}
+  for _, n in ipairs(nodes) do by[n.node_key], by_id[n.id] = n, n end
+  return nodes, by, by_id
 end
 
 -- A plan version never changes once committed (a new template version is a
 -- new plan_versions row), so its graph is read once per process and kept
--- (issue 8: one statement less per node transition).  Callers treat the
--- graph as read-only.
+-- (one statement less per node transition).  Callers treat the graph as
+-- read-only.
 M.GRAPH_CACHE_MAX = 1000
 local graphs = { n = 0, by_id = {} }
 
@@ -72,9 +63,22 @@ end
 
 -- The request, its nodes and its graph: what every decision needs.
 function M.load_all(s, request)
-  local nodes, by = M.load_nodes(s, request.id)
-  return { request = request, nodes = nodes, by_key = by,
+  local nodes, by, by_id = M.load_nodes(s, request.id)
+  return { request = request, nodes = nodes, by_key = by, by_id = by_id,
            graph = M.load_graph(s, request.plan_version_id) }
+end
+
+-- claimed(s, row) -> g, node: what a worker's claim locked.  Every claim
+-- (node_dispatcher, node_observer, node_recovery) returns one row per node:
+-- movement_requests.* (the request, not read again), node_id, request_id and
+-- its own columns named claim_*.
+function M.claimed(s, row)
+  local req = {}
+  for k, v in pairs(row) do
+    if k ~= "node_id" and k ~= "request_id" and k:sub(1, 6) ~= "claim_" then req[k] = v end
+  end
+  local g = M.load_all(s, req)
+  return g, g.by_id[row.node_id]
 end
 
 -- ---------------------------------------------------------- node updates
@@ -174,44 +178,21 @@ local function request_update_sql(request, fields, level)
 end
 
 function M.update_request(s, request, fields)
-  local sets, args = request_update_sql(request, fields, 2)
-  local sql = "UPDATE movement_requests SET " .. table.concat(sets, ", ") ..
-    " WHERE id = $1::uuid RETURNING *"
-  local row = s:query(sql, unpack(args, 1, #args))[1]
-  for k, v in pairs(row) do request[k] = v end
-  return request
+  return M.write_request(s, request, fields)
 end
 
--- write_request(s, request, fields, cb, audit): the request update, its
+-- write_request(s, request, fields[, cb[, audit]]): the request update, its
 -- callback row (cb = {event, data}, only when the request has a
 -- callback_url: callback_sequence is bumped in the same UPDATE) and its
--- audit row (audit = {actor, action, detail}) in ONE statement (issue 8:
--- one round trip and one row version where there were three and two).
--- Either cb or audit may be nil.  The callback payload is the one
--- qtg.outbox.enqueue_callback writes (outbox.callback_insert_sql).
+-- audit row (audit = {actor, action, detail}) in one statement
+-- (qtg.outbox.write).  Either cb or audit may be nil.
 function M.write_request(s, request, fields, cb, audit)
   local sets, args = request_update_sql(request, fields, 2)
-  if cb then
-    outbox.check_event(cb.event, 2)
-    sets[#sets + 1] = "callback_sequence = callback_sequence + (callback_url IS NOT NULL)::int"
-  end
-  local parts = { "WITH u AS (UPDATE movement_requests SET ", table.concat(sets, ", "),
-                  " WHERE id = $1::uuid RETURNING *)" }
-  if cb then
-    local n = #args
-    args[n + 1], args[n + 2], args[n + 3] = cb.event, canon.encode(cb.data or {}), outbox.max_attempts()
-    parts[#parts + 1] = ", c AS (" .. outbox.callback_insert_sql("u", n + 1, n + 2, n + 3) .. ")"
-  end
-  if audit then
-    outbox.check_actor(audit.actor, 2)
-    local n = #args
-    args[n + 1], args[n + 2], args[n + 3] = audit.actor, audit.action, canon.encode(audit.detail or {})
-    parts[#parts + 1] = (", a AS (INSERT INTO audit_outbox (actor, action, entity_type, entity_id, " ..
-      "request_id, detail) SELECT $%d, $%d, 'movement_request', u.id::text, u.id, $%d::jsonb FROM u)")
-      :format(n + 1, n + 2, n + 3)
-  end
-  parts[#parts + 1] = " SELECT * FROM u"
-  local row = s:query(table.concat(parts), unpack(args, 1, #args))[1]
+  if cb then sets[#sets + 1] = outbox.BUMP end
+  local row = outbox.write(s,
+    "UPDATE movement_requests SET " .. table.concat(sets, ", ") .. " WHERE id = $1::uuid RETURNING *",
+    args, { callback = cb, audit = audit and { of = "request", actor = audit.actor, action = audit.action,
+                                               detail = audit.detail } }, 2)
   for k, v in pairs(row) do request[k] = v end
   return request
 end
@@ -256,24 +237,15 @@ function M.set_request_state(s, request, to, actor, opts)
 end
 
 -- set_node_state(s, g, node, fields, actor): a node change plus its audit
--- row (node changes have no callback of their own: the request-level events
--- that follow from them carry the news).  One statement (issue 8): the
--- UPDATE and the audit_outbox INSERT that reads the updated row, so the
--- audit detail is {node_key, from_state, attempt_no[, error_code]} of the
--- row as written.
+-- row, in one statement (qtg.outbox.write; node changes have no callback of
+-- their own: the request-level events that follow from them carry the
+-- news).  The audit detail is {node_key, from_state, attempt_no[,
+-- error_code]} of the row as written.
 function M.set_node_state(s, g, node, fields, actor)
   outbox.check_actor(actor, 2)
   local from = node.node_state
   local upd, args = node_update_sql(node, fields, 2)
-  local n = #args
-  args[n + 1], args[n + 2], args[n + 3] = actor, g.request.id, from
-  local sql = "WITH u AS (" .. upd .. "), a AS (" ..
-    "INSERT INTO audit_outbox (actor, action, entity_type, entity_id, request_id, detail) " ..
-    "SELECT $" .. (n + 1) .. ", 'node.' || lower(u.node_state), 'movement_request_node', u.id::text, $" ..
-    (n + 2) .. "::uuid, jsonb_strip_nulls(jsonb_build_object('node_key', u.node_key, 'from_state', $" ..
-    (n + 3) .. "::text, 'attempt_no', u.attempt_no, 'error_code', u.error_code)) FROM u) " ..
-    "SELECT * FROM u"
-  local row = s:query(sql, unpack(args, 1, n + 3))[1]
+  local row = outbox.write(s, upd, args, { audit = { of = "node", actor = actor, from_state = from } }, 2)
   for k, v in pairs(row) do node[k] = v end
   if M.WARN_NODE_STATES[node.node_state] and from ~= node.node_state then
     local code, detail = node.error_code, node.error_detail
@@ -351,25 +323,78 @@ function M.after_node_change(s, g, node, actor)
   return M.apply_request_state(s, g, actor)
 end
 
--- The context observe() and recover() receive.
-function M.observe_context(request, node)
-  local function v(x) if x == NULL then return nil end return x end
-  return {
-    request_id = tostring(request.id),
-    request_node_id = tostring(node.id),
-    node_key = node.node_key,
-    node_kind = node.node_kind,
-    action_type = node.action_type,
-    node_state = node.node_state,
-    attempt_no = node.attempt_no,
-    idempotency_key = v(node.idempotency_key),
-    provider_refs = canon.copy(node.provider_refs),
-    node_config = canon.copy(v(node.resolved_config) or {}),
-    intent = canon.copy(request.intent),
-    input_params = canon.copy(request.input_params),
-    observe_count = node.observe_count,
-    started_at = v(node.started_at),
-  }
+-- apply(s, g, node, fields, actor): a node change.  The same state: the
+-- fields are written (no state change to audit); another state: the change,
+-- its audit row and what follows from it (after_node_change).
+function M.apply(s, g, node, fields, actor)
+  if fields.node_state == nil or fields.node_state == node.node_state then
+    return M.update_node(s, node, fields)
+  end
+  M.set_node_state(s, g, node, fields, actor)
+  M.after_node_change(s, g, node, actor)
+  return node
+end
+
+-- --------------------------------------------------------- executor answers
+-- How each call's answer moves a node (docs/data-model.md has the table):
+--   statuses   answer status -> node state
+--   waiting    the state in which the node is observed again: next_observe_at
+--              from qtg.observe_intervals (the hint retry_after_seconds, or
+--              `hint` when the answer gives none, else the action's default)
+--   codes      the error code of a FAILED/UNKNOWN answer that names none
+--   no_answer  the state when the call raised or answered garbage (the error
+--              is recorded); nil: the node stays where it is
+M.ANSWERS = {
+  submit = { statuses = executors.STATUSES.submit, waiting = "SUBMITTED", no_answer = "UNKNOWN",
+             codes = { FAILED = "SUBMIT_REJECTED", UNKNOWN = "SUBMIT_OUTCOME_UNKNOWN" } },
+  observe = { statuses = executors.STATUSES.observe, waiting = "OBSERVING", no_answer = "UNKNOWN",
+              codes = { FAILED = "OBSERVED_FAILURE", UNKNOWN = "OBSERVE_OUTCOME_UNKNOWN" } },
+  recover = { statuses = executors.STATUSES.recover, waiting = "SUBMITTED", hint = 0,
+              codes = { FAILED = "RECOVERED_AS_FAILED", UNKNOWN = "STILL_UNKNOWN" } },
+  -- an operator's manual step: the adapter's complete() found the input good
+  complete = { statuses = { COMPLETED = "COMPLETED" }, codes = {} },
+}
+
+local FINAL = { COMPLETED = true, FAILED = true }
+
+-- answer_fields(node, call, fields, answer, code, detail) -> fields: what an
+-- executor's answer to `call` writes on the node, added to `fields` (the
+-- caller's own: attempt_no, observe_count...).  answer, code, detail are
+-- what qtg.executors.call returns (answer nil: code and detail say why).
+function M.answer_fields(node, call, fields, answer, code, detail)
+  local rule = M.ANSWERS[call]
+  if not rule then error("nodes.answer_fields: unknown call " .. tostring(call), 2) end
+  fields = fields or {}
+  if not answer then
+    fields.node_state = rule.no_answer or node.node_state
+    fields.error_code, fields.error_detail = code, detail
+    if rule.no_answer then fields.next_observe_in = NULL end
+    return fields
+  end
+  local to = rule.statuses[answer.status]
+  if not to then error("nodes.answer_fields: " .. call .. " answered status " .. tostring(answer.status), 2) end
+  fields.node_state = to
+  if answer.provider_refs then fields.merge_provider_refs = answer.provider_refs end
+  if answer.artifacts then fields.append_artifacts = answer.artifacts end
+  if answer.side_effect then fields.side_effect = true end
+  if to == rule.waiting then
+    local hint = answer.retry_after_seconds
+    if hint == nil then hint = rule.hint end
+    fields.next_observe_in = intervals.delay(node.action_type, hint)
+    fields.error_code = answer.error_code or NULL
+  else
+    fields.next_observe_in = NULL
+    fields.error_code = answer.error_code or rule.codes[to] or NULL
+  end
+  fields.error_detail = answer.error_detail or NULL
+  if FINAL[to] then fields.finished_now = true end
+  return fields
+end
+
+-- apply_answer(s, g, node, actor, call, fields, answer, code, detail) ->
+-- node: answer_fields, then apply.
+function M.apply_answer(s, g, node, actor, call, fields, answer, code, detail)
+  return M.apply(s, g, node, M.answer_fields(node, call, fields, answer, code, detail), actor)
 end
 
 return M

@@ -3,15 +3,22 @@
 -- the callback_dispatcher) and the audit record (audit_outbox, promoted into
 -- audit_events by the audit_outbox_promoter).
 --
+-- One write path.  write(s, change, args, t) runs a writer's change (one
+-- data-modifying statement RETURNING the changed row) and the outbox rows
+-- that go with it in ONE statement: the change is the CTE `w`, and the
+-- fragments below read the changed row from `w`, their parameters numbered
+-- after the change's own.  enqueue_callback and audit are write() with a
+-- change of their own (the callback_sequence bump) or none.
+--
 -- Callbacks: a request without a callback_url gets no callback rows (there
 -- is nowhere to deliver them; its history is in the audit trail).  Each row's
 -- payload is the exact JSON body that will be POSTed and signed:
 --   {"event_type", "request_id", "request_state", "current_frontier",
 --    "occurred_at", "sequence", "data"}
--- request_state and current_frontier are read from the row as the current
--- transaction left it; sequence is the request's callback_sequence, bumped
--- under the request's row lock, so a request's callbacks are numbered 1, 2, 3
--- in the order their transactions committed.
+-- request_state and current_frontier are read from the row as the change
+-- left it; sequence is the request's callback_sequence, bumped by the change
+-- (BUMP) under the request's row lock, so a request's callbacks are
+-- numbered 1, 2, 3 in the order their transactions committed.
 local canon = require "qtg.canon_json"
 
 local M = {}
@@ -25,69 +32,75 @@ M.EVENTS = {
   manual_step_completed = true,
 }
 
--- The INSERT of one callback row for the request row `r` (already bumped
--- to its new callback_sequence), given the parameter numbers of the event
--- type, the data (jsonb) and max_attempts.  Shared by ENQUEUE_SQL and by
--- writers that fold the enqueue into their own statement (qtg.nodes).
-function M.callback_insert_sql(r, ev, data, max)
-  local sql = ([[
-INSERT INTO movement_callback_outbox (request_id, event_type, payload, callback_url, max_attempts)
-SELECT R.id, $EV::text,
-       jsonb_build_object(
-         'event_type', $EV::text,
-         'request_id', R.id,
-         'request_state', R.request_state,
-         'current_frontier', R.current_frontier,
-         'occurred_at', to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-         'sequence', R.callback_sequence,
-         'data', $DATA::jsonb)::text,
-       R.callback_url, $MAX::int
-  FROM R WHERE R.callback_url IS NOT NULL]]):gsub("%$EV", "$" .. ev):gsub("%$DATA", "$" .. data)
-    :gsub("%$MAX", "$" .. max):gsub("R%.", r .. "."):gsub("FROM R ", "FROM " .. r .. " ")
-  return sql
-end
+-- The SET clause a change of movement_requests carries when a callback is
+-- written with it.
+M.BUMP = "callback_sequence = callback_sequence + (callback_url IS NOT NULL)::int"
 
-local ENQUEUE_SQL = [[
-WITH r AS (
-  UPDATE movement_requests
-     SET callback_sequence = callback_sequence + 1
-   WHERE id = $1::uuid AND callback_url IS NOT NULL
-  RETURNING id, request_state, current_frontier, callback_url, callback_sequence)
-]] .. M.callback_insert_sql("r", 2, 3, 4) .. "\nRETURNING id, payload"
+-- The callback row of the changed request row `w`; parameters: event type,
+-- data (jsonb), max_attempts.
+local CALLBACK_SQL = [[
+INSERT INTO movement_callback_outbox (request_id, event_type, payload, callback_url, max_attempts)
+SELECT w.id, $%d::text,
+       jsonb_build_object(
+         'event_type', $%d::text,
+         'request_id', w.id,
+         'request_state', w.request_state,
+         'current_frontier', w.current_frontier,
+         'occurred_at', to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+         'sequence', w.callback_sequence,
+         'data', $%d::jsonb)::text,
+       w.callback_url, $%d::int
+  FROM w WHERE w.callback_url IS NOT NULL]]
+
+-- The audit row: six column expressions, and the row source (`w`) when they
+-- read the changed row.
+local AUDIT_SQL = "INSERT INTO audit_outbox (actor, action, entity_type, entity_id, request_id, detail) "
+  .. "SELECT %s, %s, %s, %s, %s, %s"
+
+-- The three shapes of an audit row, by t.audit.of: each gives the column
+-- expressions (parameters from n + 1 on), the parameter values and their
+-- count (a value may be nil: SQL NULL).
+local AUDIT_OF = {
+  -- given in full: {actor, action, entity_type, entity_id, request_id, detail}
+  [false] = function(a, n)
+    return { "$" .. (n + 1), "$" .. (n + 2), "$" .. (n + 3), "$" .. (n + 4), "$" .. (n + 5) .. "::uuid",
+             "$" .. (n + 6) .. "::jsonb" },
+      { a.actor, a.action, a.entity_type, tostring(a.entity_id), a.request_id, canon.encode(a.detail or {}) }, 6
+  end,
+  -- the changed request: {actor, action, detail}
+  request = function(a, n)
+    return { "$" .. (n + 1), "$" .. (n + 2), "'movement_request'", "w.id::text", "w.id", "$" .. (n + 3) .. "::jsonb" },
+      { a.actor, a.action, canon.encode(a.detail or {}) }, 3
+  end,
+  -- the changed node: {actor, from_state}; the action is node.<new state>,
+  -- the detail {node_key, from_state, attempt_no[, error_code]} of the row
+  -- as written
+  node = function(a, n)
+    return { "$" .. (n + 1), "'node.' || lower(w.node_state)", "'movement_request_node'", "w.id::text",
+             "w.request_id", "jsonb_strip_nulls(jsonb_build_object('node_key', w.node_key, 'from_state', $"
+               .. (n + 2) .. "::text, 'attempt_no', w.attempt_no, 'error_code', w.error_code))" },
+      { a.actor, a.from_state }, 2
+  end,
+}
 
 function M.max_attempts()
   local ok, qtg = pcall(require, "qtg")
   local n = ok and qtg.settings and qtg.settings.callback_max_attempts
   return tonumber(n) or 5
 end
-local max_attempts = M.max_attempts
 
 -- check_event(event_type[, level]): raise unless event_type is one of
--- M.EVENTS (also for writers that fold the enqueue into their own statement,
--- e.g. qtg.nodes.write_request).  level as for error(), from the caller.
+-- M.EVENTS.  level as for error(), from the caller.
 function M.check_event(event_type, level)
   if not M.EVENTS[event_type] then
     error("outbox.enqueue_callback: unknown event type " .. tostring(event_type), (level or 1) + 1)
   end
 end
 
--- enqueue_callback(s, request_row, event_type, data) -> outbox row or nil
--- (nil when the request has no callback_url).  Call it inside the
--- transaction that made the change, after the change.
-function M.enqueue_callback(s, request_row, event_type, data)
-  M.check_event(event_type, 2)
-  local rows = s:query(ENQUEUE_SQL, request_row.id, event_type, canon.encode(data or {}),
-    max_attempts())
-  return rows[1]
-end
-
 local ACTOR_PATTERN = "^[a-z]+:[%w%._%-@]+$"
 
--- audit(s, actor, action, entity_type, entity_id, request_id, detail)
--- actor: "system:<worker>" or "console:<uid>" (or "api:<client>").
 -- check_actor(actor[, level]): raise unless actor is "system:<worker>",
--- "console:<uid>" or "api:<client>" (for writers that build their audit
--- INSERT into a larger statement, e.g. qtg.nodes.set_node_state).
+-- "console:<uid>" or "api:<client>".
 function M.check_actor(actor, level)
   if type(actor) ~= "string" or not actor:match(ACTOR_PATTERN) then
     error("outbox.audit: actor must look like system:<worker> or console:<uid>, got "
@@ -95,11 +108,75 @@ function M.check_actor(actor, level)
   end
 end
 
+-- write(s, change, args, t[, level]) -> the change's first returned row (nil
+-- when it changed none; without a change, nil).
+--   change  one data-modifying statement ending in RETURNING *, its
+--           parameters $1..$#args = args; nil for an audit row alone
+--   t.callback = {event =, data =}: the request's callback; the change
+--           returns the movement_requests row, with BUMP in its SET
+--   t.audit = {of = nil | "request" | "node", actor =, ...}: see AUDIT_OF
+-- The callback row and an audit of the changed row are written for each row
+-- the change returns (none when it returns none); an audit row given in
+-- full is written once.
+function M.write(s, change, args, t, level)
+  level = (level or 1) + 1
+  local all, n = {}, args and #args or 0
+  for i = 1, n do all[i] = args[i] end
+  local parts = {}
+  local cb, au = t and t.callback, t and t.audit
+  if cb then
+    M.check_event(cb.event, level)
+    if not change then error("outbox.write: a callback needs the change of its request", level) end
+    all[n + 1], all[n + 2], all[n + 3] = cb.event, canon.encode(cb.data or {}), M.max_attempts()
+    parts[#parts + 1] = CALLBACK_SQL:format(n + 1, n + 1, n + 2, n + 3)
+    n = n + 3
+  end
+  if au then
+    M.check_actor(au.actor, level)
+    local shape = AUDIT_OF[au.of or false]
+    if not shape then error("outbox.write: unknown audit shape " .. tostring(au.of), level) end
+    if au.of and not change then error("outbox.write: an audit of the changed row needs the change", level) end
+    local cols, values, count = shape(au, n)
+    for i = 1, count do all[n + i] = values[i] end
+    parts[#parts + 1] = AUDIT_SQL:format(unpack(cols)) .. (au.of and " FROM w" or "")
+    n = n + count
+  end
+  local sql
+  if not change then
+    if not au then error("outbox.write: nothing to write", level) end
+    sql = parts[1]
+  elseif #parts == 0 then
+    sql = change
+  else
+    local ctes = { "WITH w AS (" .. change .. ")" }
+    for i, p in ipairs(parts) do ctes[#ctes + 1] = ("o%d AS (%s)"):format(i, p) end
+    sql = table.concat(ctes, ", ") .. " SELECT * FROM w"
+  end
+  return s:query(sql, unpack(all, 1, n))[1]
+end
+
+-- The change of enqueue_callback: the request's next callback number.
+local BUMP_SQL = [[
+UPDATE movement_requests SET callback_sequence = callback_sequence + 1
+ WHERE id = $1::uuid AND callback_url IS NOT NULL
+RETURNING *]]
+
+-- enqueue_callback(s, request_row, event_type, data[, audit]) -> the request
+-- row as bumped, or nil (the request has no callback_url).  Call it inside
+-- the transaction that made the change, after the change.  audit: an audit
+-- row given in full, written in the same statement (also without a
+-- callback_url).
+function M.enqueue_callback(s, request_row, event_type, data, audit)
+  M.check_event(event_type, 2)
+  return M.write(s, BUMP_SQL, { request_row.id },
+    { callback = { event = event_type, data = data }, audit = audit }, 2)
+end
+
+-- audit(s, actor, action, entity_type, entity_id, request_id, detail)
+-- actor: "system:<worker>", "console:<uid>" or "api:<client>".
 function M.audit(s, actor, action, entity_type, entity_id, request_id, detail)
-  M.check_actor(actor, 2)
-  s:query([[INSERT INTO audit_outbox (actor, action, entity_type, entity_id, request_id, detail)
-            VALUES ($1, $2, $3, $4, $5::uuid, $6::jsonb)]],
-    actor, action, entity_type, tostring(entity_id), request_id, canon.encode(detail or {}))
+  M.write(s, nil, nil, { audit = { actor = actor, action = action, entity_type = entity_type,
+    entity_id = entity_id, request_id = request_id, detail = detail } }, 2)
 end
 
 return M

@@ -25,10 +25,7 @@ local KINDS = { operator = "operator", api = "api_client", system = "system",
 local ACTOR = "^([a-z]+):([%w%._%-@]+)$"
 local NAME = "^[a-z][a-z0-9_.-]*$"
 
-local err_mt = { __tostring = function(e) return e.kind .. ": " .. e.message end }
-local function refuse(kind, fmt, ...)
-  error(setmetatable({ kind = kind, message = string.format(fmt, ...) }, err_mt), 0)
-end
+local refuse = require("qtg.errors").raise
 
 local function role_set(roles)
   local set = {}

@@ -7,6 +7,7 @@
 -- Values below the top level are never resolved (the template loader refuses
 -- them; see M.nested_refs).  An unresolvable ref raises an error with
 -- code = "CONFIG_REF_UNRESOLVED", which the dispatcher records on the node.
+local qtg = require "qtg"
 local canon = require "qtg.canon_json"
 
 local M = {}
@@ -17,15 +18,9 @@ M.UNRESOLVED = "CONFIG_REF_UNRESOLVED"
 local NODE_PATTERN = "^[a-z][a-z0-9_]*$"
 local FIELD_PATTERN = "^[A-Za-z0-9_%-]+$"
 
-local err_mt = { __tostring = function(e) return e.message end }
-
 local function unresolved(ref, why)
-  return setmetatable({
-    kind = "config_ref_unresolved",
-    code = M.UNRESOLVED,
-    ref = ref,
-    message = string.format("%s: cannot resolve %s: %s", M.UNRESOLVED, ref, why),
-  }, err_mt)
+  return qtg.error("config_ref_unresolved",
+    string.format("%s: cannot resolve %s: %s", M.UNRESOLVED, ref, why), { code = M.UNRESOLVED, ref = ref })
 end
 
 function M.is_ref(v)

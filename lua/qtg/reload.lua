@@ -23,6 +23,7 @@
 -- policy.reload) under the caller's actor ("console:<uid>", or
 -- "system:sighup").
 local qtg = require("qtg")
+local lfs = require("lfs")
 
 local M = {}
 
@@ -32,9 +33,10 @@ local M = {}
 -- qtg.wakeups is kept too: it is the NOTIFY listener's process state (the
 -- listener calls the module it started with); apply() asks it to take the
 -- new registry's wakeable workers instead.  qtg.metrics holds the
--- process's counters, which a reload must not reset.
+-- process's counters, which a reload must not reset, and qtg.heartbeats
+-- the flush task it started.
 M.KEEP = { ["qtg"] = true, ["qtg.main"] = true, ["qtg.cli"] = true, ["qtg.reload"] = true,
-           ["qtg.wakeups"] = true, ["qtg.metrics"] = true }
+           ["qtg.wakeups"] = true, ["qtg.metrics"] = true, ["qtg.heartbeats"] = true }
 M.KEEP_PREFIXES = { "qtg.cli." }
 M.MAX_DEPTH = 8
 
@@ -64,29 +66,17 @@ function M.policy_path()
   return table.concat(parts, ";")
 end
 
--- ---- listing the .lua files of a root (opendir/readdir through the FFI) ----
+-- ---- listing the .lua files of a root ---------------------------------------
 
-local ffi = require("ffi")
-pcall(ffi.cdef, [[
-typedef struct qtg_reload_DIR qtg_reload_DIR;
-struct qtg_reload_dirent { uint64_t d_ino; int64_t d_off; unsigned short d_reclen;
-                           unsigned char d_type; char d_name[256]; };
-qtg_reload_DIR *opendir(const char *name);
-struct qtg_reload_dirent *readdir(qtg_reload_DIR *dir);
-int closedir(qtg_reload_DIR *dir);
-]])
-
+-- The names in a directory, sorted; nil when it is not a readable directory.
 local function list_dir(path)
-  local dir = ffi.C.opendir(path)
-  if dir == nil then return nil end
+  if lfs.attributes(path, "mode") ~= "directory" then return nil end
+  local ok, iter, dir = pcall(lfs.dir, path)
+  if not ok then return nil end
   local names = {}
-  while true do
-    local ent = ffi.C.readdir(dir)
-    if ent == nil then break end
-    local name = ffi.string(ent.d_name)
+  for name in iter, dir do
     if name ~= "." and name ~= ".." then names[#names + 1] = name end
   end
-  ffi.C.closedir(dir)
   table.sort(names)
   return names
 end
@@ -115,14 +105,7 @@ end
 
 -- ---- errors with file and line ----------------------------------------------
 
-local function message_of(e)
-  if type(e) == "table" then
-    local mt = getmetatable(e)
-    if mt and mt.__tostring then return tostring(e) end
-    if e.message then return (e.kind and (tostring(e.kind) .. ": ") or "") .. tostring(e.message) end
-  end
-  return tostring(e)
-end
+local message_of = require("qtg.errors").text
 
 -- {module, file, line, message, traceback}: the location is the first
 -- "file.lua:N:" of the message, else the first frame of the traceback in

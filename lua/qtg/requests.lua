@@ -15,8 +15,9 @@
 -- Either way the state change, its callback-outbox row and its audit-outbox
 -- row commit together or not at all.
 --
--- Refusals raise {kind = "illegal_transition" | "not_found" | "invalid_intent"
--- | "invalid_input" | "forbidden", message = ...} (tostring gives the message).
+-- Refusals raise qtg.error(kind, message) (qtg.errors), kind one of
+-- "illegal_transition", "not_found", "invalid_intent", "invalid_input",
+-- "forbidden".
 --
 -- `actor` is a principal table (qtg.principals: the console and the API
 -- build one) or, for in-process callers, an actor string.  A principal
@@ -37,16 +38,13 @@ local executors = require "qtg.executors"
 local principals = require "qtg.principals"
 local approvals = require "qtg.approvals"
 local risk = require "qtg.risk_controls"
+local errors = require "qtg.errors"
 
 local M = {}
 
 local NULL = require("cjson").null
 
-local err_mt = { __tostring = function(e) return e.kind .. ": " .. e.message end }
-
-local function refuse(kind, fmt, ...)
-  error(setmetatable({ kind = kind, message = string.format(fmt, ...) }, err_mt), 0)
-end
+local refuse = errors.raise
 M.refuse = refuse
 
 local function settings()
@@ -189,7 +187,6 @@ local function check_create_args(args)
     refuse("invalid_input", "idempotency_key is required (1 to 200 characters)")
   end
   -- text PostgreSQL cannot hold is refused here, not by a failing write
-  -- (found by spec/lua/fuzz_intent_spec.lua)
   if not canon.text_ok(args.idempotency_key) then
     refuse("invalid_input", "idempotency_key holds a NUL byte or is not valid UTF-8")
   end
@@ -283,15 +280,15 @@ function M.create(s, args, who)
     outbox.enqueue_callback(s, req, "request_created", {
       template_key = args.template_key, template_version = pv.version,
       expires_at = req.expires_at,
-    })
-    outbox.audit(s, actor, "request.create", "movement_request", req.id, req.id, {
+    }, { actor = actor, action = "request.create", entity_type = "movement_request", entity_id = req.id,
+         request_id = req.id, detail = {
       template_key = args.template_key, template_version = pv.version,
       idempotency_key = args.idempotency_key, network_class = network_class,
       approval_rule = decision and decision.rule, approvals_required = req.approvals_required,
       approval_policy_error = policy_error,
       -- what was asked for: the trail shows it without the request row
       intent = args.intent, callback_url = req.callback_url,
-    })
+    } })
     if decision and decision.action == "allow" then
       -- approved by the policy itself
       local locked = lock_request(s, req.id)
@@ -343,12 +340,12 @@ local function approve(s, id, p, comment)
     network_class = req.network_class, intent = req.intent, initiator = initiator })
   local refusal
   if not decision then
-    refusal = setmetatable({ kind = "illegal_transition", message = string.format(
-      "cannot approve request %s now: the approval policy failed: %s", id, policy_error) }, err_mt)
+    refusal = errors.new("illegal_transition", string.format(
+      "cannot approve request %s now: the approval policy failed: %s", id, policy_error))
   elseif decision.action == "block" then
-    refusal = setmetatable({ kind = "invalid_intent", message = string.format(
+    refusal = errors.new("invalid_intent", string.format(
       "cannot approve request %s now: approval policy rule %s blocks it: %s", id, decision.rule,
-      tostring(decision.reason)) }, err_mt)
+      tostring(decision.reason)))
   end
   if refusal then
     -- recorded and committed; the request keeps waiting
@@ -546,8 +543,9 @@ function M.retry(s, node_id, actor)
           detail = { from_state = req.request_state, cause = "node.retry", node_key = node.node_key } })
     end
     outbox.enqueue_callback(s, req, "node_retried", { node_key = node.node_key,
-      previous_state = previous.node_state, previous_error_code = previous.error_code })
-    outbox.audit(s, actor, "node.retry", "movement_request_node", node.id, req.id, previous)
+      previous_state = previous.node_state, previous_error_code = previous.error_code },
+      { actor = actor, action = "node.retry", entity_type = "movement_request_node", entity_id = node.id,
+        request_id = req.id, detail = previous })
     return req, node
   end)
 end
@@ -582,14 +580,10 @@ function M.complete_manual_step(s, node_id, actor, input)
           detail = { from_state = "WAITING_MANUAL_ACTION", cause = "manual_step_completed",
                      node_key = node.node_key } })
     end
-    nodes_db.set_node_state(s, g, node, {
-      node_state = "COMPLETED", attempt_no = node.attempt_no + 1,
-      merge_provider_refs = done.provider_refs, append_artifacts = done.artifacts,
-      side_effect = done.side_effect or node.side_effect, finished_now = true,
-      resolved_config = config,
-    }, actor)
     outbox.enqueue_callback(s, req, "manual_step_completed", { node_key = node.node_key })
-    nodes_db.after_node_change(s, g, node, actor)
+    nodes_db.apply_answer(s, g, node, actor, "complete", { attempt_no = node.attempt_no + 1,
+      resolved_config = config }, { status = "COMPLETED", provider_refs = done.provider_refs,
+      artifacts = done.artifacts, side_effect = done.side_effect })
     return req, node
   end)
 end

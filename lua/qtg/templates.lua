@@ -7,6 +7,7 @@
 -- or nothing.  The format is documented in docs/templates.md.
 local canon = require "qtg.canon_json"
 local ref = require "qtg.ref"
+local lfs = require "lfs"
 local executors = require "qtg.executors"
 local state = require "qtg.state"
 
@@ -264,7 +265,7 @@ local function find_cycle(keys, graph)
   local start
   for _, k in ipairs(keys) do if indeg[k] > 0 then start = k; break end end
   -- a duplicate node key (already an error) makes the counts differ
-  -- without a cycle (found by spec/lua/fuzz_templates_spec.lua)
+  -- without a cycle
   if not start then return nil end
   local path, at, pos = {}, start, {}
   while not pos[at] do
@@ -504,27 +505,16 @@ function M.store(s, c)
 end
 
 -- ------------------------------------------------------------- directory
-local function shell_quote(s)
-  return "'" .. s:gsub("'", "'\\''") .. "'"
-end
-
 -- The *.json files of a directory, sorted.
 function M.list_dir(dir)
-  local files = {}
-  local ok, lfs = pcall(require, "lfs")
-  if ok and lfs.attributes(dir, "mode") ~= "directory" then
+  if lfs.attributes(dir, "mode") ~= "directory" then
     return nil, dir .. ": not a directory"
   end
-  if ok then
-    for name in lfs.dir(dir) do
-      if name:match("%.json$") then files[#files + 1] = dir .. "/" .. name end
-    end
-  else
-    local p = io.popen("ls -1 -- " .. shell_quote(dir) .. " 2>/dev/null")
-    for name in p:lines() do
-      if name:match("%.json$") then files[#files + 1] = dir .. "/" .. name end
-    end
-    p:close()
+  local ok, iter, d = pcall(lfs.dir, dir)
+  if not ok then return nil, dir .. ": cannot read: " .. tostring(iter) end
+  local files = {}
+  for name in iter, d do
+    if name:match("%.json$") then files[#files + 1] = dir .. "/" .. name end
   end
   table.sort(files)
   return files

@@ -1,4 +1,4 @@
--- qtg.wakeups: NOTIFY wake-ups of idle workers (issue 8; docs/performance.md).
+-- qtg.wakeups: NOTIFY wake-ups of idle workers (docs/performance.md).
 --
 -- The database says when work appears (sql/0030_wakeups.sql): one channel,
 -- qtg_wake, whose payload names the worker, optionally with the seconds until
@@ -30,8 +30,8 @@ M.SLOT = 0.1          -- seconds: due times in the same slot share a timer
 -- seconds later, and every NOTIFY of the same slot shares that one wake.
 -- The audit promoter is notified by every transaction that writes audit
 -- rows (most of them); waking it for each would cost a pass (one
--- statement, and a heartbeat flush now and then) per transaction.  Gathered, it moves up to its batch (500)
--- per pass at most 1 / SLOT times a second.  The callback dispatcher is
+-- statement) per transaction.  Gathered, it moves up to its batch
+-- (500) per pass at most 1 / SLOT times a second.  The callback dispatcher is
 -- notified by every transaction that queues a callback: gathered, a pass
 -- finds up to 0.1 s of them due and sends full batches (5 rows of a
 -- receiver) instead of chasing each row as it commits.

@@ -1,4 +1,4 @@
--- Callback delivery (issue 4, item 3; docs/callbacks.md): the signing and
+-- Callback delivery (docs/callbacks.md): the signing and
 -- retry policy as pure functions, then real deliveries: child qtgd processes
 -- run callback_dispatcher against real HTTP receivers on 127.0.0.1
 -- (tools/fake-receiver, python3), and the receivers' requests are verified

@@ -1,4 +1,4 @@
--- The nine conditional workers' registration (issue 5, item 1): for every
+-- The nine conditional workers' registration: for every
 -- flag on and off, the worker is (or is not) registered, in the spec's
 -- group, with its interval setting and the spec's default; workers disabled
 -- altogether run none; a worker whose external client is not configured is

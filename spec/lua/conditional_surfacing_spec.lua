@@ -1,4 +1,4 @@
--- The conditional workers that surface things to operators (issue 5):
+-- The conditional workers that surface things to operators:
 -- ccip_stranded_reaper, capital_transfer_followup and notification_dispatcher
 -- (the operators' webhook: tools/fake-providers, a real HTTP server, with
 -- the callbacks' signature, schedule and dead-letter queue).  Real
@@ -220,7 +220,7 @@ describe("notification_dispatcher", function()
     sup.stop_all()
   end)
 
-  local notify = function() return require("qtg.workers.notification_dispatcher") end
+  local notify = function() return require("qtg.notifications") end
 
   local function enqueue(class, n, max_attempts)
     return sup.with_settings({ network_class = class, notify_max_attempts = max_attempts or 5 }, function()

@@ -45,6 +45,14 @@ describe("console request commands", function()
     assert.equals("REJECTED", shown.request_state)
   end)
 
+  it("req() of a full id of another network class's request says not_found, not the request", function()
+    local req = sup.create(s, MANUAL)
+    sup.move_class(s, req.id, "spec-other-class")
+    local e = fails(cmds.req, req.id)
+    assert.equals("not_found", e.kind)
+    assert.matches("belongs to network class spec-other-class", e.message, 1, true)
+  end)
+
   it("req() says which of two requests a shared prefix could mean", function()
     local a, b = sup.create(s, MANUAL), sup.create(s, MANUAL)
     -- the shortest prefix the two share is ambiguous unless it is long enough to tell them apart

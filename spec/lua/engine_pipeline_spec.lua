@@ -232,7 +232,7 @@ describe("engine pipeline", function()
       s2:begin()
       local row = qtg.db.claim.one(s2, { candidates_sql = d.CANDIDATES_SQL, claim_sql = d.CLAIM_SQL,
         args = { qtg.settings.network_class, "[]" } })
-      d.dispatch(s2, row.node_id, row.request_id)
+      d.dispatch(s2, row)
       s2:rollback() -- the process died between the provider call and its commit
       s2:release()
       local a = sup.nodes(s, req.id).a

@@ -7,6 +7,9 @@ local state = require "qtg.state"
 local intervals = require "qtg.observe_intervals"
 local executors = require "qtg.executors"
 local canon = require "qtg.canon_json"
+local nodes = require "qtg.nodes"
+local errors = require "qtg.errors"
+local qtg = require "qtg"
 local NULL = require("cjson").null
 
 describe("$ref resolution", function()
@@ -281,5 +284,83 @@ describe("executor answers", function()
     for action_type, name in pairs(executors.ACTION_TYPES) do
       assert.truthy(executors.ADAPTERS[name], action_type)
     end
+  end)
+end)
+
+describe("answer fields", function()
+  local node = { node_state = "SUBMITTED", action_type = "cex_withdrawal_status", observe_count = 0 }
+
+  it("maps each call's answer to node fields, with its default error code", function()
+    local f = nodes.answer_fields(node, "observe", { observe_count = 1 },
+      { status = "OBSERVING", retry_after_seconds = 5000, provider_refs = { a = 1 }, side_effect = true })
+    assert.equal("OBSERVING", f.node_state)
+    assert.equal(1, f.observe_count)
+    assert.equal(intervals.MAX_BACKOFF_SECONDS, f.next_observe_in)
+    assert.same({ a = 1 }, f.merge_provider_refs)
+    assert.is_true(f.side_effect)
+    assert.is_nil(f.finished_now)
+    f = nodes.answer_fields(node, "observe", {}, { status = "FAILED" })
+    assert.equal("OBSERVED_FAILURE", f.error_code)
+    assert.is_true(f.finished_now)
+    f = nodes.answer_fields(node, "submit", {}, { status = "UNKNOWN", error_code = "X" })
+    assert.equal("X", f.error_code)
+    f = nodes.answer_fields(node, "recover", {}, { status = "UNKNOWN" })
+    assert.equal("STILL_UNKNOWN", f.error_code)
+  end)
+
+  it("recovery's SUBMITTED is observed again at the floor, the observer's at the action's default", function()
+    assert.equal(intervals.delay("cex_withdrawal_status", 0),
+      nodes.answer_fields(node, "recover", {}, { status = "SUBMITTED" }).next_observe_in)
+    assert.equal(intervals.delay("cex_withdrawal_status"),
+      nodes.answer_fields(node, "observe", {}, { status = "OBSERVING" }).next_observe_in)
+  end)
+
+  it("without an answer: submit and observe leave the node UNKNOWN, recovery where it is", function()
+    local f = nodes.answer_fields(node, "observe", {}, nil, "EXECUTOR_ERROR", "raised")
+    assert.equal("UNKNOWN", f.node_state)
+    assert.equal("EXECUTOR_ERROR", f.error_code)
+    f = nodes.answer_fields({ node_state = "UNKNOWN" }, "recover", {}, nil, "EXECUTOR_BAD_RESPONSE", "garbage")
+    assert.equal("UNKNOWN", f.node_state)
+    assert.equal("garbage", f.error_detail)
+  end)
+
+  it("refuses a call it does not know and a status the call may not answer", function()
+    assert.has_error(function() nodes.answer_fields(node, "poll", {}, { status = "OBSERVING" }) end)
+    assert.has_error(function() nodes.answer_fields(node, "recover", {}, { status = "OBSERVING" }) end)
+  end)
+end)
+
+describe("errors", function()
+  it("qtg.error builds the host's error: kind and message win over fields, tostring reads kind: message", function()
+    local e = qtg.error("not_found", "request x does not exist", { kind = "other", id = "x" })
+    assert.equal("not_found", e.kind)
+    assert.equal("x", e.id)
+    assert.equal("not_found: request x does not exist", tostring(e))
+    assert.equal("not_found: request x does not exist", errors.text(e))
+    -- the same shape as the host's own errors
+    local ok, host = pcall(qtg.crypto.unhex, "zz")
+    assert.is_false(ok)
+    assert.equal("invalid", host.kind)
+    assert.equal(getmetatable(host), getmetatable(e))
+    assert.equal("evm_rpc rpc (eth_call): reverted [code -32000]",
+      tostring(qtg.error("rpc", "reverted", { where = "evm_rpc", method = "eth_call", code = -32000 })))
+    assert.equal("signer: no key", tostring(qtg.error("signer", "no key", { code = "SIGNER_NOT_FOUND" })))
+  end)
+
+  it("errors.raise raises one; a bad kind or message is refused", function()
+    local ok, e = pcall(errors.raise, "usage", "%d items", 3)
+    assert.is_false(ok)
+    assert.equal("usage", e.kind)
+    assert.equal("3 items", e.message)
+    assert.has_error(function() qtg.error(nil, "m") end)
+    assert.has_error(function() qtg.error("k", "m", "not a table") end)
+  end)
+
+  it("errors.text renders any raised value in one way", function()
+    assert.equal("plain", errors.text("plain"))
+    assert.equal("nil", errors.text(nil))
+    assert.equal("sql: bad (sqlstate 42P01)\nmore", errors.text({ kind = "sql", message = "bad", sqlstate = "42P01",
+                                                                  detail = "more" }))
+    assert.is_nil(errors.text({ 1, 2 }, true))
   end)
 end)

@@ -184,7 +184,7 @@ describe("evm_transfer on a real anvil chain", function()
     assert.equal("0", sup.balance(anvil.url, dest))
     -- the demo's hook makes the request; the intent carries the EIP-55
     -- form of the destination: honoured, not refused
-    local req = require("qtg.executors.evm_transfer").demo_request(s, ACTOR, {
+    local req = require("qtg.evm_demo").request(s, ACTOR, {
       template_key = "evm_t_main", chain_id = CHAIN, amount = AMOUNT,
       destination = qtg.signer.checksum_address(dest) })
     assert.equal("APPROVED", req.request_state)

@@ -1,5 +1,5 @@
--- The sidecar workers other than callbacks and signers (issue 4, items 4, 5,
--- 6, 7, 8; docs/callbacks.md): expiration_checker, template proposals and
+-- The sidecar workers other than callbacks and signers (docs/callbacks.md):
+-- expiration_checker, template proposals and
 -- their expiry, executor health states, the audit promoter (exactly once, in
 -- order, with two processes) and worker heartbeats.  Real PostgreSQL; the
 -- per-class workers run in child qtgd processes of their own network class.
@@ -462,8 +462,10 @@ describe("worker heartbeats", function()
     heartbeats.FLUSH_EVERY = 0.3
     assert.equals(0, heartbeats.maybe_flush(s))
     qtg.sleep(0.35)
-    -- the promoter's tick is where the flush happens
-    tick("audit_outbox_promoter")
+    -- the flush task flushes on its own
+    heartbeats.start()
+    sup.wait_for(function() return rows().spec_hb_a.u > r.spec_hb_a.u end, 10, "a heartbeat flush")
+    heartbeats.stop()
     heartbeats.FLUSH_EVERY = saved
     local after = rows()
     assert.is_true(after.spec_hb_a.u > r.spec_hb_a.u)

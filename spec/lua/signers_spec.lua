@@ -1,4 +1,4 @@
--- The signer roster (issue 4, item 6; docs/callbacks.md section 5): the
+-- The signer roster (docs/callbacks.md section 5): the
 -- expected identity set from the console, the observed identity written only
 -- by executor_health from the signers' health(), and the posture derived
 -- when the roster is read (match, mismatch, unobserved, unenrolled, orphan).

@@ -1,5 +1,5 @@
--- spec/lua/wakeups_spec.lua -- NOTIFY wake-ups and draining (issue 8,
--- lua/qtg/wakeups.lua, sql/0030_wakeups.sql, docs/performance.md).
+-- spec/lua/wakeups_spec.lua -- NOTIFY wake-ups and draining
+-- (lua/qtg/wakeups.lua, sql/0030_wakeups.sql, docs/performance.md).
 --
 -- Real PostgreSQL, real `qtgd run` processes.  No timing is asserted: a
 -- worker that should be woken has an interval of minutes, and the specs wait

@@ -1,11 +1,12 @@
 -- qtg.api.problem: errors of the HTTP API as RFC 9457 problem+json.
 --
--- Every refusal is a table {kind=, message=, ...extra fields}; the kind
--- decides the status (one table, KINDS), the message becomes `detail`, and
--- the extra fields go into the document as they are (allowed_states,
--- retry_after...).  qtg's lifecycle errors (qtg.requests' refuse) already
--- carry a kind and a message, so they map without translation.
+-- Every refusal is a qtg error {kind=, message=, ...extra fields}
+-- (qtg.errors); the kind decides the status (one table, KINDS), the message
+-- becomes `detail`, and the extra fields go into the document as they are
+-- (allowed_states, retry_after...).  qtg's lifecycle errors (qtg.requests'
+-- refuse) have the same shape, so they map without translation.
 local canon = require "qtg.canon_json"
+local errors = require "qtg.errors"
 
 local M = {}
 
@@ -34,18 +35,9 @@ M.KINDS = {
   timeout                = { 503, "Service Unavailable" },
 }
 
-local mt = { __tostring = function(e) return e.kind .. ": " .. tostring(e.message) end }
-
 -- raise(kind, fmt, ...) / raise_with(kind, extra, fmt, ...): refuse the request.
-function M.raise(kind, fmt, ...)
-  error(setmetatable({ kind = kind, message = string.format(fmt, ...) }, mt), 0)
-end
-
-function M.raise_with(kind, extra, fmt, ...)
-  local e = setmetatable({ kind = kind, message = string.format(fmt, ...) }, mt)
-  for k, v in pairs(extra) do e[k] = v end
-  error(e, 0)
-end
+M.raise = errors.raise
+M.raise_with = errors.raise_with
 
 -- Whether e is an error this module can show as it is (a known kind).
 function M.known(e)

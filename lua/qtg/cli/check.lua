@@ -38,14 +38,7 @@ local function add(report, level, area, text)
   if level == "warn" then report.warns = report.warns + 1 end
 end
 
-local function message_of(e)
-  if type(e) == "table" then
-    local mt = getmetatable(e)
-    if mt and mt.__tostring then return tostring(e) end
-    if e.message then return tostring(e.message) end
-  end
-  return tostring(e)
-end
+local message_of = require("qtg.errors").text
 
 local function plural(n, word, words)
   return n .. " " .. (n == 1 and word or (words or word .. "s"))

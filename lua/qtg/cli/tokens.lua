@@ -51,7 +51,7 @@ local function db_error(e)
   if type(e) == "table" and e.sqlstate == "42P01" then
     return "the API tables are missing: run `qtgd migrate`"
   end
-  return tostring(type(e) == "table" and (e.message or e.kind) or e)
+  return require("qtg.errors").text(e)
 end
 
 local COMMANDS = {}

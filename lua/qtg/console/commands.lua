@@ -12,6 +12,10 @@
 local qtg = require("qtg")
 local view = require("qtg.console.view")
 local pretty = require("qtg.console.pretty")
+local errors = require("qtg.errors")
+local lifecycle_mod = require("qtg.requests")
+local signers_mod = require("qtg.signers")
+local callbacks_mod = require("qtg.callbacks")
 
 local M = {}
 
@@ -61,7 +65,7 @@ M.LIST = {
 local UUID = "^%x%x%x%x%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%x%x%x%x%x%x%x%x$"
 
 local function usage(fmt, ...)
-  error({ kind = "usage", message = string.format(fmt, ...) }, 0)
+  errors.raise("usage", fmt, ...)
 end
 
 -- A request or node id as the operator typed it: the full uuid, or a
@@ -84,8 +88,8 @@ local function resolve_id(what, id)
     return s:query(SHORT_TABLES[what], qtg.settings.network_class, id:lower() .. "%")
   end)
   if #rows == 0 then
-    error({ kind = "not_found", message = string.format("no %s id of network class %s starts with %s", what,
-      qtg.settings.network_class, id) }, 0)
+    error(qtg.error("not_found", string.format("no %s id of network class %s starts with %s", what,
+      qtg.settings.network_class, id)), 0)
   elseif #rows > 1 then
     local ids = {}
     for _, r in ipairs(rows) do ids[#ids + 1] = r.id end
@@ -115,21 +119,10 @@ end
 -- A missing table means a migration is not installed: say which.
 local function explain_missing(e, what)
   if type(e) == "table" and e.sqlstate == "42P01" then
-    error({ kind = "unavailable",
-            message = what .. ": " .. tostring(e.message) .. " (run `qtgd migrate`; the module that owns it may not be installed)" }, 0)
+    error(qtg.error("unavailable", what .. ": " .. tostring(e.message)
+      .. " (run `qtgd migrate`; the module that owns it may not be installed)"), 0)
   end
   error(e, 0)
-end
-
-local function optional_module(name, what)
-  local ok, mod = pcall(require, name)
-  if not ok then
-    if tostring(mod):find("module '" .. name .. "' not found", 1, true) then
-      error({ kind = "unavailable", message = what .. " is not available: module " .. name .. " is not installed" }, 0)
-    end
-    error(mod, 0)
-  end
-  return mod
 end
 
 local function find_worker(name)
@@ -210,9 +203,15 @@ local CALLBACK_COLUMNS = { "id", "event_type", "status", "attempts", "last_statu
                            "created_at" }
 
 local function request_detail(s, id)
-  local r = s:query("SELECT * FROM movement_requests WHERE id = $1::uuid", id)[1]
-  if not r then
-    error({ kind = "not_found", message = "no request " .. id }, 0)
+  -- through the lifecycle: another network class's request is not this
+  -- process's to show
+  local ok, r = pcall(lifecycle_mod.get, s, id)
+  if not ok then
+    if type(r) == "table" and r.kind == "not_found"
+        and not s:query("SELECT 1 FROM movement_requests WHERE id = $1::uuid", id)[1] then
+      error(qtg.error("not_found", "no request " .. id), 0)
+    end
+    error(r, 0)
   end
   r.nodes = view.rows(s:query([[
     SELECT n.*, pn.ordinal FROM movement_request_nodes n
@@ -301,7 +300,7 @@ end
 -- request as it is afterwards.  call(mod, s) makes the change and returns
 -- the request id.
 local function lifecycle(call)
-  local mod = optional_module("qtg.requests", "the request lifecycle")
+  local mod = lifecycle_mod
   return with_session(function(s)
     local id = call(mod, s)
     return request_detail(s, id)
@@ -331,7 +330,7 @@ local SIGNER_COLUMNS = { "signer_key", "posture", "expected_signer_address", "ob
                          "health_state", "runtime_present", "observed_at" }
 
 local function signers()
-  local mod = optional_module("qtg.signers", "the signer roster")
+  local mod = signers_mod
   return with_session(function(s)
     local ok, rows = pcall(mod.roster, s)
     if not ok then explain_missing(rows, "signers") end
@@ -362,9 +361,8 @@ local function balances()
       qtg.settings.network_class, qtg.settings.balance_stale_threshold_seconds)
     if not ok then
       if type(rows) == "table" and rows.sqlstate == "42P01" then
-        error({ kind = "unavailable",
-                message = "balances: there is no balance_snapshots table in this database (the balance "
-                  .. "snapshot migration is not installed; run `qtgd migrate` once it is)" }, 0)
+        error(qtg.error("unavailable", "balances: there is no balance_snapshots table in this database (the balance "
+                  .. "snapshot migration is not installed; run `qtgd migrate` once it is)"), 0)
       end
       error(rows, 0)
     end
@@ -490,12 +488,12 @@ function M.bind(ctx)
     -- a pass that failed or did not finish is an error, so `qtgd console -e`
     -- exits 1 and a script stops there
     if not after then
-      error({ kind = "tick", message = string.format("%s: pass requested; not finished after %.0fs",
-        name, timeout) }, 0)
+      error(qtg.error("tick", string.format("%s: pass requested; not finished after %.0fs",
+        name, timeout)), 0)
     end
     if after.errors_total > before.errors_total then
-      error({ kind = "tick", message = string.format("%s: pass failed after %.2fs: %s", name,
-        qtg.monotonic() - started, tostring(after.last_error)) }, 0)
+      error(qtg.error("tick", string.format("%s: pass failed after %.2fs: %s", name,
+        qtg.monotonic() - started, tostring(after.last_error))), 0)
     end
     return view.text(string.format("%s: pass done in %.2fs, %d item%s", name, qtg.monotonic() - started,
       after.last_count or 0, after.last_count == 1 and "" or "s"))
@@ -652,7 +650,7 @@ function M.bind(ctx)
     if type(callback_id) ~= "number" or callback_id ~= math.floor(callback_id) or callback_id < 1 then
       usage("redeliver(callback_id): the id is a positive integer, got %s", pretty.pretty(callback_id))
     end
-    local mod = optional_module("qtg.callbacks", "callback redelivery")
+    local mod = callbacks_mod
     local who = as("operate", "redeliver a callback")
     return with_session(function(s)
       local ok, row = pcall(mod.redeliver, s, callback_id, who)
@@ -667,7 +665,7 @@ function M.bind(ctx)
   function c.set_expected_signer(key, address)
     check_name("signer key", key)
     check_name("address", address)
-    local mod = optional_module("qtg.signers", "the signer roster")
+    local mod = signers_mod
     local who = as("admin", "enroll a signer identity")
     return with_session(function(s)
       local ok, row = pcall(mod.set_expected_identity, s, key, address, who)
@@ -684,7 +682,7 @@ function M.bind(ctx)
     local reload = require("qtg.reload")
     local report = reload.reload(as("admin", "reload the policies"), { watch = reload.WATCH_SECONDS })
     local text = reload.describe(report)
-    if not report.ok then error({ kind = "reload", message = text.text }, 0) end
+    if not report.ok then error(qtg.error("reload", text.text), 0) end
     return text
   end
 

@@ -6,6 +6,7 @@
 -- the client asks for the next line.  Errors come back as the message and a
 -- traceback of the operator's own code (the console's frames are cut off).
 local pretty = require("qtg.console.pretty")
+local errors = require("qtg.errors")
 
 local M = {}
 
@@ -33,31 +34,13 @@ function M.compile(code, env)
   return fn
 end
 
--- describe(err) -> one line naming what went wrong.  Structured errors
--- ({kind=, message=}) read "kind: message"; others as tostring.  Fields
--- are read raw: any table may be raised, and one whose __index raises on a
--- missing key (qtg.settings) must still be described, not fail again.
+-- describe(err) -> what went wrong: qtg.errors.text, and any other table
+-- raised pretty-printed.
 function M.describe(e)
-  if type(e) == "table" then
-    local mt = getmetatable(e)
-    if mt and mt.__tostring then
-      local ok, s = pcall(tostring, e)
-      if ok then return s end
-    end
-    local message, kind, sqlstate, detail =
-      rawget(e, "message"), rawget(e, "kind"), rawget(e, "sqlstate"), rawget(e, "detail")
-    if message ~= nil then
-      local s = tostring(message)
-      if kind ~= nil then s = tostring(kind) .. ": " .. s end
-      if sqlstate ~= nil and sqlstate ~= "" then s = s .. " (sqlstate " .. tostring(sqlstate) .. ")" end
-      if type(detail) == "string" and detail ~= "" then s = s .. "\n" .. detail end
-      return s
-    end
-    local ok, s = pcall(pretty.pretty, e)
-    return ok and s or tostring(e)
-  end
-  if e == nil then return "nil" end
-  return tostring(e)
+  local s = errors.text(e, true)
+  if s then return s end
+  local ok, p = pcall(pretty.pretty, e)
+  return ok and p or tostring(e)
 end
 
 -- The traceback below the operator's code: everything from the console's

@@ -13,14 +13,15 @@
 -- and may declare its provider's limits, RATE_LIMITS = {submit =, observe =,
 -- recover = {per_second =, burst =}, shared =, max_hold_seconds =}, which
 -- the workers keep to (qtg.pacing, docs/pacing.md).
--- ctx is the ExecutionContext (qtg.context); octx is the observe context the
--- observer and recovery build (qtg.nodes.observe_context).  A result is
+-- ctx is the ExecutionContext (qtg.context.build); octx is the observe
+-- context the observer and recovery build (qtg.context.observe_context).  A result is
 --   {status =, provider_refs = {...}, artifacts = {...}, side_effect = bool,
 --    retry_after_seconds = n, error_code =, error_detail =}
 -- with the statuses allowed per call in M.STATUSES.  Anything else (a raise,
 -- a non-table, a wrong type) is caught by the worker and recorded as
 -- EXECUTOR_ERROR / EXECUTOR_BAD_RESPONSE; see docs/data-model.md.
 local canon = require "qtg.canon_json"
+local errors = require "qtg.errors"
 
 local M = {}
 
@@ -180,11 +181,6 @@ function M.status_list(call)
   return table.concat(out, ", ")
 end
 
-local function error_text(e)
-  if type(e) == "table" then return tostring(e.message or e.kind or e) end
-  return tostring(e)
-end
-
 -- call(adapter, fname, ...) -> answer | nil, error_code, detail
 -- Runs one adapter function, catching a raise (EXECUTOR_ERROR), a missing
 -- function (EXECUTOR_ERROR) and a malformed answer (EXECUTOR_BAD_RESPONSE).
@@ -198,7 +194,7 @@ function M.call(adapter, fname, ...)
     -- the signer could not be asked: not the executor's failure, and not
     -- final; the dispatcher rolls the attempt back (node stays READY)
     if type(answer) == "table" and answer.kind == "signer_unavailable" then error(answer, 0) end
-    return nil, M.ERROR, string.format("%s raised: %s", fname, error_text(answer))
+    return nil, M.ERROR, string.format("%s raised: %s", fname, errors.text(answer))
   end
   local checked, why = M.check(fname, answer)
   if not checked then return nil, M.BAD_RESPONSE, why end

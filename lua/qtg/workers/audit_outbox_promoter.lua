@@ -11,12 +11,6 @@
 -- the outbox order batch after batch.  (An outbox row whose writing
 -- transaction commits late is promoted late; its outbox_id and created_at
 -- still tell its true place.)
---
--- The tick also flushes this process's worker heartbeats, at most once every
--- qtg.heartbeats.FLUSH_EVERY seconds: this worker ticks every second in
--- every process, so liveness stays fresh without a write per tick per worker.
-local qtg = require("qtg")
-local heartbeats = require("qtg.heartbeats")
 
 local M = {}
 
@@ -42,9 +36,7 @@ end
 function M.tick(s)
   -- one statement is its own transaction (the advisory lock is held for
   -- it): no BEGIN/COMMIT round trips, an idle pass costs one statement
-  local promoted = M.promote(s, M.BATCH)
-  heartbeats.maybe_flush(s)
-  return promoted
+  return M.promote(s, M.BATCH)
 end
 
 return M

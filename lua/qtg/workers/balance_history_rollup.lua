@@ -1,4 +1,4 @@
--- qtg.workers.balance_history_rollup (issue 5; MG_BALANCE_HISTORY_ENABLED,
+-- qtg.workers.balance_history_rollup (MG_BALANCE_HISTORY_ENABLED,
 -- sidecar): roll the successful balance snapshots up into hourly and daily
 -- history rows (open, close, min, max, samples), idempotently.
 --

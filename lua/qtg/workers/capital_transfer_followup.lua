@@ -19,7 +19,7 @@
 -- surfacing also writes an operator notification and, with a movement, its
 -- request_attention callback.  Nothing here calls a provider.
 local qtg = require("qtg")
-local notify = require("qtg.workers.notification_dispatcher")
+local notify = require("qtg.notifications")
 local outbox = require("qtg.outbox")
 
 local M = {}

@@ -13,7 +13,7 @@
 -- idempotent even if two passes raced.  An operator settles a stranded
 -- intent with resolve() (status resolved, audited).
 local qtg = require("qtg")
-local notify = require("qtg.workers.notification_dispatcher")
+local notify = require("qtg.notifications")
 local outbox = require("qtg.outbox")
 
 local M = {}

@@ -1,4 +1,4 @@
--- qtg.workers.cex_transfer_ingest (issue 5; enabled by a non-empty
+-- qtg.workers.cex_transfer_ingest (enabled by a non-empty
 -- MG_CEX_TRANSFER_INGEST_VENUES_CSV, sidecar): for each venue of the CSV,
 -- its adapter (qtg.venues) pulls transfer history page by page from the
 -- venue's cursor, and the transfers are upserted into cex_transfers.

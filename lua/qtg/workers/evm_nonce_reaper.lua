@@ -36,7 +36,7 @@
 local qtg = require("qtg")
 local evm_rpc = require("qtg.evm_rpc")
 local outbox = require("qtg.outbox")
-local notify = require("qtg.workers.notification_dispatcher")
+local notify = require("qtg.notifications")
 local heartbeats = require("qtg.heartbeats")
 
 local M = {}

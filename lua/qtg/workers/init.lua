@@ -5,7 +5,7 @@
 -- Jitter: the spec's run_loop takes a jitter argument (default 0); we use
 -- 10 % of each interval so several qtgd processes do not poll in lockstep.
 --
--- Wake-ups and draining (MG_WAKEUPS_ENABLED, on by default; issue 8,
+-- Wake-ups and draining (MG_WAKEUPS_ENABLED, on by default;
 -- docs/performance.md): a row's `drain = true` makes its worker run again at
 -- once after a pass that found work (the dispatcher still claims one node per
 -- pass), and `wake = true` says a NOTIFY (sql/0030_wakeups.sql, handled by

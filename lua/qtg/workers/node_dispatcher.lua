@@ -33,7 +33,6 @@ local qtg = require "qtg"
 local canon = require "qtg.canon_json"
 local context = require "qtg.context"
 local executors = require "qtg.executors"
-local intervals = require "qtg.observe_intervals"
 local nodes_db = require "qtg.nodes"
 local metrics = require "qtg.metrics"
 local pacing = require "qtg.pacing"
@@ -57,19 +56,25 @@ SELECT n.id
  ORDER BY r.created_at ASC, n.node_key ASC
  LIMIT 1]]
 
--- It returns the request row too (and node_id, request_id), so dispatch()
--- need not read it again.
-M.CLAIM_SQL = [[
+-- claim_sql(id) -> the per-id claim of the node whose id is the SQL
+-- expression id ($1::uuid alone, candidate.id inside CLAIM_ONE_SQL).  It
+-- returns the request row too (and node_id, request_id), so dispatch()
+-- need not read it again (qtg.nodes.claimed).
+local function claim_sql(id)
+  return [[
 SELECT movement_request_nodes.id AS node_id, movement_requests.id AS request_id,
-       movement_request_nodes.executor AS node_executor, movement_requests.*
+       movement_request_nodes.executor AS claim_executor, movement_requests.*
   FROM movement_request_nodes
   JOIN movement_requests ON movement_requests.id = movement_request_nodes.request_id
- WHERE movement_request_nodes.id = $1::uuid
+ WHERE movement_request_nodes.id = ]] .. id .. [[
+
    AND movement_request_nodes.node_state = 'READY'
    AND movement_requests.request_state IN ('APPROVED', 'EXECUTING')
    AND movement_requests.network_class = $2
    AND movement_request_nodes.executor <> ALL (ARRAY(SELECT jsonb_array_elements_text($3::jsonb)))
    FOR UPDATE OF movement_request_nodes, movement_requests SKIP LOCKED]]
+end
+M.CLAIM_SQL = claim_sql("$1::uuid")
 
 M.MAX_MISSES = 50
 
@@ -84,12 +89,12 @@ M.MAX_MISSES = 50
 -- the savepoint walk took BEGIN, candidates, SAVEPOINT and the claim.
 M.CLAIM_ONE_SQL = "WITH candidate AS MATERIALIZED (\n" .. M.CANDIDATES_SQL .. "\n)\n"
   .. "SELECT candidate.id AS candidate_id, claimed.*\n  FROM candidate\n  LEFT JOIN LATERAL (\n"
-  .. M.CLAIM_SQL:gsub("%$1::uuid", "candidate.id") .. "\n) claimed ON true"
+  .. claim_sql("candidate.id") .. "\n) claimed ON true"
 
 local NULL = qtg.db.NULL
 
 -- Plan nodes never change once committed: each is read once per process
--- (issue 8: one statement less per dispatch).  Callers only read the rows
+-- (one statement less per dispatch).  Callers only read the rows
 -- (context.build copies what it hands to executors).
 M.PLAN_CACHE_MAX = 5000
 local plans = { n = 0, by_id = {} }
@@ -112,45 +117,16 @@ local function plan_of(s, node)
   return row, pv
 end
 
-local FINAL = { COMPLETED = true, FAILED = true }
-
--- Write the outcome of this attempt and what follows from it.
-local function record(s, g, node, outcome)
-  local fields = {
-    node_state = outcome.state,
-    attempt_no = outcome.attempt_no,
-    started_now = true,
-    error_code = outcome.error_code or NULL,
-    error_detail = outcome.error_detail or NULL,
-  }
-  if outcome.idempotency_key then fields.idempotency_key = outcome.idempotency_key end
-  if outcome.resolved_config then fields.resolved_config = outcome.resolved_config end
-  local r = outcome.result
-  if r then
-    if r.provider_refs then fields.merge_provider_refs = r.provider_refs end
-    if r.artifacts then fields.append_artifacts = r.artifacts end
-    if r.side_effect then fields.side_effect = true end
-  end
-  if outcome.state == "SUBMITTED" then
-    fields.next_observe_in = intervals.delay(node.action_type, r and r.retry_after_seconds)
-  end
-  if FINAL[outcome.state] then fields.finished_now = true end
-  nodes_db.set_node_state(s, g, node, fields, M.ACTOR)
-  nodes_db.after_node_change(s, g, node, M.ACTOR)
-  qtg.log.info("node dispatched", { worker = "node_dispatcher", request_id = g.request.id,
-    node_id = node.id, node_key = node.node_key, node_state = node.node_state,
-    attempt_no = node.attempt_no, error_code = outcome.error_code })
-end
-
-local SUBMIT_ERROR_CODES = { FAILED = "SUBMIT_REJECTED", UNKNOWN = "SUBMIT_OUTCOME_UNKNOWN" }
-
--- The pipeline; returns the outcome table for record().  `stage` tells the
--- caller whether submit was reached (for an engine error after it).
+-- The pipeline: -> outcome {attempt_no =, idempotency_key =,
+-- resolved_config =, answer =, code =, detail =} for nodes.apply_answer
+-- (answer, code, detail as qtg.executors.call returns them; a refusal before
+-- submit is a FAILED answer).  `progress` tells the caller whether submit
+-- was reached (for an engine error after it).
 local function pipeline(s, g, node, progress)
   local plan_node, plan_version = plan_of(s, node)
   local attempt_no = node.attempt_no + 1
   local function fail(code, detail)
-    return { state = "FAILED", attempt_no = attempt_no, error_code = code, error_detail = detail }
+    return { attempt_no = attempt_no, answer = { status = "FAILED", error_code = code, error_detail = detail } }
   end
   local ok, ctx = pcall(context.build, { request = g.request, node = node, plan_node = plan_node,
     plan_version = plan_version, nodes = g.nodes, pred_keys = g.graph.preds[node.node_key] })
@@ -193,29 +169,29 @@ local function pipeline(s, g, node, progress)
   local key = context.idempotency_key(node.id, attempt_no)
   progress.submitted = true
   progress.attempt_no, progress.key = attempt_no, key
-  local result
-  result, code, detail = executors.call(adapter, "submit", ctx,
+  local answer
+  answer, code, detail = executors.call(adapter, "submit", ctx,
     { idempotency_key = key, prepared = prepared, signature = signature })
-  local outcome = { attempt_no = attempt_no, idempotency_key = key,
-                    resolved_config = ctx.node_config }
-  if not result then
-    outcome.state, outcome.error_code, outcome.error_detail = "UNKNOWN", code, detail
-    return outcome
-  end
-  outcome.state = executors.STATUSES.submit[result.status]
-  outcome.result = result
-  outcome.error_code = result.error_code or SUBMIT_ERROR_CODES[outcome.state]
-  outcome.error_detail = result.error_detail
-  return outcome
+  return { attempt_no = attempt_no, idempotency_key = key, resolved_config = ctx.node_config,
+           answer = answer, code = code, detail = detail }
 end
 
--- dispatch(s, node_id, request_id[, claimed]): the claimed node, locks held;
--- `claimed` is the row CLAIM_SQL returned (else the request is read again).
-function M.dispatch(s, node_id, request_id, claimed)
-  local req = claimed and nodes_db.request_of(claimed, "node_executor") or nodes_db.load_request(s, request_id)
-  local g = nodes_db.load_all(s, req)
-  local node
-  for _, n in ipairs(g.nodes) do if n.id == node_id then node = n end end
+-- Write the outcome of this attempt and what follows from it.
+local function record(s, g, node, outcome)
+  local fields = { attempt_no = outcome.attempt_no, started_now = true,
+                   idempotency_key = outcome.idempotency_key, resolved_config = outcome.resolved_config }
+  nodes_db.apply_answer(s, g, node, M.ACTOR, "submit", fields, outcome.answer, outcome.code, outcome.detail)
+  local code = node.error_code
+  qtg.log.info("node dispatched", { worker = "node_dispatcher", request_id = g.request.id,
+    node_id = node.id, node_key = node.node_key, node_state = node.node_state,
+    attempt_no = node.attempt_no, error_code = code ~= NULL and code or nil })
+end
+
+-- dispatch(s, row): the claimed node, locks held; row is the claim's
+-- (CLAIM_SQL).
+function M.dispatch(s, row)
+  local g, node = nodes_db.claimed(s, row)
+  local req = g.request
   local approved_at = req.request_state == "APPROVED" and metrics.epoch(req.approved_at) or nil
   if req.request_state == "APPROVED" then
     nodes_db.set_request_state(s, req, "EXECUTING", M.ACTOR, { action = "request.executing" })
@@ -234,15 +210,16 @@ function M.dispatch(s, node_id, request_id, claimed)
     qtg.log.error("dispatch failed", { worker = "node_dispatcher", node_id = node.id, error = detail })
     g = nodes_db.load_all(s, req)
     node = g.by_key[node.node_key]
-    outcome = { state = progress.submitted and "UNKNOWN" or "FAILED",
-                attempt_no = progress.attempt_no or (node.attempt_no + 1),
-                idempotency_key = progress.key, error_code = "ENGINE_ERROR",
-                error_detail = detail }
+    outcome = { attempt_no = progress.attempt_no or (node.attempt_no + 1),
+                idempotency_key = progress.key, code = "ENGINE_ERROR", detail = detail }
+    if not progress.submitted then
+      outcome.answer = { status = "FAILED", error_code = "ENGINE_ERROR", error_detail = detail }
+    end
   end
   -- the savepoint is not released: COMMIT ends it (one round trip less)
   record(s, g, node, outcome)
   -- the request's first dispatch: how long it took from its approval
-  if approved_at and outcome.state == "SUBMITTED" then
+  if approved_at and node.node_state == "SUBMITTED" then
     metrics.observe("qtg_approve_to_submitted_seconds", {}, math.max(0, qtg.now() - approved_at))
   end
   return node
@@ -263,7 +240,7 @@ local function paced_out()
   return canon.encode(out)
 end
 
--- Idle passes are one statement, not three (issue 8, idle cost): after a
+-- Idle passes are one statement, not three: after a
 -- pass that found nothing, the next one looks for a candidate before it
 -- opens a transaction.  A draining run (the last pass claimed) goes straight
 -- to the claim, so busy passes pay nothing for this.
@@ -296,12 +273,12 @@ function M.tick(s)
     local row = M.claim_one(s, class)
     last_pass_empty = row == nil
     if not row then return 0 end
-    local name = row.node_executor
+    local name = row.claim_executor
     local adapter = executors.get(name)
     local go, wait = true, nil
     if adapter then go, wait = pacing.take(name, adapter, "submit") end
     if go then
-      M.dispatch(s, row.node_id, row.request_id, row)
+      M.dispatch(s, row)
       s:commit()
       return 1
     end

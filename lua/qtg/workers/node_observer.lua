@@ -34,8 +34,8 @@
 -- COMPLETED (advance the DAG), FAILED, UNKNOWN; a raise or a malformed answer
 -- is UNKNOWN with EXECUTOR_ERROR / EXECUTOR_BAD_RESPONSE.
 local qtg = require "qtg"
+local context = require "qtg.context"
 local executors = require "qtg.executors"
-local intervals = require "qtg.observe_intervals"
 local nodes_db = require "qtg.nodes"
 local pacing = require "qtg.pacing"
 
@@ -76,8 +76,8 @@ SELECT movement_request_nodes.id, movement_request_nodes.request_id,
 -- $1: node id, $2: network class.
 M.CLAIM_SQL = [[
 SELECT movement_request_nodes.id AS node_id, movement_requests.id AS request_id,
-       movement_requests.*, plan_nodes.timeout_policy,
-       extract(epoch FROM now() - movement_request_nodes.started_at)::float8 AS age_seconds
+       movement_requests.*, plan_nodes.timeout_policy AS claim_timeout_policy,
+       extract(epoch FROM now() - movement_request_nodes.started_at)::float8 AS claim_age_seconds
   FROM movement_request_nodes
   JOIN movement_requests ON movement_requests.id = movement_request_nodes.request_id
   JOIN plan_nodes ON plan_nodes.id = movement_request_nodes.plan_node_id
@@ -93,68 +93,29 @@ local NULL = qtg.db.NULL
 
 local function timed_out(row)
   if not qtg.settings.observe_timeout_enforcement_enabled then return false end
-  local tp = row.timeout_policy
+  local tp = row.claim_timeout_policy
   local limit = type(tp) == "table" and tp.observe_seconds
   if type(limit) ~= "number" or limit <= 0 then return false end
-  return type(row.age_seconds) == "number" and row.age_seconds > limit, limit
+  return type(row.claim_age_seconds) == "number" and row.claim_age_seconds > limit, limit
 end
 
-local OUTCOME_CODES = { FAILED = "OBSERVED_FAILURE", UNKNOWN = "OBSERVE_OUTCOME_UNKNOWN" }
-
--- The node change an observe answer leads to.
-local function fields_for(node, answer, code, detail)
-  local fields = { observe_count = node.observe_count + 1 }
-  if not answer then
-    fields.node_state, fields.error_code, fields.error_detail = "UNKNOWN", code, detail
-    fields.next_observe_in = NULL
-    return fields
-  end
-  local to = executors.STATUSES.observe[answer.status]
-  fields.node_state = to
-  if answer.provider_refs then fields.merge_provider_refs = answer.provider_refs end
-  if answer.artifacts then fields.append_artifacts = answer.artifacts end
-  if answer.side_effect then fields.side_effect = true end
-  if to == "OBSERVING" then
-    fields.next_observe_in = intervals.delay(node.action_type, answer.retry_after_seconds)
-  else
-    fields.next_observe_in = NULL
-    fields.error_code = answer.error_code or OUTCOME_CODES[to] or NULL
-    fields.error_detail = answer.error_detail or NULL
-  end
-  if to == "COMPLETED" or to == "FAILED" then fields.finished_now = true end
-  return fields
-end
-
--- observe_claimed(s, row): the node and request are locked.
+-- observe_claimed(s, row): the node and request are locked; row is the
+-- claim's (CLAIM_SQL).
 function M.observe_claimed(s, row)
-  -- the claim returned the request row (CLAIM_SQL): no second read
-  local req = nodes_db.request_of(row, "timeout_policy", "age_seconds")
-  local g = nodes_db.load_all(s, req)
-  local node
-  for _, n in ipairs(g.nodes) do if n.id == row.node_id then node = n end end
+  local g, node = nodes_db.claimed(s, row)
   local over, limit = timed_out(row)
-  local fields
   if over then
-    fields = { node_state = "UNKNOWN", error_code = M.TIMEOUT_CODE, next_observe_in = NULL,
-               error_detail = string.format("no outcome %.0f s after start (observe_seconds %s)",
-                 row.age_seconds, tostring(limit)) }
-  else
-    local adapter, why = executors.get(node.executor)
-    local answer, code, detail
-    if adapter then
-      answer, code, detail = executors.call(adapter, "observe", nodes_db.observe_context(req, node))
-    else
-      code, detail = executors.NOT_REGISTERED, why
-    end
-    fields = fields_for(node, answer, code, detail)
+    return nodes_db.apply(s, g, node, { node_state = "UNKNOWN", error_code = M.TIMEOUT_CODE,
+      next_observe_in = NULL, error_detail = string.format("no outcome %.0f s after start (observe_seconds %s)",
+        row.claim_age_seconds, tostring(limit)) }, M.ACTOR)
   end
-  if fields.node_state == node.node_state then
-    nodes_db.update_node(s, node, fields)   -- still OBSERVING: no state change to audit
-  else
-    nodes_db.set_node_state(s, g, node, fields, M.ACTOR)
-    nodes_db.after_node_change(s, g, node, M.ACTOR)
+  local fields = { observe_count = node.observe_count + 1 }
+  local adapter, why = executors.get(node.executor)
+  if not adapter then
+    return nodes_db.apply_answer(s, g, node, M.ACTOR, "observe", fields, nil, executors.NOT_REGISTERED, why)
   end
-  return node
+  return nodes_db.apply_answer(s, g, node, M.ACTOR, "observe", fields,
+    executors.call(adapter, "observe", context.observe_context(g.request, node)))
 end
 
 -- $1 node id, $2 seconds: put a claimed node back, due when the executor's
@@ -193,7 +154,7 @@ local function observe_one(s, cand, class)
   end)
 end
 
--- Concurrent lanes per pass (issue 8): the requests of one snapshot are
+-- Concurrent lanes per pass: the requests of one snapshot are
 -- taken by up to MAX_LANES tasks, each on its own session, so one slow
 -- provider call does not hold up the batch.  A quarter of the pool at most:
 -- an observe may hold its session while the executor takes another (the sim

@@ -25,9 +25,9 @@
 -- (updated_at moves, so the arm's other nodes come first next time).
 local qtg = require "qtg"
 local canon = require "qtg.canon_json"
+local context = require "qtg.context"
 local executors = require "qtg.executors"
 local nodes_db = require "qtg.nodes"
-local intervals = require "qtg.observe_intervals"
 local pacing = require "qtg.pacing"
 
 local M = {}
@@ -48,7 +48,7 @@ M.LANES = {
 -- $5 1 = the lane's patterns match, 0 = none of them matches ("other").
 M.ARM_SQL = [[
 SELECT movement_request_nodes.id AS node_id, movement_requests.id AS request_id,
-       movement_request_nodes.node_state
+       movement_requests.*
   FROM movement_request_nodes
   JOIN movement_requests ON movement_requests.id = movement_request_nodes.request_id
  WHERE (movement_request_nodes.node_state = 'UNKNOWN'
@@ -61,8 +61,6 @@ SELECT movement_request_nodes.id AS node_id, movement_requests.id AS request_id,
  ORDER BY movement_request_nodes.updated_at ASC
  LIMIT $4
    FOR UPDATE OF movement_request_nodes, movement_requests SKIP LOCKED]]
-
-local NULL = qtg.db.NULL
 
 function M.arm_size(batch)
   return math.max(1, math.floor(batch / 4))
@@ -79,54 +77,31 @@ local function lane_filter(i)
   return all, 0
 end
 
-local OUTCOME_CODES = { FAILED = "RECOVERED_AS_FAILED", UNKNOWN = "STILL_UNKNOWN" }
-
+-- recover_claimed(s, row) -> node[, false when paced out]: the node and
+-- request are locked; row is the claim's (ARM_SQL).
 function M.recover_claimed(s, row)
-  local req = nodes_db.load_request(s, row.request_id)
-  local g = nodes_db.load_all(s, req)
-  local node
-  for _, n in ipairs(g.nodes) do if n.id == row.node_id then node = n end end
+  local g, node = nodes_db.claimed(s, row)
   local adapter, why = executors.get(node.executor)
   local answer, code, detail
   if adapter then
     local go = pacing.take(node.executor, adapter, "recover")
     if not go then return node, false end
-    answer, code, detail = executors.call(adapter, "recover", nodes_db.observe_context(req, node))
+    answer, code, detail = executors.call(adapter, "recover", context.observe_context(g.request, node))
   else
     code, detail = executors.NOT_REGISTERED, why
   end
+  local fields = {}
   if not answer then
-    nodes_db.update_node(s, node, { error_code = code, error_detail = detail })
     qtg.log.warn("recover failed", { worker = "node_recovery", node_id = node.id,
       error_code = code, error = detail })
-    return node
-  end
-  local to = executors.STATUSES.recover[answer.status]
-  local fields = { node_state = to }
-  if answer.provider_refs then fields.merge_provider_refs = answer.provider_refs end
-  if answer.artifacts then fields.append_artifacts = answer.artifacts end
-  if answer.side_effect then fields.side_effect = true end
-  if to == "SUBMITTED" then
-    fields.next_observe_in = math.max(intervals.floor(),
-      math.min(answer.retry_after_seconds or 0, intervals.MAX_BACKOFF_SECONDS))
-    fields.error_code, fields.error_detail = NULL, NULL
+  elseif answer.status == "SUBMITTED" and node.error_code == "OBSERVATION_TIMEOUT" then
     -- A node the observer timed out, found still in flight: its observation
     -- window starts again.  Measured from the first started_at it would time
     -- out again at its next pass without the provider ever being asked, and
     -- an operator's resume would land back in MANUAL_INTERVENTION each time.
-    if node.error_code == "OBSERVATION_TIMEOUT" then fields.started_now = true end
-  else
-    fields.error_code = answer.error_code or OUTCOME_CODES[to] or NULL
-    fields.error_detail = answer.error_detail or NULL
+    fields.started_now = true
   end
-  if to == "COMPLETED" or to == "FAILED" then fields.finished_now = true end
-  if to == node.node_state then
-    nodes_db.update_node(s, node, fields)
-  else
-    nodes_db.set_node_state(s, g, node, fields, M.ACTOR)
-    nodes_db.after_node_change(s, g, node, M.ACTOR)
-  end
-  return node
+  return nodes_db.apply_answer(s, g, node, M.ACTOR, "recover", fields, answer, code, detail)
 end
 
 -- arm_sizes(batch) -> the number each arm may take, in arm order: each

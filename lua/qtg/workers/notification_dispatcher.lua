@@ -1,4 +1,4 @@
--- qtg.workers.notification_dispatcher (issue 5; MG_NOTIFY_ENABLED, sidecar):
+-- qtg.workers.notification_dispatcher (MG_NOTIFY_ENABLED, sidecar):
 -- deliver the operator notifications of notification_outbox to the webhook
 -- MG_NOTIFY_WEBHOOK_URL with exactly the callbacks' discipline, by calling
 -- qtg.callbacks (never a copy of it): signature v3 headers, 2xx = delivered,
@@ -11,10 +11,7 @@
 -- the outcomes; commit.  The row locks are held across the POSTs (bounded by
 -- the timeout) so two processes never deliver one row at the same time.
 --
--- M.enqueue(s, kind, dedupe_key, data, severity) is how other workers
--- surface things to operators: call it inside the transaction that made the
--- change.  The dedupe key makes it idempotent (a second enqueue of the same
--- event is a no-op and returns nil).
+-- The rows are written by qtg.notifications (enqueue, surface).
 local qtg = require("qtg")
 local callbacks = require("qtg.callbacks")
 local canon = require("qtg.canon_json")
@@ -22,53 +19,6 @@ local canon = require("qtg.canon_json")
 local M = {}
 
 M.BATCH = 5
-
-M.ENQUEUE_SQL = [[
-INSERT INTO notification_outbox (network_class, kind, severity, dedupe_key, payload, max_attempts)
-VALUES ($1, $2, $3, $4,
-        jsonb_build_object('kind', $2::text, 'severity', $3::text, 'network_class', $1::text,
-          'dedupe_key', $4::text,
-          'occurred_at', to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-          'data', $5::jsonb)::text,
-        $6)
-ON CONFLICT (network_class, dedupe_key) DO NOTHING
-RETURNING id, payload]]
-
-local SEVERITIES = { info = true, warning = true, critical = true }
-
-function M.enqueue(s, kind, dedupe_key, data, severity)
-  severity = severity or "warning"
-  if type(kind) ~= "string" or not kind:match("^[a-z][a-z0-9_]*$") then
-    error("notification_dispatcher.enqueue: kind must be [a-z][a-z0-9_]*, got " .. tostring(kind), 2)
-  end
-  if type(dedupe_key) ~= "string" or dedupe_key == "" then
-    error("notification_dispatcher.enqueue: a dedupe key is required", 2)
-  end
-  if not SEVERITIES[severity] then
-    error("notification_dispatcher.enqueue: severity must be info, warning or critical", 2)
-  end
-  return s:query(M.ENQUEUE_SQL, qtg.settings.network_class, kind, severity, dedupe_key,
-    canon.encode(data or {}), qtg.settings.notify_max_attempts)[1]
-end
-
--- surface(s, t): tell operators about something a worker cannot settle,
--- in the caller's transaction: an audit row (actor system:<worker>), a
--- notification (kind, dedupe key) and, when the thing belongs to a movement
--- request, that request's request_attention callback (qtg.outbox).
--- t = {worker=, kind=, dedupe_key=, entity_type=, entity_id=, request_id=,
---      data=, severity=}.  Returns the notification row (nil when that event
--- was already surfaced: then nothing else is written either).
-function M.surface(s, t)
-  local outbox = require("qtg.outbox")
-  local note = M.enqueue(s, t.kind, t.dedupe_key, t.data, t.severity)
-  if not note then return nil end
-  outbox.audit(s, "system:" .. t.worker, t.kind, t.entity_type, t.entity_id, t.request_id, t.data)
-  if t.request_id then
-    outbox.enqueue_callback(s, { id = t.request_id }, "request_attention",
-      { reason = t.kind, entity_type = t.entity_type, entity_id = tostring(t.entity_id), detail = t.data })
-  end
-  return note
-end
 
 M.CLAIM_SQL = [[
 SELECT * FROM notification_outbox
