@@ -10,7 +10,7 @@
  *     SKIP LOCKED rejected its request is released) and excludes the id; a
  *     hit keeps the locks in the caller's open transaction.  A hit does not
  *     RELEASE the savepoint: the caller's COMMIT or ROLLBACK ends it, and
- *     the RELEASE would be one more round trip per claimed node (issue 8).
+ *     the RELEASE would be one more round trip per claimed node.
  *     Each claim (a miss's ROLLBACK TO keeps its savepoint too) nests one
  *     more subtransaction until then: the workers claim one node per
  *     transaction, so that stays shallow; a caller that claims many in one

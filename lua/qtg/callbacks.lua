@@ -13,6 +13,7 @@
 local qtg = require("qtg")
 local cjson = require("cjson.safe")
 local canon = require("qtg.canon_json")
+local errors = require("qtg.errors")
 
 local M = {}
 
@@ -331,22 +332,22 @@ function M.redeliver(s, outbox_id, actor)
   return s:transaction(function()
     local rows = s:query("SELECT * FROM movement_callback_outbox WHERE id = $1 FOR UPDATE", outbox_id)
     local dead = rows[1]
-    if not dead then error("callbacks.redeliver: no callback row " .. tostring(outbox_id), 0) end
+    if not dead then errors.raise("not_found", "callbacks.redeliver: no callback row %s", tostring(outbox_id)) end
     if dead.status ~= "dlq" then
-      error(string.format("callbacks.redeliver: row %s is %s, only dlq rows are redelivered",
-        tostring(outbox_id), dead.status), 0)
+      errors.raise("illegal_transition", "callbacks.redeliver: row %s is %s, only dlq rows are redelivered",
+        tostring(outbox_id), dead.status)
     end
     -- A second redelivery says what became of the first (the dead row is
     -- locked, so two operators cannot both pass this check).
     local prev = s:query([[SELECT id, status, attempts, delivered_at FROM movement_callback_outbox
                             WHERE redelivery_of = $1 ORDER BY id DESC LIMIT 1]], dead.id)[1]
     if prev and prev.status == "pending" then
-      error(string.format("callbacks.redeliver: row %s was already redelivered as row %s, which is "
+      errors.raise("conflict", "callbacks.redeliver: row %s was already redelivered as row %s, which is "
         .. "still pending (%d attempts so far); wait for it, or redeliver row %s once it is dead-lettered",
-        tostring(dead.id), tostring(prev.id), prev.attempts, tostring(prev.id)), 0)
+        tostring(dead.id), tostring(prev.id), prev.attempts, tostring(prev.id))
     elseif prev and prev.status == "delivered" then
-      error(string.format("callbacks.redeliver: row %s was already redelivered as row %s, delivered at %s",
-        tostring(dead.id), tostring(prev.id), tostring(prev.delivered_at)), 0)
+      errors.raise("conflict", "callbacks.redeliver: row %s was already redelivered as row %s, delivered at %s",
+        tostring(dead.id), tostring(prev.id), tostring(prev.delivered_at))
     end
     local new = s:query([[
       INSERT INTO movement_callback_outbox

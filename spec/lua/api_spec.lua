@@ -450,6 +450,13 @@ describe("HTTP API", function()
       assert.equal(cb.id, one.json.redelivery_of)
       local twice = api.call(d, "POST", "/v3/callbacks/" .. one.json.id .. "/redeliver", { token = operator })
       assert.equal(409, twice.status)
+      -- the dead row again while its copy is still pending: a conflict
+      -- naming the copy, not a server error
+      local again = api.check(doc, api.call(d, "POST", "/v3/callbacks/" .. cb.id .. "/redeliver", { token = operator }),
+        "POST", "/v3/callbacks/{id}/redeliver")
+      assert.equal(409, again.status, again.body)
+      assert.equal("conflict", again.json.kind)
+      assert.matches("already redelivered as row " .. one.json.id .. ", which is still pending", again.json.detail, 1, true)
       assert.equal(404, api.call(d, "POST", "/v3/callbacks/999999999/redeliver", { token = operator }).status)
       assert.equal(1, rows("SELECT count(*) AS n FROM movement_callback_outbox WHERE redelivery_of = $1", cb.id)[1].n)
     end)
