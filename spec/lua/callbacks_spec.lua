@@ -644,22 +644,26 @@ describe("callback delivery to real receivers", function()
     assert.equals(5, again.attempts)
     -- one pending redelivery at a time; only dlq rows; an actor is required
     local twice = select(2, pcall(callbacks.redeliver, s, dead.id, "console:spec"))
-    assert.equals("string", type(twice))
+    assert.equals("conflict", twice.kind)
     assert.matches(("row %d was already redelivered as row %d, which is still pending"):format(dead.id, new.id),
-      twice, 1, true)
+      tostring(twice), 1, true)
     assert.equals(1, tonumber(s:query("SELECT count(*) AS n FROM movement_callback_outbox WHERE redelivery_of = $1",
       dead.id)[1].n))
     -- delivered: said so, with when
     s:query("UPDATE movement_callback_outbox SET status = 'delivered', delivered_at = now() WHERE id = $1", new.id)
     assert.matches(("row %d was already redelivered as row %d, delivered at"):format(dead.id, new.id),
-      select(2, pcall(callbacks.redeliver, s, dead.id, "console:spec")), 1, true)
+      tostring(select(2, pcall(callbacks.redeliver, s, dead.id, "console:spec"))), 1, true)
     -- dead-lettered too: a new redelivery is allowed
     s:query("UPDATE movement_callback_outbox SET status = 'dlq', delivered_at = NULL WHERE id = $1", new.id)
     local third = callbacks.redeliver(s, dead.id, "console:spec")
     assert.equals(dead.id, third.redelivery_of)
     assert.is_true(third.id > new.id)
-    assert.matches("only dlq rows", select(2, pcall(callbacks.redeliver, s, third.id, "console:spec")), 1, true)
-    assert.matches("no callback row", select(2, pcall(callbacks.redeliver, s, -1, "console:spec")), 1, true)
+    local live = select(2, pcall(callbacks.redeliver, s, third.id, "console:spec"))
+    assert.equals("illegal_transition", live.kind)
+    assert.matches("only dlq rows", tostring(live), 1, true)
+    local none = select(2, pcall(callbacks.redeliver, s, -1, "console:spec"))
+    assert.equals("not_found", none.kind)
+    assert.matches("no callback row", tostring(none), 1, true)
     assert.has_error(function() callbacks.redeliver(s, dead.id, "") end)
     assert.is_false(s:in_transaction())
   end)

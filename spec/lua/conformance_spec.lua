@@ -34,7 +34,7 @@ describe("conformance switches", function()
         assert.equal(w.spec_interval, w.interval, w.name)
         if on[i].drain then drains_on = drains_on + 1 end
       end
-      assert.equal(3, drains_on)   -- the control: on, three workers drain
+      assert.equal(2, drains_on)   -- the control: on, the node dispatcher and observer drain
       -- and nothing is woken: the listener is started only with the switch on
       local wakeups = require("qtg.wakeups")
       assert.same({}, wakeups.wakeable(settings_with({ workers_enabled = true, wakeups_enabled = false })))
