@@ -40,7 +40,7 @@ end
 add_search_paths("path", { "/usr/share/lua/5.1/?.lua", "/usr/share/lua/5.1/?/init.lua" })
 
 -- Spec helpers are required by their path from the repo root (e.g.
--- `require "spec.lua.host_support"`) wherever qtgd exec is started from:
+-- `require "spec.lua.support.host"`) wherever qtgd exec is started from:
 -- put the repo root (this file's directory's parent) on the path.
 local here = debug.getinfo(1, "S").source:match("^@(.*)$") or ""
 local repo = here:match("^(.*)/spec/[^/]*$") or (here:match("^spec/[^/]*$") and ".")

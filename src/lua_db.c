@@ -263,7 +263,7 @@ const char *qtg_db_param(lua_State *L, int idx, int pnum) {
   }
   case LUA_TSTRING: {
     /* Sent as a C string: a NUL would silently cut the value (found by
-     * spec/lua/fuzz_templates_spec.lua); PostgreSQL text cannot hold one. */
+     * spec/lua/fuzz/fuzz_templates_spec.lua); PostgreSQL text cannot hold one. */
     size_t len;
     const char *v = lua_tolstring(L, idx, &len);
     if (memchr(v, '\0', len))

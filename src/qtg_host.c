@@ -407,7 +407,7 @@ int qtg_host_init(qtg_host *h, qtg_settings *s, const char *root_dir) {
   /* The JIT compiler stays off: Debian 12's LuaJIT (2.1.0~beta3+git20220320)
    * miscompiles recursive walks over nested tables -- wrong results (a
    * $ref scan that misses a nested $ref), hangs and segfaults, found by
-   * spec/lua/fuzz_ref_spec.lua and reproduced with plain `luajit`, gone
+   * spec/lua/fuzz/fuzz_ref_spec.lua and reproduced with plain `luajit`, gone
    * with -joff (docs/reliability.md).  Policies are I/O-bound; the
    * interpreter is fast enough and correct. */
   luaJIT_setmode(h->L, 0, LUAJIT_MODE_ENGINE | LUAJIT_MODE_OFF);

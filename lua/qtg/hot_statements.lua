@@ -7,7 +7,7 @@
 -- is PREPAREd and its EXECUTE explained under force_generic_plan.
 --
 -- Used by tools/bench (the plans half-way through a burn-down) and by
--- spec/lua/plans_spec.lua (no sequential scan on a queue table holding
+-- spec/lua/engine/plans_spec.lua (no sequential scan on a queue table holding
 -- 10,000 rows).  docs/performance.md lists the plans.
 local M = {}
 

@@ -1,7 +1,7 @@
 -- qtg.state: the state rules of requests and nodes, as data and pure
 -- functions (no I/O).  The transition tables mirror request_state_transitions
 -- and node_state_transitions in sql/0001_core.sql (the database refuses any
--- other edge; spec/lua/engine_lifecycle_spec.lua checks both lists are equal).
+-- other edge; spec/lua/engine/engine_lifecycle_spec.lua checks both lists are equal).
 local M = {}
 
 M.REQUEST_TRANSITIONS = {

@@ -1,5 +1,5 @@
 // spec/ui/driver.mjs -- drives the web console in headless Chromium for
-// spec/lua/ui_browser_spec.lua.  It only acts and observes: the spec seeds
+// spec/lua/api/ui_browser_spec.lua.  It only acts and observes: the spec seeds
 // the database, then runs this with a JSON plan (argv[2]: a file) naming
 // the daemon, the tokens and the rows to use, and checks what this reports
 // against the database.  Each scenario runs in a fresh browser context (its

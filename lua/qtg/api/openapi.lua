@@ -1,6 +1,6 @@
 -- qtg.api.openapi: the OpenAPI 3.1 document of the API, built from the
 -- route table (qtg.api.routes) and the schemas below, so a route cannot
--- exist without its entry.  spec/lua/api_spec.lua checks that the
+-- exist without its entry.  spec/lua/api/api_spec.lua checks that the
 -- document and the routes agree and validates the specs' responses against
 -- these schemas.
 local canon = require "qtg.canon_json"

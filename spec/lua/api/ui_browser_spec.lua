@@ -1,0 +1,285 @@
+-- ui_browser_spec: the web console in headless Chromium against a running
+-- qtgd and this database.  The spec seeds rows through the API (and 10,000
+-- copies by SQL for paging), runs spec/ui/driver.mjs once (puppeteer-core
+-- driving Debian's chromium, tools/browser), and checks what the browser
+-- saw and did against the database: sign-in and a filter, the DAG's node
+-- states, an approval by a second principal, a rejection with its reason,
+-- a redelivered dead letter, a read-only token offered nothing it may not
+-- do (and its forged call refused by the API), paging through 10,000 rows,
+-- no browser console error anywhere, and a screenshot of each page in
+-- var/ui-browser/.
+local cjson = require "cjson"
+
+local api, common, host
+local d, report, plan
+local tokens = {}
+local ids = {}
+
+local function rows(sql, ...) return common.query(sql, ...) end
+
+local function create(intent, extra)
+  local body = { template_key = "otc_settlement_manual", intent = intent }
+  for k, v in pairs(extra or {}) do body[k] = v end
+  local r = api.call(d, "POST", "/v3/requests", { token = tokens.operator, key = common.uid("k", 6), json = body })
+  assert.equal(201, r.status, r.body)
+  return r.json.id
+end
+
+local function intent(over)
+  local t = {}
+  for k, v in pairs(api.OTC_INTENT) do t[k] = v end
+  for k, v in pairs(over or {}) do t[k] = v end
+  return t
+end
+
+local function dead_letter(id)
+  return rows([[UPDATE movement_callback_outbox SET status = 'dlq', attempts = max_attempts,
+                  last_error = 'connection refused (ui spec)' WHERE request_id = $1::uuid RETURNING id]], id)[1].id
+end
+
+local SEEDED = 10000
+
+local function seed_many(from_id)
+  rows([[
+    INSERT INTO movement_requests
+    SELECT (jsonb_populate_record(NULL::movement_requests, to_jsonb(r) || jsonb_build_object(
+              'id', gen_random_uuid(), 'idempotency_key', 'ui-seed-' || g, 'request_state', 'EXPIRED',
+              'created_at', r.created_at - g * interval '1 second', 'updated_at', r.created_at,
+              'intent', r.intent || jsonb_build_object('amount', g::text)))).*
+      FROM movement_requests r, generate_series(1, $2::int) g WHERE r.id = $1::uuid]], from_id, SEEDED)
+end
+
+local function scenario(name)
+  local s = report[name]
+  assert.truthy(s, "the driver reported nothing for " .. name)
+  assert.is_true(s.ok, name .. ": " .. tostring(s.error))
+  assert.same({}, s.problems, name .. " had browser errors: " .. cjson.encode(s.problems))
+  return s
+end
+
+describe("the web console in a browser", function()
+  setup(function()
+    api = require "spec.lua.support.api"
+    common = require "spec.lua.support.common"
+    host = require "spec.lua.support.host"
+    local rc, chromium = host.run({}, { common.quote(host.root .. "/tools/browser"), "chromium" })
+    assert.equal(0, rc, "no chromium (tools/setup installs it): " .. chromium)
+    rc = host.run({}, { common.quote(host.root .. "/tools/browser"), "install" })
+    assert.equal(0, rc, "tools/browser install failed")
+    d = api.start({ MG_NODE_DISPATCH_INTERVAL_SECONDS = "0.2", MG_NODE_OBSERVE_INTERVAL_SECONDS = "0.2",
+                    MG_API_RATE_LIMIT_PER_SECOND = "1000", MG_API_RATE_LIMIT_BURST = "1000" })
+    tokens.reader = api.token("read")
+    tokens.operator = api.token("read,operate")
+    tokens.approver = api.token("read,approve")
+
+    -- the filter: two requests to one fresh destination, one of them rejected
+    local dest = "0x" .. common.uid("", 20):gsub("[^%x]", ""):sub(1, 40)
+    dest = dest .. string.rep("0", 42 - #dest)
+    ids.filtered = create(intent{ destination = dest })
+    ids.filtered_other = create(intent{ destination = dest })
+    assert.equal(200, api.call(d, "POST", "/v3/requests/" .. ids.filtered_other .. "/reject",
+      { token = tokens.approver, json = { reason = "duplicate" } }).status)
+    -- the DAG: a request run to its manual step
+    ids.dag = create(intent{ amount = "11" })
+    assert.equal(200, api.call(d, "POST", "/v3/requests/" .. ids.dag .. "/approve", { token = tokens.approver }).status)
+    common.wait_for(function()
+      local st = rows("SELECT request_state FROM movement_requests WHERE id = $1::uuid", ids.dag)[1].request_state
+      return st == "WAITING_MANUAL_ACTION", st
+    end, 60, "the request to wait for its manual step")
+    -- a second one, whose manual step the browser completes
+    ids.complete = create(intent{ amount = "17" })
+    assert.equal(200, api.call(d, "POST", "/v3/requests/" .. ids.complete .. "/approve", { token = tokens.approver }).status)
+    common.wait_for(function()
+      local st = rows("SELECT request_state FROM movement_requests WHERE id = $1::uuid", ids.complete)[1].request_state
+      return st == "WAITING_MANUAL_ACTION", st
+    end, 60, "the second request to wait for its manual step")
+    ids.approve = create(intent{ amount = "12" })
+    ids.reject = create(intent{ amount = "13" })
+    ids.read_only = create(intent{ amount = "14" })
+    -- dead letters: one to redeliver, one counted by filter
+    ids.dlq_request = create(intent{ amount = "15" }, { callback_url = "http://127.0.0.1:9/hook" })
+    ids.dlq = dead_letter(ids.dlq_request)
+    ids.bulk_request = create(intent{ amount = "16" }, { callback_url = "http://127.0.0.1:9/hook" })
+    dead_letter(ids.bulk_request)
+    -- paging: 10,000 more rows of this class
+    seed_many(ids.read_only)
+
+    local out = host.root .. "/var/ui-browser"
+    os.execute("rm -rf " .. common.quote(out) .. " && mkdir -p " .. common.quote(out))
+    plan = {
+      base = d.base, chromium = chromium:match("[^\n]+"), out = out, report = out .. "/report.json",
+      tokens = tokens,
+      scenarios = { "filter", "dag", "approve", "reject", "complete", "deadLetters", "readOnly", "health", "paging" },
+      filter = { destination = dest:upper():gsub("^0X", "0x"), state = "PENDING_APPROVAL", expect = 1 },
+      dag = { id = ids.dag },
+      approve = { id = ids.approve },
+      reject = { id = ids.reject, reason = "amount does not match the desk ticket" },
+      complete = { id = ids.complete, node = "desk_confirmation", reference = "DESK-UI-1" },
+      dlq = { id = ids.dlq, bulkRequest = ids.bulk_request },
+      readOnly = { id = ids.read_only },
+      paging = { template = "otc_settlement_manual", state = "EXPIRED", pages = 3 },
+    }
+    host.write(out .. "/plan.json", cjson.encode(plan))
+    local _, node_path = host.run({}, { common.quote(host.root .. "/tools/browser"), "node-path" })
+    node_path = node_path:match("[^\n]+")
+    local rc2, log = host.run({ NODE_PATH = node_path }, { "timeout", "150", "node",
+      common.quote(host.root .. "/spec/ui/driver.mjs"), common.quote(out .. "/plan.json") })
+    assert.equal(0, rc2, "the browser driver failed: " .. log)
+    report = cjson.decode(host.read(plan.report))
+  end)
+  teardown(function()
+    api.stop(d)
+    host.stop_all()
+  end)
+
+  it("signs in and finds a request by filter", function()
+    local s = scenario("filter")
+    assert.same({ ids.filtered }, s.ids)
+    assert.truthy(s.hash:find("destination=", 1, true), "the filter is kept in the URL: " .. s.hash)
+  end)
+
+  it("draws the DAG with each node's state as the database has it", function()
+    local s = scenario("dag")
+    local db = rows("SELECT node_key, node_state FROM movement_request_nodes WHERE request_id = $1::uuid", ids.dag)
+    assert.equal(#db, #s.nodes)
+    local drawn = {}
+    for _, n in ipairs(s.nodes) do drawn[n.key] = n end
+    for _, n in ipairs(db) do
+      assert.truthy(drawn[n.node_key], "node " .. n.node_key .. " is not drawn")
+      assert.equal(n.node_state, drawn[n.node_key].state, n.node_key)
+    end
+    local frontier = rows("SELECT current_frontier FROM movement_requests WHERE id = $1::uuid", ids.dag)[1].current_frontier
+    for _, key in ipairs(frontier) do assert.is_true(drawn[key].frontier, key .. " is on the frontier") end
+    local n_edges = rows([[SELECT count(*)::int AS n FROM plan_edges e JOIN movement_requests r
+                             ON r.plan_version_id = e.plan_version_id WHERE r.id = $1::uuid]], ids.dag)[1].n
+    assert.equal(n_edges, #s.edges)
+    assert.truthy(#s.why > 0)
+    local waits = false
+    for _, line in ipairs(s.why) do if line:find("waits for an operator", 1, true) then waits = true end end
+    assert.is_true(waits, "the why panel names the manual step: " .. cjson.encode(s.why))
+    local has_create, has_approve = false, false
+    for _, a in ipairs(s.timeline) do
+      has_create = has_create or a == "request.create"
+      has_approve = has_approve or a == "request.approve"
+    end
+    assert.is_true(has_create and has_approve, cjson.encode(s.timeline))
+    -- a reader is offered no action
+    assert.same({}, s.actions)
+  end)
+
+  it("approves with a second principal, showing the frozen intent and its digest", function()
+    local s = scenario("approve")
+    local db = rows([[SELECT qtg_approval_digest(r) AS digest FROM movement_requests r WHERE id = $1::uuid]], ids.approve)[1]
+    assert.equal(db.digest, s.digest)
+    assert.equal("12", s.fields["intent.amount"])
+    assert.equal(api.OTC_INTENT.destination, s.fields["intent.destination"])
+    local votes = rows([[SELECT a.principal, a.decision, a.comment, a.approval_digest, r.created_by
+                          FROM request_approvals a JOIN movement_requests r ON r.id = a.request_id
+                         WHERE a.request_id = $1::uuid]], ids.approve)
+    assert.equal(1, #votes)
+    assert.equal("approve", votes[1].decision)
+    assert.equal("checked against the desk ticket", votes[1].comment)
+    assert.equal(db.digest, votes[1].approval_digest)
+    assert.truthy(votes[1].principal:match("^api:"))
+    assert.not_equal(votes[1].created_by, votes[1].principal)
+  end)
+
+  it("rejects with a reason, which the dialog requires", function()
+    local s = scenario("reject")
+    assert.is_true(s.disabledEmpty)
+    assert.is_true(s.disabledBlank)
+    assert.is_false(s.disabledTyped)
+    local req = rows("SELECT request_state FROM movement_requests WHERE id = $1::uuid", ids.reject)[1]
+    assert.equal("REJECTED", req.request_state)
+    local vote = rows("SELECT decision, comment FROM request_approvals WHERE request_id = $1::uuid", ids.reject)[1]
+    assert.equal("reject", vote.decision)
+    assert.equal(plan.reject.reason, vote.comment)
+  end)
+
+  it("completes a manual step through its input form", function()
+    local s = scenario("complete")
+    assert.same({ "desk_reference" }, s.fields)
+    assert.is_true(s.disabledEmpty)
+    assert.is_false(s.disabledTyped)
+    local instructions = false
+    for _, l in ipairs(s.lines) do instructions = instructions or l:find("OTC desk", 1, true) ~= nil end
+    assert.is_true(instructions, "the dialog shows the step's instructions: " .. cjson.encode(s.lines))
+    common.wait_for(function()
+      local st = rows("SELECT request_state FROM movement_requests WHERE id = $1::uuid", ids.complete)[1].request_state
+      return st == "COMPLETED", st
+    end, 30, "the request to complete")
+    local node = rows([[SELECT node_state, provider_refs->>'desk_reference' AS ref FROM movement_request_nodes
+                         WHERE request_id = $1::uuid AND node_key = 'desk_confirmation']], ids.complete)[1]
+    assert.equal("COMPLETED", node.node_state)
+    assert.equal("DESK-UI-1", node.ref)
+  end)
+
+  it("redelivers a dead letter, and counts a bulk redelivery before doing it", function()
+    local s = scenario("deadLetters")
+    local new = rows("SELECT id, status FROM movement_callback_outbox WHERE redelivery_of = $1", ids.dlq)
+    assert.equal(1, #new)
+    assert.truthy(s.status:find(tostring(new[1].id), 1, true), s.status)
+    assert.truthy(s.rowText:find("redelivered as " .. new[1].id, 1, true), s.rowText)
+    assert.equal("Redeliver 1 dead letter(s)?", s.bulkTitle)
+    -- the bulk dialog was cancelled: nothing redelivered for that request
+    assert.equal(0, rows([[SELECT count(*)::int AS n FROM movement_callback_outbox o
+                            WHERE o.request_id = $1::uuid AND o.redelivery_of IS NOT NULL]], ids.bulk_request)[1].n)
+  end)
+
+  it("offers a read-only token nothing it may not do, and the API refuses a forged call", function()
+    local s = scenario("readOnly")
+    assert.same({}, s.actions)
+    assert.same({ "Requests", "Dead letters", "Workers and health" }, s.nav)
+    assert.equal(0, s.redeliverButtons)
+    assert.equal(0, s.bulkForm)
+    -- what the page would have sent, sent anyway
+    local forged = api.call(d, "POST", "/v3/requests/" .. ids.read_only .. "/approve",
+      { token = tokens.reader, json = { comment = "forged" } })
+    assert.equal(403, forged.status)
+    assert.equal("forbidden", forged.json.kind)
+    assert.equal(403, api.call(d, "POST", "/v3/callbacks/" .. ids.dlq .. "/redeliver", { token = tokens.reader }).status)
+    assert.equal(0, rows("SELECT count(*)::int AS n FROM request_approvals WHERE request_id = $1::uuid",
+      ids.read_only)[1].n)
+    assert.equal("PENDING_APPROVAL",
+      rows("SELECT request_state FROM movement_requests WHERE id = $1::uuid", ids.read_only)[1].request_state)
+  end)
+
+  it("shows workers, heartbeats and readiness", function()
+    local s = scenario("health")
+    local names = {}
+    for _, w in ipairs(api.call(d, "GET", "/v3/workers", { token = tokens.reader }).json.items) do
+      names[#names + 1] = w.name
+    end
+    assert.same(names, s.workers)
+    assert.same({ "database", "migrations", "core_workers", "signer" }, s.checks)
+  end)
+
+  it("pages through 10,000 requests one page at a time, in the database's order", function()
+    local s = scenario("paging")
+    assert.equal(3, #s.pages)
+    local want = rows([[SELECT id FROM movement_requests WHERE network_class = $1 AND template_key = $2
+                         AND request_state = 'EXPIRED' ORDER BY created_at DESC, id DESC LIMIT 150]],
+      d.class, plan.paging.template)
+    local i = 0
+    for _, page in ipairs(s.pages) do
+      assert.equal(50, #page)
+      for _, id in ipairs(page) do
+        i = i + 1
+        assert.equal(want[i].id, id, "row " .. i)
+      end
+    end
+    assert.same(s.pages[2], s.back)
+    assert.truthy(s.domRows <= 52, "the page holds one page of rows, not all: " .. s.domRows)
+    assert.truthy(rows("SELECT count(*)::int AS n FROM movement_requests WHERE network_class = $1", d.class)[1].n
+      > SEEDED)
+  end)
+
+  it("saved a screenshot of each page", function()
+    for _, f in ipairs({ "requests", "request-detail", "approvals", "reject-dialog", "complete-dialog", "dead-letters",
+                         "health" }) do
+      local png = host.read(plan.out .. "/" .. f .. ".png")
+      assert.truthy(png and #png > 1000, f .. ".png")
+      assert.equal("\137PNG", png:sub(1, 4), f .. ".png")
+    end
+  end)
+end)

@@ -1,0 +1,209 @@
+-- The console's guard (src/qtg_console_session.c): a console command that
+-- never gives the loop back is ended by an interrupt, by its client going
+-- away, by MG_CONSOLE_BUSY_LIMIT_SECONDS and by SIGTERM, whatever it does
+-- to resist (pcall around the loop, the loop inside coroutine.wrap, in an
+-- error handler or in a task it spawns); what it held is given back and
+-- the daemon serves on.  Also the command queue's bookkeeping when a queued
+-- command finishes without yielding between two that wait (a use-after-free
+-- before: the ASan pass of this spec, and fuzz/corpus/console, catch it).
+-- A real `qtgd run` on the test database, driven by a raw client (python3)
+-- speaking the frame format of src/qtg_console.h.
+local common = require "spec.lua.support.common"
+local sup -- spec/lua/support/host.lua
+local q = common.quote
+
+local PCALL_LOOP = "while true do pcall(function() while true do end end) end"
+-- Each prints a line (an 'o' frame reaches the client at once, even while
+-- the loop is held) before it starts to spin.
+local RUNAWAYS = {
+  { "a pcall loop", PCALL_LOOP },
+  { "a pcall loop inside coroutine.wrap", "coroutine.wrap(function() " .. PCALL_LOOP .. " end)()" },
+  { "coroutine.resume in a loop",
+    "while true do coroutine.resume(coroutine.create(function() while true do end end)) end" },
+  { "an error handler that gives up", "while true do xpcall(function() while true do end end, "
+    .. "function(e) return e end) end" },
+  { "a pcall loop in a task it spawns", "qtg.spawn(function() " .. PCALL_LOOP .. " end) return 'spawned'" },
+}
+
+-- The raw client.  Arguments: the socket, then steps: "e<code>" / "i" /
+-- "c<text>" queue a frame; "@o" sends what is queued and waits for an output
+-- frame; "@close" sends and closes at once.  Then it sends the rest and
+-- prints every output ("o <text>") and final frame ("<type> <text>", new
+-- lines as " | ") until as many finals came as 'e'/'c' frames were sent, or
+-- the server closes.
+local RAW_CLIENT = [[
+import socket, struct, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.settimeout(120)
+s.connect(sys.argv[1])
+buf, pending, commands, finals = b"", [], 0, 0
+def frames():
+    global buf
+    while True:
+        while len(buf) >= 4 and len(buf) >= 4 + struct.unpack(">I", buf[:4])[0]:
+            n = struct.unpack(">I", buf[:4])[0]
+            t, body = chr(buf[4]), buf[5:4 + n].decode("utf-8", "replace")
+            buf = buf[4 + n:]
+            yield t, body
+        chunk = s.recv(65536)
+        if not chunk:
+            return
+        buf += chunk
+reader = frames()
+def send():
+    s.sendall(b"".join(struct.pack(">I", len(b) + 1) + t.encode() + b for t, b in pending))
+    pending.clear()
+def show(t, body):
+    global finals
+    if t in "orxmk":
+        print(t, body.rstrip("\n").replace("\n", " | "), flush=True)
+    if t in "rxmk":
+        finals += 1
+for step in sys.argv[2:]:
+    if step == "@o":
+        send()
+        for t, body in reader:
+            show(t, body)
+            if t == "o":
+                break
+    elif step == "@close":
+        send()
+        s.close()
+        sys.exit(0)
+    else:
+        if step[0] in "ec":
+            commands += 1
+        pending.append((step[0], step[1:].encode()))
+send()
+if finals < commands:
+    for t, body in reader:
+        show(t, body)
+        if finals >= commands:
+            break
+]]
+
+describe("console guard", function()
+  local tmp, h, sock, client
+
+  setup(function()
+    sup = require "spec.lua.support.host"
+    tmp = sup.tmpdir()
+    os.execute("mkdir -p " .. q(tmp .. "/run") .. " && chmod 700 " .. q(tmp .. "/run"))
+    sock = tmp .. "/run/console.sock"
+    client = tmp .. "/raw_client.py"
+    sup.write(client, RAW_CLIENT)
+    h = sup.start(sup.base_env({ MG_CONSOLE_ENABLED = "true", MG_RUN_DIR = tmp .. "/run",
+                                 MG_NETWORK_CLASS = "guard-spec", MG_CONSOLE_BUSY_LIMIT_SECONDS = "4",
+                                 MG_SHUTDOWN_GRACE_SECONDS = "10" }), { "run" })
+    assert(sup.eventually(function() return os.execute("test -S " .. q(sock)) == 0 end, 30),
+      sup.read(h.log))
+  end)
+  teardown(function()
+    sup.stop_all()
+    os.execute("rm -rf " .. q(tmp))
+  end)
+
+  -- raw(steps...) -> its output lines (waits for it to end).
+  local function raw(...)
+    local args = { "python3", q(client), q(sock) }
+    for _, s in ipairs({ ... }) do args[#args + 1] = q(s) end
+    local rc, out = sup.run({}, args)
+    assert.equals(0, rc, out)
+    return out
+  end
+
+  -- raw_bg(steps...) -> its output file; the client runs in the background.
+  local n = 0
+  local function raw_bg(...)
+    n = n + 1
+    local out = ("%s/raw-%d.out"):format(tmp, n)
+    local args = { "python3", q(client), q(sock) }
+    for _, s in ipairs({ ... }) do args[#args + 1] = q(s) end
+    common.background(table.concat(args, " "), out)
+    return out
+  end
+
+  local function eval(code)
+    return raw("e" .. code):match("^(.-)\n?$")
+  end
+
+  -- The daemon still answers at once, and only the asking session is left.
+  local function serves_on()
+    assert.is_truthy(sup.eventually(function()
+      return eval("=#qtg.console_server.sessions()") == "r 1"
+    end, 30), "a session was left behind")
+  end
+
+  for _, case in ipairs(RUNAWAYS) do
+    it("an interrupt ends " .. case[1] .. "; the daemon serves on", function()
+      local out = raw("eprint('spinning') " .. case[2], "@o", "i")
+      assert.matches("o spinning\nx interrupted: stopped by the operator", out, 1, true)
+      serves_on()
+    end)
+  end
+
+  it("a client that goes away ends its runaway command", function()
+    raw("eprint('spinning') " .. PCALL_LOOP, "@o", "@close")
+    serves_on()
+  end)
+
+  it("a command holding the loop past MG_CONSOLE_BUSY_LIMIT_SECONDS is ended, pcall or not", function()
+    local out = raw("e" .. PCALL_LOOP)
+    assert.matches("x interrupted: the command held the loop longer than MG_CONSOLE_BUSY_LIMIT_SECONDS",
+      out, 1, true)
+    serves_on()
+  end)
+
+  it("a task a command spawned that spins after the command ended is held to the busy limit too", function()
+    local out = raw("eqtg.spawn(function() qtg.sleep(0.2) " .. PCALL_LOOP .. " end) return 'spawned'")
+    assert.equals('r "spawned"\n', out)
+    assert.is_truthy(sup.eventually(function()
+      return sup.read(h.log):find("stopping a task a console command spawned", 1, true)
+    end, 60), sup.read(h.log))
+    serves_on()
+  end)
+
+  it("a command that yields now and then is not held to the limit, and still stops on an interrupt", function()
+    local out = raw("eprint('sleeping') while true do pcall(qtg.sleep, 0.05) end", "@o", "i")
+    assert.matches("x interrupted: stopped by the operator", out, 1, true)
+  end)
+
+  it("gives back the database session and the transaction the command held", function()
+    local code = "qtg.db.with_session(function(s) s:transaction(function() "
+      .. "s:query('SELECT 1') print('in a transaction') " .. PCALL_LOOP .. " end) end)"
+    local out = raw("e" .. code, "@o", "i")
+    assert.matches("x interrupted: stopped by the operator", out, 1, true)
+    assert.is_truthy(sup.eventually(function()
+      return eval("=sql([[SELECT count(*) AS n FROM pg_stat_activity WHERE state = 'idle in transaction' "
+        .. "AND datname = current_database()]])[1].n") == "r 0"
+    end, 30), "a transaction was left open")
+  end)
+
+  it("a worker's tick is never hit by a command's interrupt", function()
+    raw("eprint('spinning') " .. PCALL_LOOP, "@o", "i")
+    raw("eprint('sleeping') while true do pcall(qtg.sleep, 0.01) end", "@o", "i")
+    local errs = eval("=(function() local n = 0 for _, w in ipairs(qtg.runtime.workers()) do "
+      .. "n = n + w.errors_total end return n end)()")
+    assert.equals("r 0", errs)
+  end)
+
+  it("a command that finishes at once between two that wait keeps the queue's bookkeeping", function()
+    -- the first interrupt ends the first sleep; the second must reach the
+    -- third command, not the (freed) second.  The middle one is a
+    -- completion, which finishes without yielding (an evaluation yields
+    -- at least once: its audit row is written before it runs).
+    local out = raw("eqtg.sleep(0.05)", "cqtg.slee", "eqtg.sleep(30)", "i", "i")
+    assert.equals("x interrupted: stopped by the operator\nk qtg.sleep\nx interrupted: stopped by the operator\n", out)
+    serves_on()
+  end)
+
+  it("SIGTERM during a runaway command stops the daemon within its grace period", function()
+    local out = raw_bg("eprint('spinning') " .. PCALL_LOOP)
+    assert.is_truthy(sup.eventually(function() return (sup.read(out) or ""):find("o spinning", 1, true) end, 30))
+    assert.equals(0, sup.stop(h, 60), sup.read(h.log))
+    assert.is_truthy(sup.eventually(function()
+      return (sup.read(out) or ""):find("x interrupted: the daemon is stopping (SIGTERM)", 1, true)
+    end, 10), sup.read(out))
+    assert.is_nil(sup.read(h.log):match("grace period over"))
+  end)
+end)

@@ -1,0 +1,513 @@
+-- Approvals on a real database: the freeze trigger, risk_controls at
+-- create and approval, principals and roles, the approval policy's rule
+-- kinds (tiers, allowlist, velocity, block, allow, default deny, a rule
+-- that raises), quorums of distinct principals, rejection, duplicate votes,
+-- expiry with a partial quorum, a policy edit and reload, the address book.
+local qtg = require "qtg"
+local requests = require "qtg.requests"
+local approvals = require "qtg.approvals"
+local P = approvals
+
+local sup, s
+
+local T = "spec_appr_sim"
+local LIMITED = "spec_appr_limited"
+local POLICY = "qtg.policies.approval"
+
+local function who(name, roles)
+  return { actor = "operator:" .. name, kind = "operator", name = name, roles = roles }
+end
+local ALICE = who("alice", { "read", "operate", "approve" })
+local BOB = who("bob", { "read", "approve" })
+local CAROL = who("carol", { "read", "approve" })
+local DAVE = who("dave", { "read", "approve", "admin" })
+local ERIN = who("erin", { "read", "operate" })
+local READER = who("reader", { "read" })
+
+local function refused(kind, fn, ...)
+  local ok, err = pcall(fn, ...)
+  assert.is_false(ok, "expected a refusal")
+  assert.equal(kind, err.kind, tostring(err))
+  return err
+end
+
+local function create(template, intent, initiator)
+  return requests.create(s, { template_key = template or T, intent = intent or sup.INTENT,
+    idempotency_key = sup.uid("idem") }, initiator or ALICE)
+end
+
+-- Run fn with `policy` as the loaded approval policy (as reload() swaps a
+-- module), then put the shipped one back.
+local function with_policy(policy, fn)
+  local old = package.loaded[POLICY]
+  package.loaded[POLICY] = policy
+  local ok, err = pcall(fn)
+  package.loaded[POLICY] = old
+  approvals.policy()
+  if not ok then error(err, 0) end
+end
+
+local function state(id) return sup.request(s, id).request_state end
+
+describe("approvals", function()
+  setup(function()
+    sup = require("spec.lua.support.engine")
+    s = qtg.db.acquire()
+    sup.load_doc(s, sup.doc(T, { { "a", "action", "withdrawal", { sim = { observes = 0 } } } }))
+    sup.load_doc(s, sup.doc(LIMITED, { { "a", "action", "withdrawal", { sim = { observes = 0 } } } }, nil,
+      { risk_controls = { max_amount = "1000", min_amount = "0.5", allowed_assets = { "USDC", "USDT" } } }))
+  end)
+  teardown(function() s:release() end)
+  before_each(function() sup.park_others(s) end)
+
+  describe("the freeze", function()
+    it("refuses a change to an approved request's intent, naming the column, and its plan rows", function()
+      local req = create()
+      -- still pending: the initiator may be corrected by SQL (nobody approved yet)
+      s:query([[UPDATE movement_requests SET intent = jsonb_set(intent, '{amount}', '"101.00"')
+                 WHERE id = $1::uuid]], req.id)
+      requests.approve(s, req.id, BOB)
+      assert.equal("APPROVED", state(req.id))
+      for _, sql in ipairs({
+        [[UPDATE movement_requests SET intent = '{"asset":"USDC","amount":"20000"}' WHERE id = $1::uuid]],
+        [[UPDATE movement_requests SET callback_url = 'http://127.0.0.1:9/evil' WHERE id = $1::uuid]],
+        [[UPDATE movement_requests SET approvals_required = 0 WHERE id = $1::uuid]],
+      }) do
+        local ok, err = pcall(s.query, s, sql, req.id)
+        assert.is_false(ok, sql)
+        local col = sql:match("SET ([%w_]+)")
+        assert.truthy(tostring(err.message or err):find("movement_requests." .. col .. " of request", 1, true), tostring(err.message or err))
+      end
+      local r = sup.request(s, req.id)
+      assert.equal("101.00", r.intent.amount)
+      -- the plan version and nodes it references
+      local ok, err = pcall(s.query, s, "UPDATE plan_nodes SET config = '{}' WHERE plan_version_id = $1", r.plan_version_id)
+      assert.is_false(ok)
+      assert.truthy(tostring(err.message or err):find("is frozen", 1, true))
+      ok = pcall(s.query, s, "DELETE FROM plan_nodes WHERE plan_version_id = $1", r.plan_version_id)
+      assert.is_false(ok)
+      ok = pcall(s.query, s, "UPDATE plan_versions SET risk_controls = '{}' WHERE id = $1", r.plan_version_id)
+      assert.is_false(ok)
+      -- the votes are append-only
+      ok = pcall(s.query, s, "UPDATE request_approvals SET principal = 'operator:mallory' WHERE request_id = $1::uuid", req.id)
+      assert.is_false(ok)
+      ok = pcall(s.query, s, "DELETE FROM request_approvals WHERE request_id = $1::uuid", req.id)
+      assert.is_false(ok)
+      -- state changes still go through
+      requests.cancel(s, req.id, ALICE, "changed my mind")
+      assert.equal("CANCELLED", state(req.id))
+    end)
+
+    it("puts the digest, the intent, the amount and every approval in the audit detail", function()
+      local req = create(T, { asset = "USDC", amount = "250000" })
+      requests.approve(s, req.id, BOB, "checked the invoice")
+      requests.approve(s, req.id, CAROL)
+      local a = s:query([[SELECT detail FROM audit_outbox WHERE request_id = $1::uuid AND action = 'request.approve']], req.id)[1]
+      local d = a.detail
+      local digest = s:query("SELECT qtg_approval_digest(r) AS d FROM movement_requests r WHERE id = $1::uuid", req.id)[1].d
+      assert.equal(digest, d.approval_digest)
+      assert.equal(digest, sup.request(s, req.id).approval_digest)
+      assert.equal("250000", d.amount)
+      assert.equal("USDC", d.intent.asset)
+      assert.equal(2, #d.approvals)
+      assert.equal("operator:bob", d.approvals[1].principal)
+      assert.equal("checked the invoice", d.approvals[1].comment)
+      assert.equal("operator:carol", d.approvals[2].principal)
+      assert.equal("two_approvers_from_100k", d.approval_rule)
+      local vote = s:query([[SELECT detail FROM audit_outbox WHERE request_id = $1::uuid AND action = 'request.approval']], req.id)[1]
+      assert.equal(digest, vote.detail.approval_digest)
+      assert.equal("250000", vote.detail.amount)
+    end)
+  end)
+
+  describe("risk_controls", function()
+    it("refuses at create with invalid_intent naming the rule, comparing exact decimals", function()
+      local e = refused("invalid_intent", create, LIMITED, { asset = "USDC", amount = "1000.000000000000000001" })
+      assert.matches("risk_controls.max_amount", e.message, 1, true)
+      e = refused("invalid_intent", create, LIMITED, { asset = "DOGE", amount = "1" })
+      assert.matches("risk_controls.allowed_assets", e.message, 1, true)
+      e = refused("invalid_intent", create, LIMITED, { asset = "USDC", amount = "0.4999" })
+      assert.matches("risk_controls.min_amount", e.message, 1, true)
+      assert.equal("PENDING_APPROVAL", create(LIMITED, { asset = "USDT", amount = "1000.000" }).request_state)
+      assert.equal("PENDING_APPROVAL", create(LIMITED, { asset = "USDT", amount = "0.50" }).request_state)
+    end)
+
+    it("checks again at approval", function()
+      local req = create(LIMITED, { asset = "USDC", amount = "10" })
+      s:query([[UPDATE movement_requests SET intent = jsonb_set(intent, '{amount}', '"999999999"')
+                 WHERE id = $1::uuid]], req.id)
+      local e = refused("invalid_intent", requests.approve, s, req.id, BOB)
+      assert.matches("risk_controls.max_amount", e.message, 1, true)
+      assert.equal("PENDING_APPROVAL", state(req.id))
+    end)
+
+    it("refuses unknown keys and malformed values when templates load", function()
+      local templates = require "qtg.templates"
+      for _, case in ipairs({
+        { { max_amout = "5" }, "unknown key \"max_amout\"" },
+        { { max_amount = 5 }, "risk_controls.max_amount\" must be a non-negative decimal string" },
+        { { max_amount = "1e9" }, "risk_controls.max_amount\" must be a non-negative decimal string" },
+        { { allowed_assets = "USDC" }, "risk_controls.allowed_assets\" must be an array" },
+        { { allowed_chain_ids = { 0 } }, "risk_controls.allowed_chain_ids\" must be an array" },
+        { { min_amount = "10", max_amount = "1" }, "min_amount\" exceeds max_amount" },
+      }) do
+        local doc = sup.doc("spec_appr_bad_rc", { { "a", "action", "withdrawal", { sim = {} } } }, nil,
+          { risk_controls = case[1] })
+        local c, errs = templates.validate_and_compile(doc, "bad.json")
+        assert.is_nil(c)
+        assert.truthy(table.concat(errs, "\n"):find(case[2], 1, true), table.concat(errs, "\n"))
+      end
+    end)
+  end)
+
+  describe("principals and quorum", function()
+    it("never lets the initiator approve, nor a principal without the role", function()
+      local req = create()
+      local e = refused("forbidden", requests.approve, s, req.id, ALICE)
+      assert.matches("four eyes", e.message, 1, true)
+      refused("forbidden", requests.approve, s, req.id, ERIN)
+      refused("forbidden", requests.approve, s, req.id, READER)
+      refused("forbidden", requests.create, s, { template_key = T, intent = sup.INTENT,
+        idempotency_key = sup.uid("i") }, READER)
+      refused("forbidden", requests.cancel, s, req.id, READER, "no")
+      refused("invalid_input", requests.approve, s, req.id, { actor = "operator:x", roles = { "root" } })
+      assert.equal("PENDING_APPROVAL", state(req.id))
+      assert.equal(0, #s:query("SELECT 1 FROM request_approvals WHERE request_id = $1::uuid", req.id))
+      -- an unmapped console uid reads only
+      local p = require("qtg.principals").resolve_uid(s, 4242)
+      assert.equal("console:4242", p.actor)
+      refused("forbidden", requests.approve, s, req.id, p)
+    end)
+
+    it("needs 2 distinct approvers from 100000, refuses a second vote by the same one", function()
+      local req = create(T, { asset = "USDC", amount = "100000" })
+      assert.equal(2, req.approvals_required)
+      requests.approve(s, req.id, BOB)
+      assert.equal("PENDING_APPROVAL", state(req.id))
+      local e = refused("illegal_transition", requests.approve, s, req.id, BOB)
+      assert.matches("already decided", e.message, 1, true)
+      local st = requests.approval_status(s, req.id)
+      assert.equal(1, st.still_needed)
+      assert.equal("operator:bob", st.approved_by[1].principal)
+      assert.equal("two_approvers_from_100k", st.rule)
+      requests.approve(s, req.id, CAROL)
+      local r = sup.request(s, req.id)
+      assert.equal("APPROVED", r.request_state)
+      assert.equal("operator:carol", r.approved_by)
+      assert.equal("READY", sup.nodes(s, req.id).a.node_state)
+      -- the signer's rule holds: distinct approvals of the stored digest >= approvals_required
+      local n = s:query([[SELECT count(DISTINCT principal)::int AS n FROM request_approvals a
+                           JOIN movement_requests r ON r.id = a.request_id
+                          WHERE a.request_id = $1::uuid AND a.decision = 'approve'
+                            AND a.approval_digest = qtg_approval_digest(r)]], req.id)[1].n
+      assert.is_true(n >= r.approvals_required)
+      assert.equal(0, #s:query("SELECT 1 FROM request_approvals WHERE request_id = $1::uuid AND decision = 'reject'", req.id))
+    end)
+
+    it("refuses an approver without a role the rule names", function()
+      with_policy({ rules = { { name = "admins_only", match = {}, action = P.require{ approvals = 1, roles = { "admin" } } } } }, function()
+        local req = create()
+        local e = refused("forbidden", requests.approve, s, req.id, BOB)
+        assert.matches("admins_only", e.message, 1, true)
+        requests.approve(s, req.id, DAVE)
+        assert.equal("APPROVED", state(req.id))
+      end)
+    end)
+
+    it("ends the request at any rejection, even with a partial quorum", function()
+      local req = create(T, { asset = "USDC", amount = "500000" })
+      requests.approve(s, req.id, BOB)
+      requests.reject(s, req.id, CAROL, "unknown beneficiary")
+      assert.equal("REJECTED", state(req.id))
+      refused("illegal_transition", requests.approve, s, req.id, DAVE)
+      local rows = s:query("SELECT principal, decision, comment FROM request_approvals WHERE request_id = $1::uuid ORDER BY id", req.id)
+      assert.equal(2, #rows)
+      assert.equal("reject", rows[2].decision)
+      assert.equal("unknown beneficiary", rows[2].comment)
+    end)
+
+    it("expires a request whose quorum was not met within the approval TTL", function()
+      local req = create(T, { asset = "USDC", amount = "500000" })
+      requests.approve(s, req.id, BOB)
+      s:query("UPDATE movement_requests SET expires_at = now() - interval '1 second' WHERE id = $1::uuid", req.id)
+      refused("illegal_transition", requests.approve, s, req.id, CAROL)
+      assert.is_true(sup.tick("expiration_checker") >= 1)
+      assert.equal("EXPIRED", state(req.id))
+      assert.equal(1, #s:query("SELECT 1 FROM request_approvals WHERE request_id = $1::uuid", req.id))
+    end)
+
+    it("refuses an approval when the request changed since the first approval", function()
+      local req = create(T, { asset = "USDC", amount = "500000" })
+      requests.approve(s, req.id, BOB)
+      s:query([[UPDATE movement_requests SET intent = jsonb_set(intent, '{amount}', '"600000"')
+                 WHERE id = $1::uuid]], req.id)
+      local e = refused("illegal_transition", requests.approve, s, req.id, CAROL)
+      assert.matches("changed since its first approval", e.message, 1, true)
+      assert.equal("PENDING_APPROVAL", state(req.id))
+    end)
+  end)
+
+  describe("the policy's rules", function()
+    it("tiers: the shipped policy asks 1 approver below 100000 and 2 from it", function()
+      assert.equal(1, create(T, { asset = "USDC", amount = "99999.99" }).approvals_required)
+      assert.equal(2, create(T, { asset = "USDC", amount = "100000.00" }).approvals_required)
+    end)
+
+    it("allow: approved by the policy itself, recorded as such", function()
+      with_policy({ rules = { { name = "petty_cash", match = { amount_below = "10" }, action = P.allow() },
+                              { name = "rest", match = {}, action = P.require{ approvals = 1, roles = { "approve" } } } } }, function()
+        local req = create(T, { asset = "USDC", amount = "9.99" })
+        assert.equal("APPROVED", req.request_state)
+        assert.equal("policy:petty_cash", req.approved_by)
+        assert.equal(0, req.approvals_required)
+        assert.equal("petty_cash", req.approval_policy.rule)
+        assert.is_string(req.approval_digest)
+        assert.equal("PENDING_APPROVAL", create(T, { asset = "USDC", amount = "10" }).request_state)
+      end)
+    end)
+
+    it("block and default deny refuse at create, naming the rule", function()
+      with_policy({ rules = { { name = "no_doge", match = { asset = "DOGE" }, action = P.block{ reason = "not a treasury asset" } },
+                              { name = "usdc_only", match = { asset = "USDC" }, action = P.require{ approvals = 1, roles = { "approve" } } } } }, function()
+        local e = refused("invalid_intent", create, T, { asset = "DOGE", amount = "1" })
+        assert.matches("no_doge", e.message, 1, true)
+        assert.matches("not a treasury asset", e.message, 1, true)
+        e = refused("invalid_intent", create, T, { asset = "USDT", amount = "1" })
+        assert.matches("default_deny", e.message, 1, true)
+        assert.equal("PENDING_APPROVAL", create(T, { asset = "USDC", amount = "1" }).request_state)
+      end)
+    end)
+
+    it("initiator and its role", function()
+      with_policy({ rules = { { name = "erin_needs_two", match = { initiator = "operator:erin" }, action = P.require{ approvals = 2, roles = { "approve" } } },
+                              { name = "admins_alone", match = { initiator_role = "admin" }, action = P.allow() },
+                              { name = "rest", match = {}, action = P.require{ approvals = 1, roles = { "approve" } } } } }, function()
+        assert.equal(2, create(T, nil, ERIN).approvals_required)
+        assert.equal("APPROVED", create(T, nil, who("root", { "operate", "admin" })).request_state)
+        assert.equal(1, create(T, nil, ALICE).approvals_required)
+      end)
+    end)
+
+    it("allowlist: a destination outside the address book needs more", function()
+      local dest_in, dest_out = "0x" .. string.rep("a1", 20), "0x" .. string.rep("b2", 20)
+      local book = require "qtg.address_book"
+      local c = book.propose(s, { action = "add", asset = "USDC", chain = "ethereum", address = dest_in, label = "cold wallet" },
+        who("adm1", { "admin" }))
+      book.vote(s, c.id, who("adm2", { "admin" }), "approve")
+      book.vote(s, c.id, who("adm3", { "admin" }), "approve")
+      with_policy({ rules = { { name = "known", match = { destination_in = "address_book" }, action = P.require{ approvals = 1, roles = { "approve" } } },
+                              { name = "unknown", match = { destination_not_in = "address_book" }, action = P.require{ approvals = 3, roles = { "approve" } } } } }, function()
+        local a = create(T, { asset = "USDC", amount = "5", destination = dest_in:upper():gsub("^0X", "0x"), destination_chain = "ethereum" })
+        assert.equal(1, a.approvals_required)
+        assert.equal("cold wallet", a.approval_policy.inputs.address_label)
+        assert.equal(3, create(T, { asset = "USDC", amount = "5", destination = dest_out, destination_chain = "ethereum" }).approvals_required)
+        -- the same address on another chain is not in the book
+        assert.equal(3, create(T, { asset = "USDC", amount = "5", destination = dest_in, destination_chain = "base" }).approvals_required)
+      end)
+    end)
+
+    it("velocity: a request that would now cross the window waits, refused at approval", function()
+      local asset = "V" .. sup.uid("a"):upper():gsub("[^%w]", "")
+      with_policy({ rules = { { name = "day_cap", match = { velocity = { window_seconds = 86400, over = "1000" } },
+                                action = P.block{ reason = "over 1000 a day" } },
+                              { name = "rest", match = {}, action = P.require{ approvals = 1, roles = { "approve" } } } } }, function()
+        local r1 = create(T, { asset = asset, amount = "600" })
+        local r2 = create(T, { asset = asset, amount = "600" })
+        assert.equal("rest", r2.approval_policy.rule)
+        requests.approve(s, r1.id, BOB)
+        assert.equal("APPROVED", state(r1.id))
+        local e = refused("invalid_intent", requests.approve, s, r2.id, BOB)
+        assert.matches("day_cap", e.message, 1, true)
+        local r = sup.request(s, r2.id)
+        assert.equal("PENDING_APPROVAL", r.request_state)
+        assert.equal("day_cap", r.approval_policy.rule)
+        assert.equal("600", r.approval_policy.inputs.velocity.day_cap.approved_in_window)
+        assert.equal(1, #s:query("SELECT 1 FROM audit_outbox WHERE request_id = $1::uuid AND action = 'request.approval_refused'", r2.id))
+        -- a new request crossing it is refused at create
+        refused("invalid_intent", create, T, { asset = asset, amount = "401" })
+        assert.equal("PENDING_APPROVAL", create(T, { asset = asset, amount = "400" }).request_state)
+      end)
+    end)
+
+    it("velocity: two processes approving at once cannot both cross the window", function()
+      local common = require "spec.lua.support.common"
+      local dir = common.tmpdir("approvals")
+      local asset = "W" .. sup.uid("a"):upper():gsub("[^%w]", "")
+      local ids = {}
+      with_policy({ rules = { { name = "day_cap", match = { velocity = { window_seconds = 86400, over = "1000" } },
+                                action = P.block{ reason = "over 1000 a day" } },
+                              { name = "rest", match = {}, action = P.require{ approvals = 1, roles = { "approve" } } } } }, function()
+        ids[1] = create(T, { asset = asset, amount = "600" }).id
+        ids[2] = create(T, { asset = asset, amount = "600" }).id
+      end)
+      local env = { MG_NETWORK_CLASS = qtg.settings.network_class, MG_WORKERS_ENABLED = "false" }
+      local gate = dir .. "/go"
+      local kids = {
+        common.start_script(dir, "a", env, "engine/approvals_child.lua", { ids[1], "bob", gate, "0.5" }),
+        common.start_script(dir, "b", env, "engine/approvals_child.lua", { ids[2], "carol", gate, "0.5" }),
+      }
+      qtg.sleep(0.3)
+      common.write(gate, "go")
+      local approved, refusals = 0, {}
+      for _, k in ipairs(kids) do
+        local res = common.wait_result(k, 60)
+        assert.is_true(res.ok, tostring(res.error))
+        if res.approved then approved = approved + 1 else refusals[#refusals + 1] = res.error end
+      end
+      os.execute("rm -rf " .. common.quote(dir))
+      assert.equal(1, approved)
+      assert.equal(1, #refusals)
+      assert.matches("day_cap", refusals[1], 1, true)
+      local states = {}
+      for _, id in ipairs(ids) do states[#states + 1] = state(id) end
+      table.sort(states)
+      assert.same({ "APPROVED", "PENDING_APPROVAL" }, states)
+    end)
+
+    it("a rule that raises leaves the request waiting with the error recorded, never approved", function()
+      with_policy({ rules = { { name = "buggy", match = { when = function() error("nil index") end }, action = P.allow() } } }, function()
+        local req = create()
+        assert.equal("PENDING_APPROVAL", req.request_state)
+        assert.matches("buggy raised while matching", req.approval_policy.error, 1, true)
+        local e = refused("illegal_transition", requests.approve, s, req.id, BOB)
+        assert.matches("approval policy failed", e.message, 1, true)
+        assert.equal("PENDING_APPROVAL", state(req.id))
+        assert.equal(0, #s:query("SELECT 1 FROM request_approvals WHERE request_id = $1::uuid", req.id))
+      end)
+    end)
+
+    it("a malformed policy is reported and the previous one stays in force", function()
+      approvals.policy() -- the shipped one, validated
+      for _, bad in ipairs({
+        { rules = {} },
+        { rules = { { name = "x", match = { bogus = 1 }, action = P.allow() } } },
+        { rules = { { name = "x", match = {}, action = P.require{ approvals = 0, roles = { "approve" } } } } },
+        { rules = { { name = "x", match = { amount_below = 5 }, action = P.allow() } } },
+        { rules = { { name = "x", match = {}, action = "allow" } } },
+      }) do
+        with_policy(bad, function()
+          local p, err = approvals.load()
+          assert.is_nil(p)
+          assert.matches("malformed", err, 1, true)
+          -- the shipped policy still decides
+          assert.equal(2, create(T, { asset = "USDC", amount = "100000" }).approvals_required)
+        end)
+      end
+    end)
+
+    it("an edit and reload changes the next request, not approved ones", function()
+      local before = create()
+      requests.approve(s, before.id, BOB)
+      local pending = create()
+      with_policy({ rules = { { name = "three_now", match = {}, action = P.require{ approvals = 3, roles = { "approve" } } } } }, function()
+        local after = create()
+        assert.equal(3, after.approvals_required)
+        local r = sup.request(s, before.id)
+        assert.equal("APPROVED", r.request_state)
+        assert.equal(1, r.approvals_required)
+        -- re-evaluated at approval: the pending one now waits for three
+        requests.approve(s, pending.id, BOB)
+        assert.equal("PENDING_APPROVAL", state(pending.id))
+        assert.equal(3, sup.request(s, pending.id).approvals_required)
+      end)
+    end)
+  end)
+
+  describe("the console", function()
+    it("acts as the operator of the session's uid; an unmapped uid reads only once operators exist", function()
+      local commands = require "qtg.console.commands"
+      local uid_ok, uid_other = 900000 + math.random(1, 9999), 800000 + math.random(1, 9999)
+      local lines = {}
+      local cmds = commands.bind({ actor = "console:" .. uid_ok, print = function(l) lines[#lines + 1] = l end })
+      local stranger = commands.bind({ actor = "console:" .. uid_other, print = function() end })
+      local ok, err = pcall(function()
+        local principals = require "qtg.principals"
+        principals.add(s, "spec-approver", uid_ok, { "read", "approve" }, "system:spec")
+        assert.equal("operator:spec-approver", cmds.whoami().actor)
+        assert.equal("console:" .. uid_other, stranger.whoami().actor)
+        assert.equal("read", stranger.whoami().roles)
+        local req = create(T, { asset = "USDC", amount = "100000" })
+        local inbox = cmds.approvals({ pending = true })
+        local found = false
+        for _, r in ipairs(inbox) do if r.id == req.id then found = true end end
+        assert.is_true(found)
+        local e = select(2, pcall(stranger.approve, req.id))
+        assert.equal("forbidden", e.kind)
+        local detail = cmds.approve(req.id, "looks right")
+        assert.equal(1, detail.approvals.still_needed)
+        assert.equal("operator:spec-approver", detail.approvals.votes[1].principal)
+        assert.equal("looks right", detail.approvals.votes[1].comment)
+        -- voted: out of my inbox
+        for _, r in ipairs(cmds.approvals({ pending = true })) do assert.not_equal(req.id, r.id) end
+        e = select(2, pcall(cmds.add_operator, "x-" .. uid_ok, uid_ok + 1, { "read" }))
+        assert.equal("forbidden", e.kind)
+      end)
+      s:query("DELETE FROM operators WHERE uid = $1", uid_ok)
+      if not ok then error(err, 0) end
+    end)
+  end)
+
+  describe("qtgd operators", function()
+    it("adds, lists and removes operators, audited; refuses bad input with its usage", function()
+      local host = require "spec.lua.support.host"
+      local bin = host.sh_quote(host.bin)
+      local env = { MG_DATABASE_URL = os.getenv("MG_DATABASE_URL") or "" }
+      local name, uid = "cli-op-" .. math.random(1000, 9999), tostring(700000 + math.random(1, 9999))
+      local ok, err = pcall(function()
+        local rc, out = host.run(env, { bin, "operators", "add", name, uid, "read,approve" })
+        assert.equal(0, rc, out)
+        assert.matches("operator " .. name .. ": uid " .. uid, out, 1, true)
+        rc, out = host.run(env, { bin, "operators", "list" })
+        assert.equal(0, rc, out)
+        assert.matches(name, out, 1, true)
+        rc, out = host.run(env, { bin, "operators", "add", name .. "x", uid, "read" })
+        assert.equal(1, rc, out)
+        assert.matches("already enrolled", out, 1, true)
+        rc, out = host.run(env, { bin, "operators", "add", "y" .. name, "12", "read,root" })
+        assert.equal(1, rc, out)
+        assert.matches("unknown role root", out, 1, true)
+        rc, out = host.run(env, { bin, "operators", "add", "z" .. name, "-1", "read" })
+        assert.equal(2, rc, out)
+        rc, out = host.run(env, { bin, "operators", "frobnicate" })
+        assert.equal(2, rc, out)
+        assert.matches("usage: qtgd operators", out, 1, true)
+        rc, out = host.run(env, { bin, "operators", "remove", name })
+        assert.equal(0, rc, out)
+        assert.equal(0, #s:query("SELECT 1 FROM operators WHERE name = $1", name))
+        assert.equal(2, #s:query([[SELECT 1 FROM audit_outbox WHERE entity_type = 'operator' AND entity_id = $1
+                                    AND actor = 'system:qtgd-operators']], name)
+          + #s:query([[SELECT 1 FROM audit_events WHERE entity_type = 'operator' AND entity_id = $1]], name))
+      end)
+      s:query("DELETE FROM operators WHERE name = $1", name)
+      if not ok then error(err, 0) end
+    end)
+  end)
+
+  describe("the address book", function()
+    it("takes a change into effect only once its quorum of admins approved it", function()
+      local book = require "qtg.address_book"
+      local addr = "0x" .. string.rep("c3", 20)
+      local a1, a2, a3 = who("ab1", { "admin" }), who("ab2", { "admin" }), who("ab3", { "admin" })
+      refused("forbidden", book.propose, s, { action = "add", asset = "USDT", chain = "1", address = addr, label = "x" }, BOB)
+      local c = book.propose(s, { action = "add", asset = "USDT", chain = "1", address = addr, label = "ops" }, a1)
+      assert.equal(2, c.approvals_required)
+      refused("illegal_transition", book.propose, s, { action = "add", asset = "USDT", chain = "1", address = addr, label = "y" }, a2)
+      refused("forbidden", book.vote, s, c.id, a1, "approve")
+      local function present()
+        return #s:query("SELECT 1 FROM address_book WHERE asset = 'USDT' AND chain = '1' AND address = $1", addr) == 1
+      end
+      book.vote(s, c.id, a2, "approve")
+      assert.is_false(present())
+      refused("illegal_transition", book.vote, s, c.id, a2, "approve")
+      local done = book.vote(s, c.id, a3, "approve")
+      assert.equal("APPLIED", done.state)
+      assert.is_true(present())
+      -- removal: one rejection ends it, the entry stays
+      local r = book.propose(s, { action = "remove", asset = "USDT", chain = "1", address = addr }, a2)
+      book.vote(s, r.id, a1, "reject", "still in use")
+      assert.is_true(present())
+      assert.equal("REJECTED", s:query("SELECT state FROM address_book_changes WHERE id = $1", r.id)[1].state)
+      assert.is_true(#s:query("SELECT 1 FROM audit_outbox WHERE entity_type = 'address_book_change' AND entity_id = $1", tostring(c.id)) >= 4)
+    end)
+  end)
+end)

@@ -1,0 +1,206 @@
+-- The node_dispatcher's per-candidate claim with several sessions: a READY
+-- node whose request row is locked elsewhere is skipped, a later candidate is
+-- claimed, and no lock is left on the skipped node (pgrowlocks and a NOWAIT
+-- probe from a third session).  Two concurrent claimers never get one node.
+local qtg = require "qtg"
+local dispatcher = require "qtg.workers.node_dispatcher"
+
+local sup
+local T = "spec_claim_one"
+
+local function claim(s)
+  return qtg.db.claim.one(s, {
+    candidates_sql = dispatcher.CANDIDATES_SQL,
+    claim_sql = dispatcher.CLAIM_SQL,
+    args = { qtg.settings.network_class, "[]" },  -- no executor paced out
+    max_misses = dispatcher.MAX_MISSES,
+  })
+end
+
+-- Row locks on movement_request_nodes: node id -> locking xids ("{n,...}").
+local function node_row_locks(s)
+  local out = {}
+  for _, r in ipairs(s:query([[
+      SELECT n.id::text AS id, l.xids::text AS xids
+        FROM pgrowlocks('movement_request_nodes') l
+        JOIN movement_request_nodes n ON n.ctid = l.locked_row]])) do
+    out[r.id] = r.xids
+  end
+  return out
+end
+
+describe("per-candidate claim", function()
+  local s1, s2, s3
+  setup(function()
+    sup = require("spec.lua.support.engine")
+    s1, s2, s3 = qtg.db.acquire(), qtg.db.acquire(), qtg.db.acquire()
+    s3:query("CREATE EXTENSION IF NOT EXISTS pgrowlocks")
+    sup.load_doc(s3, sup.doc(T, { { "a", "action", "withdrawal", { sim = { observes = 0 } } } }))
+  end)
+  teardown(function()
+    for _, s in ipairs({ s1, s2, s3 }) do
+      if s:in_transaction() then s:rollback() end
+      s:release()
+    end
+  end)
+  before_each(function() sup.park_others(s3) end)
+  after_each(function()
+    for _, s in ipairs({ s1, s2, s3 }) do
+      if s:in_transaction() then s:rollback() end
+    end
+  end)
+
+  it("skips a node whose request is locked, claims a later one, and keeps no lock on the skipped node", function()
+    local older = sup.create_approved(s3, T)
+    local newer = sup.create_approved(s3, T)
+    local older_node = sup.nodes(s3, older.id).a
+    local newer_node = sup.nodes(s3, newer.id).a
+
+    s2:begin()
+    s2:query("SELECT id FROM movement_requests WHERE id = $1::uuid FOR UPDATE", older.id)
+
+    s1:begin()
+    local row = claim(s1)
+    assert.is_not_nil(row)
+    assert.equal(newer_node.id, row.node_id)     -- FIFO would give older: it was skipped
+
+    local locks = node_row_locks(s3)
+    assert.is_nil(locks[older_node.id], "the skipped node must carry no row lock")
+    assert.is_string(locks[newer_node.id], "the claimed node is row-locked")
+    -- a third session can lock the skipped node at once
+    s3:begin()
+    local probe = s3:query([[SELECT id FROM movement_request_nodes WHERE id = $1::uuid
+                              FOR UPDATE NOWAIT]], older_node.id)
+    assert.equal(1, #probe)
+    s3:rollback()
+    -- while the claimed node is held by s1
+    s3:begin()
+    local ok, err = pcall(s3.query, s3, [[SELECT id FROM movement_request_nodes WHERE id = $1::uuid
+                                            FOR UPDATE NOWAIT]], newer_node.id)
+    assert.is_false(ok)
+    assert.equal("55P03", err.sqlstate)
+    s3:rollback()
+    -- and nobody waits on anything
+    local waiting = s3:query("SELECT count(*)::int AS n FROM pg_locks WHERE NOT granted")[1].n
+    assert.equal(0, waiting)
+
+    s1:rollback()
+    s2:rollback()
+  end)
+
+  it("the dispatcher's one-statement claim skips a node whose request is locked and leaves no lock on it", function()
+    local older = sup.create_approved(s3, T)
+    local newer = sup.create_approved(s3, T)
+    local older_node = sup.nodes(s3, older.id).a
+    local newer_node = sup.nodes(s3, newer.id).a
+
+    s2:begin()
+    s2:query("SELECT id FROM movement_requests WHERE id = $1::uuid FOR UPDATE", older.id)
+
+    local row = dispatcher.claim_one(s1, qtg.settings.network_class)
+    assert.is_not_nil(row)
+    assert.is_true(s1:in_transaction())
+    assert.equal(newer_node.id, row.node_id)     -- FIFO would give older: it was skipped
+    assert.equal(newer.id, row.request_id)
+    assert.is_nil(row.candidate_id)
+
+    local locks = node_row_locks(s3)
+    assert.is_nil(locks[older_node.id], "the skipped node must carry no row lock")
+    assert.is_string(locks[newer_node.id], "the claimed node is row-locked")
+    s3:begin()
+    assert.equal(1, #s3:query([[SELECT id FROM movement_request_nodes WHERE id = $1::uuid
+                                 FOR UPDATE NOWAIT]], older_node.id))
+    s3:rollback()
+    s1:rollback()
+    -- only the locked one left: a miss, then nothing, and no transaction open
+    sup.tick("node_dispatcher")
+    assert.is_nil(dispatcher.claim_one(s1, qtg.settings.network_class))
+    assert.is_false(s1:in_transaction())
+    assert.is_nil(node_row_locks(s3)[older_node.id])
+    s2:rollback()
+    row = dispatcher.claim_one(s1, qtg.settings.network_class)
+    assert.equal(older_node.id, row.node_id)
+    s1:rollback()
+  end)
+
+  it("dispatches FIFO by request created_at, one node per tick", function()
+    local ids = {}
+    for i = 1, 3 do ids[i] = sup.create_approved(s3, T).id end
+    for i = 1, 3 do
+      assert.equal(1, sup.tick("node_dispatcher"))
+      for j = 1, 3 do
+        local want = j <= i and "COMPLETED" or "READY"
+        assert.equal(want, sup.nodes(s3, ids[j]).a.node_state)
+      end
+    end
+    assert.equal(0, sup.tick("node_dispatcher"))
+  end)
+
+  it("a tick dispatches the later node while the older request is locked, then the older one", function()
+    local older = sup.create_approved(s3, T)
+    local newer = sup.create_approved(s3, T)
+    s2:begin()
+    s2:query("SELECT id FROM movement_requests WHERE id = $1::uuid FOR UPDATE", older.id)
+    assert.equal(1, sup.tick("node_dispatcher"))
+    assert.equal("COMPLETED", sup.nodes(s3, newer.id).a.node_state)
+    assert.equal("READY", sup.nodes(s3, older.id).a.node_state)
+    assert.equal(0, sup.tick("node_dispatcher"))  -- the only candidate is still locked
+    s2:rollback()
+    assert.equal(1, sup.tick("node_dispatcher"))
+    assert.equal("COMPLETED", sup.nodes(s3, older.id).a.node_state)
+  end)
+
+  it("the observer skips a node whose request is locked and observes the next one", function()
+    sup.load_doc(s3, sup.doc("spec_claim_observe", {
+      { "a", "action", "withdrawal", { sim = { observes = 1, retry_after_seconds = 0 } } } }))
+    local older = sup.create_approved(s3, "spec_claim_observe")
+    local newer = sup.create_approved(s3, "spec_claim_observe")
+    sup.tick("node_dispatcher")
+    sup.tick("node_dispatcher")
+    assert.equal("SUBMITTED", sup.nodes(s3, older.id).a.node_state)
+    s2:begin()
+    s2:query("SELECT id FROM movement_requests WHERE id = $1::uuid FOR UPDATE", older.id)
+    assert.equal(1, sup.tick("node_observer"))
+    assert.equal("SUBMITTED", sup.nodes(s3, older.id).a.node_state)
+    assert.equal("COMPLETED", sup.nodes(s3, newer.id).a.node_state)
+    s2:rollback()
+    assert.equal(1, sup.tick("node_observer"))
+    assert.equal("COMPLETED", sup.nodes(s3, older.id).a.node_state)
+  end)
+
+  it("two sessions claiming at once get different nodes", function()
+    local ids = {}
+    for i = 1, 6 do ids[i] = sup.create_approved(s3, T).id end
+    local got = {}
+    local tasks = {}
+    for i = 1, 3 do
+      tasks[i] = qtg.spawn(function()
+        local s = qtg.db.acquire()
+        local mine = {}
+        for _ = 1, 2 do
+          s:begin()
+          local row = claim(s)
+          if row then
+            mine[#mine + 1] = row.node_id
+            qtg.sleep(0.05)  -- hold the locks while the others claim
+            s:query("UPDATE movement_request_nodes SET node_state = 'SUBMITTED' WHERE id = $1::uuid", row.node_id)
+          end
+          s:commit()
+        end
+        s:release()
+        return mine
+      end)
+    end
+    for i = 1, 3 do
+      local ok, mine = qtg.join(tasks[i])
+      assert.is_true(ok, tostring(mine))
+      for _, id in ipairs(mine) do
+        assert.is_nil(got[id], "node claimed twice: " .. id)
+        got[id] = true
+      end
+    end
+    local n = 0
+    for _ in pairs(got) do n = n + 1 end
+    assert.equal(6, n)
+  end)
+end)

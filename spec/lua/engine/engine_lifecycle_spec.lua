@@ -1,0 +1,323 @@
+-- The request lifecycle (qtg.requests) on a real database: create with an
+-- idempotency key, approve, reject, cancel, resume, retry, complete a manual
+-- step; refusals; the callback and audit rows written with each change; the
+-- state machine as the database enforces it.
+local qtg = require "qtg"
+local requests = require "qtg.requests"
+local state = require "qtg.state"
+
+local sup, s
+
+local CHAIN = "spec_lc_chain"
+local MANUAL = "spec_lc_manual"
+local SE_THEN_UNKNOWN = "spec_lc_se_unknown"
+
+local function refused(kind, fn, ...)
+  local ok, err = pcall(fn, ...)
+  assert.is_false(ok, "expected a refusal")
+  assert.equal(kind, err.kind, tostring(err))
+  assert.is_string(err.message)
+  return err
+end
+
+describe("request lifecycle", function()
+  setup(function()
+    sup = require("spec.lua.support.engine")
+    s = qtg.db.acquire()
+    sup.load_doc(s, sup.doc(CHAIN, {
+      { "a", "action", "withdrawal", { sim = { observes = 0, side_effect = true } } },
+      { "b", "observe", "cex_withdrawal_status", { sim = { observes = 0 } } },
+    }, { { "a", "b" } }))
+    sup.load_doc(s, sup.doc(MANUAL, {
+      { "a", "action", "withdrawal", { sim = { observes = 0 } } },
+      { "m", "manual", "manual_confirmation", { required_inputs = { "desk_reference" } } },
+    }, { { "a", "m" } }))
+    sup.load_doc(s, sup.doc(SE_THEN_UNKNOWN, {
+      { "a", "action", "withdrawal", { sim = { observes = 0, side_effect = true } } },
+      { "b", "observe", "cex_withdrawal_status", { sim = { unknown_at_observe = 1, retry_after_seconds = 0 } } },
+    }, { { "a", "b" } }))
+  end)
+  teardown(function() s:release() end)
+  before_each(function() sup.park_others(s) end)
+
+  describe("create", function()
+    it("makes a PENDING_APPROVAL request with BLOCKED nodes, expiring after the approval TTL", function()
+      local req, created = sup.create(s, CHAIN)
+      assert.is_true(created)
+      assert.equal("PENDING_APPROVAL", req.request_state)
+      assert.same({ "a" }, req.current_frontier)
+      local ttl = s:query([[SELECT extract(epoch FROM expires_at - created_at)::float8 AS ttl
+                              FROM movement_requests WHERE id = $1::uuid]], req.id)[1].ttl
+      assert.near(qtg.settings.approval_ttl_seconds, ttl, 2)
+      local nodes = sup.nodes(s, req.id)
+      assert.equal("BLOCKED", nodes.a.node_state)
+      assert.equal("BLOCKED", nodes.b.node_state)
+      local cbs = sup.callbacks(s, req.id)
+      assert.equal(1, #cbs)
+      assert.equal("request_created", cbs[1].body.event_type)
+      assert.equal(1, cbs[1].body.sequence)
+      assert.equal(1, #sup.audit(s, req.id))
+    end)
+
+    it("returns the first request for a repeated idempotency key", function()
+      local key = sup.uid("idem")
+      local first = sup.create(s, CHAIN, { idempotency_key = key })
+      local again, created = sup.create(s, CHAIN, { idempotency_key = key,
+        intent = { asset = "USDT", amount = "999" } })
+      assert.is_false(created)
+      assert.equal(first.id, again.id)
+      assert.equal("USDC", again.intent.asset)
+      local n = s:query("SELECT count(*)::int AS n FROM movement_requests WHERE idempotency_key = $1", key)[1].n
+      assert.equal(1, n)
+    end)
+
+    it("refuses an intent missing required fields, and writes nothing", function()
+      local key = sup.uid("idem")
+      local err = refused("invalid_intent", sup.create, s, CHAIN,
+        { idempotency_key = key, intent = { asset = "USDC" } })
+      assert.matches("amount", err.message)
+      local n = s:query("SELECT count(*)::int AS n FROM movement_requests WHERE idempotency_key = $1", key)[1].n
+      assert.equal(0, n)
+    end)
+
+    it("refuses an intent field of the wrong type", function()
+      local doc = sup.doc("spec_lc_typed", { { "a", "action", "withdrawal" } }, {},
+        { intent = { required = { "amount", "destination" },
+                     types = { amount = "decimal", destination = "evm_address" } } })
+      sup.load_doc(s, doc)
+      local err = refused("invalid_intent", sup.create, s, "spec_lc_typed",
+        { intent = { amount = "-5", destination = "0x" .. string.rep("a", 40) } })
+      assert.matches("amount", err.message)
+      -- an amount as a JSON number is refused too: it may already have lost digits
+      for _, n in ipairs({ 5, 125.5, 1e14 }) do
+        err = refused("invalid_intent", sup.create, s, "spec_lc_typed",
+          { intent = { amount = n, destination = "0x" .. string.rep("a", 40) } })
+        assert.matches("amount.*decimal string", err.message)
+      end
+      err = refused("invalid_intent", sup.create, s, "spec_lc_typed",
+        { intent = { amount = "5", destination = "bob" } })
+      assert.matches("destination", err.message)
+    end)
+
+    it("refuses an unknown template, a missing key and a bad callback URL", function()
+      refused("not_found", sup.create, s, "no_such_template")
+      refused("invalid_input", requests.create, s, { template_key = CHAIN, intent = sup.INTENT }, sup.ACTOR)
+      refused("invalid_input", sup.create, s, CHAIN, { callback_url = "ftp://x" })
+      refused("invalid_input", sup.create, s, CHAIN, { callback_url = "https://user:pw@example.com/cb" })
+      refused("invalid_input", requests.create, s, { template_key = CHAIN, intent = sup.INTENT,
+        idempotency_key = sup.uid() }, "nobody")
+      -- a scheme in capitals is the same URL: stored in lower case, not an SQL error
+      local req = sup.create(s, CHAIN, { callback_url = "HTTPS://Example.com/CB" })
+      assert.equal("https://Example.com/CB", req.callback_url)
+    end)
+
+    it("joins the caller's transaction when one is open", function()
+      s:begin()
+      local req = sup.create(s, CHAIN)
+      s:rollback()
+      assert.is_nil(sup.request(s, req.id))
+      assert.equal(0, #sup.callbacks(s, req.id))
+    end)
+
+    it("writes no callback rows for a request without a callback_url", function()
+      local req = sup.create(s, CHAIN, { callback_url = false })
+      requests.approve(s, req.id, sup.ACTOR)
+      assert.equal(0, #sup.callbacks(s, req.id))
+      assert.equal(3, #sup.audit(s, req.id)) -- create, approve, node a READY
+    end)
+  end)
+
+  describe("approve / reject / cancel", function()
+    it("approve makes the frontier READY", function()
+      local req = sup.create(s, CHAIN)
+      req = requests.approve(s, req.id, sup.ACTOR)
+      assert.equal("APPROVED", req.request_state)
+      assert.equal(sup.ACTOR, req.approved_by)
+      local nodes = sup.nodes(s, req.id)
+      assert.equal("READY", nodes.a.node_state)
+      assert.equal("BLOCKED", nodes.b.node_state)
+      local cbs = sup.callbacks(s, req.id)
+      assert.equal("request_approved", cbs[#cbs].body.event_type)
+      assert.equal("APPROVED", cbs[#cbs].body.request_state)
+    end)
+
+    it("refuses to approve twice, to approve an expired request, or an unknown one", function()
+      local req = sup.create(s, CHAIN)
+      requests.approve(s, req.id, sup.ACTOR)
+      refused("illegal_transition", requests.approve, s, req.id, sup.ACTOR)
+      local late = sup.create(s, CHAIN)
+      s:query("UPDATE movement_requests SET expires_at = now() - interval '1 second' WHERE id = $1::uuid", late.id)
+      local err = refused("illegal_transition", requests.approve, s, late.id, sup.ACTOR)
+      assert.matches("approval window", err.message)
+      assert.equal("PENDING_APPROVAL", sup.request(s, late.id).request_state)
+      refused("not_found", requests.approve, s, "00000000-0000-0000-0000-000000000000", sup.ACTOR)
+      refused("not_found", requests.approve, s, "not-a-uuid", sup.ACTOR)
+      -- a request of another network class is not this process's
+      local other = sup.create(s, CHAIN)
+      s:query("UPDATE movement_requests SET network_class = 'spec-other' WHERE id = $1::uuid", other.id)
+      local e = refused("not_found", requests.approve, s, other.id, sup.ACTOR)
+      assert.matches("network class spec-other", e.message, 1, true)
+      e = refused("not_found", requests.get, s, other.id) -- not even shown
+      assert.matches("network class spec-other", e.message, 1, true)
+      assert.equal(req.id, (requests.get(s, req.id)).id)
+      refused("invalid_input", sup.create, s, CHAIN, { network_class = "spec-other" })
+    end)
+
+    it("reject closes a pending request and cancels its nodes", function()
+      local req = sup.create(s, CHAIN)
+      req = requests.reject(s, req.id, sup.ACTOR, "wrong venue")
+      assert.equal("REJECTED", req.request_state)
+      assert.equal("CANCELLED", sup.nodes(s, req.id).a.node_state)
+      local cbs = sup.callbacks(s, req.id)
+      assert.equal("request_rejected", cbs[#cbs].body.event_type)
+      assert.equal("wrong venue", cbs[#cbs].body.data.reason)
+      refused("illegal_transition", requests.reject, s, req.id, sup.ACTOR)
+      refused("illegal_transition", requests.approve, s, req.id, sup.ACTOR)
+    end)
+
+    it("cancel works before anything is in flight and is refused while a node is in flight", function()
+      local req = sup.create_approved(s, CHAIN)
+      req = requests.cancel(s, req.id, sup.ACTOR, "not needed")
+      assert.equal("CANCELLED", req.request_state)
+      assert.equal("CANCELLED", sup.nodes(s, req.id).a.node_state)
+      refused("illegal_transition", requests.cancel, s, req.id, sup.ACTOR)
+
+      local busy = sup.create_approved(s, MANUAL)
+      s:query([[UPDATE movement_request_nodes SET node_state = 'SUBMITTED' WHERE request_id = $1::uuid
+                 AND node_key = 'a']], busy.id)
+      local err = refused("illegal_transition", requests.cancel, s, busy.id, sup.ACTOR)
+      assert.matches("in flight", err.message)
+    end)
+  end)
+
+  describe("manual steps", function()
+    it("waits for an operator, refuses bad input, then completes", function()
+      local req = sup.create_approved(s, MANUAL)
+      assert.is_true(sup.drive(s, sup.state_is(req.id, "WAITING_MANUAL_ACTION"), 20))
+      local m = sup.nodes(s, req.id).m
+      assert.equal("READY", m.node_state)
+      local cbs = sup.callbacks(s, req.id)
+      assert.equal("request_attention", cbs[#cbs].body.event_type)
+      assert.equal("waiting_manual_action", cbs[#cbs].body.data.reason)
+      -- the dispatcher never takes a manual step
+      assert.equal(0, sup.tick("node_dispatcher"))
+      local err = refused("invalid_input", requests.complete_manual_step, s, m.id, sup.ACTOR, {})
+      assert.matches("desk_reference", err.message)
+      refused("illegal_transition", requests.complete_manual_step, s, sup.nodes(s, req.id).a.id,
+        sup.ACTOR, { desk_reference = "x" })
+      requests.complete_manual_step(s, m.id, sup.ACTOR, { desk_reference = "DESK-42" })
+      assert.equal("COMPLETED", sup.request(s, req.id).request_state)
+      -- the request's own WAITING_MANUAL_ACTION -> EXECUTING is audited, by the operator
+      local resumed = s:query([[SELECT actor, detail FROM audit_outbox WHERE request_id = $1::uuid
+                                  AND action = 'request.executing' AND detail->>'cause' = 'manual_step_completed']],
+        req.id)
+      assert.equal(1, #resumed)
+      assert.equal(sup.ACTOR, resumed[1].actor)
+      assert.equal("WAITING_MANUAL_ACTION", resumed[1].detail.from_state)
+      m = sup.nodes(s, req.id).m
+      assert.equal("COMPLETED", m.node_state)
+      assert.equal("DESK-42", m.provider_refs.desk_reference)
+      refused("illegal_transition", requests.complete_manual_step, s, m.id, sup.ACTOR,
+        { desk_reference = "again" })
+    end)
+  end)
+
+  describe("resume and retry", function()
+    it("a side effect plus an UNKNOWN node needs intervention; resume returns it to EXECUTING", function()
+      local req = sup.create_approved(s, SE_THEN_UNKNOWN)
+      assert.is_true(sup.drive(s, sup.state_is(req.id, "MANUAL_INTERVENTION"), 20,
+        { "node_dispatcher", "node_observer" }))
+      refused("illegal_transition", requests.approve, s, req.id, sup.ACTOR)
+      req = requests.resume(s, req.id, sup.ACTOR)
+      assert.equal("EXECUTING", req.request_state)
+      refused("illegal_transition", requests.resume, s, req.id, sup.ACTOR)
+    end)
+
+    it("resume refuses a request whose node is FAILED, naming it and the way out (retry)", function()
+      sup.load_doc(s, sup.doc("spec_lc_se_fail", {
+        { "a", "action", "withdrawal", { sim = { observes = 0, side_effect = true } } },
+        { "c", "action", "withdrawal", { sim = { fail = "submit" } } },
+      }, { { "a", "c" } }))
+      local req = sup.create_approved(s, "spec_lc_se_fail")
+      assert.is_true(sup.drive(s, sup.state_is(req.id, "MANUAL_INTERVENTION"), 20))
+      local c = sup.nodes(s, req.id).c
+      assert.equal("FAILED", c.node_state)
+      local err = refused("illegal_transition", requests.resume, s, req.id, sup.ACTOR)
+      assert.matches("node c (" .. c.id .. ", SIM_SUBMIT_REJECTED) is FAILED", err.message, 1, true)
+      assert.matches("retry(node_id)", err.message, 1, true)
+      -- nothing changed: still listed as needing intervention, no audit row
+      assert.equal("MANUAL_INTERVENTION", s:query("SELECT request_state FROM movement_requests WHERE id = $1::uuid",
+        req.id)[1].request_state)
+      assert.equal(0, #s:query([[SELECT 1 FROM audit_outbox WHERE request_id = $1::uuid
+                                  AND action = 'request.resume']], req.id))
+      -- the way out it names works
+      local r2 = requests.retry(s, c.id, sup.ACTOR)
+      assert.equal("EXECUTING", r2.request_state)
+    end)
+
+    it("retry puts a FAILED node back to READY with the next attempt and a new key", function()
+      sup.load_doc(s, sup.doc("spec_lc_fail", {
+        { "a", "action", "withdrawal", { sim = { fail = "submit" } } },
+      }))
+      local req = sup.create_approved(s, "spec_lc_fail")
+      assert.is_true(sup.drive(s, sup.state_is(req.id, "FAILED"), 20))
+      local a = sup.nodes(s, req.id).a
+      assert.equal("FAILED", a.node_state)
+      assert.equal("SIM_SUBMIT_REJECTED", a.error_code)
+      assert.equal(1, a.attempt_no)
+      refused("invalid_input", requests.retry, s, a.id, "bad actor")
+      local r2, node = requests.retry(s, a.id, sup.ACTOR)
+      assert.equal("EXECUTING", r2.request_state)
+      local back = s:query([[SELECT actor, detail FROM audit_outbox WHERE request_id = $1::uuid
+                               AND action = 'request.executing' AND detail->>'cause' = 'node.retry']], req.id)
+      assert.equal(1, #back)
+      assert.equal(sup.ACTOR, back[1].actor)
+      assert.equal("FAILED", back[1].detail.from_state)
+      assert.equal("READY", node.node_state)
+      assert.equal(qtg.db.NULL, node.error_code)
+      refused("illegal_transition", requests.retry, s, a.id, sup.ACTOR) -- READY now
+      sup.tick("node_dispatcher")
+      a = sup.nodes(s, req.id).a
+      assert.equal(2, a.attempt_no)
+      assert.equal("qtg:" .. a.id .. ":2", a.idempotency_key)
+      local cbs = sup.callbacks(s, req.id)
+      local seen = {}
+      for _, c in ipairs(cbs) do seen[#seen + 1] = c.body.event_type end
+      assert.same({ "request_created", "request_approved", "request_executing", "request_failed",
+        "node_retried", "request_failed" }, seen)
+    end)
+  end)
+
+  describe("state machine", function()
+    it("has the same transitions in Lua and in the database", function()
+      for _, t in ipairs({ { "request_state_transitions", state.REQUEST_TRANSITIONS },
+                           { "node_state_transitions", state.NODE_TRANSITIONS } }) do
+        local db = {}
+        for _, r in ipairs(s:query("SELECT from_state, to_state FROM " .. t[1])) do
+          db[#db + 1] = r.from_state .. ">" .. r.to_state
+        end
+        local lua = {}
+        for from, tos in pairs(t[2]) do
+          for _, to in ipairs(tos) do lua[#lua + 1] = from .. ">" .. to end
+        end
+        table.sort(db); table.sort(lua)
+        assert.same(db, lua)
+      end
+    end)
+
+    it("the database refuses an illegal transition and an unknown state", function()
+      local req = sup.create(s, CHAIN)
+      local ok, err = pcall(s.query, s,
+        "UPDATE movement_requests SET request_state = 'COMPLETED' WHERE id = $1::uuid", req.id)
+      assert.is_false(ok)
+      assert.equal("23514", err.sqlstate)
+      ok, err = pcall(s.query, s,
+        "UPDATE movement_request_nodes SET node_state = 'DONE' WHERE request_id = $1::uuid", req.id)
+      assert.is_false(ok)
+      ok, err = pcall(s.query, s,
+        "UPDATE movement_request_nodes SET node_state = 'COMPLETED' WHERE request_id = $1::uuid", req.id)
+      assert.is_false(ok)
+      assert.matches("illegal node transition BLOCKED %-> COMPLETED", err.message)
+    end)
+  end)
+end)

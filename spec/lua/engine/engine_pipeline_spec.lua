@@ -1,0 +1,387 @@
+-- The core workers in one process, tick by tick, on a real database: bad
+-- input (unresolvable $ref, executors that raise or answer garbage, another
+-- network class), recovery of UNKNOWN and SUBMITTING nodes, intervention
+-- when a side effect completed, and the observe timeout flag off and on.
+local qtg = require "qtg"
+local requests = require "qtg.requests"
+local recovery = require "qtg.workers.node_recovery"
+
+local sup, s
+
+local function one(key, sim, extra)
+  local config = { sim = sim }
+  for k, v in pairs(extra or {}) do config[k] = v end
+  sup.load_doc(s, sup.doc(key, { { "a", "action", "withdrawal", config } }))
+  return key
+end
+
+-- a (side effect or not, completes on submit) -> b (observe, configured)
+local function two(key, a_side_effect, b_sim, b_config, b_timeout)
+  local config = { sim = b_sim }
+  for k, v in pairs(b_config or {}) do config[k] = v end
+  sup.load_doc(s, sup.doc(key, {
+    { "a", "action", "withdrawal", { sim = { observes = 0, side_effect = a_side_effect,
+                                             refs = { receipt = { id = "R-1" } } } } },
+    { "b", "observe", "cex_withdrawal_status", config, b_timeout },
+  }, { { "a", "b" } }))
+  return key
+end
+
+local function node_audit(request_id, node_key)
+  local out = {}
+  for _, r in ipairs(sup.audit(s, request_id)) do
+    if r.entity_type == "movement_request_node" and r.detail.node_key == node_key then
+      out[#out + 1] = r.action .. "@" .. r.actor:gsub("^system:", "")
+    end
+  end
+  return out
+end
+
+local function ledger(node_id)
+  return s:query("SELECT * FROM sim_ledger WHERE request_node_id = $1::uuid ORDER BY attempt_no", node_id)
+end
+
+describe("engine pipeline", function()
+  setup(function()
+    sup = require("spec.lua.support.engine")
+    s = qtg.db.acquire()
+  end)
+  teardown(function() s:release() end)
+  before_each(function() sup.park_others(s) end)
+
+  describe("bad input", function()
+    it("an unresolvable $ref fails the node with CONFIG_REF_UNRESOLVED", function()
+      local t = two("spec_pl_badref", false, { observes = 0 }, { id = "$ref:a.receipt.missing" })
+      local req = sup.create_approved(s, t)
+      assert.is_true(sup.drive(s, sup.state_is(req.id, "FAILED"), 10))
+      local b = sup.nodes(s, req.id).b
+      assert.equal("FAILED", b.node_state)
+      assert.equal("CONFIG_REF_UNRESOLVED", b.error_code)
+      assert.matches("$ref:a.receipt.missing", b.error_detail, 1, true)
+      assert.equal(0, #ledger(b.id)) -- never reached the provider
+      assert.equal("CONFIG_REF_UNRESOLVED", sup.request(s, req.id).last_error_code)
+    end)
+
+    it("a resolvable nested $ref reaches the executor resolved", function()
+      local t = two("spec_pl_goodref", false, { observes = 0 }, { id = "$ref:a.receipt.id" })
+      local req = sup.create_approved(s, t)
+      assert.is_true(sup.drive(s, sup.state_is(req.id, "COMPLETED"), 10))
+      assert.equal("R-1", sup.nodes(s, req.id).b.resolved_config.id)
+    end)
+
+    local cases = {
+      { "raise", "preflight", "FAILED", "EXECUTOR_ERROR", 0 },
+      { "raise", "prepare", "FAILED", "EXECUTOR_ERROR", 0 },
+      { "garbage", "preflight", "FAILED", "EXECUTOR_BAD_RESPONSE", 0 },
+      { "garbage", "prepare", "FAILED", "EXECUTOR_BAD_RESPONSE", 0 },
+      { "raise", "submit", "UNKNOWN", "EXECUTOR_ERROR", 0 },
+      { "garbage", "submit", "UNKNOWN", "EXECUTOR_BAD_RESPONSE", 1 },
+      { "raise", "observe", "UNKNOWN", "EXECUTOR_ERROR", 1 },
+      { "garbage", "observe", "UNKNOWN", "EXECUTOR_BAD_RESPONSE", 1 },
+    }
+    for _, c in ipairs(cases) do
+      it(string.format("an executor that %ss in %s leaves the node %s with %s", c[1], c[2], c[3], c[4]),
+        function()
+          local t = one("spec_pl_" .. c[1] .. "_" .. c[2],
+            { [c[1]] = c[2], observes = 1, retry_after_seconds = 0 })
+          local req = sup.create_approved(s, t)
+          sup.drive(s, function(x) return sup.nodes(x, req.id).a.node_state == c[3] end, 10,
+            { "node_dispatcher", "node_observer" })
+          local a = sup.nodes(s, req.id).a
+          assert.equal(c[3], a.node_state)
+          assert.equal(c[4], a.error_code)
+          assert.is_string(a.error_detail)
+          local sent = c[2] == "observe" and 1 or 0
+          assert.equal(sent, #ledger(a.id))
+          -- the workers keep going: nothing left to do, no error raised
+          assert.equal(0, sup.tick("node_dispatcher"))
+        end)
+    end
+
+    it("a preflight refusal is FAILED PREFLIGHT_REJECTED", function()
+      local req = sup.create_approved(s, one("spec_pl_refuse", { fail = "preflight" }))
+      sup.tick("node_dispatcher")
+      local a = sup.nodes(s, req.id).a
+      assert.equal("FAILED", a.node_state)
+      assert.equal("PREFLIGHT_REJECTED", a.error_code)
+      assert.equal("FAILED", sup.request(s, req.id).request_state)
+    end)
+
+    it("a signer that cannot be asked leaves the node READY; one that refuses fails it with SIGNING_REFUSED", function()
+      local req = sup.create_approved(s, one("spec_pl_nosigner", { signer_key = "no_such_signer" }))
+      local metrics = require "qtg.metrics"
+      local function decisions(outcome, code)
+        return metrics.value("qtg_signer_decisions_total", { outcome = outcome, code = code or "" }) or 0
+      end
+      local unavailable, refused = decisions("unavailable"), decisions("refused", "SIGNER_NOT_FOUND")
+      -- no signer listens: the tick raises, its transaction is rolled back
+      local ok, err = pcall(sup.tick, "node_dispatcher")
+      assert.equal(unavailable + 1, decisions("unavailable"))
+      local a = sup.nodes(s, req.id).a
+      assert.equal("READY", a.node_state, tostring(err))
+      assert.equal(0, a.attempt_no)
+      assert.falsy(ok and a.node_state ~= "READY")
+      -- a signer (`qtgd signer` on this process's socket) refuses a key it
+      -- does not hold, and a sim payload is no EIP-1559 transfer anyway
+      local evm = require "spec.lua.support.evm"
+      local dir = evm.host.tmpdir()
+      local keys = "ops=" .. evm.key_file(dir, "ops", evm.DEV[1].key)
+      local signer = evm.start_signer(evm.run_env("unused", { MG_SIGNER_KEYS = keys,
+        MG_SIGNER_SOCKET = qtg.signer.socket_path() }))
+      finally(function()
+        evm.host.stop(signer, 30)
+        os.execute("rm -rf " .. evm.host.sh_quote(dir))
+      end)
+      sup.tick("node_dispatcher")
+      a = sup.nodes(s, req.id).a
+      assert.equal("FAILED", a.node_state)
+      assert.equal("SIGNING_REFUSED", a.error_code)
+      assert.truthy(a.error_detail:match("^SIGNER_NOT_FOUND: "), a.error_detail)
+      assert.equal(0, #ledger(a.id))
+      -- each answer is counted for /metrics, the refusal under its code
+      assert.equal(refused + 1, decisions("refused", "SIGNER_NOT_FOUND"))
+      local text = table.concat(metrics.render({}), "\n")
+      assert.truthy(text:find('qtg_signer_decisions_total{outcome="refused",code="SIGNER_NOT_FOUND"} '
+        .. (refused + 1), 1, true), text)
+    end)
+
+    it("leaves a request of another network class alone", function()
+      local t = one("spec_pl_other_class", { observes = 0 })
+      local other = sup.create_approved(s, t, { network_class = "spec-elsewhere" })
+      local mine = sup.create_approved(s, t)
+      assert.is_true(sup.drive(s, sup.state_is(mine.id, "COMPLETED"), 10))
+      for _ = 1, 3 do
+        for _, w in ipairs({ "node_dispatcher", "node_observer", "node_recovery" }) do sup.tick(w) end
+      end
+      assert.equal("APPROVED", sup.request(s, other.id).request_state)
+      assert.equal("READY", sup.nodes(s, other.id).a.node_state)
+      -- nor its UNKNOWN nodes
+      s:query([[UPDATE movement_requests SET request_state = 'EXECUTING' WHERE id = $1::uuid]], other.id)
+      s:query([[UPDATE movement_request_nodes SET node_state = 'UNKNOWN' WHERE request_id = $1::uuid]], other.id)
+      assert.equal(0, sup.tick("node_recovery"))
+      assert.equal("UNKNOWN", sup.nodes(s, other.id).a.node_state)
+      -- nor its SUBMITTED nodes, however due
+      s:query([[UPDATE movement_request_nodes SET node_state = 'SUBMITTED', next_observe_at = now() - interval '1 hour'
+                 WHERE request_id = $1::uuid]], other.id)
+      assert.equal(0, sup.tick("node_observer"))
+      local a = sup.nodes(s, other.id).a
+      assert.equal("SUBMITTED", a.node_state)
+      assert.equal(0, a.observe_count)
+      sup.unfrozen(s, "UPDATE movement_requests SET network_class = 'parked-spec' WHERE id = $1::uuid", other.id)
+    end)
+  end)
+
+  describe("recovery", function()
+    it("recovers a node that went UNKNOWN to SUBMITTED, then it completes", function()
+      local t = two("spec_pl_unknown", false, { unknown_at_observe = 1, observes = 2, retry_after_seconds = 0 })
+      local req = sup.create_approved(s, t)
+      assert.is_true(sup.drive(s, function(x) return sup.nodes(x, req.id).b.node_state == "UNKNOWN" end, 10,
+        { "node_dispatcher", "node_observer" }))
+      assert.equal("EXECUTING", sup.request(s, req.id).request_state) -- no side effect: no intervention
+      assert.equal(1, sup.tick("node_recovery"))
+      local b = sup.nodes(s, req.id).b
+      assert.equal("SUBMITTED", b.node_state)
+      assert.equal(1, b.attempt_no) -- same attempt: nothing resubmitted
+      assert.is_true(sup.drive(s, sup.state_is(req.id, "COMPLETED"), 10))
+      assert.same({ "node.ready@node_dispatcher", "node.submitted@node_dispatcher",
+        "node.unknown@node_observer", "node.submitted@node_recovery", "node.completed@node_observer" },
+        node_audit(req.id, "b"))
+      local rows = ledger(b.id)
+      assert.equal(1, #rows)
+      assert.equal(1, rows[1].submit_count)
+      assert.equal(2, rows[1].observe_count)
+    end)
+
+    it("a completed side effect plus an UNKNOWN node needs intervention and is not swept until resumed", function()
+      local t = two("spec_pl_intervene", true, { unknown_at_observe = 1, observes = 2, retry_after_seconds = 0 })
+      local req = sup.create_approved(s, t)
+      assert.is_true(sup.drive(s, sup.state_is(req.id, "MANUAL_INTERVENTION"), 10,
+        { "node_dispatcher", "node_observer" }))
+      local cbs = sup.callbacks(s, req.id)
+      assert.equal("request_attention", cbs[#cbs].body.event_type)
+      assert.equal("manual_intervention", cbs[#cbs].body.data.reason)
+      local before = sup.nodes(s, req.id).b
+      for _ = 1, 3 do assert.equal(0, sup.tick("node_recovery")) end
+      local after = sup.nodes(s, req.id).b
+      assert.equal("UNKNOWN", after.node_state)
+      assert.equal(before.updated_at, after.updated_at)
+      requests.resume(s, req.id, sup.ACTOR)
+      assert.equal(1, sup.tick("node_recovery"))
+      assert.equal("SUBMITTED", sup.nodes(s, req.id).b.node_state)
+      assert.is_true(sup.drive(s, sup.state_is(req.id, "COMPLETED"), 10))
+    end)
+
+    it("an ambiguous submit is recorded UNKNOWN, never guessed; recovery finds it at the provider", function()
+      local req = sup.create_approved(s, one("spec_pl_ambiguous", { unknown = "submit", observes = 1,
+        retry_after_seconds = 0 }))
+      sup.tick("node_dispatcher")
+      local a = sup.nodes(s, req.id).a
+      assert.equal("UNKNOWN", a.node_state)
+      assert.equal("SUBMIT_OUTCOME_UNKNOWN", a.error_code)
+      assert.equal(1, #ledger(a.id))
+      assert.equal(1, sup.tick("node_recovery"))
+      assert.equal("SUBMITTED", sup.nodes(s, req.id).a.node_state)
+      assert.is_true(sup.drive(s, sup.state_is(req.id, "COMPLETED"), 10))
+      assert.equal(1, ledger(a.id)[1].submit_count)
+    end)
+
+    it("a dispatch lost after the provider call resubmits the same key, which the provider deduplicates", function()
+      local d = require "qtg.workers.node_dispatcher"
+      local req = sup.create_approved(s, one("spec_pl_crash", { observes = 1, retry_after_seconds = 0 }))
+      local s2 = qtg.db.acquire()
+      s2:begin()
+      local row = qtg.db.claim.one(s2, { candidates_sql = d.CANDIDATES_SQL, claim_sql = d.CLAIM_SQL,
+        args = { qtg.settings.network_class, "[]" } })
+      d.dispatch(s2, row)
+      s2:rollback() -- the process died between the provider call and its commit
+      s2:release()
+      local a = sup.nodes(s, req.id).a
+      assert.equal("READY", a.node_state)
+      assert.equal(0, a.attempt_no)
+      local rows = ledger(a.id)
+      assert.equal(1, #rows)
+      assert.equal(1, rows[1].submit_count)
+      assert.equal(1, sup.tick("node_dispatcher"))
+      a = sup.nodes(s, req.id).a
+      assert.equal("SUBMITTED", a.node_state)
+      assert.equal(1, a.attempt_no)
+      rows = ledger(a.id)
+      assert.equal(1, #rows)                      -- one side effect
+      assert.equal(2, rows[1].submit_count)       -- two submits, deduplicated by key
+      assert.equal(a.idempotency_key, rows[1].idempotency_key)
+      assert.is_true(sup.drive(s, sup.state_is(req.id, "COMPLETED"), 10))
+    end)
+
+    it("a submit that raised before reaching the provider is recovered as FAILED", function()
+      local req = sup.create_approved(s, one("spec_pl_lost", { raise = "submit" }))
+      sup.tick("node_dispatcher")
+      assert.equal("UNKNOWN", sup.nodes(s, req.id).a.node_state)
+      assert.equal(1, sup.tick("node_recovery"))
+      local a = sup.nodes(s, req.id).a
+      assert.equal("FAILED", a.node_state)
+      assert.equal("SUBMIT_NOT_FOUND", a.error_code)
+      assert.equal("FAILED", sup.request(s, req.id).request_state)
+    end)
+
+    it("a recover() that raises leaves the node UNKNOWN with the error recorded", function()
+      local t = two("spec_pl_recover_raise", false,
+        { unknown_at_observe = 1, raise = "recover", retry_after_seconds = 0 })
+      local req = sup.create_approved(s, t)
+      sup.drive(s, function(x) return sup.nodes(x, req.id).b.node_state == "UNKNOWN" end, 10,
+        { "node_dispatcher", "node_observer" })
+      assert.equal(1, sup.tick("node_recovery"))
+      local b = sup.nodes(s, req.id).b
+      assert.equal("UNKNOWN", b.node_state)
+      assert.equal("EXECUTOR_ERROR", b.error_code)
+    end)
+
+    it("sweeps a SUBMITTING node only past its lane's grace cutoff", function()
+      local req = sup.create_approved(s, one("spec_pl_submitting", { submitting = true, observes = 1,
+        retry_after_seconds = 0 }))
+      sup.tick("node_dispatcher")
+      assert.equal("SUBMITTING", sup.nodes(s, req.id).a.node_state)
+      assert.equal(0, sup.tick("node_recovery"))      -- within the cex lane's grace
+      local saved = recovery.LANES[3].grace_seconds
+      assert.equal("cex", recovery.LANES[3].name)
+      recovery.LANES[3].grace_seconds = 0
+      local ok, n = pcall(sup.tick, "node_recovery")
+      recovery.LANES[3].grace_seconds = saved
+      assert.is_true(ok, tostring(n))
+      assert.equal(1, n)
+      assert.equal("SUBMITTED", sup.nodes(s, req.id).a.node_state)
+      assert.is_true(sup.drive(s, sup.state_is(req.id, "COMPLETED"), 10))
+    end)
+
+    it("splits the batch into four arms of max(1, batch // 4), in lane order", function()
+      assert.equal(2, recovery.arm_size(10))
+      assert.equal(1, recovery.arm_size(3))
+      assert.equal(25, recovery.arm_size(100))
+      local names = {}
+      for i, l in ipairs(recovery.LANES) do names[i] = l.name end
+      assert.same({ "ccip", "stargate", "cex", "other" }, names)
+    end)
+
+    it("takes at most batch // 4 nodes of one lane per pass, longest idle first", function()
+      local t = one("spec_pl_many_unknown", { unknown = "submit", observes = 1, retry_after_seconds = 0 })
+      local ids = {}
+      for i = 1, 3 do
+        local req = sup.create_approved(s, t)
+        sup.tick("node_dispatcher")
+        ids[i] = sup.nodes(s, req.id).a.id
+      end
+      -- default batch 10: the cex arm takes 2; the oldest two go first
+      assert.equal(2, sup.tick("node_recovery"))
+      local states = {}
+      for i, id in ipairs(ids) do
+        states[i] = s:query("SELECT node_state FROM movement_request_nodes WHERE id = $1::uuid", id)[1].node_state
+      end
+      assert.same({ "SUBMITTED", "SUBMITTED", "UNKNOWN" }, states)
+    end)
+  end)
+
+  describe("observe timeout", function()
+    local function timed_out_request(key)
+      local t = two(key, true, { observes = 100, retry_after_seconds = 0 }, nil, { observe_seconds = 30 })
+      local req = sup.create_approved(s, t)
+      assert.is_true(sup.drive(s, function(x) return sup.nodes(x, req.id).b.node_state == "SUBMITTED" end,
+        10, { "node_dispatcher" }))
+      s:query([[UPDATE movement_request_nodes SET started_at = now() - interval '1 hour'
+                 WHERE request_id = $1::uuid AND node_key = 'b']], req.id)
+      return req
+    end
+
+    it("is not enforced with the flag off (the default)", function()
+      assert.is_false(qtg.settings.observe_timeout_enforcement_enabled)
+      local req = timed_out_request("spec_pl_timeout_off")
+      sup.tick("node_observer")
+      local b = sup.nodes(s, req.id).b
+      assert.equal("OBSERVING", b.node_state)
+      assert.equal(1, b.observe_count)
+      assert.equal("EXECUTING", sup.request(s, req.id).request_state)
+    end)
+
+    -- one node_observer pass in a child with the flag on; its output
+    local function observe_enforced()
+      local cmd = string.format("MG_OBSERVE_TIMEOUT_ENFORCEMENT_ENABLED=true MG_CONSOLE_ENABLED=false %s exec %s node_observer 2>&1",
+        sup.shell_quote(sup.qtgd_bin()), sup.shell_quote(sup.repo_root() .. "/spec/lua/engine/engine_tick.lua"))
+      local p = io.popen(cmd)
+      local out = p:read("*a")
+      p:close()
+      return out
+    end
+
+    it("with the flag on, marks the node UNKNOWN OBSERVATION_TIMEOUT without calling the executor", function()
+      local req = timed_out_request("spec_pl_timeout_on")
+      local b = sup.nodes(s, req.id).b
+      local out = observe_enforced()
+      local after = sup.nodes(s, req.id).b
+      assert.equal("UNKNOWN", after.node_state, out)
+      assert.equal("OBSERVATION_TIMEOUT", after.error_code)
+      assert.equal(b.observe_count, after.observe_count)
+      assert.equal(0, ledger(after.id)[1].observe_count) -- the provider was not asked
+      assert.equal("MANUAL_INTERVENTION", sup.request(s, req.id).request_state)
+      local cbs = sup.callbacks(s, req.id)
+      assert.equal("request_attention", cbs[#cbs].body.event_type)
+    end)
+
+    it("after the operator resumes and recovery finds it in flight, the node is observed again", function()
+      local req = timed_out_request("spec_pl_timeout_resume")
+      observe_enforced()
+      assert.equal("MANUAL_INTERVENTION", sup.request(s, req.id).request_state)
+      require("qtg.requests").resume(s, req.id, sup.ACTOR)
+      assert.equal(1, sup.tick("node_recovery"))
+      local b = sup.nodes(s, req.id).b
+      assert.equal("SUBMITTED", b.node_state)
+      -- the observation window starts again: not timed out at once
+      local age = s:query("SELECT extract(epoch FROM now() - started_at)::float8 AS a FROM movement_request_nodes WHERE id = $1::uuid",
+        b.id)[1].a
+      assert.is_true(age < 30, "age " .. age)
+      local out = observe_enforced()
+      local after = sup.nodes(s, req.id).b
+      assert.equal("OBSERVING", after.node_state, out)
+      assert.equal(b.observe_count + 1, after.observe_count)
+      assert.equal(1, ledger(after.id)[1].observe_count) -- the provider was asked this time
+      assert.equal("EXECUTING", sup.request(s, req.id).request_state)
+    end)
+  end)
+end)

@@ -1,0 +1,137 @@
+-- The generic plans of the hot statements (qtg.hot_statements: the claims
+-- and batch writes of the queue workers) with 10,000 rows in each queue
+-- table, most of them history (finished requests, delivered callbacks and
+-- notifications): no plan may read a queue table with a sequential scan,
+-- since that costs in proportion to the history on every claim.  The host
+-- runs generic plans (plan_cache_mode = force_generic_plan on every
+-- connection), so an EXPLAIN with the parameters bound, which plans for
+-- those values, would not show what runs.  The rows are loaded and ANALYZEd
+-- in one transaction that is rolled back at the end.
+local qtg = require "qtg"
+local hot = require "qtg.hot_statements"
+
+local sup
+local T = "spec_plans_chain"
+local N = 10000
+
+-- Load N requests of template T (5 % APPROVED with a READY node, 5 %
+-- EXECUTING with a SUBMITTED and an UNKNOWN node, the rest COMPLETED), their
+-- nodes, N callback rows (10 % pending), N notifications (5 % pending) and N
+-- audit outbox rows, in s's open transaction; ANALYZE them.
+local function load(s, class)
+  s:query([[
+    WITH pv AS (
+      SELECT pv.id, pv.compiled_plan_hash FROM plan_versions pv
+        JOIN movement_templates t ON t.id = pv.template_id
+       WHERE t.template_key = $3 ORDER BY pv.version DESC LIMIT 1),
+    r AS (
+      INSERT INTO movement_requests (network_class, template_key, plan_version_id,
+             compiled_plan_hash, request_state, intent, idempotency_key, created_by,
+             callback_url, created_at)
+      SELECT $1, $3, pv.id, pv.compiled_plan_hash,
+             CASE WHEN g % 20 = 0 THEN 'APPROVED' WHEN g % 20 = 1 THEN 'EXECUTING'
+                  ELSE 'COMPLETED' END,
+             '{}', 'plans-' || g, 'spec', 'http://127.0.0.1:9/cb',
+             clock_timestamp() - make_interval(secs => $2 - g)
+        FROM pv, generate_series(1, $2::int) g
+      RETURNING id, plan_version_id, request_state)
+    INSERT INTO movement_request_nodes (request_id, plan_node_id, node_key, node_kind,
+           action_type, executor, node_state, next_observe_at)
+    SELECT r.id, pn.id, pn.node_key, pn.node_kind, pn.action_type, pn.executor,
+           CASE WHEN r.request_state = 'COMPLETED' THEN 'COMPLETED'
+                WHEN r.request_state = 'APPROVED' THEN
+                  CASE pn.node_key WHEN 'a' THEN 'READY' ELSE 'BLOCKED' END
+                ELSE CASE pn.node_key WHEN 'a' THEN 'SUBMITTED' WHEN 'b' THEN 'UNKNOWN'
+                                      ELSE 'BLOCKED' END END,
+           clock_timestamp()
+      FROM r JOIN plan_nodes pn ON pn.plan_version_id = r.plan_version_id]], class, N, T)
+  s:query([[
+    INSERT INTO movement_callback_outbox (request_id, event_type, payload, callback_url,
+           status, attempts, max_attempts, delivered_at)
+    SELECT id, 'request.completed', '{}', callback_url,
+           CASE WHEN k % 10 = 0 THEN 'pending' ELSE 'delivered' END,
+           CASE WHEN k % 10 = 0 THEN 0 ELSE 1 END, 5,
+           CASE WHEN k % 10 = 0 THEN NULL ELSE clock_timestamp() END
+      FROM (SELECT r.id, r.callback_url, row_number() OVER (ORDER BY r.created_at) AS k
+              FROM movement_requests r
+             WHERE r.idempotency_key LIKE 'plans-%' AND r.network_class = $1) x]], class)
+  s:query([[
+    INSERT INTO notification_outbox (network_class, kind, dedupe_key, payload, max_attempts,
+           status, delivered_at)
+    SELECT $1, 'spec_plans', 'plans-' || g, '{}', 5,
+           CASE WHEN g % 20 = 0 THEN 'pending' ELSE 'delivered' END,
+           CASE WHEN g % 20 = 0 THEN NULL ELSE clock_timestamp() END
+      FROM generate_series(1, $2::int) g]], class, N)
+  s:query([[
+    INSERT INTO audit_outbox (actor, action, entity_type, entity_id, detail)
+    SELECT 'system:spec', 'spec.plans', 'spec', g::text, '{}'
+      FROM generate_series(1, $1::int) g]], N)
+  s:query([[ANALYZE movement_requests, movement_request_nodes, movement_callback_outbox,
+            notification_outbox, audit_outbox]])
+end
+
+describe("generic plans of the hot statements", function()
+  local s
+  setup(function()
+    sup = require("spec.lua.support.engine")
+    s = qtg.db.acquire()
+    sup.load_doc(s, sup.doc(T, {
+      { "a", "action", "withdrawal", { sim = { observes = 1 } } },
+      { "b", "action", "withdrawal", { sim = { observes = 1 } } },
+      { "c", "action", "withdrawal", { sim = { observes = 1 } } },
+    }, { { "a", "b" }, { "b", "c" } }))
+  end)
+  teardown(function()
+    if s:in_transaction() then s:rollback() end
+    s:release()
+  end)
+
+  it("read no queue table with a sequential scan, 10,000 rows in each", function()
+    local class = qtg.settings.network_class
+    -- load and explain in one transaction on one session: generic_plan
+    -- opens its own transaction, so the rows are loaded in a savepoint-free
+    -- outer one and the plans taken with the same session's statements
+    s:begin()
+    local ok, err = pcall(function()
+      load(s, class)
+      local node = s:query([[SELECT n.id FROM movement_request_nodes n
+                               JOIN movement_requests r ON r.id = n.request_id
+                              WHERE r.idempotency_key LIKE 'plans-%' AND n.node_state = 'READY'
+                              LIMIT 1]])[1]
+      local cb = s:query([[SELECT array_agg(id) AS ids FROM (
+                             SELECT id FROM movement_callback_outbox
+                              WHERE status = 'pending' ORDER BY id LIMIT 5) x]])[1]
+      local nt = s:query([[SELECT array_agg(id) AS ids FROM (
+                             SELECT id FROM notification_outbox
+                              WHERE status = 'pending' ORDER BY id LIMIT 5) x]])[1]
+      local function list(text)
+        local out = {}
+        for id in tostring(text):gmatch("%d+") do out[#out + 1] = tonumber(id) end
+        return out
+      end
+      local ctx = { class = class, node_id = node.id, outbox_ids = list(cb.ids),
+                    notification_ids = list(nt.ids), process_id = "spec" }
+      local plans = hot.explain_all(s, ctx, true)
+      assert.is_true(#plans >= #hot.LIST)
+      local bad = {}
+      for _, p in ipairs(plans) do
+        if os.getenv("QTG_SPEC_PLANS_PRINT") then io.stderr:write("== ", p.name, "\n", p.plan, "\n") end
+        assert.truthy(p.plan:find("Execution Time", 1, true), p.name .. " was not executed")
+        if #p.seq_scans > 0 then
+          bad[#bad + 1] = ("%s: Seq Scan on %s\n%s"):format(p.name, table.concat(p.seq_scans, ", "),
+            p.plan)
+        end
+      end
+      assert.equal(0, #bad, table.concat(bad, "\n\n"))
+    end)
+    s:rollback()
+    if not ok then error(err, 0) end
+  end)
+
+  it("finds a sequential scan where a plan has one", function()
+    local plan = hot.generic_plan(s, "SELECT count(*) FROM movement_callback_outbox WHERE payload = $1",
+      { "x" }, false)
+    assert.same({ "movement_callback_outbox" }, hot.seq_scans(plan))
+    assert.same({}, hot.seq_scans("Index Scan using movement_callback_outbox_pkey on movement_callback_outbox c"))
+  end)
+end)

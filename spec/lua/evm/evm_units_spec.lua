@@ -1,0 +1,241 @@
+-- The pure parts of the evm_transfer executor: wei arithmetic, risk
+-- controls, fee choice within the caps, the transaction's fields and their
+-- EIP-1559 payload, the checks of a transfer's inputs and their error codes,
+-- node config validation, error-code mapping and URL redaction.  The chain
+-- itself is in spec/lua/evm/evm_transfer_spec.lua.
+local qtg = require "qtg"
+local evm_tx = require "qtg.evm_tx"
+local exe = require "qtg.executors.evm_transfer"
+
+local RC = { max_fee_per_gas_wei = "100000000000", max_priority_fee_per_gas_wei = "2000000000",
+             gas_limit = 21000, max_amount = "10", allowed_chain_ids = { 31337 } }
+
+describe("evm_tx: amounts", function()
+  it("converts decimals to wei exactly, refusing what is not a wei amount", function()
+    assert.equal("1500000000000000000", evm_tx.to_wei("1.5"))
+    assert.equal("1", evm_tx.to_wei("0.000000000000000001"))
+    assert.equal("123456789000000000000000000", evm_tx.to_wei("123456789"))
+    assert.equal("100000000000000000", evm_tx.to_wei(0.1))
+    for _, bad in ipairs({ "0", "0.0", "-1", "1e18", "1.", ".5", "0.0000000000000000001", "abc", "", {} }) do
+      local w, why = evm_tx.to_wei(bad)
+      assert.is_nil(w, tostring(bad))
+      assert.is_string(why)
+    end
+    assert.equal("1.5", evm_tx.from_wei("1500000000000000000"))
+    assert.equal("0.000000000000000001", evm_tx.from_wei("1"))
+    assert.equal("10000", evm_tx.from_wei("10000000000000000000000"))
+  end)
+
+  it("adds, multiplies and compares integers beyond 2^53", function()
+    assert.equal("20000000000000000000000", evm_tx.add("10000000000000000000000", "10000000000000000000000"))
+    assert.equal("1000", evm_tx.add("999", "1"))
+    assert.equal("2100000000000000", evm_tx.mul("21000", "100000000000"))
+    assert.equal("121932631138079548321002895910841426739", evm_tx.mul("11111111111111111111", "10973936802427159349"))
+    assert.equal("0", evm_tx.mul("0", "123"))
+    assert.equal(-1, evm_tx.cmp("999", "1000"))
+    assert.equal(1, evm_tx.cmp("1001", "1000"))
+    assert.equal(0, evm_tx.cmp("1000", "1000"))
+    assert.equal("10000000000000000000000", evm_tx.hex_to_dec("0x21e19e0c9bab2400000"))
+    assert.equal("0", evm_tx.hex_to_dec("0x0"))
+    assert.equal("115792089237316195423570985008687907853269984665640564039457584007913129639935",
+      evm_tx.hex_to_dec("0x" .. string.rep("f", 64)))
+    assert.is_nil(evm_tx.hex_to_dec("12"))
+    assert.is_nil(evm_tx.hex_to_dec("0xzz"))
+    assert.equal("21100000000000000000", evm_tx.max_cost(21000, 1000000000000000, "100000000000000000"))
+  end)
+end)
+
+describe("evm_tx: risk controls and fees", function()
+  it("requires explicit fee caps and checks every control", function()
+    local c = assert(evm_tx.controls(RC))
+    assert.equal(100000000000, c.max_fee_per_gas)
+    assert.equal(2000000000, c.max_priority_fee_per_gas)
+    assert.equal("10000000000000000000", c.max_amount_wei)
+    assert.is_true(c.allowed_chain_ids[31337])
+    assert.equal(64, c.max_pending)
+    local function without(k, v)
+      local t = {}
+      for kk, vv in pairs(RC) do t[kk] = vv end
+      t[k] = v
+      return t
+    end
+    for _, bad in ipairs({
+      without("max_fee_per_gas_wei", nil), without("max_fee_per_gas_wei", "0"),
+      without("max_fee_per_gas_wei", "1e9"), without("max_priority_fee_per_gas_wei", nil),
+      without("max_priority_fee_per_gas_wei", "200000000000"), without("gas_limit", 20000),
+      without("max_amount", "-1"), without("allowed_chain_ids", { 0 }), without("allowed_chain_ids", "1"),
+      without("max_pending_nonces", 0), "nope",
+    }) do
+      local ok, why = evm_tx.controls(bad)
+      assert.is_nil(ok)
+      assert.matches("risk_controls", why)
+    end
+  end)
+
+  it("chooses tip and max fee from the node's data, within the caps", function()
+    local c = assert(evm_tx.controls(RC))
+    local f = assert(evm_tx.fees({ base_fee_next = 1000000000, suggested_tip = 1500000000, controls = c }))
+    assert.equal(1500000000, f.max_priority_fee_per_gas)
+    assert.equal(3500000000, f.max_fee_per_gas)          -- 2 * base + tip
+    -- the tip is capped; without a suggestion the median reward is used
+    f = assert(evm_tx.fees({ base_fee_next = 1000000000, suggested_tip = 9000000000, controls = c }))
+    assert.equal(2000000000, f.max_priority_fee_per_gas)
+    f = assert(evm_tx.fees({ base_fee_next = 10, rewards = { 5, 1, 3 }, controls = c }))
+    assert.equal(3, f.max_priority_fee_per_gas)
+    -- the max fee is capped while the next block stays affordable
+    f = assert(evm_tx.fees({ base_fee_next = 60000000000, suggested_tip = 1000000000, controls = c }))
+    assert.equal(100000000000, f.max_fee_per_gas)
+    -- refused when the cap cannot pay the next block's base fee and the tip
+    local ok, code, why = evm_tx.fees({ base_fee_next = 99500000000, suggested_tip = 1000000000, controls = c })
+    assert.is_nil(ok)
+    assert.equal("EVM_FEE_ABOVE_CAP", code)
+    assert.matches("max_fee_per_gas_wei", why)
+  end)
+
+  it("reads eth_feeHistory answers and refuses malformed ones", function()
+    local h = assert(evm_tx.fee_history({ baseFeePerGas = { "0x3b9aca00", "0x3b9aca01" },
+                                         reward = { { "0x5" }, { "0x7" } } }))
+    assert.equal(1000000001, h.base_fee_next)
+    assert.same({ 5, 7 }, h.rewards)
+    assert.is_nil(evm_tx.fee_history({}))
+    assert.is_nil(evm_tx.fee_history({ baseFeePerGas = { "12" } }))
+    assert.is_nil(evm_tx.fee_history({ baseFeePerGas = { "0x" .. string.rep("f", 20) } }))
+  end)
+
+  it("builds fields whose EIP-1559 payload hashes to the signing hash", function()
+    local fields = evm_tx.fields({ chain_id = 31337, nonce = 7, to = "0x" .. string.rep("ab", 20),
+      value_wei = "1500000000000000000", gas_limit = 21000,
+      fees = { max_fee_per_gas = 3000000000, max_priority_fee_per_gas = 1000000000 } })
+    local tx = qtg.evm.eip1559(fields)
+    assert.matches("^0x02", tx.payload)
+    assert.equal(tx.signing_hash, "0x" .. qtg.crypto.keccak256_hex(qtg.crypto.unhex(tx.payload)))
+    -- the stored form (JSON) gives the same transaction back
+    local again = qtg.evm.eip1559(require("cjson").decode(require("cjson").encode(fields)))
+    assert.equal(tx.signing_hash, again.signing_hash)
+    assert.equal(3, evm_tx.confirmations(10, 12))
+    assert.equal(0, evm_tx.confirmations(10, 5))
+  end)
+end)
+
+describe("evm_transfer executor: checks without a chain", function()
+  local function ctx(intent, rc, cfg)
+    return { action_type = "evm_transfer", request_node_id = "00000000-0000-0000-0000-000000000001",
+             intent = intent, risk_controls = rc or RC, node_config = cfg or { signer_key = "nope" } }
+  end
+  local DEST = "0x70997970C51812dc3A010C7d01b50e0d17dc79C8"   -- EIP-55 form
+  local function code(intent, rc, cfg)
+    local p, c, why = exe.plan(ctx(intent, rc, cfg))
+    assert.is_nil(p)
+    assert.is_string(why)
+    return c, why
+  end
+
+  it("refuses each bad input with its own code", function()
+    local base = { asset = "ETH", amount = "1", destination = DEST, chain_id = 31337 }
+    local function with(k, v)
+      local t = {}
+      for kk, vv in pairs(base) do t[kk] = vv end
+      t[k] = v
+      return t
+    end
+    assert.equal("EVM_UNSUPPORTED_ASSET", code(with("asset", "USDC")))
+    assert.equal("EVM_BAD_INTENT", code(with("chain_id", "x")))
+    assert.equal("EVM_BAD_INTENT", code(with("chain_id", 0)))
+    assert.equal("EVM_CHAIN_NOT_ALLOWED", code(with("chain_id", 1)))
+    assert.equal("EVM_RISK_CONTROLS_INVALID", code(base, { max_amount = "1" }))
+    assert.equal("EVM_BAD_AMOUNT", code(with("amount", "0")))
+    assert.equal("EVM_AMOUNT_ABOVE_CAP", code(with("amount", "10.000000000000000001")))
+    assert.equal("EVM_BAD_DESTINATION", code(with("destination", "0x1234")))
+    assert.equal("EVM_BAD_DESTINATION", code(with("destination", DEST:gsub("C8$", "c8"))))  -- checksum typo
+    assert.equal("EVM_BAD_DESTINATION", code(with("destination", "0x" .. string.rep("0", 40))))
+    -- all good but the signer: no `qtgd signer` runs for this spec, so the
+    -- plan cannot learn the key's address and raises signer_unavailable
+    -- (the dispatcher's tick rolls back: the node stays READY, retryable)
+    local function unavailable(intent)
+      local ok, e = pcall(exe.plan, ctx(intent))
+      assert.is_false(ok)
+      assert.equal("signer_unavailable", type(e) == "table" and e.kind or tostring(e))
+    end
+    unavailable(base)
+    -- lowercase and uppercase hex carry no checksum and are accepted
+    unavailable(with("destination", DEST:lower()))
+    unavailable(with("destination", "0x" .. DEST:sub(3):upper()))
+  end)
+
+  it("validates node configs per action type", function()
+    assert.is_true(exe.validate_config({ signer_key = "hot" }, "evm_transfer"))
+    assert.is_true(exe.validate_config({ tx_hash = "$ref:transfer.tx_hash", chain_id = "$ref:transfer.chain_id",
+                                         confirmations = 3 }, "destination_chain_finality_observe"))
+    assert.is_true(exe.validate_config({ tx_hash = "$ref:t.tx_hash", verify_intent = true },
+                                       "destination_chain_receive_observe"))
+    for _, bad in ipairs({
+      { {}, "evm_transfer" }, { { signer_key = "hot", gas = 1 }, "evm_transfer" },
+      { { signer_key = 5 }, "evm_transfer" }, { { tx_hash = "$ref:t.tx_hash" }, "destination_chain_finality_observe" },
+      { { tx_hash = "$ref:t.tx_hash", confirmations = 0 }, "destination_chain_finality_observe" },
+      { { signer_key = "hot" }, "withdrawal" },
+    }) do
+      local ok, why = exe.validate_config(bad[1], bad[2])
+      assert.is_nil(ok)
+      assert.is_string(why)
+    end
+  end)
+
+  it("maps RPC failures to codes and keeps credentials out of details", function()
+    assert.equal("EVM_RPC_UNREACHABLE", exe.rpc_code({ kind = "refused" }))
+    assert.equal("EVM_RPC_UNREACHABLE", exe.rpc_code({ kind = "timeout" }))
+    assert.equal("EVM_RPC_BAD_RESPONSE", exe.rpc_code({ kind = "garbage" }))
+    assert.equal("EVM_RPC_BAD_RESPONSE", exe.rpc_code({ kind = "status" }))
+    assert.equal("EVM_RPC_ERROR", exe.rpc_code({ kind = "rpc" }))
+    assert.equal("https://mainnet.example", exe.redact("https://user:secret@mainnet.example/v3/KEY"))
+    assert.equal("http://127.0.0.1:8545", exe.redact("http://127.0.0.1:8545"))
+    assert.equal("?", exe.redact("ftp://x"))
+  end)
+
+  it("tells the node answers that mean the same bytes are already known", function()
+    -- submit and recover look these up by hash instead of failing the
+    -- transfer (an "already known" taken as a refusal piled up retries at
+    -- OpenZeppelin Defender when a provider reworded it)
+    local rpc = require "qtg.evm_rpc"
+    local function node_err(message) return { kind = "rpc", code = -32000, message = message } end
+    for _, msg in ipairs({
+      "transaction already imported",                          -- anvil
+      "already known",                                         -- geth, erigon
+      "AlreadyKnown",                                          -- nethermind
+      "Known transaction: 0x1234",                             -- besu
+      "ALREADY KNOWN",                                         -- any case
+      "transaction already exists in the pool",
+      "Transaction is already in the pool",
+    }) do
+      assert.is_true(rpc.is_already_known(node_err(msg)), msg)
+      assert.is_false(rpc.is_nonce_too_low(node_err(msg)), msg)
+    end
+    for _, msg in ipairs({
+      "nonce too low", "replacement transaction underpriced", "Insufficient funds for gas * price + value",
+      "transaction underpriced", "known nonce gap",
+    }) do
+      assert.is_false(rpc.is_already_known(node_err(msg)), msg)
+    end
+    -- only a node's JSON-RPC error says so: the same words from a transport
+    -- failure, or no error at all, are not an answer about the bytes
+    assert.is_false(rpc.is_already_known({ kind = "timeout", message = "already known" }))
+    assert.is_false(rpc.is_already_known(nil))
+    assert.is_false(rpc.is_already_known("already known"))
+    for _, msg in ipairs({ "nonce too low", "Nonce too low: next nonce 7, tx nonce 5", "OldNonce",
+                           "transaction nonce is too low" }) do
+      assert.is_true(rpc.is_nonce_too_low(node_err(msg)), msg)
+      assert.is_false(rpc.is_already_known(node_err(msg)), msg)
+    end
+  end)
+
+  it("refuses a chain without an endpoint (this process has none)", function()
+    local url, c = exe.endpoint(31337)
+    assert.is_nil(url)
+    assert.equal("EVM_NO_RPC_ENDPOINT", c)
+    local ok, why = require("qtg.evm_demo").ready()
+    assert.is_nil(ok)
+    assert.matches("evm_hot is not loaded", why)
+    local h = exe.health()
+    assert.equal("down", h.state)
+    assert.matches("MG_EVM_RPC_URLS", h.detail)
+  end)
+end)

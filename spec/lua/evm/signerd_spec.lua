@@ -1,0 +1,316 @@
+-- `qtgd signer` (src/qtg_signerd.c): the separate process that alone holds
+-- the keys and signs only what an approval allowed.  Real PostgreSQL (the
+-- signer connects as role qtg_signer), a real anvil chain, real `qtgd run`
+-- and `qtgd signer` processes; every assertion reads rows, the chain, or the
+-- processes' memory.
+--   * this spec's own process plays a console user / policy script: it asks
+--     the signer directly (qtg.signer.sign) and every refusal case of the
+--     checks is met with its code, each recorded in signer_events; the
+--     exact approved transaction is granted (and recorded);
+--   * the tampering attack: an approved 0.25 ETH transfer to A rewritten
+--     (triggers bypassed) to 20 ETH to B is refused by the signer (digest
+--     mismatch), the node FAILED with SIGNING_REFUSED, nothing broadcast;
+--   * the daemon's memory and environment hold no key bytes nor their hex
+--     (the same scan finds them in the signer's memory);
+--   * the signer down (kill -9): the node stays READY at its attempt, and
+--     completes once a signer is back;
+--   * a peer of another uid (nobody) is refused, even with the socket open.
+local qtg = require "qtg"
+local cjson = require "cjson"
+
+local CHAIN = 31412
+local AMOUNT, AMOUNT_WEI = "0.25", "250000000000000000"
+local MAX_FEE, MAX_TIP = 200000000000, 5000000000
+
+local sup, engine, s, dir, anvil, DEV
+
+local function new_class() return "signspec-" .. qtg.crypto.hex(qtg.crypto.random_bytes(4)) end
+
+local function intent(dest, amount)
+  return { asset = "ETH", amount = amount or AMOUNT, destination = dest, chain_id = CHAIN }
+end
+
+local function events_of(request_id)
+  return s:query([[SELECT * FROM signer_events WHERE request_id = $1::uuid ORDER BY id]], request_id)
+end
+
+-- the signer answering this process (its default socket) for the key files
+local function start_local_signer(keys_env, extra)
+  local env = sup.run_env("unused", { MG_SIGNER_KEYS = keys_env,
+    MG_SIGNER_SOCKET = qtg.signer.socket_path() })
+  for k, v in pairs(extra or {}) do env[k] = v end
+  return sup.start_signer(env)
+end
+
+-- an unsigned EIP-1559 transfer: fields over the approved ones
+local function payload(over)
+  local f = { chain_id = CHAIN, nonce = 0, to = nil, value = AMOUNT_WEI, gas_limit = 21000,
+              max_fee_per_gas = tostring(MAX_FEE), max_priority_fee_per_gas = tostring(MAX_TIP),
+              data = "0x" }
+  for k, v in pairs(over) do f[k] = v end
+  return qtg.evm.eip1559(f)
+end
+
+local function reserve(node_id, address, nonce, payload_hash)
+  s:query([[INSERT INTO evm_nonce_reservation (chain_id, address, nonce, request_node_id, payload_hash)
+            VALUES ($1, $2, $3, $4::uuid, $5)]], CHAIN, address, nonce, node_id, payload_hash)
+end
+
+describe("qtgd signer", function()
+  setup(function()
+    sup = require "spec.lua.support.evm"
+    engine = require "spec.lua.support.engine"
+    DEV = sup.DEV
+    s = qtg.db.acquire()
+    dir = sup.host.tmpdir()
+    anvil = sup.start_anvil({ chain_id = CHAIN, block_time = 1 })
+    s:query("DELETE FROM evm_transfer_tx WHERE chain_id = $1", CHAIN)
+    s:query("DELETE FROM evm_nonce_reservation WHERE chain_id = $1", CHAIN)
+    local rc = { allowed_chain_ids = { CHAIN }, max_amount = "25" }
+    engine.load_doc(s, sup.template("sign_t_a", "sa", rc))
+    engine.load_doc(s, sup.template("sign_t_b", "sb", rc))
+  end)
+
+  teardown(function()
+    sup.stop_all()
+    sup.cleanup()
+    s:query("DELETE FROM signer_roster WHERE signer_key IN ('sa', 'sb')")
+    s:release()
+    os.execute("rm -rf " .. sup.host.sh_quote(dir))
+  end)
+
+  after_each(function() sup.host.stop_all() end)
+
+  it("refuses every payload that is not what was approved, and records each decision", function()
+    local keys = "sa=" .. sup.key_file(dir, "sa", DEV[1].key)
+    start_local_signer(keys)
+    local class = new_class()
+    local dest = sup.random_address()
+    local req = sup.create(s, "sign_t_a", class, intent(dest))
+    local nodes = engine.nodes(s, req.id)
+    local node, observe = nodes.transfer, nodes.destination_receive
+    assert.equal("READY", node.node_state)
+    local from = DEV[1].address
+    local good = payload({ to = dest })
+    reserve(node.id, from, 0, good.signing_hash)
+    local function ask(p, over)
+      local r = { request_id = req.id, request_node_id = node.id, attempt_no = 1,
+                  payload = p.payload, payload_hash = p.signing_hash }
+      for k, v in pairs(over or {}) do r[k] = v end
+      return qtg.signer.sign("sa", r)
+    end
+    local cases = {
+      { "CHAIN_MISMATCH", payload({ to = dest, chain_id = 1 }) },
+      { "DESTINATION_MISMATCH", payload({ to = sup.random_address() }) },
+      { "VALUE_MISMATCH", payload({ to = dest, value = "20000000000000000000" }) },
+      { "FEES_ABOVE_CAP", payload({ to = dest, max_fee_per_gas = tostring(MAX_FEE + 1) }) },
+      { "FEES_ABOVE_CAP", payload({ to = dest, max_priority_fee_per_gas = tostring(MAX_TIP + 1) }) },
+      { "FEES_ABOVE_CAP", payload({ to = dest, gas_limit = 21001 }) },
+      { "DATA_NOT_ALLOWED", payload({ to = dest, data = "0xa9059cbb" }) },
+      { "NONCE_NOT_RESERVED", payload({ to = dest, nonce = 7 }) },
+      { "NODE_NOT_DISPATCHING", good, { attempt_no = 2 } },
+      { "NODE_NOT_DISPATCHING", good, { request_node_id = observe.id } },
+      { "PAYLOAD_NOT_EIP1559", { payload = "0x" .. qtg.crypto.hex("a script's own bytes"),
+                                 signing_hash = "0x" .. qtg.crypto.keccak256_hex("a script's own bytes") } },
+      { "SIGNER_NOT_FOUND", good, nil, "nokey" },
+    }
+    for i, c in ipairs(cases) do
+      local r = { request_id = req.id, request_node_id = node.id, attempt_no = 1,
+                  payload = c[2].payload, payload_hash = c[2].signing_hash }
+      for k, v in pairs(c[3] or {}) do r[k] = v end
+      local sig, err = qtg.signer.sign(c[4] or "sa", r)
+      assert.is_nil(sig, "case " .. i)
+      assert.equal("signer", err.kind, "case " .. i .. ": " .. tostring(err.message))
+      assert.equal(c[1], err.code, "case " .. i .. ": " .. tostring(err.message))
+    end
+    -- the enrolled identity is another address: refused
+    s:query([[INSERT INTO signer_roster (network_class, signer_key, expected_signer_address, expected_set_by, expected_set_at)
+              VALUES ($1, 'sa', $2, 'spec', now())]], class, DEV[2].address)
+    local sig, err = ask(good)
+    assert.is_nil(sig)
+    assert.equal("SIGNER_IDENTITY_MISMATCH", err.code, tostring(err.message))
+    -- enrolled as itself: the exact approved transaction is granted
+    s:query("UPDATE signer_roster SET expected_signer_address = $2 WHERE network_class = $1 AND signer_key = 'sa'",
+      class, from)
+    sig, err = ask(good)
+    assert.truthy(sig, err and err.message)
+    assert.equal(from, sig.address)
+    assert.equal(from, qtg.signer.recover(good.signing_hash, sig.signature))
+    -- the request's rows changed after approval (triggers bypassed, as a
+    -- superuser could): the digest no longer matches
+    s:transaction(function()
+      s:query("SET LOCAL session_replication_role = replica")
+      s:query([[UPDATE movement_requests SET intent = intent || '{"amount": "20"}' WHERE id = $1::uuid]], req.id)
+    end)
+    sig, err = ask(good)
+    assert.is_nil(sig)
+    assert.equal("APPROVAL_DIGEST_MISMATCH", err.code, tostring(err.message))
+    -- a request nobody approved
+    local pending = engine.create(s, "sign_t_a", { intent = intent(dest), callback_url = false })
+    sig, err = ask(good, { request_id = pending.id })
+    assert.is_nil(sig)
+    assert.equal("REQUEST_NOT_APPROVED", err.code, tostring(err.message))
+    -- every decision is in signer_events, the payload hash and digest with it
+    local ev = events_of(req.id)
+    assert.equal(#cases + 3, #ev)
+    local granted = 0
+    for _, e in ipairs(ev) do
+      if e.decision == "granted" then
+        granted = granted + 1
+        assert.equal(good.signing_hash, e.payload_hash)
+        assert.equal(engine.request(s, req.id).approval_digest, e.approval_digest)
+      else
+        assert.truthy(e.reason ~= "" and e.code ~= "GRANTED")
+      end
+    end
+    assert.equal(1, granted)
+    assert.equal(1, #events_of(pending.id))
+    assert.equal("REQUEST_NOT_APPROVED", events_of(pending.id)[1].code)
+  end)
+
+  it("refuses a request rewritten after approval: nothing is broadcast", function()
+    local class = new_class()
+    local a, b = sup.random_address(), sup.random_address()
+    local req = sup.create(s, "sign_t_b", class, intent(a))
+    -- the attack: 0.25 ETH to A becomes 20 ETH to B, the triggers bypassed
+    s:transaction(function()
+      s:query("SET LOCAL session_replication_role = replica")
+      s:query([[UPDATE movement_requests SET intent = intent || jsonb_build_object('amount', '20', 'destination', $2::text)
+                 WHERE id = $1::uuid]], req.id, b)
+    end)
+    local keys = "sb=" .. sup.key_file(dir, "sb", DEV[2].key)
+    local n0 = sup.nonce(anvil.url, DEV[2].address)
+    local h = sup.start_run(sup.run_env(class, { MG_SIGNER_KEYS = keys, MG_EVM_RPC_URLS = CHAIN .. "=" .. anvil.url }))
+    sup.wait_states(s, { req.id }, { COMPLETED = true, FAILED = true, MANUAL_INTERVENTION = true }, 60, { h })
+    local n = engine.nodes(s, req.id).transfer
+    assert.equal("FAILED", n.node_state)
+    assert.equal("SIGNING_REFUSED", n.error_code)
+    assert.truthy(n.error_detail:match("^APPROVAL_DIGEST_MISMATCH"), n.error_detail)
+    assert.equal("0", sup.balance(anvil.url, b))
+    assert.equal("0", sup.balance(anvil.url, a))
+    assert.equal(n0, sup.nonce(anvil.url, DEV[2].address))
+    local ev = events_of(req.id)
+    assert.equal(1, #ev)
+    assert.equal("refused", ev[1].decision)
+    assert.equal("APPROVAL_DIGEST_MISMATCH", ev[1].code)
+    assert.truthy(sup.log_count(h, "signing refused") >= 1)
+  end)
+
+  -- every readable mapping of pid, as one string per region (nil when a
+  -- region cannot be read); returns whether needle occurs, and bytes read
+  local function memory_holds(pid, needles)
+    local maps = assert(io.open("/proc/" .. pid .. "/maps"))
+    local mem = assert(io.open("/proc/" .. pid .. "/mem", "rb"))
+    local found, scanned = {}, 0
+    for line in maps:lines() do
+      local lo, hi, perms = line:match("^(%x+)-(%x+) (%S+)")
+      local path = line:match("%s(%S+)$") or ""
+      local start, stop = tonumber(lo, 16), tonumber(hi, 16)
+      -- (regions of 1 GiB and more are a sanitizer's shadow memory, not heap)
+      if perms:sub(1, 1) == "r" and path ~= "[vvar]" and path ~= "[vsyscall]" and stop - start < 2 ^ 30 then
+        local pos, tail = start, ""
+        while pos < stop do
+          local n = math.min(1048576, stop - pos)
+          if not mem:seek("set", pos) then break end
+          local chunk = mem:read(n)
+          if not chunk then break end
+          scanned = scanned + #chunk
+          local text = tail .. chunk
+          for i, nd in ipairs(needles) do
+            if not found[i] and text:find(nd, 1, true) then found[i] = true end
+          end
+          tail = chunk:sub(-128)
+          pos = pos + n
+        end
+      end
+    end
+    maps:close()
+    mem:close()
+    return found, scanned
+  end
+
+  it("keeps every key out of qtgd run's memory and environment (the signer holds them)", function()
+    local class = new_class()
+    local dest = sup.random_address()
+    local keys = "sb=" .. sup.key_file(dir, "sb", DEV[2].key)
+    local h = sup.start_run(sup.run_env(class, { MG_SIGNER_KEYS = keys, MG_EVM_RPC_URLS = CHAIN .. "=" .. anvil.url }))
+    -- a transfer completes first: the daemon has used the key (through the signer)
+    local req = sup.create(s, "sign_t_b", class, intent(dest))
+    sup.wait_states(s, { req.id }, { COMPLETED = true, FAILED = true, MANUAL_INTERVENTION = true }, 60, { h })
+    assert.equal("COMPLETED", engine.request(s, req.id).request_state, sup.detail(s, req.id))
+    local hex = DEV[2].key
+    local raw = qtg.crypto.unhex and qtg.crypto.unhex(hex) or (hex:gsub("%x%x", function(x) return string.char(tonumber(x, 16)) end))
+    local needles = { raw, hex, hex:upper() }
+    local env = assert(io.open("/proc/" .. h.pid .. "/environ", "rb")):read("*a")
+    local found, scanned = memory_holds(h.pid, needles)
+    assert.truthy(scanned > 1000000, "scanned " .. scanned .. " bytes")
+    assert.is_nil(found[1], "the daemon's memory holds the key bytes")
+    assert.is_nil(found[2], "the daemon's memory holds the key hex")
+    assert.is_nil(found[3], "the daemon's memory holds the key hex (upper case)")
+    assert.truthy(#env > 0)
+    assert.is_nil(env:find(hex, 1, true))
+    assert.is_nil(env:find(hex:upper(), 1, true))
+    assert.is_nil(env:find("MG_SIGNER_KEYS", 1, true))
+    -- the same scan finds the key in the signer's memory: it looks right
+    local sfound = memory_holds(h.signer.pid, { raw })
+    assert.truthy(sfound[1], "the scan does not find the key where it is")
+  end)
+
+  it("leaves the node READY while the signer is down (kill -9), and completes once it is back", function()
+    local class = new_class()
+    local dest = sup.random_address()
+    local keys = "sb=" .. sup.key_file(dir, "sb", DEV[2].key)
+    local env = sup.run_env(class, { MG_SIGNER_KEYS = keys, MG_EVM_RPC_URLS = CHAIN .. "=" .. anvil.url })
+    local h = sup.start_run(env)
+    sup.host.signal(h.signer, "KILL")
+    assert.truthy(sup.host.wait_exit(h.signer, 30))
+    local req = sup.create(s, "sign_t_b", class, intent(dest))
+    assert.truthy(sup.wait_for(function() return sup.log_count(h, "signer_unavailable") >= 2 end, 30,
+      "the dispatcher meeting the signer down"))
+    local n = engine.nodes(s, req.id).transfer
+    assert.equal("READY", n.node_state)
+    assert.equal(0, n.attempt_no)
+    assert.equal(0, #events_of(req.id))
+    -- a signer again, on the same socket, with the same keys
+    local senv = {}
+    for k, v in pairs(env) do senv[k] = v end
+    senv.MG_SIGNER_KEYS = keys
+    sup.start_signer(senv)
+    sup.wait_states(s, { req.id }, { COMPLETED = true, FAILED = true, MANUAL_INTERVENTION = true }, 60, { h })
+    assert.equal("COMPLETED", engine.request(s, req.id).request_state, sup.detail(s, req.id))
+    assert.equal(AMOUNT_WEI, sup.balance(anvil.url, dest))
+  end)
+
+  it("answers only its allowed uid: nobody is refused even when the socket is open to all", function()
+    local sockdir = dir .. "/open"
+    os.execute("mkdir -p " .. sup.host.sh_quote(sockdir) .. " && chmod 755 " .. sup.host.sh_quote(dir) .. " "
+      .. sup.host.sh_quote(sockdir))
+    local keys = "sa=" .. sup.key_file(dir, "sa", DEV[1].key)
+    local env = sup.run_env("unused", { MG_SIGNER_KEYS = keys, MG_SIGNER_SOCKET = sockdir .. "/signer.sock" })
+    sup.start_signer(env)
+    local mode = io.popen("stat -c %a " .. sup.host.sh_quote(sockdir .. "/signer.sock")):read("*l")
+    assert.equal("600", mode)
+    local client = [[/usr/bin/python3 -c 'import socket,sys
+c=socket.socket(socket.AF_UNIX)
+try:
+  c.connect(sys.argv[1])
+except OSError as e:
+  print("CONNECT", e.errno); sys.exit(0)
+c.sendall(b"KEYS\n"); print(c.makefile().readline().strip())' ]]
+    local function as_nobody()
+      local p = io.popen("setpriv --reuid=nobody --regid=nogroup --clear-groups " .. client
+        .. sup.host.sh_quote(sockdir .. "/signer.sock") .. " 2>&1")
+      local out = p:read("*a")
+      p:close()
+      return out
+    end
+    local out = as_nobody()
+    assert.truthy(out:match("CONNECT 13"), "0600 keeps nobody out: " .. out)
+    os.execute("chmod 666 " .. sup.host.sh_quote(sockdir .. "/signer.sock"))
+    out = as_nobody()
+    assert.truthy(out:match("^REFUSED PEER_NOT_ALLOWED uid 65534"), out)
+    local ev = s:query("SELECT * FROM signer_events WHERE peer_uid = 65534 ORDER BY id DESC LIMIT 1")[1]
+    assert.equal("PEER_NOT_ALLOWED", ev.code)
+    os.execute("chmod 700 " .. sup.host.sh_quote(dir))
+  end)
+end)

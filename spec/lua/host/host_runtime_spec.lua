@@ -1,0 +1,420 @@
+-- run_loop and supervision, with test workers: counts and recorded delays,
+-- never wall-clock assertions.  Daemon behaviour (signals, groups, exit
+-- codes) is driven through real `qtgd run` processes whose worker registry
+-- comes from an operator override directory (MG_LUA_PATH).
+local qtg = require("qtg")
+local rt = qtg.runtime
+local support = require("spec.lua.support.host")
+
+local function worker(name)
+  for _, w in ipairs(rt.workers()) do
+    if w.name == name then return w end
+  end
+end
+
+describe("run_loop delays", function()
+  it("sleeps interval +- jitter with a 0.1 s floor", function()
+    assert.are.equal(2, rt.delay_for(0, 2, 0.5, 0))
+    assert.are.equal(2.5, rt.delay_for(0, 2, 0.5, 1))
+    assert.are.equal(1.5, rt.delay_for(0, 2, 0.5, -1))
+    assert.are.equal(0.1, rt.delay_for(0, 0.05, 0, 0))
+    assert.are.equal(0.1, rt.delay_for(0, 0.2, 0.5, -1))
+  end)
+
+  it("backs off min(2^errors, 60) from the fifth consecutive error", function()
+    assert.are.equal(5, rt.delay_for(4, 5, 0, 0))
+    assert.are.equal(32, rt.delay_for(5, 5, 0, 0))
+    assert.are.equal(60, rt.delay_for(6, 5, 0, 0))
+    assert.are.equal(60, rt.delay_for(30, 5, 0, 0))
+  end)
+end)
+
+describe("run_loop in the host", function()
+  it("keeps each planned sleep within interval +- jitter", function()
+    local n = 0
+    rt.start_worker{name = "spec_jitter", interval = 0.2, jitter = 0.1, sleep_scale = 0.05,
+                    tick = function() n = n + 1 return 1 end}
+    support.eventually(function() return n >= 12 end, 20)
+    local w = worker("spec_jitter")
+    rt.stop_worker("spec_jitter")
+    assert.is_true(#w.delays >= 10)
+    local distinct = {}
+    for _, d in ipairs(w.delays) do
+      assert.is_true(d >= 0.1 and d <= 0.3, "delay " .. d)
+      distinct[d] = true
+    end
+    local nd = 0
+    for _ in pairs(distinct) do nd = nd + 1 end
+    assert.is_true(nd > 1, "jitter varies the delay")
+    assert.are.equal(0, w.consecutive_errors)
+  end)
+
+  it("counts consecutive errors, resets them on success, and backs off from the fifth", function()
+    local calls = 0
+    local plan = {false, false, false, true, false, false, false, false, false, false, false}
+    rt.start_worker{name = "spec_errors", interval = 0.5, sleep_scale = 0.001, tick = function(s)
+      calls = calls + 1
+      if plan[calls] == false then error("planned failure " .. calls) end
+      s:query("SELECT 1")
+      return 2
+    end}
+    support.eventually(function() return calls >= #plan end, 30)
+    local w = worker("spec_errors")
+    rt.stop_worker("spec_errors")
+    -- 3 errors, a success (reset), then 7 errors: the 5th, 6th and 7th back off
+    assert.are.same({0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 32, 60, 60},
+                    {unpack(w.delays, 1, 11)})
+    assert.are.equal(10, w.errors_total)
+    assert.are.equal(2, w.items_total)
+    assert.matches("planned failure", w.last_error)
+  end)
+
+  it("a SQL error is a counted error and the loop goes on", function()
+    local calls = 0
+    rt.start_worker{name = "spec_sql", interval = 0.05, tick = function(s)
+      calls = calls + 1
+      s:query("SELEC broken")
+      return 1
+    end}
+    local w = support.eventually(function()
+      local w = worker("spec_sql")
+      return w.consecutive_errors >= 3 and w
+    end, 10)
+    rt.stop_worker("spec_sql")
+    assert.is_true(w.consecutive_errors >= 3)
+    assert.matches("syntax error", w.last_error)
+  end)
+
+  it("rolls back and releases a session the tick left in a transaction", function()
+    support.query("DROP TABLE IF EXISTS spec_rt_tx")
+    support.query("CREATE TABLE spec_rt_tx (v int)")
+    local done = false
+    rt.start_worker{name = "spec_tx", interval = 5, tick = function(s)
+      s:begin()
+      s:query("INSERT INTO spec_rt_tx VALUES (1)")
+      done = true
+      return 1
+    end}
+    support.eventually(function() return done end, 10)
+    qtg.sleep(0.1)
+    rt.stop_worker("spec_tx")
+    assert.are.equal(0, support.query("SELECT count(*)::int AS n FROM spec_rt_tx")[1].n)
+    assert.are.equal(0, qtg.db.stats().in_use)
+  end)
+
+  it("refuses a bad worker definition with a clear error", function()
+    assert.has_error(function() rt.start_worker{name = "x", interval = 0, tick = function() end} end)
+    assert.has_error(function() rt.start_worker{name = "x", interval = 1, group = "odd", tick = function() end} end)
+    assert.has_error(function() rt.start_worker{name = "x", interval = 1} end)
+    assert.has_error(function() rt.pause("no_such_worker") end)
+  end)
+
+  it("pause, resume and wake", function()
+    local n = 0
+    rt.start_worker{name = "spec_pause", interval = 3600, tick = function() n = n + 1 return 0 end}
+    support.eventually(function() return n >= 1 end, 5)
+    rt.wake("spec_pause")
+    support.eventually(function() return n >= 2 end, 5)
+    assert.are.equal(2, n)
+    rt.pause("spec_pause")
+    assert.are.equal("paused", worker("spec_pause").state)
+    rt.wake("spec_pause")
+    qtg.sleep(0.1)
+    assert.are.equal(2, n, "a paused worker does not wake")
+    rt.resume("spec_pause")
+    support.eventually(function() return n >= 3 end, 5)
+    rt.stop_worker("spec_pause")
+    assert.are.equal(3, n)
+  end)
+end)
+
+-- A throwaway operator override directory: a registry of test workers.
+local function override_dir(registry_rows, modules)
+  local dir = support.tmpdir()
+  local lines = {"local M = {}", "function M.registry(settings) return {"}
+  for _, r in ipairs(registry_rows) do
+    lines[#lines + 1] = ("  {name=%q, group=%q, module=%q, interval=%s, jitter=0, enabled=true},")
+      :format(r.name, r.group, r.module, tostring(r.interval))
+  end
+  lines[#lines + 1] = "} end return M"
+  support.write(dir .. "/qtg/workers/init.lua", table.concat(lines, "\n"))
+  for name, body in pairs(modules) do
+    support.write(dir .. "/" .. name:gsub("%.", "/") .. ".lua", body)
+  end
+  return dir
+end
+
+local TICKS = [[CREATE TABLE IF NOT EXISTS spec_ticks (worker text, pid int, at timestamptz DEFAULT clock_timestamp())]]
+
+local function ticker(name, extra)
+  return ([[
+local M = {}
+function M.tick(s)
+  s:query("INSERT INTO spec_ticks (worker, pid) VALUES ($1, $2)", %q, %s)
+  %s
+  return 1
+end
+return M]]):format(name, "tonumber(io.open('/proc/self/stat'):read('*l'):match('^(%d+)'))", extra or "")
+end
+
+local function ticks(name)
+  return support.query("SELECT count(*)::int AS n FROM spec_ticks WHERE worker = $1", name)[1].n
+end
+
+describe("qtgd run supervision", function()
+  before_each(function()
+    support.query(TICKS)
+    support.query("TRUNCATE spec_ticks")
+  end)
+  after_each(function() support.stop_all() end)
+
+  it("SIGTERM cancels sleeping workers and exits 0", function()
+    local dir = override_dir({{name = "sleepy", group = "core", module = "t.sleepy", interval = 3600}},
+                             {["t.sleepy"] = ticker("sleepy")})
+    local p = support.start(support.base_env{MG_LUA_PATH = dir}, {"run"})
+    assert.is_truthy(support.eventually(function() return ticks("sleepy") >= 1 end, 20))
+    assert.are.equal(0, support.stop(p, 20))
+    assert.matches("all workers stopped", support.read(p.log))
+  end)
+
+  it("SIGTERM lets a running tick finish within the grace period", function()
+    local dir = override_dir({{name = "slow", group = "core", module = "t.slow", interval = 3600}},
+      {["t.slow"] = [[
+local qtg = require("qtg")
+local M = {}
+function M.tick(s)
+  s:begin()
+  s:query("INSERT INTO spec_ticks (worker) VALUES ('slow-started')")
+  s:commit()
+  qtg.sleep(1.5)
+  s:query("INSERT INTO spec_ticks (worker) VALUES ('slow-finished')")
+  return 1
+end
+return M]]})
+    local p = support.start(support.base_env{MG_LUA_PATH = dir, MG_SHUTDOWN_GRACE_SECONDS = "20"}, {"run"})
+    assert.is_truthy(support.eventually(function() return ticks("slow-started") >= 1 end, 20))
+    assert.are.equal(0, support.stop(p, 30))
+    assert.are.equal(1, ticks("slow-finished"))
+  end)
+
+  it("a tick past the grace period is rolled back and the process still exits 0", function()
+    local dir = override_dir({{name = "stuck", group = "core", module = "t.stuck", interval = 3600}},
+      {["t.stuck"] = [[
+local qtg = require("qtg")
+local M = {}
+function M.tick(s)
+  s:query("INSERT INTO spec_ticks (worker) VALUES ('stuck-started')")
+  s:begin()
+  s:query("INSERT INTO spec_ticks (worker) VALUES ('stuck-uncommitted')")
+  qtg.sleep(600)
+  s:commit()
+  return 1
+end
+return M]]})
+    local p = support.start(support.base_env{MG_LUA_PATH = dir, MG_SHUTDOWN_GRACE_SECONDS = "0.5"}, {"run"})
+    assert.is_truthy(support.eventually(function() return ticks("stuck-started") >= 1 end, 20))
+    assert.are.equal(0, support.stop(p, 30))
+    assert.matches("grace period over", support.read(p.log))
+    assert.are.equal(0, ticks("stuck-uncommitted"))
+    assert.is_truthy(support.eventually(function()
+      return support.query([[SELECT count(*)::int AS n FROM pg_stat_activity
+        WHERE application_name = 'qtgd' AND pid <> pg_backend_pid() AND state LIKE 'idle in transaction%']])[1].n == 0
+    end, 10))
+  end)
+
+  it("a core worker dying stops the process non-zero and stops the others", function()
+    local dir = override_dir({
+      {name = "doomed", group = "core", module = "t.doomed", interval = 0.2},
+      {name = "bystander", group = "sidecar", module = "t.bystander", interval = 0.1},
+    }, {
+      ["t.doomed"] = [[
+local qtg = require("qtg")
+local M, n = {}, 0
+function M.tick(s) n = n + 1 if n >= 3 then qtg.fatal("impossible state") end return 0 end
+return M]],
+      ["t.bystander"] = ticker("bystander"),
+    })
+    local p = support.start(support.base_env{MG_LUA_PATH = dir}, {"run"})
+    local rc = support.wait_exit(p, 30)
+    assert.are.equal(3, rc)
+    local log = support.read(p.log)
+    assert.matches("core worker died", log)
+    assert.matches("impossible state", log)
+    local after = ticks("bystander")
+    qtg.sleep(0.3)
+    assert.are.equal(after, ticks("bystander"), "no worker ticks after the process ended")
+  end)
+
+  it("a sidecar dying leaves the other workers ticking", function()
+    local dir = override_dir({
+      {name = "fragile", group = "sidecar", module = "t.fragile", interval = 0.1},
+      {name = "steady", group = "core", module = "t.steady", interval = 0.1},
+    }, {
+      ["t.fragile"] = [[
+local qtg = require("qtg")
+local M = {}
+function M.tick(s) qtg.fatal("sidecar gives up") end
+return M]],
+      ["t.steady"] = ticker("steady"),
+    })
+    local p = support.start(support.base_env{MG_LUA_PATH = dir}, {"run"})
+    assert.is_truthy(support.eventually(function()
+      return (support.read(p.log) or ""):match("sidecar worker died") end, 20))
+    local before = ticks("steady")
+    assert.is_truthy(support.eventually(function() return ticks("steady") >= before + 3 end, 20))
+    assert.are.equal(0, support.stop(p, 20))
+  end)
+
+  it("keeps ticking across a PostgreSQL restart without being restarted", function()
+    local dir = override_dir({{name = "survivor", group = "core", module = "t.survivor", interval = 0.5}},
+                             {["t.survivor"] = ticker("survivor")})
+    local p = support.start(support.base_env{MG_LUA_PATH = dir}, {"run"})
+    assert.is_truthy(support.eventually(function() return ticks("survivor") >= 3 end, 20))
+    local rc, out = support.run({}, {support.root .. "/tools/pg", "--dir", os.getenv("QTG_PG_DIR"), "restart"})
+    assert.are.equal(0, rc, out)
+    local last_err
+    local before = support.eventually(function()
+      local ok, n = pcall(ticks, "survivor")
+      if not ok then last_err = n end
+      return ok and n
+    end, 60, 0.2)
+    local st = qtg.db.stats()
+    assert.is_truthy(before, ("no query succeeded after the restart: %s (pool open %d, in use %d, waiting %d)")
+      :format(tostring(last_err), st.open, st.in_use, st.waiting))
+    -- ticks that fail while the server is down count as errors; from the
+    -- fifth in a row run_loop backs off (32 s, then 60 s), so a slow restart
+    -- on a loaded machine can delay the next good tick by up to a minute
+    assert.is_truthy(support.eventually(function() return ticks("survivor") >= before + 3 end, 150, 0.5))
+    assert.are.equal(0, support.stop(p, 20))
+  end)
+
+  it("a syntax error in a worker module names the file and line and stops start-up", function()
+    local dir = override_dir({{name = "broken", group = "core", module = "t.broken", interval = 1}},
+                             {["t.broken"] = "local M = {}\nfunction M.tick(s)\n  return 1 +\nend\nreturn M\n"})
+    local rc, out = support.run(support.base_env{MG_LUA_PATH = dir}, {support.bin, "run"})
+    assert.are.equal(1, rc)
+    assert.matches("t/broken%.lua:4:", out)
+  end)
+end)
+
+describe("qtgd command line", function()
+  it("refuses invalid settings naming the variable and the accepted form", function()
+    local cases = {
+      {MG_NODE_DISPATCH_INTERVAL_SECONDS = "fast", "MG_NODE_DISPATCH_INTERVAL_SECONDS", "a number"},
+      {MG_WORKERS_ENABLED = "maybe", "MG_WORKERS_ENABLED", "true or false"},
+      {MG_CALLBACK_MAX_ATTEMPTS = "2.5", "MG_CALLBACK_MAX_ATTEMPTS", "an integer"},
+      {MG_DB_POOL_SIZE = "0", "MG_DB_POOL_SIZE", "between 1 and 256"},
+      {MG_LOG_LEVEL = "loud", "MG_LOG_LEVEL", "debug, info"},
+      {MG_NETWORK_CLASS = "Main Net", "MG_NETWORK_CLASS", "a%-z"},
+    }
+    for _, c in ipairs(cases) do
+      local env = support.base_env()
+      for k, v in pairs(c) do if type(k) == "string" then env[k] = v end end
+      local rc, out = support.run(env, {support.bin, "run"})
+      assert.are.equal(2, rc, out)
+      assert.matches(c[1], out)
+      assert.matches(c[2], out)
+    end
+  end)
+
+  it("gives usage and exit 2 for unknown commands and options", function()
+    local rc, out = support.run({}, {support.bin, "frobnicate"})
+    assert.are.equal(2, rc)
+    assert.matches("unknown command", out)
+    assert.matches("usage: qtgd", out)
+    rc, out = support.run({}, {support.bin, "--frob"})
+    assert.are.equal(2, rc)
+    assert.matches("unknown option", out)
+    -- a command's own arguments too: `run --bogus` must not start a daemon
+    for _, a in ipairs({ {"run", "--bogus"}, {"run", "extra"}, {"version", "x"}, {"help", "x"},
+                         {"settings", "--bogus"}, {"settings", "--markdown", "x"},
+                         {"migrate", "--bogus"}, {"migrate", "a", "b"} }) do
+      local args = {support.bin}
+      for _, x in ipairs(a) do args[#args + 1] = x end
+      local what = table.concat(a, " ")
+      rc, out = support.run({}, args)
+      assert.are.equal(2, rc, what .. ": " .. out)
+      assert.matches("qtgd " .. a[1] .. ": ", out, 1, true)
+      assert.matches("usage: qtgd", out, 1, true)
+    end
+    rc, out = support.run({}, {support.bin, "settings", "--markdown"})
+    assert.are.equal(0, rc, out)
+    rc, out = support.run({}, {support.bin, "--help"})
+    assert.are.equal(0, rc)
+    assert.matches("migrate [DIR]", out, 1, true)
+    rc, out = support.run({}, {support.bin, "version"})
+    assert.are.equal(0, rc)
+    assert.matches("^qtgd %d", out)
+  end)
+
+  it("exec runs a script in a task and exits with its result", function()
+    local dir = support.tmpdir()
+    support.write(dir .. "/ok.lua", "local qtg = require('qtg') local s = qtg.db.acquire() "
+      .. "local v = s:query('SELECT $1::int AS v', tonumber(arg[1]))[1].v s:release() return v")
+    support.write(dir .. "/bad.lua", "error('script failed on purpose')")
+    local rc = support.run(support.base_env(), {support.bin, "exec", dir .. "/ok.lua", "7"})
+    assert.are.equal(7, rc)
+    local rc2, out2 = support.run(support.base_env(), {support.bin, "exec", dir .. "/bad.lua"})
+    assert.are.equal(1, rc2)
+    assert.matches("script failed on purpose", out2)
+    local rc3, out3 = support.run(support.base_env(), {support.bin, "exec", dir .. "/missing.lua"})
+    assert.are.equal(1, rc3)
+    assert.matches("missing.lua", out3)
+  end)
+end)
+
+describe("qtgd migrate", function()
+  it("applies in order, is idempotent, and refuses an edited applied migration", function()
+    local dir = support.tmpdir()
+    support.write(dir .. "/9901_spec_a.sql", "CREATE TABLE spec_mig_a (id int);")
+    support.write(dir .. "/9902_spec_b.sql", "INSERT INTO spec_mig_a VALUES (1);")
+    support.query("DROP TABLE IF EXISTS spec_mig_a")
+    pcall(support.query, "DELETE FROM schema_migrations WHERE version LIKE '990%'")
+    local env = support.base_env()
+    local rc, out = support.run(env, {support.bin, "migrate", dir})
+    assert.are.equal(0, rc, out)
+    assert.matches("2 applied", out)
+    rc, out = support.run(env, {support.bin, "migrate", dir})
+    assert.are.equal(0, rc, out)
+    assert.matches("0 applied, 2 already applied", out)
+    assert.are.equal(1, support.query("SELECT count(*)::int AS n FROM spec_mig_a")[1].n)
+    support.write(dir .. "/9902_spec_b.sql", "INSERT INTO spec_mig_a VALUES (2);")
+    rc, out = support.run(env, {support.bin, "migrate", dir})
+    assert.are.equal(1, rc)
+    assert.matches("9902_spec_b.sql was changed after it was applied", out)
+    -- a failing migration is rolled back whole and reported with its file
+    support.write(dir .. "/9903_spec_c.sql", "INSERT INTO spec_mig_a VALUES (3); SELEC oops;")
+    support.write(dir .. "/9902_spec_b.sql", "INSERT INTO spec_mig_a VALUES (1);")
+    rc, out = support.run(env, {support.bin, "migrate", dir})
+    assert.are.equal(1, rc)
+    assert.matches("9903_spec_c.sql failed", out)
+    assert.are.equal(1, support.query("SELECT count(*)::int AS n FROM spec_mig_a")[1].n)
+    support.query("DROP TABLE spec_mig_a")
+    support.query("DELETE FROM schema_migrations WHERE version LIKE '990%'")
+  end)
+
+  it("without MG_DATABASE_URL, starts the private cluster under the repo and uses it (the embedded default)", function()
+    -- a repo of links to this one's lua/, sql/ and tools/, with no var/:
+    -- nothing there yet for tools/pg to find
+    local q = support.sh_quote
+    local root = support.tmpdir()
+    os.execute("chmod 755 " .. q(root)) -- as root, the server runs as postgres
+    for _, d in ipairs({ "lua", "sql", "tools" }) do
+      assert.is_true(os.execute("ln -s " .. q(support.root .. "/" .. d) .. " " .. q(root .. "/" .. d)) == 0)
+    end
+    local env = { QTG_ROOT = root, MG_DATABASE_URL = "", MG_CONSOLE_ENABLED = "false" }
+    local ok, err = pcall(function()
+      local rc, out = support.run(env, { q(support.bin), "migrate" })
+      assert.are.equal(0, rc, out)
+      assert.matches("applied 0001_core.sql", out, 1, true)
+      assert.is_not_nil(support.read(root .. "/var/pg/data/PG_VERSION"), "no cluster under " .. root .. "/var/pg")
+      -- the next command finds the same cluster, already migrated
+      rc, out = support.run(env, { q(support.bin), "migrate" })
+      assert.are.equal(0, rc, out)
+      assert.matches("0 applied", out, 1, true)
+    end)
+    support.run({}, { q(root .. "/tools/pg"), "--dir", q(root .. "/var/pg"), "stop" })
+    os.execute("rm -rf " .. q(root))
+    if not ok then error(err, 0) end
+  end)
+end)

@@ -1,0 +1,296 @@
+-- spec/lua/host/wakeups_spec.lua -- NOTIFY wake-ups and draining
+-- (lua/qtg/wakeups.lua, sql/0030_wakeups.sql, docs/performance.md).
+--
+-- Real PostgreSQL, real `qtgd run` processes.  No timing is asserted: a
+-- worker that should be woken has an interval of minutes, and the specs wait
+-- (bounded, polling) for what only a wake-up can do in that time.
+local qtg = require("qtg")
+
+describe("wake-ups", function()
+  local support, engine, wakeups, registry
+
+  local TEMPLATE = "wake_spec_one"
+
+  local function load_template(s)
+    engine.load_doc(s, engine.doc(TEMPLATE, {
+      { "a", "action", "evm_transfer", { sim = { observes = 1, retry_after_seconds = 0 } } },
+    }))
+  end
+
+  -- Create a request and approve it; with `silent`, the approving transaction
+  -- runs with triggers off (session_replication_role = replica), so it sends
+  -- no NOTIFY: the lost-notification case.
+  local function approved_request(s, silent)
+    local requests = require("qtg.requests")
+    local req = engine.create(s, TEMPLATE, { callback_url = false })
+    s:begin()
+    if silent then s:query("SET LOCAL session_replication_role = replica") end
+    requests.approve(s, req.id, engine.ACTOR)
+    s:commit()
+    return req
+  end
+
+  local function node_state(s, req)
+    return s:query("SELECT node_state FROM movement_request_nodes WHERE request_id = $1::uuid",
+      req.id)[1].node_state
+  end
+
+  local function listeners(s)
+    return s:query([[SELECT pid FROM pg_stat_activity
+                      WHERE application_name = 'qtgd' AND query LIKE 'LISTEN %qtg_wake%']])
+  end
+
+  -- A `qtgd run` of this network class with the given intervals; returns
+  -- once its wake-up listener is up and its first passes are over.
+  local function start_daemon(s, env)
+    local base = {
+      MG_NETWORK_CLASS = qtg.settings.network_class,
+      MG_LOG_LEVEL = "warn",
+      MG_EXPIRATION_CHECK_INTERVAL_SECONDS = "600",
+      MG_EXECUTOR_HEALTH_INTERVAL_SECONDS = "600",
+    }
+    for k, v in pairs(env) do base[k] = v end
+    local before = {}
+    for _, l in ipairs(listeners(s)) do before[l.pid] = true end
+    local h = support.start(support.base_env(base), { "run" })
+    if base.MG_WAKEUPS_ENABLED ~= "false" then
+      -- the listener of this daemon: the one LISTEN session that is new
+      h.listener = support.eventually(function()
+        for _, l in ipairs(listeners(s)) do
+          if not before[l.pid] then return l.pid end
+        end
+      end, 20)
+      assert.truthy(h.listener,
+        "the daemon's wake-up listener did not come up:\n" .. tostring(support.read(h.log)))
+    end
+    -- its start-up passes (first ticks run at once) are over well before this
+    qtg.sleep(1)
+    return h
+  end
+
+  setup(function()
+    support = dofile(qtg.root .. "/spec/lua/support/host.lua")
+    engine = dofile(qtg.root .. "/spec/lua/support/engine.lua")
+    wakeups = require("qtg.wakeups")
+    registry = require("qtg.workers")
+    qtg.db.with_session(function(s)
+      load_template(s)
+    end)
+  end)
+
+  before_each(function()
+    qtg.db.with_session(engine.park_others)
+  end)
+
+  after_each(function()
+    support.stop_all()
+  end)
+
+  it("parses payloads: a worker, optionally with the seconds until due", function()
+    assert.same({ "node_dispatcher", 0 }, { wakeups.parse("node_dispatcher") })
+    assert.same({ "node_observer", 4.5 }, { wakeups.parse("node_observer:4.5") })
+    assert.is_nil(wakeups.parse("node_observer:soon"))
+    assert.is_nil(wakeups.parse("; DROP TABLE x"))
+    assert.is_nil(wakeups.parse(nil))
+  end)
+
+  it("is a policy switch: on, the covered workers drain and are woken; off, neither; both poll at the spec's intervals", function()
+    local on = setmetatable({ workers_enabled = true, wakeups_enabled = true },
+      { __index = qtg.settings })
+    local off = setmetatable({ workers_enabled = true, wakeups_enabled = false },
+      { __index = qtg.settings })
+    local function by_name(list)
+      local t = {}
+      for _, w in ipairs(list) do t[w.name] = w end
+      return t
+    end
+    local a, b = by_name(registry.registry(on)), by_name(registry.registry(off))
+    assert.is_true(a.node_dispatcher.drain)
+    assert.is_true(a.node_dispatcher.wake)
+    for name, w in pairs(a) do
+      assert.equal(w.spec_interval, w.interval, name .. " polls at the spec's interval with wake-ups on")
+    end
+    assert.equal(on.node_dispatch_interval_seconds, a.node_dispatcher.interval)
+    assert.equal(on.callback_dispatch_interval_seconds, a.callback_dispatcher.interval)
+    assert.is_false(b.node_dispatcher.drain)
+    assert.is_false(b.node_dispatcher.wake)
+    for name, w in pairs(b) do
+      assert.equal(w.spec_interval, w.interval, name .. " keeps the spec's interval with wake-ups off")
+    end
+    assert.is_false(a.node_recovery.drain) -- not covered: plain polling
+    assert.same({ node_dispatcher = true, node_observer = true, callback_dispatcher = true,
+                  audit_outbox_promoter = true }, wakeups.wakeable(on))
+  end)
+
+  it("the database notifies qtg_wake when a node becomes READY or due, and a callback is queued", function()
+    -- a listener in this process: the same handler path as qtgd run
+    local got = {}
+    qtg.db.listen("qtg_wake", function(payload) got[#got + 1] = payload end)
+    local ok, err = pcall(function()
+      local seen = support.eventually(function()
+        return qtg.db.with_session(function(s) return #s:query([[
+          SELECT 1 FROM pg_stat_activity WHERE query LIKE 'LISTEN %qtg_wake%'
+             AND pid <> pg_backend_pid()]]) > 0 end)
+      end, 10)
+      assert.truthy(seen)
+      qtg.db.with_session(function(s)
+        local req = engine.create(s, TEMPLATE,
+          { callback_url = "http://127.0.0.1:9/callback" })
+        got = {}
+        require("qtg.requests").approve(s, req.id, engine.ACTOR)
+        local function has(p)
+          for _, v in ipairs(got) do if v == p then return true end end
+        end
+        assert.truthy(support.eventually(function()
+          return has("node_dispatcher") and has("callback_dispatcher") and has("audit_outbox_promoter")
+        end, 10), "payloads: " .. table.concat(got, " "))
+        -- a node due in 30 s: the payload carries the delay
+        got = {}
+        s:query([[UPDATE movement_request_nodes SET node_state = 'SUBMITTED',
+                         next_observe_at = clock_timestamp() + interval '30 seconds'
+                   WHERE request_id = $1::uuid]], req.id)
+        assert.truthy(support.eventually(function()
+          for _, v in ipairs(got) do
+            local name, delay = wakeups.parse(v)
+            if name == "node_observer" and delay > 29 and delay <= 30.1 then return true end
+          end
+        end, 10), "payloads: " .. table.concat(got, " "))
+      end)
+    end)
+    qtg.db.unlisten("qtg_wake")
+    if not ok then error(err, 0) end
+  end)
+
+  it("a NOTIFY wakes a sleeping dispatcher long before its interval", function()
+    qtg.db.with_session(function(s)
+      -- interval 300 s (the fallback polling): only the wake-up can dispatch in time
+      start_daemon(s, { MG_NODE_DISPATCH_INTERVAL_SECONDS = "300",
+                        MG_NODE_OBSERVE_INTERVAL_SECONDS = "300" })
+      local req = approved_request(s, false)
+      assert.truthy(support.eventually(function() return node_state(s, req) ~= "READY" end, 20),
+        "the READY node was not dispatched after its NOTIFY")
+      -- and the observer was woken at the node's due time the same way
+      assert.truthy(support.eventually(function()
+        return engine.request(s, req.id).request_state == "COMPLETED"
+      end, 20), "the SUBMITTED node was not observed after its NOTIFY")
+    end)
+  end)
+
+  it("without wake-ups (the control), the same dispatcher leaves the node READY", function()
+    qtg.db.with_session(function(s)
+      start_daemon(s, { MG_WAKEUPS_ENABLED = "false", MG_NODE_DISPATCH_INTERVAL_SECONDS = "300" })
+      local req = approved_request(s, false)
+      qtg.sleep(2)
+      assert.equal("READY", node_state(s, req))
+    end)
+  end)
+
+  it("a lost notification is covered by the fallback polling", function()
+    qtg.db.with_session(function(s)
+      -- interval 0.2 s: fallback polling at that interval; the approval sends no NOTIFY
+      start_daemon(s, { MG_NODE_DISPATCH_INTERVAL_SECONDS = "0.2" })
+      local req = approved_request(s, true)
+      assert.truthy(support.eventually(function() return node_state(s, req) ~= "READY" end, 20),
+        "polling did not pick up the silently readied node")
+    end)
+  end)
+
+  it("a dropped listener is re-established and followed by one catch-up pass", function()
+    qtg.db.with_session(function(s)
+      local h = start_daemon(s, { MG_NODE_DISPATCH_INTERVAL_SECONDS = "300",
+                                  MG_LOG_LEVEL = "info" })
+      local old = h.listener
+      assert.is_true(s:query("SELECT pg_terminate_backend($1) AS ok", old)[1].ok)
+      -- readied with no NOTIFY while the listener is away: only the
+      -- catch-up pass (or a poll in 300 s) can dispatch it
+      local req = approved_request(s, true)
+      assert.truthy(support.eventually(function() return node_state(s, req) ~= "READY" end, 20),
+        "no catch-up pass after the listener came back:\n" .. tostring(support.read(h.log)))
+      local again = support.eventually(function()
+        for _, l in ipairs(listeners(s)) do
+          if l.pid ~= old and s:query("SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND backend_start > now() - interval '1 minute'", l.pid)[1] then
+            return true
+          end
+        end
+      end, 10)
+      assert.truthy(again, "the listener was not re-established")
+      assert.truthy(support.read(h.log):find("catch-up pass", 1, true))
+    end)
+  end)
+
+  it("a reload (SIGHUP) keeps the listener's state: a NOTIFY still wakes, and is counted", function()
+    qtg.db.with_session(function(s)
+      local dir = support.tmpdir()
+      local sock = dir .. "/console.sock"
+      local h = start_daemon(s, { MG_NODE_DISPATCH_INTERVAL_SECONDS = "300",
+                                  MG_NODE_OBSERVE_INTERVAL_SECONDS = "300", MG_LOG_LEVEL = "info",
+                                  MG_CONSOLE_ENABLED = "true", MG_CONSOLE_SOCKET = sock })
+      local function notifies()
+        local rc, out = support.run({}, { support.sh_quote(support.bin), "console", "--socket",
+          support.sh_quote(sock), "-e", support.sh_quote("return require('qtg.wakeups').stats().notifies") })
+        assert.equals(0, rc, out)
+        return tonumber(out:match("(%d+)%s*$"))
+      end
+      support.signal(h, "HUP")
+      assert.truthy(support.eventually(function()
+        return (support.read(h.log) or ""):find("policy reloaded", 1, true)
+      end, 20), "no reload in the log:\n" .. tostring(support.read(h.log)))
+      local before = notifies()
+      local req = approved_request(s, false)
+      assert.truthy(support.eventually(function() return node_state(s, req) ~= "READY" end, 20),
+        "the READY node was not dispatched after its NOTIFY")
+      -- the module the console sees after the reload is the listener's own
+      assert.is_true(notifies() > before)
+      os.execute("rm -rf " .. support.sh_quote(dir))
+    end)
+  end)
+
+  it("draining runs the dispatcher again at once, still one node per pass", function()
+    local on = setmetatable({ workers_enabled = true, wakeups_enabled = true },
+      { __index = qtg.settings })
+    local row
+    for _, w in ipairs(registry.registry(on)) do if w.name == "node_dispatcher" then row = w end end
+    assert.is_true(row.drain)
+    local reqs = {}
+    qtg.db.with_session(function(s)
+      for i = 1, 5 do reqs[i] = approved_request(s, true) end
+    end)
+    local function ready_count()
+      return qtg.db.with_session(function(s)
+        return s:query([[SELECT count(*)::int AS n FROM movement_request_nodes n
+                           JOIN movement_requests r ON r.id = n.request_id
+                          WHERE r.network_class = $1 AND n.node_state = 'READY']],
+          qtg.settings.network_class)[1].n
+      end)
+    end
+    local dispatcher = require("qtg.workers.node_dispatcher")
+    local passes = {}
+    -- interval 300 s: without draining, one node per 300 s
+    qtg.runtime.start_worker{
+      name = "spec_drain_dispatcher", group = "sidecar", interval = 300, jitter = 0,
+      drain = row.drain,
+      tick = function(s)
+        local before = ready_count()
+        local n = dispatcher.tick(s)
+        passes[#passes + 1] = { count = n, moved = before - ready_count() }
+        return n
+      end,
+    }
+    local ok, err = pcall(function()
+      assert.truthy(support.eventually(function() return ready_count() == 0 end, 20),
+        "draining did not dispatch the 5 nodes")
+      assert.truthy(support.eventually(function() return #passes >= 6 end, 5))
+    end)
+    qtg.runtime.stop_worker("spec_drain_dispatcher")
+    if not ok then error(err, 0) end
+    local ones = 0
+    for i, p in ipairs(passes) do
+      assert.is_true(p.count <= 1, "pass " .. i .. " returned " .. p.count)
+      assert.is_true(p.moved <= 1, "pass " .. i .. " moved " .. p.moved .. " nodes")
+      if p.count == 1 then ones = ones + 1 end
+    end
+    assert.equal(5, ones)
+    -- the pass after the last node found nothing: the worker went to sleep
+    assert.equal(0, passes[#passes].count)
+  end)
+end)

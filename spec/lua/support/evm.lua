@@ -1,0 +1,300 @@
+-- spec/lua/support/evm.lua -- helpers of the evm_transfer specs
+-- (spec/lua/evm_*_spec.lua): a real anvil chain (the binary tools/anvil
+-- installs from npm), JSON-RPC from the spec, 0600 key files, `qtgd run`
+-- processes (spec/lua/support/host.lua) and requests in their network class.
+-- Loaded with require from inside a spec's blocks, never at load time.  What
+-- every support module does alike is in spec/lua/support/common.lua.
+local qtg = require "qtg"
+local cjson = require "cjson"
+local common = require "spec.lua.support.common"
+local host = require "spec.lua.support.host"
+local engine = require "spec.lua.support.engine"
+local evm_tx = require "qtg.evm_tx"
+
+local M = {}
+
+local q = common.quote
+M.host, M.engine = host, engine
+M.DEV, M.rpc, M.read = common.DEV, common.rpc, common.read
+
+local anvils, servers, dirs = {}, {}, {}
+
+local function tmpdir() return common.tmpdir("qtg-spec", dirs) end
+M.tmpdir = tmpdir
+
+function M.root() return engine.repo_root() end
+
+-- wait_for(fn, seconds, what) -> fn's value; raises naming `what` on timeout.
+function M.wait_for(fn, seconds, what)
+  return common.wait_for(fn, seconds or 30, what, 0.1)
+end
+
+-- ---- anvil -------------------------------------------------------------------
+
+-- The anvil binary: `tools/anvil path` installs @foundry-rs/anvil from npm
+-- the first time.  A missing anvil fails the spec (the setup installs it).
+function M.anvil_bin()
+  local p = io.popen(q(M.root() .. "/tools/anvil") .. " path 2>&1")
+  local out = p:read("*a")
+  p:close()
+  local path = out:match("([^\n]*anvil)%s*$")
+  assert(path and host.read(path) ~= nil, "tools/anvil path did not give an anvil binary:\n" .. out)
+  return path
+end
+
+-- start_anvil{chain_id=, block_time=} -> {url=, port=, dir=, pid=}.  Port 0:
+-- anvil picks a free one and logs it.  Interval mining (block_time) keeps
+-- blocks coming, so confirmations grow without traffic.
+function M.start_anvil(opts)
+  opts = opts or {}
+  local dir = tmpdir()
+  local args = { "--host", "127.0.0.1", "--port", "0", "--chain-id", tostring(opts.chain_id or 31337),
+                 "--accounts", "10", "--balance", "10000" }
+  if opts.block_time then args[#args + 1] = "--block-time"; args[#args + 1] = tostring(opts.block_time) end
+  local cmd = ("%s %s </dev/null >%s 2>&1 & echo $!"):format(q(M.anvil_bin()), table.concat(args, " "),
+    q(dir .. "/anvil.log"))
+  local p = io.popen(cmd)
+  local pid = tonumber(p:read("*l"))
+  p:close()
+  local a = { dir = dir, pid = pid }
+  anvils[#anvils + 1] = a
+  a.port = M.wait_for(function()
+    local log = host.read(dir .. "/anvil.log") or ""
+    return tonumber(log:match("Listening on 127%.0%.0%.1:(%d+)"))
+  end, 20, "anvil to listen (log: " .. dir .. "/anvil.log)")
+  a.url = "http://127.0.0.1:" .. a.port
+  M.wait_for(function() return pcall(M.rpc, a.url, "eth_chainId", {}) end, 20, "anvil to answer")
+  return a
+end
+
+function M.stop_anvil(a)
+  if a.pid then os.execute("kill " .. a.pid .. " 2>/dev/null") end
+  a.pid = nil
+end
+
+function M.balance(url, address)
+  return evm_tx.hex_to_dec(M.rpc(url, "eth_getBalance", { address, "latest" }))
+end
+
+function M.nonce(url, address)
+  return tonumber(M.rpc(url, "eth_getTransactionCount", { address, "latest" }):sub(3), 16)
+end
+
+function M.receipt(url, tx_hash)
+  local r = M.rpc(url, "eth_getTransactionReceipt", { tx_hash })
+  if r == cjson.null then return nil end
+  return r
+end
+
+function M.random_address()
+  return "0x" .. qtg.crypto.hex(qtg.crypto.random_bytes(20))
+end
+
+-- ---- files, keys, stand-in servers ------------------------------------------------
+
+function M.key_file(dir, name, hex)
+  local path = dir .. "/" .. name .. ".key"
+  host.write(path, hex .. "\n")
+  os.execute("chmod 600 " .. q(path))
+  return path
+end
+
+-- A random funded-nowhere key: {key=, path=} (its address comes from the
+-- child's signer; the spec computes it with qtg.signer.recover below).
+function M.random_key()
+  return qtg.crypto.hex(qtg.crypto.random_bytes(32))
+end
+
+-- A JSON-RPC endpoint that answers garbage: tools/fake-receiver --mode ok
+-- answers every POST with 200 {"ok":true}, which is no JSON-RPC response.
+function M.start_garbage_server()
+  local dir = tmpdir()
+  local portfile, log = dir .. "/port", dir .. "/log"
+  local pid = common.background(("%s --mode ok --record %s --port-file %s"):format(
+    q(M.root() .. "/tools/fake-receiver"), q(dir .. "/rec.jsonl"), q(portfile)), log)
+  servers[#servers + 1] = pid
+  local port = common.wait_port_file(portfile, 20, "fake-receiver", log)
+  return "http://127.0.0.1:" .. port
+end
+
+-- A TCP forwarder 127.0.0.1:port -> 127.0.0.1:target that a spec can stop
+-- and start again on the same port: an RPC endpoint that goes down and
+-- comes back while the chain behind it goes on.
+local FORWARDER = [=[
+import socket, sys, threading
+lport, tport, portfile = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+srv = socket.socket()
+srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind(("127.0.0.1", lport))
+srv.listen(64)
+with open(portfile + ".tmp", "w") as f:
+    f.write("%d" % srv.getsockname()[1])
+import os
+os.rename(portfile + ".tmp", portfile)
+def pipe(a, b):
+    try:
+        while True:
+            d = a.recv(65536)
+            if not d:
+                break
+            b.sendall(d)
+    except OSError:
+        pass
+    finally:
+        for x in (a, b):
+            try:
+                x.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+while True:
+    c, _ = srv.accept()
+    try:
+        u = socket.create_connection(("127.0.0.1", tport))
+    except OSError:
+        c.close()
+        continue
+    threading.Thread(target=pipe, args=(c, u), daemon=True).start()
+    threading.Thread(target=pipe, args=(u, c), daemon=True).start()
+]=]
+
+-- start_forwarder(target_port[, port]) -> {port=, pid=, url=}
+function M.start_forwarder(target_port, port)
+  local dir = tmpdir()
+  host.write(dir .. "/fwd.py", FORWARDER)
+  local portfile, log = dir .. "/port", dir .. "/log"
+  local pid = common.background(("python3 %s %d %d %s"):format(q(dir .. "/fwd.py"),
+    port or 0, target_port, q(portfile)), log)
+  servers[#servers + 1] = pid
+  local got = common.wait_port_file(portfile, 20, "the forwarder", log)
+  return { port = got, pid = pid, url = "http://127.0.0.1:" .. got }
+end
+
+function M.stop_forwarder(f)
+  os.execute("kill " .. f.pid .. " 2>/dev/null")
+  M.wait_for(function() return os.execute("kill -0 " .. f.pid .. " 2>/dev/null") ~= 0 end, 10,
+    "the forwarder to stop")
+end
+
+-- ---- qtgd processes -----------------------------------------------------------------
+
+-- run_env(extra) -> env for a `qtgd run` that works one network class
+-- quickly (short intervals; callbacks parked).
+function M.run_env(class, extra)
+  local env = host.base_env({
+    MG_NETWORK_CLASS = class,
+    MG_NODE_DISPATCH_INTERVAL_SECONDS = "0.1",
+    MG_NODE_OBSERVE_INTERVAL_SECONDS = "0.1",
+    MG_NODE_RECOVERY_INTERVAL_SECONDS = "0.5",
+    MG_CALLBACK_DISPATCH_INTERVAL_SECONDS = "60",
+    MG_EXECUTOR_HEALTH_INTERVAL_SECONDS = "3600",
+  })
+  for k, v in pairs(extra or {}) do env[k] = v end
+  return env
+end
+
+-- start_run(env) -> the `qtgd run` handle.  When env names signer keys
+-- (MG_SIGNER_KEYS), a `qtgd signer` holding them is started first on its
+-- own socket (h.signer is its handle) and the daemon gets no MG_SIGNER_KEYS.
+function M.start_run(env)
+  local dir = tmpdir()
+  env.MG_RUN_DIR = env.MG_RUN_DIR or (dir .. "/run")
+  local signer
+  if env.MG_SIGNER_KEYS and env.MG_SIGNER_KEYS ~= "" then
+    env.MG_SIGNER_SOCKET = env.MG_SIGNER_SOCKET or (dir .. "/signer/signer.sock")
+    signer = M.start_signer(env)
+    env.MG_SIGNER_KEYS = nil
+  end
+  local h = host.start(env, { "run" })
+  h.signer = signer
+  return h
+end
+
+-- start_signer(env) -> the handle of a `qtgd signer` with env's keys and
+-- socket (MG_SIGNER_SOCKET), once it listens.
+function M.start_signer(env)
+  local senv = {}
+  for k, v in pairs(env) do senv[k] = v end
+  local h = host.start(senv, { "signer" })
+  M.wait_for(function()
+    local rc = host.read(h.rcfile)
+    if rc and rc:match("%d") then error("qtgd signer exited; log " .. h.log .. ": " .. (host.read(h.log) or ""), 0) end
+    return (host.read(h.log) or ""):find('"signer: listening"', 1, true)
+  end, 30, "the signer listening")
+  h.socket = env.MG_SIGNER_SOCKET
+  return h
+end
+
+function M.log_count(h, needle)
+  local n = 0
+  for line in ((host.read(h.log) or "") .. "\n"):gmatch("([^\n]*)\n") do
+    if line:find(needle, 1, true) then n = n + 1 end
+  end
+  return n
+end
+
+function M.stop_all()
+  host.stop_all()
+  for _, a in ipairs(anvils) do M.stop_anvil(a) end
+  anvils = {}
+  common.kill_pids(servers)
+end
+
+-- remove the spec's temporary directories (anvil logs, run dirs); qtgd logs
+-- live in host_support's own directories.
+function M.cleanup()
+  common.remove_dirs(dirs)
+end
+
+-- ---- requests -------------------------------------------------------------------------
+
+-- A template doc like templates/evm_transfer.json, for a signer key and
+-- risk controls of the spec's choosing.
+function M.template(key, signer_key, rc, confirmations)
+  local path = M.root() .. "/templates/evm_transfer.json"
+  local doc = cjson.decode((assert(host.read(path), path)))
+  doc.template_key = key
+  doc.nodes[1].config.signer_key = signer_key
+  for k, v in pairs(rc or {}) do doc.risk_controls[k] = v end
+  if confirmations then doc.nodes[3].config.confirmations = confirmations end
+  return doc
+end
+
+-- create(s, template_key, class, intent) -> request, approved and moved to
+-- `class` (the network class of the qtgd processes under test).
+function M.create(s, template_key, class, intent)
+  return engine.create_approved(s, template_key, { intent = intent, network_class = class,
+                                                   callback_url = false })
+end
+
+function M.request(s, id) return engine.request(s, id) end
+
+function M.nodes(s, id) return engine.nodes(s, id) end
+
+function M.reservations(s, node_id)
+  return s:query([[SELECT r.*, t.outcome, t.attempt_no FROM evm_nonce_reservation r
+                     LEFT JOIN evm_transfer_tx t ON t.reservation_id = r.id
+                    WHERE r.request_node_id = $1::uuid ORDER BY r.id]], node_id)
+end
+
+-- wait until every request in ids is in one of `states` (a set).
+function M.wait_states(s, ids, states, seconds, procs)
+  return M.wait_for(function()
+    for _, h in ipairs(procs or {}) do
+      local rc = host.read(h.rcfile)
+      if rc and rc:match("%d") then error("qtgd exited (" .. rc:gsub("%s", "") .. "); log " .. h.log, 0) end
+    end
+    for _, id in ipairs(ids) do
+      if not states[M.request(s, id).request_state] then return false end
+    end
+    return true
+  end, seconds or 60, "requests to reach " .. cjson.encode(states))
+end
+
+function M.detail(s, id)
+  local out = { request = M.request(s, id) }
+  out.nodes = s:query([[SELECT node_key, node_state, error_code, error_detail, attempt_no, provider_refs
+                          FROM movement_request_nodes WHERE request_id = $1::uuid ORDER BY node_key]], id)
+  return cjson.encode(out)
+end
+
+return M
