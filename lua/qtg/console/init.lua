@@ -26,12 +26,27 @@ local function printer(session)
   end
 end
 
+-- xpcall as console code sees it: the handler runs once the error has
+-- unwound to here.  LuaJIT runs a real xpcall's handler inside the raise,
+-- where the guard's hook is off, so a handler that never returned could
+-- not be stopped; here it runs under the guard like the rest of the
+-- command.  (What a handler sees of the stack is the xpcall's caller.)
+local function after_unwind(handler, ok, ...)
+  if ok then return true, ... end
+  return false, handler((...))
+end
+
+local function unwound_xpcall(f, handler, ...)
+  return after_unwind(handler, pcall(f, ...))
+end
+
 -- The operator commands bound to the session's actor, over _G.
 local function bound_commands(session)
   local out = printer(session)
   local cmds = commands.bind({ actor = "console:" .. tostring(session.uid), print = out })
   cmds.print = out
   cmds.qtg = require("qtg")
+  cmds.xpcall = unwound_xpcall
   return setmetatable(cmds, { __index = _G })
 end
 

@@ -2,10 +2,11 @@
 -- never gives the loop back is ended by an interrupt, by its client going
 -- away, by MG_CONSOLE_BUSY_LIMIT_SECONDS and by SIGTERM, whatever it does
 -- to resist (pcall around the loop, the loop inside coroutine.wrap, in an
--- error handler or in a task it spawns); what it held is given back and
--- the daemon serves on.  Also the command queue's bookkeeping when a queued
--- command finishes without yielding between two that wait (a use-after-free
--- before: the ASan pass of this spec, and fuzz/corpus/console, catch it).
+-- error handler, as the error handler itself, or in a task it spawns);
+-- what it held is given back and the daemon serves on.  Also the command
+-- queue's bookkeeping when a queued command finishes without yielding
+-- between two that wait (a use-after-free before: the ASan pass of this
+-- spec, and fuzz/corpus/console, catch it).
 -- A real `qtgd run` on the test database, driven by a raw client (python3)
 -- speaking the frame format of src/qtg_console.h.
 local common = require "spec.lua.support.common"
@@ -22,6 +23,8 @@ local RUNAWAYS = {
     "while true do coroutine.resume(coroutine.create(function() while true do end end)) end" },
   { "an error handler that gives up", "while true do xpcall(function() while true do end end, "
     .. "function(e) return e end) end" },
+  { "an error handler that never returns",
+    "xpcall(function() error('x') end, function(e) while true do end end)" },
   { "a pcall loop in a task it spawns", "qtg.spawn(function() " .. PCALL_LOOP .. " end) return 'spawned'" },
 }
 
@@ -141,6 +144,12 @@ describe("console guard", function()
       serves_on()
     end)
   end
+
+  it("xpcall in console code still answers as xpcall (values kept, the handler's result on an error)", function()
+    assert.equal("r 4", eval("=select('#', xpcall(function(a) return a, nil, 3 end, error, 1))"))
+    assert.equal("r handled: boom",
+      eval("=select(2, xpcall(function() error('boom', 0) end, function(e) return 'handled: ' .. e end))"))
+  end)
 
   it("a client that goes away ends its runaway command", function()
     raw("eprint('spinning') " .. PCALL_LOOP, "@o", "@close")

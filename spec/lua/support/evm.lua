@@ -240,7 +240,7 @@ function M.stop_all()
 end
 
 -- remove the spec's temporary directories (anvil logs, run dirs); qtgd logs
--- live in host_support's own directories.
+-- live in spec.lua.support.host's own directories.
 function M.cleanup()
   common.remove_dirs(dirs)
 end
