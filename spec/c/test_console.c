@@ -3,8 +3,10 @@
  * by piped standard input, and by a raw client speaking the frame format
  * (qtg_console.h) for what a well-behaved client never sends.
  *
- * What it shows: every operator command through the socket with its output
- * and its database effect (audit rows as console:<uid>); live reload (a
+ * What it shows: eval through the socket (values, printing, errors with
+ * tracebacks, incomplete chunks, piped input); the worker commands on a
+ * running daemon's workers (pause, tick, resume, audited as console:<uid>);
+ * live reload (a
  * changed interval, an added and a removed worker, a syntax error and a
  * load-time error that leave the old code running with file and line, a
  * reload while a tick runs, SIGHUP); the uid check (a throwaway user made
@@ -12,7 +14,8 @@
  * long query while the workers keep ticking; bad input (garbage, an
  * oversized frame, an unknown frame, a client that disconnects mid-command,
  * a command that errors); interrupts; the client's messages when no daemon
- * runs; MG_CONSOLE_ENABLED=false.
+ * runs; MG_CONSOLE_ENABLED=false.  The request, lifecycle and signer
+ * commands are called in process by spec/lua/console/console_lifecycle_spec.lua.
  *
  * Needs QTG_BIN (the qtgd binary) and QTG_ROOT; the database is
  * MG_DATABASE_URL, else `tools/pg --dir <root>/var/test-console-pg --fast
@@ -521,45 +524,6 @@ static void dump_log(const char *log) {
   fclose(fp);
 }
 
-/* ---- seeded rows ----------------------------------------------------------------- */
-
-typedef struct {
-  char request_id[64], node_id[64];
-  long dlq_id;
-} seeded;
-
-/* A request in MANUAL_INTERVENTION (no worker sweeps it) with one UNKNOWN
- * node and one dead-lettered callback. */
-static int seed_request(fixture *f, seeded *out) {
-  char *row = pg_str(f,
-    "WITH t AS (INSERT INTO movement_templates (template_key, name) VALUES ('console_test', 'console test')"
-    "           ON CONFLICT (template_key) DO UPDATE SET name = EXCLUDED.name RETURNING id),"
-    " pv AS (INSERT INTO plan_versions (template_id, version, graph_hash, compiled_plan_hash, content_hash)"
-    "        SELECT t.id, (SELECT coalesce(max(version), 0) + 1 FROM plan_versions p WHERE p.template_id = t.id),"
-    "               repeat('a', 64), repeat('b', 64), repeat('c', 64) FROM t RETURNING id),"
-    " pn AS (INSERT INTO plan_nodes (plan_version_id, node_key, node_kind, action_type, executor, ordinal)"
-    "        SELECT pv.id, 'step_one', 'action', 'noop_transfer', 'noop', 1 FROM pv RETURNING id),"
-    " r AS (INSERT INTO movement_requests (network_class, template_key, plan_version_id, compiled_plan_hash,"
-    "         request_state, intent, idempotency_key, callback_url, created_by)"
-    "       SELECT 'devnet', 'console_test', pv.id, repeat('b', 64), 'MANUAL_INTERVENTION',"
-    "              '{\"amount\": \"1\"}', 'console-test-' || gen_random_uuid(), 'http://127.0.0.1:9/cb', 'test'"
-    "         FROM pv RETURNING id),"
-    " n AS (INSERT INTO movement_request_nodes (request_id, plan_node_id, node_key, node_kind, action_type,"
-    "         executor, node_state, attempt_no, provider_refs, error_code, error_detail)"
-    "       SELECT r.id, pn.id, 'step_one', 'action', 'noop_transfer', 'noop', 'UNKNOWN', 2,"
-    "              '{\"tx_hash\": \"0xfeed\"}', 'PROVIDER_TIMEOUT', 'provider did not answer' FROM r, pn"
-    "       RETURNING id),"
-    " cb AS (INSERT INTO movement_callback_outbox (request_id, event_type, payload, callback_url, status,"
-    "          attempts, max_attempts, last_error)"
-    "        SELECT r.id, 'request_attention', '{\"event_type\": \"request_attention\"}',"
-    "               'http://127.0.0.1:9/cb', 'dlq', 5, 5, 'connection refused' FROM r RETURNING id)"
-    "SELECT r.id || ' ' || n.id || ' ' || cb.id FROM r, n, cb");
-  if (!row) return -1;
-  int ok = sscanf(row, "%63s %63s %ld", out->request_id, out->node_id, &out->dlq_id) == 3;
-  free(row);
-  return ok ? 0 : -1;
-}
-
 /* ---- tests ------------------------------------------------------------------------ */
 
 static void test_no_daemon(fixture *f) {
@@ -757,135 +721,6 @@ static void test_worker_commands(fixture *f) {
   free(out);
 }
 
-static void test_request_commands(fixture *f) {
-  seeded s;
-  CHECK(&tc, seed_request(f, &s) == 0);
-  char code[512];
-
-  snprintf(code, sizeof code, "req('%s')", s.request_id);
-  char *out = CONSOLE_OK(f, code);
-  CHECK_HAS(out, s.request_id);
-  CHECK_HAS(out, "MANUAL_INTERVENTION");
-  CHECK_HAS(out, "step_one");
-  CHECK_HAS(out, "UNKNOWN");
-  CHECK_HAS(out, "PROVIDER_TIMEOUT");
-  CHECK_HAS(out, "0xfeed");
-  CHECK_HAS(out, "attempt_no");
-  CHECK_HAS(out, "request_attention");
-  free(out);
-
-  snprintf(code, sizeof code, "=req('%s').nodes[1].attempt_no", s.request_id);
-  out = CONSOLE_OK(f, code);
-  CHECK_STR(&tc, out, "2\n");
-  free(out);
-
-  out = CONSOLE_OK(f, "requests{state = 'manual_intervention', limit = 50}");
-  CHECK_HAS(out, s.request_id);
-  CHECK_HAS(out, "request_state");
-  free(out);
-
-  result r = console_e(f, "requests{state = 'BOGUS'}");
-  CHECK(&tc, r.status == 1);
-  CHECK_HAS(r.err, "unknown state BOGUS");
-  result_free(&r);
-  r = console_e(f, "requests{limit = 0}");
-  CHECK(&tc, r.status == 1);
-  CHECK_HAS(r.err, "limit must be an integer");
-  result_free(&r);
-  r = console_e(f, "requests{colour = 'red'}");
-  CHECK(&tc, r.status == 1);
-  CHECK_HAS(r.err, "unknown filter colour");
-  result_free(&r);
-  r = console_e(f, "req('not-a-uuid')");
-  CHECK(&tc, r.status == 1);
-  CHECK_HAS(r.err, "request id must be a uuid");
-  result_free(&r);
-  r = console_e(f, "req('00000000-0000-0000-0000-000000000000')");
-  CHECK(&tc, r.status == 1);
-  CHECK_HAS(r.err, "no request 00000000-0000-0000-0000-000000000000");
-  result_free(&r);
-
-  /* dead letters and redelivery: a new pending row, the old one kept */
-  out = CONSOLE_OK(f, "dlq()");
-  char idtxt[32];
-  snprintf(idtxt, sizeof idtxt, "%ld", s.dlq_id);
-  CHECK_HAS(out, idtxt);
-  CHECK_HAS(out, "connection refused");
-  free(out);
-
-  snprintf(code, sizeof code, "redeliver(%ld)", s.dlq_id);
-  out = CONSOLE_OK(f, code);
-  CHECK_HAS(out, "redelivery_of");
-  free(out);
-  CHECK(&tc, pg_long(f, "SELECT count(*) FROM movement_callback_outbox WHERE id = %ld AND status = 'dlq'",
-                     s.dlq_id) == 1);
-  CHECK(&tc, pg_long(f, "SELECT count(*) FROM movement_callback_outbox n JOIN movement_callback_outbox o"
-                        " ON o.id = n.redelivery_of WHERE o.id = %ld AND n.payload = o.payload"
-                        " AND n.callback_nonce <> o.callback_nonce AND n.attempts <= n.max_attempts", s.dlq_id) == 1);
-  char *new_id = pg_str(f, "SELECT id FROM movement_callback_outbox WHERE redelivery_of = %ld", s.dlq_id);
-  CHECK(&tc, new_id && audit_count(f, "console:0", "callback.redeliver", new_id) == 1);
-  free(new_id);
-
-  r = console_e(f, "redeliver(999999999)");
-  CHECK(&tc, r.status == 1);
-  CHECK_HAS(r.err, "no callback row 999999999");
-  result_free(&r);
-  r = console_e(f, "redeliver('abc')");
-  CHECK(&tc, r.status == 1);
-  CHECK_HAS(r.err, "positive integer");
-  result_free(&r);
-}
-
-static void test_signer_commands(fixture *f) {
-  char *out = CONSOLE_OK(f, "set_expected_signer('console_k1', '0xAbCdEf0123456789abcdef0123456789ABCDEF01')");
-  CHECK_HAS(out, "0xabcdef0123456789abcdef0123456789abcdef01");
-  free(out);
-  char *addr = pg_str(f, "SELECT expected_signer_address FROM signer_roster WHERE signer_key = 'console_k1'");
-  CHECK_STR(&tc, addr, "0xabcdef0123456789abcdef0123456789abcdef01");
-  free(addr);
-  CHECK(&tc, audit_count(f, "console:0", "signer.expected_identity.set", "devnet/console_k1") >= 1);
-
-  out = CONSOLE_OK(f, "signers()");
-  CHECK_HAS(out, "console_k1");
-  CHECK_HAS(out, "posture");
-  CHECK_HAS(out, "orphan");            /* enrolled, never loaded by this process */
-  free(out);
-
-  result r = console_e(f, "set_expected_signer('console_k1', '0x1234')");
-  CHECK(&tc, r.status == 1);
-  CHECK_HAS(r.err, "40 hex");
-  result_free(&r);
-  r = console_e(f, "set_expected_signer('console_k1', '0x0000000000000000000000000000000000000000')");
-  CHECK(&tc, r.status == 1);
-  CHECK_HAS(r.err, "zero signer address");
-  result_free(&r);
-
-  /* balances: the latest snapshot per venue and asset; until the balance
-   * migration is installed, the command says so */
-  long have = pg_long(f, "SELECT count(*) FROM pg_class WHERE relname = 'balance_snapshots'");
-  if (have == 1) {
-    CHECK(&tc, pg_ok(f, "INSERT INTO balance_snapshots (network_class, venue_key, asset, ok, amount, error, "
-                        "captured_at) VALUES ('devnet', 'console_venue', 'USDC', true, 10, NULL, now() - interval '1 hour'), "
-                        "('devnet', 'console_venue', 'USDC', true, 12.5, NULL, now() - interval '1 day'), "
-                        "('devnet', 'console_venue', 'USDT', false, NULL, 'venue down', now())"));
-    r = console_e(f, "balances()");
-    CHECK(&tc, r.status == 0);
-    CHECK_HAS(r.out, "console_venue");
-    CHECK_HAS(r.out, "stale");
-    CHECK_HAS(r.out, "venue down");
-    result_free(&r);
-    char *amount = CONSOLE_OK(f, "for _, b in ipairs(balances()) do if b.venue_key == 'console_venue' and "
-                                 "b.asset == 'USDC' then return b.amount, b.stale end end");
-    CHECK_STR(&tc, amount, "\"10\"\ttrue\n");     /* the newest one, stale after an hour */
-    free(amount);
-  } else {
-    r = console_e(f, "balances()");
-    CHECK(&tc, r.status == 1);
-    CHECK_HAS(r.err, "unavailable: balances: there is no balance_snapshots table");
-    result_free(&r);
-  }
-}
-
 /* The value of `=EXPR` when it is a string: the text between the quotes. */
 static char *console_string(fixture *f, const char *code, int line) {
   char *out = console_ok(f, code, line);
@@ -902,163 +737,6 @@ static char *console_string(fixture *f, const char *code, int line) {
   return NULL;
 }
 #define CONSOLE_STRING(f, code) console_string((f), (code), __LINE__)
-
-static char *create_otc(fixture *f, const char *key) {
-  char code[1024];
-  snprintf(code, sizeof code,
-           "=create{template_key = 'otc_settlement_manual', idempotency_key = '%s', intent = {asset = 'USDC', "
-           "amount = '125.50', venue = 'sim', destination = '0x%s', counterparty = 'desk-a'}}.id",
-           key, "1111111111111111111111111111111111111111");
-  return CONSOLE_STRING(f, code);
-}
-
-static char *request_state(fixture *f, const char *id) {
-  return pg_str(f, "SELECT request_state FROM movement_requests WHERE id = '%s'", id);
-}
-
-static void test_lifecycle_commands(fixture *f) {
-  char key[64], code[1024];
-  snprintf(key, sizeof key, "console-reject-%ld", (long)getpid());
-
-  /* create, idempotently */
-  char *id = create_otc(f, key);
-  CHECK(&tc, id != NULL);
-  if (!id) return;
-  char *st = request_state(f, id);
-  CHECK_STR(&tc, st, "PENDING_APPROVAL");
-  free(st);
-  CHECK(&tc, pg_long(f, "SELECT count(*) FROM movement_requests WHERE id = '%s' AND created_by = 'console:0'", id) == 1);
-  CHECK(&tc, audit_count(f, "console:0", "request.create", id) == 1);
-  char *again = create_otc(f, key);
-  CHECK_STR(&tc, again, id);
-  free(again);
-  snprintf(code, sizeof code,
-           "=create{template_key = 'otc_settlement_manual', idempotency_key = '%s', intent = {}}.created", key);
-  char *out = CONSOLE_OK(f, code);
-  CHECK_STR(&tc, out, "false\n");
-  free(out);
-  result r = console_e(f, "create{template_key = 'otc_settlement_manual', intent = {asset = 'USDC'}}");
-  CHECK(&tc, r.status == 1);
-  CHECK_HAS(r.err, "invalid_intent");
-  result_free(&r);
-  r = console_e(f, "create('x')");
-  CHECK(&tc, r.status == 1);
-  CHECK_HAS(r.err, "takes a table");
-  result_free(&r);
-
-  /* reject */
-  r = console_e(f, "reject(nil, 'x')");
-  CHECK(&tc, r.status == 1);
-  CHECK_HAS(r.err, "request id must be a uuid");
-  result_free(&r);
-  snprintf(code, sizeof code, "reject('%s')", id);
-  r = console_e(f, code);
-  CHECK(&tc, r.status == 1);
-  CHECK_HAS(r.err, "a reason (non-empty string) is required");
-  result_free(&r);
-  snprintf(code, sizeof code, "reject('%s', 'wrong desk')", id);
-  out = CONSOLE_OK(f, code);
-  CHECK_HAS(out, "REJECTED");
-  free(out);
-  st = request_state(f, id);
-  CHECK_STR(&tc, st, "REJECTED");
-  free(st);
-  CHECK(&tc, audit_count(f, "console:0", "request.reject", id) == 1);
-  r = console_e(f, code);                       /* twice: refused */
-  CHECK(&tc, r.status == 1);
-  CHECK_HAS(r.err, "illegal_transition");
-  result_free(&r);
-  free(id);
-
-  /* cancel */
-  snprintf(key, sizeof key, "console-cancel-%ld", (long)getpid());
-  id = create_otc(f, key);
-  CHECK(&tc, id != NULL);
-  if (!id) return;
-  snprintf(code, sizeof code, "cancel('%s', 'not needed any more')", id);
-  out = CONSOLE_OK(f, code);
-  CHECK_HAS(out, "CANCELLED");
-  free(out);
-  st = request_state(f, id);
-  CHECK_STR(&tc, st, "CANCELLED");
-  free(st);
-  CHECK(&tc, audit_count(f, "console:0", "request.cancel", id) == 1);
-  free(id);
-
-  /* approve, then the workers run it to its manual step, then complete it */
-  snprintf(key, sizeof key, "console-approve-%ld", (long)getpid());
-  id = create_otc(f, key);
-  CHECK(&tc, id != NULL);
-  if (!id) return;
-  /* four eyes: the request this console approves was initiated by someone
-     else (its initiator may still be set while it is PENDING_APPROVAL) */
-  CHECK(&tc, pg_long(f, "WITH u AS (UPDATE movement_requests SET created_by = 'operator:desk' "
-                        "WHERE id = '%s' RETURNING 1) SELECT count(*) FROM u", id) == 1);
-  snprintf(code, sizeof code, "approve('%s')", id);
-  out = CONSOLE_OK(f, code);
-  CHECK_HAS(out, "approved_by:");
-  CHECK_HAS(out, "console:0");
-  free(out);
-  CHECK(&tc, audit_count(f, "console:0", "request.approve", id) == 1);
-  char sql[512];
-  snprintf(sql, sizeof sql,
-           "SELECT count(*) FROM movement_requests WHERE id = '%s' AND request_state = 'WAITING_MANUAL_ACTION'", id);
-  CHECK(&tc, wait_count(f, 1, 60, sql) == 1);
-  char *node = pg_str(f, "SELECT id FROM movement_request_nodes WHERE request_id = '%s' AND node_key = "
-                         "'desk_confirmation'", id);
-  char *other = pg_str(f, "SELECT id FROM movement_request_nodes WHERE request_id = '%s' AND node_key = 'withdraw'", id);
-  CHECK(&tc, node != NULL && other != NULL);
-  if (node && other) {
-    snprintf(code, sizeof code, "complete_manual('%s', 'REF')", node);
-    r = console_e(f, code);
-    CHECK(&tc, r.status == 1);
-    CHECK_HAS(r.err, "artifacts must be a table");
-    result_free(&r);
-    snprintf(code, sizeof code, "complete_manual('%s', {desk_reference = 'REF-42'})", other);
-    r = console_e(f, code);
-    CHECK(&tc, r.status == 1);
-    CHECK_HAS(r.err, "not a manual step");
-    result_free(&r);
-    snprintf(code, sizeof code, "complete_manual('%s', {desk_reference = 'REF-42'})", node);
-    out = CONSOLE_OK(f, code);
-    CHECK_HAS(out, "desk_confirmation");
-    free(out);
-    st = request_state(f, id);
-    CHECK_STR(&tc, st, "COMPLETED");
-    free(st);
-    CHECK(&tc, pg_long(f, "SELECT count(*) FROM movement_request_nodes WHERE id = '%s' AND node_state = 'COMPLETED'",
-                       node) == 1);
-    CHECK(&tc, audit_count(f, "console:0", "node.completed", node) == 1);
-    snprintf(code, sizeof code, "retry('%s')", node);
-    r = console_e(f, code);                     /* only FAILED or UNKNOWN nodes */
-    CHECK(&tc, r.status == 1);
-    CHECK_HAS(r.err, "cannot retry node");
-    result_free(&r);
-  }
-  free(node);
-  free(other);
-  free(id);
-
-  /* resume and retry, on requests left in MANUAL_INTERVENTION */
-  seeded s1, s2;
-  CHECK(&tc, seed_request(f, &s1) == 0 && seed_request(f, &s2) == 0);
-  snprintf(code, sizeof code, "resume('%s')", s1.request_id);
-  out = CONSOLE_OK(f, code);
-  CHECK_HAS(out, "EXECUTING");
-  free(out);
-  CHECK(&tc, audit_count(f, "console:0", "request.resume", s1.request_id) == 1);
-  snprintf(code, sizeof code, "retry('%s')", s2.node_id);
-  out = CONSOLE_OK(f, code);
-  CHECK_HAS(out, s2.request_id);
-  free(out);
-  CHECK(&tc, audit_count(f, "console:0", "node.retry", s2.node_id) == 1);
-  CHECK(&tc, pg_long(f, "SELECT count(*) FROM movement_request_nodes WHERE id = '%s' AND node_state = 'UNKNOWN'",
-                     s2.node_id) == 0);
-  r = console_e(f, "approve('00000000-0000-0000-0000-000000000000')");
-  CHECK(&tc, r.status == 1);
-  CHECK_HAS(r.err, "not_found");
-  result_free(&r);
-}
 
 /* A changed observe interval in an override script shows in the next
  * next_observe_at after reload(). */
@@ -1511,20 +1189,16 @@ static int setup(fixture *f) {
   result_free(&r);
   if (!ok) return -1;
 
-  char tpl_dir[PATH_MAX + 32], tpl[PATH_MAX + 64], repo_tpl[PATH_MAX + 32];
+  char tpl_dir[PATH_MAX + 32], tpl[PATH_MAX + 64];
   snprintf(tpl_dir, sizeof tpl_dir, "%s/templates", f->tmp);
   snprintf(tpl, sizeof tpl, "%s/console_observe_probe.json", tpl_dir);
-  snprintf(repo_tpl, sizeof repo_tpl, "%s/templates", f->root);
   if (mkdir(tpl_dir, 0755) != 0 || write_file(tpl, "%s", observe_template) != 0) return -1;
-  char *const load1[] = {(char *)f->bin, "templates", "load", repo_tpl, NULL};
-  char *const load2[] = {(char *)f->bin, "templates", "load", tpl_dir, NULL};
-  for (int i = 0; i < 2; i++) {
-    r = run(NULL, 60, i == 0 ? load1 : load2);
-    ok = r.status == 0;
-    if (!ok) fprintf(stderr, "qtgd templates load failed:\n%s%s", r.out, r.err);
-    result_free(&r);
-    if (!ok) return -1;
-  }
+  char *const load[] = {(char *)f->bin, "templates", "load", tpl_dir, NULL};
+  r = run(NULL, 60, load);
+  ok = r.status == 0;
+  if (!ok) fprintf(stderr, "qtgd templates load failed:\n%s%s", r.out, r.err);
+  result_free(&r);
+  if (!ok) return -1;
 
   f->pg = PQconnectdb(f->db_url);
   if (PQstatus(f->pg) != CONNECTION_OK) {
@@ -1563,9 +1237,6 @@ int main(void) {
   test_socket_modes(&f);
   test_eval(&f);
   test_worker_commands(&f);
-  test_request_commands(&f);
-  test_signer_commands(&f);
-  test_lifecycle_commands(&f);
   test_bad_input(&f);
   test_interrupt(&f);
   test_concurrency(&f);

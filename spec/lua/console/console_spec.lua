@@ -1,9 +1,10 @@
 -- console_spec: the Lua side of the operator console -- the pretty printer,
 -- evaluation (bare expressions, =expr, incomplete chunks, errors with
 -- tracebacks), completion, the column views, and the reload module's file
--- listing and failure reporting.  The socket, the commands' database effects
--- and live reload in a running daemon are driven end to end by
--- spec/c/test_console.c.
+-- listing and failure reporting.  The request, lifecycle and signer
+-- commands' database effects are console_lifecycle_spec's; the socket, the
+-- worker commands and live reload in a running daemon are driven end to end
+-- by spec/c/test_console.c.
 local pretty = require("qtg.console.pretty")
 local eval = require("qtg.console.eval")
 local complete = require("qtg.console.complete")
