@@ -70,13 +70,18 @@ end
 
 -- move_class(s, id, class): the request as if made and approved by a
 -- deployment of `class`, its approval digest and votes recomputed (with the
--- freeze triggers off for these statements: common.unfrozen).
+-- freeze triggers off for these statements: common.unfrozen), in one
+-- transaction: a daemon of `class` never sees the request moved with its
+-- votes still for the old digest (its signer would refuse it).
 function M.move_class(s, id, class)
-  common.unfrozen(s, "UPDATE movement_requests SET network_class = $2 WHERE id = $1::uuid", id, class)
-  common.unfrozen(s, [[UPDATE movement_requests r SET approval_digest = qtg_approval_digest(r)
-             WHERE id = $1::uuid AND approval_digest IS NOT NULL]], id)
-  common.unfrozen(s, [[UPDATE request_approvals a SET approval_digest = r.approval_digest
-              FROM movement_requests r WHERE r.id = a.request_id AND a.request_id = $1::uuid]], id)
+  local function move()
+    common.unfrozen(s, "UPDATE movement_requests SET network_class = $2 WHERE id = $1::uuid", id, class)
+    common.unfrozen(s, [[UPDATE movement_requests r SET approval_digest = qtg_approval_digest(r)
+               WHERE id = $1::uuid AND approval_digest IS NOT NULL]], id)
+    common.unfrozen(s, [[UPDATE request_approvals a SET approval_digest = r.approval_digest
+                FROM movement_requests r WHERE r.id = a.request_id AND a.request_id = $1::uuid]], id)
+  end
+  if s:in_transaction() then move() else s:transaction(move) end
 end
 
 function M.create_approved(s, template_key, opts)
