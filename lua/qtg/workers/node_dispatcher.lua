@@ -99,9 +99,26 @@ local NULL = qtg.db.NULL
 M.PLAN_CACHE_MAX = 5000
 local plans = { n = 0, by_id = {} }
 
-local function plan_of(s, node)
+-- The pipeline's savepoint is taken only before the pipeline's first
+-- statement on the claim's session (reading a plan not yet cached): a
+-- statement that fails there aborts the transaction, and rolling back to
+-- the savepoint keeps the claim so the failure is recorded.  Executors and
+-- the signer never use the claim's session, so a pipeline that runs no
+-- statement on it cannot leave it aborted and needs no savepoint (one
+-- statement less per dispatch).
+M.SAVEPOINT = "dispatch_pipeline"
+
+local function before_statement(s, progress)
+  if not progress.savepoint then
+    s:savepoint(M.SAVEPOINT)
+    progress.savepoint = true
+  end
+end
+
+local function plan_of(s, node, progress)
   local hit = plans.by_id[node.plan_node_id]
   if hit then return hit[1], hit[2] end
+  before_statement(s, progress)
   local row = s:query([[
     SELECT pn.config, pn.timeout_policy, pn.node_kind, pn.action_type,
            pv.version, pv.risk_controls, t.template_key
@@ -123,7 +140,7 @@ end
 -- submit is a FAILED answer).  `progress` tells the caller whether submit
 -- was reached (for an engine error after it).
 local function pipeline(s, g, node, progress)
-  local plan_node, plan_version = plan_of(s, node)
+  local plan_node, plan_version = plan_of(s, node, progress)
   local attempt_no = node.attempt_no + 1
   local function fail(code, detail)
     return { attempt_no = attempt_no, answer = { status = "FAILED", error_code = code, error_detail = detail } }
@@ -196,7 +213,6 @@ function M.dispatch(s, row)
   if req.request_state == "APPROVED" then
     nodes_db.set_request_state(s, req, "EXECUTING", M.ACTOR, { action = "request.executing" })
   end
-  s:savepoint("dispatch_pipeline")
   local progress = {}
   local ok, outcome = pcall(pipeline, s, g, node, progress)
   if not ok then
@@ -205,7 +221,7 @@ function M.dispatch(s, row)
     if type(outcome) == "table" and (outcome.kind == "connection" or outcome.kind == "signer_unavailable") then
       error(outcome, 0)
     end
-    s:rollback_to("dispatch_pipeline")
+    if progress.savepoint then s:rollback_to(M.SAVEPOINT) end
     local detail = type(outcome) == "table" and tostring(outcome.message) or tostring(outcome)
     qtg.log.error("dispatch failed", { worker = "node_dispatcher", node_id = node.id, error = detail })
     g = nodes_db.load_all(s, req)
@@ -216,7 +232,7 @@ function M.dispatch(s, row)
       outcome.answer = { status = "FAILED", error_code = "ENGINE_ERROR", error_detail = detail }
     end
   end
-  -- the savepoint is not released: COMMIT ends it (one round trip less)
+  -- a savepoint taken is not released: COMMIT ends it (one round trip less)
   record(s, g, node, outcome)
   -- the request's first dispatch: how long it took from its approval
   if approved_at and node.node_state == "SUBMITTED" then

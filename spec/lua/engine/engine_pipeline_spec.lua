@@ -107,6 +107,38 @@ describe("engine pipeline", function()
       assert.equal("FAILED", sup.request(s, req.id).request_state)
     end)
 
+    -- The pipeline's savepoint is taken before its first statement on the
+    -- claim's session (a plan not yet read by this process): a statement
+    -- that fails there is rolled back to it, and the claim records the
+    -- failure instead of looping on the node.
+    it("a pipeline statement that fails on the claim's session fails the node with ENGINE_ERROR", function()
+      local key = ("spec_pl_engine_" .. sup.uid("e")):gsub("-", "_")
+      local req = sup.create_approved(s, one(key, { observes = 0 }))
+      local dispatcher = require "qtg.workers.node_dispatcher"
+      local locker, d = qtg.db.acquire(), qtg.db.acquire()
+      locker:begin()
+      locker:query("LOCK TABLE movement_templates IN ACCESS EXCLUSIVE MODE")
+      d:query("SET lock_timeout = '300ms'")
+      local ok, n = pcall(dispatcher.tick, d)
+      if d:in_transaction() then d:rollback() end
+      d:query("RESET lock_timeout")
+      d:release()
+      locker:rollback()
+      locker:release()
+      assert.is_true(ok, tostring(n))
+      assert.equal(1, n)
+      local a = sup.nodes(s, req.id).a
+      assert.equal("FAILED", a.node_state)
+      assert.equal("ENGINE_ERROR", a.error_code)
+      assert.matches("lock timeout", a.error_detail, 1, true)
+      assert.equal(1, a.attempt_no)
+      assert.equal(0, #ledger(a.id)) -- never reached the provider
+      assert.equal("FAILED", sup.request(s, req.id).request_state)
+      -- the next request of the template reads the plan and completes
+      local again = sup.create_approved(s, key)
+      assert.is_true(sup.drive(s, sup.state_is(again.id, "COMPLETED"), 10))
+    end)
+
     it("a signer that cannot be asked leaves the node READY; one that refuses fails it with SIGNING_REFUSED", function()
       local req = sup.create_approved(s, one("spec_pl_nosigner", { signer_key = "no_such_signer" }))
       local metrics = require "qtg.metrics"
