@@ -24,6 +24,8 @@ typedef struct {
   qtg_host *h;
   qtg_task *task;
   qtg_db_session *sess;
+  int commit; /* a pipeline commit: one that did not commit is an error */
+  int failed_commit; /* ... and one after a failed statement cannot */
 } qtg_db_req;
 
 /* The request's callback will never run (its connection was destroyed
@@ -133,6 +135,16 @@ static int qtg_db_convert(lua_State *L) {
 }
 
 /* Push {kind="sql", sqlstate=, message=, detail=, hint=, constraint=}. */
+/* nil, err for a statement after a failed one in a pipeline transaction:
+ * what the server says of a statement in an aborted transaction block. */
+static int qtg_db_push_aborted(lua_State *L) {
+  lua_pushnil(L);
+  qtg_push_error(L, "sql", "current transaction is aborted, commands ignored until end of transaction block");
+  lua_pushliteral(L, "25P02");
+  lua_setfield(L, -2, "sqlstate");
+  return 2;
+}
+
 static void qtg_db_push_sql_error(lua_State *L, PGresult *res) {
   const char *msg = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
   qtg_push_error(L, "sql", "%s", msg ? msg : PQresultErrorMessage(res));
@@ -164,7 +176,7 @@ int qtg_db_push_result(lua_State *L, PGresult *res, const char *err) {
     return 2;
   }
   ExecStatusType st = PQresultStatus(res);
-  if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK && st != PGRES_EMPTY_QUERY) {
+  if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK && st != PGRES_EMPTY_QUERY && st != PGRES_PIPELINE_SYNC) {
     lua_pushnil(L);
     qtg_db_push_sql_error(L, res);
     return 2;
@@ -188,9 +200,21 @@ static void qtg_db_query_done(qtg_pg_conn *conn, PGresult *res, const char *err,
   (void)conn;
   qtg_host *h = q->h;
   qtg_task *t = q->task;
+  /* a block's COMMIT in an aborted block answers ROLLBACK, without an error */
+  int failed_commit = q->commit && !err && res &&
+                      (q->failed_commit || strcmp(PQcmdStatus(res), "ROLLBACK") == 0);
   free(q);
   qtg_task_set_cancel(t, NULL, NULL);
-  int n = qtg_db_push_result(h->L, res, err);
+  int n;
+  if (failed_commit) {
+    lua_pushnil(h->L);
+    qtg_push_error(h->L, "sql", "the transaction was rolled back at its commit: a statement in it failed");
+    lua_pushliteral(h->L, "25P02");
+    lua_setfield(h->L, -2, "sqlstate");
+    n = 2;
+  } else {
+    n = qtg_db_push_result(h->L, res, err);
+  }
   lua_xmove(h->L, qtg_task_thread(t), n);
   qtg_task_resume(t, n);
 }
@@ -294,12 +318,24 @@ const char *qtg_db_param(lua_State *L, int idx, int pnum) {
   return NULL;
 }
 
-static int qtg_db_send(lua_State *L, int simple) {
+/* What a session sends: a statement (extended or simple protocol), or the
+ * BEGIN and the end of a pipeline transaction. */
+typedef enum { QTG_DB_QUERY, QTG_DB_EXEC, QTG_DB_PIPE_BLOCK, QTG_DB_PIPE_COMMIT, QTG_DB_PIPE_ROLLBACK } qtg_db_cmd;
+
+static int qtg_db_send(lua_State *L, qtg_db_cmd cmd) {
   qtg_db_session *s = qtg_db_check_session(L);
-  const char *sql = luaL_checkstring(L, 2);
-  int n = lua_gettop(L) - 2;
+  const char *sql = cmd <= QTG_DB_EXEC ? luaL_checkstring(L, 2) : NULL;
+  int n = cmd <= QTG_DB_EXEC ? lua_gettop(L) - 2 : 0;
   if (n > QTG_DB_MAX_PARAMS) return luaL_error(L, "qtg.db: at most %d parameters", QTG_DB_MAX_PARAMS);
-  if (simple && n > 0) return luaL_error(L, "qtg.db: exec takes no parameters (use query)");
+  if (cmd == QTG_DB_EXEC && n > 0) return luaL_error(L, "qtg.db: exec takes no parameters (use query)");
+  if (cmd > QTG_DB_EXEC && !qtg_pg_pipelined(s->conn)) {
+    lua_pushnil(L);
+    qtg_push_error(L, "usage", "qtg.db: no pipeline transaction is open on this session");
+    return 2;
+  }
+  /* a failed pipeline without a block is over (qtg_pg.h): only its end */
+  if (cmd <= QTG_DB_PIPE_BLOCK && qtg_pg_pipeline_failed(s->conn) && qtg_pg_pipelined(s->conn) == 1)
+    return qtg_db_push_aborted(L);
   const char *values[QTG_DB_MAX_PARAMS];
   for (int i = 0; i < n; i++) values[i] = qtg_db_param(L, i + 3, i + 1);
   qtg_task *t = qtg_task_check(L);
@@ -309,8 +345,18 @@ static int qtg_db_send(lua_State *L, int simple) {
   q->h = s->h;
   q->task = t;
   q->sess = s;
-  int rc = simple ? qtg_pg_exec(s->conn, sql, qtg_db_query_done, q)
-                  : qtg_pg_query(s->conn, sql, n, values, 1, qtg_db_query_done, q);
+  int rc = -1;
+  switch (cmd) {
+  case QTG_DB_QUERY: rc = qtg_pg_query(s->conn, sql, n, values, 1, qtg_db_query_done, q); break;
+  case QTG_DB_EXEC: rc = qtg_pg_exec(s->conn, sql, qtg_db_query_done, q); break;
+  case QTG_DB_PIPE_BLOCK: rc = qtg_pg_pipeline_block(s->conn, qtg_db_query_done, q); break;
+  case QTG_DB_PIPE_COMMIT:
+    q->commit = 1;
+    q->failed_commit = qtg_pg_pipeline_failed(s->conn);
+    rc = qtg_pg_pipeline_end(s->conn, 1, qtg_db_query_done, q);
+    break;
+  case QTG_DB_PIPE_ROLLBACK: rc = qtg_pg_pipeline_end(s->conn, 0, qtg_db_query_done, q); break;
+  }
   if (rc != 0) {
     free(q);
     lua_pushnil(L);
@@ -321,8 +367,32 @@ static int qtg_db_send(lua_State *L, int simple) {
   return qtg_task_yield(L);
 }
 
-static int qtg_db_raw_query(lua_State *L) { return qtg_db_send(L, 0); }
-static int qtg_db_raw_exec(lua_State *L) { return qtg_db_send(L, 1); }
+static int qtg_db_raw_query(lua_State *L) { return qtg_db_send(L, QTG_DB_QUERY); }
+static int qtg_db_raw_exec(lua_State *L) { return qtg_db_send(L, QTG_DB_EXEC); }
+static int qtg_db_raw_pipeline_block(lua_State *L) { return qtg_db_send(L, QTG_DB_PIPE_BLOCK); }
+static int qtg_db_raw_pipeline_commit(lua_State *L) { return qtg_db_send(L, QTG_DB_PIPE_COMMIT); }
+static int qtg_db_raw_pipeline_rollback(lua_State *L) { return qtg_db_send(L, QTG_DB_PIPE_ROLLBACK); }
+
+/* Opens a pipeline transaction: nothing is sent (qtg_pg.h). */
+static int qtg_db_raw_pipeline_begin(lua_State *L) {
+  qtg_db_session *s = qtg_db_check_session(L);
+  if (qtg_pg_pipeline_begin(s->conn) != 0) {
+    lua_pushnil(L);
+    qtg_push_error(L, "usage", "qtg.db: a pipeline transaction needs a session with no transaction open");
+    return 2;
+  }
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* "implicit" (open, no BEGIN sent), "block" (a BEGIN was sent) or nil. */
+static int qtg_db_pipeline(lua_State *L) {
+  qtg_db_session *s = luaL_checkudata(L, 1, QTG_DB_SESSION);
+  int p = s->conn ? qtg_pg_pipelined(s->conn) : 0;
+  if (p == 0) return 0;
+  lua_pushstring(L, p == 1 ? "implicit" : "block");
+  return 1;
+}
 
 /* ---- sessions -------------------------------------------------------------- */
 
@@ -512,7 +582,10 @@ int luaopen_qtg_db(lua_State *L) {
   static const luaL_Reg session_methods[] = {
     {"raw_query", qtg_db_raw_query}, {"raw_exec", qtg_db_raw_exec},
     {"release", qtg_db_release},     {"in_transaction", qtg_db_in_transaction},
-    {"pid", qtg_db_pid},             {NULL, NULL},
+    {"pid", qtg_db_pid},             {"pipeline", qtg_db_pipeline},
+    {"raw_pipeline_begin", qtg_db_raw_pipeline_begin}, {"raw_pipeline_block", qtg_db_raw_pipeline_block},
+    {"raw_pipeline_commit", qtg_db_raw_pipeline_commit},
+    {"raw_pipeline_rollback", qtg_db_raw_pipeline_rollback}, {NULL, NULL},
   };
   static const luaL_Reg db_funcs[] = {
     {"raw_acquire", qtg_db_raw_acquire}, {"stats", qtg_db_stats}, {"listen", qtg_db_listen},

@@ -200,6 +200,8 @@ static qtg_claim *qtg_claim_new(lua_State *L, qtg_db_session *s) {
   if (qtg_pg_busy(s->conn)) luaL_error(L, "qtg.db.claim: session is busy");
   if (qtg_pg_txn_status(s->conn) == PQTRANS_IDLE)
     luaL_error(L, "qtg.db.claim: needs an open transaction (call s:begin() first)");
+  if (qtg_pg_pipelined(s->conn) == 1) /* its SAVEPOINT needs a transaction block */
+    luaL_error(L, "qtg.db.claim: needs s:begin(), not a pipeline transaction without a savepoint");
   qtg_claim *c = calloc(1, sizeof *c);
   if (!c) luaL_error(L, "qtg.db.claim: out of memory");
   c->drop = qtg_claim_drop;

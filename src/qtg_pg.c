@@ -16,7 +16,14 @@
 #include "qtg_log.h"
 
 typedef enum { QTG_PG_CONNECTING, QTG_PG_IDLE, QTG_PG_BUSY, QTG_PG_BROKEN } qtg_pg_state;
-typedef enum { QTG_PG_STEP_RUN, QTG_PG_STEP_PREPARE, QTG_PG_STEP_DEALLOCATE } qtg_pg_step;
+typedef enum { QTG_PG_STEP_RUN, QTG_PG_STEP_PREPARE, QTG_PG_STEP_DEALLOCATE, QTG_PG_STEP_SYNC } qtg_pg_step;
+
+/* A pipeline transaction (qtg_pg_pipeline_begin): libpq's pipeline mode
+ * with no Sync until its end, so the server runs its statements in one
+ * transaction without a BEGIN; a BEGIN sent inside it (qtg_pg_pipeline_block,
+ * for a SAVEPOINT) makes it a transaction block, which then ends with a
+ * COMMIT or ROLLBACK before the Sync. */
+typedef enum { QTG_PG_PIPE_OFF, QTG_PG_PIPE_IMPLICIT, QTG_PG_PIPE_BLOCK } qtg_pg_pipe;
 
 /* Prepared statements per connection: a bounded cache, least recently used
  * out first (DEALLOCATEd on the server, one round trip more on that query
@@ -61,6 +68,11 @@ struct qtg_pg_conn {
   uint64_t stmt_clock;       /* bumped by each use: the LRU order */
   unsigned long stmt_serial; /* names are never reused: qtg<serial> */
   char pending_name[24];
+  /* the pipeline transaction, if one is open */
+  qtg_pg_pipe pipe;
+  int pipe_failed;           /* one of its statements failed: the server skips to the Sync */
+  int pipe_nulls;            /* end-of-command markers read while waiting for the Sync */
+  int pipe_syncs;            /* Syncs sent whose results are not read yet */
   qtg_pg_conn *next; /* pool's list of all connections */
 };
 
@@ -270,13 +282,39 @@ static int qtg_pg_flush(qtg_pg_conn *c) {
   return qtg_pg_watch(c, r == 1 ? (UV_READABLE | UV_WRITABLE) : UV_READABLE);
 }
 
+/* A command was queued: in a pipeline, ask the server to send its results
+ * now (a Flush message: no Sync, the transaction stays open); then send. */
+static int qtg_pg_sent(qtg_pg_conn *c) {
+  if (c->pipe != QTG_PG_PIPE_OFF && !PQsendFlushRequest(c->pg)) return -1;
+  return qtg_pg_flush(c);
+}
+
+/* A failed statement inside a transaction block leaves the block open (in
+ * the aborted state, until ROLLBACK TO SAVEPOINT or ROLLBACK), but the
+ * server skips every message until a Sync: send one first, which does not
+ * end a block.  Without a block the Sync would end the failed transaction
+ * and the next statement would run in a new one: refused (-1). */
+static int qtg_pg_resync(qtg_pg_conn *c) {
+  if (!c->pipe_failed) return 0;
+  if (c->pipe != QTG_PG_PIPE_BLOCK || !PQpipelineSync(c->pg)) return -1;
+  c->pipe_syncs++;
+  c->pipe_failed = 0;
+  return 0;
+}
+
+/* One statement without parameters on the extended protocol (allowed in
+ * pipeline mode, where the simple protocol is not). */
+static int qtg_pg_send_plain(qtg_pg_conn *c, const char *sql) {
+  return PQsendQueryParams(c->pg, sql, 0, NULL, NULL, NULL, NULL, 0) ? 0 : -1;
+}
+
 static int qtg_pg_send_prepared(qtg_pg_conn *c, int idx) {
   c->step = QTG_PG_STEP_RUN;
   c->stmts[idx].used = ++c->stmt_clock;
   if (!PQsendQueryPrepared(c->pg, c->stmts[idx].name, c->pending_n,
                            (const char *const *)c->pending_values, NULL, NULL, 0))
     return -1;
-  return qtg_pg_flush(c);
+  return qtg_pg_sent(c);
 }
 
 static int qtg_pg_stmt_add(qtg_pg_conn *c, const char *sql) {
@@ -310,7 +348,7 @@ static void qtg_pg_stmt_evict(qtg_pg_conn *c, char *out, size_t cap) {
 static int qtg_pg_send_prepare(qtg_pg_conn *c) {
   c->step = QTG_PG_STEP_PREPARE;
   if (!PQsendPrepare(c->pg, c->pending_name, c->pending_sql, c->pending_n, NULL)) return -1;
-  return qtg_pg_flush(c);
+  return qtg_pg_sent(c);
 }
 
 static int qtg_pg_stmt_find(const qtg_pg_conn *c, const char *sql) {
@@ -321,6 +359,15 @@ static int qtg_pg_stmt_find(const qtg_pg_conn *c, const char *sql) {
 }
 
 static void qtg_pg_command_done(qtg_pg_conn *c) {
+  if (c->step == QTG_PG_STEP_SYNC) {
+    /* the Sync ended the server's transaction: leave pipeline mode */
+    if (!PQexitPipelineMode(c->pg)) {
+      qtg_pg_conn_fail(c, PQerrorMessage(c->pg));
+      return;
+    }
+    c->pipe = QTG_PG_PIPE_OFF;
+    c->pipe_failed = 0;
+  }
   if (c->step == QTG_PG_STEP_DEALLOCATE) {
     /* Its failure (an aborted transaction) leaves one statement on the
      * server under a name never used again; the PREPARE that follows
@@ -355,10 +402,34 @@ static void qtg_pg_consume(qtg_pg_conn *c) {
   }
   while (!PQisBusy(c->pg)) {
     PGresult *r = PQgetResult(c->pg);
+    if (r && PQresultStatus(r) == PGRES_PIPELINE_SYNC) {
+      /* no NULL follows a Sync's result; the last Sync of the end step
+       * ends it, an earlier one only let the server read again */
+      c->pipe_syncs--;
+      if (c->step == QTG_PG_STEP_SYNC && c->pipe_syncs == 0) {
+        if (c->last) PQclear(r);
+        else c->last = r;
+        qtg_pg_command_done(c);
+        return;
+      }
+      PQclear(r);
+      continue;
+    }
+    if (c->step == QTG_PG_STEP_SYNC && !r) {
+      /* each command before the Sync ends with a NULL */
+      if (++c->pipe_nulls > 4) {
+        qtg_pg_conn_fail(c, "pipeline out of step: no Sync result");
+        return;
+      }
+      continue;
+    }
     if (!r) {
       qtg_pg_command_done(c);
       return;
     }
+    if (c->pipe != QTG_PG_PIPE_OFF &&
+        (PQresultStatus(r) == PGRES_FATAL_ERROR || PQresultStatus(r) == PGRES_PIPELINE_ABORTED))
+      c->pipe_failed = 1;
     /* Keep the first error of a multi-statement command, else the last. */
     if (c->last && PQresultStatus(c->last) == PGRES_FATAL_ERROR) {
       PQclear(r);
@@ -562,7 +633,7 @@ void qtg_pg_acquire_cancel(qtg_pg_pool *p, void *data) {
 
 static void qtg_pg_release_after_rollback(qtg_pg_conn *c, PGresult *res, const char *err, void *data) {
   (void)data;
-  if (err || !res || PQresultStatus(res) != PGRES_COMMAND_OK) {
+  if (err || !res || (PQresultStatus(res) != PGRES_COMMAND_OK && PQresultStatus(res) != PGRES_PIPELINE_SYNC)) {
     c->state = QTG_PG_BROKEN;
   }
   c->in_use = 1; /* still counted as in use until handed back below */
@@ -577,6 +648,13 @@ void qtg_pg_release(qtg_pg_conn *c) {
     /* a waiter may need a new connection now */
     if (p->nwaiters > 0 && qtg_pg_pool_grow(p) != 0)
       qtg_log_warn("cannot open a PostgreSQL connection: %s", p->last_error);
+    return;
+  }
+  if (c->pipe != QTG_PG_PIPE_OFF) {
+    if (qtg_pg_pipeline_end(c, 0, qtg_pg_release_after_rollback, NULL) != 0) {
+      c->state = QTG_PG_BROKEN;
+      qtg_pg_release(c);
+    }
     return;
   }
   if (PQtransactionStatus(c->pg) != PQTRANS_IDLE) {
@@ -605,6 +683,7 @@ static int qtg_pg_begin_command(qtg_pg_conn *c, qtg_pg_result_cb cb, void *data)
 
 int qtg_pg_query(qtg_pg_conn *c, const char *sql, int nparams, const char *const *values, int prepare,
                  qtg_pg_result_cb cb, void *data) {
+  if (c->state != QTG_PG_IDLE || qtg_pg_resync(c) != 0) return -1;
   if (qtg_pg_begin_command(c, cb, data) != 0) return -1;
   int idx = prepare ? qtg_pg_stmt_find(c, sql) : -1;
   c->pending_n = nparams;
@@ -627,7 +706,7 @@ int qtg_pg_query(qtg_pg_conn *c, const char *sql, int nparams, const char *const
       char cmd[64] = "DEALLOCATE ";
       qtg_pg_stmt_evict(c, cmd + strlen(cmd), sizeof cmd - strlen(cmd));
       c->step = QTG_PG_STEP_DEALLOCATE;
-      if (!PQsendQuery(c->pg, cmd)) goto fail;
+      if (qtg_pg_send_plain(c, cmd) != 0) goto fail;
     } else {
       c->step = QTG_PG_STEP_PREPARE;
       if (!PQsendPrepare(c->pg, c->pending_name, sql, nparams, NULL)) goto fail;
@@ -636,7 +715,7 @@ int qtg_pg_query(qtg_pg_conn *c, const char *sql, int nparams, const char *const
                                 NULL, 0)) {
     goto fail;
   }
-  if (qtg_pg_flush(c) != 0) goto fail;
+  if (qtg_pg_sent(c) != 0) goto fail;
   return 0;
 fail:
   qtg_pg_pending_free(c);
@@ -646,14 +725,67 @@ fail:
 }
 
 int qtg_pg_exec(qtg_pg_conn *c, const char *sql, qtg_pg_result_cb cb, void *data) {
+  if (c->state != QTG_PG_IDLE || qtg_pg_resync(c) != 0) return -1;
   if (qtg_pg_begin_command(c, cb, data) != 0) return -1;
-  if (!PQsendQuery(c->pg, sql) || qtg_pg_flush(c) != 0) {
+  int sent = c->pipe != QTG_PG_PIPE_OFF ? qtg_pg_send_plain(c, sql) == 0 : PQsendQuery(c->pg, sql) == 1;
+  if (!sent || qtg_pg_sent(c) != 0) {
     c->has_cb = 0;
     c->state = PQstatus(c->pg) == CONNECTION_BAD ? QTG_PG_BROKEN : QTG_PG_IDLE;
     return -1;
   }
   return 0;
 }
+
+/* ---- pipeline transactions ------------------------------------------------- */
+
+int qtg_pg_pipeline_begin(qtg_pg_conn *c) {
+  if (c->state != QTG_PG_IDLE || c->pipe != QTG_PG_PIPE_OFF || PQtransactionStatus(c->pg) != PQTRANS_IDLE)
+    return -1;
+  if (!PQenterPipelineMode(c->pg)) return -1;
+  c->pipe = QTG_PG_PIPE_IMPLICIT;
+  c->pipe_failed = 0;
+  c->pipe_syncs = 0;
+  return 0;
+}
+
+int qtg_pg_pipeline_block(qtg_pg_conn *c, qtg_pg_result_cb cb, void *data) {
+  if (c->pipe != QTG_PG_PIPE_IMPLICIT || c->pipe_failed) return -1;
+  if (qtg_pg_exec(c, "BEGIN", cb, data) != 0) return -1;
+  c->pipe = QTG_PG_PIPE_BLOCK;
+  return 0;
+}
+
+/* The statements that end the transaction go with the Sync in one flush: a
+ * COMMIT (block) or nothing (implicit: the Sync commits); a ROLLBACK, after
+ * a BEGIN when implicit (a ROLLBACK outside a block warns); nothing after a
+ * failure (the server rolls back at the Sync).  The first error among them,
+ * else the Sync's result, is delivered. */
+int qtg_pg_pipeline_end(qtg_pg_conn *c, int commit, qtg_pg_result_cb cb, void *data) {
+  if (c->pipe == QTG_PG_PIPE_OFF) return -1;
+  if (qtg_pg_begin_command(c, cb, data) != 0) return -1;
+  c->step = QTG_PG_STEP_SYNC;
+  c->pipe_nulls = 0;
+  int ok = qtg_pg_resync(c) == 0 || c->pipe == QTG_PG_PIPE_IMPLICIT;
+  if (ok && !c->pipe_failed) {
+    /* a failed block's COMMIT answers ROLLBACK (the caller knew it failed) */
+    if (commit && c->pipe == QTG_PG_PIPE_BLOCK) ok = qtg_pg_send_plain(c, "COMMIT") == 0;
+    if (!commit && c->pipe == QTG_PG_PIPE_IMPLICIT) ok = qtg_pg_send_plain(c, "BEGIN") == 0;
+    if (ok && !commit) ok = qtg_pg_send_plain(c, "ROLLBACK") == 0;
+  }
+  if (ok) {
+    ok = PQpipelineSync(c->pg) == 1;
+    if (ok) c->pipe_syncs++;
+  }
+  if (!ok || qtg_pg_flush(c) != 0) {
+    c->has_cb = 0;
+    c->state = QTG_PG_BROKEN; /* the pipeline's state is unknown now */
+    return -1;
+  }
+  return 0;
+}
+
+int qtg_pg_pipeline_failed(const qtg_pg_conn *c) { return c->pipe_failed; }
+int qtg_pg_pipelined(const qtg_pg_conn *c) { return (int)c->pipe; }
 
 void qtg_pg_forget(qtg_pg_conn *c) {
   c->has_cb = 0;
@@ -662,7 +794,10 @@ void qtg_pg_forget(qtg_pg_conn *c) {
 
 int qtg_pg_busy(const qtg_pg_conn *c) { return c->state == QTG_PG_BUSY; }
 int qtg_pg_broken(const qtg_pg_conn *c) { return c->state == QTG_PG_BROKEN; }
-PGTransactionStatusType qtg_pg_txn_status(const qtg_pg_conn *c) { return PQtransactionStatus(c->pg); }
+PGTransactionStatusType qtg_pg_txn_status(const qtg_pg_conn *c) {
+  if (c->pipe != QTG_PG_PIPE_OFF) return c->pipe_failed ? PQTRANS_INERROR : PQTRANS_INTRANS;
+  return PQtransactionStatus(c->pg);
+}
 int qtg_pg_backend_pid(const qtg_pg_conn *c) { return PQbackendPID(c->pg); }
 
 void qtg_pg_pool_stats(const qtg_pg_pool *p, int *size, int *open, int *in_use, int *waiting) {

@@ -52,6 +52,27 @@ int qtg_pg_query(qtg_pg_conn *conn, const char *sql, int nparams, const char *co
                  int prepare, qtg_pg_result_cb cb, void *data);
 /* Simple protocol: several statements, no parameters. */
 int qtg_pg_exec(qtg_pg_conn *conn, const char *sql, qtg_pg_result_cb cb, void *data);
+/* Pipeline transactions: the statements of one transaction sent in libpq's
+ * pipeline mode with no Sync until its end, so the server runs them in one
+ * transaction that needs no BEGIN and no COMMIT statement (the Sync commits
+ * it): two statements and two round trips fewer per transaction.  Each
+ * statement still waits for its own result (a Flush follows it).
+ * begin: no round trip; -1 when the connection is busy or in a transaction.
+ * block: sends a BEGIN, making it a transaction block (SAVEPOINT needs one);
+ * then the end sends COMMIT or ROLLBACK before the Sync.
+ * end: commit=1 commits (a failed one is rolled back by the server, and
+ * the caller must treat it as failed: qtg_pg_pipeline_failed), commit=0
+ * rolls back; the callback gets the first error or the Sync's result
+ * (PGRES_PIPELINE_SYNC) or the COMMIT's/ROLLBACK's.  A statement that fails
+ * inside marks the pipeline failed: the server skips what follows until the
+ * Sync, so qtg_pg_query and qtg_pg_exec refuse (-1) until its end (the
+ * caller reports "current transaction is aborted"). */
+int qtg_pg_pipeline_begin(qtg_pg_conn *conn);
+int qtg_pg_pipeline_block(qtg_pg_conn *conn, qtg_pg_result_cb cb, void *data);
+int qtg_pg_pipeline_end(qtg_pg_conn *conn, int commit, qtg_pg_result_cb cb, void *data);
+int qtg_pg_pipeline_failed(const qtg_pg_conn *conn);
+/* 0 no pipeline transaction, 1 open without BEGIN, 2 turned into a block */
+int qtg_pg_pipelined(const qtg_pg_conn *conn);
 /* Forget the callback of an in-flight command (the connection is then
  * discarded when released, since its protocol state is unknown). */
 void qtg_pg_forget(qtg_pg_conn *conn);

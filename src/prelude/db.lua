@@ -6,12 +6,18 @@ local raw_acquire, raw_query, raw_exec = db.raw_acquire, session.raw_query, sess
 function db.acquire() local s, err = raw_acquire() if s == nil then error(err, 2) end return s end
 function session:query(sql, ...) local rows, n = raw_query(self, sql, ...) if rows == nil then error(n, 2) end return rows, n end
 function session:exec(sql) local rows, n = raw_exec(self, sql) if rows == nil then error(n, 2) end return rows, n end
+local function raised(ok, err) if ok == nil then error(err, 3) end end
 function session:begin() return self:query('BEGIN') end
-function session:commit() return self:query('COMMIT') end
-function session:rollback() return self:query('ROLLBACK') end
-function session:transaction(fn, ...) self:begin() local r = { pcall(fn, ...) } if not r[1] then pcall(self.rollback, self) error(r[2], 0) end self:commit() return unpack(r, 2, table.maxn(r)) end
+-- A pipeline transaction sends no BEGIN and no COMMIT (src/qtg_pg.h):
+-- commit and rollback end either kind; a savepoint turns it into a block.
+function session:begin_pipeline() raised(session.raw_pipeline_begin(self)) end
+function session:commit() if self:pipeline() then return raised(session.raw_pipeline_commit(self)) end return self:query('COMMIT') end
+function session:rollback() if self:pipeline() then return raised(session.raw_pipeline_rollback(self)) end return self:query('ROLLBACK') end
+local function run(self, fn, ...) local r = { pcall(fn, ...) } if not r[1] then pcall(self.rollback, self) error(r[2], 0) end self:commit() return unpack(r, 2, table.maxn(r)) end
+function session:transaction(fn, ...) self:begin() return run(self, fn, ...) end
+function session:pipeline_transaction(fn, ...) self:begin_pipeline() return run(self, fn, ...) end
 local function ident(name) assert(type(name) == 'string' and name:match('^[%a_][%w_]*$'), 'savepoint name must be an identifier') return name end
-function session:savepoint(name) return self:exec('SAVEPOINT "' .. ident(name) .. '"') end
+function session:savepoint(name) if self:pipeline() == 'implicit' then raised(session.raw_pipeline_block(self)) end return self:exec('SAVEPOINT "' .. ident(name) .. '"') end
 function session:rollback_to(name) return self:exec('ROLLBACK TO SAVEPOINT "' .. ident(name) .. '"') end
 function session:release_savepoint(name) return self:exec('RELEASE SAVEPOINT "' .. ident(name) .. '"') end
 local claim = db.claim

@@ -255,7 +255,7 @@ function M.tick(s)
   local function lane(ls, probe)
     while pass.err == nil and qtg.monotonic() < deadline and not stopping() do
       if probe and #ls:query(M.CLAIM_SQL, class, 1, skipped()) == 0 then return end
-      ls:begin()
+      ls:begin_pipeline()
       local rows = callbacks.stamp_first_attempts(ls:query(M.CLAIM_SQL, class, M.BATCH, skipped()))
       if #rows == 0 then
         ls:commit()

@@ -264,17 +264,23 @@ local last_pass_empty = false
 
 -- claim_one(s, class) -> the claimed row in s's open transaction, or nil
 -- (no transaction open) when no candidate is left or MAX_MISSES missed.
+-- The transaction is a pipeline transaction (no BEGIN, no COMMIT
+-- statement: qtg.db's begin_pipeline); with no candidate nothing was locked
+-- and it ends by its Sync alone; a miss is rolled back.
 function M.claim_one(s, class)
   local tried = {}
   for _ = 0, M.MAX_MISSES do
-    s:begin()
+    s:begin_pipeline()
     local row = s:query(M.CLAIM_ONE_SQL, "{" .. table.concat(tried, ",") .. "}", class, paced_out())[1]
     if row and row.node_id ~= nil and row.node_id ~= NULL then
       row.candidate_id = nil -- the claimed row is CLAIM_SQL's
       return row
     end
+    if not row then
+      s:commit()
+      return nil
+    end
     s:rollback()
-    if not row then return nil end
     tried[#tried + 1] = row.candidate_id
   end
   return nil

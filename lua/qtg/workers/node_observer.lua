@@ -125,7 +125,8 @@ UPDATE movement_request_nodes
    SET next_observe_at = clock_timestamp() + $2::float8 * interval '1 second'
  WHERE id = $1::uuid]]
 
--- One candidate: its own transaction on session s; 1 if claimed and observed.
+-- One candidate: its own pipeline transaction on session s (no BEGIN or
+-- COMMIT statement: qtg.db begin_pipeline); 1 if claimed and observed.
 -- The claim is the transaction's first statement and a miss ends the
 -- transaction, so a miss's partial lock (the node, when SKIP LOCKED then
 -- rejected its request) is released at once without a savepoint: the
@@ -139,14 +140,14 @@ local function observe_one(s, cand, class)
   if adapter then
     local go, wait = pacing.take(cand.executor, adapter, "observe")
     if not go then
-      return s:transaction(function()
+      return s:pipeline_transaction(function()
         local row = claim(s, cand.id, class)
         if row then s:query(M.DEFER_SQL, cand.id, wait) end
         return 0
       end)
     end
   end
-  return s:transaction(function()
+  return s:pipeline_transaction(function()
     local row = claim(s, cand.id, class)
     if not row then return 0 end
     M.observe_claimed(s, row)

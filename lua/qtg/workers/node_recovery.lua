@@ -121,7 +121,7 @@ function M.tick(s)
   for i, lane in ipairs(M.LANES) do
     if sizes[i] > 0 then
       local patterns, match = lane_filter(i)
-      s:transaction(function()
+      s:pipeline_transaction(function()
         local rows = s:query(M.ARM_SQL, qtg.settings.network_class, lane.grace_seconds,
           canon.encode(patterns), sizes[i], match)
         for _, row in ipairs(rows) do

@@ -1,0 +1,239 @@
+-- Pipeline transactions (s:begin_pipeline, src/qtg_pg.h) against a real
+-- PostgreSQL: one server transaction with no BEGIN or COMMIT statement,
+-- locks held to the end, rollback, a failing statement and a failing
+-- commit, a savepoint turning it into a block, release with one open, and
+-- the prepared-statement cache evicting inside one.
+local qtg = require("qtg")
+local db = qtg.db
+local support = require("spec.lua.support.host")
+
+local TABLE = "qtg_spec_pipeline"
+
+local function count(where)
+  return support.query("SELECT count(*)::int AS n FROM " .. TABLE .. " WHERE " .. where)[1].n
+end
+
+describe("pipeline transactions", function()
+  setup(function()
+    support.query("CREATE TABLE IF NOT EXISTS " .. TABLE .. [[ (
+      id int PRIMARY KEY, tag text,
+      CONSTRAINT qtg_spec_pipeline_tag UNIQUE (tag) DEFERRABLE INITIALLY DEFERRED)]])
+  end)
+  teardown(function() support.query("DROP TABLE IF EXISTS " .. TABLE) end)
+  before_each(function() support.query("DELETE FROM " .. TABLE) end)
+
+  it("runs its statements in one server transaction that commits at the end", function()
+    local s = db.acquire()
+    s:begin_pipeline()
+    assert.are.equal("implicit", s:pipeline())
+    assert.is_true(s:in_transaction())
+    local a = s:query("SELECT pg_current_xact_id()::text AS x, now() AS t")[1]
+    s:query("INSERT INTO " .. TABLE .. " (id, tag) VALUES (1, 'a')")
+    local b = s:query("SELECT pg_current_xact_id()::text AS x, now() AS t")[1]
+    assert.are.equal(a.x, b.x)
+    assert.are.equal(a.t, b.t)
+    -- not visible to another session before the commit
+    assert.are.equal(0, count("id = 1"))
+    s:commit()
+    assert.is_nil(s:pipeline())
+    assert.is_false(s:in_transaction())
+    assert.are.equal(1, count("id = 1"))
+    -- the session goes on as usual, in and out of transactions
+    assert.are.equal(1, s:query("SELECT 1 AS one")[1].one)
+    s:transaction(function() s:query("INSERT INTO " .. TABLE .. " (id) VALUES (2)") end)
+    assert.are.equal(1, count("id = 2"))
+    s:release()
+  end)
+
+  it("holds its row locks until it ends", function()
+    support.query("INSERT INTO " .. TABLE .. " (id) VALUES (1)")
+    local s, other = db.acquire(), db.acquire()
+    s:begin_pipeline()
+    assert.are.equal(1, #s:query("SELECT id FROM " .. TABLE .. " WHERE id = 1 FOR UPDATE SKIP LOCKED"))
+    other:begin()
+    assert.are.equal(0, #other:query("SELECT id FROM " .. TABLE .. " WHERE id = 1 FOR UPDATE SKIP LOCKED"))
+    other:rollback()
+    s:commit()
+    other:begin()
+    assert.are.equal(1, #other:query("SELECT id FROM " .. TABLE .. " WHERE id = 1 FOR UPDATE SKIP LOCKED"))
+    other:rollback()
+    s:release()
+    other:release()
+  end)
+
+  it("rolls back what it wrote", function()
+    local s = db.acquire()
+    s:begin_pipeline()
+    s:query("INSERT INTO " .. TABLE .. " (id) VALUES (1)")
+    s:rollback()
+    assert.is_nil(s:pipeline())
+    assert.are.equal(0, count("true"))
+    s:release()
+  end)
+
+  it("a failed statement fails the rest and the commit; the session is usable after", function()
+    local s = db.acquire()
+    s:begin_pipeline()
+    s:query("INSERT INTO " .. TABLE .. " (id) VALUES (1)")
+    local ok, err = pcall(s.query, s, "INSERT INTO " .. TABLE .. " (id) VALUES (1)")
+    assert.is_false(ok)
+    assert.are.equal("sql", err.kind)
+    assert.are.equal("23505", err.sqlstate)
+    ok, err = pcall(s.query, s, "SELECT 1")
+    assert.is_false(ok)
+    assert.are.equal("25P02", err.sqlstate)
+    assert.is_true(s:in_transaction())
+    ok, err = pcall(s.commit, s)
+    assert.is_false(ok)
+    assert.are.equal("25P02", err.sqlstate)
+    assert.matches("rolled back", err.message)
+    assert.is_nil(s:pipeline())
+    assert.are.equal(0, count("true"))
+    -- and again, ended by a rollback this time
+    s:begin_pipeline()
+    assert.is_false(pcall(s.query, s, "SELEC 1"))
+    s:rollback()
+    assert.are.equal(1, s:query("SELECT 1 AS one")[1].one)
+    s:release()
+  end)
+
+  it("reports a commit that fails at the end (a deferred constraint), implicit or a block", function()
+    local s = db.acquire()
+    for _, block in ipairs({ false, true }) do
+      s:begin_pipeline()
+      s:query("INSERT INTO " .. TABLE .. " (id, tag) VALUES (1, 'same'), (2, 'same')")
+      if block then s:savepoint("x") end
+      local ok, err = pcall(s.commit, s)
+      assert.is_false(ok)
+      assert.are.equal("23505", err.sqlstate)
+      assert.is_nil(s:pipeline())
+      assert.is_false(s:in_transaction())
+      assert.are.equal(0, count("true"))
+    end
+    s:release()
+  end)
+
+  it("a savepoint makes it a block: rolled back to, released, committed", function()
+    local s = db.acquire()
+    s:begin_pipeline()
+    s:query("INSERT INTO " .. TABLE .. " (id) VALUES (1)")
+    s:savepoint("one")
+    assert.are.equal("block", s:pipeline())
+    s:query("INSERT INTO " .. TABLE .. " (id) VALUES (2)")
+    s:rollback_to("one")
+    s:query("INSERT INTO " .. TABLE .. " (id) VALUES (3)")
+    s:savepoint("two")
+    s:release_savepoint("two")
+    s:commit()
+    assert.are.equal(1, count("id = 1"))
+    assert.are.equal(0, count("id = 2"))
+    assert.are.equal(1, count("id = 3"))
+    -- a block rolled back
+    s:begin_pipeline()
+    s:query("INSERT INTO " .. TABLE .. " (id) VALUES (4)")
+    s:savepoint("one")
+    s:rollback()
+    assert.are.equal(0, count("id = 4"))
+    -- a failed statement rolled back to the savepoint: the block goes on
+    s:begin_pipeline()
+    s:savepoint("one")
+    assert.is_false(pcall(s.query, s, "INSERT INTO " .. TABLE .. " (id) VALUES (1)"))
+    s:rollback_to("one")
+    s:query("INSERT INTO " .. TABLE .. " (id) VALUES (5)")
+    s:commit()
+    assert.are.equal(1, count("id = 5"))
+    -- a failed block not rolled back to its savepoint: the server keeps
+    -- answering that it is aborted, and its commit fails
+    s:begin_pipeline()
+    s:query("INSERT INTO " .. TABLE .. " (id) VALUES (6)")
+    s:savepoint("one")
+    assert.is_false(pcall(s.query, s, "INSERT INTO " .. TABLE .. " (id) VALUES (1)"))
+    local ok, err = pcall(s.query, s, "SELECT 1")
+    assert.is_false(ok)
+    assert.are.equal("25P02", err.sqlstate)
+    ok, err = pcall(s.commit, s)
+    assert.is_false(ok)
+    assert.are.equal("25P02", err.sqlstate)
+    assert.is_nil(s:pipeline())
+    assert.are.equal(0, count("id = 6"))
+    -- and one released as it is
+    s:begin_pipeline()
+    s:query("INSERT INTO " .. TABLE .. " (id) VALUES (7)")
+    s:savepoint("one")
+    assert.is_false(pcall(s.query, s, "INSERT INTO " .. TABLE .. " (id) VALUES (1)"))
+    s:release()
+    assert.are.equal(0, count("id = 7"))
+  end)
+
+  it("a session released with one open rolls it back and comes back clean", function()
+    local s = db.acquire()
+    local pid = s:pid()
+    s:begin_pipeline()
+    s:query("INSERT INTO " .. TABLE .. " (id) VALUES (1)")
+    s:release()
+    assert.are.equal(0, count("true"))
+    -- the pool hands the connection out again, outside any transaction
+    local seen = false
+    local held = {}
+    for _ = 1, tonumber(qtg.settings.db_pool_size) or 8 do
+      local x = db.acquire()
+      held[#held + 1] = x
+      assert.is_false(x:in_transaction())
+      assert.is_nil(x:pipeline())
+      if x:pid() == pid then
+        seen = true
+        assert.are.equal(1, x:query("SELECT 1 AS one")[1].one)
+      end
+    end
+    for _, x in ipairs(held) do x:release() end
+    assert.is_true(seen)
+  end)
+
+  it("pipeline_transaction returns fn's results, or rolls back and raises fn's error", function()
+    local s = db.acquire()
+    local a, b = s:pipeline_transaction(function(x)
+      s:query("INSERT INTO " .. TABLE .. " (id) VALUES (1)")
+      return x, "two"
+    end, "one")
+    assert.are.equal("one", a)
+    assert.are.equal("two", b)
+    local ok, err = pcall(s.pipeline_transaction, s, function()
+      s:query("INSERT INTO " .. TABLE .. " (id) VALUES (2)")
+      error({ kind = "mine" }, 0)
+    end)
+    assert.is_false(ok)
+    assert.are.equal("mine", err.kind)
+    assert.are.equal(1, count("true"))
+    s:release()
+  end)
+
+  it("is refused inside another transaction, and commit/rollback need one", function()
+    local s = db.acquire()
+    s:begin()
+    local ok, err = pcall(s.begin_pipeline, s)
+    assert.is_false(ok)
+    assert.are.equal("usage", err.kind)
+    s:rollback()
+    s:begin_pipeline()
+    ok, err = pcall(s.begin_pipeline, s)
+    assert.is_false(ok)
+    assert.are.equal("usage", err.kind)
+    s:rollback()
+    local none, why = s:raw_pipeline_commit()
+    assert.is_nil(none)
+    assert.are.equal("usage", why.kind)
+    s:release()
+  end)
+
+  it("evicts prepared statements inside one (DEALLOCATE on the extended protocol)", function()
+    local s = db.acquire()
+    s:begin_pipeline()
+    for i = 1, 300 do
+      assert.are.equal(i, s:query("SELECT " .. i .. "::int AS n /* pipeline " .. i .. " */")[1].n)
+    end
+    s:query("INSERT INTO " .. TABLE .. " (id) VALUES (1)")
+    s:commit()
+    assert.are.equal(1, count("true"))
+    s:release()
+  end)
+end)
