@@ -5,7 +5,8 @@
 -- says what failed (the API maps it to an HTTP status, qtg.api.problem),
 -- message says it to a person, fields carry the rest (code, sqlstate,
 -- url...).  The rule (docs/host-api.md, "Errors"): database and other
--- transactional calls raise; network I/O returns nil, err.
+-- transactional calls raise; network I/O and executor calls return nil,
+-- err; input validators answer nil, reason.
 --   raise(kind, fmt, ...)               error(qtg.error(kind, fmt:format(...)), 0)
 --   raise_with(kind, fields, fmt, ...)  the same, with fields
 --   text(e)                             one line for any raised value

@@ -23,8 +23,8 @@ function M.ready()
   if not qtg.signer.address(d.signer_key) then
     return nil, "signer key " .. d.signer_key .. " is not loaded (MG_SIGNER_KEYS)"
   end
-  local url, code, detail = evm_transfer.connect(d.chain_id)
-  if not url then return nil, code .. ": " .. tostring(detail) end
+  local url, err = evm_transfer.connect(d.chain_id)
+  if not url then return nil, err.code .. ": " .. err.message end
   return true
 end
 

@@ -2,11 +2,14 @@
 -- wei, the risk controls a template sets, the EIP-1559 fees chosen from the
 -- node's fee data within those caps, the transaction's fields for
 -- qtg.evm.eip1559, and confirmation counting.  No I/O: every function takes
--- what the RPC answered and returns a value, or nil + code + reason.
+-- what the RPC answered and returns a value, or nil + reason (fees: nil +
+-- an executor error carrying the node's error code, qtg.executors.error).
 --
 -- Big integers (wei amounts and balances exceed 2^53) are decimal strings
 -- without leading zeros; fees per gas are Lua numbers, refused at 2^53 and
 -- above (9e6 gwei: far above any cap a template may set).
+local executors = require "qtg.executors"
+
 local M = {}
 
 M.DECIMALS = 18                 -- native ETH
@@ -209,7 +212,8 @@ end
 
 -- fees{base_fee_next=, suggested_tip= (eth_maxPriorityFeePerGas, may be
 -- nil), rewards=, controls=} -> {max_fee_per_gas=, max_priority_fee_per_gas=,
--- base_fee_next=}, or nil, code, reason.
+-- base_fee_next=}, or nil, err (executors.error: EVM_RPC_BAD_RESPONSE,
+-- EVM_FEE_ABOVE_CAP).
 --   tip     = the node's suggestion (else the median reward), at most the cap
 --   max_fee = 2 * next base fee + tip, at most the cap
 -- Refused (EVM_FEE_ABOVE_CAP) when even the capped max fee cannot cover the
@@ -217,15 +221,17 @@ end
 function M.fees(a)
   local c = a.controls
   local base = a.base_fee_next
-  if type(base) ~= "number" or base < 0 then return nil, "EVM_RPC_BAD_RESPONSE", "no base fee" end
+  if type(base) ~= "number" or base < 0 then
+    return nil, executors.error("EVM_RPC_BAD_RESPONSE", "no base fee")
+  end
   local tip = a.suggested_tip or median(a.rewards or {}) or 0
   if tip > c.max_priority_fee_per_gas then tip = c.max_priority_fee_per_gas end
   local max_fee = M.BASE_FEE_MULTIPLIER * base + tip
   if max_fee > c.max_fee_per_gas then max_fee = c.max_fee_per_gas end
   if max_fee < base + tip then
-    return nil, "EVM_FEE_ABOVE_CAP", string.format(
+    return nil, executors.error("EVM_FEE_ABOVE_CAP", string.format(
       "next block's base fee %d wei + tip %d wei exceeds the template's max_fee_per_gas_wei %d",
-      base, tip, c.max_fee_per_gas)
+      base, tip, c.max_fee_per_gas))
   end
   return { max_fee_per_gas = max_fee, max_priority_fee_per_gas = tip, base_fee_next = base }
 end

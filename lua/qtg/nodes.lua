@@ -10,6 +10,7 @@ local canon = require "qtg.canon_json"
 local state = require "qtg.state"
 local outbox = require "qtg.outbox"
 local executors = require "qtg.executors"
+local errors = require "qtg.errors"
 local intervals = require "qtg.observe_intervals"
 
 local M = {}
@@ -357,17 +358,21 @@ M.ANSWERS = {
 
 local FINAL = { COMPLETED = true, FAILED = true }
 
--- answer_fields(node, call, fields, answer, code, detail) -> fields: what an
+-- answer_fields(node, call, fields, answer, err) -> fields: what an
 -- executor's answer to `call` writes on the node, added to `fields` (the
--- caller's own: attempt_no, observe_count...).  answer, code, detail are
--- what qtg.executors.call returns (answer nil: code and detail say why).
-function M.answer_fields(node, call, fields, answer, code, detail)
+-- caller's own: attempt_no, observe_count...).  answer, err are what
+-- qtg.executors.call returns (answer nil: err, an executors.error, says
+-- why: its code and message become error_code and error_detail).
+function M.answer_fields(node, call, fields, answer, err)
   local rule = M.ANSWERS[call]
   if not rule then error("nodes.answer_fields: unknown call " .. tostring(call), 2) end
   fields = fields or {}
   if not answer then
     fields.node_state = rule.no_answer or node.node_state
-    fields.error_code, fields.error_detail = code, detail
+    if not executors.is_error(err) then
+      error("nodes.answer_fields: no answer and no executor error: " .. errors.text(err), 2)
+    end
+    fields.error_code, fields.error_detail = err.code, err.message
     if rule.no_answer then fields.next_observe_in = NULL end
     return fields
   end
@@ -391,10 +396,10 @@ function M.answer_fields(node, call, fields, answer, code, detail)
   return fields
 end
 
--- apply_answer(s, g, node, actor, call, fields, answer, code, detail) ->
--- node: answer_fields, then apply.
-function M.apply_answer(s, g, node, actor, call, fields, answer, code, detail)
-  return M.apply(s, g, node, M.answer_fields(node, call, fields, answer, code, detail), actor)
+-- apply_answer(s, g, node, actor, call, fields, answer, err) -> node:
+-- answer_fields, then apply.
+function M.apply_answer(s, g, node, actor, call, fields, answer, err)
+  return M.apply(s, g, node, M.answer_fields(node, call, fields, answer, err), actor)
 end
 
 return M

@@ -235,10 +235,8 @@ function M.create(s, args, who)
     if not pv then refuse("not_found", "template %s is not loaded", args.template_key) end
     local ok, why = templates.validate_intent(pv.intent_schema, args.intent)
     if not ok then refuse("invalid_intent", "template %s: %s", args.template_key, why) end
-    local rc_ok, rule, rc_why = risk.check(pv.risk_controls, args.intent)
-    if not rc_ok then
-      refuse("invalid_intent", "template %s: risk_controls.%s refuses: %s", args.template_key, rule, rc_why)
-    end
+    local rc_ok, rc_why = risk.check(pv.risk_controls, args.intent)
+    if not rc_ok then refuse("invalid_intent", "template %s: %s", args.template_key, rc_why) end
     local decision, policy_error = evaluate_policy(s, {
       template_key = args.template_key, network_class = network_class, intent = args.intent,
       initiator = initiator })
@@ -327,10 +325,8 @@ local function approve(s, id, p, comment)
       id)
   end
   local rc = s:query("SELECT risk_controls FROM plan_versions WHERE id = $1", req.plan_version_id)[1]
-  local rc_ok, rule, rc_why = risk.check(rc and rc.risk_controls, req.intent)
-  if not rc_ok then
-    refuse("invalid_intent", "request %s: risk_controls.%s refuses: %s", id, rule, rc_why)
-  end
+  local rc_ok, rc_why = risk.check(rc and rc.risk_controls, req.intent)
+  if not rc_ok then refuse("invalid_intent", "request %s: %s", id, rc_why) end
   -- the policy again, with the velocity windows of this asset serialised
   approvals.lock_velocity(s, req)
   local stored = type(req.approval_policy) == "table" and req.approval_policy or {}

@@ -4,8 +4,10 @@
 --   validate(rc) -> array of errors (empty when the table is well formed):
 --     called when templates load; an unknown key or a malformed value is
 --     refused there, so a typo never silently disables a limit.
---   check(rc, intent) -> true | nil, rule, message: the intent against the
---     limits; `rule` names the key that refused (e.g. "max_amount").
+--   check(rc, intent) -> true | nil, reason: the intent against the
+--     limits; the reason names the key that refused ("risk_controls.max_amount
+--     refuses: ...").  A wrong intent is an answer, not an error: the caller
+--     refuses the request with it (invalid_intent).
 --
 -- Amounts are compared as exact decimals (decimal text, never floats).
 local M = {}
@@ -132,14 +134,16 @@ function M.validate(rc)
   return errs
 end
 
+local function refuses(k, why) return nil, string.format("risk_controls.%s refuses: %s", k, why) end
+
 function M.check(rc, intent)
   if type(rc) ~= "table" then return true end
-  if type(intent) ~= "table" then return nil, "intent", "the intent is not an object" end
+  if type(intent) ~= "table" then return refuses("intent", "the intent is not an object") end
   for _, k in ipairs(ORDER) do
     local key = M.KEYS[k]
     if rc[k] ~= nil and key.check then
       local why = key.check(rc[k], intent)
-      if why then return nil, k, why end
+      if why then return refuses(k, why) end
     end
   end
   return true

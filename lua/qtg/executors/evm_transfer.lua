@@ -28,7 +28,11 @@
 --                has config.confirmations confirmations
 -- Every chain answer that is not understood is UNKNOWN (after a broadcast)
 -- or a refused preflight (before): nothing is guessed.
+-- Its helpers fail with nil, err (err = qtg.executors.error(code, detail):
+-- code the node's error code, message its detail); the executor's calls
+-- turn err into a refusal or an answer, and prepare raises it.
 local qtg = require "qtg"
+local executors = require "qtg.executors"
 local rpc = require "qtg.evm_rpc"
 local evm_tx = require "qtg.evm_tx"
 local nonces = require "qtg.evm_nonces"
@@ -115,29 +119,45 @@ local function rpc_detail(err, url)
   return string.format("%s (%s)", tostring(err), M.redact(url))
 end
 
-local function refuse(code, detail) return { ok = false, error_code = code, error_detail = detail } end
+local fail = executors.error
 
--- endpoint(chain_id) -> url, or nil, code, detail.
+-- rpc_error(err, url): the executor's error for an evm_rpc error at url.
+local function rpc_error(err, url)
+  return fail(M.rpc_code(err), rpc_detail(err, url))
+end
+
+-- A refused preflight for the failure e.
+local function refuse(e) return { ok = false, error_code = e.code, error_detail = e.message } end
+
+-- answer(status, e[, with]) -> the answer {status=, error_code=,
+-- error_detail=} of the failure e, with the fields of `with` added.
+local function answer(status, e, with)
+  local a = { status = status, error_code = e.code, error_detail = e.message }
+  for k, x in pairs(with or {}) do a[k] = x end
+  return a
+end
+
+-- endpoint(chain_id) -> url, or nil, err.
 function M.endpoint(chain_id)
   local eps, why = rpc.endpoints(qtg.settings.evm_rpc_urls or "")
-  if not eps then return nil, "EVM_RPC_MISCONFIGURED", why end
+  if not eps then return nil, fail("EVM_RPC_MISCONFIGURED", why) end
   local url = eps[chain_id]
   if not url then
-    return nil, "EVM_NO_RPC_ENDPOINT", string.format("no RPC endpoint for chain %d in MG_EVM_RPC_URLS", chain_id)
+    return nil, fail("EVM_NO_RPC_ENDPOINT", string.format("no RPC endpoint for chain %d in MG_EVM_RPC_URLS", chain_id))
   end
   return url
 end
 
--- connect(chain_id) -> url, or nil, code, detail: the endpoint answers
--- eth_chainId with the chain we mean.
+-- connect(chain_id) -> url, or nil, err: the endpoint answers eth_chainId
+-- with the chain we mean.
 function M.connect(chain_id)
-  local url, code, detail = M.endpoint(chain_id)
-  if not url then return nil, code, detail end
+  local url, uerr = M.endpoint(chain_id)
+  if not url then return nil, uerr end
   local id, err = rpc.chain_id(url)
-  if not id then return nil, M.rpc_code(err), rpc_detail(err, url) end
+  if not id then return nil, rpc_error(err, url) end
   if id ~= chain_id then
-    return nil, "EVM_CHAIN_ID_MISMATCH", string.format(
-      "the RPC endpoint for chain %d (%s) serves chain %d", chain_id, M.redact(url), id)
+    return nil, fail("EVM_CHAIN_ID_MISMATCH", string.format(
+      "the RPC endpoint for chain %d (%s) serves chain %d", chain_id, M.redact(url), id))
   end
   return url
 end
@@ -149,62 +169,62 @@ local function node_chain(config, intent)
 end
 
 -- plan(ctx) -> {chain_id=, to=, value_wei=, signer_key=, from=, controls=},
--- or nil, code, detail.  Everything that needs no chain.
+-- or nil, err.  Everything that needs no chain.
 function M.plan(ctx)
   local cfg, intent = ctx.node_config or {}, ctx.intent or {}
   local asset = type(intent.asset) == "string" and intent.asset:upper() or nil
   if not evm_tx.NATIVE_ASSETS[asset or ""] then
-    return nil, "EVM_UNSUPPORTED_ASSET", string.format(
-      "evm_transfer moves the chain's native asset (ETH), not %s", tostring(intent.asset))
+    return nil, fail("EVM_UNSUPPORTED_ASSET", string.format(
+      "evm_transfer moves the chain's native asset (ETH), not %s", tostring(intent.asset)))
   end
   local chain_id = node_chain(cfg, intent)
   if not chain_id then
-    return nil, "EVM_BAD_INTENT", "chain_id (intent or node config) must be a positive integer, got "
-      .. tostring(cfg.chain_id or intent.chain_id)
+    return nil, fail("EVM_BAD_INTENT", "chain_id (intent or node config) must be a positive integer, got "
+      .. tostring(cfg.chain_id or intent.chain_id))
   end
   local c, why = evm_tx.controls(ctx.risk_controls)
-  if not c then return nil, "EVM_RISK_CONTROLS_INVALID", why end
+  if not c then return nil, fail("EVM_RISK_CONTROLS_INVALID", why) end
   if c.allowed_chain_ids and not c.allowed_chain_ids[chain_id] then
-    return nil, "EVM_CHAIN_NOT_ALLOWED", string.format(
-      "chain %d is not in the template's risk_controls.allowed_chain_ids", chain_id)
+    return nil, fail("EVM_CHAIN_NOT_ALLOWED", string.format(
+      "chain %d is not in the template's risk_controls.allowed_chain_ids", chain_id))
   end
   local wei, awhy = evm_tx.to_wei(intent.amount)
-  if not wei then return nil, "EVM_BAD_AMOUNT", awhy end
+  if not wei then return nil, fail("EVM_BAD_AMOUNT", awhy) end
   if c.max_amount_wei and evm_tx.cmp(wei, c.max_amount_wei) > 0 then
-    return nil, "EVM_AMOUNT_ABOVE_CAP", string.format("amount %s ETH exceeds the template's max_amount %s ETH",
-      evm_tx.from_wei(wei), evm_tx.from_wei(c.max_amount_wei))
+    return nil, fail("EVM_AMOUNT_ABOVE_CAP", string.format("amount %s ETH exceeds the template's max_amount %s ETH",
+      evm_tx.from_wei(wei), evm_tx.from_wei(c.max_amount_wei)))
   end
   local dest = cfg.destination
   if dest == nil then dest = intent.destination end
   local to, dwhy = rpc.check_address(dest)
-  if not to then return nil, "EVM_BAD_DESTINATION", dwhy end
+  if not to then return nil, fail("EVM_BAD_DESTINATION", dwhy) end
   if to == "0x" .. string.rep("0", 40) then
-    return nil, "EVM_BAD_DESTINATION", "the zero address burns funds: refused"
+    return nil, fail("EVM_BAD_DESTINATION", "the zero address burns funds: refused")
   end
   local key = cfg.signer_key
   local from, serr
   if type(key) == "string" then from, serr = qtg.signer.address(key) end
   if not from and type(serr) == "table" and serr.kind == "signer_unavailable" then error(serr, 0) end
   if not from then
-    return nil, "EVM_SIGNER_NOT_LOADED", string.format(
-      "signer key %s is not held by the signer (qtgd signer, MG_SIGNER_KEYS)", tostring(key))
+    return nil, fail("EVM_SIGNER_NOT_LOADED", string.format(
+      "signer key %s is not held by the signer (qtgd signer, MG_SIGNER_KEYS)", tostring(key)))
   end
   return { chain_id = chain_id, to = to, value_wei = wei, signer_key = key, from = from, controls = c }
 end
 
--- fee_data(url, controls) -> fees, or nil, code, detail.
+-- fee_data(url, controls) -> fees, or nil, err.
 function M.fee_data(url, controls)
   local doc, err = rpc.request(url, "eth_feeHistory",
     { M.FEE_HISTORY_BLOCKS, "latest", { M.FEE_PERCENTILE } })
-  if doc == nil then return nil, M.rpc_code(err), rpc_detail(err, url) end
+  if doc == nil then return nil, rpc_error(err, url) end
   local hist, why = evm_tx.fee_history(doc)
-  if not hist then return nil, "EVM_RPC_BAD_RESPONSE", why .. " (" .. M.redact(url) .. ")" end
+  if not hist then return nil, fail("EVM_RPC_BAD_RESPONSE", why .. " (" .. M.redact(url) .. ")") end
   local tip
   local t, terr = rpc.request(url, "eth_maxPriorityFeePerGas", {})
-  if t == nil and TRANSPORT[terr.kind] then return nil, M.rpc_code(terr), rpc_detail(terr, url) end
+  if t == nil and TRANSPORT[terr.kind] then return nil, rpc_error(terr, url) end
   if t then
     tip = evm_tx.quantity(t)
-    if not tip then return nil, "EVM_RPC_BAD_RESPONSE", "eth_maxPriorityFeePerGas answered " .. tostring(t) end
+    if not tip then return nil, fail("EVM_RPC_BAD_RESPONSE", "eth_maxPriorityFeePerGas answered " .. tostring(t)) end
   end
   -- a node without eth_maxPriorityFeePerGas (an rpc error): the median reward
   return evm_tx.fees({ base_fee_next = hist.base_fee_next, suggested_tip = tip,
@@ -236,36 +256,36 @@ end
 --   mined     mined with status 1          reverted  mined with status 0
 --   pending   known to the node, not mined  dropped   unknown, nonce still free
 --   taken     unknown, and the chain used the nonce for another transaction
--- or nil, code, detail when the chain could not be asked.
+-- or nil, err when the chain could not be asked.
 function M.chain_status(url, row)
   local function from_receipt(r)
-    if not receipt_block(r) then return nil, "EVM_RPC_BAD_RESPONSE", "receipt without a block number" end
+    if not receipt_block(r) then return nil, fail("EVM_RPC_BAD_RESPONSE", "receipt without a block number") end
     if r.status == "0x1" then return { state = "mined", receipt = r } end
     if r.status == "0x0" then return { state = "reverted", receipt = r } end
-    return nil, "EVM_RPC_BAD_RESPONSE", "receipt status " .. tostring(r.status)
+    return nil, fail("EVM_RPC_BAD_RESPONSE", "receipt status " .. tostring(r.status))
   end
   local r, err = rpc.get_transaction_receipt(url, row.tx_hash)
-  if r == nil then return nil, M.rpc_code(err), rpc_detail(err, url) end
+  if r == nil then return nil, rpc_error(err, url) end
   if r then return from_receipt(r) end
   local tx
   tx, err = rpc.get_transaction_by_hash(url, row.tx_hash)
-  if tx == nil then return nil, M.rpc_code(err), rpc_detail(err, url) end
+  if tx == nil then return nil, rpc_error(err, url) end
   if tx then return { state = "pending" } end
   local count
   count, err = rpc.get_transaction_count(url, row.address, "latest")
-  if not count then return nil, M.rpc_code(err), rpc_detail(err, url) end
+  if not count then return nil, rpc_error(err, url) end
   if count <= row.nonce then return { state = "dropped" } end
   -- the nonce is used: ours after all (mined since the first look)?
   r, err = rpc.get_transaction_receipt(url, row.tx_hash)
-  if r == nil then return nil, M.rpc_code(err), rpc_detail(err, url) end
+  if r == nil then return nil, rpc_error(err, url) end
   if r then return from_receipt(r) end
   return { state = "taken", count = count }
 end
 
 -- ---- broadcasting --------------------------------------------------------------------
 
--- broadcast(url, row[, again]) -> status, code, detail   (status: "sent",
--- "failed", "unknown").  Sends the row's signed bytes; "already known" and
+-- broadcast(url, row[, again]) -> status[, err]   (status: "sent",
+-- "failed", "unknown"; err says why it is not "sent").  Sends the row's signed bytes; "already known" and
 -- "nonce too low" are looked up by hash.  again: the bytes may already be
 -- out (a rebroadcast of a dropped transaction): another node's mempool can
 -- still hold and mine them, so a refusal of this send proves nothing about
@@ -277,8 +297,8 @@ function M.broadcast(url, row, again)
   if h then
     if h ~= row.tx_hash then
       nonces.note(row.id, "eth_sendRawTransaction answered hash " .. h)
-      return "unknown", "EVM_RPC_BAD_RESPONSE", string.format(
-        "eth_sendRawTransaction answered hash %s for transaction %s", h, row.tx_hash)
+      return "unknown", fail("EVM_RPC_BAD_RESPONSE", string.format(
+        "eth_sendRawTransaction answered hash %s for transaction %s", h, row.tx_hash))
     end
     nonces.mark_broadcast(row.id)
     qtg.log.info("evm transaction broadcast", { tx_hash = row.tx_hash, chain_id = row.chain_id,
@@ -288,110 +308,106 @@ function M.broadcast(url, row, again)
   local known, too_low = rpc.is_already_known(err), rpc.is_nonce_too_low(err)
   if known or too_low then
     local tx, lerr = rpc.get_transaction_by_hash(url, row.tx_hash)
-    if tx == nil then return "unknown", M.rpc_code(lerr), rpc_detail(lerr, url) end
+    if tx == nil then return "unknown", rpc_error(lerr, url) end
     if tx then
       nonces.mark_broadcast(row.id)
       return "sent"
     end
     if too_low then
-      local st, code, detail = M.chain_status(url, row)
-      if not st then return "unknown", code, detail end
+      local st, serr = M.chain_status(url, row)
+      if not st then return "unknown", serr end
       if st.state ~= "taken" then return "sent" end
       local why = string.format("nonce %d of %s on chain %d was used by another transaction; %s can never be mined",
         row.nonce, row.address, row.chain_id, row.tx_hash)
       nonces.surface(row.id, why, "nonce_taken")
-      return "failed", "EVM_NONCE_TAKEN", why
+      return "failed", fail("EVM_NONCE_TAKEN", why)
     end
-    return "unknown", "EVM_BROADCAST_OUTCOME_UNKNOWN",
-      "the node says it knows the transaction but cannot find it: " .. tostring(err)
+    return "unknown", fail("EVM_BROADCAST_OUTCOME_UNKNOWN",
+      "the node says it knows the transaction but cannot find it: " .. tostring(err))
   end
   if err.kind == "rpc" and again then
     local why = string.format("the RPC refused to rebroadcast transaction %s (nonce %d, still free on the chain): %s; "
       .. "the bytes may have been broadcast before and can still be mined", row.tx_hash, row.nonce,
       tostring(err.message))
     nonces.note(row.id, why)
-    return "unknown", "EVM_REBROADCAST_REFUSED", why .. " (" .. M.redact(url) .. ")"
+    return "unknown", fail("EVM_REBROADCAST_REFUSED", why .. " (" .. M.redact(url) .. ")")
   end
   if err.kind == "rpc" then
     local why = string.format("the RPC refused transaction %s (nonce %d): %s", row.tx_hash, row.nonce,
       tostring(err.message))
     nonces.surface(row.id, why, "rejected")
-    return "failed", "EVM_TX_REJECTED", why
+    return "failed", fail("EVM_TX_REJECTED", why)
   end
   nonces.note(row.id, tostring(err))
-  return "unknown", "EVM_BROADCAST_OUTCOME_UNKNOWN",
-    "the broadcast may or may not have reached the node: " .. rpc_detail(err, url)
+  return "unknown", fail("EVM_BROADCAST_OUTCOME_UNKNOWN",
+    "the broadcast may or may not have reached the node: " .. rpc_detail(err, url))
 end
 
 -- ---- the executor interface ------------------------------------------------------------
 
+-- observe_target(config, intent) -> chain_id, tx_hash, or nil, err.
 local function observe_target(config, intent)
   local chain_id = node_chain(config, intent)
-  if not chain_id then return nil, "EVM_BAD_INTENT", "chain_id (node config or intent) is missing" end
+  if not chain_id then return nil, fail("EVM_BAD_INTENT", "chain_id (node config or intent) is missing") end
   local h = rpc.check_hash(config.tx_hash, "transaction hash")
-  if not h then return nil, "EVM_BAD_TX_HASH", "config.tx_hash is not a transaction hash: " .. tostring(config.tx_hash) end
+  if not h then
+    return nil, fail("EVM_BAD_TX_HASH", "config.tx_hash is not a transaction hash: " .. tostring(config.tx_hash))
+  end
   return chain_id, h
 end
 
 function M.preflight(ctx)
   if ctx.action_type ~= M.TRANSFER then
-    local chain_id, code, detail = observe_target(ctx.node_config or {}, ctx.intent)
-    if not chain_id then return refuse(code, detail) end
-    local url
-    url, code, detail = M.endpoint(chain_id)
-    if not url then return refuse(code, detail) end
+    local chain_id, terr = observe_target(ctx.node_config or {}, ctx.intent)
+    if not chain_id then return refuse(terr) end
+    local url, uerr = M.endpoint(chain_id)
+    if not url then return refuse(uerr) end
     return { ok = true }
   end
-  local p, code, detail = M.plan(ctx)
-  if not p then return refuse(code, detail) end
-  local url
-  url, code, detail = M.connect(p.chain_id)
-  if not url then return refuse(code, detail) end
+  local p, perr = M.plan(ctx)
+  if not p then return refuse(perr) end
+  local url, uerr = M.connect(p.chain_id)
+  if not url then return refuse(uerr) end
   local cur = nonces.read(function(s) return nonces.for_node(s, ctx.request_node_id) end)
   if nonces.reusable_signed(cur) then
     return { ok = true }   -- signed already: the same bytes go out again, funds were checked then
   end
   local count, err = rpc.get_transaction_count(url, p.from, "latest")
-  if not count then return refuse(M.rpc_code(err), rpc_detail(err, url)) end
+  if not count then return refuse(rpc_error(err, url)) end
   local backlog = nonces.read(function(s) return nonces.backlog(s, p.chain_id, p.from, count) end)
   if backlog.n >= p.controls.max_pending then
-    return refuse("EVM_NONCE_BACKLOG", string.format(
+    return refuse(fail("EVM_NONCE_BACKLOG", string.format(
       "%d transactions of %s on chain %d are in flight from nonce %d (chain count %d, limit %d): later ones would queue behind them",
-      backlog.n, p.from, p.chain_id, backlog.lowest, count, p.controls.max_pending))
+      backlog.n, p.from, p.chain_id, backlog.lowest, count, p.controls.max_pending)))
   end
   if backlog.ahead > 0 then
-    return refuse("EVM_NONCE_BOOKS_MISMATCH", string.format(
+    return refuse(fail("EVM_NONCE_BOOKS_MISMATCH", string.format(
       "qtg's books say nonce %d of %s on chain %d was mined, but the chain's count is %d (a reset or different chain under this id?); reconcile evm_nonce_reservation before sending",
-      backlog.ahead_nonce, p.from, p.chain_id, count))
+      backlog.ahead_nonce, p.from, p.chain_id, count)))
   end
   if backlog.top - count > p.controls.max_pending then
     -- the books are far ahead of the chain: a reset devnet, or rows of
     -- another chain under this id.  New nonces would never be mined.
-    return refuse("EVM_NONCE_BACKLOG", string.format(
+    return refuse(fail("EVM_NONCE_BACKLOG", string.format(
       "qtg's reservations for %s on chain %d reach nonce %d but the chain's count is %d: the books and the chain disagree (a reset chain?); reconcile evm_nonce_reservation before sending",
-      p.from, p.chain_id, backlog.top - 1, count))
+      p.from, p.chain_id, backlog.top - 1, count)))
   end
-  local fees
-  fees, code, detail = M.fee_data(url, p.controls)
-  if not fees then return refuse(code, detail) end
+  local fees, ferr = M.fee_data(url, p.controls)
+  if not fees then return refuse(ferr) end
   local bal
   bal, err = rpc.request(url, "eth_getBalance", { p.from, "latest" })
-  if bal == nil then return refuse(M.rpc_code(err), rpc_detail(err, url)) end
+  if bal == nil then return refuse(rpc_error(err, url)) end
   local balance = evm_tx.hex_to_dec(bal)
-  if not balance then return refuse("EVM_RPC_BAD_RESPONSE", "eth_getBalance answered " .. tostring(bal)) end
+  if not balance then return refuse(fail("EVM_RPC_BAD_RESPONSE", "eth_getBalance answered " .. tostring(bal))) end
   local need = evm_tx.max_cost(p.controls.gas_limit, fees.max_fee_per_gas, p.value_wei)
   if evm_tx.cmp(balance, need) < 0 then
-    return refuse("EVM_INSUFFICIENT_FUNDS", string.format(
+    return refuse(fail("EVM_INSUFFICIENT_FUNDS", string.format(
       "%s holds %s ETH on chain %d; the transfer needs up to %s ETH (%s ETH + gas %d x %d wei)",
       p.from, evm_tx.from_wei(balance), p.chain_id, evm_tx.from_wei(need),
-      evm_tx.from_wei(p.value_wei), p.controls.gas_limit, fees.max_fee_per_gas))
+      evm_tx.from_wei(p.value_wei), p.controls.gas_limit, fees.max_fee_per_gas)))
   end
   return { ok = true }
 end
-
--- A refusal of prepare: the error's kind is the node's error code, so the
--- recorded detail reads "CODE: detail".
-local function raise(code, detail) error(qtg.error(code, tostring(detail)), 0) end
 
 local function prepared_of(ctx, p, row)
   return {
@@ -409,18 +425,18 @@ function M.prepare(ctx)
   if ctx.action_type ~= M.TRANSFER then
     return { payload_format = "none", action_type = ctx.action_type }
   end
-  local p, code, detail = M.plan(ctx)
-  if not p then raise(code, detail) end
+  -- a refusal raises its error: executors.call records it as
+  -- EXECUTOR_ERROR with the detail "prepare raised: CODE: detail"
+  local p, perr = M.plan(ctx)
+  if not p then error(perr, 0) end
   local cur = nonces.read(function(s) return nonces.for_node(s, ctx.request_node_id) end)
   if nonces.reusable_signed(cur) then return prepared_of(ctx, p, cur) end
-  local url
-  url, code, detail = M.connect(p.chain_id)
-  if not url then raise(code, detail) end
+  local url, uerr = M.connect(p.chain_id)
+  if not url then error(uerr, 0) end
   local count, err = rpc.get_transaction_count(url, p.from, "latest")
-  if not count then raise(M.rpc_code(err), rpc_detail(err, url)) end
-  local fees
-  fees, code, detail = M.fee_data(url, p.controls)
-  if not fees then raise(code, detail) end
+  if not count then error(rpc_error(err, url), 0) end
+  local fees, ferr = M.fee_data(url, p.controls)
+  if not fees then error(ferr, 0) end
   local row, how = nonces.reserve({ chain_id = p.chain_id, address = p.from,
       request_node_id = ctx.request_node_id, attempt_no = ctx.attempt_no, latest_count = count },
     function(nonce)
@@ -443,6 +459,7 @@ function M.submit(ctx, submission)
   local cfg = ctx.node_config or {}
   if ctx.action_type ~= M.TRANSFER then
     local chain_id, tx_hash = observe_target(cfg, ctx.intent)
+    if not chain_id then return answer("FAILED", tx_hash) end   -- tx_hash: the error
     return { status = "SUBMITTED", retry_after_seconds = 0,
              provider_refs = { tx_hash = tx_hash, chain_id = chain_id } }
   end
@@ -465,24 +482,19 @@ function M.submit(ctx, submission)
     return { status = "FAILED", error_code = "EVM_RESERVATION_LOST", error_detail = why }
   end
   local refs = transfer_refs(row)
-  local url, code, detail = M.endpoint(row.chain_id)
-  if not url then
-    return { status = "UNKNOWN", provider_refs = refs, side_effect = true, error_code = code,
-             error_detail = detail }
-  end
+  local url, uerr = M.endpoint(row.chain_id)
+  if not url then return answer("UNKNOWN", uerr, { provider_refs = refs, side_effect = true }) end
   -- bytes stored before this dispatch (a crash came between a send and its
   -- commit) may be out already: a refusal of this send is then no proof
   -- they are dead (UNKNOWN, as a refused rebroadcast), only on a first send
-  local st
-  st, code, detail = M.broadcast(url, row, not first)
+  local st, berr = M.broadcast(url, row, not first)
   if st == "sent" then
     return { status = "SUBMITTED", provider_refs = refs, side_effect = true,
              retry_after_seconds = poll(cfg) }
   elseif st == "failed" then
-    return { status = "FAILED", provider_refs = refs, error_code = code, error_detail = detail }
+    return answer("FAILED", berr, { provider_refs = refs })
   end
-  return { status = "UNKNOWN", provider_refs = refs, side_effect = true, error_code = code,
-           error_detail = detail }
+  return answer("UNKNOWN", berr, { provider_refs = refs, side_effect = true })
 end
 
 -- The reservation behind a transfer node: by the transaction hash it
@@ -498,8 +510,8 @@ end
 -- settle(url, row, pending_status) -> an observe/recover answer from the
 -- chain's view of the row's transaction.
 local function settle(url, row, pending_status, cfg)
-  local st, code, detail = M.chain_status(url, row)
-  if not st then return { status = "UNKNOWN", error_code = code, error_detail = detail } end
+  local st, serr = M.chain_status(url, row)
+  if not st then return answer("UNKNOWN", serr) end
   if st.state == "mined" then
     local r = receipt_refs(st.receipt)
     nonces.mark_mined(row.id, r.block_number, true)
@@ -530,16 +542,14 @@ local function settle(url, row, pending_status, cfg)
   -- be mined later: a refused rebroadcast leaves the node UNKNOWN with its
   -- side effect (the operator decides; recovery keeps asking the chain).
   -- FAILED only when the chain proves them dead (EVM_NONCE_TAKEN).
-  local b
-  b, code, detail = M.broadcast(url, row, true)
+  local b, berr = M.broadcast(url, row, true)
   if b == "sent" then
     return { status = pending_status, side_effect = true, provider_refs = transfer_refs(row),
              retry_after_seconds = poll(cfg) }
-  elseif b == "failed" and code == "EVM_NONCE_TAKEN" then
-    return { status = "FAILED", provider_refs = transfer_refs(row), error_code = code, error_detail = detail }
+  elseif b == "failed" and berr.code == "EVM_NONCE_TAKEN" then
+    return answer("FAILED", berr, { provider_refs = transfer_refs(row) })
   end
-  return { status = "UNKNOWN", side_effect = true, provider_refs = transfer_refs(row),
-           error_code = code, error_detail = detail }
+  return answer("UNKNOWN", berr, { side_effect = true, provider_refs = transfer_refs(row) })
 end
 
 local function observe_transfer(octx, pending_status)
@@ -558,19 +568,19 @@ local function observe_transfer(octx, pending_status)
     return { status = "UNKNOWN", error_code = "EVM_NOT_BROADCAST",
              error_detail = "the node's reservation holds no signed transaction" }
   end
-  local url, code, detail = M.endpoint(row.chain_id)
-  if not url then return { status = "UNKNOWN", error_code = code, error_detail = detail } end
+  local url, uerr = M.endpoint(row.chain_id)
+  if not url then return answer("UNKNOWN", uerr) end
   return settle(url, row, pending_status, octx.node_config)
 end
 
 local function observe_chain(octx, recovering)
   local cfg = octx.node_config or {}
-  local chain_id, tx_hash, bad = observe_target(cfg, octx.intent)
-  if not chain_id then return { status = "FAILED", error_code = tx_hash, error_detail = bad } end
-  local url, code, detail = M.endpoint(chain_id)
-  if not url then return { status = "UNKNOWN", error_code = code, error_detail = detail } end
+  local chain_id, tx_hash = observe_target(cfg, octx.intent)
+  if not chain_id then return answer("FAILED", tx_hash) end   -- tx_hash: the error
+  local url, uerr = M.endpoint(chain_id)
+  if not url then return answer("UNKNOWN", uerr) end
   local r, err = rpc.get_transaction_receipt(url, tx_hash)
-  if r == nil then return { status = "UNKNOWN", error_code = M.rpc_code(err), error_detail = rpc_detail(err, url) } end
+  if r == nil then return answer("UNKNOWN", rpc_error(err, url)) end
   if recovering then return { status = "SUBMITTED" } end   -- the chain answers again: observe anew
   if not r then return { status = "OBSERVING", retry_after_seconds = poll(cfg) } end
   local block = receipt_block(r)
@@ -587,8 +597,8 @@ local function observe_chain(octx, recovering)
       local tx
       tx, err = rpc.get_transaction_by_hash(url, tx_hash)
       if not tx then
-        return { status = "UNKNOWN", error_code = tx == nil and M.rpc_code(err) or "EVM_RPC_BAD_RESPONSE",
-                 error_detail = tx == nil and rpc_detail(err, url) or "receipt without transaction" }
+        return answer("UNKNOWN", tx == nil and rpc_error(err, url)
+          or fail("EVM_RPC_BAD_RESPONSE", "receipt without transaction"))
       end
       local want_to = rpc.check_address(intent.destination)
       local want_value = evm_tx.to_wei(intent.amount)
@@ -603,7 +613,7 @@ local function observe_chain(octx, recovering)
   end
   local latest
   latest, err = rpc.block_number(url)
-  if not latest then return { status = "UNKNOWN", error_code = M.rpc_code(err), error_detail = rpc_detail(err, url) } end
+  if not latest then return answer("UNKNOWN", rpc_error(err, url)) end
   local conf = evm_tx.confirmations(block, latest)
   if conf >= (cfg.confirmations or 1) then
     return { status = "COMPLETED", provider_refs = { confirmations = conf, final_block = block,

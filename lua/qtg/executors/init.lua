@@ -18,8 +18,11 @@
 --   {status =, provider_refs = {...}, artifacts = {...}, side_effect = bool,
 --    retry_after_seconds = n, error_code =, error_detail =}
 -- with the statuses allowed per call in M.STATUSES.  Anything else (a raise,
--- a non-table, a wrong type) is caught by the worker and recorded as
+-- a non-table, a wrong type) is caught by M.call and recorded as
 -- EXECUTOR_ERROR / EXECUTOR_BAD_RESPONSE; see docs/data-model.md.
+-- An executor's failure is one qtg error, M.error(code, detail): kind
+-- "executor", code the node's error code, message its error detail.
+local qtg = require "qtg"
 local canon = require "qtg.canon_json"
 local errors = require "qtg.errors"
 
@@ -68,6 +71,18 @@ M.STATUSES = {
 M.ERROR = "EXECUTOR_ERROR"
 M.BAD_RESPONSE = "EXECUTOR_BAD_RESPONSE"
 M.NOT_REGISTERED = "EXECUTOR_NOT_REGISTERED"
+M.KIND = "executor"
+
+-- error(code, detail) -> the qtg error of an executor's failure: the node
+-- records code as error_code and the message as error_detail.
+function M.error(code, detail)
+  return qtg.error(M.KIND, tostring(detail), { code = code })
+end
+
+-- is_error(e): e is an executor's failure (M.error).
+function M.is_error(e)
+  return type(e) == "table" and rawget(e, "kind") == M.KIND and type(rawget(e, "code")) == "string"
+end
 
 function M.default_executor(action_type)
   return M.ACTION_TYPES[action_type]
@@ -181,23 +196,30 @@ function M.status_list(call)
   return table.concat(out, ", ")
 end
 
--- call(adapter, fname, ...) -> answer | nil, error_code, detail
+-- A raised value as the error detail: an executor's own refusal
+-- (M.error raised) reads "CODE: detail", anything else as errors.text.
+local function raised_text(e)
+  if M.is_error(e) then return e.code .. ": " .. e.message end
+  return errors.text(e)
+end
+
+-- call(adapter, fname, ...) -> answer | nil, err (M.error)
 -- Runs one adapter function, catching a raise (EXECUTOR_ERROR), a missing
 -- function (EXECUTOR_ERROR) and a malformed answer (EXECUTOR_BAD_RESPONSE).
 function M.call(adapter, fname, ...)
   local f = adapter[fname]
   if type(f) ~= "function" then
-    return nil, M.ERROR, "executor has no " .. fname .. "()"
+    return nil, M.error(M.ERROR, "executor has no " .. fname .. "()")
   end
   local ok, answer = pcall(f, ...)
   if not ok then
     -- the signer could not be asked: not the executor's failure, and not
     -- final; the dispatcher rolls the attempt back (node stays READY)
     if type(answer) == "table" and answer.kind == "signer_unavailable" then error(answer, 0) end
-    return nil, M.ERROR, string.format("%s raised: %s", fname, errors.text(answer))
+    return nil, M.error(M.ERROR, string.format("%s raised: %s", fname, raised_text(answer)))
   end
   local checked, why = M.check(fname, answer)
-  if not checked then return nil, M.BAD_RESPONSE, why end
+  if not checked then return nil, M.error(M.BAD_RESPONSE, why) end
   return checked
 end
 

@@ -71,8 +71,8 @@ local function check_executor(name)
   local adapter, why = executors.get(name)
   if not adapter then return { state = "down", error = text(why) } end
   if type(adapter.health) ~= "function" then return { state = "unknown" } end
-  local answer, code, detail = executors.call(adapter, "health")
-  if not answer then return { state = "down", error = text(code .. ": " .. tostring(detail)) } end
+  local answer, err = executors.call(adapter, "health")
+  if not answer then return { state = "down", error = text(err.code .. ": " .. err.message) } end
   return { state = answer.state, detail = answer.detail and { detail = answer.detail } or nil }
 end
 

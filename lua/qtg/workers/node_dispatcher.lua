@@ -135,9 +135,9 @@ local function plan_of(s, node, progress)
 end
 
 -- The pipeline: -> outcome {attempt_no =, idempotency_key =,
--- resolved_config =, answer =, code =, detail =} for nodes.apply_answer
--- (answer, code, detail as qtg.executors.call returns them; a refusal before
--- submit is a FAILED answer).  `progress` tells the caller whether submit
+-- resolved_config =, answer =, err =} for nodes.apply_answer (answer, err
+-- as qtg.executors.call returns them; a refusal before submit is a FAILED
+-- answer).  `progress` tells the caller whether submit
 -- was reached (for an engine error after it).
 local function pipeline(s, g, node, progress)
   local plan_node, plan_version = plan_of(s, node, progress)
@@ -155,15 +155,14 @@ local function pipeline(s, g, node, progress)
   if not adapter then return fail(executors.NOT_REGISTERED, why) end
   local allowed, not_here = executors.allowed(node.executor, g.request.network_class)
   if not allowed then return fail("EXECUTOR_NOT_ALLOWED", not_here) end
-  local pre, code, detail = executors.call(adapter, "preflight", ctx)
-  if not pre then return fail(code, detail) end
+  local pre, perr = executors.call(adapter, "preflight", ctx)
+  if not pre then return fail(perr.code, perr.message) end
   if not pre.ok then
     return fail("PREFLIGHT_REJECTED", string.format("%s: %s", tostring(pre.error_code),
       tostring(pre.error_detail or "preflight refused")))
   end
-  local prepared
-  prepared, code, detail = executors.call(adapter, "prepare", ctx)
-  if not prepared then return fail(code, detail) end
+  local prepared, prerr = executors.call(adapter, "prepare", ctx)
+  if not prepared then return fail(prerr.code, prerr.message) end
   local signature
   if prepared.signer_key then
     local sreq = context.sign_request(ctx, prepared)
@@ -186,18 +185,17 @@ local function pipeline(s, g, node, progress)
   local key = context.idempotency_key(node.id, attempt_no)
   progress.submitted = true
   progress.attempt_no, progress.key = attempt_no, key
-  local answer
-  answer, code, detail = executors.call(adapter, "submit", ctx,
+  local answer, serr = executors.call(adapter, "submit", ctx,
     { idempotency_key = key, prepared = prepared, signature = signature })
   return { attempt_no = attempt_no, idempotency_key = key, resolved_config = ctx.node_config,
-           answer = answer, code = code, detail = detail }
+           answer = answer, err = serr }
 end
 
 -- Write the outcome of this attempt and what follows from it.
 local function record(s, g, node, outcome)
   local fields = { attempt_no = outcome.attempt_no, started_now = true,
                    idempotency_key = outcome.idempotency_key, resolved_config = outcome.resolved_config }
-  nodes_db.apply_answer(s, g, node, M.ACTOR, "submit", fields, outcome.answer, outcome.code, outcome.detail)
+  nodes_db.apply_answer(s, g, node, M.ACTOR, "submit", fields, outcome.answer, outcome.err)
   local code = node.error_code
   qtg.log.info("node dispatched", { worker = "node_dispatcher", request_id = g.request.id,
     node_id = node.id, node_key = node.node_key, node_state = node.node_state,
@@ -227,7 +225,7 @@ function M.dispatch(s, row)
     g = nodes_db.load_all(s, req)
     node = g.by_key[node.node_key]
     outcome = { attempt_no = progress.attempt_no or (node.attempt_no + 1),
-                idempotency_key = progress.key, code = "ENGINE_ERROR", detail = detail }
+                idempotency_key = progress.key, err = executors.error("ENGINE_ERROR", detail) }
     if not progress.submitted then
       outcome.answer = { status = "FAILED", error_code = "ENGINE_ERROR", error_detail = detail }
     end

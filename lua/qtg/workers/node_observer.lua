@@ -112,7 +112,8 @@ function M.observe_claimed(s, row)
   local fields = { observe_count = node.observe_count + 1 }
   local adapter, why = executors.get(node.executor)
   if not adapter then
-    return nodes_db.apply_answer(s, g, node, M.ACTOR, "observe", fields, nil, executors.NOT_REGISTERED, why)
+    return nodes_db.apply_answer(s, g, node, M.ACTOR, "observe", fields, nil,
+      executors.error(executors.NOT_REGISTERED, why))
   end
   return nodes_db.apply_answer(s, g, node, M.ACTOR, "observe", fields,
     executors.call(adapter, "observe", context.observe_context(g.request, node)))

@@ -82,18 +82,18 @@ end
 function M.recover_claimed(s, row)
   local g, node = nodes_db.claimed(s, row)
   local adapter, why = executors.get(node.executor)
-  local answer, code, detail
+  local answer, err
   if adapter then
     local go = pacing.take(node.executor, adapter, "recover")
     if not go then return node, false end
-    answer, code, detail = executors.call(adapter, "recover", context.observe_context(g.request, node))
+    answer, err = executors.call(adapter, "recover", context.observe_context(g.request, node))
   else
-    code, detail = executors.NOT_REGISTERED, why
+    err = executors.error(executors.NOT_REGISTERED, why)
   end
   local fields = {}
   if not answer then
     qtg.log.warn("recover failed", { worker = "node_recovery", node_id = node.id,
-      error_code = code, error = detail })
+      error_code = err.code, error = err.message })
   elseif answer.status == "SUBMITTED" and node.error_code == "OBSERVATION_TIMEOUT" then
     -- A node the observer timed out, found still in flight: its observation
     -- window starts again.  Measured from the first started_at it would time
@@ -101,7 +101,7 @@ function M.recover_claimed(s, row)
     -- an operator's resume would land back in MANUAL_INTERVENTION each time.
     fields.started_now = true
   end
-  return nodes_db.apply_answer(s, g, node, M.ACTOR, "recover", fields, answer, code, detail)
+  return nodes_db.apply_answer(s, g, node, M.ACTOR, "recover", fields, answer, err)
 end
 
 -- arm_sizes(batch) -> the number each arm may take, in arm order: each

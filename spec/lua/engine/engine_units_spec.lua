@@ -270,14 +270,29 @@ describe("executor answers", function()
       submit = function() error("provider exploded") end,
       observe = function() return { status = 42 } end,
     }
-    local a, code, detail = executors.call(adapter, "submit", {})
+    local a, err = executors.call(adapter, "submit", {})
     assert.is_nil(a)
-    assert.equal("EXECUTOR_ERROR", code)
-    assert.matches("provider exploded", detail, 1, true)
-    a, code = executors.call(adapter, "observe", {})
-    assert.equal("EXECUTOR_BAD_RESPONSE", code)
-    a, code = executors.call(adapter, "recover", {})
-    assert.equal("EXECUTOR_ERROR", code)
+    assert.equal("executor", err.kind)
+    assert.equal("EXECUTOR_ERROR", err.code)
+    assert.matches("provider exploded", err.message, 1, true)
+    assert.equal("executor: " .. err.message, tostring(err))
+    a, err = executors.call(adapter, "observe", {})
+    assert.equal("EXECUTOR_BAD_RESPONSE", err.code)
+    a, err = executors.call(adapter, "recover", {})
+    assert.equal("EXECUTOR_ERROR", err.code)
+  end)
+
+  it("records an executor's own raised error as its code and detail", function()
+    local adapter = {
+      prepare = function() error(executors.error("EVM_FEE_ABOVE_CAP", "fees too high"), 0) end,
+      submit = function() error(qtg.error("sql", "lost"), 0) end,
+    }
+    local a, err = executors.call(adapter, "prepare", {})
+    assert.is_nil(a)
+    assert.equal("EXECUTOR_ERROR", err.code)
+    assert.equal("prepare raised: EVM_FEE_ABOVE_CAP: fees too high", err.message)
+    a, err = executors.call(adapter, "submit", {})
+    assert.equal("submit raised: sql: lost", err.message)
   end)
 
   it("maps every action type to a registered executor", function()
@@ -316,10 +331,11 @@ describe("answer fields", function()
   end)
 
   it("without an answer: submit and observe leave the node UNKNOWN, recovery where it is", function()
-    local f = nodes.answer_fields(node, "observe", {}, nil, "EXECUTOR_ERROR", "raised")
+    local f = nodes.answer_fields(node, "observe", {}, nil, executors.error("EXECUTOR_ERROR", "raised"))
     assert.equal("UNKNOWN", f.node_state)
     assert.equal("EXECUTOR_ERROR", f.error_code)
-    f = nodes.answer_fields({ node_state = "UNKNOWN" }, "recover", {}, nil, "EXECUTOR_BAD_RESPONSE", "garbage")
+    f = nodes.answer_fields({ node_state = "UNKNOWN" }, "recover", {}, nil,
+      executors.error("EXECUTOR_BAD_RESPONSE", "garbage"))
     assert.equal("UNKNOWN", f.node_state)
     assert.equal("garbage", f.error_detail)
   end)
@@ -327,6 +343,8 @@ describe("answer fields", function()
   it("refuses a call it does not know and a status the call may not answer", function()
     assert.has_error(function() nodes.answer_fields(node, "poll", {}, { status = "OBSERVING" }) end)
     assert.has_error(function() nodes.answer_fields(node, "recover", {}, { status = "OBSERVING" }) end)
+    -- no answer needs the executor error saying why (not a bare code and detail)
+    assert.has_error(function() nodes.answer_fields(node, "observe", {}, nil, "EXECUTOR_ERROR", "raised") end)
   end)
 end)
 

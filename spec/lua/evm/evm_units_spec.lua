@@ -86,10 +86,10 @@ describe("evm_tx: risk controls and fees", function()
     f = assert(evm_tx.fees({ base_fee_next = 60000000000, suggested_tip = 1000000000, controls = c }))
     assert.equal(100000000000, f.max_fee_per_gas)
     -- refused when the cap cannot pay the next block's base fee and the tip
-    local ok, code, why = evm_tx.fees({ base_fee_next = 99500000000, suggested_tip = 1000000000, controls = c })
+    local ok, err = evm_tx.fees({ base_fee_next = 99500000000, suggested_tip = 1000000000, controls = c })
     assert.is_nil(ok)
-    assert.equal("EVM_FEE_ABOVE_CAP", code)
-    assert.matches("max_fee_per_gas_wei", why)
+    assert.equal("EVM_FEE_ABOVE_CAP", err.code)
+    assert.matches("max_fee_per_gas_wei", err.message)
   end)
 
   it("reads eth_feeHistory answers and refuses malformed ones", function()
@@ -124,10 +124,10 @@ describe("evm_transfer executor: checks without a chain", function()
   end
   local DEST = "0x70997970C51812dc3A010C7d01b50e0d17dc79C8"   -- EIP-55 form
   local function code(intent, rc, cfg)
-    local p, c, why = exe.plan(ctx(intent, rc, cfg))
+    local p, err = exe.plan(ctx(intent, rc, cfg))
     assert.is_nil(p)
-    assert.is_string(why)
-    return c, why
+    assert.is_string(err.message)
+    return err.code, err.message
   end
 
   it("refuses each bad input with its own code", function()
@@ -228,9 +228,9 @@ describe("evm_transfer executor: checks without a chain", function()
   end)
 
   it("refuses a chain without an endpoint (this process has none)", function()
-    local url, c = exe.endpoint(31337)
+    local url, err = exe.endpoint(31337)
     assert.is_nil(url)
-    assert.equal("EVM_NO_RPC_ENDPOINT", c)
+    assert.equal("EVM_NO_RPC_ENDPOINT", err.code)
     local ok, why = require("qtg.evm_demo").ready()
     assert.is_nil(ok)
     assert.matches("evm_hot is not loaded", why)
