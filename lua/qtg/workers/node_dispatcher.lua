@@ -6,8 +6,8 @@
 -- Claim: M.claim_one walks the unlocked FIFO candidates one at a time and
 -- claims one by id with FOR UPDATE OF nodes, requests SKIP LOCKED, the
 -- listing and the claim in one statement that opens its transaction; a miss
--- rolls the transaction back (so a node whose request is locked elsewhere
--- keeps no lock) and the next try excludes the tried ids.
+-- ends the transaction (so a node whose request is locked elsewhere keeps
+-- no lock) and the next try excludes the tried ids.
 --
 -- Outcomes (docs/data-model.md has the table):
 --   bad $ref                      FAILED   CONFIG_REF_UNRESOLVED
@@ -82,11 +82,11 @@ M.MAX_MISSES = 50
 -- FIFO candidate (CANDIDATES_SQL, no lock), then CLAIM_SQL for its id.  It
 -- returns candidate_id with the claimed row (node_id set) on a hit, with
 -- node_id NULL on a miss, and no row when no candidate is left.  Run as its
--- transaction's first statement, so a miss is undone by rolling the
--- transaction back (the spec's miss-only savepoint, with the transaction as
+-- transaction's first statement, so a miss is undone by ending the
+-- transaction (the spec's miss-only savepoint, with the transaction as
 -- the savepoint: a partial lock on the node is released) and the next
--- transaction excludes the id: BEGIN + one statement per dispatch, where
--- the savepoint walk took BEGIN, candidates, SAVEPOINT and the claim.
+-- transaction excludes the id: one statement per dispatch, where the
+-- savepoint walk took BEGIN, candidates, SAVEPOINT and the claim.
 M.CLAIM_ONE_SQL = "WITH candidate AS MATERIALIZED (\n" .. M.CANDIDATES_SQL .. "\n)\n"
   .. "SELECT candidate.id AS candidate_id, claimed.*\n  FROM candidate\n  LEFT JOIN LATERAL (\n"
   .. claim_sql("candidate.id") .. "\n) claimed ON true"
@@ -263,8 +263,12 @@ local last_pass_empty = false
 -- claim_one(s, class) -> the claimed row in s's open transaction, or nil
 -- (no transaction open) when no candidate is left or MAX_MISSES missed.
 -- The transaction is a pipeline transaction (no BEGIN, no COMMIT
--- statement: qtg.db's begin_pipeline); with no candidate nothing was locked
--- and it ends by its Sync alone; a miss is rolled back.
+-- statement: qtg.db's begin_pipeline).  A miss ends it with its Sync alone:
+-- ending the transaction releases a partial lock as a rollback would, it
+-- wrote nothing else, and a commit is one statement fewer than BEGIN and
+-- ROLLBACK (a skipped lock writes no WAL, so there is nothing to flush; a
+-- partial lock that was taken is flushed with the commit record, which is
+-- rare: the request locked and its node not).
 function M.claim_one(s, class)
   local tried = {}
   for _ = 0, M.MAX_MISSES do
@@ -274,11 +278,8 @@ function M.claim_one(s, class)
       row.candidate_id = nil -- the claimed row is CLAIM_SQL's
       return row
     end
-    if not row then
-      s:commit()
-      return nil
-    end
-    s:rollback()
+    s:commit()
+    if not row then return nil end
     tried[#tried + 1] = row.candidate_id
   end
   return nil
