@@ -283,7 +283,7 @@ describe("callback delivery to real receivers", function()
   it("retries a 500, a timeout and a refused connection after 2, 4, 8, 16 s and dead-letters the fifth failure, with one timestamp and nonce", function()
     local class = sup.uid("cb-fail")
     local r500 = sup.start_receiver(dir, "r500", { mode = "500" })
-    local hang = sup.start_receiver(dir, "hang", { mode = "hang", args = "--hang-seconds 30" })
+    local hang = sup.start_receiver(dir, "hang", { mode = "hang", args = { "--hang-seconds", "30" } })
     local refuse = sup.start_receiver(dir, "refuse", { mode = "refuse" })
     local req = {}
     for _, r in ipairs({ r500, hang, refuse }) do
@@ -406,7 +406,7 @@ describe("callback delivery to real receivers", function()
   it("delivers every callback exactly once with two processes", function()
     local class = sup.uid("cb-two")
     local rcv = sup.start_receiver(dir, "two", { mode = "ok", keys = { k1 = key_path },
-                                                 args = "--delay 0.15" })
+                                                 args = { "--delay", "0.15" } })
     local N = 30
     for _ = 1, N do sup.request(s, T, class, rcv.url) end
     local env = child_env(class, key_path, { MG_CALLBACK_TIMEOUT_SECONDS = "10" })
@@ -479,11 +479,11 @@ describe("callback delivery to real receivers", function()
   it("bounds a slow, a cut and a never-closing answer by the timeout and retries them", function()
     local class = sup.uid("cb-body")
     local rcv = {
-      slow = sup.start_receiver(dir, "slow", { mode = "slow", args = "--trickle-interval 0.4" }),
+      slow = sup.start_receiver(dir, "slow", { mode = "slow", args = { "--trickle-interval", "0.4" } }),
       close = sup.start_receiver(dir, "close", { mode = "close" }),
-      noclose = sup.start_receiver(dir, "noclose", { mode = "noclose", args = "--hang-seconds 30" }),
+      noclose = sup.start_receiver(dir, "noclose", { mode = "noclose", args = { "--hang-seconds", "30" } }),
       huge500 = sup.start_receiver(dir, "huge500", { mode = "huge",
-                                                     args = "--huge-bytes 3000000 --status 500" }),
+                                                     args = { "--huge-bytes", "3000000", "--status", "500" } }),
     }
     local req = {}
     for name, r in pairs(rcv) do req[name] = sup.request(s, T, class, r.url) end
@@ -542,7 +542,7 @@ describe("callback delivery to real receivers", function()
 
   it("a receiver that hangs holds one lane: the other receivers' callbacks go out meanwhile", function()
     local class = sup.uid("cb-lanes")
-    local hang = sup.start_receiver(dir, "lanes-hang", { mode = "hang", args = "--hang-seconds 30" })
+    local hang = sup.start_receiver(dir, "lanes-hang", { mode = "hang", args = { "--hang-seconds", "30" } })
     local ok = sup.start_receiver(dir, "lanes-ok", { mode = "ok", keys = { k1 = key_path } })
     -- FIFO order: a hanging row first, then healthy ones, a second hanging
     -- one, more healthy ones.  One transaction of five would hold the healthy
@@ -565,7 +565,7 @@ describe("callback delivery to real receivers", function()
 
   it("a receiver that hangs with a backlog holds one lane, not all of them", function()
     local class = sup.uid("cb-backlog")
-    local hang = sup.start_receiver(dir, "backlog-hang", { mode = "hang", args = "--hang-seconds 30" })
+    local hang = sup.start_receiver(dir, "backlog-hang", { mode = "hang", args = { "--hang-seconds", "30" } })
     local ok = sup.start_receiver(dir, "backlog-ok", { mode = "ok", keys = { k1 = key_path } })
     -- more hanging rows than all the lanes' batches hold, then healthy ones
     local n_hang = dispatcher.lanes() * dispatcher.BATCH + 1
@@ -593,7 +593,7 @@ describe("callback delivery to real receivers", function()
 
   it("counts a 2xx whose answer is larger than it reads as delivered", function()
     local class = sup.uid("cb-huge")
-    local rcv = sup.start_receiver(dir, "huge", { mode = "huge", args = "--huge-bytes 3000000" })
+    local rcv = sup.start_receiver(dir, "huge", { mode = "huge", args = { "--huge-bytes", "3000000" } })
     local r = sup.request(s, T, class, rcv.url)
     sup.wait_child(sup.start_child(dir, "huge-child", child_env(class, key_path),
       { "callback_dispatcher", "30", "once" }))
