@@ -20,21 +20,14 @@ local cjson = require "cjson"
 local templates = require "qtg.templates"
 local requests = require "qtg.requests"
 local evm_tx = require "qtg.evm_tx"
+local common = require "spec.lua.support.common"
 
 local M = {}
 
 local CHAIN = 31337
 local TEMPLATE = "chaos_evm_transfer"
 
-local function rpc(url, method, params)
-  local resp, err = qtg.http.request{ method = "POST", url = url, timeout = 10,
-    headers = { ["Content-Type"] = "application/json" },
-    body = cjson.encode({ jsonrpc = "2.0", id = 1, method = method, params = params }) }
-  if not resp then error(method .. ": " .. tostring(err and err.message), 0) end
-  local doc = cjson.decode(resp.body)
-  if doc.error then error(method .. ": " .. cjson.encode(doc.error), 0) end
-  return doc.result
-end
+local rpc = common.rpc
 
 -- anvil (tools/anvil installs it from npm) on a free port, a block a second
 -- so confirmations grow; returns {url=, address=, key=} of its account 0.
@@ -43,12 +36,10 @@ local function start_anvil(lib)
   assert(path and lib.exists(path), "tools/anvil path gave no binary")
   local h = lib.start("anvil", {}, lib.q(path) .. " --host 127.0.0.1 --port 0 --chain-id " .. CHAIN
     .. " --accounts 1 --balance 10000 --block-time 1")
-  local log
-  for _ = 1, 400 do
-    log = lib.read(h.log) or ""
-    if log:match("Listening on 127%.0%.0%.1:%d+") then break end
-    qtg.sleep(0.05)
-  end
+  local log = common.poll(function()
+    local text = lib.read(h.log) or ""
+    return text:match("Listening on 127%.0%.0%.1:%d+") and text
+  end, 20) or lib.read(h.log) or ""
   local port = assert(log:match("Listening on 127%.0%.0%.1:(%d+)"), "anvil did not listen: " .. log:sub(-500))
   local address = assert(log:match("Available Accounts%s*=*%s*%(0%) (0x%x+)"), "no account in anvil's log")
   local key = assert(log:match("Private Keys%s*=*%s*%(0%) 0x(%x+)"), "no key in anvil's log")
@@ -60,11 +51,9 @@ end
 -- `qtgd signer` holding the anvil account's key as evm_hot, once it listens.
 local function start_signer(lib, env)
   local h = lib.start("signer", env, lib.q(lib.bin) .. " signer")
-  for _ = 1, 600 do
-    if (lib.read(h.log) or ""):find('"signer: listening"', 1, true) then return h end
-    if not lib.alive(h) then break end
-    qtg.sleep(0.05)
-  end
+  local function listening() return (lib.read(h.log) or ""):find('"signer: listening"', 1, true) end
+  common.poll(function() return listening() or not lib.alive(h) end, 30)
+  if listening() then return h end
   error("qtgd signer did not listen: " .. tostring(lib.read(h.log)))
 end
 
@@ -187,20 +176,18 @@ function M.run(lib)
   lib.log("evm-crashes: %d requests, %d signer kills, %d daemon kills, %d after a broadcast, %d restarts; settling",
     #recs, kills.signer, kills.daemon, broadcast, restarts)
 
-  local settled, seen = false, 0
-  local settle_deadline = qtg.monotonic() + (lib.ci and 120 or 600)
-  while qtg.monotonic() < settle_deadline do
+  local seen = 0
+  local settled = common.poll(function()
     restart_dead()
     local n, by = not_done(lib, recs)
-    if n == 0 then settled = true break end
+    if n == 0 then return true end
     if qtg.monotonic() - seen > 10 then
       local parts = {}
       for k, v in pairs(by) do parts[#parts + 1] = k .. "=" .. v end
       lib.log("settling: %d requests not COMPLETED (%s)", n, table.concat(parts, " "))
       seen = qtg.monotonic()
     end
-    qtg.sleep(0.5)
-  end
+  end, lib.ci and 120 or 600, 0.5)
   if not settled then lib.fail("not every request COMPLETED before the deadline") end
   lib.drain_audit(30)
 
