@@ -5,6 +5,7 @@
 -- with implementations written apart from the sender's code (the Python
 -- helper tools/callback-verify, and the documented formula computed here).
 local qtg = require "qtg"
+local common = require "spec.lua.support.common"
 local cjson = require "cjson"
 local callbacks = require "qtg.callbacks"
 local dispatcher = require "qtg.workers.callback_dispatcher"
@@ -223,8 +224,8 @@ describe("callback delivery to real receivers", function()
     local other = sup.key_file(dir, "other", "not-the-key")
     local nonces = dir .. "/nonces.sqlite"
     local function verify(args, body_path, headers_path)
-      local cmd = table.concat({ sup.q(sup.root() .. "/tools/callback-verify"), args,
-        "--headers", sup.q(headers_path or hfile), "--body", sup.q(body_path or bfile) }, " ")
+      local cmd = table.concat({ common.quote(sup.root() .. "/tools/callback-verify"), args,
+        "--headers", common.quote(headers_path or hfile), "--body", common.quote(body_path or bfile) }, " ")
       local p = io.popen(cmd .. " 2>&1; echo \"rc=$?\"")
       local out = p:read("*a")
       p:close()
@@ -232,11 +233,11 @@ describe("callback delivery to real receivers", function()
       local res = cjson.decode(out:match("^(%b{})"))
       return res, rc
     end
-    local k1 = "--key-file " .. sup.q("k1=" .. key_path)
-    local res, rc = verify(k1 .. " --nonce-db " .. sup.q(nonces))
+    local k1 = "--key-file " .. common.quote("k1=" .. key_path)
+    local res, rc = verify(k1 .. " --nonce-db " .. common.quote(nonces))
     assert.equals(0, rc)
     assert.is_true(res.ok)
-    res, rc = verify(k1 .. " --nonce-db " .. sup.q(nonces))
+    res, rc = verify(k1 .. " --nonce-db " .. common.quote(nonces))
     assert.equals(1, rc)
     assert.equals("replayed_nonce", res.reason)
     -- tampered body: one byte more
@@ -246,13 +247,13 @@ describe("callback delivery to real receivers", function()
     assert.equals(1, rc)
     assert.equals("signature_mismatch", res.reason)
     -- wrong key under the right id
-    res = verify("--key-file " .. sup.q("k1=" .. other))
+    res = verify("--key-file " .. common.quote("k1=" .. other))
     assert.equals("signature_mismatch", res.reason)
     -- a key id the receiver does not have
-    res = verify("--key-file " .. sup.q("k2=" .. key_path))
+    res = verify("--key-file " .. common.quote("k2=" .. key_path))
     assert.equals("unknown_key_id", res.reason)
     -- rotation overlap: both keys held, the header picks the right one
-    res = verify("--key-file " .. sup.q("k2=" .. other) .. " " .. k1)
+    res = verify("--key-file " .. common.quote("k2=" .. other) .. " " .. k1)
     assert.is_true(res.ok)
     -- stale and future timestamps
     local ts = tonumber(sup.header(e, "X-QTG-Callback-Timestamp"))
@@ -272,7 +273,7 @@ describe("callback delivery to real receivers", function()
     assert.equals("bad_version", res.reason)
     -- usage errors exit 2
     local _, rc2 = (function()
-      local p = io.popen(sup.q(sup.root() .. "/tools/callback-verify") .. " --headers x 2>&1; echo \"rc=$?\"")
+      local p = io.popen(common.quote(sup.root() .. "/tools/callback-verify") .. " --headers x 2>&1; echo \"rc=$?\"")
       local out = p:read("*a")
       p:close()
       return out, tonumber(out:match("rc=(%d+)%s*$"))

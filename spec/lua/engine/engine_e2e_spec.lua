@@ -6,6 +6,7 @@
 local qtg = require "qtg"
 local requests = require "qtg.requests"
 local templates = require "qtg.templates"
+local common = require "spec.lua.support.common"
 
 local sup, s
 local N = 200
@@ -48,7 +49,7 @@ local function start_qtgd(i, dir)
     "MG_RUN_DIR=" .. dir .. "/run-" .. i,
   }, " ")
   local p = io.popen(string.format("%s %s run > %s 2>&1 & echo $!", env,
-    sup.shell_quote(sup.qtgd_bin()), sup.shell_quote(log)))
+    common.quote(sup.qtgd_bin()), common.quote(log)))
   local pid = tonumber(p:read("*l"))
   p:close()
   procs[#procs + 1] = { pid = pid, log = log }
@@ -89,7 +90,7 @@ describe("two qtgd processes, 200 requests", function()
   teardown(function()
     stop_all()
     s:release()
-    os.execute("rm -rf " .. sup.shell_quote(dir))
+    os.execute("rm -rf " .. common.quote(dir))
   end)
 
   it("completes every request, one submit per (node, attempt), callbacks in order", function()

@@ -16,7 +16,7 @@ int unsetenv(const char *name);
 
 local sup -- spec/lua/support/host.lua
 
-local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local q = require("spec.lua.support.common").quote
 
 local listeners = {}
 

@@ -12,7 +12,6 @@ local common = require "spec.lua.support.common"
 local M = {}
 
 local q = common.quote
-M.q = q
 M.root, M.bin = common.root, common.bin
 M.read, M.write = common.read, common.write
 M.wait_for, M.query, M.base_env = common.wait_for, common.query, common.base_env

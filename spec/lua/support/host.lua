@@ -14,15 +14,13 @@ M.started = {}
 M.bin = os.getenv("QTG_BIN") or (qtg.root .. "/build/qtgd")
 M.root = qtg.root
 
-local sh_quote = common.quote
-M.sh_quote = sh_quote
 
 -- A fresh temporary directory (the caller removes it).
 function M.tmpdir() return common.tmpdir("qtg-spec") end
 
 -- write(path, text): creates the parent directories.
 function M.write(path, text)
-  os.execute("mkdir -p " .. sh_quote(path:match("^(.*)/[^/]*$")))
+  os.execute("mkdir -p " .. common.quote(path:match("^(.*)/[^/]*$")))
   common.write(path, text)
 end
 
@@ -38,7 +36,7 @@ end
 -- (common.spawn) and dir, its own temporary directory.
 function M.start(env, args)
   local dir = M.tmpdir()
-  local h = common.spawn(dir .. "/qtgd", env or {}, sh_quote(M.bin) .. " " .. table.concat(args or {"run"}, " "))
+  local h = common.spawn(dir .. "/qtgd", env or {}, common.quote(M.bin) .. " " .. table.concat(args or {"run"}, " "))
   h.dir = dir
   M.started[#M.started + 1] = h
   return h
@@ -58,7 +56,7 @@ M.stop = common.stop
 function M.stop_all()
   for _, h in ipairs(M.started) do
     if common.signal(h, "KILL") then M.wait_exit(h, 5) end
-    os.execute("rm -rf " .. sh_quote(h.dir))
+    os.execute("rm -rf " .. common.quote(h.dir))
   end
   M.started = {}
 end

@@ -10,7 +10,6 @@ local common = require "spec.lua.support.common"
 local M = {}
 
 local q = common.quote
-M.q = q
 M.root, M.qtgd_bin = common.root, common.bin
 M.write_file, M.read_file = common.write, common.read
 

@@ -18,7 +18,7 @@ int open(const char *path, int flags, int mode);
 ]])
 
 local sup -- spec/lua/support/host.lua
-local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local q = require("spec.lua.support.common").quote
 
 -- Everything this process writes on stderr while fn runs.
 local function capture_stderr(fn)

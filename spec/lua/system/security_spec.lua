@@ -21,7 +21,7 @@ local support = require "spec.lua.support.host"
 local common = require "spec.lua.support.common"
 local sup     -- spec/lua/support/engine.lua, loaded in setup
 
-local q = support.sh_quote
+local q = common.quote
 -- A valid secp256k1 key (Hardhat's well-known test account 1), never a real one.
 local SIGNER_KEY = "59c6995e998f97a5a0044966f0945389dc9e86dae88c7a8412f4603b6b78690d"
 
