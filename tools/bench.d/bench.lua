@@ -772,10 +772,7 @@ function B.phase_api(o)
   local n = o.ci and 40 or 400
   local d = B.start_daemon("api", { MG_API_LISTEN = "127.0.0.1:0", MG_WORKERS_ENABLED = "false", MG_LOG_LEVEL = "info",
     MG_API_RATE_LIMIT_BURST = "1000000", MG_API_RATE_LIMIT_PER_SECOND = "100000" })
-  local address = common.poll(function()
-    return (read_file(d.log) or ""):match('"msg":"api listening","address":"([^"]+)"')
-  end, 30)
-  assert(address, "bench: the API did not start: " .. tostring(read_file(d.log)))
+  local address = common.wait_log(d, '"msg":"api listening","address":"([^"]+)"', 30, "bench: the API to listen")
   local base = "http://" .. address
   local function token(name, roles)
     B.sh(("%s tokens revoke %s"):format(common.quote(B.bin), name))

@@ -28,7 +28,7 @@ M.INITIATOR = "console:chaos-initiator" -- four eyes: never the approver
 M.failures = {}
 M.started = {}      -- every process started here (common.spawn handles)
 
-M.q, M.sh, M.read, M.write = common.quote, common.sh, common.read, common.write
+M.sh, M.read, M.write, M.exists = common.sh, common.read, common.write, common.exists
 
 function M.log(fmt, ...)
   io.stdout:write(os.date("!%H:%M:%S "), string.format(fmt, ...), "\n")
@@ -39,12 +39,6 @@ function M.fail(fmt, ...)
   local msg = string.format(fmt, ...)
   M.failures[#M.failures + 1] = msg
   M.log("FAIL: %s", msg)
-end
-
-function M.exists(path)
-  local f = io.open(path, "rb")
-  if f then f:close() return true end
-  return false
 end
 
 -- A deterministic generator for the workload (seed: QTG_CHAOS_SEED).
@@ -207,6 +201,14 @@ function M.stop_daemons(timeout)
     if rc == nil then M.signal(h, "KILL") end
   end
   return out
+end
+
+-- stop_daemons_cleanly(): stop_daemons(30), and a failure for each daemon
+-- whose SIGTERM did not end in exit code 0.
+function M.stop_daemons_cleanly()
+  for i, s in pairs(M.stop_daemons(30)) do
+    if s.rc ~= 0 then M.fail("qtgd%d: SIGTERM gave exit code %s", i, tostring(s.rc)) end
+  end
 end
 
 -- ------------------------------------------------------------ receivers

@@ -70,6 +70,14 @@ local function read(path)
 end
 M.read = read
 
+-- exists(path) -> true when the file can be opened (without reading it).
+local function exists(path)
+  local f = io.open(path, "rb")
+  if f then f:close() end
+  return f ~= nil
+end
+M.exists = exists
+
 -- write(path, data[, mode]): replace the file; mode ("600") is chmod'ed.
 local function write(path, data, mode)
   local f, err = io.open(path, "wb")
@@ -325,6 +333,22 @@ function M.stop(h, seconds)
   return code
 end
 
+-- wait_log(h, pattern, seconds, what) -> the first capture (else the match)
+-- of the Lua pattern in a spawned process's log, once it is there; raises
+-- naming `what`, with the end of the log, when the process exits first or
+-- `seconds` pass.
+local function wait_log(h, pattern, seconds, what)
+  local function log_end() return "log " .. h.log .. ": " .. (read(h.log) or ""):sub(-1500) end
+  local found
+  wait_for(function()
+    found = (read(h.log) or ""):match(pattern)
+    return found or rc(h) ~= nil
+  end, seconds, function() return tostring(what) .. " (" .. log_end() .. ")" end)
+  if found then return found end
+  error(("%s: the process exited with %s first (%s)"):format(tostring(what), tostring(rc(h)), log_end()), 2)
+end
+M.wait_log = wait_log
+
 -- ---- callback receivers -------------------------------------------------------------
 
 -- start_receiver(dir, name, opts) -> h: tools/fake-receiver spawned as
@@ -382,6 +406,35 @@ function M.header(entry, name)
 end
 
 -- ---- a dev chain (anvil) ----------------------------------------------------------------
+
+-- anvil_bin() -> the anvil binary: `tools/anvil path` installs
+-- @foundry-rs/anvil from npm the first time; raises when it gives none.
+function M.anvil_bin()
+  local out = sh(quote(root() .. "/tools/anvil") .. " path")
+  local path = out:match("([^\n]*anvil)%s*$")
+  if not (path and exists(path)) then error("tools/anvil path did not give an anvil binary:\n" .. out, 2) end
+  return path
+end
+
+-- start_anvil(base, opts) -> h: anvil spawned as BASE (common.spawn) on
+-- 127.0.0.1, on a free port it picks itself (--port 0), once it listens;
+-- h.port, h.url, and h.address (lower case) and h.key (hex) of its account
+-- 0 added.  opts: chain_id (31337), accounts (10), block_time (interval
+-- mining: blocks keep coming, so confirmations grow without traffic).
+function M.start_anvil(base, opts)
+  opts = opts or {}
+  local words = { quote(M.anvil_bin()), "--host", "127.0.0.1", "--port", "0",
+                  "--chain-id", tostring(opts.chain_id or 31337), "--accounts", tostring(opts.accounts or 10),
+                  "--balance", "10000" }
+  if opts.block_time then words[#words + 1] = "--block-time " .. tostring(opts.block_time) end
+  local h = spawn(base, {}, table.concat(words, " "))
+  h.port = tonumber(wait_log(h, "Listening on 127%.0%.0%.1:(%d+)", 20, "anvil to listen"))
+  h.url = "http://127.0.0.1:" .. h.port
+  local log = read(h.log)
+  local address = log:match("Available Accounts%s*=*%s*%(0%) (0x%x+)")
+  h.address, h.key = address and address:lower(), log:match("Private Keys%s*=*%s*%(0%) 0x(%x+)")
+  return h
+end
 
 -- The dev accounts of anvil's default mnemonic ("test test ... junk"); their
 -- keys are public (dev only).
