@@ -17,10 +17,15 @@
 --   * with --evm-rpc (evm_transfer is shipped): the ETH arrived, as the
 --     local chain itself reports (eth_getBalance of a fresh destination).
 -- Exit code 0 when all of that holds, 1 otherwise (with what is missing).
+-- Shell quoting, files, polling, JSON-RPC and the receiver's record are
+-- spec/lua/support/common.lua's (the tree, this file's path up to /tools/,
+-- goes on package.path for it).
 local qtg = require "qtg"
 local cjson = require "cjson"
 local ffi = require "ffi"
 local requests = require "qtg.requests"
+package.path = package.path .. ";" .. (debug.getinfo(1, "S").source:match("^@(.*)/tools/") or ".") .. "/?.lua"
+local common = require "spec.lua.support.common"
 
 pcall(ffi.cdef, [[
 int isatty(int fd);
@@ -280,12 +285,12 @@ end
 -- order, then the demo's own UNKNOWN case.
 local function plan(opts)
   local keys = {}
-  local p = io.popen("ls -1 -- '" .. opts.templates:gsub("'", "'\\''") .. "'")
+  local p = io.popen("ls -1 -- " .. common.quote(opts.templates))
   for name in p:lines() do
     if name:match("%.json$") then
-      local f = assert(io.open(opts.templates .. "/" .. name, "rb"))
-      local ok, doc = pcall(cjson.decode, f:read("*a"))
-      f:close()
+      local text = common.read(opts.templates .. "/" .. name)
+      if not text then error("demo: cannot read " .. opts.templates .. "/" .. name, 0) end
+      local ok, doc = pcall(cjson.decode, text)
       if not ok or type(doc) ~= "table" or type(doc.template_key) ~= "string" then
         error("demo: " .. opts.templates .. "/" .. name .. " is not a template", 0)
       end
@@ -299,17 +304,7 @@ local function plan(opts)
 end
 
 -- JSON-RPC to the demo's chain.
-local function rpc(url, method, params)
-  local resp, err = qtg.http.request { method = "POST", url = url, timeout = 10,
-    headers = { ["Content-Type"] = "application/json" },
-    body = cjson.encode({ jsonrpc = "2.0", id = 1, method = method, params = params }) }
-  if not resp then error("demo: " .. method .. " on " .. url .. ": " .. tostring(err and err.message), 0) end
-  local ok, doc = pcall(cjson.decode, resp.body)
-  if not ok or type(doc) ~= "table" or doc.error then
-    error("demo: " .. method .. " on " .. url .. " answered " .. resp.body:sub(1, 200), 0)
-  end
-  return doc.result
-end
+local rpc = common.rpc
 
 -- The evm_transfer sample: a fresh destination, and the signer's address
 -- (a key made for this run) funded on the local chain.
@@ -430,9 +425,8 @@ local function watch(opts, made, view)
   local ids = {}
   for i, m in ipairs(made) do ids[i] = m.id end
   local manual_done, unknown_seen = {}, {}
-  local deadline = qtg.monotonic() + opts.timeout
   local rows
-  while true do
+  local finished = common.poll(function()
     local all_terminal = true
     with_session(function(s)
       complete_manual_steps(s, ids, view, manual_done)
@@ -443,48 +437,36 @@ local function watch(opts, made, view)
       if not TERMINAL[r.request_state] then all_terminal = false end
     end
     view.draw(rows)
-    if all_terminal then break end
+    if all_terminal then return true end
     if not daemon_alive(opts.daemon_pid) then
       view.clear()
       error("the daemon (pid " .. opts.daemon_pid .. ") stopped; the end of its log:\n"
         .. tail(opts.daemon_log, 20), 0)
     end
-    if qtg.monotonic() > deadline then
-      view.final(rows)
-      error(string.format("not every movement finished within %g s", opts.timeout), 0)
-    end
-    qtg.sleep(0.25)
+  end, opts.timeout, 0.25)
+  if not finished then
+    view.final(rows)
+    error(string.format("not every movement finished within %g s", opts.timeout), 0)
   end
   view.final(rows)
   return rows, manual_done
 end
 
--- Wait until no callback of ours is pending; returns the outbox rows.
+-- Wait until no callback of ours is pending; returns the outbox rows and
+-- how many are still pending.
 local function wait_callbacks(ids, timeout)
-  local deadline = qtg.monotonic() + timeout
-  while true do
-    local rows = with_session(function(s)
+  local rows, pending
+  common.poll(function()
+    rows = with_session(function(s)
       return s:query([[SELECT request_id::text AS request_id, status, attempts, last_error, payload
                          FROM movement_callback_outbox WHERE request_id = ANY($1::uuid[])
                         ORDER BY request_id, id]], pg_array(ids))
     end)
-    local pending = 0
+    pending = 0
     for _, r in ipairs(rows) do if r.status == "pending" then pending = pending + 1 end end
-    if pending == 0 or qtg.monotonic() > deadline then return rows, pending end
-    qtg.sleep(0.2)
-  end
-end
-
-local function read_record(path)
-  local entries = {}
-  local f = io.open(path, "r")
-  if not f then return entries end
-  for line in f:lines() do
-    local ok, e = pcall(cjson.decode, line)
-    if ok and type(e) == "table" then entries[#entries + 1] = e end
-  end
-  f:close()
-  return entries
+    return pending == 0
+  end, timeout, 0.2)
+  return rows, pending
 end
 
 -- Per request: rows delivered, deliveries the receiver verified, problems.
@@ -499,7 +481,7 @@ local function verify_callbacks(opts, made, outbox_rows)
     else problems[#problems + 1] = string.format("callback of %s is %s (%s)", r.request_id:sub(1, 8),
       r.status, tostring(r.last_error)) end
   end
-  for _, e in ipairs(read_record(opts.record)) do
+  for _, e in ipairs(common.records(opts.record)) do
     local ok, body = pcall(cjson.decode, e.body or "")
     local p = ok and type(body) == "table" and per[body.request_id]
     if p then
@@ -567,9 +549,9 @@ local function run(argv)
       or ("initiator " .. INITIATOR .. ", approver " .. ACTOR)))
   local made = create_all(opts, run_id)
   if opts.ids_file then
-    local f = assert(io.open(opts.ids_file, "w"))
-    for _, m in ipairs(made) do f:write(m.id, " ", m.template_key, "\n") end
-    f:close()
+    local lines = {}
+    for _, m in ipairs(made) do lines[#lines + 1] = m.id .. " " .. m.template_key .. "\n" end
+    common.write(opts.ids_file, table.concat(lines))
   end
   for _, m in ipairs(made) do
     out(string.format("   %s  %-24s  %s\n", m.id:sub(1, 8), m.template_key, m.role))

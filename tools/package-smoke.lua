@@ -7,9 +7,14 @@
 -- callback URL (the receiver verifies every signature), waits until it is
 -- COMPLETED and every callback is delivered, and checks the receiver's
 -- verdicts.  Prints one line per fact; exit 0 when all hold, else 1.
+-- Polling and the receiver's record are spec/lua/support/common.lua's: the
+-- tree, this file's path up to /tools/, goes at the end of package.path, so
+-- every qtg module still comes from the installed package.
 local qtg = require "qtg"
 local cjson = require "cjson"
 local requests = require "qtg.requests"
+package.path = package.path .. ";" .. (debug.getinfo(1, "S").source:match("^@(.*)/tools/") or ".") .. "/?.lua"
+local common = require "spec.lua.support.common"
 
 local function parse(argv)
   local opts = { timeout = 60 }
@@ -30,16 +35,6 @@ end
 
 local function say(fmt, ...) io.stdout:write(string.format(fmt, ...), "\n") io.stdout:flush() end
 
-local function wait_for(what, timeout, fn)
-  local deadline = qtg.monotonic() + timeout
-  while true do
-    local v = fn()
-    if v then return v end
-    if qtg.monotonic() > deadline then error("timed out after " .. timeout .. " s waiting for " .. what, 0) end
-    qtg.sleep(0.2)
-  end
-end
-
 local function run(argv)
   local opts = parse(argv)
   say("policies from %s (package.path starts %s)", qtg.root, package.path:sub(1, 40))
@@ -55,43 +50,41 @@ local function run(argv)
     return requests.approve(s, r.id, "console:package-smoke")
   end)
   say("created and approved %s (cex_withdrawal_to_wallet)", req.id)
-  local final = wait_for("the movement to finish", opts.timeout, function()
+  local final = common.wait_for(function()
     local r = qtg.db.with_session(function(s)
       return s:query("SELECT request_state, last_error_code FROM movement_requests WHERE id = $1::uuid", req.id)[1]
     end)
     if r.request_state ~= "APPROVED" and r.request_state ~= "EXECUTING" then return r end
-  end)
+  end, opts.timeout, "the movement to finish", 0.2)
   if final.request_state ~= "COMPLETED" then
     error(("the movement ended %s (%s)"):format(final.request_state, tostring(final.last_error_code)), 0)
   end
   say("movement %s COMPLETED", req.id)
-  local rows = wait_for("its callbacks to be delivered", 30, function()
+  local rows = common.wait_for(function()
     local rs = qtg.db.with_session(function(s)
       return s:query("SELECT status, callback_nonce FROM movement_callback_outbox WHERE request_id = $1::uuid", req.id)
     end)
     for _, r in ipairs(rs) do if r.status == "pending" then return nil end end
     return rs
-  end)
+  end, 30, "its callbacks to be delivered", 0.2)
   local nonces = {}
   for _, r in ipairs(rows) do
     if r.status ~= "delivered" then error("a callback ended " .. r.status, 0) end
     nonces[r.callback_nonce] = true
   end
   local verified = 0
-  local f = assert(io.open(opts.record, "r"))
-  for line in f:lines() do
-    local e = cjson.decode(line)
+  for _, e in ipairs(common.records(opts.record)) do
     local body = cjson.decode(e.body)
     if body.request_id == req.id then
       if not (e.verdict and e.verdict.ok) then
         error("the receiver rejected a callback: " .. tostring(e.verdict and e.verdict.reason), 0)
       end
-      local nonce = e.headers["X-QTG-Callback-Nonce"] or e.headers["x-qtg-callback-nonce"]
-      if not nonces[nonce] then error("the receiver got a callback the outbox does not know", 0) end
+      if not nonces[common.header(e, "X-QTG-Callback-Nonce")] then
+        error("the receiver got a callback the outbox does not know", 0)
+      end
       verified = verified + 1
     end
   end
-  f:close()
   if #rows == 0 or verified ~= #rows then
     error(("%d callbacks delivered but %d verified by the receiver"):format(#rows, verified), 0)
   end

@@ -26,9 +26,14 @@
 --               requests (cloned from the finished ones) in the tables.
 -- Every phase checks its own outcome (all COMPLETED, all delivered): a
 -- failed check makes the bench exit 1.  No timing is ever asserted.
+-- Shell quoting, files, processes and polling are
+-- spec/lua/support/common.lua's (the tree, this file's path up to /tools/,
+-- goes on package.path for it).
 local qtg = require "qtg"
 local cjson = require "cjson"
 local requests = require "qtg.requests"
+package.path = package.path .. ";" .. (debug.getinfo(1, "S").source:match("^@(.*)/tools/") or ".") .. "/?.lua"
+local common = require "spec.lua.support.common"
 
 local B = {}
 
@@ -76,23 +81,8 @@ function B.parse_args(argv)
 end
 
 -- ------------------------------------------------------------ shell and /proc
-local function sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
-
-function B.sh(cmd)
-  local p = io.popen(cmd .. " 2>&1; echo \"__rc=$?\"")
-  local out = p:read("*a")
-  p:close()
-  local rc = tonumber(out:match("__rc=(%d+)%s*$"))
-  return (out:gsub("__rc=%d+%s*$", "")), rc
-end
-
-local function read_file(path)
-  local f = io.open(path, "r")
-  if not f then return nil end
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+B.sh = common.sh
+local read_file = common.read
 
 -- {rss_kb, hwm_kb, cpu_s} of a live process, or nil.
 function B.proc(pid)
@@ -124,11 +114,6 @@ function B.pg_cpu()
   return total
 end
 
-function B.tmpdir()
-  local out = B.sh("mktemp -d /tmp/qtg-bench.XXXXXX")
-  return (out:gsub("%s+$", ""))
-end
-
 -- ------------------------------------------------------------ database
 function B.q(sql, ...)
   local s = qtg.db.acquire()
@@ -158,33 +143,17 @@ function B.start_daemon(tag, extra_env)
     MG_LOG_LEVEL = "warn",
   }
   for k, v in pairs(extra_env or {}) do env[k] = v end
-  local parts = {}
-  for k, v in pairs(env) do parts[#parts + 1] = k .. "=" .. sh_quote(v) end
-  local log = B.dir .. "/" .. tag .. ".log"
-  local cmd = ("env %s %s run </dev/null >%s 2>&1 & echo $!"):format(
-    table.concat(parts, " "), sh_quote(B.bin), sh_quote(log))
-  local out = B.sh("sh -c " .. sh_quote(cmd))
-  local d = { tag = tag, pid = tonumber(out:match("(%d+)")), log = log, started = qtg.monotonic() }
-  assert(d.pid, "bench: cannot start qtgd: " .. out)
+  local d = common.spawn(B.dir .. "/" .. tag, env, common.quote(B.bin) .. " run")
+  d.tag = tag
   B.daemons[#B.daemons + 1] = d
   return d
-end
-
-local function alive(pid)
-  local _, rc = B.sh("kill -0 " .. pid)
-  if rc ~= 0 then return false end
-  local st = read_file("/proc/" .. pid .. "/stat")
-  return st ~= nil and not st:match("^%d+ %b() Z")
 end
 
 -- Stop with SIGTERM (KILL after 30 s); returns its last /proc figures.
 function B.stop_daemon(d)
   if d.stopped then return d.last end
   d.last = B.proc(d.pid)
-  B.sh("kill -TERM " .. d.pid)
-  local deadline = qtg.monotonic() + 30
-  while alive(d.pid) and qtg.monotonic() < deadline do qtg.sleep(0.05) end
-  if alive(d.pid) then B.sh("kill -KILL " .. d.pid) end
+  common.stop(d, 30)
   d.stopped = true
   return d.last
 end
@@ -198,41 +167,27 @@ end
 -- Wait until every listed daemon LISTENs (its wake-up listener is up):
 -- the session that ran LISTEN shows it as its last query.
 function B.wait_ready(n, timeout)
-  local deadline = qtg.monotonic() + (timeout or 20)
-  while qtg.monotonic() < deadline do
-    local r = B.q([[SELECT count(*)::int AS n FROM pg_stat_activity
-                     WHERE application_name = 'qtgd' AND query LIKE 'LISTEN %']])[1]
-    if r.n >= n then return true end
-    qtg.sleep(0.02)
-  end
-  return false
+  return common.poll(function()
+    return B.q([[SELECT count(*)::int AS n FROM pg_stat_activity
+                  WHERE application_name = 'qtgd' AND query LIKE 'LISTEN %']])[1].n >= n
+  end, timeout or 20, 0.02) or false
 end
 
 -- ------------------------------------------------------------ receiver
 function B.start_receiver()
   local port_file, count_file = B.dir .. "/receiver.port", B.dir .. "/receiver.count"
   os.remove(port_file)
-  local cmd = ("python3 %s %s %s </dev/null >%s 2>&1 & echo $!"):format(
-    sh_quote(B.root .. "/tools/bench.d/receiver.py"), sh_quote(port_file), sh_quote(count_file),
-    sh_quote(B.dir .. "/receiver.log"))
-  B.sh("sh -c " .. sh_quote(cmd))
-  local deadline = qtg.monotonic() + 10
-  local txt
-  repeat
-    txt = read_file(port_file)
-    if not txt then qtg.sleep(0.02) end
-  until txt or qtg.monotonic() > deadline
-  assert(txt, "bench: the callback receiver did not start (see " .. B.dir .. "/receiver.log)")
-  local port, pid = txt:match("(%d+) (%d+)")
-  B.receiver = { port = tonumber(port), pid = tonumber(pid), count_file = count_file }
+  local h = common.spawn(B.dir .. "/receiver", {}, ("python3 %s %s %s"):format(
+    common.quote(B.root .. "/tools/bench.d/receiver.py"), common.quote(port_file), common.quote(count_file)))
+  h.port = common.wait_port_file(port_file, 10, "the callback receiver", h.log)
+  h.count_file = count_file
+  B.receiver = h
   B.callback_url = ("http://127.0.0.1:%d/callback"):format(B.receiver.port)
 end
 
 function B.stop_receiver()
   if not B.receiver then return end
-  B.sh("kill -TERM " .. B.receiver.pid)
-  local deadline = qtg.monotonic() + 10
-  while alive(B.receiver.pid) and qtg.monotonic() < deadline do qtg.sleep(0.02) end
+  common.stop(B.receiver, 10)
   B.receiver = nil
 end
 
@@ -421,14 +376,12 @@ end
 function B.raw_tps(o, clients, seconds, label)
   B.raw_seed(o.raw_pool)
   local path = B.dir .. "/raw.sql"
-  local f = assert(io.open(path, "w"))
-  f:write(B.RAW_SCRIPT)
-  f:close()
+  common.write(path, B.RAW_SCRIPT)
   local tps_by = {}
   for _, c in ipairs(clients) do
     local cmd = ("%s -n -M prepared -c %d -j %d -T %d %s %s"):format(
-      sh_quote(B.pgbench), c, math.min(c, 2), seconds, "-f " .. sh_quote(path),
-      sh_quote(os.getenv("MG_DATABASE_URL")))
+      common.quote(B.pgbench), c, math.min(c, 2), seconds, "-f " .. common.quote(path),
+      common.quote(os.getenv("MG_DATABASE_URL")))
     local text, rc = B.sh(cmd)
     local tps = tonumber(text:match("tps = ([%d%.]+) %(without initial connection time%)"))
     if rc ~= 0 or not tps then
@@ -552,7 +505,7 @@ function B.wal_commits(from, to)
   local dir = os.getenv("QTG_BENCH_PGDIR")
   if not dir then return nil end
   local text, rc = B.sh(("%s -p %s -s %s -e %s --stats=record"):format(
-    sh_quote(B.pgbin .. "/pg_waldump"), sh_quote(dir .. "/data/pg_wal"), from, to))
+    common.quote(B.pgbin .. "/pg_waldump"), common.quote(dir .. "/data/pg_wal"), from, to))
   if rc ~= 0 then return nil end
   local n = 0
   for c in text:gmatch("\nTransaction/COMMIT%s+(%d+)") do n = n + tonumber(c) end
@@ -596,12 +549,11 @@ function B.burn_down(o, label, procs, prefix)
   local t0 = qtg.monotonic()
   local ds = {}
   for i = 1, procs do ds[i] = B.start_daemon(("%s-%d"):format(prefix, i)) end
-  local deadline = t0 + o.timeout
   local moving, pending
   local peak = 0
   local plans
-  repeat
-    qtg.sleep(0.2)  -- the poll itself costs the database: not too often
+  -- every 0.2 s: the poll itself costs the database, not too often
+  common.poll(function()
     moving, pending = B.backlog()
     if not plans and moving > 0 and moving <= o.n / 2 then
       plans = B.explain(label .. ", half-way") -- the claims as they run under load
@@ -610,7 +562,8 @@ function B.burn_down(o, label, procs, prefix)
       local p = B.proc(d.pid)
       if p and p.hwm_kb > peak then peak = p.hwm_kb end
     end
-  until (moving == 0 and pending == 0) or qtg.monotonic() > deadline
+    return moving == 0 and pending == 0
+  end, t0 + o.timeout - qtg.monotonic(), 0.2)
   local elapsed = qtg.monotonic() - t0
   local pg1 = B.pg_cpu()
   local rc1 = B.receiver and B.proc(B.receiver.pid)
@@ -681,17 +634,16 @@ function B.phase_latency(o)
       qtg.sleep(0.05)  -- idle between requests: workers asleep again
       requests.approve(s, id, B.ACTOR)
       local t0 = qtg.now()  -- approved: its transaction has committed
-      local deadline = qtg.monotonic() + 30
       local row
-      repeat
+      common.poll(function()
         row = s:query([[
           SELECT r.request_state,
                  extract(epoch FROM r.finished_at)::float8 AS finished,
                  (SELECT extract(epoch FROM min(n.started_at))::float8
                     FROM movement_request_nodes n WHERE n.request_id = r.id) AS started
             FROM movement_requests r WHERE r.id = $1::uuid /* bench-probe */]], id)[1]
-        if row.request_state ~= "COMPLETED" then qtg.sleep(0.002) end
-      until row.request_state == "COMPLETED" or qtg.monotonic() > deadline
+        return row.request_state == "COMPLETED"
+      end, 30, 0.002)
       if row.request_state == "COMPLETED" then
         submitted[#submitted + 1] = (row.started - t0) * 1000
         completed[#completed + 1] = (row.finished - t0) * 1000
@@ -820,17 +772,11 @@ function B.phase_api(o)
   local n = o.ci and 40 or 400
   local d = B.start_daemon("api", { MG_API_LISTEN = "127.0.0.1:0", MG_WORKERS_ENABLED = "false", MG_LOG_LEVEL = "info",
     MG_API_RATE_LIMIT_BURST = "1000000", MG_API_RATE_LIMIT_PER_SECOND = "100000" })
-  local address
-  local deadline = qtg.monotonic() + 30
-  while not address and qtg.monotonic() < deadline do
-    address = (read_file(d.log) or ""):match('"msg":"api listening","address":"([^"]+)"')
-    if not address then qtg.sleep(0.05) end
-  end
-  assert(address, "bench: the API did not start: " .. tostring(read_file(d.log)))
+  local address = common.wait_log(d, '"msg":"api listening","address":"([^"]+)"', 30, "bench: the API to listen")
   local base = "http://" .. address
   local function token(name, roles)
-    B.sh(("%s tokens revoke %s"):format(sh_quote(B.bin), name))
-    local out = B.sh(("%s tokens create --name %s --roles %s"):format(sh_quote(B.bin), name, roles))
+    B.sh(("%s tokens revoke %s"):format(common.quote(B.bin), name))
+    local out = B.sh(("%s tokens create --name %s --roles %s"):format(common.quote(B.bin), name, roles))
     return (out:match("(qtg_[%w_-]+)%s*$"))
   end
   local creator, approver = token("bench-desk", "read,operate"), token("bench-approver", "read,approve")
@@ -1010,11 +956,11 @@ end
 -- ------------------------------------------------------------ main
 function B.main(argv)
   local o = B.parse_args(argv)
-  B.root = qtg.root
+  B.root = common.root()
   B.bin = os.getenv("QTG_BIN") or (qtg.root .. "/build/qtgd")
   B.pgbin = "/usr/lib/postgresql/15/bin"
   B.pgbench = os.getenv("PGBENCH") or (B.pgbin .. "/pgbench")
-  B.dir = B.tmpdir()
+  B.dir = common.tmpdir("qtg-bench")
   B.failures = {}
   local tck = B.sh("getconf CLK_TCK")
   B.clk_tck = tonumber(tck:match("%d+")) or 100
@@ -1093,12 +1039,10 @@ function B.main(argv)
   end
   B.print_table(R)
   if o.json then
-    local f = assert(io.open(o.json, "w"))
-    f:write(cjson.encode(R), "\n")
-    f:close()
+    common.write(o.json, cjson.encode(R) .. "\n")
     B.say("JSON written to " .. o.json)
   end
-  B.sh("rm -rf " .. sh_quote(B.dir))
+  B.sh("rm -rf " .. common.quote(B.dir))
   return #B.failures == 0 and 0 or 1
 end
 

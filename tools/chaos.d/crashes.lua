@@ -89,10 +89,7 @@ function M.run(lib)
   if r.callbacks_duplicated < kills.callback then
     lib.fail("%d kills after a delivered POST but only %d repeats", kills.callback, r.callbacks_duplicated)
   end
-  local stops = lib.stop_daemons(30)
-  for i, s in pairs(stops) do
-    if s.rc ~= 0 then lib.fail("qtgd%d: SIGTERM gave exit code %s", i, tostring(s.rc)) end
-  end
+  lib.stop_daemons_cleanly()
   lib.check_nothing_left("after SIGTERM")
   r.processes = 4
   r.faults = total

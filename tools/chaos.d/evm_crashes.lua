@@ -20,52 +20,30 @@ local cjson = require "cjson"
 local templates = require "qtg.templates"
 local requests = require "qtg.requests"
 local evm_tx = require "qtg.evm_tx"
+local common = require "spec.lua.support.common"
 
 local M = {}
 
 local CHAIN = 31337
 local TEMPLATE = "chaos_evm_transfer"
 
-local function rpc(url, method, params)
-  local resp, err = qtg.http.request{ method = "POST", url = url, timeout = 10,
-    headers = { ["Content-Type"] = "application/json" },
-    body = cjson.encode({ jsonrpc = "2.0", id = 1, method = method, params = params }) }
-  if not resp then error(method .. ": " .. tostring(err and err.message), 0) end
-  local doc = cjson.decode(resp.body)
-  if doc.error then error(method .. ": " .. cjson.encode(doc.error), 0) end
-  return doc.result
-end
+local rpc = common.rpc
 
 -- anvil (tools/anvil installs it from npm) on a free port, a block a second
--- so confirmations grow; returns {url=, address=, key=} of its account 0.
+-- so confirmations grow; returns its handle with url, address and key of
+-- its account 0.
 local function start_anvil(lib)
-  local path = lib.sh(lib.q(lib.root .. "/tools/anvil") .. " path"):match("([^\n]*anvil)%s*$")
-  assert(path and lib.exists(path), "tools/anvil path gave no binary")
-  local h = lib.start("anvil", {}, lib.q(path) .. " --host 127.0.0.1 --port 0 --chain-id " .. CHAIN
-    .. " --accounts 1 --balance 10000 --block-time 1")
-  local log
-  for _ = 1, 400 do
-    log = lib.read(h.log) or ""
-    if log:match("Listening on 127%.0%.0%.1:%d+") then break end
-    qtg.sleep(0.05)
-  end
-  local port = assert(log:match("Listening on 127%.0%.0%.1:(%d+)"), "anvil did not listen: " .. log:sub(-500))
-  local address = assert(log:match("Available Accounts%s*=*%s*%(0%) (0x%x+)"), "no account in anvil's log")
-  local key = assert(log:match("Private Keys%s*=*%s*%(0%) 0x(%x+)"), "no key in anvil's log")
-  h.url = "http://127.0.0.1:" .. port
-  h.address, h.key = address:lower(), key
+  local h = common.start_anvil(lib.work .. "/anvil", { chain_id = CHAIN, accounts = 1, block_time = 1 })
+  lib.started[#lib.started + 1] = h
+  assert(h.address and h.key, "no account in anvil's log: " .. (lib.read(h.log) or ""):sub(-500))
   return h
 end
 
 -- `qtgd signer` holding the anvil account's key as evm_hot, once it listens.
 local function start_signer(lib, env)
-  local h = lib.start("signer", env, lib.q(lib.bin) .. " signer")
-  for _ = 1, 600 do
-    if (lib.read(h.log) or ""):find('"signer: listening"', 1, true) then return h end
-    if not lib.alive(h) then break end
-    qtg.sleep(0.05)
-  end
-  error("qtgd signer did not listen: " .. tostring(lib.read(h.log)))
+  local h = lib.start("signer", env, common.quote(lib.bin) .. " signer")
+  common.wait_log(h, '"signer: listening"', 30, "qtgd signer to listen")
+  return h
 end
 
 local function load_template(lib)
@@ -187,20 +165,18 @@ function M.run(lib)
   lib.log("evm-crashes: %d requests, %d signer kills, %d daemon kills, %d after a broadcast, %d restarts; settling",
     #recs, kills.signer, kills.daemon, broadcast, restarts)
 
-  local settled, seen = false, 0
-  local settle_deadline = qtg.monotonic() + (lib.ci and 120 or 600)
-  while qtg.monotonic() < settle_deadline do
+  local seen = 0
+  local settled = common.poll(function()
     restart_dead()
     local n, by = not_done(lib, recs)
-    if n == 0 then settled = true break end
+    if n == 0 then return true end
     if qtg.monotonic() - seen > 10 then
       local parts = {}
       for k, v in pairs(by) do parts[#parts + 1] = k .. "=" .. v end
       lib.log("settling: %d requests not COMPLETED (%s)", n, table.concat(parts, " "))
       seen = qtg.monotonic()
     end
-    qtg.sleep(0.5)
-  end
+  end, lib.ci and 120 or 600, 0.5)
   if not settled then lib.fail("not every request COMPLETED before the deadline") end
   lib.drain_audit(30)
 
@@ -296,16 +272,13 @@ function M.run(lib)
   -- 5. audit promoted; SIGTERM stops everyone cleanly and leaves nothing behind
   r.audit_pending = lib.scalar("SELECT count(*)::int FROM audit_outbox")
   if r.audit_pending > 0 then lib.fail("%d audit rows never promoted", r.audit_pending) end
-  local stops = lib.stop_daemons(30)
-  for i, s in pairs(stops) do
-    if s.rc ~= 0 then lib.fail("qtgd%d: SIGTERM gave exit code %s", i, tostring(s.rc)) end
-  end
+  lib.stop_daemons_cleanly()
   lib.signal(signer, "TERM")
   local src = lib.wait_exit(signer, 30)
   if src ~= 0 then lib.fail("qtgd signer: SIGTERM gave exit code %s", tostring(src)) end
   lib.check_nothing_left("after SIGTERM")
   -- the daemons met the signer down (a kill came while transfers waited to be signed)
-  r.signer_unavailable_seen = tonumber(lib.sh("cat " .. lib.q(lib.work) .. "/qtgd*.log | grep -c signer_unavailable")
+  r.signer_unavailable_seen = tonumber(lib.sh("cat " .. common.quote(lib.work) .. "/qtgd*.log | grep -c signer_unavailable")
     :match("%d+")) or 0
   if r.signer_unavailable_seen == 0 then lib.fail("no daemon ever met the signer down") end
   r.faults = total_kills

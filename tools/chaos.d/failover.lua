@@ -10,6 +10,7 @@
 -- Measured: the seconds from the promotion to the first node change
 -- committed on the new primary.
 local qtg = require "qtg"
+local common = require "spec.lua.support.common"
 local M = {}
 
 local function postmaster_pid(dir)
@@ -39,7 +40,7 @@ function M.run(lib)
       lib.log("failover: kill -9 of the primary's postmaster (pid %d)", pid)
       lib.sh(("kill -9 %d"):format(pid))
       qtg.sleep(1)
-      local out = lib.sh(lib.q(lib.root .. "/tools/pg") .. " --dir " .. lib.q(standby) .. " promote 2>&1")
+      local out = lib.sh(common.quote(lib.root .. "/tools/pg") .. " --dir " .. common.quote(standby) .. " promote 2>&1")
       if out:match("%S") then lib.log("failover: tools/pg promote said: %s", out) end
       recovery = lib.wait_progress("the promotion", 120)
       lib.log("failover: work resumed on the new primary %s s after the promotion", tostring(recovery))
@@ -61,10 +62,7 @@ function M.run(lib)
   if not lib.with_retry(function(s) return require("qtg.audit").verify(s) end).ok then
     lib.fail("the audit chain does not verify on the new primary")
   end
-  local stops = lib.stop_daemons(30)
-  for i, s in pairs(stops) do
-    if s.rc ~= 0 then lib.fail("qtgd%d: SIGTERM gave exit code %s", i, tostring(s.rc)) end
-  end
+  lib.stop_daemons_cleanly()
   lib.check_nothing_left("after SIGTERM")
   r.processes, r.faults = 4, 1
   r.recovery_seconds = recovery

@@ -4,32 +4,31 @@
 -- sim outcomes, and the state each request must end in), and the checks on
 -- the rows, the sim ledger and the receivers' records.
 --
--- Runs inside `qtgd exec` (tools/chaos.d/run.lua), so it uses the real
--- bindings.  Environment (set by tools/chaos): MG_DATABASE_URL,
--- MG_NETWORK_CLASS, QTG_BIN, QTG_CHAOS_WORK (this scenario's directory),
--- QTG_CHAOS_CI=1 for the short form, QTG_PG_DIR (the cluster, for restarts).
+-- Runs inside `qtgd exec` (tools/chaos.d/run.lua, which puts the tree on
+-- package.path), so it uses the real bindings; shell quoting, files,
+-- processes and receivers are spec/lua/support/common.lua's.  Environment
+-- (set by tools/chaos): MG_DATABASE_URL, MG_NETWORK_CLASS, QTG_BIN,
+-- QTG_ROOT, QTG_CHAOS_WORK (this scenario's directory), QTG_CHAOS_CI=1 for
+-- the short form, QTG_PG_DIR (the cluster, for restarts).
 local qtg = require "qtg"
 local cjson = require "cjson"
-local canon = require "qtg.canon_json"
 local templates = require "qtg.templates"
 local requests = require "qtg.requests"
+local common = require "spec.lua.support.common"
 
 local M = {}
 
-M.root = qtg.root
-M.bin = os.getenv("QTG_BIN") or (qtg.root .. "/build/qtgd")
+M.root = common.root()
+M.bin = os.getenv("QTG_BIN") or (M.root .. "/build/qtgd")
 M.work = assert(os.getenv("QTG_CHAOS_WORK"), "QTG_CHAOS_WORK is not set (run tools/chaos)")
 M.ci = os.getenv("QTG_CHAOS_CI") == "1"
 M.pg_dir = os.getenv("QTG_PG_DIR")
 M.ACTOR = "console:chaos"
 M.INITIATOR = "console:chaos-initiator" -- four eyes: never the approver
 M.failures = {}
-M.started = {}      -- every process started here: {pid, kind, name}
+M.started = {}      -- every process started here (common.spawn handles)
 
-local function sh_quote(s)
-  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
-end
-M.q = sh_quote
+M.sh, M.read, M.write, M.exists = common.sh, common.read, common.write, common.exists
 
 function M.log(fmt, ...)
   io.stdout:write(os.date("!%H:%M:%S "), string.format(fmt, ...), "\n")
@@ -40,34 +39,6 @@ function M.fail(fmt, ...)
   local msg = string.format(fmt, ...)
   M.failures[#M.failures + 1] = msg
   M.log("FAIL: %s", msg)
-end
-
-function M.sh(cmd)
-  local p = io.popen(cmd .. " 2>&1")
-  local out = p:read("*a")
-  p:close()
-  return out
-end
-
-function M.read(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("*a")
-  f:close()
-  return s
-end
-
-function M.write(path, text, mode)
-  local f = assert(io.open(path, "wb"))
-  f:write(text)
-  f:close()
-  if mode then os.execute("chmod " .. mode .. " " .. sh_quote(path)) end
-end
-
-function M.exists(path)
-  local f = io.open(path, "rb")
-  if f then f:close() return true end
-  return false
 end
 
 -- A deterministic generator for the workload (seed: QTG_CHAOS_SEED).
@@ -132,58 +103,19 @@ function M.release()
 end
 
 -- ------------------------------------------------------------ processes
--- start(name, env, args): a background process, its output in
--- <work>/<name>.<n>.log and its exit status in <name>.<n>.rc (written by
--- the subshell that waits for it: 128+signal for a signal).
+-- start(name, env, cmd) -> h: common.spawn of the shell command cmd as
+-- <work>/<name>.<n> (its .log, .pid and .rc: tools/chaos stops by those
+-- pid files whatever happens here).
 local counters = {}
-function M.start(name, env, argv)
+function M.start(name, env, cmd)
   counters[name] = (counters[name] or 0) + 1
-  local n = counters[name]
-  local base = string.format("%s/%s.%d", M.work, name, n)
-  local parts = {}
-  for k, v in pairs(env or {}) do parts[#parts + 1] = k .. "=" .. sh_quote(v) end
-  local cmd = string.format(
-    "( env %s %s >%s 2>&1 </dev/null & c=$!; echo $c >%s; wait $c; echo $? >%s ) >/dev/null 2>&1 </dev/null &",
-    table.concat(parts, " "), argv, sh_quote(base .. ".log"), sh_quote(base .. ".pid"),
-    sh_quote(base .. ".rc"))
-  os.execute("sh -c " .. sh_quote(cmd))
-  local h = { name = name, n = n, base = base, log = base .. ".log", rcfile = base .. ".rc",
-              started = qtg.monotonic() }
-  for _ = 1, 200 do
-    local pid = tonumber((M.read(base .. ".pid") or ""):match("%d+") or "")
-    if pid then h.pid = pid break end
-    qtg.sleep(0.02)
-  end
-  assert(h.pid, "cannot start " .. name)
+  local h = common.spawn(string.format("%s/%s.%d", M.work, name, counters[name]), env, cmd)
+  h.name, h.n = name, counters[name]
   M.started[#M.started + 1] = h
   return h
 end
 
-function M.rc(h)
-  local s = M.read(h.rcfile)
-  return s and tonumber(s:match("%d+"))
-end
-
-function M.alive(h)
-  return M.rc(h) == nil
-end
-
--- Send a signal; true when it was delivered (the process still existed).
-function M.signal(h, sig)
-  if not M.alive(h) then return false end
-  local rc = os.execute(string.format("kill -%s %d 2>/dev/null", sig, h.pid))
-  return rc == 0 or rc == true
-end
-
-function M.wait_exit(h, timeout)
-  local deadline = qtg.monotonic() + (timeout or 30)
-  repeat
-    local rc = M.rc(h)
-    if rc then return rc end
-    qtg.sleep(0.05)
-  until qtg.monotonic() > deadline
-  return nil
-end
+M.rc, M.alive, M.signal, M.wait_exit = common.rc, common.alive, common.signal, common.exit_code
 
 -- Kill every process started here that is still running (by pid).
 function M.stop_all(sig)
@@ -194,7 +126,7 @@ end
 -- ------------------------------------------------------------ daemons
 M.key_file = M.work .. "/callback.key"
 M.tokens = M.work .. "/tokens"
-os.execute("mkdir -p " .. sh_quote(M.tokens))
+os.execute("mkdir -p " .. common.quote(M.tokens))
 if not M.exists(M.key_file) then
   M.write(M.key_file, qtg.crypto.hex(qtg.crypto.random_bytes(32)) .. "\n", "600")
 end
@@ -236,7 +168,7 @@ function M.callbacks_in_flight()
 end
 
 function M.start_daemon(i, extra)
-  local h = M.start("qtgd" .. i, M.daemon_env(extra), sh_quote(M.bin) .. " run")
+  local h = M.start("qtgd" .. i, M.daemon_env(extra), common.quote(M.bin) .. " run")
   h.index = i
   M.daemons[i] = h
   return h
@@ -271,40 +203,27 @@ function M.stop_daemons(timeout)
   return out
 end
 
--- ------------------------------------------------------------ receivers
--- A tools/fake-receiver on 127.0.0.1 in MODE, verifying signatures.
-function M.start_receiver(name, mode, opts)
-  opts = opts or {}
-  local port_file = M.work .. "/" .. name .. ".port"
-  os.remove(port_file)
-  local record = (opts.record_dir or M.work) .. "/" .. name .. ".jsonl"
-  local args = { sh_quote(M.root .. "/tools/fake-receiver"), "--mode", mode, "--record", sh_quote(record),
-                 "--port-file", sh_quote(port_file), "--key-file", sh_quote("k1=" .. M.key_file) }
-  for _, a in ipairs(opts.args or {}) do args[#args + 1] = a end
-  local h = M.start(name, {}, table.concat(args, " "))
-  for _ = 1, 300 do
-    local s = M.read(port_file)
-    if s and s:match("^%d+") then h.port = tonumber(s:match("^(%d+)")) break end
-    qtg.sleep(0.05)
+-- stop_daemons_cleanly(): stop_daemons(30), and a failure for each daemon
+-- whose SIGTERM did not end in exit code 0.
+function M.stop_daemons_cleanly()
+  for i, s in pairs(M.stop_daemons(30)) do
+    if s.rc ~= 0 then M.fail("qtgd%d: SIGTERM gave exit code %s", i, tostring(s.rc)) end
   end
-  assert(h.port, "receiver " .. name .. " did not start: " .. tostring(M.read(h.log)))
-  h.record = record
-  h.url = string.format("http://127.0.0.1:%d/cb/%s", h.port, name)
+end
+
+-- ------------------------------------------------------------ receivers
+-- A tools/fake-receiver on 127.0.0.1 in MODE, verifying signatures
+-- (common.start_receiver: <work>/<name>.log, .jsonl, ...); opts.args: a
+-- list of further arguments.
+function M.start_receiver(name, mode, opts)
+  local h = common.start_receiver(M.work, name, { mode = mode, keys = { k1 = M.key_file },
+                                                  args = opts and opts.args })
+  M.started[#M.started + 1] = h
   return h
 end
 
 -- The receiver's record: array of entries (seq, headers, body_sha256, verdict).
-function M.records(h)
-  local out = {}
-  local f = io.open(h.record, "rb")
-  if not f then return out end
-  for line in f:lines() do
-    local ok, e = pcall(cjson.decode, line)
-    if ok then out[#out + 1] = e end
-  end
-  f:close()
-  return out
-end
+function M.records(h) return common.records(h.record) end
 
 -- ------------------------------------------------------------ workload
 -- Variants of the shipped templates.  Each row: template, variant, a
@@ -481,13 +400,11 @@ end
 function M.wait_progress(what, seconds)
   local t1 = qtg.monotonic()
   local mark = M.scalar("SELECT now()")
-  while qtg.monotonic() - t1 < seconds do
-    if M.scalar([[SELECT count(*)::int FROM movement_request_nodes
-                   WHERE updated_at > $1::timestamptz]], mark) > 0 then
-      return math.floor((qtg.monotonic() - t1) * 10 + 0.5) / 10
-    end
-    qtg.sleep(0.25)
-  end
+  local moved = common.poll(function()
+    return M.scalar([[SELECT count(*)::int FROM movement_request_nodes
+                       WHERE updated_at > $1::timestamptz]], mark) > 0
+  end, seconds, 0.25)
+  if moved then return math.floor((qtg.monotonic() - t1) * 10 + 0.5) / 10 end
   M.fail("no progress within %d s after %s", seconds, what)
   return -1
 end
@@ -504,19 +421,16 @@ end
 
 -- drain_audit(seconds): wait until the audit outbox is promoted.
 function M.drain_audit(seconds)
-  for _ = 1, seconds or 30 do
-    if M.scalar("SELECT count(*)::int FROM audit_outbox") == 0 then return true end
-    qtg.sleep(1)
-  end
-  return false
+  return common.poll(function()
+    return M.scalar("SELECT count(*)::int FROM audit_outbox") == 0
+  end, seconds or 30, 1) or false
 end
 
 -- Wait until every request is where it must be (operating manual steps on
 -- the way) and every callback row is out of `pending`; progress every 10 s.
 function M.settle(deadline_seconds, tick)
-  local deadline = qtg.monotonic() + deadline_seconds
   local last = 0
-  while true do
+  return common.poll(function()
     if tick then tick() end
     M.operate_manual_steps()
     local n, by = M.pending()
@@ -530,9 +444,7 @@ function M.settle(deadline_seconds, tick)
         table.concat(parts, " "):sub(1, 300), cb)
       last = qtg.monotonic()
     end
-    if qtg.monotonic() > deadline then return false end
-    qtg.sleep(1)
-  end
+  end, deadline_seconds, 1) or false
 end
 
 -- ------------------------------------------------------------ checks
@@ -640,7 +552,7 @@ function M.check(opts)
   local received = {}
   for _, rh in ipairs(opts.receivers or {}) do
     for _, e in ipairs(M.records(rh)) do
-      local nonce = e.headers and (e.headers["X-QTG-Callback-Nonce"] or e.headers["x-qtg-callback-nonce"])
+      local nonce = common.header(e, "X-QTG-Callback-Nonce")
       if nonce then
         local seen = received[nonce]
         if seen then
@@ -680,9 +592,8 @@ end
 
 -- After every daemon stopped: no session, transaction or lock of theirs.
 function M.check_nothing_left(what)
-  local deadline = qtg.monotonic() + 15
   local others, locks, open_tx
-  repeat
+  if common.poll(function()
     local row = M.query([[
       SELECT (SELECT count(*) FROM pg_stat_activity
                WHERE datname = current_database() AND pid <> pg_backend_pid()
@@ -694,9 +605,10 @@ function M.check_nothing_left(what)
                WHERE l.pid <> pg_backend_pid() AND l.locktype IN ('relation', 'tuple', 'transactionid', 'advisory')
                AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()))::int AS locks]])[1]
     others, locks, open_tx = row.others, row.locks, row.open_tx
-    if others == 0 and locks == 0 and open_tx == 0 then return 0 end
-    qtg.sleep(0.25)
-  until qtg.monotonic() > deadline
+    return others == 0 and locks == 0 and open_tx == 0
+  end, 15, 0.25) then
+    return 0
+  end
   M.fail("%s: %d sessions, %d open transactions, %d locks left behind", what, others, open_tx, locks)
   return others + locks + open_tx
 end

@@ -36,10 +36,7 @@ function M.run(lib)
   local shares = {}
   for _, p in ipairs(per) do shares[#shares + 1] = p.n end
   if #per < 4 then lib.fail("only %d of 4 processes delivered callbacks", #per) end
-  local stops = lib.stop_daemons(30)
-  for i, s in pairs(stops) do
-    if s.rc ~= 0 then lib.fail("qtgd%d: SIGTERM gave exit code %s", i, tostring(s.rc)) end
-  end
+  lib.stop_daemons_cleanly()
   lib.check_nothing_left("after SIGTERM")
   r.processes, r.faults = 4, 0
   r.callback_shares = table.concat(shares, "/")

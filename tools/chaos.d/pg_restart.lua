@@ -5,6 +5,7 @@
 -- per (node, attempt).  A dispatch whose commit was cut after the provider
 -- call is redone with the same idempotency key, which the ledger absorbs.
 local qtg = require "qtg"
+local common = require "spec.lua.support.common"
 local M = {}
 
 function M.run(lib)
@@ -18,7 +19,7 @@ function M.run(lib)
   local pids = lib.pids_of_daemons()
   lib.log("pg-restart: 4 processes, %d requests, PostgreSQL down %d s twice", N, down)
   local restarts, recovery = 0, {}
-  local pg = lib.q(lib.root .. "/tools/pg") .. " --dir " .. lib.q(lib.pg_dir)
+  local pg = common.quote(lib.root .. "/tools/pg") .. " --dir " .. common.quote(lib.pg_dir)
   for i = 1, N do
     lib.create_request(i, rx.url)
     if i == math.floor(N / 3) or i == math.floor(2 * N / 3) then
@@ -44,10 +45,7 @@ function M.run(lib)
   -- dispatch or POST per process per restart
   local r = lib.check{ receivers = { rx }, max_resubmits = 4 * restarts,
                        max_callback_dups = 4 * lib.callbacks_in_flight() * restarts }
-  local stops = lib.stop_daemons(30)
-  for i, s in pairs(stops) do
-    if s.rc ~= 0 then lib.fail("qtgd%d: SIGTERM gave exit code %s", i, tostring(s.rc)) end
-  end
+  lib.stop_daemons_cleanly()
   lib.check_nothing_left("after SIGTERM")
   r.processes, r.faults = 4, restarts
   r.recovery_seconds = table.concat(recovery, "/")

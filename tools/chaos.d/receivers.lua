@@ -159,10 +159,7 @@ function M.run(lib)
   for _ in pairs(processes) do nproc = nproc + 1 end
   gaps = { n = nproc }
   if gaps.n < 4 then lib.fail("only %d processes made callback passes", gaps.n) end
-  local stops = lib.stop_daemons(30)
-  for i, s in pairs(stops) do
-    if s.rc ~= 0 then lib.fail("qtgd%d: SIGTERM gave exit code %s", i, tostring(s.rc)) end
-  end
+  lib.stop_daemons_cleanly()
   lib.check_nothing_left("after SIGTERM")
   r.processes = 4
   r.faults = #att - lib.scalar("SELECT count(*)::int FROM movement_callback_attempts WHERE outcome = 'delivered'")

@@ -5,12 +5,16 @@
 -- lib.result.  Whatever happens, every process it started is stopped.
 local qtg = require "qtg"
 local name = ...
+-- the tree (this file's path up to /tools/) on the path, for
+-- spec/lua/support/common.lua
+local tree = debug.getinfo(1, "S").source:match("^@(.*)/tools/") or "."
+package.path = package.path .. ";" .. tree .. "/?.lua"
 if not name then
   io.stderr:write("usage: qtgd exec tools/chaos.d/run.lua SCENARIO\n")
   return 2
 end
-local lib = dofile(qtg.root .. "/tools/chaos.d/lib.lua")
-local path = qtg.root .. "/tools/chaos.d/" .. name:gsub("-", "_") .. ".lua"
+local lib = dofile(tree .. "/tools/chaos.d/lib.lua")
+local path = tree .. "/tools/chaos.d/" .. name:gsub("-", "_") .. ".lua"
 local scenario = assert(loadfile(path))()
 local t0 = qtg.monotonic()
 local ok, rc = xpcall(scenario.run, function(e)

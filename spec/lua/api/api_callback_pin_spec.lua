@@ -45,7 +45,7 @@ describe("callback delivery of API clients' URLs", function()
     v4 = sup.start_receiver(dir, "v4", { mode = "ok" })
     v6 = sup.start_receiver(dir, "v6", { mode = "ok", bind = "::1" })
     redirect = sup.start_receiver(dir, "redirect", { mode = "redirect",
-      args = "--location " .. common.quote("http://127.0.0.1:" .. v4.port .. "/followed") })
+      args = { "--location", "http://127.0.0.1:" .. v4.port .. "/followed" } })
   end)
   teardown(function()
     host.stop_all()

@@ -663,7 +663,7 @@ describe("HTTP API deadlines and shutdown", function()
     sup = require "spec.lua.support.sidecar"
     dir = sup.tmpdir()
     -- a Gateway API that never answers: a fresh balance read waits on it
-    local hang = sup.start_receiver(dir, "hang", { mode = "hang", args = "--hang-seconds 60" })
+    local hang = sup.start_receiver(dir, "hang", { mode = "hang", args = { "--hang-seconds", "60" } })
     d3 = api.start({ MG_GATEWAY_API_URL = hang.url, MG_PROVIDER_TIMEOUT_SECONDS = "30",
                      MG_GATEWAY_DEPOSITORS = "0x70997970c51812dc3a010c7d01b50e0d17dc79c8",
                      MG_API_REQUEST_TIMEOUT_SECONDS = "1", MG_WORKERS_ENABLED = "false" })

@@ -13,9 +13,10 @@
 -- wait is bounded and polls; nothing sleeps a fixed time.  The evaluation
 -- itself (pretty printer, completion candidates) is console_spec's.
 local cjson = require "cjson"
+local common = require "spec.lua.support.common"
 
 local support = require "spec.lua.support.host"
-local q = support.sh_quote
+local q = common.quote
 
 local CTRL_C, CTRL_D, CTRL_P, TAB = "\3", "\4", "\16", "\t"
 local PROMPT = [[qtg> \Z]]         -- the primary prompt, last on the screen

@@ -4,6 +4,7 @@
 -- cancellation; help() naming the states each lifecycle command accepts.
 local qtg = require "qtg"
 local pretty = require "qtg.console.pretty"
+local common = require "spec.lua.support.common"
 
 local sup, s, cmds
 local MANUAL = "spec_cc_manual"
@@ -114,11 +115,11 @@ describe("qtgd console of the packaged qtgd", function()
     assert.is_truthy(prefix, "no CMakeCache.txt next to " .. hsup.bin)
     -- the packaged binary's root is <prefix>/share/qtg (QTG_ROOT stands in for it)
     local rc, out = hsup.run({}, { "env -u MG_RUN_DIR -u MG_CONSOLE_SOCKET -u RUNTIME_DIRECTORY",
-      "QTG_ROOT=" .. hsup.sh_quote(prefix .. "/share/qtg"), hsup.sh_quote(hsup.bin), "console", "-e", "1" })
+      "QTG_ROOT=" .. common.quote(prefix .. "/share/qtg"), common.quote(hsup.bin), "console", "-e", "1" })
     assert.matches("/run/qtg/console.sock", out, 1, true)
     -- a source tree keeps its own var/run
     local _, dev = hsup.run({}, { "env -u MG_RUN_DIR -u MG_CONSOLE_SOCKET -u RUNTIME_DIRECTORY",
-      "QTG_ROOT=/nonexistent-qtg-root", hsup.sh_quote(hsup.bin), "console", "-e", "1" })
+      "QTG_ROOT=/nonexistent-qtg-root", common.quote(hsup.bin), "console", "-e", "1" })
     assert.matches("/nonexistent-qtg-root/var/run/console.sock", dev, 1, true)
     assert.is_number(rc)
   end)

@@ -5,6 +5,7 @@
 -- with implementations written apart from the sender's code (the Python
 -- helper tools/callback-verify, and the documented formula computed here).
 local qtg = require "qtg"
+local common = require "spec.lua.support.common"
 local cjson = require "cjson"
 local callbacks = require "qtg.callbacks"
 local dispatcher = require "qtg.workers.callback_dispatcher"
@@ -223,8 +224,8 @@ describe("callback delivery to real receivers", function()
     local other = sup.key_file(dir, "other", "not-the-key")
     local nonces = dir .. "/nonces.sqlite"
     local function verify(args, body_path, headers_path)
-      local cmd = table.concat({ sup.q(sup.root() .. "/tools/callback-verify"), args,
-        "--headers", sup.q(headers_path or hfile), "--body", sup.q(body_path or bfile) }, " ")
+      local cmd = table.concat({ common.quote(sup.root() .. "/tools/callback-verify"), args,
+        "--headers", common.quote(headers_path or hfile), "--body", common.quote(body_path or bfile) }, " ")
       local p = io.popen(cmd .. " 2>&1; echo \"rc=$?\"")
       local out = p:read("*a")
       p:close()
@@ -232,11 +233,11 @@ describe("callback delivery to real receivers", function()
       local res = cjson.decode(out:match("^(%b{})"))
       return res, rc
     end
-    local k1 = "--key-file " .. sup.q("k1=" .. key_path)
-    local res, rc = verify(k1 .. " --nonce-db " .. sup.q(nonces))
+    local k1 = "--key-file " .. common.quote("k1=" .. key_path)
+    local res, rc = verify(k1 .. " --nonce-db " .. common.quote(nonces))
     assert.equals(0, rc)
     assert.is_true(res.ok)
-    res, rc = verify(k1 .. " --nonce-db " .. sup.q(nonces))
+    res, rc = verify(k1 .. " --nonce-db " .. common.quote(nonces))
     assert.equals(1, rc)
     assert.equals("replayed_nonce", res.reason)
     -- tampered body: one byte more
@@ -246,13 +247,13 @@ describe("callback delivery to real receivers", function()
     assert.equals(1, rc)
     assert.equals("signature_mismatch", res.reason)
     -- wrong key under the right id
-    res = verify("--key-file " .. sup.q("k1=" .. other))
+    res = verify("--key-file " .. common.quote("k1=" .. other))
     assert.equals("signature_mismatch", res.reason)
     -- a key id the receiver does not have
-    res = verify("--key-file " .. sup.q("k2=" .. key_path))
+    res = verify("--key-file " .. common.quote("k2=" .. key_path))
     assert.equals("unknown_key_id", res.reason)
     -- rotation overlap: both keys held, the header picks the right one
-    res = verify("--key-file " .. sup.q("k2=" .. other) .. " " .. k1)
+    res = verify("--key-file " .. common.quote("k2=" .. other) .. " " .. k1)
     assert.is_true(res.ok)
     -- stale and future timestamps
     local ts = tonumber(sup.header(e, "X-QTG-Callback-Timestamp"))
@@ -272,7 +273,7 @@ describe("callback delivery to real receivers", function()
     assert.equals("bad_version", res.reason)
     -- usage errors exit 2
     local _, rc2 = (function()
-      local p = io.popen(sup.q(sup.root() .. "/tools/callback-verify") .. " --headers x 2>&1; echo \"rc=$?\"")
+      local p = io.popen(common.quote(sup.root() .. "/tools/callback-verify") .. " --headers x 2>&1; echo \"rc=$?\"")
       local out = p:read("*a")
       p:close()
       return out, tonumber(out:match("rc=(%d+)%s*$"))
@@ -283,7 +284,7 @@ describe("callback delivery to real receivers", function()
   it("retries a 500, a timeout and a refused connection after 2, 4, 8, 16 s and dead-letters the fifth failure, with one timestamp and nonce", function()
     local class = sup.uid("cb-fail")
     local r500 = sup.start_receiver(dir, "r500", { mode = "500" })
-    local hang = sup.start_receiver(dir, "hang", { mode = "hang", args = "--hang-seconds 30" })
+    local hang = sup.start_receiver(dir, "hang", { mode = "hang", args = { "--hang-seconds", "30" } })
     local refuse = sup.start_receiver(dir, "refuse", { mode = "refuse" })
     local req = {}
     for _, r in ipairs({ r500, hang, refuse }) do
@@ -406,7 +407,7 @@ describe("callback delivery to real receivers", function()
   it("delivers every callback exactly once with two processes", function()
     local class = sup.uid("cb-two")
     local rcv = sup.start_receiver(dir, "two", { mode = "ok", keys = { k1 = key_path },
-                                                 args = "--delay 0.15" })
+                                                 args = { "--delay", "0.15" } })
     local N = 30
     for _ = 1, N do sup.request(s, T, class, rcv.url) end
     local env = child_env(class, key_path, { MG_CALLBACK_TIMEOUT_SECONDS = "10" })
@@ -479,11 +480,11 @@ describe("callback delivery to real receivers", function()
   it("bounds a slow, a cut and a never-closing answer by the timeout and retries them", function()
     local class = sup.uid("cb-body")
     local rcv = {
-      slow = sup.start_receiver(dir, "slow", { mode = "slow", args = "--trickle-interval 0.4" }),
+      slow = sup.start_receiver(dir, "slow", { mode = "slow", args = { "--trickle-interval", "0.4" } }),
       close = sup.start_receiver(dir, "close", { mode = "close" }),
-      noclose = sup.start_receiver(dir, "noclose", { mode = "noclose", args = "--hang-seconds 30" }),
+      noclose = sup.start_receiver(dir, "noclose", { mode = "noclose", args = { "--hang-seconds", "30" } }),
       huge500 = sup.start_receiver(dir, "huge500", { mode = "huge",
-                                                     args = "--huge-bytes 3000000 --status 500" }),
+                                                     args = { "--huge-bytes", "3000000", "--status", "500" } }),
     }
     local req = {}
     for name, r in pairs(rcv) do req[name] = sup.request(s, T, class, r.url) end
@@ -542,7 +543,7 @@ describe("callback delivery to real receivers", function()
 
   it("a receiver that hangs holds one lane: the other receivers' callbacks go out meanwhile", function()
     local class = sup.uid("cb-lanes")
-    local hang = sup.start_receiver(dir, "lanes-hang", { mode = "hang", args = "--hang-seconds 30" })
+    local hang = sup.start_receiver(dir, "lanes-hang", { mode = "hang", args = { "--hang-seconds", "30" } })
     local ok = sup.start_receiver(dir, "lanes-ok", { mode = "ok", keys = { k1 = key_path } })
     -- FIFO order: a hanging row first, then healthy ones, a second hanging
     -- one, more healthy ones.  One transaction of five would hold the healthy
@@ -565,7 +566,7 @@ describe("callback delivery to real receivers", function()
 
   it("a receiver that hangs with a backlog holds one lane, not all of them", function()
     local class = sup.uid("cb-backlog")
-    local hang = sup.start_receiver(dir, "backlog-hang", { mode = "hang", args = "--hang-seconds 30" })
+    local hang = sup.start_receiver(dir, "backlog-hang", { mode = "hang", args = { "--hang-seconds", "30" } })
     local ok = sup.start_receiver(dir, "backlog-ok", { mode = "ok", keys = { k1 = key_path } })
     -- more hanging rows than all the lanes' batches hold, then healthy ones
     local n_hang = dispatcher.lanes() * dispatcher.BATCH + 1
@@ -593,7 +594,7 @@ describe("callback delivery to real receivers", function()
 
   it("counts a 2xx whose answer is larger than it reads as delivered", function()
     local class = sup.uid("cb-huge")
-    local rcv = sup.start_receiver(dir, "huge", { mode = "huge", args = "--huge-bytes 3000000" })
+    local rcv = sup.start_receiver(dir, "huge", { mode = "huge", args = { "--huge-bytes", "3000000" } })
     local r = sup.request(s, T, class, rcv.url)
     sup.wait_child(sup.start_child(dir, "huge-child", child_env(class, key_path),
       { "callback_dispatcher", "30", "once" }))

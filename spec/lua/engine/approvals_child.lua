@@ -8,7 +8,7 @@ local id, approver, gate, hold, out = ...
 assert(id and approver and gate and hold and out, "usage: approvals_child.lua ID APPROVER GATE HOLD RESULT")
 
 local here = debug.getinfo(1, "S").source:match("^@(.*)$") or ""
-package.path = (here:match("^(.*)/spec/lua/[^/]*$") or ".") .. "/?.lua;" .. package.path
+package.path = (here:match("^(.*)/spec/lua/") or ".") .. "/?.lua;" .. package.path
 local qtg = require "qtg"
 local common = require "spec.lua.support.common"
 local P = require "qtg.approvals"

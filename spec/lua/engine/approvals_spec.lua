@@ -6,6 +6,7 @@
 local qtg = require "qtg"
 local requests = require "qtg.requests"
 local approvals = require "qtg.approvals"
+local common = require "spec.lua.support.common"
 local P = approvals
 
 local sup, s
@@ -450,7 +451,7 @@ describe("approvals", function()
   describe("qtgd operators", function()
     it("adds, lists and removes operators, audited; refuses bad input with its usage", function()
       local host = require "spec.lua.support.host"
-      local bin = host.sh_quote(host.bin)
+      local bin = common.quote(host.bin)
       local env = { MG_DATABASE_URL = os.getenv("MG_DATABASE_URL") or "" }
       local name, uid = "cli-op-" .. math.random(1000, 9999), tostring(700000 + math.random(1, 9999))
       local ok, err = pcall(function()

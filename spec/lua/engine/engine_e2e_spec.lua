@@ -6,6 +6,7 @@
 local qtg = require "qtg"
 local requests = require "qtg.requests"
 local templates = require "qtg.templates"
+local common = require "spec.lua.support.common"
 
 local sup, s
 local N = 200
@@ -37,35 +38,22 @@ local TEMPLATES = {
 }
 
 local function start_qtgd(i, dir)
-  local log = string.format("%s/qtgd-%d.log", dir, i)
-  local env = table.concat({
-    "MG_CONSOLE_ENABLED=false",
-    "MG_NODE_DISPATCH_INTERVAL_SECONDS=0.05",
-    "MG_NODE_OBSERVE_INTERVAL_SECONDS=0.1",
-    "MG_NODE_RECOVERY_INTERVAL_SECONDS=1",
-    "MG_CALLBACK_DISPATCH_INTERVAL_SECONDS=30",
-    "MG_NETWORK_CLASS=" .. qtg.settings.network_class,
-    "MG_RUN_DIR=" .. dir .. "/run-" .. i,
-  }, " ")
-  local p = io.popen(string.format("%s %s run > %s 2>&1 & echo $!", env,
-    sup.shell_quote(sup.qtgd_bin()), sup.shell_quote(log)))
-  local pid = tonumber(p:read("*l"))
-  p:close()
-  procs[#procs + 1] = { pid = pid, log = log }
+  procs[#procs + 1] = common.spawn(string.format("%s/qtgd-%d", dir, i), {
+    MG_CONSOLE_ENABLED = "false",
+    MG_NODE_DISPATCH_INTERVAL_SECONDS = "0.05",
+    MG_NODE_OBSERVE_INTERVAL_SECONDS = "0.1",
+    MG_NODE_RECOVERY_INTERVAL_SECONDS = "1",
+    MG_CALLBACK_DISPATCH_INTERVAL_SECONDS = "30",
+    MG_NETWORK_CLASS = qtg.settings.network_class,
+    MG_RUN_DIR = dir .. "/run-" .. i,
+  }, common.quote(sup.qtgd_bin()) .. " run")
 end
 
-local function alive(pid)
-  return os.execute("kill -0 " .. pid .. " 2>/dev/null") == 0
-end
-
+-- SIGTERM to all, then each gets 30 s to exit before SIGKILL.
 local function stop_all()
+  for _, p in ipairs(procs) do common.signal(p, "TERM") end
   for _, p in ipairs(procs) do
-    if alive(p.pid) then os.execute("kill -TERM " .. p.pid) end
-  end
-  local deadline = qtg.monotonic() + 30
-  for _, p in ipairs(procs) do
-    while alive(p.pid) and qtg.monotonic() < deadline do qtg.sleep(0.1) end
-    if alive(p.pid) then os.execute("kill -KILL " .. p.pid) end
+    if not common.exit_code(p, 30) then common.signal(p, "KILL") end
   end
 end
 
@@ -82,14 +70,12 @@ describe("two qtgd processes, 200 requests", function()
   setup(function()
     sup = require("spec.lua.support.engine")
     s = qtg.db.acquire()
-    local p = io.popen("mktemp -d")
-    dir = p:read("*l")
-    p:close()
+    dir = common.tmpdir("qtg-e2e")
   end)
   teardown(function()
     stop_all()
     s:release()
-    os.execute("rm -rf " .. sup.shell_quote(dir))
+    os.execute("rm -rf " .. common.quote(dir))
   end)
 
   it("completes every request, one submit per (node, attempt), callbacks in order", function()
@@ -106,9 +92,8 @@ describe("two qtgd processes, 200 requests", function()
     start_qtgd(1, dir)
     start_qtgd(2, dir)
 
-    local deadline = qtg.monotonic() + TIMEOUT
     local done = 0
-    while qtg.monotonic() < deadline do
+    common.poll(function()
       -- the operator: confirm every desk settlement that waits
       for _, r in ipairs(s:query([[
           SELECT n.id FROM movement_request_nodes n JOIN movement_requests r ON r.id = n.request_id
@@ -120,10 +105,9 @@ describe("two qtgd processes, 200 requests", function()
       done = s:query([[SELECT count(*)::int AS n FROM movement_requests
                         WHERE network_class = $1 AND request_state = 'COMPLETED']],
         qtg.settings.network_class)[1].n
-      if done == N then break end
-      for _, p in ipairs(procs) do assert.is_true(alive(p.pid), "qtgd " .. p.pid .. " died: see " .. p.log) end
-      qtg.sleep(0.5)
-    end
+      if done == N then return true end
+      for _, p in ipairs(procs) do assert.is_true(common.alive(p), "qtgd " .. p.pid .. " died: see " .. p.log) end
+    end, TIMEOUT, 0.5)
     stop_all()
     local states = s:query([[SELECT request_state, count(*)::int AS n FROM movement_requests
                               WHERE network_class = $1 GROUP BY 1 ORDER BY 1]], qtg.settings.network_class)

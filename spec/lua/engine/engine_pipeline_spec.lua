@@ -5,6 +5,7 @@
 local qtg = require "qtg"
 local requests = require "qtg.requests"
 local recovery = require "qtg.workers.node_recovery"
+local common = require "spec.lua.support.common"
 
 local sup, s
 
@@ -162,7 +163,7 @@ describe("engine pipeline", function()
         MG_SIGNER_SOCKET = qtg.signer.socket_path() }))
       finally(function()
         evm.host.stop(signer, 30)
-        os.execute("rm -rf " .. evm.host.sh_quote(dir))
+        os.execute("rm -rf " .. common.quote(dir))
       end)
       sup.tick("node_dispatcher")
       a = sup.nodes(s, req.id).a
@@ -375,7 +376,7 @@ describe("engine pipeline", function()
     -- one node_observer pass in a child with the flag on; its output
     local function observe_enforced()
       local cmd = string.format("MG_OBSERVE_TIMEOUT_ENFORCEMENT_ENABLED=true MG_CONSOLE_ENABLED=false %s exec %s node_observer 2>&1",
-        sup.shell_quote(sup.qtgd_bin()), sup.shell_quote(sup.repo_root() .. "/spec/lua/engine/engine_tick.lua"))
+        common.quote(sup.qtgd_bin()), common.quote(sup.repo_root() .. "/spec/lua/engine/engine_tick.lua"))
       local p = io.popen(cmd)
       local out = p:read("*a")
       p:close()

@@ -4,6 +4,7 @@
 local qtg = require "qtg"
 local cjson = require "cjson"
 local templates = require "qtg.templates"
+local common = require "spec.lua.support.common"
 
 local sup, s, tmp
 
@@ -46,7 +47,7 @@ describe("templates", function()
   end)
   teardown(function()
     s:release()
-    if tmp then os.execute("rm -rf " .. sup.shell_quote(tmp)) end
+    if tmp then os.execute("rm -rf " .. common.quote(tmp)) end
   end)
   before_each(function() tmp = mktemp() end)
 
@@ -234,7 +235,7 @@ describe("templates", function()
     write(tmp, "bad.json", bad)
     local function run()
       local p = io.popen(string.format("MG_CONSOLE_ENABLED=false %s templates load %s 2>&1; echo \"rc=$?\"",
-        sup.shell_quote(sup.qtgd_bin()), sup.shell_quote(tmp)))
+        common.quote(sup.qtgd_bin()), common.quote(tmp)))
       local out = p:read("*a")
       p:close()
       return out

@@ -10,6 +10,7 @@
 -- calls in any w seconds), never how fast something went.
 local qtg = require("qtg")
 local cjson = require("cjson")
+local common = require "spec.lua.support.common"
 
 local support, engine
 local q
@@ -77,7 +78,7 @@ describe("provider pacing", function()
   setup(function()
     support = dofile(qtg.root .. "/spec/lua/support/host.lua")
     engine = dofile(qtg.root .. "/spec/lua/support/engine.lua")
-    q = support.sh_quote
+    q = common.quote
     dir = support.tmpdir()
   end)
 

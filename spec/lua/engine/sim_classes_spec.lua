@@ -4,6 +4,7 @@
 -- template that would run on sim there.  Real `qtgd run` / `qtgd check`
 -- processes, real PostgreSQL.
 local qtg = require "qtg"
+local common = require "spec.lua.support.common"
 
 describe("sim on real network classes", function()
   local sup, engine, s
@@ -47,12 +48,12 @@ describe("sim on real network classes", function()
     assert.equal("COMPLETED", engine.request(s, req2.id).request_state)
     -- qtgd check on the real class: one FAIL line per template on sim
     local rc, out = sup.host.run(sup.host.base_env({ MG_NETWORK_CLASS = class,
-      MG_SIM_NETWORK_CLASSES = "devnet,test*" }), { sup.host.sh_quote(sup.host.bin), "check" })
+      MG_SIM_NETWORK_CLASSES = "devnet,test*" }), { common.quote(sup.host.bin), "check" })
     assert.is_not.equal(0, rc)
     assert.truthy(out:find("FAIL  templates   template " .. key .. " would run on sim: executor sim does not run on network class "
       .. class, 1, true), out)
     local rc2, out2 = sup.host.run(sup.host.base_env({ MG_NETWORK_CLASS = "devnet",
-      MG_SIM_NETWORK_CLASSES = "devnet,test*" }), { sup.host.sh_quote(sup.host.bin), "check" })
+      MG_SIM_NETWORK_CLASSES = "devnet,test*" }), { common.quote(sup.host.bin), "check" })
     assert.is_nil(out2:find("would run on sim", 1, true), out2)
     assert.truthy(rc2 ~= nil)
   end)

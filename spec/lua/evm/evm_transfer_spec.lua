@@ -25,6 +25,7 @@
 --     with the chain (a reset chain).
 local qtg = require "qtg"
 local cjson = require "cjson"
+local common = require "spec.lua.support.common"
 
 local CHAIN = 31411        -- this spec's chain: its reservations are its own
 local AMOUNT, AMOUNT_WEI = "0.25", "250000000000000000"
@@ -170,7 +171,7 @@ describe("evm_transfer on a real anvil chain", function()
     sup.stop_all()
     sup.cleanup()
     s:release()
-    os.execute("rm -rf " .. sup.host.sh_quote(dir))
+    os.execute("rm -rf " .. common.quote(dir))
   end)
 
   after_each(function() sup.host.stop_all() end)

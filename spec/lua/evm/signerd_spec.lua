@@ -17,6 +17,7 @@
 --   * a peer of another uid (nobody) is refused, even with the socket open.
 local qtg = require "qtg"
 local cjson = require "cjson"
+local common = require "spec.lua.support.common"
 
 local CHAIN = 31412
 local AMOUNT, AMOUNT_WEI = "0.25", "250000000000000000"
@@ -76,7 +77,7 @@ describe("qtgd signer", function()
     sup.cleanup()
     s:query("DELETE FROM signer_roster WHERE signer_key IN ('sa', 'sb')")
     s:release()
-    os.execute("rm -rf " .. sup.host.sh_quote(dir))
+    os.execute("rm -rf " .. common.quote(dir))
   end)
 
   after_each(function() sup.host.stop_all() end)
@@ -283,12 +284,12 @@ describe("qtgd signer", function()
 
   it("answers only its allowed uid: nobody is refused even when the socket is open to all", function()
     local sockdir = dir .. "/open"
-    os.execute("mkdir -p " .. sup.host.sh_quote(sockdir) .. " && chmod 755 " .. sup.host.sh_quote(dir) .. " "
-      .. sup.host.sh_quote(sockdir))
+    os.execute("mkdir -p " .. common.quote(sockdir) .. " && chmod 755 " .. common.quote(dir) .. " "
+      .. common.quote(sockdir))
     local keys = "sa=" .. sup.key_file(dir, "sa", DEV[1].key)
     local env = sup.run_env("unused", { MG_SIGNER_KEYS = keys, MG_SIGNER_SOCKET = sockdir .. "/signer.sock" })
     sup.start_signer(env)
-    local mode = io.popen("stat -c %a " .. sup.host.sh_quote(sockdir .. "/signer.sock")):read("*l")
+    local mode = io.popen("stat -c %a " .. common.quote(sockdir .. "/signer.sock")):read("*l")
     assert.equal("600", mode)
     local client = [[/usr/bin/python3 -c 'import socket,sys
 c=socket.socket(socket.AF_UNIX)
@@ -299,18 +300,18 @@ except OSError as e:
 c.sendall(b"KEYS\n"); print(c.makefile().readline().strip())' ]]
     local function as_nobody()
       local p = io.popen("setpriv --reuid=nobody --regid=nogroup --clear-groups " .. client
-        .. sup.host.sh_quote(sockdir .. "/signer.sock") .. " 2>&1")
+        .. common.quote(sockdir .. "/signer.sock") .. " 2>&1")
       local out = p:read("*a")
       p:close()
       return out
     end
     local out = as_nobody()
     assert.truthy(out:match("CONNECT 13"), "0600 keeps nobody out: " .. out)
-    os.execute("chmod 666 " .. sup.host.sh_quote(sockdir .. "/signer.sock"))
+    os.execute("chmod 666 " .. common.quote(sockdir .. "/signer.sock"))
     out = as_nobody()
     assert.truthy(out:match("^REFUSED PEER_NOT_ALLOWED uid 65534"), out)
     local ev = s:query("SELECT * FROM signer_events WHERE peer_uid = 65534 ORDER BY id DESC LIMIT 1")[1]
     assert.equal("PEER_NOT_ALLOWED", ev.code)
-    os.execute("chmod 700 " .. sup.host.sh_quote(dir))
+    os.execute("chmod 700 " .. common.quote(dir))
   end)
 end)

@@ -11,6 +11,7 @@ local canon = require "qtg.canon_json"
 local templates = require "qtg.templates"
 local executors = require "qtg.executors"
 local F = require "spec.lua.support.fuzz"
+local common = require "spec.lua.support.common"
 
 local ROOT = qtg.root
 local SHIPPED = { "cctp_bridge", "cex_withdrawal_to_wallet", "dual_venue_funding", "otc_settlement_manual" }
@@ -255,8 +256,8 @@ describe("fuzz: template compilation", function()
     end
     support.write(dir .. "/broken.json", '{"template_key": ')
     local rc, out = support.run({ MG_DATABASE_URL = os.getenv("MG_DATABASE_URL") },
-      { support.sh_quote(support.bin), "templates", "check", support.sh_quote(dir) })
-    os.execute("rm -rf " .. support.sh_quote(dir))
+      { common.quote(support.bin), "templates", "check", common.quote(dir) })
+    os.execute("rm -rf " .. common.quote(dir))
     assert.equals(1, rc, out)
     assert.is_nil(out:find("traceback", 1, true), out)
     assert.truthy(out:find("broken.json: not valid JSON", 1, true), out)

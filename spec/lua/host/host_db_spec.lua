@@ -2,6 +2,7 @@
 -- concurrency on the pool, savepoints and locks, SKIP LOCKED, LISTEN, and a
 -- server restart under a running host.
 local qtg = require("qtg")
+local common = require "spec.lua.support.common"
 local db = qtg.db
 local support = require("spec.lua.support.host")
 
@@ -314,7 +315,7 @@ qtg.sleep(0.3)
 print("main done, " .. qtg.db.stats().in_use .. " sessions busy")
 ]])
     local rc, out = support.run(support.base_env(), { support.bin, "exec", dir .. "/inflight.lua" })
-    os.execute("rm -rf " .. support.sh_quote(dir))
+    os.execute("rm -rf " .. common.quote(dir))
     assert.is_nil(out:find("Sanitizer", 1, true), out)
     assert.matches("main done, 2 sessions busy", out, 1, true)
     assert.equals(0, rc, out)

@@ -3,6 +3,7 @@
 -- codes) is driven through real `qtgd run` processes whose worker registry
 -- comes from an operator override directory (MG_LUA_PATH).
 local qtg = require("qtg")
+local common = require "spec.lua.support.common"
 local rt = qtg.runtime
 local support = require("spec.lua.support.host")
 
@@ -396,7 +397,7 @@ describe("qtgd migrate", function()
   it("without MG_DATABASE_URL, starts the private cluster under the repo and uses it (the embedded default)", function()
     -- a repo of links to this one's lua/, sql/ and tools/, with no var/:
     -- nothing there yet for tools/pg to find
-    local q = support.sh_quote
+    local q = common.quote
     local root = support.tmpdir()
     os.execute("chmod 755 " .. q(root)) -- as root, the server runs as postgres
     for _, d in ipairs({ "lua", "sql", "tools" }) do

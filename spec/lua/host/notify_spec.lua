@@ -16,19 +16,16 @@ int unsetenv(const char *name);
 
 local sup -- spec/lua/support/host.lua
 
-local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local common = require "spec.lua.support.common"
+local q = common.quote
 
 local listeners = {}
 
 -- Start tools/fake-notify-socket on `path`; returns the record file.
 local function listen(dir, path)
   local record = dir .. "/notify-" .. #listeners .. ".jsonl"
-  local cmd = ("%s --socket %s --record %s </dev/null >%s 2>&1 & echo $!"):format(
-    q(sup.root .. "/tools/fake-notify-socket"), q(path), q(record), q(record .. ".log"))
-  local p = io.popen(cmd)
-  local pid = tonumber(p:read("*l"))
-  p:close()
-  listeners[#listeners + 1] = pid
+  listeners[#listeners + 1] = common.background(("%s --socket %s --record %s"):format(
+    q(sup.root .. "/tools/fake-notify-socket"), q(path), q(record)), record .. ".log")
   assert(sup.eventually(function() return sup.read(record) end, 20), "the notify socket did not start")
   return record
 end
@@ -223,7 +220,7 @@ describe("qtgd run under a systemd watchdog", function()
 
     -- a console command holds the loop: the pings stop while it does
     local out = tmp .. "/spin.out"
-    local pid = require("spec.lua.support.common").background(("%s console --socket %s -e %s"):format(
+    local pid = common.background(("%s console --socket %s -e %s"):format(
       q(sup.bin), q(run .. "/console.sock"), q("qtg.log.info('spin begins') while true do end")), out)
     assert.is_truthy(sup.eventually(function() return sup.read(h.log):find("spin begins", 1, true) end, 30))
     local before = pings(record)

@@ -5,6 +5,7 @@
 -- worker that should be woken has an interval of minutes, and the specs wait
 -- (bounded, polling) for what only a wake-up can do in that time.
 local qtg = require("qtg")
+local common = require "spec.lua.support.common"
 
 describe("wake-ups", function()
   local support, engine, wakeups, registry
@@ -226,8 +227,8 @@ describe("wake-ups", function()
                                   MG_NODE_OBSERVE_INTERVAL_SECONDS = "300", MG_LOG_LEVEL = "info",
                                   MG_CONSOLE_ENABLED = "true", MG_CONSOLE_SOCKET = sock })
       local function notifies()
-        local rc, out = support.run({}, { support.sh_quote(support.bin), "console", "--socket",
-          support.sh_quote(sock), "-e", support.sh_quote("return require('qtg.wakeups').stats().notifies") })
+        local rc, out = support.run({}, { common.quote(support.bin), "console", "--socket",
+          common.quote(sock), "-e", common.quote("return require('qtg.wakeups').stats().notifies") })
         assert.equals(0, rc, out)
         return tonumber(out:match("(%d+)%s*$"))
       end
@@ -241,7 +242,7 @@ describe("wake-ups", function()
         "the READY node was not dispatched after its NOTIFY")
       -- the module the console sees after the reload is the listener's own
       assert.is_true(notifies() > before)
-      os.execute("rm -rf " .. support.sh_quote(dir))
+      os.execute("rm -rf " .. common.quote(dir))
     end)
   end)
 

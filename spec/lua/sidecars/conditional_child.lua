@@ -10,7 +10,7 @@ ticks = tonumber(ticks)
 assert(worker and ticks and gofile and out, "usage: conditional_child.lua WORKER TICKS GOFILE RESULT_FILE")
 
 local here = debug.getinfo(1, "S").source:match("^@(.*)$") or ""
-package.path = (here:match("^(.*)/spec/lua/[^/]*$") or ".") .. "/?.lua;" .. package.path
+package.path = (here:match("^(.*)/spec/lua/") or ".") .. "/?.lua;" .. package.path
 local canon = require "qtg.canon_json"
 local common = require "spec.lua.support.common"
 

@@ -5,6 +5,7 @@
 -- skipped with a warning and the process still starts; a conditional core
 -- worker dying stops the process, a conditional sidecar dying does not.
 local qtg = require "qtg"
+local common = require "spec.lua.support.common"
 
 local sup -- spec/lua/support/conditional.lua
 
@@ -190,7 +191,7 @@ describe("conditional workers in a running qtgd", function()
   -- registry and the supervision are the real ones.
   local function override(worker)
     local d = sup.tmpdir()
-    os.execute("mkdir -p " .. sup.q(d .. "/qtg/workers"))
+    os.execute("mkdir -p " .. common.quote(d .. "/qtg/workers"))
     sup.write(d .. "/qtg/workers/" .. worker .. ".lua", [[
 local qtg = require("qtg")
 local M = {}

@@ -16,7 +16,7 @@ seconds = tonumber(seconds)
 assert(worker and seconds and mode and out, "usage: sidecar_child.lua WORKER SECONDS MODE RESULT_FILE")
 
 local here = debug.getinfo(1, "S").source:match("^@(.*)$") or ""
-package.path = (here:match("^(.*)/spec/lua/[^/]*$") or ".") .. "/?.lua;" .. package.path
+package.path = (here:match("^(.*)/spec/lua/") or ".") .. "/?.lua;" .. package.path
 local qtg = require "qtg"
 local common = require "spec.lua.support.common"
 

@@ -31,10 +31,8 @@ function M.start(extra)
                               MG_API_CALLBACK_ALLOW_PRIVATE = "true" })
   for k, v in pairs(extra or {}) do env[k] = v end
   local h = host.start(env, { "run" })
-  local address = common.wait_for(function()
-    local log = host.read(h.log) or ""
-    return log:match('"msg":"api listening","address":"(127%.0%.0%.1:%d+)"'), log
-  end, 30, "the API to listen")
+  local address = common.wait_log(h, '"msg":"api listening","address":"(127%.0%.0%.1:%d+)"', 30,
+    "the API to listen")
   return { h = h, class = class, address = address, base = "http://" .. address, env = env }
 end
 

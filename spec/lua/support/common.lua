@@ -1,13 +1,17 @@
 -- spec/lua/support/common.lua -- what the spec support modules share
 -- (conditional_, sidecar_, engine_, host_ and evm_support, and the child
--- scripts conditional_child and sidecar_child): shell quoting, the tree and
--- the qtgd binary, files, temporary directories, unique ids, polling until
--- a deadline, one worker tick and one query on a fresh session, processes
--- started in the background (qtgd children and their result files, `qtgd
--- run` with its exit code, stand-in servers and their port files) and
--- JSON-RPC to a dev chain.  Waiting always polls with qtg.sleep, so the
--- host's loop never blocks.  Does no I/O while it loads (a spec requires it
--- from inside its blocks: `require` cannot yield).
+-- scripts conditional_child and sidecar_child), and the tools that drive
+-- qtgd from inside it (tools/chaos.d, tools/bench.d/bench.lua, tools/demo.lua,
+-- tools/package-smoke.lua): shell quoting and commands, the tree and the
+-- qtgd binary, files, temporary directories, unique ids, polling until a
+-- deadline, one worker tick and one query on a fresh session, processes
+-- started in the background (by pid, with their exit codes; qtgd children
+-- and their result files; stand-in servers and their port files; callback
+-- receivers and their records) and JSON-RPC to a dev chain.  Waiting always
+-- polls with qtg.sleep, so the host's loop never blocks.  Does no I/O while
+-- it loads (a spec requires it from inside its blocks: `require` cannot
+-- yield).  A tool finds it by putting the tree (its own path up to
+-- /tools/) on package.path.
 local qtg = require "qtg"
 local cjson = require "cjson"
 local canon = require "qtg.canon_json"
@@ -21,6 +25,16 @@ local function quote(s)
   return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
 end
 M.quote = quote
+
+-- sh(cmd) -> stdout and stderr of the shell command, its exit code.
+local function sh(cmd)
+  local p = io.popen(cmd .. " 2>&1; echo \"__rc=$?\"")
+  local out = p:read("*a")
+  p:close()
+  local rc = tonumber(out:match("__rc=(%d+)%s*$"))
+  return (out:gsub("__rc=%d+%s*$", "")), rc
+end
+M.sh = sh
 
 -- The tree qtgd runs from: $QTG_ROOT, else the host's own root.
 local function root()
@@ -55,6 +69,14 @@ local function read(path)
   return nil
 end
 M.read = read
+
+-- exists(path) -> true when the file can be opened (without reading it).
+local function exists(path)
+  local f = io.open(path, "rb")
+  if f then f:close() end
+  return f ~= nil
+end
+M.exists = exists
 
 -- write(path, data[, mode]): replace the file; mode ("600") is chmod'ed.
 local function write(path, data, mode)
@@ -217,7 +239,7 @@ local function background(cmd, log)
 end
 M.background = background
 
--- start_script(dir, name, env, script, args) -> {out=, log=}: a child
+-- start_script(dir, name, env, script, args) -> {out=, log=, pid=}: a child
 -- `qtgd exec spec/lua/SCRIPT ARGS... DIR/NAME.result` in the background,
 -- with env (and MG_CONSOLE_ENABLED=false) and its output in DIR/NAME.log.
 -- The script writes its result file by rename (see child_main).
@@ -229,8 +251,7 @@ function M.start_script(dir, name, env, script, args)
   local words = { "env", env_words(e), quote(bin()), "exec", quote(root() .. "/spec/lua/" .. script) }
   for _, a in ipairs(args) do words[#words + 1] = quote(a) end
   words[#words + 1] = quote(child.out)
-  local line = table.concat(words, " ") .. " </dev/null >" .. quote(child.log) .. " 2>&1 &"
-  if os.execute(line) ~= 0 then error("cannot start " .. line, 2) end
+  child.pid = background(table.concat(words, " "), child.log)
   return child
 end
 
@@ -253,37 +274,167 @@ function M.child_main(run, out)
   return ok and 0 or 1
 end
 
--- start_qtgd(h, env, args, qtgd, seconds) -> h: `QTGD ARGS...` (shell
--- words) with env in the background, its output in h.log and its exit code
--- written to h.rcfile.  Sets h.subshell, and h.pid once the qtgd process
--- shows up (nil if it did not within `seconds`: it may have exited).
-function M.start_qtgd(h, env, args, qtgd, seconds)
-  local cmd = ("(env %s %s %s >%s 2>&1; echo $? >%s) </dev/null >/dev/null 2>&1 & echo $!"):format(
-    env_words(env), quote(qtgd), table.concat(args, " "), quote(h.log), quote(h.rcfile))
-  local p = io.popen("sh -c " .. quote(cmd))
-  h.subshell = tonumber(p:read("*l"))
-  p:close()
-  if not h.subshell then error("cannot start " .. cmd, 2) end
-  -- the qtgd process is the subshell's child
-  h.pid = poll(function()
-    local g = io.popen("pgrep -P " .. h.subshell .. " -f qtgd")
-    local pid = tonumber(g:read("*l") or "")
-    g:close()
-    return pid
-  end, seconds)
+-- spawn(base, env, cmd) -> h: the shell command cmd (its words quoted by
+-- the caller) with env added, in the background, stdin /dev/null: its
+-- output in BASE.log, its pid in BASE.pid and, once it ends, its exit code
+-- in BASE.rc (written by the subshell that waits for it: 128+N for signal
+-- N).  `env` execs cmd, so h.pid is the command's own process.
+-- h = {base, log, pidfile, rcfile, pid, started (qtg.monotonic)}.
+local function spawn(base, env, cmd)
+  local h = { base = base, log = base .. ".log", pidfile = base .. ".pid", rcfile = base .. ".rc",
+              started = qtg.monotonic() }
+  os.remove(h.pidfile)
+  os.remove(h.rcfile)
+  local line = ("( env %s %s >%s 2>&1 </dev/null & c=$!; echo $c >%s; wait $c; echo $? >%s ) >/dev/null 2>&1 </dev/null &")
+    :format(env_words(env), cmd, quote(h.log), quote(h.pidfile), quote(h.rcfile))
+  if os.execute("sh -c " .. quote(line)) ~= 0 then error("cannot start " .. cmd, 2) end
+  h.pid = tonumber(wait_for(function()
+    local t = read(h.pidfile)
+    return t and t:match("^(%d+)\n")
+  end, 10, "the pid of " .. cmd))
+  return h
+end
+M.spawn = spawn
+
+-- rc(h) -> the exit code of a spawned process, nil while it runs.
+local function rc(h)
+  local t = read(h.rcfile)
+  return t and tonumber(t:match("^(%d+)\n"))
+end
+M.rc = rc
+
+-- alive(h) -> true while a spawned process has not exited.
+function M.alive(h) return rc(h) == nil end
+
+-- exit_code(h, seconds) -> the exit code of a spawned process, or nil if it
+-- has not exited within `seconds` (default 30).
+local function exit_code(h, seconds)
+  return poll(function() return rc(h) end, seconds or 30)
+end
+M.exit_code = exit_code
+
+-- signal(h, sig) -> true when SIG ("TERM", "KILL", ...) was delivered to a
+-- spawned process; never to one that exited (its pid may be another's now)
+-- nor to a pid <= 1 (`kill -1` would signal every process of this user).
+local function signal(h, sig)
+  local pid = tonumber(h.pid)
+  if not pid or pid <= 1 or rc(h) ~= nil then return false end
+  return os.execute(("kill -%s %d 2>/dev/null"):format(sig, pid)) == 0
+end
+M.signal = signal
+
+-- stop(h, seconds) -> the exit code of a spawned process after SIGTERM, or
+-- nil when it did not exit within `seconds` (default 30; it is then killed
+-- with SIGKILL).
+function M.stop(h, seconds)
+  signal(h, "TERM")
+  local code = exit_code(h, seconds)
+  if code == nil then signal(h, "KILL") end
+  return code
+end
+
+-- wait_log(h, pattern, seconds, what) -> the first capture (else the match)
+-- of the Lua pattern in a spawned process's log, once it is there; raises
+-- naming `what`, with the end of the log, when the process exits first or
+-- `seconds` pass.
+local function wait_log(h, pattern, seconds, what)
+  local function log_end() return "log " .. h.log .. ": " .. (read(h.log) or ""):sub(-1500) end
+  local found
+  wait_for(function()
+    found = (read(h.log) or ""):match(pattern)
+    return found or rc(h) ~= nil
+  end, seconds, function() return tostring(what) .. " (" .. log_end() .. ")" end)
+  if found then return found end
+  error(("%s: the process exited with %s first (%s)"):format(tostring(what), tostring(rc(h)), log_end()), 2)
+end
+M.wait_log = wait_log
+
+-- ---- callback receivers -------------------------------------------------------------
+
+-- start_receiver(dir, name, opts) -> h: tools/fake-receiver spawned as
+-- DIR/NAME (its log DIR/NAME.log), once it has written its port file;
+-- h.port, h.record (opts.record, else DIR/NAME.jsonl) and h.url
+-- (http://HOST:PORT/callbacks/NAME) added.  opts: mode ("ok"), keys
+-- ({id = path}: verify signatures), bind (127.0.0.1 unless given), args (a
+-- list of further words, quoted here).
+function M.start_receiver(dir, name, opts)
+  opts = opts or {}
+  local record = opts.record or (dir .. "/" .. name .. ".jsonl")
+  local portfile = dir .. "/" .. name .. ".port"
+  os.remove(portfile)
+  local words = { quote(root() .. "/tools/fake-receiver"), "--mode", quote(opts.mode or "ok"),
+                  "--record", quote(record), "--port-file", quote(portfile) }
+  local ids = {}
+  for id in pairs(opts.keys or {}) do ids[#ids + 1] = id end
+  table.sort(ids)
+  for _, id in ipairs(ids) do
+    words[#words + 1] = "--key-file " .. quote(id .. "=" .. opts.keys[id])
+  end
+  if opts.bind then words[#words + 1] = "--bind " .. quote(opts.bind) end
+  for _, a in ipairs(opts.args or {}) do words[#words + 1] = quote(a) end
+  local h = spawn(dir .. "/" .. name, {}, table.concat(words, " "))
+  h.port = wait_port_file(portfile, 30, "receiver " .. name, h.log)
+  h.record = record
+  local host = opts.bind and (opts.bind:find(":", 1, true) and "[" .. opts.bind .. "]" or opts.bind)
+    or "127.0.0.1"
+  h.url = "http://" .. host .. ":" .. h.port .. "/callbacks/" .. name
   return h
 end
 
--- exit_code(h, seconds) -> the exit code of a start_qtgd process, or nil
--- if it has not exited within `seconds` (default 30).
-function M.exit_code(h, seconds)
-  return poll(function()
-    local t = read(h.rcfile)
-    return t and tonumber(t:match("%d+"))
-  end, seconds or 30)
+-- records(path) -> the requests a receiver recorded (one JSON object a
+-- line), in arrival order; a last line not yet complete is left for later.
+function M.records(path)
+  local out = {}
+  for line in (read(path) or ""):gmatch("([^\n]*)\n") do
+    if line ~= "" then
+      local ok, e = pcall(cjson.decode, line)
+      if not ok then error("bad line in the receiver's record " .. path .. ": " .. line:sub(1, 200), 2) end
+      out[#out + 1] = e
+    end
+  end
+  return out
+end
+
+-- header(entry, name) -> the value of header NAME (any case) in a recorded
+-- request, or nil.
+function M.header(entry, name)
+  name = name:lower()
+  for k, v in pairs(entry.headers or {}) do
+    if k:lower() == name then return v end
+  end
+  return nil
 end
 
 -- ---- a dev chain (anvil) ----------------------------------------------------------------
+
+-- anvil_bin() -> the anvil binary: `tools/anvil path` installs
+-- @foundry-rs/anvil from npm the first time; raises when it gives none.
+function M.anvil_bin()
+  local out = sh(quote(root() .. "/tools/anvil") .. " path")
+  local path = out:match("([^\n]*anvil)%s*$")
+  if not (path and exists(path)) then error("tools/anvil path did not give an anvil binary:\n" .. out, 2) end
+  return path
+end
+
+-- start_anvil(base, opts) -> h: anvil spawned as BASE (common.spawn) on
+-- 127.0.0.1, on a free port it picks itself (--port 0), once it listens;
+-- h.port, h.url, and h.address (lower case) and h.key (hex) of its account
+-- 0 added.  opts: chain_id (31337), accounts (10), block_time (interval
+-- mining: blocks keep coming, so confirmations grow without traffic).
+function M.start_anvil(base, opts)
+  opts = opts or {}
+  local words = { quote(M.anvil_bin()), "--host", "127.0.0.1", "--port", "0",
+                  "--chain-id", tostring(opts.chain_id or 31337), "--accounts", tostring(opts.accounts or 10),
+                  "--balance", "10000" }
+  if opts.block_time then words[#words + 1] = "--block-time " .. tostring(opts.block_time) end
+  local h = spawn(base, {}, table.concat(words, " "))
+  h.port = tonumber(wait_log(h, "Listening on 127%.0%.0%.1:(%d+)", 20, "anvil to listen"))
+  h.url = "http://127.0.0.1:" .. h.port
+  local log = read(h.log)
+  local address = log:match("Available Accounts%s*=*%s*%(0%) (0x%x+)")
+  h.address, h.key = address and address:lower(), log:match("Private Keys%s*=*%s*%(0%) 0x(%x+)")
+  return h
+end
 
 -- The dev accounts of anvil's default mnemonic ("test test ... junk"); their
 -- keys are public (dev only).
@@ -304,8 +455,11 @@ function M.rpc(url, method, params)
     table.concat(parts, ","))
   local resp, err = qtg.http.request{ method = "POST", url = url, body = body, timeout = 10,
     headers = { ["Content-Type"] = "application/json" } }
-  if not resp then error("rpc " .. method .. " to " .. url .. ": " .. tostring(err), 2) end
-  local doc = cjson.decode(resp.body)
+  if not resp then error("rpc " .. method .. " to " .. url .. ": " .. tostring(err and err.message or err), 2) end
+  local ok, doc = pcall(cjson.decode, resp.body)
+  if not ok or type(doc) ~= "table" then
+    error("rpc " .. method .. " to " .. url .. " answered " .. resp.body:sub(1, 200), 2)
+  end
   if doc.error then error("rpc " .. method .. ": " .. cjson.encode(doc.error), 2) end
   return doc.result
 end

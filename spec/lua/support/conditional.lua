@@ -12,7 +12,6 @@ local common = require "spec.lua.support.common"
 local M = {}
 
 local q = common.quote
-M.q = q
 M.root, M.bin = common.root, common.bin
 M.read, M.write = common.read, common.write
 M.wait_for, M.query, M.base_env = common.wait_for, common.query, common.base_env
@@ -48,9 +47,9 @@ function M.start_providers(dir, state)
   local cmd = q(M.root() .. "/tools/fake-providers") .. " --port-file " .. q(portfile)
     .. " --record " .. q(record) .. " --hang-seconds 30"
   if state then cmd = cmd .. " --state " .. q(cjson.encode(state)) end
-  assert(os.execute(cmd .. " </dev/null >" .. q(log) .. " 2>&1 &") == 0, "cannot start " .. cmd)
-  local port, pid = common.wait_port_file(portfile, 30, "fake-providers", log)
+  local pid = common.spawn(dir .. "/providers", {}, cmd).pid
   pids[#pids + 1] = pid
+  local port = common.wait_port_file(portfile, 30, "fake-providers", log)
   local p = { port = port, pid = pid, record = record, url = "http://127.0.0.1:" .. port }
   function p.control(t)
     local resp, err = qtg.http.request{ method = "POST", url = p.url .. "/_control", body = cjson.encode(t),
@@ -110,22 +109,19 @@ function M.wait_child(child, seconds)
   return common.wait_result(child, seconds or 60)
 end
 
--- Start a `qtgd run` in the background; returns {log=, rcfile=, pid=}.
+-- Start a `qtgd run` in the background; returns a common.spawn handle
+-- ({log=, rcfile=, pid=, ...}, the files DIR/NAME.*).
 function M.start_run(dir, name, env)
-  local h = { log = dir .. "/" .. name .. ".log", rcfile = dir .. "/" .. name .. ".rc" }
-  common.start_qtgd(h, env, { "run" }, M.bin(), 10)
-  if not h.pid then
-    error("qtgd run did not start within 10 s (rc " .. tostring(M.read(h.rcfile)) .. ", log: "
-      .. tostring(M.read(h.log)) .. ")", 2)
-  end
-  pids[#pids + 1] = tostring(h.pid)
+  local h = common.spawn(dir .. "/" .. name, env, q(M.bin()) .. " run")
+  pids[#pids + 1] = h.pid
   return h
 end
 
 M.exit_code = common.exit_code
 
+-- SIGTERM; the exit code, or nil when it did not exit within 30 s.
 function M.stop_run(h)
-  os.execute("kill -TERM " .. h.pid .. " 2>/dev/null")
+  common.signal(h, "TERM")
   return M.exit_code(h, 30)
 end
 

@@ -158,6 +158,4 @@ function M.repo_root()
   return cwd
 end
 
-M.shell_quote = common.quote
-
 return M

@@ -31,45 +31,21 @@ end
 
 -- ---- anvil -------------------------------------------------------------------
 
--- The anvil binary: `tools/anvil path` installs @foundry-rs/anvil from npm
--- the first time.  A missing anvil fails the spec (the setup installs it).
-function M.anvil_bin()
-  local p = io.popen(q(M.root() .. "/tools/anvil") .. " path 2>&1")
-  local out = p:read("*a")
-  p:close()
-  local path = out:match("([^\n]*anvil)%s*$")
-  assert(path and host.read(path) ~= nil, "tools/anvil path did not give an anvil binary:\n" .. out)
-  return path
-end
+M.anvil_bin = common.anvil_bin
 
--- start_anvil{chain_id=, block_time=} -> {url=, port=, dir=, pid=}.  Port 0:
--- anvil picks a free one and logs it.  Interval mining (block_time) keeps
--- blocks coming, so confirmations grow without traffic.
+-- start_anvil{chain_id=, block_time=} -> {url=, port=, dir=, pid=, ...}
+-- (common.start_anvil, its log DIR/anvil.log), once it answers eth_chainId.
 function M.start_anvil(opts)
-  opts = opts or {}
   local dir = tmpdir()
-  local args = { "--host", "127.0.0.1", "--port", "0", "--chain-id", tostring(opts.chain_id or 31337),
-                 "--accounts", "10", "--balance", "10000" }
-  if opts.block_time then args[#args + 1] = "--block-time"; args[#args + 1] = tostring(opts.block_time) end
-  local cmd = ("%s %s </dev/null >%s 2>&1 & echo $!"):format(q(M.anvil_bin()), table.concat(args, " "),
-    q(dir .. "/anvil.log"))
-  local p = io.popen(cmd)
-  local pid = tonumber(p:read("*l"))
-  p:close()
-  local a = { dir = dir, pid = pid }
+  local a = common.start_anvil(dir .. "/anvil", opts)
+  a.dir = dir
   anvils[#anvils + 1] = a
-  a.port = M.wait_for(function()
-    local log = host.read(dir .. "/anvil.log") or ""
-    return tonumber(log:match("Listening on 127%.0%.0%.1:(%d+)"))
-  end, 20, "anvil to listen (log: " .. dir .. "/anvil.log)")
-  a.url = "http://127.0.0.1:" .. a.port
   M.wait_for(function() return pcall(M.rpc, a.url, "eth_chainId", {}) end, 20, "anvil to answer")
   return a
 end
 
 function M.stop_anvil(a)
-  if a.pid then os.execute("kill " .. a.pid .. " 2>/dev/null") end
-  a.pid = nil
+  common.signal(a, "TERM")
 end
 
 function M.balance(url, address)
@@ -215,11 +191,7 @@ function M.start_signer(env)
   local senv = {}
   for k, v in pairs(env) do senv[k] = v end
   local h = host.start(senv, { "signer" })
-  M.wait_for(function()
-    local rc = host.read(h.rcfile)
-    if rc and rc:match("%d") then error("qtgd signer exited; log " .. h.log .. ": " .. (host.read(h.log) or ""), 0) end
-    return (host.read(h.log) or ""):find('"signer: listening"', 1, true)
-  end, 30, "the signer listening")
+  common.wait_log(h, '"signer: listening"', 30, "the signer listening")
   h.socket = env.MG_SIGNER_SOCKET
   return h
 end
@@ -280,8 +252,8 @@ end
 function M.wait_states(s, ids, states, seconds, procs)
   return M.wait_for(function()
     for _, h in ipairs(procs or {}) do
-      local rc = host.read(h.rcfile)
-      if rc and rc:match("%d") then error("qtgd exited (" .. rc:gsub("%s", "") .. "); log " .. h.log, 0) end
+      local rc = common.rc(h)
+      if rc then error("qtgd exited (" .. rc .. "); log " .. h.log, 0) end
     end
     for _, id in ipairs(ids) do
       if not states[M.request(s, id).request_state] then return false end

@@ -14,15 +14,13 @@ M.started = {}
 M.bin = os.getenv("QTG_BIN") or (qtg.root .. "/build/qtgd")
 M.root = qtg.root
 
-local sh_quote = common.quote
-M.sh_quote = sh_quote
 
 -- A fresh temporary directory (the caller removes it).
 function M.tmpdir() return common.tmpdir("qtg-spec") end
 
 -- write(path, text): creates the parent directories.
 function M.write(path, text)
-  os.execute("mkdir -p " .. sh_quote(path:match("^(.*)/[^/]*$")))
+  os.execute("mkdir -p " .. common.quote(path:match("^(.*)/[^/]*$")))
   common.write(path, text)
 end
 
@@ -30,49 +28,35 @@ M.read = common.read
 
 -- Run a command to completion; returns exit code, stdout+stderr.
 function M.run(env, args)
-  local cmd = common.env_words(env) .. " " .. table.concat(args, " ") .. " 2>&1; echo \"__rc=$?\""
-  local p = io.popen("env " .. cmd)
-  local out = p:read("*a")
-  p:close()
-  local rc = tonumber(out:match("__rc=(%d+)%s*$"))
-  return rc, (out:gsub("__rc=%d+%s*$", ""))
+  local out, rc = common.sh("env " .. common.env_words(env) .. " " .. table.concat(args, " "))
+  return rc, out
 end
 
--- Start `qtgd ARGS` in the background; returns a handle with pid, log.
+-- Start `qtgd ARGS` in the background; returns a handle with pid, log
+-- (common.spawn) and dir, its own temporary directory.
 function M.start(env, args)
   local dir = M.tmpdir()
-  local h = {dir = dir, log = dir .. "/log", rcfile = dir .. "/rc"}
+  local h = common.spawn(dir .. "/qtgd", env or {}, common.quote(M.bin) .. " " .. table.concat(args or {"run"}, " "))
+  h.dir = dir
   M.started[#M.started + 1] = h
-  return common.start_qtgd(h, env or {}, args or {"run"}, M.bin, 2.5)
+  return h
 end
 
--- Signal the process; without a known pid, nothing (never `kill -1`,
--- which would signal every process of this user).
-function M.signal(h, sig)
-  local pid = tonumber(h.pid)
-  if not pid or pid <= 1 then return end
-  os.execute(("kill -%s %d 2>/dev/null"):format(sig, pid))
-end
+-- Signal the process (common.signal: never one that exited, never pid <= 1).
+M.signal = common.signal
 
 -- Wait (polling) until the process exits; returns its exit code or nil.
 M.wait_exit = common.exit_code
 
-function M.stop(h, timeout)
-  M.signal(h, "TERM")
-  local rc = M.wait_exit(h, timeout or 30)
-  if rc == nil then M.signal(h, "KILL") end
-  return rc
-end
+-- SIGTERM, wait, SIGKILL after `timeout`; returns the exit code or nil.
+M.stop = common.stop
 
 -- Every process started here is gone afterwards (killed if still running),
 -- and so is its log directory.
 function M.stop_all()
   for _, h in ipairs(M.started) do
-    if not M.read(h.rcfile) or not M.read(h.rcfile):match("%d") then
-      M.signal(h, "KILL")
-      M.wait_exit(h, 5)
-    end
-    os.execute("rm -rf " .. sh_quote(h.dir))
+    if common.signal(h, "KILL") then M.wait_exit(h, 5) end
+    os.execute("rm -rf " .. common.quote(h.dir))
   end
   M.started = {}
 end

@@ -5,13 +5,11 @@
 -- them.  Required from inside a spec's blocks, never at load time.  What
 -- every support module does alike is in spec/lua/support/common.lua.
 local qtg = require "qtg"
-local cjson = require "cjson"
 local common = require "spec.lua.support.common"
 
 local M = {}
 
 local q = common.quote
-M.q = q
 M.root, M.qtgd_bin = common.root, common.bin
 M.write_file, M.read_file = common.write, common.read
 
@@ -29,45 +27,20 @@ M.tick = common.tick
 
 local pids = {}
 
--- Start tools/fake-receiver; returns {port, pid, url, record}.
--- opts: mode, keys = {id = path}, bind (the address, 127.0.0.1 unless given),
--- args (extra command-line text).
+-- Start tools/fake-receiver (common.start_receiver); returns {port, pid,
+-- url, record, ...}.  opts: mode, keys = {id = path}, bind (the address,
+-- 127.0.0.1 unless given), args (a list of further words).
 function M.start_receiver(dir, name, opts)
-  local record = dir .. "/" .. name .. ".jsonl"
-  local portfile = dir .. "/" .. name .. ".port"
-  local cmd = { q(M.root() .. "/tools/fake-receiver"), "--mode", q(opts.mode),
-                "--record", q(record), "--port-file", q(portfile) }
-  for id, path in pairs(opts.keys or {}) do
-    cmd[#cmd + 1] = "--key-file " .. q(id .. "=" .. path)
-  end
-  if opts.bind then cmd[#cmd + 1] = "--bind " .. q(opts.bind) end
-  if opts.args then cmd[#cmd + 1] = opts.args end
-  local log = dir .. "/" .. name .. ".log"
-  local line = table.concat(cmd, " ") .. " >" .. q(log) .. " 2>&1 &"
-  assert(os.execute(line) == 0, "cannot start " .. line)
-  local port, pid = common.wait_port_file(portfile, 30, "receiver " .. name, log)
-  pids[#pids + 1] = pid
-  local shown = opts.bind and (opts.bind:find(":", 1, true) and "[" .. opts.bind .. "]" or opts.bind) or "127.0.0.1"
-  return { port = port, pid = pid, record = record,
-           url = "http://" .. shown .. ":" .. port .. "/callbacks/" .. name }
+  local h = common.start_receiver(dir, name, opts)
+  pids[#pids + 1] = h.pid
+  return h
 end
 
 -- The requests a receiver recorded, in arrival order.
-function M.received(rcv)
-  local out = {}
-  local text = M.read_file(rcv.record) or ""
-  for line in text:gmatch("[^\n]+") do out[#out + 1] = cjson.decode(line) end
-  return out
-end
+function M.received(rcv) return common.records(rcv.record) end
 
 -- Case-insensitive header lookup in a recorded request.
-function M.header(entry, name)
-  name = name:lower()
-  for k, v in pairs(entry.headers) do
-    if k:lower() == name then return v end
-  end
-  return nil
-end
+M.header = common.header
 
 -- Start a child qtgd running spec/lua/sidecars/sidecar_child.lua in the background.
 -- env: table of extra environment variables; args: {worker, seconds, mode}.

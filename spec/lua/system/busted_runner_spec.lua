@@ -4,12 +4,10 @@
 -- down cleanly too) and checks the exit code, the last line that tools/test
 -- adds up, and that failures are printed with their messages.
 -- tools/test sets both; by hand they default to this repo's build/qtgd.
-local root = os.getenv("QTG_ROOT") or require("qtg").root
+local common = require "spec.lua.support.common"
+local root = common.root()
 local bin = os.getenv("QTG_BIN") or (root .. "/build/qtgd")
 
-local function shell_quote(s)
-  return "'" .. s:gsub("'", "'\\''") .. "'"
-end
 
 -- Run the runner in a child qtgd; returns exit code, output (stdout+stderr),
 -- and the last non-empty line of stdout.
@@ -17,9 +15,9 @@ local function run_runner(...)
   local out = os.tmpname()
   local err = os.tmpname()
   -- (the outer run's progress file is its own: the child must not write it)
-  local cmd = { "cd", shell_quote(root), "&&", "env", "-u", "QTG_BUSTED_PROGRESS",
-                shell_quote(bin), "exec", "spec/busted.lua", "-o", "plainTerminal" }
-  for _, a in ipairs({ ... }) do cmd[#cmd + 1] = shell_quote(a) end
+  local cmd = { "cd", common.quote(root), "&&", "env", "-u", "QTG_BUSTED_PROGRESS",
+                common.quote(bin), "exec", "spec/busted.lua", "-o", "plainTerminal" }
+  for _, a in ipairs({ ... }) do cmd[#cmd + 1] = common.quote(a) end
   local status = os.execute(table.concat(cmd, " ") .. " >" .. out .. " 2>" .. err)
   local function slurp(path)
     local f = assert(io.open(path, "rb"))

@@ -10,7 +10,8 @@ local cjson = require "cjson"
 
 local sup -- spec/lua/support/host.lua
 
-local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local common = require "spec.lua.support.common"
+local q = common.quote
 
 -- Run `qtgd check ARGS` with the base environment plus `env`.
 local function check(env, args)
@@ -136,14 +137,12 @@ describe("qtgd check", function()
     -- a real TCP listener on 127.0.0.1 that never accepts: the kernel
     -- completes the handshake, libpq waits for an answer that never comes
     local portfile = tmp .. "/silent.port"
-    local p = io.popen(("python3 -c %s %s </dev/null >/dev/null 2>&1 & echo $!"):format(q([[
+    local pid = common.background(("python3 -c %s %s"):format(q([[
 import socket, sys, time
 s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(5)
 open(sys.argv[1] + ".tmp", "w").write(str(s.getsockname()[1]))
 import os; os.rename(sys.argv[1] + ".tmp", sys.argv[1])
-time.sleep(120)]]), q(portfile)))
-    local pid = p:read("*l")
-    p:close()
+time.sleep(120)]]), q(portfile)), "/dev/null")
     local port = sup.eventually(function() return sup.read(portfile) end, 20)
     assert.is_truthy(port, "the silent listener did not start")
     local t0 = qtg.monotonic()

@@ -10,7 +10,7 @@ local cjson = require "cjson"
 
 local sup -- spec/lua/support/host.lua
 
-local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local q = require("spec.lua.support.common").quote
 
 local function demo(dir, class, args)
   return sup.run({

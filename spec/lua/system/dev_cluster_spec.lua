@@ -4,7 +4,8 @@
 -- (QTG_PG_DIR), as the unprivileged `nobody`, next to a control that runs
 -- the same psql as root.
 local support = require "spec.lua.support.host"
-local q = support.sh_quote
+local common = require "spec.lua.support.common"
+local q = common.quote
 
 local PSQL = "/usr/lib/postgresql/15/bin/psql"
 

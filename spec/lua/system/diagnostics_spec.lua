@@ -18,7 +18,8 @@ int open(const char *path, int flags, int mode);
 ]])
 
 local sup -- spec/lua/support/host.lua
-local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local common = require "spec.lua.support.common"
+local q = common.quote
 
 -- Everything this process writes on stderr while fn runs.
 local function capture_stderr(fn)
@@ -109,7 +110,7 @@ return 0]])
     sup.write(dir .. "/s.lua", [[require("qtg").log.warn("on a tty") return 0]])
     -- script(1) gives the child a pseudo-terminal
     local cmd = ("env %s script -qec %s /dev/null"):format(
-      require("spec.lua.support.common").env_words(sup.base_env({})),
+      common.env_words(sup.base_env({})),
       q(q(sup.bin) .. " exec " .. q(dir .. "/s.lua")))
     local p = io.popen(cmd .. " 2>&1")
     local out = p:read("*a")
@@ -372,8 +373,8 @@ describe("qtgd's command line", function()
         .. "c,_=s.accept()\nc.sendall(b'x'*4)\ntime.sleep(3)\n"
       sup.write(dir .. "/plant.py", py:format(sock))
       os.execute(("chmod 755 %s && chmod 644 %s"):format(q(dir), q(dir .. "/plant.py")))
-      os.execute(("setpriv --reuid=nobody --regid=nogroup --clear-groups /usr/bin/python3 %s >/dev/null 2>&1 &")
-        :format(q(dir .. "/plant.py")))
+      common.background("setpriv --reuid=nobody --regid=nogroup --clear-groups /usr/bin/python3 "
+        .. q(dir .. "/plant.py"), "/dev/null")
       return sup.eventually(function()
         return io.open(sock, "rb") ~= nil or os.execute("test -S " .. q(sock)) == 0
       end, 10)

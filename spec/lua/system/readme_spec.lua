@@ -6,7 +6,7 @@ local qtg = require "qtg"
 
 local sup -- spec/lua/support/host.lua
 
-local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local q = require("spec.lua.support.common").quote
 
 local function readme_table(text)
   local body = text:match("\n<!%-%- settings:begin %-%->\n(.-)<!%-%- settings:end %-%->\n")

@@ -18,9 +18,10 @@ local qtg = require "qtg"
 local cjson = require "cjson"
 
 local support = require "spec.lua.support.host"
+local common = require "spec.lua.support.common"
 local sup     -- spec/lua/support/engine.lua, loaded in setup
 
-local q = support.sh_quote
+local q = common.quote
 -- A valid secp256k1 key (Hardhat's well-known test account 1), never a real one.
 local SIGNER_KEY = "59c6995e998f97a5a0044966f0945389dc9e86dae88c7a8412f4603b6b78690d"
 
@@ -31,20 +32,9 @@ local receivers = {}      -- pid list to stop
 local daemon
 
 local function start_receiver(mode, key_file)
-  local port_file = dir .. "/rx-" .. mode .. ".port"
-  local cmd = string.format(
-    "( %s --mode %s --record %s --port-file %s --key-file %s >%s 2>&1 </dev/null & echo $! >%s ) >/dev/null 2>&1",
-    q(support.root .. "/tools/fake-receiver"), mode, q(dir .. "/rx-" .. mode .. ".jsonl"), q(port_file),
-    q("k1=" .. key_file), q(dir .. "/rx-" .. mode .. ".log"), q(dir .. "/rx-" .. mode .. ".pid"))
-  os.execute("sh -c " .. q(cmd))
-  local port = support.eventually(function()
-    local s = support.read(port_file)
-    return s and tonumber(s:match("^(%d+)"))
-  end, 20)
-  local pid = tonumber((support.read(dir .. "/rx-" .. mode .. ".pid") or ""):match("%d+") or "")
-  receivers[#receivers + 1] = pid
-  assert(port, "receiver did not start")
-  return string.format("http://127.0.0.1:%d/cb", port)
+  local h = common.start_receiver(dir, "rx-" .. mode, { mode = mode, keys = { k1 = key_file } })
+  receivers[#receivers + 1] = h.pid
+  return h.url
 end
 
 -- Every 16-character piece of a secret (and the whole), both cases.
@@ -197,9 +187,7 @@ describe("security", function()
 
   teardown(function()
     support.stop_all()
-    for _, pid in ipairs(receivers) do
-      if pid then os.execute("kill " .. pid .. " 2>/dev/null") end
-    end
+    common.kill_pids(receivers)
     if dir then os.execute("rm -rf " .. q(dir)) end
   end)
 
