@@ -22,7 +22,7 @@
 --     answers garbage, a wrong chain id, an unfunded sender (then funded and
 --     retried by the operator), a malformed and a mis-checksummed
 --     destination, an amount above the template's cap, books that disagree
---     with the chain (a reset chain).
+--     with the chain (a reset chain), a signer key the signer does not hold.
 local qtg = require "qtg"
 local cjson = require "cjson"
 local common = require "spec.lua.support.common"
@@ -165,6 +165,8 @@ describe("evm_transfer on a real anvil chain", function()
     for _, name in ipairs({ "main", "crash", "errs", "rec", "poor", "stale", "flaky" }) do
       sup.engine.load_doc(s, sup.template("evm_t_" .. name, name, rc))
     end
+    -- a key the signer does not hold (not in keys_env)
+    sup.engine.load_doc(s, sup.template("evm_t_nokey", "nokey", rc))
   end)
 
   teardown(function()
@@ -520,6 +522,7 @@ describe("evm_transfer on a real anvil chain", function()
       checksum = { "evm_t_errs", intent(bad_sum), "EVM_BAD_DESTINATION" },
       over_cap = { "evm_t_errs", intent(good, "5"), "EVM_AMOUNT_ABOVE_CAP", raise_to = "6" },
       books = { "evm_t_stale", intent(good), "EVM_NONCE_BOOKS_MISMATCH" },
+      no_key = { "evm_t_nokey", intent(good), "EVM_SIGNER_NOT_LOADED" },
     }
     local ids, all = {}, {}
     for name, c in pairs(cases) do
