@@ -333,6 +333,13 @@ static int qtg_db_send(lua_State *L, qtg_db_cmd cmd) {
     qtg_push_error(L, "usage", "qtg.db: no pipeline transaction is open on this session");
     return 2;
   }
+  /* s:begin() inside a pipeline transaction would open a block its end
+   * does not know to commit */
+  if (cmd <= QTG_DB_EXEC && qtg_pg_pipelined(s->conn) && strcmp(sql, "BEGIN") == 0) {
+    lua_pushnil(L);
+    qtg_push_error(L, "usage", "qtg.db: a pipeline transaction is open on this session");
+    return 2;
+  }
   /* a failed pipeline without a block is over (qtg_pg.h): only its end */
   if (cmd <= QTG_DB_PIPE_BLOCK && qtg_pg_pipeline_failed(s->conn) && qtg_pg_pipelined(s->conn) == 1)
     return qtg_db_push_aborted(L);
