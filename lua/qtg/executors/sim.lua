@@ -19,6 +19,14 @@
 -- dispatcher's transaction, as a real provider's books would be); the same key
 -- twice is deduplicated (submit_count + 1).  Observe counts live in the same
 -- row, as a provider's own state would.
+-- The ledger's writes commit asynchronously (synchronous_commit off for
+-- their statement, ASYNC below): the sim stands for a remote provider, whose
+-- books cost that provider's disk, not a WAL flush of ours.  Nothing is lost
+-- that the engine relied on: the node write that records the answer commits
+-- after the ledger write and synchronously, and WAL is flushed in order, so
+-- that commit makes the ledger row durable too.  A server crash between the
+-- two loses both (the node is dispatched again, with the same idempotency
+-- key: still one ledger row), as a provider's crash before it answered would.
 --
 -- Pacing (qtg.pacing): the sim declares no RATE_LIMITS, as it protects no
 -- real provider; an operator's override of this module (MG_LUA_PATH) may
@@ -88,6 +96,10 @@ local function hooks(c, step)
   return false
 end
 
+-- A one-row relation whose reading makes the statement's transaction (an
+-- autocommit statement's own) commit without waiting for its WAL flush.
+local ASYNC = "(SELECT set_config('synchronous_commit', 'off', true)) AS asynchronous"
+
 local function with_session(fn)
   local s = qtg().db.acquire()
   local ok, res = pcall(fn, s)
@@ -152,7 +164,7 @@ function M.submit(ctx, submission)
   with_session(function(s)
     s:query([[
       INSERT INTO sim_ledger (idempotency_key, request_node_id, attempt_no, action_type, side_effect)
-      VALUES ($1, $2::uuid, $3, $4, $5)
+      SELECT $1, $2::uuid, $3::int, $4::text, $5::boolean FROM ]] .. ASYNC .. [[
       ON CONFLICT (idempotency_key) DO UPDATE
         SET submit_count = sim_ledger.submit_count + 1, updated_at = clock_timestamp()]],
       key, ctx.request_node_id, ctx.attempt_no, ctx.action_type, side_effect)
@@ -188,6 +200,7 @@ function M.observe(octx)
   local row = with_session(function(s)
     return s:query([[UPDATE sim_ledger SET observe_count = observe_count + 1,
                             updated_at = clock_timestamp()
+                       FROM ]] .. ASYNC .. [[
                       WHERE idempotency_key = $1 RETURNING observe_count]], key or "")[1]
   end)
   if not row then
