@@ -254,14 +254,11 @@ local function paced_out()
   return canon.encode(out)
 end
 
--- Idle passes are one statement, not three: after a
--- pass that found nothing, the next one looks for a candidate before it
--- opens a transaction.  A draining run (the last pass claimed) goes straight
--- to the claim, so busy passes pay nothing for this.
-local last_pass_empty = false
-
 -- claim_one(s, class) -> the claimed row in s's open transaction, or nil
 -- (no transaction open) when no candidate is left or MAX_MISSES missed.
+-- An idle pass is this one statement: the claim finds no candidate and its
+-- read-only transaction ends with the Sync (no probe first: that would be a
+-- second round trip on the pass a wake-up starts, when work is there).
 -- The transaction is a pipeline transaction (no BEGIN, no COMMIT
 -- statement: qtg.db's begin_pipeline).  A miss ends it with its Sync alone:
 -- ending the transaction releases a partial lock as a rollback would, it
@@ -289,10 +286,8 @@ M.MAX_PACED_CLAIMS = 8   -- claims rolled back for pacing in one pass, at most
 
 function M.tick(s)
   local class = qtg.settings.network_class
-  if last_pass_empty and #s:query(M.CANDIDATES_SQL, "{}", class, paced_out()) == 0 then return 0 end
   for _ = 1, M.MAX_PACED_CLAIMS do
     local row = M.claim_one(s, class)
-    last_pass_empty = row == nil
     if not row then return 0 end
     local name = row.claim_executor
     local adapter = executors.get(name)
