@@ -127,7 +127,8 @@ UPDATE movement_request_nodes
  WHERE id = $1::uuid]]
 
 -- One candidate: its own pipeline transaction on session s (no BEGIN or
--- COMMIT statement: qtg.db begin_pipeline); 1 if claimed and observed.
+-- COMMIT statement: qtg.db begin_pipeline); 1 if claimed and observed, 0
+-- if claimed and put back for pacing, nil if the claim missed.
 -- The claim is the transaction's first statement and a miss ends the
 -- transaction, so a miss's partial lock (the node, when SKIP LOCKED then
 -- rejected its request) is released at once without a savepoint: the
@@ -143,14 +144,15 @@ local function observe_one(s, cand, class)
     if not go then
       return s:pipeline_transaction(function()
         local row = claim(s, cand.id, class)
-        if row then s:query(M.DEFER_SQL, cand.id, wait) end
+        if not row then return nil end
+        s:query(M.DEFER_SQL, cand.id, wait)
         return 0
       end)
     end
   end
   return s:pipeline_transaction(function()
     local row = claim(s, cand.id, class)
-    if not row then return 0 end
+    if not row then return nil end
     M.observe_claimed(s, row)
     return 1
   end)
@@ -193,16 +195,29 @@ function M.tick(s)
   -- Each pass walks its snapshot from a random request (wrapping round): two
   -- processes that took the same snapshot mostly claim different requests
   -- instead of missing on each other's locks, one by one.
+  -- A miss means another process (or worker) holds that request, or has
+  -- already observed the node since the snapshot: the rest of that
+  -- request's nodes are left to it, and once this pass has observed a node,
+  -- the walk ends there.  Walking on, a pass would follow the other process
+  -- through the part of the snapshot it has done, one missed claim per node;
+  -- ending it, the drain's next pass takes a fresh snapshot (one statement)
+  -- without those nodes.  A pass that has observed nothing walks on, so a
+  -- due node is never left waiting for the fallback poll by a miss.
   local r1, r2 = qtg.crypto.random_bytes(2):byte(1, 2)
   local start = (r1 * 256 + r2) % #groups
-  local next_g, hits, first_err = 1, 0, nil
+  local next_g, hits, first_err, done = 1, 0, nil, false
   local function lane(ls)
-    while first_err == nil and next_g <= #groups do
+    while first_err == nil and not done and next_g <= #groups do
       local group = groups[(start + next_g - 1) % #groups + 1]
       next_g = next_g + 1
       for _, cand in ipairs(group) do
         local ok, res = pcall(observe_one, ls, cand, class)
-        if ok then hits = hits + res else first_err = first_err or res; break end
+        if not ok then first_err = first_err or res; break end
+        if res == nil then
+          done = hits > 0
+          break
+        end
+        hits = hits + res
       end
     end
   end

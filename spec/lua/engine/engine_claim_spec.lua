@@ -168,6 +168,38 @@ describe("per-candidate claim", function()
     assert.equal("COMPLETED", sup.nodes(s3, older.id).a.node_state)
   end)
 
+  it("an observer pass that has observed a node ends its walk at a miss; the next pass goes on", function()
+    sup.load_doc(s3, sup.doc("spec_claim_observe", {
+      { "a", "action", "withdrawal", { sim = { observes = 1, retry_after_seconds = 0 } } } }))
+    local r = {}
+    for i = 1, 3 do r[i] = sup.create_approved(s3, "spec_claim_observe") end
+    for _ = 1, 3 do assert.equal(1, sup.tick("node_dispatcher")) end
+    -- one lane, and the walk starts at the oldest request (FIFO)
+    local observer = require("qtg.workers.node_observer")
+    local random_bytes, lanes = qtg.crypto.random_bytes, observer.MAX_LANES
+    qtg.crypto.random_bytes = function(n) return ("\0"):rep(n) end
+    observer.MAX_LANES = 1
+    local ok, err = pcall(function()
+      s2:begin()
+      s2:query("SELECT id FROM movement_requests WHERE id = $1::uuid FOR UPDATE", r[2].id)
+      -- r1 observed, r2 missed: the walk ends before r3
+      assert.equal(1, sup.tick("node_observer"))
+      assert.equal("COMPLETED", sup.nodes(s3, r[1].id).a.node_state)
+      assert.equal("SUBMITTED", sup.nodes(s3, r[2].id).a.node_state)
+      assert.equal("SUBMITTED", sup.nodes(s3, r[3].id).a.node_state)
+      -- a pass that has observed nothing walks past its miss: r2 missed, r3 observed
+      assert.equal(1, sup.tick("node_observer"))
+      assert.equal("SUBMITTED", sup.nodes(s3, r[2].id).a.node_state)
+      assert.equal("COMPLETED", sup.nodes(s3, r[3].id).a.node_state)
+      s2:rollback()
+      assert.equal(1, sup.tick("node_observer"))
+      assert.equal("COMPLETED", sup.nodes(s3, r[2].id).a.node_state)
+    end)
+    qtg.crypto.random_bytes, observer.MAX_LANES = random_bytes, lanes
+    if s2:in_transaction() then s2:rollback() end
+    assert(ok, err)
+  end)
+
   it("two sessions claiming at once get different nodes", function()
     local ids = {}
     for i = 1, 6 do ids[i] = sup.create_approved(s3, T).id end
