@@ -78,8 +78,12 @@ M.CLAIM_SQL = claim_sql("$1::uuid")
 
 M.MAX_MISSES = 50
 
--- The listing and the per-id claim in one statement: the first unlocked
--- FIFO candidate (CANDIDATES_SQL, no lock), then CLAIM_SQL for its id.  It
+-- The listing and the per-id claim in one statement: the first FIFO
+-- candidate whose node no one holds (CANDIDATES_SQL, its node row locked
+-- with SKIP LOCKED, so a node another dispatcher is dispatching is passed
+-- over instead of missed; a node that stopped being READY since the
+-- statement's snapshot is re-checked and passed over too), then CLAIM_SQL
+-- for its id, which locks the request (SKIP LOCKED: a miss).  It
 -- returns candidate_id with the claimed row (node_id set) on a hit, with
 -- node_id NULL on a miss, and no row when no candidate is left.  Run as its
 -- transaction's first statement, so a miss is undone by ending the
@@ -87,7 +91,7 @@ M.MAX_MISSES = 50
 -- the savepoint: a partial lock on the node is released) and the next
 -- transaction excludes the id: one statement per dispatch, where the
 -- savepoint walk took BEGIN, candidates, SAVEPOINT and the claim.
-M.CLAIM_ONE_SQL = "WITH candidate AS MATERIALIZED (\n" .. M.CANDIDATES_SQL .. "\n)\n"
+M.CLAIM_ONE_SQL = "WITH candidate AS MATERIALIZED (\n" .. M.CANDIDATES_SQL .. "\n   FOR UPDATE OF n SKIP LOCKED\n)\n"
   .. "SELECT candidate.id AS candidate_id, claimed.*\n  FROM candidate\n  LEFT JOIN LATERAL (\n"
   .. claim_sql("candidate.id") .. "\n) claimed ON true"
 

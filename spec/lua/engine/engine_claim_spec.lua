@@ -123,6 +123,24 @@ describe("per-candidate claim", function()
     s1:rollback()
   end)
 
+  it("the one-statement claim passes over a node another dispatcher holds: the next one, not a miss", function()
+    local older = sup.create_approved(s3, T)
+    local newer = sup.create_approved(s3, T)
+    local older_node = sup.nodes(s3, older.id).a
+    local newer_node = sup.nodes(s3, newer.id).a
+    local class = qtg.settings.network_class
+    local held = dispatcher.claim_one(s1, class)  -- the first dispatcher holds the FIFO head
+    assert.equal(older_node.id, held.node_id)
+    s2:begin_pipeline()
+    local rows = s2:query(dispatcher.CLAIM_ONE_SQL, "{}", class, "[]")
+    assert.equal(1, #rows)
+    assert.equal(newer_node.id, rows[1].candidate_id)
+    assert.equal(newer_node.id, rows[1].node_id)
+    assert.equal(newer.id, rows[1].request_id)
+    s2:rollback()
+    s1:rollback()
+  end)
+
   it("dispatches FIFO by request created_at, one node per tick", function()
     local ids = {}
     for i = 1, 3 do ids[i] = sup.create_approved(s3, T).id end
