@@ -887,12 +887,43 @@ static void qtg_pg_listener_conn_lost(qtg_pg_listener *l) {
   qtg_pg_listener_schedule(l);
 }
 
+/* Notifications read together are delivered once per distinct channel and
+ * payload.  PostgreSQL folds identical ones within a transaction; under
+ * load the wake-up channel carries the same few payloads from many
+ * transactions at once, and each delivery costs a task in Lua.  Up to
+ * QTG_PG_FOLD distinct ones are held per read, in arrival order; a full
+ * set is delivered before the next is held. */
+#define QTG_PG_FOLD 32
+
+static const char *qtg_pg_notify_payload(const PGnotify *n) { return n->extra ? n->extra : ""; }
+
+static int qtg_pg_notify_same(const PGnotify *a, const PGnotify *b) {
+  return strcmp(a->relname, b->relname) == 0 && strcmp(qtg_pg_notify_payload(a), qtg_pg_notify_payload(b)) == 0;
+}
+
+static void qtg_pg_listener_deliver(qtg_pg_listener *l, PGnotify **held, int *nheld) {
+  for (int i = 0; i < *nheld; i++) {
+    l->cb(held[i]->relname, qtg_pg_notify_payload(held[i]), l->data);
+    PQfreemem(held[i]);
+  }
+  *nheld = 0;
+}
+
 static void qtg_pg_listener_drain(qtg_pg_listener *l) {
+  PGnotify *held[QTG_PG_FOLD];
+  int nheld = 0;
   PGnotify *n;
   while (l->conn && (n = PQnotifies(l->conn->pg)) != NULL) {
-    l->cb(n->relname, n->extra ? n->extra : "", l->data);
-    PQfreemem(n);
+    int same = 0;
+    for (int i = 0; i < nheld && !same; i++) same = qtg_pg_notify_same(held[i], n);
+    if (same) {
+      PQfreemem(n);
+      continue;
+    }
+    if (nheld == QTG_PG_FOLD) qtg_pg_listener_deliver(l, held, &nheld);
+    held[nheld++] = n;
   }
+  qtg_pg_listener_deliver(l, held, &nheld);
 }
 
 int qtg_pg_listener_new(uv_loop_t *loop, const char *conninfo, qtg_pg_notify_cb cb, void *data,

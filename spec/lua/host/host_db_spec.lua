@@ -335,6 +335,30 @@ print("main done, " .. qtg.db.stats().in_use .. " sessions busy")
     assert.are.equal("spec_channel", got[1].channel)
   end)
 
+  it("notifications read together are delivered once per channel and payload, in arrival order", function()
+    local got = {}
+    db.listen("spec_fold", function(payload) got[#got + 1] = payload end)
+    assert.is_truthy(support.eventually(function()
+      support.query("SELECT pg_notify('spec_fold', 'probe')")
+      return #got > 0
+    end, 10, 0.1))
+    qtg.sleep(0.3)
+    local from = #got
+    -- five transactions sent while this process's loop is blocked (a
+    -- blocking os.execute): their notifications reach the listener together
+    local psql = "psql -qX " .. common.quote(os.getenv("MG_DATABASE_URL"))
+    for _, payload in ipairs({ "a", "b", "a", "a", "b" }) do
+      psql = psql .. " -c " .. common.quote("NOTIFY spec_fold, '" .. payload .. "'")
+    end
+    local ok = os.execute(psql)
+    qtg.sleep(0.3)
+    db.unlisten("spec_fold")
+    assert.is_truthy(ok == 0 or ok == true, "psql failed")
+    local after = {}
+    for i = from + 1, #got do after[#after + 1] = got[i] end
+    assert.same({ "a", "b" }, after)
+  end)
+
   it("survives a server restart: in-flight calls fail clearly, later calls succeed", function()
     local pgdir = os.getenv("QTG_PG_DIR")
     assert.is_truthy(pgdir, "QTG_PG_DIR names the throwaway cluster")
