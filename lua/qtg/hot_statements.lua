@@ -29,6 +29,8 @@ M.LIST = {
     args = function(c) return { "{}", c.class, "[]" } end },
   { name = "dispatcher claim", module = "qtg.workers.node_dispatcher", field = "CLAIM_SQL",
     args = function(c) return { c.node_id or NO_ID, c.class, "[]" } end },
+  { name = "dispatcher one-statement claim", module = "qtg.workers.node_dispatcher", field = "CLAIM_ONE_SQL",
+    args = function(c) return { "{}", c.class, "[]" } end },
   { name = "observer snapshot", module = "qtg.workers.node_observer", field = "SNAPSHOT_SQL",
     args = function(c) return { c.class, 10, 200 } end },
   { name = "observer claim", module = "qtg.workers.node_observer", field = "CLAIM_SQL",
