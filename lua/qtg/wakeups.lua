@@ -106,7 +106,8 @@ function M.wake_in(name, delay)
   schedule(name, delay)
 end
 
--- The LISTEN handler: runs in its own task per NOTIFY.
+-- The LISTEN handler: runs in its own task per NOTIFY (the host delivers
+-- identical ones that arrive together once: docs/host-api.md).
 function M.on_notify(payload, channel)
   local _ = channel
   local stats = state.stats
