@@ -335,28 +335,40 @@ print("main done, " .. qtg.db.stats().in_use .. " sessions busy")
     assert.are.equal("spec_channel", got[1].channel)
   end)
 
-  it("notifications read together are delivered once per channel and payload, in arrival order", function()
+  -- listen_blocked(channel, payloads) -> the payloads delivered for a NOTIFY
+  -- of each, every one its own transaction, sent by psql while this
+  -- process's loop is blocked (a blocking os.execute): they reach the
+  -- listener together.
+  local function listen_blocked(channel, payloads)
     local got = {}
-    db.listen("spec_fold", function(payload) got[#got + 1] = payload end)
+    db.listen(channel, function(payload) got[#got + 1] = payload end)
     assert.is_truthy(support.eventually(function()
-      support.query("SELECT pg_notify('spec_fold', 'probe')")
+      support.query("SELECT pg_notify($1, 'probe')", channel)
       return #got > 0
     end, 10, 0.1))
     qtg.sleep(0.3)
     local from = #got
-    -- five transactions sent while this process's loop is blocked (a
-    -- blocking os.execute): their notifications reach the listener together
     local psql = "psql -qX " .. common.quote(os.getenv("MG_DATABASE_URL"))
-    for _, payload in ipairs({ "a", "b", "a", "a", "b" }) do
-      psql = psql .. " -c " .. common.quote("NOTIFY spec_fold, '" .. payload .. "'")
+    for _, payload in ipairs(payloads) do
+      psql = psql .. " -c " .. common.quote("NOTIFY " .. channel .. ", '" .. payload .. "'")
     end
     local ok = os.execute(psql)
     qtg.sleep(0.3)
-    db.unlisten("spec_fold")
+    db.unlisten(channel)
     assert.is_truthy(ok == 0 or ok == true, "psql failed")
     local after = {}
     for i = from + 1, #got do after[#after + 1] = got[i] end
-    assert.same({ "a", "b" }, after)
+    return after
+  end
+
+  it("notifications read together are delivered once per channel and payload, in arrival order", function()
+    assert.same({ "a", "b" }, listen_blocked("spec_fold", { "a", "b", "a", "a", "b" }))
+  end)
+
+  it("more distinct notifications read together than the fold holds are all delivered, in order", function()
+    local payloads = {}
+    for i = 1, 45 do payloads[i] = "p" .. i end
+    assert.same(payloads, listen_blocked("spec_fold_many", payloads))
   end)
 
   it("survives a server restart: in-flight calls fail clearly, later calls succeed", function()
