@@ -1,8 +1,11 @@
 -- qtg.wakeups: NOTIFY wake-ups of idle workers (docs/performance.md).
 --
--- The database says when work appears (sql/0030_wakeups.sql): one channel,
--- qtg_wake, whose payload names the worker, optionally with the seconds until
--- the work is due ("node_observer:4.9").  This module LISTENs on it and
+-- The database says when work appears (sql/0030_wakeups.sql,
+-- sql/0120_wake_once_per_transaction.sql): one channel, qtg_wake, and at
+-- most one NOTIFY per transaction, whose payload is the workers it woke
+-- separated by spaces, each optionally with the seconds until its work is
+-- due ("node_observer:4.9 callback_dispatcher").  This module LISTENs on it
+-- and, for each worker named,
 --   * wakes the worker at once (qtg.runtime.wake: a sleeping worker runs now,
 --     a running one runs again right after its pass), or
 --   * for work due later, wakes it when it is due: one timer per worker and
@@ -12,7 +15,7 @@
 --     wakes every listed worker once: NOTIFYs sent meanwhile are gone, so
 --     this is the catch-up poll.
 -- Only workers whose registry row has `wake` set (lua/qtg/workers/init.lua)
--- are woken; a payload naming anything else is ignored.  Nothing here claims
+-- are woken; a token naming anything else is ignored.  Nothing here claims
 -- or decides: a lost notification costs latency (the worker's fallback
 -- polling still runs), never work.
 --
@@ -54,15 +57,23 @@ function M.wakeable(settings)
   return set
 end
 
--- parse(payload) -> worker name, delay seconds (0 = now); nil if malformed.
-function M.parse(payload)
-  if type(payload) ~= "string" then return nil end
-  local name, delay = payload:match("^([%a_][%w_]*):?([%d%.]*)$")
+-- parse(token) -> worker name, delay seconds (0 = now); nil if malformed.
+function M.parse(token)
+  if type(token) ~= "string" then return nil end
+  local name, delay = token:match("^([%a_][%w_]*):?([%d%.]*)$")
   if not name then return nil end
   if delay == "" then return name, 0 end
   delay = tonumber(delay)
   if not delay then return nil end
   return name, delay
+end
+
+-- tokens(payload) -> the payload's tokens (separated by spaces), in order.
+function M.tokens(payload)
+  local list = {}
+  if type(payload) ~= "string" then return list end
+  for token in payload:gmatch("%S+") do list[#list + 1] = token end
+  return list
 end
 
 local function wake(name)
@@ -119,17 +130,19 @@ function M.on_notify(payload, channel)
     return
   end
   stats.notifies = stats.notifies + 1
-  local name, delay = M.parse(payload)
-  if not name or not state.workers[name] then
-    stats.ignored = stats.ignored + 1
-    return
-  end
-  local gather = M.GATHER[name]
-  if gather and delay < gather then delay = gather end
-  if delay <= 0 then
-    wake(name)
-  else
-    schedule(name, delay)
+  for _, token in ipairs(M.tokens(payload)) do
+    local name, delay = M.parse(token)
+    if not name or not state.workers[name] then
+      stats.ignored = stats.ignored + 1
+    else
+      local gather = M.GATHER[name]
+      if gather and delay < gather then delay = gather end
+      if delay <= 0 then
+        wake(name)
+      else
+        schedule(name, delay)
+      end
+    end
   end
 end
 

@@ -123,43 +123,142 @@ describe("wake-ups", function()
                   audit_outbox_promoter = true }, wakeups.wakeable(on))
   end)
 
-  it("the database notifies qtg_wake when a node becomes READY or due, and a callback is queued", function()
-    -- a listener in this process: the same handler path as qtgd run
-    local got = {}
+  -- notified(fn) -> the qtg_wake payloads of what fn(s) commits, in order:
+  -- a listener in this process (the handler path of qtgd run), and a
+  -- sentinel NOTIFY committed after fn, so every payload of fn's
+  -- transactions has arrived when the sentinel has (commit order).
+  local function notified(fn)
+    local got, ok, err = {}, nil, nil
     qtg.db.listen("qtg_wake", function(payload) got[#got + 1] = payload end)
-    local ok, err = pcall(function()
-      local seen = support.eventually(function()
+    ok, err = pcall(function()
+      assert.truthy(support.eventually(function()
         return qtg.db.with_session(function(s) return #s:query([[
           SELECT 1 FROM pg_stat_activity WHERE query LIKE 'LISTEN %qtg_wake%'
              AND pid <> pg_backend_pid()]]) > 0 end)
-      end, 10)
-      assert.truthy(seen)
+      end, 10))
       qtg.db.with_session(function(s)
-        local req = engine.create(s, TEMPLATE,
-          { callback_url = "http://127.0.0.1:9/callback" })
-        got = {}
-        require("qtg.requests").approve(s, req.id, engine.ACTOR)
-        local function has(p)
-          for _, v in ipairs(got) do if v == p then return true end end
-        end
-        assert.truthy(support.eventually(function()
-          return has("node_dispatcher") and has("callback_dispatcher") and has("audit_outbox_promoter")
-        end, 10), "payloads: " .. table.concat(got, " "))
-        -- a node due in 30 s: the payload carries the delay
-        got = {}
-        s:query([[UPDATE movement_request_nodes SET node_state = 'SUBMITTED',
-                         next_observe_at = clock_timestamp() + interval '30 seconds'
-                   WHERE request_id = $1::uuid]], req.id)
-        assert.truthy(support.eventually(function()
-          for _, v in ipairs(got) do
-            local name, delay = wakeups.parse(v)
-            if name == "node_observer" and delay > 29 and delay <= 30.1 then return true end
-          end
-        end, 10), "payloads: " .. table.concat(got, " "))
+        fn(s)
+        s:query("SELECT pg_notify('qtg_wake', 'spec_sentinel')")
       end)
+      assert.truthy(support.eventually(function() return got[#got] == "spec_sentinel" end, 10),
+        "the sentinel did not arrive: " .. table.concat(got, " | "))
     end)
     qtg.db.unlisten("qtg_wake")
     if not ok then error(err, 0) end
+    got[#got] = nil
+    return got
+  end
+
+  local function token_set(payload)
+    local set = {}
+    for _, t in ipairs(wakeups.tokens(payload)) do
+      assert.is_nil(set[t], "token " .. t .. " twice in " .. payload)
+      set[t] = true
+    end
+    return set
+  end
+
+  it("reads a payload as tokens; a malformed token is left out, the rest kept", function()
+    assert.same({ "node_dispatcher", "node_observer:4.5", "callback_dispatcher" },
+      wakeups.tokens("node_dispatcher node_observer:4.5  callback_dispatcher"))
+    assert.same({}, wakeups.tokens(""))
+    assert.same({}, wakeups.tokens(nil))
+    local named = {}
+    for _, t in ipairs(wakeups.tokens("node_dispatcher ;DROP node_observer:soon audit_outbox_promoter")) do
+      local name = wakeups.parse(t)
+      if name then named[#named + 1] = name end
+    end
+    assert.same({ "node_dispatcher", "audit_outbox_promoter" }, named)
+  end)
+
+  it("a transaction sends one NOTIFY naming every worker it woke: READY node, callback, audit rows", function()
+    local req
+    local got = notified(function(s)
+      req = engine.create(s, TEMPLATE, { callback_url = "http://127.0.0.1:9/callback" })
+    end)
+    -- the approval: a node READY, a callback queued, audit rows, one transaction
+    got = notified(function(s) require("qtg.requests").approve(s, req.id, engine.ACTOR) end)
+    assert.equal(1, #got, "payloads: " .. table.concat(got, " | "))
+    assert.same({ node_dispatcher = true, callback_dispatcher = true, audit_outbox_promoter = true },
+      token_set(got[1]))
+    -- a node due in 30 s: its token carries the delay
+    got = notified(function(s)
+      s:query([[UPDATE movement_request_nodes SET node_state = 'SUBMITTED',
+                       next_observe_at = clock_timestamp() + interval '30 seconds'
+                 WHERE request_id = $1::uuid]], req.id)
+    end)
+    assert.equal(1, #got, "payloads: " .. table.concat(got, " | "))
+    local name, delay = wakeups.parse(got[1])
+    assert.equal("node_observer", name)
+    assert.is_true(delay > 29 and delay <= 30.1, got[1])
+  end)
+
+  it("a rolled-back savepoint takes its wake-ups with it", function()
+    local req
+    notified(function(s) req = engine.create(s, TEMPLATE, { callback_url = false }) end)
+    local got = notified(function(s)
+      s:begin()
+      s:savepoint("undone")
+      s:query([[UPDATE movement_request_nodes SET node_state = 'READY'
+                 WHERE request_id = $1::uuid]], req.id)
+      s:rollback_to("undone")
+      s:query([[INSERT INTO audit_outbox (actor, action, entity_type, entity_id)
+                VALUES ('system:spec', 'spec.wake', 'request', $1)]], req.id)
+      s:commit()
+    end)
+    assert.same({ "audit_outbox_promoter" }, got)
+    -- and a transaction that wakes no one sends nothing
+    got = notified(function(s)
+      s:query("UPDATE movement_requests SET updated_at = updated_at WHERE id = $1::uuid", req.id)
+    end)
+    assert.same({}, got)
+  end)
+
+  it("a manual node becoming READY does not wake the dispatcher, which never claims it", function()
+    qtg.db.with_session(function(s)
+      engine.load_doc(s, engine.doc("wake_spec_manual", {
+        { "m", "manual", "manual_confirmation", { required_inputs = { "desk_reference" } } },
+      }))
+    end)
+    local req
+    notified(function(s)
+      req = engine.create(s, "wake_spec_manual", { callback_url = "http://127.0.0.1:9/callback" })
+    end)
+    local got = notified(function(s) require("qtg.requests").approve(s, req.id, engine.ACTOR) end)
+    assert.equal(1, #got, "payloads: " .. table.concat(got, " | "))
+    local set = token_set(got[1])
+    assert.is_nil(set.node_dispatcher, got[1])
+    assert.is_true(set.callback_dispatcher, got[1])
+    qtg.db.with_session(function(s)
+      assert.equal("READY", node_state(s, req))
+    end)
+  end)
+
+  it("a payload stays under PostgreSQL's 8000 bytes, and always names the workers woken now", function()
+    local req = qtg.db.with_session(function(s) return approved_request(s, true) end)
+    assert.truthy(req.id:match("^[%x%-]+$"))
+    local got = notified(function(s)
+      s:begin()
+      -- 2,000 distinct due times for the observer, then a row for the promoter
+      s:query(([[DO $$ BEGIN
+          FOR i IN 1..2000 LOOP
+            UPDATE movement_request_nodes SET node_state = 'SUBMITTED',
+                   next_observe_at = clock_timestamp() + i * interval '1 second'
+             WHERE request_id = '%s'::uuid;
+          END LOOP;
+        END $$]]):format(req.id))
+      s:query([[INSERT INTO audit_outbox (actor, action, entity_type, entity_id)
+                VALUES ('system:spec', 'spec.wake', 'request', $1)]], req.id)
+      s:commit()
+    end)
+    assert.equal(1, #got)
+    assert.is_true(#got[1] < 8000, #got[1] .. " bytes")
+    local set, observers = token_set(got[1]), 0
+    for t in pairs(set) do
+      if wakeups.parse(t) == "node_observer" then observers = observers + 1 end
+    end
+    assert.is_true(set.audit_outbox_promoter, "the token without a delay was left out")
+    assert.is_true(observers > 100 and observers < 2000, observers .. " observer tokens")
   end)
 
   it("a NOTIFY wakes a sleeping dispatcher long before its interval", function()
