@@ -69,6 +69,26 @@ describe("the audit chain", function()
     assert.is_true(report.checked >= 8)
   end)
 
+  it("puts each promoted row in its request's chain, and looks the class up for an insert naming none", function()
+    local ids = history(2)
+    local rows = s:query([[SELECT e.network_class, r.network_class AS request_class
+                             FROM audit_events e JOIN movement_requests r ON r.id = e.request_id
+                            WHERE e.request_id = ANY ($1::uuid[])]], "{" .. table.concat(ids, ",") .. "}")
+    assert.is_true(#rows >= 2)
+    for _, r in ipairs(rows) do assert.equals(r.request_class, r.network_class) end
+    -- the owner's plain insert names no class: the chain trigger finds it
+    s:begin()
+    s:query([[INSERT INTO audit_events (outbox_id, actor, action, entity_type, entity_id,
+                                        request_id, detail, created_at, promoted_at)
+              VALUES (-4343, 'system:spec', 'spec.chain.plain', 'spec', 'x', $1::uuid, '{}',
+                      now(), now())]], ids[1])
+    local row = s:query("SELECT network_class FROM audit_events WHERE outbox_id = -4343")[1]
+    local report = audit.verify(s)
+    s:rollback()
+    assert.equals(qtg.settings.network_class, row.network_class)
+    assert.is_true(report.ok, report.broken and report.broken.meaning)
+  end)
+
   it("stays whole across statements, savepoints and rollbacks of one transaction", function()
     local function outbox_rows(n, tag)
       for i = 1, n do
