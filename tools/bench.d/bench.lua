@@ -486,14 +486,20 @@ end
 -- (pg_stat_wal: wal_sync counts the WAL flushes that reached the disk, 0 on
 -- a --fast cluster), the WAL insert position, and the sim provider's own
 -- ledger writes (one autocommit statement per submit and per observe, on
--- its own session: not the engine's commits).
+-- its own session: not the engine's commits), and the updates of the work
+-- tables with how many of them were HOT (no index entry written).
 function B.counters()
   return B.q([[
     SELECT d.xact_commit::float8 AS xact_commit, d.xact_rollback::float8 AS xact_rollback,
            w.wal_records::float8 AS wal_records, w.wal_bytes::float8 AS wal_bytes,
            w.wal_write::float8 AS wal_write, w.wal_sync::float8 AS wal_sync,
            pg_current_wal_insert_lsn()::text AS lsn,
-           (SELECT coalesce(sum(submit_count + observe_count), 0)::float8 FROM sim_ledger) AS sim_writes
+           (SELECT coalesce(sum(submit_count + observe_count), 0)::float8 FROM sim_ledger) AS sim_writes,
+           (SELECT jsonb_object_agg(t.relname, jsonb_build_object(
+                     'updates', t.n_tup_upd, 'hot', t.n_tup_hot_upd))
+              FROM pg_stat_user_tables t
+             WHERE t.relname IN ('movement_requests', 'movement_request_nodes',
+                                 'movement_callback_outbox')) AS tables
       FROM pg_stat_database d, pg_stat_wal w
      WHERE d.datname = current_database() /* bench-probe */]])[1]
 end
@@ -522,6 +528,13 @@ function B.per_node(a, b, nodes)
     wal_write = d("wal_write"), wal_sync = d("wal_sync"), sim_writes = d("sim_writes"),
     wal_commits = B.wal_commits(a.lsn, b.lsn),
   }
+  r.hot_updates = {}
+  for name, t in pairs(b.tables or {}) do
+    local t0 = (a.tables or {})[name] or { updates = 0, hot = 0 }
+    local updates = t.updates - t0.updates
+    r.hot_updates[name] = { updates_per_node = updates / nodes,
+                            hot_share = updates > 0 and (t.hot - t0.hot) / updates or nil }
+  end
   r.commits_per_node = r.xact_commit / nodes
   r.wal_flushes_per_node = r.wal_sync / nodes
   if r.wal_commits then
@@ -911,6 +924,11 @@ function B.print_table(R)
         ("%s / %s"):format(fmt(k.commits_per_node, "%.2f"), fmt(k.engine_write_commits_per_node, "%.2f")),
         "target write <= 3.5")
       line("  WAL flushes per node", fmt(k.wal_flushes_per_node, "%.2f"))
+      local hot = k.hot_updates or {}
+      local req, nod = hot.movement_requests or {}, hot.movement_request_nodes or {}
+      line("  updates per node (HOT share): requests / nodes",
+        ("%s (%s) / %s (%s)"):format(fmt(req.updates_per_node, "%.2f"), fmt(req.hot_share, "%.2f"),
+          fmt(nod.updates_per_node, "%.2f"), fmt(nod.hot_share, "%.2f")))
       line("  CPU per node, ms: postgres / qtgd",
         ("%s / %s"):format(fmt(t.cpu.postgres_ms_per_node, "%.2f"), fmt(t.cpu.qtgd_ms_per_node, "%.2f")),
         "target <= 1.0 each")
