@@ -115,6 +115,9 @@ end
 --   t.callback = {event =, data =}: the request's callback; the change
 --           returns the movement_requests row, with BUMP in its SET
 --   t.audit = {of = nil | "request" | "node", actor =, ...}: see AUDIT_OF
+--   t.also = {sql =, values =}: more CTEs of the same statement ("name AS
+--           (...), ..."), their parameters written %d and numbered after
+--           the others, in the order of values
 -- The callback row and an audit of the changed row are written for each row
 -- the change returns (none when it returns none); an audit row given in
 -- full is written once.
@@ -123,7 +126,15 @@ function M.write(s, change, args, t, level)
   local all, n = {}, args and #args or 0
   for i = 1, n do all[i] = args[i] end
   local parts = {}
-  local cb, au = t and t.callback, t and t.audit
+  local cb, au, also = t and t.callback, t and t.audit, t and t.also
+  local also_sql
+  if also then
+    if not change then error("outbox.write: more CTEs need a change", level) end
+    local numbers = {}
+    for i, v in ipairs(also.values) do all[n + i], numbers[i] = v, n + i end
+    also_sql = also.sql:format(unpack(numbers))
+    n = n + #also.values
+  end
   if cb then
     M.check_event(cb.event, level)
     if not change then error("outbox.write: a callback needs the change of its request", level) end
@@ -145,10 +156,10 @@ function M.write(s, change, args, t, level)
   if not change then
     if not au then error("outbox.write: nothing to write", level) end
     sql = parts[1]
-  elseif #parts == 0 then
+  elseif #parts == 0 and not also_sql then
     sql = change
   else
-    local ctes = { "WITH w AS (" .. change .. ")" }
+    local ctes = { "WITH w AS (" .. change .. ")", also_sql }
     for i, p in ipairs(parts) do ctes[#ctes + 1] = ("o%d AS (%s)"):format(i, p) end
     sql = table.concat(ctes, ", ") .. " SELECT * FROM w"
   end

@@ -204,6 +204,55 @@ describe("engine pipeline", function()
     end)
   end)
 
+  describe("advance", function()
+    it("a completion readies its successors with its frontier write: READY, an audit row each, one callback", function()
+      -- a -> b, a -> c, b -> d, c -> d; a completes on submit
+      sup.load_doc(s, sup.doc("spec_pl_fanout", {
+        { "a", "action", "withdrawal", { sim = { observes = 0 } } },
+        { "b", "action", "withdrawal", { sim = { observes = 0 } } },
+        { "c", "action", "withdrawal", { sim = { observes = 0 } } },
+        { "d", "action", "withdrawal", { sim = { observes = 0 } } },
+      }, { { "a", "b" }, { "a", "c" }, { "b", "d" }, { "c", "d" } }))
+      local req = sup.create_approved(s, "spec_pl_fanout")
+      assert.equal(1, sup.tick("node_dispatcher"))
+      local n = sup.nodes(s, req.id)
+      assert.equal("COMPLETED", n.a.node_state)
+      assert.equal("READY", n.b.node_state)
+      assert.equal("READY", n.c.node_state)
+      assert.equal("BLOCKED", n.d.node_state)
+      for _, key in ipairs({ "b", "c" }) do
+        assert.same({ "node.ready@node_dispatcher" }, node_audit(req.id, key))
+      end
+      local readied = {}
+      for _, r in ipairs(sup.audit(s, req.id)) do
+        if r.action == "node.ready" and r.detail.node_key ~= "a" then
+          readied[#readied + 1] = r.detail.node_key
+          assert.equal("BLOCKED", r.detail.from_state)
+          assert.equal(0, r.detail.attempt_no)
+          assert.equal("movement_request_node", r.entity_type)
+          assert.equal(n[r.detail.node_key].id, r.entity_id)
+        end
+      end
+      assert.same({ "b", "c" }, readied)
+      local cbs = sup.callbacks(s, req.id)
+      local last = cbs[#cbs].body
+      assert.equal("frontier_advanced", last.event_type)
+      assert.same({ "b", "c" }, last.current_frontier)
+      assert.same({ "b", "c" }, last.data.ready)
+      assert.same({}, last.data.waiting)
+      assert.equal("EXECUTING", last.request_state)
+      -- b completes: d waits for c; then c completes and d is readied
+      assert.equal(1, sup.tick("node_dispatcher"))
+      assert.equal("BLOCKED", sup.nodes(s, req.id).d.node_state)
+      cbs = sup.callbacks(s, req.id)
+      assert.same({ "d" }, cbs[#cbs].body.data.waiting)
+      assert.is_true(sup.drive(s, sup.state_is(req.id, "COMPLETED"), 10))
+      -- d was readied by c's completion (on submit, in the dispatcher)
+      assert.same({ "node.ready@node_dispatcher", "node.completed@node_dispatcher" },
+        node_audit(req.id, "d"))
+    end)
+  end)
+
   describe("recovery", function()
     it("recovers a node that went UNKNOWN to SUBMITTED, then it completes", function()
       local t = two("spec_pl_unknown", false, { unknown_at_observe = 1, observes = 2, retry_after_seconds = 0 })
