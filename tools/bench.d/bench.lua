@@ -92,24 +92,31 @@ function B.proc(pid)
   local rest = stat:match("^%d+ %b() (.*)$")
   local f = {}
   for w in rest:gmatch("%S+") do f[#f + 1] = w end
-  -- after "pid (comm)": state=1 ... utime=12 stime=13 (1-based in rest)
+  -- after "pid (comm)": state=1 ... utime=12 stime=13, and of its
+  -- children that exited and were waited for cutime=14 cstime=15 (1-based
+  -- in rest)
   return { rss_kb = tonumber(status:match("VmRSS:%s*(%d+)")),
            hwm_kb = tonumber(status:match("VmHWM:%s*(%d+)")),
-           cpu_s = (tonumber(f[12]) + tonumber(f[13])) / B.clk_tck }
+           cpu_s = (tonumber(f[12]) + tonumber(f[13])) / B.clk_tck,
+           exited_children_cpu_s = (tonumber(f[14]) + tonumber(f[15])) / B.clk_tck }
 end
 
--- CPU seconds used so far by the cluster's server processes (postmaster and
--- its children alive now: a backend that exited meanwhile is not counted).
+-- CPU seconds used so far by the cluster's server processes: the
+-- postmaster, its children alive now, and the ones that exited (the
+-- postmaster waits for each, so their time moves into its children's
+-- time: an autovacuum worker that ran during a burn-down is counted).
 function B.pg_cpu()
   local dir = os.getenv("QTG_BENCH_PGDIR")
   local txt = dir and read_file(dir .. "/data/postmaster.pid")
   local pm = txt and tonumber(txt:match("^(%d+)"))
   if not pm then return nil end
-  local total = 0
+  local p = B.proc(pm)
+  if not p then return nil end
+  local total = p.cpu_s + p.exited_children_cpu_s
   local kids = B.sh("pgrep -P " .. pm)
-  for pid in (pm .. "\n" .. kids):gmatch("%d+") do
-    local p = B.proc(pid)
-    if p then total = total + p.cpu_s end
+  for pid in kids:gmatch("%d+") do
+    local k = B.proc(pid)
+    if k then total = total + k.cpu_s end
   end
   return total
 end
