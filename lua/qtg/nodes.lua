@@ -302,17 +302,9 @@ end
 -- and an audit row each, as set_node_state writes them, the ids as one
 -- uuid[] parameter so the text is the same for any count.  The database's
 -- transition trigger checks each change as it does for set_node_state.
-local READY_SQL = [[
-ready AS (UPDATE movement_request_nodes SET node_state = 'READY'
-           WHERE id = ANY ($%d::uuid[]) RETURNING *),
-ready_audit AS (
-  INSERT INTO audit_outbox (actor, action, entity_type, entity_id, request_id, detail)
-  SELECT $%d, 'node.' || lower(ready.node_state), 'movement_request_node', ready.id::text,
-         ready.request_id,
-         jsonb_strip_nulls(jsonb_build_object('node_key', ready.node_key, 'from_state', 'BLOCKED',
-                                              'attempt_no', ready.attempt_no,
-                                              'error_code', ready.error_code))
-    FROM ready ORDER BY ready.node_key)]]
+local READY_SQL = "ready AS (UPDATE movement_request_nodes SET node_state = 'READY'\n"
+  .. "           WHERE id = ANY ($%d::uuid[]) RETURNING *),\n"
+  .. "ready_audit AS (" .. outbox.node_audit_sql("ready", "$%d", "'BLOCKED'") .. " ORDER BY ready.node_key)"
 
 -- advance_after_completion(s, g, node, actor): the spec's function.  The
 -- completed node's BLOCKED successors whose direct predecessors are all

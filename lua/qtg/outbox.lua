@@ -57,6 +57,26 @@ SELECT w.id, $%d::text,
 local AUDIT_SQL = "INSERT INTO audit_outbox (actor, action, entity_type, entity_id, request_id, detail) "
   .. "SELECT %s, %s, %s, %s, %s, %s"
 
+-- The columns of a node change's audit row, read from the changed row
+-- `src`: the action is node.<new state>, the detail {node_key, from_state,
+-- attempt_no[, error_code]} of the row as written.  actor and from_state are
+-- SQL expressions.
+local function node_audit_cols(src, actor, from_state)
+  return { actor, "'node.' || lower(" .. src .. ".node_state)", "'movement_request_node'",
+           src .. ".id::text", src .. ".request_id",
+           "jsonb_strip_nulls(jsonb_build_object('node_key', " .. src .. ".node_key, 'from_state', "
+             .. from_state .. ", 'attempt_no', " .. src .. ".attempt_no, 'error_code', "
+             .. src .. ".error_code))" }
+end
+
+-- node_audit_sql(src, actor, from_state) -> the INSERT of one node-change
+-- audit row per row of `src` (a CTE of changed node rows), as write() makes
+-- it for t.audit.of = "node"; for a statement that changes nodes in a CTE of
+-- its own (qtg.nodes.advance_after_completion).
+function M.node_audit_sql(src, actor, from_state)
+  return AUDIT_SQL:format(unpack(node_audit_cols(src, actor, from_state))) .. " FROM " .. src
+end
+
 -- The three shapes of an audit row, by t.audit.of: each gives the column
 -- expressions (parameters from n + 1 on), the parameter values and their
 -- count (a value may be nil: SQL NULL).
@@ -76,10 +96,7 @@ local AUDIT_OF = {
   -- the detail {node_key, from_state, attempt_no[, error_code]} of the row
   -- as written
   node = function(a, n)
-    return { "$" .. (n + 1), "'node.' || lower(w.node_state)", "'movement_request_node'", "w.id::text",
-             "w.request_id", "jsonb_strip_nulls(jsonb_build_object('node_key', w.node_key, 'from_state', $"
-               .. (n + 2) .. "::text, 'attempt_no', w.attempt_no, 'error_code', w.error_code))" },
-      { a.actor, a.from_state }, 2
+    return node_audit_cols("w", "$" .. (n + 1), "$" .. (n + 2) .. "::text"), { a.actor, a.from_state }, 2
   end,
 }
 
