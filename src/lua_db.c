@@ -116,17 +116,32 @@ static void qtg_db_push_value(lua_State *L, PGresult *res, int row, int col, Oid
   }
 }
 
-/* pcall'd: (lightuserdata PGresult) -> rows, affected */
+/* pcall'd: (lightuserdata PGresult) -> rows, affected.  A column named
+ * "*name" (its value unused) starts a nested row: the columns after it,
+ * up to the next such column, land in row.name, so one statement can
+ * return two tables' rows whose column names overlap ("SELECT w.*, NULL AS
+ * \"*node\", n.* FROM w, n"), each converted by its type. */
 static int qtg_db_convert(lua_State *L) {
   PGresult *res = lua_touserdata(L, 1);
   int nrows = PQntuples(res), ncols = PQnfields(res);
   lua_createtable(L, nrows, 0);
   for (int r = 0; r < nrows; r++) {
     lua_createtable(L, 0, ncols);
+    int nested = 0;
     for (int c = 0; c < ncols; c++) {
+      const char *name = PQfname(res, c);
+      if (name[0] == '*' && name[1]) {
+        if (nested) lua_pop(L, 1);
+        lua_createtable(L, 0, ncols - c - 1);
+        lua_pushvalue(L, -1);
+        lua_setfield(L, -3, name + 1);
+        nested = 1;
+        continue;
+      }
       qtg_db_push_value(L, res, r, c, PQftype(res, c));
-      lua_setfield(L, -2, PQfname(res, c));
+      lua_setfield(L, -2, name);
     }
+    if (nested) lua_pop(L, 1);
     lua_rawseti(L, -2, r + 1);
   }
   const char *aff = PQcmdTuples(res);

@@ -187,12 +187,13 @@ function M.update_request(s, request, fields)
   return M.write_request(s, request, fields)
 end
 
--- write_request(s, request, fields[, cb[, audit[, also]]]): the request
--- update, its callback row (cb = {event, data}, only when the request has a
--- callback_url: callback_sequence is bumped in the same UPDATE) and its
--- audit row (audit = {actor, action, detail}) in one statement
--- (qtg.outbox.write), with `also` (qtg.outbox.write's t.also) when given.
--- Either cb or audit may be nil.
+-- write_request(s, request, fields[, cb[, audit[, also]]]) -> request, the
+-- row an `also` piece returns: the request update, its callback row (cb =
+-- {event, data}, only when the request has a callback_url:
+-- callback_sequence is bumped in the same UPDATE) and its audit row (audit
+-- = {actor, action, detail}) in one statement (qtg.outbox.write), with
+-- `also` (qtg.outbox.write's t.also) when given.  Either cb or audit may be
+-- nil.
 function M.write_request(s, request, fields, cb, audit, also)
   local sets, args = request_update_sql(request, fields, 2)
   if cb then sets[#sets + 1] = outbox.BUMP end
@@ -200,8 +201,12 @@ function M.write_request(s, request, fields, cb, audit, also)
     "UPDATE movement_requests SET " .. table.concat(sets, ", ") .. " WHERE id = $1::uuid RETURNING *",
     args, { callback = cb, audit = audit and { of = "request", actor = audit.actor, action = audit.action,
                                                detail = audit.detail }, also = also }, 2)
+  local returned
+  for _, piece in ipairs(also or {}) do
+    if piece.returns then returned, row[piece.returns] = row[piece.returns], nil end
+  end
   for k, v in pairs(row) do request[k] = v end
-  return request
+  return request, returned
 end
 
 -- The callback event and audit action of each request state reached by
@@ -221,9 +226,10 @@ M.TERMINAL_REQUEST = { COMPLETED = true, REJECTED = true, CANCELLED = true, EXPI
 M.WARN_REQUEST_STATES = { FAILED = true, MANUAL_INTERVENTION = true }
 M.WARN_NODE_STATES = { FAILED = true, UNKNOWN = true }
 
--- set_request_state(s, request, to, actor, opts): the change, its callback
--- and its audit row.  opts: {event = (default M.STATE_EVENTS[to]), data = {},
--- fields = {extra REQUEST_SET fields}, action = audit action}.
+-- set_request_state(s, request, to, actor, opts) -> the row opts.also
+-- returns: the change, its callback and its audit row.  opts: {event =
+-- (default M.STATE_EVENTS[to]), data = {}, fields = {extra REQUEST_SET
+-- fields}, action = audit action, also = qtg.outbox.write's t.also}.
 function M.set_request_state(s, request, to, actor, opts)
   opts = opts or {}
   local from = request.request_state
@@ -234,13 +240,14 @@ function M.set_request_state(s, request, to, actor, opts)
   local data = opts.data or {}
   data.from_state = from
   local event = opts.event or M.STATE_EVENTS[to]
-  M.write_request(s, request, fields, event and { event = event, data = data } or nil,
-    { actor = actor, action = opts.action or ("request." .. to:lower()), detail = data })
+  local _, returned = M.write_request(s, request, fields, event and { event = event, data = data } or nil,
+    { actor = actor, action = opts.action or ("request." .. to:lower()), detail = data }, opts.also)
   if M.WARN_REQUEST_STATES[to] and from ~= to then
     local code = request.last_error_code
     qtg.log.warn("request " .. to, { request_id = request.id, from_state = from, actor = actor,
       error_code = code ~= NULL and code or nil, request_state = to })
   end
+  return returned
 end
 
 -- set_node_state(s, g, node, fields, actor): a node change plus its audit
@@ -265,9 +272,25 @@ function M.set_node_state(s, g, node, fields, actor)
   return node
 end
 
--- apply_request_state(s, g, actor): derive the request state from the nodes
--- and apply it when it changes (never out of a state it cannot leave).
-function M.apply_request_state(s, g, actor)
+-- node_change_piece(node, fields, actor, caller_level) -> the node change
+-- and its audit row as set_node_state writes them, as a qtg.outbox.write
+-- `also` piece: `done` returns the changed row.
+local function node_change_piece(node, fields, actor, level)
+  outbox.check_actor(actor, level + 1)
+  local upd, args = node_update_sql(node, fields, level + 1)
+  local n = #args
+  args[n + 1], args[n + 2] = actor, node.node_state
+  return { sql = "done AS (" .. upd .. "),\ndone_audit AS ("
+             .. outbox.node_audit_sql("done", "$" .. (n + 1), "$" .. (n + 2) .. "::text") .. ")",
+           values = args, returns = "done" }
+end
+
+-- apply_request_state(s, g, actor[, also]) -> the state applied or nil,
+-- the row `also` returns: derive the request state from the nodes and apply
+-- it when it changes (never out of a state it cannot leave), with `also`
+-- (qtg.outbox.write's t.also) in the statement; nothing is written, `also`
+-- neither, when it does not change.
+function M.apply_request_state(s, g, actor, also)
   local to = state.derive_request_state(g.nodes)
   local req = g.request
   if not to or to == req.request_state then return nil end
@@ -293,8 +316,7 @@ function M.apply_request_state(s, g, actor)
     end
   end
   if to == "COMPLETED" then fields.current_frontier = canon.array() end
-  M.set_request_state(s, req, to, actor, { data = data, fields = fields })
-  return to
+  return to, M.set_request_state(s, req, to, actor, { data = data, fields = fields, also = also })
 end
 
 -- The successors a completion readies, written by the statement of its
@@ -303,25 +325,28 @@ end
 -- uuid[] parameter so the text is the same for any count.  The database's
 -- transition trigger checks each change as it does for set_node_state.
 local READY_SQL = "ready AS (UPDATE movement_request_nodes SET node_state = 'READY'\n"
-  .. "           WHERE id = ANY ($%d::uuid[]) RETURNING *),\n"
-  .. "ready_audit AS (" .. outbox.node_audit_sql("ready", "$%d", "'BLOCKED'") .. " ORDER BY ready.node_key)"
+  .. "           WHERE id = ANY ($1::uuid[]) RETURNING *),\n"
+  .. "ready_audit AS (" .. outbox.node_audit_sql("ready", "$2", "'BLOCKED'") .. " ORDER BY ready.node_key)"
 
--- advance_after_completion(s, g, node, actor): the spec's function.  The
--- completed node's BLOCKED successors whose direct predecessors are all
--- COMPLETED/SKIPPED become READY; current_frontier becomes the successor keys
--- and a frontier_advanced callback is written.  Without successors the
--- request state is derived (full completion).
-function M.advance_after_completion(s, g, node, actor)
+-- advance_after_completion(s, g, node, actor[, piece]) -> the request state
+-- applied or nil, the row `piece` returns (nil when nothing was written
+-- with it): the spec's function.  The completed node's BLOCKED successors
+-- whose direct predecessors are all COMPLETED/SKIPPED become READY;
+-- current_frontier becomes the successor keys and a frontier_advanced
+-- callback is written.  Without successors the request state is derived
+-- (full completion).  `piece` (an outbox.write `also` piece: the
+-- completion itself, from M.apply) rides in the first request write.
+function M.advance_after_completion(s, g, node, actor, piece)
   local successors, ready = state.advance(g.by_key, g.graph, node.node_key)
   if #successors == 0 then
-    return M.apply_request_state(s, g, actor)
+    return M.apply_request_state(s, g, actor, piece and { piece })
   end
-  local also
+  local also = { piece }
   if #ready > 0 then
     outbox.check_actor(actor, 2)
     local ids = {}
     for i, key in ipairs(ready) do ids[i] = g.by_key[key].id end
-    also = { sql = READY_SQL, values = { "{" .. table.concat(ids, ",") .. "}", actor } }
+    also[#also + 1] = { sql = READY_SQL, values = { "{" .. table.concat(ids, ",") .. "}", actor } }
   end
   local waiting = canon.array()
   local ready_set = {}
@@ -329,12 +354,12 @@ function M.advance_after_completion(s, g, node, actor)
   for _, k in ipairs(successors) do
     if not ready_set[k] and g.by_key[k].node_state == "BLOCKED" then waiting[#waiting + 1] = k end
   end
-  M.write_request(s, g.request, { current_frontier = successors }, { event = "frontier_advanced",
+  local _, returned = M.write_request(s, g.request, { current_frontier = successors }, { event = "frontier_advanced",
     data = { completed = node.node_key, ready = canon.array(ready), waiting = waiting } }, nil, also)
   -- the readied rows are not read back: their state is all that is read
   -- of them in this transaction (the request's derivation below)
   for _, key in ipairs(ready) do g.by_key[key].node_state = "READY" end
-  return M.apply_request_state(s, g, actor)
+  return M.apply_request_state(s, g, actor), returned
 end
 
 -- after_node_change(s, g, node, actor): what follows any node change: a
@@ -349,10 +374,33 @@ end
 -- apply(s, g, node, fields, actor): a node change.  The same state: the
 -- fields are written (no state change to audit); another state: the change,
 -- its audit row and what follows from it (after_node_change).
+--
+-- A completion is written by the statement of the request write that
+-- follows from it (the frontier, or the derived state): one statement less
+-- per completed node.  The node is COMPLETED in `g` while that write is
+-- worked out; when no request write follows (a branch ends while another
+-- runs), it is written alone.
+local function complete(s, g, node, fields, actor)
+  local from = node.node_state
+  local piece = node_change_piece(node, fields, actor, 3)
+  node.node_state = "COMPLETED"
+  local _, row = M.advance_after_completion(s, g, node, actor, piece)
+  if row == nil then
+    node.node_state = from
+    return M.set_node_state(s, g, node, fields, actor)
+  end
+  if row.id == NULL then
+    error(string.format("the completion of node %s %s changed no row", node.node_key, node.id), 3)
+  end
+  for k, v in pairs(row) do node[k] = v end
+  return node
+end
+
 function M.apply(s, g, node, fields, actor)
   if fields.node_state == nil or fields.node_state == node.node_state then
     return M.update_node(s, node, fields)
   end
+  if fields.node_state == "COMPLETED" then return complete(s, g, node, fields, actor) end
   M.set_node_state(s, g, node, fields, actor)
   M.after_node_change(s, g, node, actor)
   return node

@@ -132,25 +132,44 @@ end
 --   t.callback = {event =, data =}: the request's callback; the change
 --           returns the movement_requests row, with BUMP in its SET
 --   t.audit = {of = nil | "request" | "node", actor =, ...}: see AUDIT_OF
---   t.also = {sql =, values =}: more CTEs of the same statement ("name AS
---           (...), ..."), their parameters written %d and numbered after
---           the others, in the order of values
+--   t.also = {{sql =, values =[, returns =]}, ...}: more CTEs of the same
+--           statement ("name AS (...), ..."), each numbering its parameters
+--           $1.. in its own values; their rows are written in the order
+--           given, after the callback and audit rows.  `returns` names a CTE
+--           of the piece whose one row comes back as row[returns] (a
+--           "*name" column: qtg.db), NULL columns if it changed none.
 -- The callback row and an audit of the changed row are written for each row
 -- the change returns (none when it returns none); an audit row given in
 -- full is written once.
+--
+-- The order of the rows: the CTEs the final SELECT does not read run to
+-- completion at the end of the statement, the last in the WITH list first
+-- (PostgreSQL's ExecPostprocessPlan), so the pieces are listed after the
+-- callback and audit parts and in reverse.  Audit ids then follow the order
+-- of the changes (spec: engine_pipeline_spec.lua, "one statement").
+local function shift(sql, by)
+  if by == 0 then return sql end
+  return (sql:gsub("%$(%d+)", function(d) return "$" .. (tonumber(d) + by) end))
+end
+
 function M.write(s, change, args, t, level)
   level = (level or 1) + 1
   local all, n = {}, args and #args or 0
   for i = 1, n do all[i] = args[i] end
   local parts = {}
   local cb, au, also = t and t.callback, t and t.audit, t and t.also
-  local also_sql
-  if also then
+  local pieces, returns = {}, nil
+  if also and #also > 0 then
     if not change then error("outbox.write: more CTEs need a change", level) end
-    local numbers = {}
-    for i, v in ipairs(also.values) do all[n + i], numbers[i] = v, n + i end
-    also_sql = also.sql:format(unpack(numbers))
-    n = n + #also.values
+    for _, piece in ipairs(also) do
+      pieces[#pieces + 1] = shift(piece.sql, n)
+      for i = 1, #piece.values do all[n + i] = piece.values[i] end
+      n = n + #piece.values
+      if piece.returns then
+        if returns then error("outbox.write: only one piece returns a row", level) end
+        returns = piece.returns
+      end
+    end
   end
   if cb then
     M.check_event(cb.event, level)
@@ -173,12 +192,15 @@ function M.write(s, change, args, t, level)
   if not change then
     if not au then error("outbox.write: nothing to write", level) end
     sql = parts[1]
-  elseif #parts == 0 and not also_sql then
+  elseif #parts == 0 and #pieces == 0 then
     sql = change
   else
-    local ctes = { "WITH w AS (" .. change .. ")", also_sql }
+    local ctes = { "WITH w AS (" .. change .. ")" }
     for i, p in ipairs(parts) do ctes[#ctes + 1] = ("o%d AS (%s)"):format(i, p) end
-    sql = table.concat(ctes, ", ") .. " SELECT * FROM w"
+    for i = #pieces, 1, -1 do ctes[#ctes + 1] = pieces[i] end
+    sql = table.concat(ctes, ",\n") .. (returns
+      and ('\nSELECT w.*, NULL AS "*%s", %s.* FROM w LEFT JOIN %s ON true'):format(returns, returns, returns)
+      or "\nSELECT * FROM w")
   end
   return s:query(sql, unpack(all, 1, n))[1]
 end

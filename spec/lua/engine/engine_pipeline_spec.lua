@@ -253,6 +253,127 @@ describe("engine pipeline", function()
     end)
   end)
 
+  describe("completion", function()
+    local nodes_db = require "qtg.nodes"
+    local ACTOR = "system:spec_completion"
+
+    -- The request's nodes, locked as a worker's claim holds them, in a
+    -- transaction; fn(counted, g) gets a session that counts its statements.
+    local function with_claim(req_id, fn)
+      s:begin()
+      local ok, err = pcall(function()
+        local g = nodes_db.load_all(s, nodes_db.load_request(s, req_id, true))
+        local n = 0
+        local counted = setmetatable({}, { __index = function(_, k)
+          local f = s[k]
+          return function(_, ...)
+            if k == "query" then n = n + 1 end
+            return f(s, ...)
+          end
+        end })
+        fn(counted, g, function() return n end)
+      end)
+      if ok then s:commit() else s:rollback() error(err, 0) end
+    end
+
+    local function done_fields()
+      return { node_state = "COMPLETED", finished_now = true, next_observe_in = qtg.db.NULL,
+               append_artifacts = { { receipt = "R-9" } }, merge_provider_refs = { done = { id = "D-1" } } }
+    end
+
+    local function actions(req_id)
+      local out = {}
+      for _, r in ipairs(sup.audit(s, req_id)) do
+        if r.actor == ACTOR then out[#out + 1] = r.action .. (r.detail.node_key and (":" .. r.detail.node_key) or "") end
+      end
+      return out
+    end
+
+    -- a and x are observed (a -> b; x alone); b completes on submit
+    local function started(key)
+      sup.load_doc(s, sup.doc(key, {
+        { "a", "observe", "cex_withdrawal_status", { sim = { observes = 5 } } },
+        { "b", "action", "withdrawal", { sim = { observes = 0 } } },
+        { "x", "observe", "cex_withdrawal_status", { sim = { observes = 5 } } },
+      }, { { "a", "b" } }))
+      local req = sup.create_approved(s, key)
+      assert.equal(1, sup.tick("node_dispatcher"))
+      assert.equal(1, sup.tick("node_dispatcher"))
+      local n = sup.nodes(s, req.id)
+      assert.equal("SUBMITTED", n.a.node_state)
+      assert.equal("SUBMITTED", n.x.node_state)
+      return req
+    end
+
+    it("is one statement with the frontier write; the audit rows follow the changes; the node is read back", function()
+      local req = started("spec_pl_done_one")
+      with_claim(req.id, function(cs, g, statements)
+        local a = g.by_key.a
+        local back = nodes_db.apply(cs, g, a, done_fields(), ACTOR)
+        assert.equal(1, statements())
+        assert.equal(a, back)
+        local row = s:query("SELECT * FROM movement_request_nodes WHERE id = $1::uuid", a.id)[1]
+        for k, v in pairs(row) do assert.same(v, a[k], k) end
+        assert.equal("COMPLETED", a.node_state)
+        assert.are_not.equal(qtg.db.NULL, a.finished_at)
+        assert.same({ id = "D-1" }, a.provider_refs.done)
+        assert.same({ receipt = "R-9" }, a.artifacts[#a.artifacts])
+        assert.equal("READY", g.by_key.b.node_state)
+        assert.same({ "b" }, g.request.current_frontier)
+      end)
+      local n = sup.nodes(s, req.id)
+      assert.equal("COMPLETED", n.a.node_state)
+      assert.equal("READY", n.b.node_state)
+      assert.same({ "node.completed:a", "node.ready:b" }, actions(req.id))
+      local cbs = sup.callbacks(s, req.id)
+      assert.equal("frontier_advanced", cbs[#cbs].body.event_type)
+      assert.equal("a", cbs[#cbs].body.data.completed)
+    end)
+
+    it("a branch that ends while another runs is written alone; the last one with the request's completion", function()
+      local req = started("spec_pl_done_last")
+      -- x has no successors and a still runs: no request write follows
+      with_claim(req.id, function(cs, g, statements)
+        nodes_db.apply(cs, g, g.by_key.x, done_fields(), ACTOR)
+        assert.equal(1, statements())
+        assert.equal("COMPLETED", g.by_key.x.node_state)
+        assert.are_not.equal(qtg.db.NULL, g.by_key.x.finished_at)
+      end)
+      assert.equal("EXECUTING", sup.request(s, req.id).request_state)
+      assert.same({ "node.completed:x" }, actions(req.id))
+      with_claim(req.id, function(cs, g) nodes_db.apply(cs, g, g.by_key.a, done_fields(), ACTOR) end)
+      -- b completes: the request completes in the same statement, after it
+      with_claim(req.id, function(cs, g, statements)
+        nodes_db.apply(cs, g, g.by_key.b, { node_state = "SUBMITTED", attempt_no = 1 }, ACTOR)
+        local before = statements()
+        nodes_db.apply(cs, g, g.by_key.b, done_fields(), ACTOR)
+        assert.equal(before + 1, statements())
+        assert.equal("COMPLETED", g.request.request_state)
+        assert.are_not.equal(qtg.db.NULL, g.by_key.b.finished_at)
+      end)
+      assert.equal("COMPLETED", sup.request(s, req.id).request_state)
+      assert.same({ "node.completed:x", "node.completed:a", "node.ready:b", "node.submitted:b",
+                    "node.completed:b", "request.completed" }, actions(req.id))
+    end)
+
+    it("a completion of a row that is not there raises and leaves nothing written", function()
+      local req = started("spec_pl_done_none")
+      local before = sup.request(s, req.id)
+      local ok, err = pcall(with_claim, req.id, function(cs, g)
+        local a = g.by_key.a
+        a.id = "00000000-0000-4000-8000-000000000001"
+        nodes_db.apply(cs, g, a, done_fields(), ACTOR)
+      end)
+      assert.is_false(ok)
+      assert.matches("changed no row", tostring(err))
+      local n = sup.nodes(s, req.id)
+      assert.equal("SUBMITTED", n.a.node_state)
+      assert.equal("BLOCKED", n.b.node_state)
+      assert.same(before.current_frontier, sup.request(s, req.id).current_frontier)
+      assert.same({}, actions(req.id))
+    end)
+  end)
+
   describe("recovery", function()
     it("recovers a node that went UNKNOWN to SUBMITTED, then it completes", function()
       local t = two("spec_pl_unknown", false, { unknown_at_observe = 1, observes = 2, retry_after_seconds = 0 })

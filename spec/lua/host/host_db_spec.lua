@@ -24,6 +24,29 @@ describe("qtg.db", function()
     assert.are.equal(1, r.param.a)
   end)
 
+  it("nests the columns after a *name column in row.name, each typed", function()
+    local rows = support.query([[SELECT 1::int AS id, 'a' AS label, NULL AS "*inner", 2::int AS id,
+      timestamptz '2026-01-02 03:04:05+00' AS at, '{"k":1}'::jsonb AS j, NULL::text AS gone,
+      NULL AS "*second", true AS b, NULL AS "*", 3 AS after
+      FROM generate_series(1, 2)]])
+    assert.are.equal(2, #rows)
+    for _, r in ipairs(rows) do
+      assert.are.equal(1, r.id)
+      assert.are.equal("a", r.label)
+      assert.are.equal(2, r.inner.id)
+      assert.are.equal("2026-01-02T03:04:05Z", r.inner.at)
+      assert.are.equal(1, r.inner.j.k)
+      assert.are.equal(db.NULL, r.inner.gone)
+      assert.is_nil(r.inner.b) -- the next marker closes the first nested row
+      assert.is_true(r.second.b)
+      -- a column named "*" alone is an ordinary column of the current row
+      assert.are.equal(db.NULL, r.second["*"])
+      assert.are.equal(3, r.second.after)
+      assert.is_nil(r.after)
+    end
+    assert.are_not.equal(rows[1].inner, rows[2].inner) -- one table per row
+  end)
+
   it("raises SQL errors as structured values and the session stays usable", function()
     local s = db.acquire()
     local ok, err = pcall(s.query, s, "SELEC 1")
