@@ -371,15 +371,11 @@ function M.after_node_change(s, g, node, actor)
   return M.apply_request_state(s, g, actor)
 end
 
--- apply(s, g, node, fields, actor): a node change.  The same state: the
--- fields are written (no state change to audit); another state: the change,
--- its audit row and what follows from it (after_node_change).
---
--- A completion is written by the statement of the request write that
--- follows from it (the frontier, or the derived state): one statement less
--- per completed node.  The node is COMPLETED in `g` while that write is
--- worked out; when no request write follows (a branch ends while another
--- runs), it is written alone.
+-- complete(s, g, node, fields, actor): a completion, written by the
+-- statement of the request write that follows from it (the frontier, or the
+-- derived state): one statement less per completed node.  The node is
+-- COMPLETED in `g` while that write is worked out; when no request write
+-- follows (a branch ends while another runs), it is written alone.
 local function complete(s, g, node, fields, actor)
   local from = node.node_state
   local piece = node_change_piece(node, fields, actor, 3)
@@ -396,6 +392,10 @@ local function complete(s, g, node, fields, actor)
   return node
 end
 
+-- apply(s, g, node, fields, actor): a node change.  The same state: the
+-- fields are written (no state change to audit); another state: the change,
+-- its audit row and what follows from it (after_node_change; a completion
+-- in one statement with it).
 function M.apply(s, g, node, fields, actor)
   if fields.node_state == nil or fields.node_state == node.node_state then
     return M.update_node(s, node, fields)
