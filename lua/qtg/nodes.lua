@@ -250,6 +250,18 @@ function M.set_request_state(s, request, to, actor, opts)
   return returned
 end
 
+-- The warn line of a node entering a state an operator must hear about.
+local function warn_node_state(g, node, from, actor)
+  if M.WARN_NODE_STATES[node.node_state] and from ~= node.node_state then
+    local code, detail = node.error_code, node.error_detail
+    qtg.log.warn("node " .. node.node_state, { request_id = g.request.id, node_id = node.id,
+      node_key = node.node_key, from_state = from, attempt_no = node.attempt_no, actor = actor,
+      error_code = code ~= NULL and code or nil,
+      error_detail = type(detail) == "string" and detail:sub(1, 500) or nil,
+      node_state = node.node_state })
+  end
+end
+
 -- set_node_state(s, g, node, fields, actor): a node change plus its audit
 -- row, in one statement (qtg.outbox.write; node changes have no callback of
 -- their own: the request-level events that follow from them carry the
@@ -261,14 +273,7 @@ function M.set_node_state(s, g, node, fields, actor)
   local upd, args = node_update_sql(node, fields, 2)
   local row = outbox.write(s, upd, args, { audit = { of = "node", actor = actor, from_state = from } }, 2)
   for k, v in pairs(row) do node[k] = v end
-  if M.WARN_NODE_STATES[node.node_state] and from ~= node.node_state then
-    local code, detail = node.error_code, node.error_detail
-    qtg.log.warn("node " .. node.node_state, { request_id = g.request.id, node_id = node.id,
-      node_key = node.node_key, from_state = from, attempt_no = node.attempt_no, actor = actor,
-      error_code = code ~= NULL and code or nil,
-      error_detail = type(detail) == "string" and detail:sub(1, 500) or nil,
-      node_state = node.node_state })
-  end
+  warn_node_state(g, node, from, actor)
   return node
 end
 
@@ -283,6 +288,15 @@ local function node_change_piece(node, fields, actor, level)
   return { sql = "done AS (" .. upd .. "),\ndone_audit AS ("
              .. outbox.node_audit_sql("done", "$" .. (n + 1), "$" .. (n + 2) .. "::text") .. ")",
            values = args, returns = "done" }
+end
+
+-- take_back(node, row, level): the node as node_change_piece's `done`
+-- returned it; a row of NULLs means the change found no row.
+local function take_back(node, row, level)
+  if row.id == NULL then
+    error(string.format("the change of node %s %s changed no row", node.node_key, node.id), level + 1)
+  end
+  for k, v in pairs(row) do node[k] = v end
 end
 
 -- apply_request_state(s, g, actor[, also]) -> the state applied or nil,
@@ -385,19 +399,39 @@ local function complete(s, g, node, fields, actor)
     node.node_state = from
     return M.set_node_state(s, g, node, fields, actor)
   end
-  if row.id == NULL then
-    error(string.format("the completion of node %s %s changed no row", node.node_key, node.id), 3)
-  end
-  for k, v in pairs(row) do node[k] = v end
+  take_back(node, row, 3)
   return node
 end
 
--- apply(s, g, node, fields, actor): a node change.  The same state: the
--- fields are written (no state change to audit); another state: the change,
--- its audit row and what follows from it (after_node_change; a completion
--- in one statement with it).
-function M.apply(s, g, node, fields, actor)
-  if fields.node_state == nil or fields.node_state == node.node_state then
+-- start(s, g, node, fields, actor, first): the request's state change
+-- `first` = {to =, action =} (with its callback and audit row) and the node
+-- change in one statement, the request's rows written first; then what
+-- follows from the node change.  The dispatcher's APPROVED -> EXECUTING
+-- with the request's first dispatch: one statement less per request.
+local function start(s, g, node, fields, actor, first)
+  local from = node.node_state
+  local piece = node_change_piece(node, fields, actor, 3)
+  piece.last = true
+  take_back(node, M.set_request_state(s, g.request, first.to, actor,
+    { action = first.action, also = { piece } }), 3)
+  warn_node_state(g, node, from, actor)
+  M.after_node_change(s, g, node, actor)
+  return node
+end
+
+-- apply(s, g, node, fields, actor[, first]): a node change.  The same
+-- state: the fields are written (no state change to audit); another state:
+-- the change, its audit row and what follows from it (after_node_change; a
+-- completion in one statement with it).  first = {to =, action =}: a
+-- request state change written before it (in one statement with a node
+-- state change: start).
+function M.apply(s, g, node, fields, actor, first)
+  local changes = fields.node_state ~= nil and fields.node_state ~= node.node_state
+  if first then
+    if changes then return start(s, g, node, fields, actor, first) end
+    M.set_request_state(s, g.request, first.to, actor, { action = first.action })
+  end
+  if not changes then
     return M.update_node(s, node, fields)
   end
   if fields.node_state == "COMPLETED" then return complete(s, g, node, fields, actor) end
@@ -466,10 +500,10 @@ function M.answer_fields(node, call, fields, answer, err)
   return fields
 end
 
--- apply_answer(s, g, node, actor, call, fields, answer, err) -> node:
--- answer_fields, then apply.
-function M.apply_answer(s, g, node, actor, call, fields, answer, err)
-  return M.apply(s, g, node, M.answer_fields(node, call, fields, answer, err), actor)
+-- apply_answer(s, g, node, actor, call, fields, answer, err[, first]) ->
+-- node: answer_fields, then apply.
+function M.apply_answer(s, g, node, actor, call, fields, answer, err, first)
+  return M.apply(s, g, node, M.answer_fields(node, call, fields, answer, err), actor, first)
 end
 
 return M

@@ -132,20 +132,21 @@ end
 --   t.callback = {event =, data =}: the request's callback; the change
 --           returns the movement_requests row, with BUMP in its SET
 --   t.audit = {of = nil | "request" | "node", actor =, ...}: see AUDIT_OF
---   t.also = {{sql =, values =[, returns =]}, ...}: more CTEs of the same
---           statement ("name AS (...), ..."), each numbering its parameters
---           $1.. in its own values; their rows are written in the order
---           given, after the callback and audit rows.  `returns` names a CTE
---           of the piece whose one row comes back as row[returns] (a
---           "*name" column: qtg.db), NULL columns if it changed none.
+--   t.also = {{sql =, values =[, returns =][, last =]}, ...}: more CTEs of
+--           the same statement ("name AS (...), ..."), each numbering its
+--           parameters $1.. in its own values; their rows are written in the
+--           order given, before the callback and audit rows (`last`: after
+--           them).  `returns` names a CTE of the piece whose one row comes
+--           back as row[returns] (a "*name" column: qtg.db), NULL columns
+--           if it changed none.
 -- The callback row and an audit of the changed row are written for each row
 -- the change returns (none when it returns none); an audit row given in
 -- full is written once.
 --
 -- The order of the rows: the CTEs the final SELECT does not read run to
 -- completion at the end of the statement, the last in the WITH list first
--- (PostgreSQL's ExecPostprocessPlan), so the pieces are listed after the
--- callback and audit parts and in reverse.  Audit ids then follow the order
+-- (PostgreSQL's ExecPostprocessPlan), so the pieces are listed in reverse,
+-- after the callback and audit parts (before them when `last`).  Audit ids then follow the order
 -- of the changes (spec: engine_pipeline_spec.lua, "one statement").
 local function shift(sql, by)
   if by == 0 then return sql end
@@ -158,11 +159,12 @@ function M.write(s, change, args, t, level)
   for i = 1, n do all[i] = args[i] end
   local parts = {}
   local cb, au, also = t and t.callback, t and t.audit, t and t.also
-  local pieces, returns = {}, nil
+  local pieces, lasts, returns = {}, {}, nil
   if also and #also > 0 then
     if not change then error("outbox.write: more CTEs need a change", level) end
     for _, piece in ipairs(also) do
-      pieces[#pieces + 1] = shift(piece.sql, n)
+      local into = piece.last and lasts or pieces
+      into[#into + 1] = shift(piece.sql, n)
       for i = 1, #piece.values do all[n + i] = piece.values[i] end
       n = n + #piece.values
       if piece.returns then
@@ -192,10 +194,11 @@ function M.write(s, change, args, t, level)
   if not change then
     if not au then error("outbox.write: nothing to write", level) end
     sql = parts[1]
-  elseif #parts == 0 and #pieces == 0 then
+  elseif #parts == 0 and #pieces == 0 and #lasts == 0 then
     sql = change
   else
     local ctes = { "WITH w AS (" .. change .. ")" }
+    for i = #lasts, 1, -1 do ctes[#ctes + 1] = lasts[i] end
     for i, p in ipairs(parts) do ctes[#ctes + 1] = ("o%d AS (%s)"):format(i, p) end
     for i = #pieces, 1, -1 do ctes[#ctes + 1] = pieces[i] end
     sql = table.concat(ctes, ",\n") .. (returns

@@ -195,11 +195,17 @@ local function pipeline(s, g, node, progress)
            answer = answer, err = serr }
 end
 
+-- The request's first dispatch moves it APPROVED -> EXECUTING, written
+-- with the node's outcome, in one statement (qtg.nodes.apply's `first`),
+-- the request's rows first.
+local STARTING = { to = "EXECUTING", action = "request.executing" }
+
 -- Write the outcome of this attempt and what follows from it.
-local function record(s, g, node, outcome)
+local function record(s, g, node, outcome, starting)
   local fields = { attempt_no = outcome.attempt_no, started_now = true,
                    idempotency_key = outcome.idempotency_key, resolved_config = outcome.resolved_config }
-  nodes_db.apply_answer(s, g, node, M.ACTOR, "submit", fields, outcome.answer, outcome.err)
+  nodes_db.apply_answer(s, g, node, M.ACTOR, "submit", fields, outcome.answer, outcome.err,
+    starting and STARTING or nil)
   local code = node.error_code
   qtg.log.info("node dispatched", { worker = "node_dispatcher", request_id = g.request.id,
     node_id = node.id, node_key = node.node_key, node_state = node.node_state,
@@ -211,10 +217,8 @@ end
 function M.dispatch(s, row)
   local g, node = nodes_db.claimed(s, row)
   local req = g.request
-  local approved_at = req.request_state == "APPROVED" and metrics.epoch(req.approved_at) or nil
-  if req.request_state == "APPROVED" then
-    nodes_db.set_request_state(s, req, "EXECUTING", M.ACTOR, { action = "request.executing" })
-  end
+  local starting = req.request_state == "APPROVED"
+  local approved_at = starting and metrics.epoch(req.approved_at) or nil
   local progress = {}
   local ok, outcome = pcall(pipeline, s, g, node, progress)
   if not ok then
@@ -235,7 +239,7 @@ function M.dispatch(s, row)
     end
   end
   -- a savepoint taken is not released: COMMIT ends it (one round trip less)
-  record(s, g, node, outcome)
+  record(s, g, node, outcome, starting)
   -- the request's first dispatch: how long it took from its approval
   if approved_at and node.node_state == "SUBMITTED" then
     metrics.observe("qtg_approve_to_submitted_seconds", {}, math.max(0, qtg.now() - approved_at))

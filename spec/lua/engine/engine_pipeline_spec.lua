@@ -106,6 +106,15 @@ describe("engine pipeline", function()
       assert.equal("FAILED", a.node_state)
       assert.equal("PREFLIGHT_REJECTED", a.error_code)
       assert.equal("FAILED", sup.request(s, req.id).request_state)
+      -- the request's rows of its first dispatch come before the node's
+      local seq = {}
+      for _, r in ipairs(sup.audit(s, req.id)) do
+        if r.actor == "system:node_dispatcher" then seq[#seq + 1] = r.action end
+      end
+      assert.same({ "request.executing", "node.failed", "request.failed" }, seq)
+      local events = {}
+      for _, c in ipairs(sup.callbacks(s, req.id)) do events[#events + 1] = c.event_type end
+      assert.same({ "request_created", "request_approved", "request_executing", "request_failed" }, events)
     end)
 
     -- The pipeline's savepoint is taken before its first statement on the
@@ -253,7 +262,7 @@ describe("engine pipeline", function()
     end)
   end)
 
-  describe("completion", function()
+  describe("node changes in the request's statement", function()
     local nodes_db = require "qtg.nodes"
     local ACTOR = "system:spec_completion"
 
@@ -354,6 +363,40 @@ describe("engine pipeline", function()
       assert.equal("COMPLETED", sup.request(s, req.id).request_state)
       assert.same({ "node.completed:x", "node.completed:a", "node.ready:b", "node.submitted:b",
                     "node.completed:b", "request.completed" }, actions(req.id))
+    end)
+
+    it("a request's first dispatch: EXECUTING and the node's outcome are one statement, the request's rows first", function()
+      sup.load_doc(s, sup.doc("spec_pl_start", {
+        { "a", "observe", "cex_withdrawal_status", { sim = { observes = 5 } } },
+      }))
+      local req = sup.create_approved(s, "spec_pl_start")
+      with_claim(req.id, function(cs, g, statements)
+        local a = g.by_key.a
+        nodes_db.apply(cs, g, a, { node_state = "SUBMITTED", attempt_no = 1, started_now = true,
+          next_observe_in = 5 }, ACTOR, { to = "EXECUTING", action = "request.executing" })
+        assert.equal(1, statements())
+        assert.equal("EXECUTING", g.request.request_state)
+        assert.equal("SUBMITTED", a.node_state)
+        assert.are_not.equal(qtg.db.NULL, a.started_at)
+        assert.are_not.equal(qtg.db.NULL, a.next_observe_at)
+      end)
+      assert.equal("EXECUTING", sup.request(s, req.id).request_state)
+      assert.same({ "request.executing", "node.submitted:a" }, actions(req.id))
+      local cbs = sup.callbacks(s, req.id)
+      assert.equal("request_executing", cbs[#cbs].event_type)
+      assert.equal("APPROVED", cbs[#cbs].body.data.from_state)
+    end)
+
+    it("a request state it cannot reach is refused before anything is written, the node's change neither", function()
+      local req = started("spec_pl_start_bad")
+      with_claim(req.id, function(cs, g)
+        local ok, err = pcall(nodes_db.apply, cs, g, g.by_key.a, { node_state = "OBSERVING" }, ACTOR,
+          { to = "APPROVED", action = "request.approved" })
+        assert.is_false(ok)
+        assert.matches("illegal request transition EXECUTING %-> APPROVED", tostring(err))
+      end)
+      assert.equal("SUBMITTED", sup.nodes(s, req.id).a.node_state)
+      assert.same({}, actions(req.id))
     end)
 
     it("a completion of a row that is not there raises and leaves nothing written", function()
