@@ -146,8 +146,9 @@ end
 -- The order of the rows: the CTEs the final SELECT does not read run to
 -- completion at the end of the statement, the last in the WITH list first
 -- (PostgreSQL's ExecPostprocessPlan), so the pieces are listed in reverse,
--- after the callback and audit parts (before them when `last`).  Audit ids then follow the order
--- of the changes (spec: engine_pipeline_spec.lua, "one statement").
+-- after the callback and audit parts (before them when `last`).  Audit ids
+-- then follow the order of the changes (engine_pipeline_spec.lua, "node
+-- changes in the request's statement", fails if PostgreSQL changes this).
 local function shift(sql, by)
   if by == 0 then return sql end
   return (sql:gsub("%$(%d+)", function(d) return "$" .. (tonumber(d) + by) end))
