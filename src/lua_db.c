@@ -389,6 +389,100 @@ static int qtg_db_send(lua_State *L, qtg_db_cmd cmd) {
   return qtg_task_yield(L);
 }
 
+/* A batch's results: the first statement's error that failed (those after
+ * it answer "aborted", which says less), else each statement's rows in
+ * order. */
+static void qtg_db_batch_done(qtg_pg_conn *conn, PGresult **res, int n, const char *err, void *data) {
+  qtg_db_req *q = data;
+  (void)conn;
+  qtg_host *h = q->h;
+  qtg_task *t = q->task;
+  free(q);
+  qtg_task_set_cancel(t, NULL, NULL);
+  int bad = -1;
+  for (int i = 0; !err && bad < 0 && i < n; i++) {
+    ExecStatusType st = res[i] ? PQresultStatus(res[i]) : PGRES_FATAL_ERROR;
+    if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) bad = i;
+  }
+  int top = lua_gettop(h->L), nret = 0;
+  if (err || bad >= 0) {
+    nret = qtg_db_push_result(h->L, err ? NULL : res[bad], err);
+  } else {
+    for (int i = 0; i < n; i++) {
+      qtg_db_push_result(h->L, res[i], NULL);
+      if (lua_isnil(h->L, -2)) { /* a row that cannot be converted: that error alone */
+        lua_insert(h->L, top + 1);
+        lua_insert(h->L, top + 1);
+        lua_settop(h->L, top + 2);
+        nret = 2;
+        break;
+      }
+      lua_pop(h->L, 1); /* the affected count */
+      nret++;
+    }
+  }
+  lua_xmove(h->L, qtg_task_thread(t), nret);
+  qtg_task_resume(t, nret);
+}
+
+/* raw_batch(session, {sql, v1, ...}, {sql, ...}, ...) -> rows1, rows2, ...
+ * | nil, err | false (a statement is not prepared yet: nothing was sent).
+ * Inside a pipeline transaction only (qtg_pg_query_batch); a table's
+ * values run from index 2 to its length, qtg.db.NULL for SQL NULL. */
+static int qtg_db_raw_batch(lua_State *L) {
+  qtg_db_session *s = qtg_db_check_session(L);
+  int n = lua_gettop(L) - 1;
+  if (n < 1 || n > 4) return luaL_error(L, "qtg.db: a batch takes 1 to 4 statements");
+  if (!qtg_pg_pipelined(s->conn)) {
+    lua_pushnil(L);
+    qtg_push_error(L, "usage", "qtg.db: a batch needs a pipeline transaction on this session");
+    return 2;
+  }
+  if (qtg_pg_pipeline_failed(s->conn)) return qtg_db_push_aborted(L);
+  const char *sqls[4];
+  int nparams[4];
+  const char *values[4][QTG_DB_MAX_PARAMS];
+  const char *const *vp[4];
+  for (int i = 0; i < n; i++) {
+    int ti = i + 2;
+    luaL_checktype(L, ti, LUA_TTABLE);
+    int len = (int)lua_objlen(L, ti);
+    if (len < 1) return luaL_error(L, "qtg.db: batch statement %d has no SQL", i + 1);
+    if (len - 1 > QTG_DB_MAX_PARAMS) return luaL_error(L, "qtg.db: at most %d parameters", QTG_DB_MAX_PARAMS);
+    luaL_checkstack(L, len + 8, "qtg.db: batch too large");
+    lua_rawgeti(L, ti, 1);
+    if (lua_type(L, -1) != LUA_TSTRING) return luaL_error(L, "qtg.db: batch statement %d's SQL is not a string", i + 1);
+    sqls[i] = lua_tostring(L, -1); /* kept on the stack */
+    nparams[i] = len - 1;
+    for (int j = 0; j < nparams[i]; j++) {
+      lua_rawgeti(L, ti, j + 2);
+      values[i][j] = qtg_db_param(L, lua_gettop(L), j + 1);
+    }
+    vp[i] = values[i];
+  }
+  qtg_task *t = qtg_task_check(L);
+  qtg_db_req *q = calloc(1, sizeof *q);
+  if (!q) return luaL_error(L, "qtg.db: out of memory");
+  q->drop = qtg_db_req_drop;
+  q->h = s->h;
+  q->task = t;
+  q->sess = s;
+  int rc = qtg_pg_query_batch(s->conn, n, sqls, nparams, vp, qtg_db_batch_done, q);
+  if (rc == 1) {
+    free(q);
+    lua_pushboolean(L, 0);
+    return 1;
+  }
+  if (rc != 0) {
+    free(q);
+    lua_pushnil(L);
+    qtg_db_push_conn_error(L, qtg_pg_broken(s->conn) ? "connection to PostgreSQL lost" : "cannot send the batch");
+    return 2;
+  }
+  qtg_task_set_cancel(t, qtg_db_query_cancel, q);
+  return qtg_task_yield(L);
+}
+
 static int qtg_db_raw_query(lua_State *L) { return qtg_db_send(L, QTG_DB_QUERY); }
 static int qtg_db_raw_exec(lua_State *L) { return qtg_db_send(L, QTG_DB_EXEC); }
 static int qtg_db_raw_pipeline_block(lua_State *L) { return qtg_db_send(L, QTG_DB_PIPE_BLOCK); }
@@ -602,7 +696,7 @@ void qtg_pg_close(qtg_host *h) {
 
 int luaopen_qtg_db(lua_State *L) {
   static const luaL_Reg session_methods[] = {
-    {"raw_query", qtg_db_raw_query}, {"raw_exec", qtg_db_raw_exec},
+    {"raw_query", qtg_db_raw_query}, {"raw_exec", qtg_db_raw_exec}, {"raw_batch", qtg_db_raw_batch},
     {"release", qtg_db_release},     {"in_transaction", qtg_db_in_transaction},
     {"pid", qtg_db_pid},             {"pipeline", qtg_db_pipeline},
     {"raw_pipeline_begin", qtg_db_raw_pipeline_begin}, {"raw_pipeline_block", qtg_db_raw_pipeline_block},

@@ -31,6 +31,9 @@ typedef enum { QTG_PG_PIPE_OFF, QTG_PG_PIPE_IMPLICIT, QTG_PG_PIPE_BLOCK } qtg_pg
  * holding every statement it ever saw (20,000 of them: 131 MB). */
 #define QTG_PG_MAX_STMTS 256
 
+/* Statements sent together by qtg_pg_query_batch, at most. */
+#define QTG_PG_BATCH_MAX 4
+
 typedef struct {
   uint32_t hash;
   char *sql;
@@ -73,6 +76,12 @@ struct qtg_pg_conn {
   int pipe_failed;           /* one of its statements failed: the server skips to the Sync */
   int pipe_nulls;            /* end-of-command markers read while waiting for the Sync */
   int pipe_syncs;            /* Syncs sent whose results are not read yet */
+  /* a batch (qtg_pg_query_batch): its callback and its commands' results,
+   * all but the last (which is `last`) */
+  qtg_pg_batch_cb bcb;
+  int batch_n;               /* commands in the batch; 0 when not a batch */
+  int batch_done;            /* commands whose results are read */
+  PGresult *batch_res[QTG_PG_BATCH_MAX];
   qtg_pg_conn *next; /* pool's list of all connections */
 };
 
@@ -160,6 +169,7 @@ static void qtg_pg_conn_free(qtg_pg_conn *c) {
   qtg_pg_unwatch(c);
   if (c->pg) PQfinish(c->pg);
   if (c->last) PQclear(c->last);
+  for (int i = 0; i < c->batch_done; i++) PQclear(c->batch_res[i]);
   qtg_pg_pending_free(c);
   for (int i = 0; i < c->nstmts; i++) free(c->stmts[i].sql);
   free(c->stmts);
@@ -268,12 +278,21 @@ static void qtg_pg_deliver(qtg_pg_conn *c, const char *err) {
   qtg_pg_result_cb cb = c->cb;
   void *data = c->data;
   int has_cb = c->has_cb;
+  qtg_pg_batch_cb bcb = c->bcb;
+  PGresult *all[QTG_PG_BATCH_MAX];
+  int n = c->batch_done; /* < QTG_PG_BATCH_MAX: the last is res */
+  memcpy(all, c->batch_res, (size_t)n * sizeof *all);
+  all[n] = res;
   c->last = NULL;
   c->has_cb = 0;
   c->cb = NULL;
+  c->bcb = NULL;
+  c->batch_n = c->batch_done = 0;
   qtg_pg_pending_free(c);
-  if (has_cb && cb) cb(c, res, err, data);
-  if (res) PQclear(res);
+  if (has_cb && bcb) bcb(c, all, n + 1, err, data);
+  else if (has_cb && cb) cb(c, res, err, data);
+  for (int i = 0; i <= n; i++)
+    if (all[i]) PQclear(all[i]);
 }
 
 static int qtg_pg_flush(qtg_pg_conn *c) {
@@ -421,6 +440,12 @@ static void qtg_pg_consume(qtg_pg_conn *c) {
         qtg_pg_conn_fail(c, "pipeline out of step: no Sync result");
         return;
       }
+      continue;
+    }
+    if (!r && c->batch_done + 1 < c->batch_n) {
+      /* a batch command ended; its result is kept and the next one's read */
+      c->batch_res[c->batch_done++] = c->last;
+      c->last = NULL;
       continue;
     }
     if (!r) {
@@ -731,6 +756,39 @@ int qtg_pg_exec(qtg_pg_conn *c, const char *sql, qtg_pg_result_cb cb, void *data
   if (!sent || qtg_pg_sent(c) != 0) {
     c->has_cb = 0;
     c->state = PQstatus(c->pg) == CONNECTION_BAD ? QTG_PG_BROKEN : QTG_PG_IDLE;
+    return -1;
+  }
+  return 0;
+}
+
+int qtg_pg_query_batch(qtg_pg_conn *c, int n, const char *const *sqls, const int *nparams,
+                       const char *const *const *values, qtg_pg_batch_cb cb, void *data) {
+  if (n < 1 || n > QTG_PG_BATCH_MAX) return -1;
+  if (c->state != QTG_PG_IDLE || c->pipe == QTG_PG_PIPE_OFF || c->pipe_failed) return -1;
+  int idx[QTG_PG_BATCH_MAX];
+  for (int i = 0; i < n; i++)
+    if ((idx[i] = qtg_pg_stmt_find(c, sqls[i])) < 0) return 1;
+  if (qtg_pg_begin_command(c, NULL, data) != 0) return -1;
+  c->bcb = cb;
+  c->batch_n = n;
+  c->batch_done = 0;
+  for (int i = 0; i < n; i++) {
+    c->stmts[idx[i]].used = ++c->stmt_clock;
+    if (!PQsendQueryPrepared(c->pg, c->stmts[idx[i]].name, nparams[i], values[i], NULL, NULL, 0)) {
+      /* what was queued is in libpq's buffer, not sent: the pipeline is
+       * out of step with the caller now */
+      c->has_cb = 0;
+      c->bcb = NULL;
+      c->batch_n = 0;
+      c->state = QTG_PG_BROKEN;
+      return -1;
+    }
+  }
+  if (qtg_pg_sent(c) != 0) {
+    c->has_cb = 0;
+    c->bcb = NULL;
+    c->batch_n = 0;
+    c->state = QTG_PG_BROKEN;
     return -1;
   }
   return 0;

@@ -50,6 +50,17 @@ void qtg_pg_release(qtg_pg_conn *conn);
  * keyed by the SQL text.  Values are text (NULL = SQL NULL). */
 int qtg_pg_query(qtg_pg_conn *conn, const char *sql, int nparams, const char *const *values,
                  int prepare, qtg_pg_result_cb cb, void *data);
+/* A batch: n (1..4) prepared statements of an open pipeline transaction
+ * sent in one flush, their results read together (one round trip for
+ * all).  The callback gets the n results in order (a command after a
+ * failed one answers PGRES_PIPELINE_ABORTED), or err.  Returns 1, sending
+ * nothing, when a statement is not prepared on this connection yet (the
+ * caller runs them one by one with qtg_pg_query, which prepares them);
+ * -1 when not in a pipeline transaction, busy or failed, or the send
+ * failed (then the connection is broken). */
+typedef void (*qtg_pg_batch_cb)(qtg_pg_conn *conn, PGresult **res, int n, const char *err, void *data);
+int qtg_pg_query_batch(qtg_pg_conn *conn, int n, const char *const *sqls, const int *nparams,
+                       const char *const *const *values, qtg_pg_batch_cb cb, void *data);
 /* Simple protocol: several statements, no parameters. */
 int qtg_pg_exec(qtg_pg_conn *conn, const char *sql, qtg_pg_result_cb cb, void *data);
 /* Pipeline transactions: the statements of one transaction sent in libpq's

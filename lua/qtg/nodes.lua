@@ -24,14 +24,19 @@ function M.load_request(s, id, lock)
   return s:query(sql, id)[1]
 end
 
--- All nodes of a request, sorted by node_key, a by-key and a by-id index.
-function M.load_nodes(s, request_id)
-  local nodes = s:query(
-    "SELECT * FROM movement_request_nodes WHERE request_id = $1::uuid ORDER BY node_key",
-    request_id)
+-- $1: a request id.  Its nodes, sorted by node_key.
+M.NODES_SQL = "SELECT * FROM movement_request_nodes WHERE request_id = $1::uuid ORDER BY node_key"
+
+-- nodes (NODES_SQL's rows) -> nodes, a by-key and a by-id index.
+local function index_nodes(nodes)
   local by, by_id = {}, {}
   for _, n in ipairs(nodes) do by[n.node_key], by_id[n.id] = n, n end
   return nodes, by, by_id
+end
+
+-- All nodes of a request, sorted by node_key, a by-key and a by-id index.
+function M.load_nodes(s, request_id)
+  return index_nodes(s:query(M.NODES_SQL, request_id))
 end
 
 -- A plan version never changes once committed (a new template version is a
@@ -62,14 +67,16 @@ function M.read_graph(s, plan_version_id)
   return state.graph(edges)
 end
 
--- The request, its nodes and its graph: what every decision needs.
-function M.load_all(s, request)
-  local nodes, by, by_id = M.load_nodes(s, request.id)
+-- The request, its nodes and its graph: what every decision needs.  nodes:
+-- the request's nodes read already (NODES_SQL's rows), else read here.
+function M.load_all(s, request, nodes)
+  local by, by_id
+  nodes, by, by_id = index_nodes(nodes or s:query(M.NODES_SQL, request.id))
   return { request = request, nodes = nodes, by_key = by, by_id = by_id,
            graph = M.load_graph(s, request.plan_version_id) }
 end
 
--- claimed(s, row) -> g, node: what a worker's claim locked.  Every claim
+-- claimed(s, row[, nodes]) -> g, node: what a worker's claim locked.  Every claim
 -- (node_dispatcher, node_observer, node_recovery) returns one row per node:
 -- movement_requests.* (the request, not read again), node_id, request_id and
 -- its own columns named claim_*.  The request's nodes are read here, by a
@@ -77,13 +84,17 @@ end
 -- claim's snapshot is older than its lock, and a transaction that changed
 -- sibling nodes under the request lock and committed in between would be
 -- read stale (only the locked rows are brought up to date).  A statement
--- that starts after the lock sees every such commit.
-function M.claimed(s, row)
+-- that starts after the lock sees every such commit: a later statement of
+-- the claim's transaction, sent with the claim in one round trip by the
+-- dispatcher and the observer (s:batch), whose rows come in as `nodes`
+-- (read again here unless they are the claimed request's).
+function M.claimed(s, row, nodes)
+  if nodes and (nodes[1] == nil or nodes[1].request_id ~= row.request_id) then nodes = nil end
   local req = {}
   for k, v in pairs(row) do
     if k ~= "node_id" and k ~= "request_id" and k:sub(1, 6) ~= "claim_" then req[k] = v end
   end
-  local g = M.load_all(s, req)
+  local g = M.load_all(s, req, nodes)
   return g, g.by_id[row.node_id]
 end
 

@@ -5,6 +5,9 @@ local db, session = ...
 local raw_acquire, raw_query, raw_exec = db.raw_acquire, session.raw_query, session.raw_exec
 function db.acquire() local s, err = raw_acquire() if s == nil then error(err, 2) end return s end
 function session:query(sql, ...) local rows, n = raw_query(self, sql, ...) if rows == nil then error(n, 2) end return rows, n end
+-- batch({sql, v1, ...}, ...) -> rows1, ...: statements of a pipeline transaction sent together (one round trip); one by one while one is not prepared yet
+local function one_by_one(self, n, ...) local out = {} for i = 1, n do local st = select(i, ...) out[i] = self:query(unpack(st, 1, #st)) end return unpack(out, 1, n) end
+function session:batch(...) local n = select('#', ...) local r = { session.raw_batch(self, ...) } if r[1] == false then return one_by_one(self, n, ...) end if r[1] == nil then error(r[2], 2) end return unpack(r, 1, n) end
 function session:exec(sql) local rows, n = raw_exec(self, sql) if rows == nil then error(n, 2) end return rows, n end
 local function raised(ok, err) if ok == nil then error(err, 3) end end
 function session:begin() return self:query('BEGIN') end

@@ -92,8 +92,19 @@ M.MAX_MISSES = 50
 -- transaction excludes the id: one statement per dispatch, where the
 -- savepoint walk took BEGIN, candidates, SAVEPOINT and the claim.
 M.CLAIM_ONE_SQL = "WITH candidate AS MATERIALIZED (\n" .. M.CANDIDATES_SQL .. "\n   FOR UPDATE OF n SKIP LOCKED\n)\n"
-  .. "SELECT candidate.id AS candidate_id, claimed.*\n  FROM candidate\n  LEFT JOIN LATERAL (\n"
+  .. "SELECT candidate.id AS candidate_id, claimed.*,\n"
+  .. "       set_config('qtg.claimed_request', coalesce(claimed.request_id::text, ''), true) AS claim_noted\n"
+  .. "  FROM candidate\n  LEFT JOIN LATERAL (\n"
   .. claim_sql("candidate.id") .. "\n) claimed ON true"
+
+-- The claimed request's nodes, read by the statement after CLAIM_ONE_SQL
+-- (so after its lock; see qtg.nodes.claimed) and sent with it: the claim
+-- notes the request it locked in a transaction-local setting, since its id
+-- is not known when both are sent.  No rows after a miss.
+M.CLAIMED_NODES_SQL = [[
+SELECT * FROM movement_request_nodes
+ WHERE request_id = nullif(current_setting('qtg.claimed_request', true), '')::uuid
+ ORDER BY node_key]]
 
 local NULL = qtg.db.NULL
 
@@ -212,10 +223,10 @@ local function record(s, g, node, outcome, starting)
     attempt_no = node.attempt_no, error_code = code ~= NULL and code or nil })
 end
 
--- dispatch(s, row): the claimed node, locks held; row is the claim's
--- (CLAIM_SQL).
-function M.dispatch(s, row)
-  local g, node = nodes_db.claimed(s, row)
+-- dispatch(s, row[, nodes]): the claimed node, locks held; row is the
+-- claim's (CLAIM_SQL), nodes its request's nodes read after it.
+function M.dispatch(s, row, nodes)
+  local g, node = nodes_db.claimed(s, row, nodes)
   local req = g.request
   local starting = req.request_state == "APPROVED"
   local approved_at = starting and metrics.epoch(req.approved_at) or nil
@@ -274,14 +285,25 @@ end
 -- ROLLBACK (a skipped lock writes no WAL, so there is nothing to flush; a
 -- partial lock that was taken is flushed with the commit record, which is
 -- rare: the request locked and its node not).
+--
+-- While the dispatcher drains (its last claim found a node), the claimed
+-- request's nodes are sent with the claim (CLAIMED_NODES_SQL, one round
+-- trip for both) and returned as the second value; the first claim after a
+-- pass that found nothing goes alone, so an idle pass stays one statement.
+M.draining = false
+
 function M.claim_one(s, class)
   local tried = {}
   for _ = 0, M.MAX_MISSES do
     s:begin_pipeline()
-    local row = s:query(M.CLAIM_ONE_SQL, "{" .. table.concat(tried, ",") .. "}", class, paced_out())[1]
+    local claim = { M.CLAIM_ONE_SQL, "{" .. table.concat(tried, ",") .. "}", class, paced_out() }
+    local rows, nodes
+    if M.draining then rows, nodes = s:batch(claim, { M.CLAIMED_NODES_SQL }) else rows = s:query(unpack(claim)) end
+    local row = rows[1]
+    M.draining = row ~= nil
     if row and row.node_id ~= nil and row.node_id ~= NULL then
       row.candidate_id = nil -- the claimed row is CLAIM_SQL's
-      return row
+      return row, nodes
     end
     s:commit()
     if not row then return nil end
@@ -295,14 +317,14 @@ M.MAX_PACED_CLAIMS = 8   -- claims rolled back for pacing in one pass, at most
 function M.tick(s)
   local class = qtg.settings.network_class
   for _ = 1, M.MAX_PACED_CLAIMS do
-    local row = M.claim_one(s, class)
+    local row, nodes = M.claim_one(s, class)
     if not row then return 0 end
     local name = row.claim_executor
     local adapter = executors.get(name)
     local go, wait = true, nil
     if adapter then go, wait = pacing.take(name, adapter, "submit") end
     if go then
-      M.dispatch(s, row)
+      M.dispatch(s, row, nodes)
       s:commit()
       return 1
     end

@@ -99,10 +99,10 @@ local function timed_out(row)
   return type(row.claim_age_seconds) == "number" and row.claim_age_seconds > limit, limit
 end
 
--- observe_claimed(s, row): the node and request are locked; row is the
--- claim's (CLAIM_SQL).
-function M.observe_claimed(s, row)
-  local g, node = nodes_db.claimed(s, row)
+-- observe_claimed(s, row[, nodes]): the node and request are locked; row
+-- is the claim's (CLAIM_SQL), nodes the request's nodes read after it.
+function M.observe_claimed(s, row, nodes)
+  local g, node = nodes_db.claimed(s, row, nodes)
   local over, limit = timed_out(row)
   if over then
     return nodes_db.apply(s, g, node, { node_state = "UNKNOWN", error_code = M.TIMEOUT_CODE,
@@ -150,10 +150,12 @@ local function observe_one(s, cand, class)
       end)
     end
   end
+  -- the claim and the request's nodes in one round trip (s:batch): the
+  -- nodes are read by the next statement, after the claim's lock
   return s:pipeline_transaction(function()
-    local row = claim(s, cand.id, class)
-    if not row then return nil end
-    M.observe_claimed(s, row)
+    local rows, nodes = s:batch({ M.CLAIM_SQL, cand.id, class }, { nodes_db.NODES_SQL, cand.request_id })
+    if not rows[1] then return nil end
+    M.observe_claimed(s, rows[1], nodes)
     return 1
   end)
 end

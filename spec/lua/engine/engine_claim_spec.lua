@@ -253,4 +253,85 @@ describe("per-candidate claim", function()
     for _ in pairs(got) do n = n + 1 end
     assert.equal(6, n)
   end)
+
+  describe("the claimed request's nodes with the claim", function()
+    local nodes_db = require "qtg.nodes"
+
+    local function ids_and_states(rows)
+      local out = {}
+      for i, n in ipairs(rows) do out[i] = n.id .. ":" .. n.node_state .. ":" .. n.request_id end
+      return out
+    end
+
+    -- s, counting its NODES_SQL statements
+    local function counting(s)
+      local n = 0
+      local proxy = setmetatable({}, { __index = function(_, k)
+        local f = s[k]
+        return function(_, sql, ...)
+          if k == "query" and sql == nodes_db.NODES_SQL then n = n + 1 end
+          return f(s, sql, ...)
+        end
+      end })
+      return proxy, function() return n end
+    end
+
+    local was
+    before_each(function() was = dispatcher.draining end)
+    after_each(function() dispatcher.draining = was end)
+
+    it("come in the claim's round trip while the dispatcher drains; an idle pass's claim goes alone", function()
+      local older = sup.create_approved(s3, T)
+      sup.create_approved(s3, T)
+      local class = qtg.settings.network_class
+      dispatcher.draining = false
+      local row, nodes = dispatcher.claim_one(s1, class)
+      assert.equal(older.id, row.request_id)
+      assert.is_nil(nodes)
+      assert.is_true(dispatcher.draining) -- it found a node: the next claim brings the nodes
+      s1:rollback()
+      for _ = 1, 2 do -- the first prepares the statements, the second sends them together
+        row, nodes = dispatcher.claim_one(s1, class)
+        assert.equal(older.id, row.request_id)
+        assert.same(ids_and_states(s3:query(nodes_db.NODES_SQL, older.id)), ids_and_states(nodes))
+        s1:rollback()
+      end
+    end)
+
+    it("after a miss, the nodes are the claimed request's, not the missed one's", function()
+      local older = sup.create_approved(s3, T)
+      local newer = sup.create_approved(s3, T)
+      s2:begin()
+      s2:query("SELECT id FROM movement_requests WHERE id = $1::uuid FOR UPDATE", older.id)
+      dispatcher.draining = true
+      local row, nodes = dispatcher.claim_one(s1, qtg.settings.network_class)
+      assert.equal(newer.id, row.request_id)
+      assert.is_true(#nodes > 0)
+      for _, n in ipairs(nodes) do assert.equal(newer.id, n.request_id) end
+      s1:rollback()
+      s2:rollback()
+    end)
+
+    it("claimed() uses them when they are the claimed request's, and reads them itself otherwise", function()
+      local older = sup.create_approved(s3, T)
+      local newer = sup.create_approved(s3, T)
+      dispatcher.draining = true
+      local row, nodes = dispatcher.claim_one(s1, qtg.settings.network_class)
+      assert.equal(older.id, row.request_id)
+      local proxy, reads = counting(s1)
+      local g, node = nodes_db.claimed(proxy, row, nodes)
+      assert.equal(0, reads())
+      assert.equal(row.node_id, node.id)
+      -- another request's nodes (a batch gone wrong, a tampered setting) or none: read again
+      local foreign = s3:query(nodes_db.NODES_SQL, newer.id)
+      for _, given in ipairs({ foreign, {} }) do
+        local before = reads()
+        g, node = nodes_db.claimed(proxy, row, given)
+        assert.equal(before + 1, reads())
+        assert.equal(row.node_id, node.id)
+        for _, n in ipairs(g.nodes) do assert.equal(older.id, n.request_id) end
+      end
+      s1:rollback()
+    end)
+  end)
 end)

@@ -2,7 +2,8 @@
 -- PostgreSQL: one server transaction with no BEGIN or COMMIT statement,
 -- locks held to the end, rollback, a failing statement and a failing
 -- commit, a savepoint turning it into a block, release with one open, and
--- the prepared-statement cache evicting inside one.
+-- the prepared-statement cache evicting inside one; batches (s:batch:
+-- several statements of one in a single round trip).
 local qtg = require("qtg")
 local db = qtg.db
 local support = require("spec.lua.support.host")
@@ -240,5 +241,118 @@ describe("pipeline transactions", function()
     s:commit()
     assert.are.equal(1, count("true"))
     s:release()
+  end)
+
+  describe("batches", function()
+    local INSERT = "INSERT INTO " .. TABLE .. " (id, tag) VALUES ($1::int, $2) RETURNING id, tag"
+    local READ = "SELECT id, tag FROM " .. TABLE .. " ORDER BY id"
+
+    it("runs its statements in order in the transaction and returns each one's rows", function()
+      local s = db.acquire()
+      s:begin_pipeline()
+      -- the first time, a statement is not prepared: one by one, same answers
+      local a, b = s:batch({ INSERT, 1, "a" }, { READ })
+      assert.are.same({ { id = 1, tag = "a" } }, a)
+      assert.are.same({ { id = 1, tag = "a" } }, b)
+      local XACT = "SELECT pg_current_xact_id()::text AS x"
+      local x = s:query(XACT)[1].x
+      -- prepared now: sent together (raw_batch answers false when it cannot)
+      local c, d, e = s:raw_batch({ INSERT, 2, db.NULL }, { READ }, { XACT })
+      assert.are.same({ { id = 2, tag = db.NULL } }, c)
+      assert.are.same({ { id = 1, tag = "a" }, { id = 2, tag = db.NULL } }, d)
+      assert.are.equal(1, #e)
+      assert.are.equal(x, e[1].x)
+      assert.are.equal(0, count("true")) -- not committed yet
+      s:commit()
+      assert.are.equal(2, count("true"))
+      s:release()
+    end)
+
+    it("answers false and sends nothing while a statement is not prepared on the connection", function()
+      local s = db.acquire()
+      s:begin_pipeline()
+      local sql = "SELECT 41 + $1::int AS n /* batch unprepared */"
+      assert.is_false(s:raw_batch({ sql, 1 }))
+      assert.are.equal(42, s:query(sql, 1)[1].n)
+      local rows = s:raw_batch({ sql, 2 })
+      assert.are.equal(43, rows[1].n)
+      s:rollback()
+      s:release()
+    end)
+
+    it("raises the first failure; the statements after it do not run and the transaction fails", function()
+      support.query("INSERT INTO " .. TABLE .. " (id) VALUES (1)")
+      local s = db.acquire()
+      s:begin_pipeline()
+      s:batch({ INSERT, 5, "x" }, { INSERT, 6, "y" }) -- prepares both
+      local ok, err = pcall(s.batch, s, { INSERT, 1, "dup" }, { INSERT, 7, "z" })
+      assert.is_false(ok)
+      assert.are.equal("sql", err.kind)
+      assert.are.equal("23505", err.sqlstate)
+      -- a second batch or statement is refused as aborted; the commit fails
+      ok, err = pcall(s.batch, s, { READ })
+      assert.is_false(ok)
+      assert.are.equal("25P02", err.sqlstate)
+      ok, err = pcall(s.commit, s)
+      assert.is_false(ok)
+      assert.are.equal(1, count("true")) -- 5, 6 and 7 rolled back with it
+      assert.are.equal(1, s:query("SELECT 1 AS one")[1].one)
+      s:release()
+    end)
+
+    it("a failure in a later statement fails the batch too, and the session comes back clean", function()
+      local s = db.acquire()
+      s:begin_pipeline()
+      local bad = "SELECT 1 / $1::int AS n"
+      s:batch({ READ }, { bad, 1 })
+      local ok, err = pcall(s.batch, s, { READ }, { bad, 0 })
+      assert.is_false(ok)
+      assert.are.equal("22012", err.sqlstate)
+      s:rollback()
+      s:release()
+      local again = db.acquire()
+      again:begin_pipeline()
+      assert.are.same({}, again:batch({ READ }))
+      again:commit()
+      again:release()
+    end)
+
+    it("needs a pipeline transaction, and refuses malformed statements before sending", function()
+      local s = db.acquire()
+      local none, why = s:raw_batch({ READ })
+      assert.is_nil(none)
+      assert.are.equal("usage", why.kind)
+      s:begin()
+      none, why = s:raw_batch({ READ })
+      assert.is_nil(none)
+      assert.are.equal("usage", why.kind)
+      s:rollback()
+      s:begin_pipeline()
+      local cases = {
+        { "1 to 4", function() return s:raw_batch() end },
+        { "1 to 4", function() return s:raw_batch({ READ }, { READ }, { READ }, { READ }, { READ }) end },
+        { "table expected", function() return s:raw_batch(READ) end },
+        { "has no SQL", function() return s:raw_batch({}) end },
+        { "not a string", function() return s:raw_batch({ 42 }) end },
+        { "NUL byte", function() return s:raw_batch({ INSERT, 9, "a\0b" }) end },
+        { "unsupported type", function() return s:raw_batch({ INSERT, 9, print }) end },
+        { "at most 64", function()
+            local t = { READ }
+            for i = 1, 65 do t[i + 1] = i end
+            return s:raw_batch(t)
+          end },
+      }
+      for _, c in ipairs(cases) do
+        local ok, err = pcall(c[2])
+        assert.is_false(ok, c[1])
+        assert.matches(c[1], tostring(err), 1, true)
+      end
+      -- nothing was sent: the transaction is intact and usable
+      assert.are.same({}, s:batch({ READ }))
+      s:query(INSERT, 3, "c")
+      s:commit()
+      assert.are.equal(1, count("id = 3"))
+      s:release()
+    end)
   end)
 end)
