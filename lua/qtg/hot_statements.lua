@@ -31,7 +31,7 @@ M.LIST = {
     args = function(c) return { c.node_id or NO_ID, c.class, "[]" } end },
   { name = "dispatcher one-statement claim", module = "qtg.workers.node_dispatcher", field = "CLAIM_ONE_SQL",
     args = function(c) return { "{}", c.class, "[]" } end },
-  { name = "dispatcher claimed nodes", module = "qtg.workers.node_dispatcher", field = "CLAIMED_NODES_SQL",
+  { name = "claimed request's nodes", module = "qtg.nodes", field = "CLAIMED_NODES_SQL",
     args = function() return {} end },
   { name = "request nodes", module = "qtg.nodes", field = "NODES_SQL",
     args = function() return { NO_ID } end },

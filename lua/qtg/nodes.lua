@@ -27,6 +27,22 @@ end
 -- $1: a request id.  Its nodes, sorted by node_key.
 M.NODES_SQL = "SELECT * FROM movement_request_nodes WHERE request_id = $1::uuid ORDER BY node_key"
 
+-- A claim statement notes the request it locked with note_claimed(its
+-- request id expression) among its columns, in a transaction-local
+-- setting; CLAIMED_NODES_SQL, the statement after it, reads that request's
+-- nodes (none after a miss).  The two are sent together (s:batch: one
+-- round trip), when the claim's request id is not known before it runs.
+-- The note belongs in a query above the one that locks: a SELECT ... FOR
+-- UPDATE computes its columns below the lock, so a row that SKIP LOCKED
+-- then passes over would have been noted already.
+function M.note_claimed(request_id)
+  return "set_config('qtg.claimed_request', coalesce(" .. request_id .. "::text, ''), true) AS claim_noted"
+end
+M.CLAIMED_NODES_SQL = [[
+SELECT * FROM movement_request_nodes
+ WHERE request_id = nullif(current_setting('qtg.claimed_request', true), '')::uuid
+ ORDER BY node_key]]
+
 -- nodes (NODES_SQL's rows) -> nodes, a by-key and a by-id index.
 local function index_nodes(nodes)
   local by, by_id = {}, {}

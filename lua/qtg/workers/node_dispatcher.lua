@@ -92,19 +92,9 @@ M.MAX_MISSES = 50
 -- transaction excludes the id: one statement per dispatch, where the
 -- savepoint walk took BEGIN, candidates, SAVEPOINT and the claim.
 M.CLAIM_ONE_SQL = "WITH candidate AS MATERIALIZED (\n" .. M.CANDIDATES_SQL .. "\n   FOR UPDATE OF n SKIP LOCKED\n)\n"
-  .. "SELECT candidate.id AS candidate_id, claimed.*,\n"
-  .. "       set_config('qtg.claimed_request', coalesce(claimed.request_id::text, ''), true) AS claim_noted\n"
+  .. "SELECT candidate.id AS candidate_id, claimed.*, " .. nodes_db.note_claimed("claimed.request_id") .. "\n"
   .. "  FROM candidate\n  LEFT JOIN LATERAL (\n"
   .. claim_sql("candidate.id") .. "\n) claimed ON true"
-
--- The claimed request's nodes, read by the statement after CLAIM_ONE_SQL
--- (so after its lock; see qtg.nodes.claimed) and sent with it: the claim
--- notes the request it locked in a transaction-local setting, since its id
--- is not known when both are sent.  No rows after a miss.
-M.CLAIMED_NODES_SQL = [[
-SELECT * FROM movement_request_nodes
- WHERE request_id = nullif(current_setting('qtg.claimed_request', true), '')::uuid
- ORDER BY node_key]]
 
 local NULL = qtg.db.NULL
 
@@ -287,9 +277,10 @@ end
 -- rare: the request locked and its node not).
 --
 -- While the dispatcher drains (its last claim found a node), the claimed
--- request's nodes are sent with the claim (CLAIMED_NODES_SQL, one round
--- trip for both) and returned as the second value; the first claim after a
--- pass that found nothing goes alone, so an idle pass stays one statement.
+-- request's nodes are sent with the claim (qtg.nodes.CLAIMED_NODES_SQL,
+-- one round trip for both) and returned as the second value; the first
+-- claim after a pass that found nothing goes alone, so an idle pass stays
+-- one statement.
 M.draining = false
 
 function M.claim_one(s, class)
@@ -298,7 +289,7 @@ function M.claim_one(s, class)
     s:begin_pipeline()
     local claim = { M.CLAIM_ONE_SQL, "{" .. table.concat(tried, ",") .. "}", class, paced_out() }
     local rows, nodes
-    if M.draining then rows, nodes = s:batch(claim, { M.CLAIMED_NODES_SQL }) else rows = s:query(unpack(claim)) end
+    if M.draining then rows, nodes = s:batch(claim, { nodes_db.CLAIMED_NODES_SQL }) else rows = s:query(unpack(claim)) end
     local row = rows[1]
     M.draining = row ~= nil
     if row and row.node_id ~= nil and row.node_id ~= NULL then

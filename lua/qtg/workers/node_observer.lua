@@ -75,6 +75,9 @@ SELECT movement_request_nodes.id, movement_request_nodes.request_id,
 
 -- $1: node id, $2: network class.
 M.CLAIM_SQL = [[
+SELECT claimed.*, ]] .. nodes_db.note_claimed("claimed.request_id") .. [[
+
+  FROM (
 SELECT movement_request_nodes.id AS node_id, movement_requests.id AS request_id,
        movement_requests.*, plan_nodes.timeout_policy AS claim_timeout_policy,
        extract(epoch FROM now() - movement_request_nodes.started_at)::float8 AS claim_age_seconds
@@ -87,7 +90,8 @@ SELECT movement_request_nodes.id AS node_id, movement_requests.id AS request_id,
    AND movement_requests.network_class = $2
    AND (movement_request_nodes.next_observe_at IS NULL
         OR movement_request_nodes.next_observe_at <= now())
-   FOR UPDATE OF movement_request_nodes, movement_requests SKIP LOCKED]]
+   FOR UPDATE OF movement_request_nodes, movement_requests SKIP LOCKED
+  ) claimed]]
 
 local NULL = qtg.db.NULL
 
@@ -150,10 +154,10 @@ local function observe_one(s, cand, class)
       end)
     end
   end
-  -- the claim and the request's nodes in one round trip (s:batch): the
-  -- nodes are read by the next statement, after the claim's lock
+  -- the claim and the claimed request's nodes in one round trip (s:batch):
+  -- the nodes are read by the next statement, after the claim's lock
   return s:pipeline_transaction(function()
-    local rows, nodes = s:batch({ M.CLAIM_SQL, cand.id, class }, { nodes_db.NODES_SQL, cand.request_id })
+    local rows, nodes = s:batch({ M.CLAIM_SQL, cand.id, class }, { nodes_db.CLAIMED_NODES_SQL })
     if not rows[1] then return nil end
     M.observe_claimed(s, rows[1], nodes)
     return 1

@@ -312,6 +312,35 @@ describe("per-candidate claim", function()
       s2:rollback()
     end)
 
+    it("the observer's claim brings them too; a missed claim reads none", function()
+      local observer = require "qtg.workers.node_observer"
+      local key = T .. "_observed"
+      sup.load_doc(s3, sup.doc(key, { { "a", "action", "withdrawal", { sim = { observes = 3 } } } }))
+      local req = sup.create_approved(s3, key)
+      assert.equal(1, sup.tick("node_dispatcher"))
+      local a = sup.nodes(s3, req.id).a
+      assert.equal("SUBMITTED", a.node_state)
+      s3:query("UPDATE movement_request_nodes SET next_observe_at = now() - interval '1 second' WHERE id = $1::uuid",
+        a.id) -- due now
+      local class = qtg.settings.network_class
+      for _ = 1, 2 do -- the first prepares the statements, the second sends them together
+        s1:begin_pipeline()
+        local rows, nodes = s1:batch({ observer.CLAIM_SQL, a.id, class }, { nodes_db.CLAIMED_NODES_SQL })
+        assert.equal(a.id, rows[1].node_id)
+        assert.same(ids_and_states(s3:query(nodes_db.NODES_SQL, req.id)), ids_and_states(nodes))
+        s1:rollback()
+      end
+      -- the request held elsewhere: the claim misses and no nodes are read
+      s2:begin()
+      s2:query("SELECT id FROM movement_requests WHERE id = $1::uuid FOR UPDATE", req.id)
+      s1:begin_pipeline()
+      local rows, nodes = s1:batch({ observer.CLAIM_SQL, a.id, class }, { nodes_db.CLAIMED_NODES_SQL })
+      assert.same({}, rows)
+      assert.same({}, nodes)
+      s1:rollback()
+      s2:rollback()
+    end)
+
     it("claimed() uses them when they are the claimed request's, and reads them itself otherwise", function()
       local older = sup.create_approved(s3, T)
       local newer = sup.create_approved(s3, T)
