@@ -333,6 +333,32 @@ const char *qtg_db_param(lua_State *L, int idx, int pnum) {
   return NULL;
 }
 
+/* A request for the calling task's answer from s (raises when out of
+ * memory, before anything is sent). */
+static qtg_db_req *qtg_db_req_new(lua_State *L, qtg_db_session *s) {
+  qtg_task *t = qtg_task_check(L);
+  qtg_db_req *q = calloc(1, sizeof *q);
+  if (!q) luaL_error(L, "qtg.db: out of memory");
+  q->drop = qtg_db_req_drop;
+  q->h = s->h;
+  q->task = t;
+  q->sess = s;
+  return q;
+}
+
+/* After a send (rc 0: sent): yield until q's callback resumes the task, or
+ * return nil, err at once when nothing was sent. */
+static int qtg_db_wait(lua_State *L, qtg_db_session *s, qtg_db_req *q, int rc, const char *why) {
+  if (rc != 0) {
+    free(q);
+    lua_pushnil(L);
+    qtg_db_push_conn_error(L, qtg_pg_broken(s->conn) ? "connection to PostgreSQL lost" : why);
+    return 2;
+  }
+  qtg_task_set_cancel(q->task, qtg_db_query_cancel, q);
+  return qtg_task_yield(L);
+}
+
 /* What a session sends: a statement (extended or simple protocol), or the
  * BEGIN and the end of a pipeline transaction. */
 typedef enum { QTG_DB_QUERY, QTG_DB_EXEC, QTG_DB_PIPE_BLOCK, QTG_DB_PIPE_COMMIT, QTG_DB_PIPE_ROLLBACK } qtg_db_cmd;
@@ -360,13 +386,7 @@ static int qtg_db_send(lua_State *L, qtg_db_cmd cmd) {
     return qtg_db_push_aborted(L);
   const char *values[QTG_DB_MAX_PARAMS];
   for (int i = 0; i < n; i++) values[i] = qtg_db_param(L, i + 3, i + 1);
-  qtg_task *t = qtg_task_check(L);
-  qtg_db_req *q = calloc(1, sizeof *q);
-  if (!q) return luaL_error(L, "qtg.db: out of memory");
-  q->drop = qtg_db_req_drop;
-  q->h = s->h;
-  q->task = t;
-  q->sess = s;
+  qtg_db_req *q = qtg_db_req_new(L, s);
   int rc = -1;
   switch (cmd) {
   case QTG_DB_QUERY: rc = qtg_pg_query(s->conn, sql, n, values, 1, qtg_db_query_done, q); break;
@@ -379,14 +399,7 @@ static int qtg_db_send(lua_State *L, qtg_db_cmd cmd) {
     break;
   case QTG_DB_PIPE_ROLLBACK: rc = qtg_pg_pipeline_end(s->conn, 0, qtg_db_query_done, q); break;
   }
-  if (rc != 0) {
-    free(q);
-    lua_pushnil(L);
-    qtg_db_push_conn_error(L, qtg_pg_broken(s->conn) ? "connection to PostgreSQL lost" : "cannot send the query");
-    return 2;
-  }
-  qtg_task_set_cancel(t, qtg_db_query_cancel, q);
-  return qtg_task_yield(L);
+  return qtg_db_wait(L, s, q, rc, "cannot send the query");
 }
 
 /* A batch's results: the first statement's error that failed (those after
@@ -460,27 +473,14 @@ static int qtg_db_raw_batch(lua_State *L) {
     }
     vp[i] = values[i];
   }
-  qtg_task *t = qtg_task_check(L);
-  qtg_db_req *q = calloc(1, sizeof *q);
-  if (!q) return luaL_error(L, "qtg.db: out of memory");
-  q->drop = qtg_db_req_drop;
-  q->h = s->h;
-  q->task = t;
-  q->sess = s;
+  qtg_db_req *q = qtg_db_req_new(L, s);
   int rc = qtg_pg_query_batch(s->conn, n, sqls, nparams, vp, qtg_db_batch_done, q);
   if (rc == 1) {
     free(q);
     lua_pushboolean(L, 0);
     return 1;
   }
-  if (rc != 0) {
-    free(q);
-    lua_pushnil(L);
-    qtg_db_push_conn_error(L, qtg_pg_broken(s->conn) ? "connection to PostgreSQL lost" : "cannot send the batch");
-    return 2;
-  }
-  qtg_task_set_cancel(t, qtg_db_query_cancel, q);
-  return qtg_task_yield(L);
+  return qtg_db_wait(L, s, q, rc, "cannot send the batch");
 }
 
 static int qtg_db_raw_query(lua_State *L) { return qtg_db_send(L, QTG_DB_QUERY); }

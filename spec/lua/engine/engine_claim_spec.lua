@@ -17,6 +17,12 @@ local function claim(s)
   })
 end
 
+-- Another session holds the request's row lock (until its rollback).
+local function hold_request(s, id)
+  s:begin()
+  s:query("SELECT id FROM movement_requests WHERE id = $1::uuid FOR UPDATE", id)
+end
+
 -- Row locks on movement_request_nodes: node id -> locking xids ("{n,...}").
 local function node_row_locks(s)
   local out = {}
@@ -56,8 +62,7 @@ describe("per-candidate claim", function()
     local older_node = sup.nodes(s3, older.id).a
     local newer_node = sup.nodes(s3, newer.id).a
 
-    s2:begin()
-    s2:query("SELECT id FROM movement_requests WHERE id = $1::uuid FOR UPDATE", older.id)
+    hold_request(s2, older.id)
 
     s1:begin()
     local row = claim(s1)
@@ -94,8 +99,7 @@ describe("per-candidate claim", function()
     local older_node = sup.nodes(s3, older.id).a
     local newer_node = sup.nodes(s3, newer.id).a
 
-    s2:begin()
-    s2:query("SELECT id FROM movement_requests WHERE id = $1::uuid FOR UPDATE", older.id)
+    hold_request(s2, older.id)
 
     local row = dispatcher.claim_one(s1, qtg.settings.network_class)
     assert.is_not_nil(row)
@@ -157,8 +161,7 @@ describe("per-candidate claim", function()
   it("a tick dispatches the later node while the older request is locked, then the older one", function()
     local older = sup.create_approved(s3, T)
     local newer = sup.create_approved(s3, T)
-    s2:begin()
-    s2:query("SELECT id FROM movement_requests WHERE id = $1::uuid FOR UPDATE", older.id)
+    hold_request(s2, older.id)
     assert.equal(1, sup.tick("node_dispatcher"))
     assert.equal("COMPLETED", sup.nodes(s3, newer.id).a.node_state)
     assert.equal("READY", sup.nodes(s3, older.id).a.node_state)
@@ -176,8 +179,7 @@ describe("per-candidate claim", function()
     sup.tick("node_dispatcher")
     sup.tick("node_dispatcher")
     assert.equal("SUBMITTED", sup.nodes(s3, older.id).a.node_state)
-    s2:begin()
-    s2:query("SELECT id FROM movement_requests WHERE id = $1::uuid FOR UPDATE", older.id)
+    hold_request(s2, older.id)
     assert.equal(1, sup.tick("node_observer"))
     assert.equal("SUBMITTED", sup.nodes(s3, older.id).a.node_state)
     assert.equal("COMPLETED", sup.nodes(s3, newer.id).a.node_state)
@@ -198,8 +200,7 @@ describe("per-candidate claim", function()
     qtg.crypto.random_bytes = function(n) return ("\0"):rep(n) end
     observer.MAX_LANES = 1
     local ok, err = pcall(function()
-      s2:begin()
-      s2:query("SELECT id FROM movement_requests WHERE id = $1::uuid FOR UPDATE", r[2].id)
+      hold_request(s2, r[2].id)
       -- r1 observed, r2 missed: the walk ends before r3
       assert.equal(1, sup.tick("node_observer"))
       assert.equal("COMPLETED", sup.nodes(s3, r[1].id).a.node_state)
@@ -301,8 +302,7 @@ describe("per-candidate claim", function()
     it("after a miss, the nodes are the claimed request's, not the missed one's", function()
       local older = sup.create_approved(s3, T)
       local newer = sup.create_approved(s3, T)
-      s2:begin()
-      s2:query("SELECT id FROM movement_requests WHERE id = $1::uuid FOR UPDATE", older.id)
+      hold_request(s2, older.id)
       dispatcher.draining = true
       local row, nodes = dispatcher.claim_one(s1, qtg.settings.network_class)
       assert.equal(newer.id, row.request_id)
@@ -331,8 +331,7 @@ describe("per-candidate claim", function()
         s1:rollback()
       end
       -- the request held elsewhere: the claim misses and no nodes are read
-      s2:begin()
-      s2:query("SELECT id FROM movement_requests WHERE id = $1::uuid FOR UPDATE", req.id)
+      hold_request(s2, req.id)
       s1:begin_pipeline()
       local rows, nodes = s1:batch({ observer.CLAIM_SQL, a.id, class }, { nodes_db.CLAIMED_NODES_SQL })
       assert.same({}, rows)
