@@ -445,17 +445,17 @@ static void qtg_db_batch_done(qtg_pg_conn *conn, PGresult **res, int n, const ch
 static int qtg_db_raw_batch(lua_State *L) {
   qtg_db_session *s = qtg_db_check_session(L);
   int n = lua_gettop(L) - 1;
-  if (n < 1 || n > 4) return luaL_error(L, "qtg.db: a batch takes 1 to 4 statements");
+  if (n < 1 || n > QTG_PG_BATCH_MAX) return luaL_error(L, "qtg.db: a batch takes 1 to %d statements", QTG_PG_BATCH_MAX);
   if (!qtg_pg_pipelined(s->conn)) {
     lua_pushnil(L);
     qtg_push_error(L, "usage", "qtg.db: a batch needs a pipeline transaction on this session");
     return 2;
   }
   if (qtg_pg_pipeline_failed(s->conn)) return qtg_db_push_aborted(L);
-  const char *sqls[4];
-  int nparams[4];
-  const char *values[4][QTG_DB_MAX_PARAMS];
-  const char *const *vp[4];
+  const char *sqls[QTG_PG_BATCH_MAX];
+  int nparams[QTG_PG_BATCH_MAX];
+  const char *values[QTG_PG_BATCH_MAX][QTG_DB_MAX_PARAMS];
+  const char *const *vp[QTG_PG_BATCH_MAX];
   for (int i = 0; i < n; i++) {
     int ti = i + 2;
     luaL_checktype(L, ti, LUA_TTABLE);

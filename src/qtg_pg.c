@@ -31,9 +31,6 @@ typedef enum { QTG_PG_PIPE_OFF, QTG_PG_PIPE_IMPLICIT, QTG_PG_PIPE_BLOCK } qtg_pg
  * holding every statement it ever saw (20,000 of them: 131 MB). */
 #define QTG_PG_MAX_STMTS 256
 
-/* Statements sent together by qtg_pg_query_batch, at most. */
-#define QTG_PG_BATCH_MAX 4
-
 typedef struct {
   uint32_t hash;
   char *sql;

@@ -50,7 +50,7 @@ void qtg_pg_release(qtg_pg_conn *conn);
  * keyed by the SQL text.  Values are text (NULL = SQL NULL). */
 int qtg_pg_query(qtg_pg_conn *conn, const char *sql, int nparams, const char *const *values,
                  int prepare, qtg_pg_result_cb cb, void *data);
-/* A batch: n (1..4) prepared statements of an open pipeline transaction
+/* A batch: n (1..QTG_PG_BATCH_MAX) prepared statements of an open pipeline transaction
  * sent in one flush, their results read together (one round trip for
  * all).  The callback gets the n results in order (a command after a
  * failed one answers PGRES_PIPELINE_ABORTED), or err.  Returns 1, sending
@@ -58,6 +58,7 @@ int qtg_pg_query(qtg_pg_conn *conn, const char *sql, int nparams, const char *co
  * caller runs them one by one with qtg_pg_query, which prepares them);
  * -1 when not in a pipeline transaction, busy or failed, or the send
  * failed (then the connection is broken). */
+#define QTG_PG_BATCH_MAX 4
 typedef void (*qtg_pg_batch_cb)(qtg_pg_conn *conn, PGresult **res, int n, const char *err, void *data);
 int qtg_pg_query_batch(qtg_pg_conn *conn, int n, const char *const *sqls, const int *nparams,
                        const char *const *const *values, qtg_pg_batch_cb cb, void *data);
