@@ -25,10 +25,17 @@ local escapes = {
   ['\n'] = '\\n', ['\r'] = '\\r', ['\t'] = '\\t',
 }
 
+local NEEDS_ESCAPE = '[%c"\\]'
+
+local function escape(c)
+  return escapes[c] or string.format("\\u%04x", c:byte())
+end
+
+-- Most strings (keys, ids, states) need no escape: they are quoted as they
+-- are, without gsub's pass and its copy.
 local function encode_string(s)
-  return '"' .. s:gsub('[%c"\\]', function(c)
-    return escapes[c] or string.format("\\u%04x", c:byte())
-  end) .. '"'
+  if s:find(NEEDS_ESCAPE) then s = s:gsub(NEEDS_ESCAPE, escape) end
+  return '"' .. s .. '"'
 end
 
 local function encode_number(n)

@@ -382,3 +382,64 @@ describe("errors", function()
     assert.is_nil(errors.text({ 1, 2 }, true))
   end)
 end)
+
+-- The canonical text is what graph and plan hashes are taken over, so it
+-- must not change: fixed texts, and every byte of a string against an
+-- escape written here byte by byte.
+describe("canonical JSON", function()
+  local function by_hand(s)
+    local out = {}
+    for i = 1, #s do
+      local b = s:byte(i)
+      local c = s:sub(i, i)
+      local named = ({ [34] = '\\"', [92] = "\\\\", [8] = "\\b", [12] = "\\f",
+                       [10] = "\\n", [13] = "\\r", [9] = "\\t" })[b]
+      if named then out[#out + 1] = named
+      elseif b < 32 or b == 127 then out[#out + 1] = ("\\u%04x"):format(b)
+      else out[#out + 1] = c end
+    end
+    return '"' .. table.concat(out) .. '"'
+  end
+
+  it("sorts keys, marks arrays and writes integers exactly", function()
+    assert.equal('{"a":[1,2.5,"x"],"b":{"c":null,"d":true},"e":[],"f":{}}',
+      canon.encode({ f = {}, e = canon.array(), b = { d = true, c = NULL }, a = { 1, 2.5, "x" } }))
+    assert.equal("9007199254740991", canon.encode(2 ^ 53 - 1))
+    assert.equal("0.10000000000000001", canon.encode(0.1))
+    assert.equal("1.0000000000000001e+300", canon.encode(1e300))
+    assert.equal("-42", canon.encode(-42))
+  end)
+
+  it("escapes quotes, backslashes and control bytes, in values and keys", function()
+    assert.equal('{"k\\"ey\\n":"a\\\\b\\u0000c\\u007f\\t"}', canon.encode({ ['k"ey\n'] = "a\\b\0c\127\t" }))
+    for b = 0, 255 do
+      local s = "x" .. string.char(b) .. "y"
+      assert.equal(by_hand(s), canon.encode(s), "byte " .. b)
+    end
+    assert.equal('"plain-id_1.2:3 é"', canon.encode("plain-id_1.2:3 é"))
+  end)
+
+  it("gives the same text as the escape by hand for random strings, and cjson reads it back", function()
+    local cjson = require "cjson"
+    math.randomseed(20261203)
+    for _ = 1, 500 do
+      local t = {}
+      for i = 1, math.random(0, 24) do
+        t[i] = string.char(math.random() < 0.7 and math.random(32, 126) or math.random(0, 127))
+      end
+      local s = table.concat(t)
+      local text = canon.encode({ [s] = s })
+      assert.equal("{" .. by_hand(s) .. ":" .. by_hand(s) .. "}", text)
+      assert.same({ [s] = s }, cjson.decode(text))
+    end
+  end)
+
+  it("refuses what it cannot write canonically", function()
+    for _, v in ipairs({ 0 / 0, math.huge, -math.huge, { [1] = 1, [3] = 3 }, { [true] = 1 }, print }) do
+      assert.has_error(function() canon.encode(v) end)
+    end
+    local deep = {}
+    for _ = 1, 70 do deep = { deep } end
+    assert.has_error(function() canon.encode(deep) end, "canon_json: nesting deeper than 64")
+  end)
+end)
