@@ -409,7 +409,9 @@ int qtg_host_init(qtg_host *h, qtg_settings *s, const char *root_dir) {
    * $ref scan that misses a nested $ref), hangs and segfaults, found by
    * spec/lua/fuzz/fuzz_ref_spec.lua and reproduced with plain `luajit`, gone
    * with -joff (docs/reliability.md).  Policies are I/O-bound; the
-   * interpreter is fast enough and correct. */
+   * interpreter is correct, and measured no slower for the daemon: its Lua
+   * runs in short steps between C calls, which traces do not cross
+   * (docs/performance.md, "Where qtgd's CPU goes"). */
   luaJIT_setmode(h->L, 0, LUAJIT_MODE_ENGINE | LUAJIT_MODE_OFF);
   lua_pushlightuserdata(h->L, (void *)&qtg_host_key);
   lua_pushlightuserdata(h->L, h);
