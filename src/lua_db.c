@@ -441,8 +441,11 @@ static void qtg_db_batch_done(qtg_pg_conn *conn, PGresult **res, int n, const ch
 /* raw_batch(session, {sql, v1, ...}, {sql, ...}, ...) -> rows1, rows2, ...
  * | nil, err | false (a statement is not prepared yet: nothing was sent).
  * Inside a pipeline transaction only (qtg_pg_query_batch); a table's
- * values run from index 2 to its length, qtg.db.NULL for SQL NULL. */
-static int qtg_db_raw_batch(lua_State *L) {
+ * values run from index 2 to its length, qtg.db.NULL for SQL NULL.
+ * raw_batch_commit: the same, and the Sync that commits in the same flush
+ * (the transaction is over when it answers, committed or rolled back);
+ * false also when the transaction is a block. */
+static int qtg_db_batch(lua_State *L, int commit) {
   qtg_db_session *s = qtg_db_check_session(L);
   int n = lua_gettop(L) - 1;
   if (n < 1 || n > QTG_PG_BATCH_MAX) return luaL_error(L, "qtg.db: a batch takes 1 to %d statements", QTG_PG_BATCH_MAX);
@@ -474,7 +477,7 @@ static int qtg_db_raw_batch(lua_State *L) {
     vp[i] = values[i];
   }
   qtg_db_req *q = qtg_db_req_new(L, s);
-  int rc = qtg_pg_query_batch(s->conn, n, sqls, nparams, vp, qtg_db_batch_done, q);
+  int rc = qtg_pg_query_batch(s->conn, n, sqls, nparams, vp, commit, qtg_db_batch_done, q);
   if (rc == 1) {
     free(q);
     lua_pushboolean(L, 0);
@@ -482,6 +485,9 @@ static int qtg_db_raw_batch(lua_State *L) {
   }
   return qtg_db_wait(L, s, q, rc, "cannot send the batch");
 }
+
+static int qtg_db_raw_batch(lua_State *L) { return qtg_db_batch(L, 0); }
+static int qtg_db_raw_batch_commit(lua_State *L) { return qtg_db_batch(L, 1); }
 
 static int qtg_db_raw_query(lua_State *L) { return qtg_db_send(L, QTG_DB_QUERY); }
 static int qtg_db_raw_exec(lua_State *L) { return qtg_db_send(L, QTG_DB_EXEC); }
@@ -697,6 +703,7 @@ void qtg_pg_close(qtg_host *h) {
 int luaopen_qtg_db(lua_State *L) {
   static const luaL_Reg session_methods[] = {
     {"raw_query", qtg_db_raw_query}, {"raw_exec", qtg_db_raw_exec}, {"raw_batch", qtg_db_raw_batch},
+    {"raw_batch_commit", qtg_db_raw_batch_commit},
     {"release", qtg_db_release},     {"in_transaction", qtg_db_in_transaction},
     {"pid", qtg_db_pid},             {"pipeline", qtg_db_pipeline},
     {"raw_pipeline_begin", qtg_db_raw_pipeline_begin}, {"raw_pipeline_block", qtg_db_raw_pipeline_block},

@@ -432,10 +432,15 @@ static void qtg_pg_consume(qtg_pg_conn *c) {
       continue;
     }
     if (c->step == QTG_PG_STEP_SYNC && !r) {
-      /* each command before the Sync ends with a NULL */
-      if (++c->pipe_nulls > 4) {
+      /* each command before the Sync ends with a NULL; a committing
+       * batch's commands but its last keep their results here */
+      if (++c->pipe_nulls > 4 + c->batch_n) {
         qtg_pg_conn_fail(c, "pipeline out of step: no Sync result");
         return;
+      }
+      if (c->batch_done + 1 < c->batch_n) {
+        c->batch_res[c->batch_done++] = c->last;
+        c->last = NULL;
       }
       continue;
     }
@@ -759,9 +764,10 @@ int qtg_pg_exec(qtg_pg_conn *c, const char *sql, qtg_pg_result_cb cb, void *data
 }
 
 int qtg_pg_query_batch(qtg_pg_conn *c, int n, const char *const *sqls, const int *nparams,
-                       const char *const *const *values, qtg_pg_batch_cb cb, void *data) {
+                       const char *const *const *values, int commit, qtg_pg_batch_cb cb, void *data) {
   if (n < 1 || n > QTG_PG_BATCH_MAX) return -1;
   if (c->state != QTG_PG_IDLE || c->pipe == QTG_PG_PIPE_OFF || c->pipe_failed) return -1;
+  if (commit && c->pipe != QTG_PG_PIPE_IMPLICIT) return 1;
   int idx[QTG_PG_BATCH_MAX];
   for (int i = 0; i < n; i++)
     if ((idx[i] = qtg_pg_stmt_find(c, sqls[i])) < 0) return 1;
@@ -781,7 +787,19 @@ int qtg_pg_query_batch(qtg_pg_conn *c, int n, const char *const *sqls, const int
       return -1;
     }
   }
-  if (qtg_pg_sent(c) != 0) {
+  int sent;
+  if (commit) {
+    /* the Sync ends the batch and commits: its results are read as an end
+     * step's (qtg_pg_consume), each command's kept at its NULL */
+    c->step = QTG_PG_STEP_SYNC;
+    c->pipe_nulls = 0;
+    sent = PQpipelineSync(c->pg) == 1;
+    if (sent) c->pipe_syncs++;
+    sent = sent && qtg_pg_flush(c) == 0;
+  } else {
+    sent = qtg_pg_sent(c) == 0;
+  }
+  if (!sent) {
     c->has_cb = 0;
     c->bcb = NULL;
     c->batch_n = 0;

@@ -53,15 +53,22 @@ int qtg_pg_query(qtg_pg_conn *conn, const char *sql, int nparams, const char *co
 /* A batch: n (1..QTG_PG_BATCH_MAX) prepared statements of an open pipeline transaction
  * sent in one flush, their results read together (one round trip for
  * all).  The callback gets the n results in order (a command after a
- * failed one answers PGRES_PIPELINE_ABORTED), or err.  Returns 1, sending
- * nothing, when a statement is not prepared on this connection yet (the
- * caller runs them one by one with qtg_pg_query, which prepares them);
+ * failed one answers PGRES_PIPELINE_ABORTED), or err.  commit=1 ends the
+ * transaction with the batch: the Sync goes in the same flush, so the
+ * statements and the commit are one round trip; a statement that fails
+ * rolls the whole transaction back, and so does a commit that fails (its
+ * error is then the last result).  Either way the pipeline transaction is
+ * over when the callback runs.  Returns 1, sending nothing, when a
+ * statement is not prepared on this connection yet (the caller runs them
+ * one by one with qtg_pg_query, which prepares them, and then ends the
+ * transaction), or, with commit=1, when the transaction is a block (its
+ * COMMIT is a statement: the caller ends it with qtg_pg_pipeline_end);
  * -1 when not in a pipeline transaction, busy or failed, or the send
  * failed (then the connection is broken). */
 #define QTG_PG_BATCH_MAX 4
 typedef void (*qtg_pg_batch_cb)(qtg_pg_conn *conn, PGresult **res, int n, const char *err, void *data);
 int qtg_pg_query_batch(qtg_pg_conn *conn, int n, const char *const *sqls, const int *nparams,
-                       const char *const *const *values, qtg_pg_batch_cb cb, void *data);
+                       const char *const *const *values, int commit, qtg_pg_batch_cb cb, void *data);
 /* Simple protocol: several statements, no parameters. */
 int qtg_pg_exec(qtg_pg_conn *conn, const char *sql, qtg_pg_result_cb cb, void *data);
 /* Pipeline transactions: the statements of one transaction sent in libpq's

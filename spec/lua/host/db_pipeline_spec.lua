@@ -3,7 +3,8 @@
 -- locks held to the end, rollback, a failing statement and a failing
 -- commit, a savepoint turning it into a block, release with one open, and
 -- the prepared-statement cache evicting inside one; batches (s:batch:
--- several statements of one in a single round trip).
+-- several statements of one in a single round trip) and batches sent with
+-- the commit (s:commit_batch).
 local qtg = require("qtg")
 local db = qtg.db
 local support = require("spec.lua.support.host")
@@ -352,6 +353,115 @@ describe("pipeline transactions", function()
       s:query(INSERT, 3, "c")
       s:commit()
       assert.are.equal(1, count("id = 3"))
+      s:release()
+    end)
+  end)
+
+  describe("a batch with the commit (commit_batch)", function()
+    local INSERT = "INSERT INTO " .. TABLE .. " (id, tag) VALUES ($1::int, $2) RETURNING id, tag"
+    local READ = "SELECT id, tag FROM " .. TABLE .. " ORDER BY id"
+    local XACT = "SELECT pg_current_xact_id()::text AS x"
+
+    -- a session whose statements are prepared (the fast path needs them)
+    local function warm()
+      local s = db.acquire()
+      s:begin_pipeline()
+      s:query(INSERT, 100, "warm")
+      s:query(READ)
+      s:query(XACT)
+      s:rollback()
+      return s
+    end
+
+    it("commits with its statements' answers in one round trip, the transaction over after it", function()
+      local s = warm()
+      s:begin_pipeline()
+      local x = s:query(XACT)[1].x
+      s:query(INSERT, 1, "a")
+      -- sent with the Sync: raw_batch_commit answers the rows, not false
+      local a, b, c = s:raw_batch_commit({ INSERT, 2, "b" }, { READ }, { XACT })
+      assert.are.same({ { id = 2, tag = "b" } }, a)
+      assert.are.same({ { id = 1, tag = "a" }, { id = 2, tag = "b" } }, b)
+      assert.are.equal(x, c[1].x) -- the statements ran in the transaction the commit ended
+      assert.is_nil(s:pipeline())
+      assert.is_false(s:in_transaction())
+      assert.are.equal(2, count("true")) -- committed: another session sees both
+      -- the wrapper answers the same, one value per statement
+      s:begin_pipeline()
+      local d = s:commit_batch({ INSERT, 3, "c" })
+      assert.are.same({ { id = 3, tag = "c" } }, d)
+      assert.are.equal(3, count("true"))
+      s:release()
+    end)
+
+    it("runs one by one and then commits while a statement is not prepared, or in a block", function()
+      local s = db.acquire()
+      s:begin_pipeline()
+      local sql = "SELECT 41 + $1::int AS n /* commit batch unprepared */"
+      assert.is_false(s:raw_batch_commit({ sql, 1 }))
+      assert.is_truthy(s:pipeline()) -- nothing was sent: still open
+      local rows = s:commit_batch({ INSERT, 1, "a" }, { sql, 1 })
+      assert.are.same({ { id = 1, tag = "a" } }, rows)
+      assert.is_nil(s:pipeline())
+      assert.are.equal(1, count("true"))
+      -- a block's COMMIT is a statement: the batch is not sent with it
+      s:begin_pipeline()
+      s:savepoint("p")
+      assert.is_false(s:raw_batch_commit({ READ }))
+      local r, n = s:commit_batch({ INSERT, 2, "b" }, { sql, 2 })
+      assert.are.same({ { id = 2, tag = "b" } }, r)
+      assert.are.same({ { n = 43 } }, n)
+      assert.is_nil(s:pipeline())
+      assert.are.equal(2, count("true"))
+      s:release()
+    end)
+
+    it("a failing statement rolls back the whole transaction and raises; the session is clean", function()
+      support.query("INSERT INTO " .. TABLE .. " (id) VALUES (1)")
+      local s = warm()
+      s:begin_pipeline()
+      s:query(INSERT, 5, "before") -- written earlier in the same transaction
+      local ok, err = pcall(s.commit_batch, s, { INSERT, 6, "x" }, { INSERT, 1, "dup" }, { READ })
+      assert.is_false(ok)
+      assert.are.equal("sql", err.kind)
+      assert.are.equal("23505", err.sqlstate)
+      assert.is_nil(s:pipeline())
+      assert.is_false(s:in_transaction())
+      assert.are.equal(1, count("true")) -- 5 and 6 rolled back with it
+      -- the caller's usual rollback after an error does no harm
+      assert.is_true((pcall(s.rollback, s)))
+      assert.are.same({ { id = 1, tag = db.NULL } }, s:query(READ))
+      s:release()
+    end)
+
+    it("a commit that fails at the end (a deferred constraint) raises, and nothing is written", function()
+      local s = warm()
+      s:begin_pipeline()
+      s:query(INSERT, 1, "same")
+      local ok, err = pcall(s.commit_batch, s, { INSERT, 2, "same" })
+      assert.is_false(ok)
+      assert.are.equal("23505", err.sqlstate)
+      assert.is_nil(s:pipeline())
+      assert.are.equal(0, count("true"))
+      s:release()
+    end)
+
+    it("needs an open, unfailed pipeline transaction and well-formed statements", function()
+      local s = warm()
+      local none, why = s:raw_batch_commit({ READ })
+      assert.is_nil(none)
+      assert.are.equal("usage", why.kind)
+      s:begin_pipeline()
+      assert.has_error(function() s:raw_batch_commit() end)
+      assert.has_error(function() s:raw_batch_commit({ INSERT, 9, "a\0b" }) end)
+      assert.has_error(function() s:raw_batch_commit({ 42 }) end)
+      -- a failed statement before it: refused as aborted, the transaction left to roll back
+      assert.is_false((pcall(s.query, s, "SELECT 1 / 0")))
+      local ok, err = pcall(s.commit_batch, s, { READ })
+      assert.is_false(ok)
+      assert.are.equal("25P02", err.sqlstate)
+      s:rollback()
+      assert.are.equal(0, count("true"))
       s:release()
     end)
   end)
