@@ -161,10 +161,10 @@ local function attempted(row, out, nxt)
   })
 end
 
--- Decide, send and record a claimed batch (inside the lane's transaction):
+-- Decide, send and record a claimed batch, ending the lane's transaction:
 -- qtg.callbacks.send_batch, then every outcome and attempt row written in
--- one statement.  A missing callback key raises before anything is sent:
--- the lane rolls back and no attempt is spent.
+-- one statement, sent with the commit.  A missing callback key raises
+-- before anything is sent: the lane rolls back and no attempt is spent.
 local function handle(ls, rows, timeout)
   local writes = callbacks.send_batch(rows, { refusal = refusal, url = url_of, timeout = timeout,
                                               attempted = attempted })
@@ -176,7 +176,9 @@ local function handle(ls, rows, timeout)
       })
     end
   end
-  ls:query(M.WRITE_SQL, unpack(M.write_args(writes, heartbeats.process_id())))
+  -- the outcomes are the transaction's only write: sent with its commit
+  -- (one round trip for both; a failure rolls back the claim with them)
+  ls:commit_batch({ M.WRITE_SQL, unpack(M.write_args(writes, heartbeats.process_id())) })
 end
 
 -- Lanes per pass: MAX_LANES, but at most half the session pool, so the
@@ -288,7 +290,6 @@ function M.tick(s)
         pass.fast[url] = qtg.monotonic() - started < M.SLOW_BATCH_SECONDS or nil
       end
       if not ok then error(err, 0) end
-      ls:commit()
       pass.rows = pass.rows + #rows
       if short then pass.short = true end
     end
