@@ -10,6 +10,9 @@ local db = qtg.db
 local support = require("spec.lua.support.host")
 
 local TABLE = "qtg_spec_pipeline"
+local INSERT = "INSERT INTO " .. TABLE .. " (id, tag) VALUES ($1::int, $2) RETURNING id, tag"
+local READ = "SELECT id, tag FROM " .. TABLE .. " ORDER BY id"
+local XACT = "SELECT pg_current_xact_id()::text AS x"
 
 local function count(where)
   return support.query("SELECT count(*)::int AS n FROM " .. TABLE .. " WHERE " .. where)[1].n
@@ -245,8 +248,6 @@ describe("pipeline transactions", function()
   end)
 
   describe("batches", function()
-    local INSERT = "INSERT INTO " .. TABLE .. " (id, tag) VALUES ($1::int, $2) RETURNING id, tag"
-    local READ = "SELECT id, tag FROM " .. TABLE .. " ORDER BY id"
 
     it("runs its statements in order in the transaction and returns each one's rows", function()
       local s = db.acquire()
@@ -255,7 +256,6 @@ describe("pipeline transactions", function()
       local a, b = s:batch({ INSERT, 1, "a" }, { READ })
       assert.are.same({ { id = 1, tag = "a" } }, a)
       assert.are.same({ { id = 1, tag = "a" } }, b)
-      local XACT = "SELECT pg_current_xact_id()::text AS x"
       local x = s:query(XACT)[1].x
       -- prepared now: sent together (raw_batch answers false when it cannot)
       local c, d, e = s:raw_batch({ INSERT, 2, db.NULL }, { READ }, { XACT })
@@ -358,9 +358,6 @@ describe("pipeline transactions", function()
   end)
 
   describe("a batch with the commit (commit_batch)", function()
-    local INSERT = "INSERT INTO " .. TABLE .. " (id, tag) VALUES ($1::int, $2) RETURNING id, tag"
-    local READ = "SELECT id, tag FROM " .. TABLE .. " ORDER BY id"
-    local XACT = "SELECT pg_current_xact_id()::text AS x"
 
     -- a session whose statements are prepared (the fast path needs them)
     local function warm()
