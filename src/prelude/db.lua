@@ -7,9 +7,11 @@ function db.acquire() local s, err = raw_acquire() if s == nil then error(err, 2
 function session:query(sql, ...) local rows, n = raw_query(self, sql, ...) if rows == nil then error(n, 2) end return rows, n end
 -- batch({sql, v1, ...}, ...) -> rows1, ...: statements of a pipeline transaction sent together (one round trip); one by one while one is not prepared yet
 local function one_by_one(self, n, ...) local out = {} for i = 1, n do local st = select(i, ...) out[i] = self:query(unpack(st, 1, #st)) end return unpack(out, 1, n) end
-function session:batch(...) local n = select('#', ...) local r = { session.raw_batch(self, ...) } if r[1] == false then return one_by_one(self, n, ...) end if r[1] == nil then error(r[2], 2) end return unpack(r, 1, n) end
+-- sent(raw, commit): batch or commit_batch on raw; one by one (then the commit) when raw answers false
+local function sent(raw, commit) return function(self, ...) local n = select('#', ...) local r = { raw(self, ...) } if r[1] == false then local out = { one_by_one(self, n, ...) } if commit then self:commit() end return unpack(out, 1, n) end if r[1] == nil then error(r[2], 2) end return unpack(r, 1, n) end end
+session.batch = sent(session.raw_batch, false)
 -- commit_batch({sql, v1, ...}, ...) -> rows1, ...: a batch and the commit of its pipeline transaction in one round trip; one by one and then the commit while one is not prepared yet or the transaction is a block.  When it raises the caller rolls back as after any statement (nothing is left to roll back when the commit's round trip failed)
-function session:commit_batch(...) local n = select('#', ...) local r = { session.raw_batch_commit(self, ...) } if r[1] == false then local out = { one_by_one(self, n, ...) } self:commit() return unpack(out, 1, n) end if r[1] == nil then error(r[2], 2) end return unpack(r, 1, n) end
+session.commit_batch = sent(session.raw_batch_commit, true)
 function session:exec(sql) local rows, n = raw_exec(self, sql) if rows == nil then error(n, 2) end return rows, n end
 local function raised(ok, err) if ok == nil then error(err, 3) end end
 function session:begin() return self:query('BEGIN') end
