@@ -114,6 +114,11 @@ function M.claimed(s, row, nodes)
   return g, g.by_id[row.node_id]
 end
 
+-- node_name(node) -> "node <key> <id>", as errors name a node.
+function M.node_name(node)
+  return string.format("node %s %s", tostring(node.node_key), tostring(node.id))
+end
+
 -- ---------------------------------------------------------- node updates
 -- field -> SET clause; "%d" is the parameter number.  json fields are sent
 -- as canonical JSON text; `array` ones are marked as JSON arrays.
@@ -180,12 +185,20 @@ local function node_update_sql(node, fields, level)
     " WHERE id = $1::uuid RETURNING *", args
 end
 
--- update_node(s, node, fields): write fields (keys of NODE_SET) on the node
--- row and refresh the Lua table `node` from the returned row.  A state
--- change is checked against qtg.state first (the database checks it too).
-function M.update_node(s, node, fields)
+-- update_node(s, node, fields[, commit]): write fields (keys of NODE_SET)
+-- on the node row and refresh the Lua table `node` from the returned row.  A
+-- state change is checked against qtg.state first (the database checks it
+-- too).  commit: the write ends its pipeline transaction (qtg.outbox.write's
+-- t.commit).
+function M.update_node(s, node, fields, commit)
   local sql, args = node_update_sql(node, fields, 2)
-  local row = s:query(sql, unpack(args, 1, #args))[1]
+  local row
+  if commit then
+    row = outbox.write(s, sql, args, { commit = M.node_name(node) }, 2)
+  else
+    row = s:query(sql, unpack(args, 1, #args))[1]
+  end
+  if row == nil then error(string.format("the change of %s changed no row", M.node_name(node)), 2) end
   for k, v in pairs(row) do node[k] = v end
   return node
 end
@@ -214,20 +227,29 @@ function M.update_request(s, request, fields)
   return M.write_request(s, request, fields)
 end
 
--- write_request(s, request, fields[, cb[, audit[, also]]]) -> request, the
--- row an `also` piece returns: the request update, its callback row (cb =
--- {event, data}, only when the request has a callback_url:
+-- write_request(s, request, fields[, cb[, audit[, also[, commit]]]]) ->
+-- request, the row an `also` piece returns: the request update, its callback
+-- row (cb = {event, data}, only when the request has a callback_url:
 -- callback_sequence is bumped in the same UPDATE) and its audit row (audit
 -- = {actor, action, detail}) in one statement (qtg.outbox.write), with
 -- `also` (qtg.outbox.write's t.also) when given.  Either cb or audit may be
--- nil.
-function M.write_request(s, request, fields, cb, audit, also)
+-- nil.  commit: the statement ends its pipeline transaction
+-- (qtg.outbox.write's t.commit).
+function M.write_request(s, request, fields, cb, audit, also, commit)
   local sets, args = request_update_sql(request, fields, 2)
   if cb then sets[#sets + 1] = outbox.BUMP end
+  local what
+  if commit then
+    what = "request " .. tostring(request.id)
+    for _, piece in ipairs(also or {}) do
+      if piece.returns and piece.what then what = what .. " and " .. piece.what end
+    end
+  end
   local row = outbox.write(s,
     "UPDATE movement_requests SET " .. table.concat(sets, ", ") .. " WHERE id = $1::uuid RETURNING *",
     args, { callback = cb, audit = audit and { of = "request", actor = audit.actor, action = audit.action,
-                                               detail = audit.detail }, also = also }, 2)
+                                               detail = audit.detail }, also = also, commit = what }, 2)
+  if row == nil then error(string.format("the change of request %s changed no row", tostring(request.id)), 2) end
   local returned
   for _, piece in ipairs(also or {}) do
     if piece.returns then returned, row[piece.returns] = row[piece.returns], nil end
@@ -256,7 +278,8 @@ M.WARN_NODE_STATES = { FAILED = true, UNKNOWN = true }
 -- set_request_state(s, request, to, actor, opts) -> the row opts.also
 -- returns: the change, its callback and its audit row.  opts: {event =
 -- (default M.STATE_EVENTS[to]), data = {}, fields = {extra REQUEST_SET
--- fields}, action = audit action, also = qtg.outbox.write's t.also}.
+-- fields}, action = audit action, also = qtg.outbox.write's t.also, commit
+-- = true: the statement ends its pipeline transaction}.
 function M.set_request_state(s, request, to, actor, opts)
   opts = opts or {}
   local from = request.request_state
@@ -268,7 +291,7 @@ function M.set_request_state(s, request, to, actor, opts)
   data.from_state = from
   local event = opts.event or M.STATE_EVENTS[to]
   local _, returned = M.write_request(s, request, fields, event and { event = event, data = data } or nil,
-    { actor = actor, action = opts.action or ("request." .. to:lower()), detail = data }, opts.also)
+    { actor = actor, action = opts.action or ("request." .. to:lower()), detail = data }, opts.also, opts.commit)
   if M.WARN_REQUEST_STATES[to] and from ~= to then
     local code = request.last_error_code
     qtg.log.warn("request " .. to, { request_id = request.id, from_state = from, actor = actor,
@@ -289,16 +312,19 @@ local function warn_node_state(g, node, from, actor)
   end
 end
 
--- set_node_state(s, g, node, fields, actor): a node change plus its audit
--- row, in one statement (qtg.outbox.write; node changes have no callback of
--- their own: the request-level events that follow from them carry the
--- news).  The audit detail is {node_key, from_state, attempt_no[,
--- error_code]} of the row as written.
-function M.set_node_state(s, g, node, fields, actor)
+-- set_node_state(s, g, node, fields, actor[, commit]): a node change plus
+-- its audit row, in one statement (qtg.outbox.write; node changes have no
+-- callback of their own: the request-level events that follow from them
+-- carry the news).  The audit detail is {node_key, from_state, attempt_no[,
+-- error_code]} of the row as written.  commit: the statement ends its
+-- pipeline transaction (qtg.outbox.write's t.commit).
+function M.set_node_state(s, g, node, fields, actor, commit)
   outbox.check_actor(actor, 2)
   local from = node.node_state
   local upd, args = node_update_sql(node, fields, 2)
-  local row = outbox.write(s, upd, args, { audit = { of = "node", actor = actor, from_state = from } }, 2)
+  local row = outbox.write(s, upd, args, { audit = { of = "node", actor = actor, from_state = from },
+                                           commit = commit and M.node_name(node) or nil }, 2)
+  if row == nil then error(string.format("the change of %s changed no row", M.node_name(node)), 2) end
   for k, v in pairs(row) do node[k] = v end
   warn_node_state(g, node, from, actor)
   return node
@@ -314,28 +340,38 @@ local function node_change_piece(node, fields, actor, level)
   args[n + 1], args[n + 2] = actor, node.node_state
   return { sql = "done AS (" .. upd .. "),\ndone_audit AS ("
              .. outbox.node_audit_sql("done", "$" .. (n + 1), "$" .. (n + 2) .. "::text") .. ")",
-           values = args, returns = "done" }
+           values = args, returns = "done", what = M.node_name(node) }
 end
 
 -- take_back(node, row, level): the node as node_change_piece's `done`
 -- returned it; a row of NULLs means the change found no row.
 local function take_back(node, row, level)
   if row.id == NULL then
-    error(string.format("the change of node %s %s changed no row", node.node_key, node.id), level + 1)
+    error(string.format("the change of %s changed no row", M.node_name(node)), level + 1)
   end
   for k, v in pairs(row) do node[k] = v end
 end
 
--- apply_request_state(s, g, actor[, also]) -> the state applied or nil,
--- the row `also` returns: derive the request state from the nodes and apply
--- it when it changes (never out of a state it cannot leave), with `also`
--- (qtg.outbox.write's t.also) in the statement; nothing is written, `also`
--- neither, when it does not change.
-function M.apply_request_state(s, g, actor, also)
+-- derived_change(g) -> the request state the nodes derive when the request
+-- is not in it and can move to it, else nil: what apply_request_state
+-- writes.
+function M.derived_change(g)
   local to = state.derive_request_state(g.nodes)
+  local from = g.request.request_state
+  if not to or to == from or not state.request_can(from, to) then return nil end
+  return to
+end
+
+-- apply_request_state(s, g, actor[, also[, commit]]) -> the state applied or
+-- nil, the row `also` returns: derive the request state from the nodes and
+-- apply it when it changes (never out of a state it cannot leave), with
+-- `also` (qtg.outbox.write's t.also) in the statement; nothing is written,
+-- `also` neither, when it does not change.  commit: a write ends its
+-- pipeline transaction.
+function M.apply_request_state(s, g, actor, also, commit)
+  local to = M.derived_change(g)
   local req = g.request
-  if not to or to == req.request_state then return nil end
-  if not state.request_can(req.request_state, to) then return nil end
+  if not to then return nil end
   local data = {}
   if to == "WAITING_MANUAL_ACTION" or to == "MANUAL_INTERVENTION" then
     data.reason = to:lower()
@@ -357,7 +393,8 @@ function M.apply_request_state(s, g, actor, also)
     end
   end
   if to == "COMPLETED" then fields.current_frontier = canon.array() end
-  return to, M.set_request_state(s, req, to, actor, { data = data, fields = fields, also = also })
+  return to, M.set_request_state(s, req, to, actor, { data = data, fields = fields, also = also,
+                                                      commit = commit })
 end
 
 -- The successors a completion readies, written by the statement of its
@@ -369,18 +406,19 @@ local READY_SQL = "ready AS (UPDATE movement_request_nodes SET node_state = 'REA
   .. "           WHERE id = ANY ($1::uuid[]) RETURNING *),\n"
   .. "ready_audit AS (" .. outbox.node_audit_sql("ready", "$2", "'BLOCKED'") .. " ORDER BY ready.node_key)"
 
--- advance_after_completion(s, g, node, actor[, piece]) -> the request state
--- applied or nil, the row `piece` returns (nil when nothing was written
--- with it): the spec's function.  The completed node's BLOCKED successors
--- whose direct predecessors are all COMPLETED/SKIPPED become READY;
--- current_frontier becomes the successor keys and a frontier_advanced
--- callback is written.  Without successors the request state is derived
--- (full completion).  `piece` (an outbox.write `also` piece: the
--- completion itself, from M.apply) rides in the first request write.
-function M.advance_after_completion(s, g, node, actor, piece)
+-- advance_after_completion(s, g, node, actor[, piece[, commit]]) -> the
+-- request state applied or nil, the row `piece` returns (nil when nothing
+-- was written with it): the spec's function.  The completed node's BLOCKED
+-- successors whose direct predecessors are all COMPLETED/SKIPPED become
+-- READY; current_frontier becomes the successor keys and a
+-- frontier_advanced callback is written.  Without successors the request
+-- state is derived (full completion).  `piece` (an outbox.write `also`
+-- piece: the completion itself, from M.apply) rides in the first request
+-- write.  commit: the last write ends the pipeline transaction.
+function M.advance_after_completion(s, g, node, actor, piece, commit)
   local successors, ready = state.advance(g.by_key, g.graph, node.node_key)
   if #successors == 0 then
-    return M.apply_request_state(s, g, actor, piece and { piece })
+    return M.apply_request_state(s, g, actor, piece and { piece }, commit)
   end
   local also = { piece }
   if #ready > 0 then
@@ -395,21 +433,35 @@ function M.advance_after_completion(s, g, node, actor, piece)
   for _, k in ipairs(successors) do
     if not ready_set[k] and g.by_key[k].node_state == "BLOCKED" then waiting[#waiting + 1] = k end
   end
-  local _, returned = M.write_request(s, g.request, { current_frontier = successors }, { event = "frontier_advanced",
-    data = { completed = node.node_key, ready = canon.array(ready), waiting = waiting } }, nil, also)
   -- the readied rows are not read back: their state is all that is read
-  -- of them in this transaction (the request's derivation below)
+  -- of them in this transaction (the request's derivation below, which
+  -- also tells whether the frontier write is the last)
   for _, key in ipairs(ready) do g.by_key[key].node_state = "READY" end
-  return M.apply_request_state(s, g, actor), returned
+  local last = commit and M.derived_change(g) == nil
+  local _, returned = M.write_request(s, g.request, { current_frontier = successors }, { event = "frontier_advanced",
+    data = { completed = node.node_key, ready = canon.array(ready), waiting = waiting } }, nil, also, last)
+  return M.apply_request_state(s, g, actor, nil, commit and not last), returned
 end
 
--- after_node_change(s, g, node, actor): what follows any node change: a
--- completion advances the DAG; every change re-derives the request state.
-function M.after_node_change(s, g, node, actor)
+-- after_node_change(s, g, node, actor[, commit]): what follows any node
+-- change: a completion advances the DAG; every change re-derives the
+-- request state.  commit: a last write ends the pipeline transaction.
+function M.after_node_change(s, g, node, actor, commit)
   if node.node_state == "COMPLETED" then
-    return M.advance_after_completion(s, g, node, actor)
+    return M.advance_after_completion(s, g, node, actor, nil, commit)
   end
-  return M.apply_request_state(s, g, actor)
+  return M.apply_request_state(s, g, actor, nil, commit)
+end
+
+-- nothing_follows(g, node, to): no request write follows node's change to
+-- `to` (not COMPLETED: a completion advances the DAG), so that change is
+-- the transaction's last write.
+local function nothing_follows(g, node, to)
+  local from = node.node_state
+  node.node_state = to
+  local change = M.derived_change(g)
+  node.node_state = from
+  return change == nil
 end
 
 -- complete(s, g, node, fields, actor): a completion, written by the
@@ -417,14 +469,14 @@ end
 -- derived state): one statement less per completed node.  The node is
 -- COMPLETED in `g` while that write is worked out; when no request write
 -- follows (a branch ends while another runs), it is written alone.
-local function complete(s, g, node, fields, actor)
+local function complete(s, g, node, fields, actor, commit)
   local from = node.node_state
   local piece = node_change_piece(node, fields, actor, 3)
   node.node_state = "COMPLETED"
-  local _, row = M.advance_after_completion(s, g, node, actor, piece)
+  local _, row = M.advance_after_completion(s, g, node, actor, piece, commit)
   if row == nil then
     node.node_state = from
-    return M.set_node_state(s, g, node, fields, actor)
+    return M.set_node_state(s, g, node, fields, actor, commit)
   end
   take_back(node, row, 3)
   return node
@@ -435,36 +487,55 @@ end
 -- change in one statement, the request's rows written first; then what
 -- follows from the node change.  The dispatcher's APPROVED -> EXECUTING
 -- with the request's first dispatch: one statement less per request.
-local function start(s, g, node, fields, actor, first)
+local function start(s, g, node, fields, actor, first, commit)
   local from = node.node_state
   local piece = node_change_piece(node, fields, actor, 3)
   piece.last = true
   take_back(node, M.set_request_state(s, g.request, first.to, actor,
     { action = first.action, also = { piece } }), 3)
   warn_node_state(g, node, from, actor)
-  M.after_node_change(s, g, node, actor)
+  M.after_node_change(s, g, node, actor, commit)
   return node
 end
 
--- apply(s, g, node, fields, actor[, first]): a node change.  The same
--- state: the fields are written (no state change to audit); another state:
--- the change, its audit row and what follows from it (after_node_change; a
--- completion in one statement with it).  first = {to =, action =}: a
--- request state change written before it (in one statement with a node
--- state change: start).
-function M.apply(s, g, node, fields, actor, first)
+-- ended(s, node): the node, once its pipeline transaction is committed: by
+-- its last write (commit_batch), or now when that write did not carry it.
+local function ended(s, node)
+  if s:pipeline() or s:in_transaction() then s:commit() end
+  return node
+end
+
+-- apply(s, g, node, fields, actor[, first[, commit]]): a node change.  The
+-- same state: the fields are written (no state change to audit); another
+-- state: the change, its audit row and what follows from it
+-- (after_node_change; a completion in one statement with it).  first = {to
+-- =, action =}: a request state change written before it (in one statement
+-- with a node state change: start).  commit: the change ends its pipeline
+-- transaction, committed on return; the last write carries the commit (one
+-- round trip less) and refuses by itself to change no row (qtg.outbox.write's
+-- t.commit), and a change that writes nothing after all commits alone.
+function M.apply(s, g, node, fields, actor, first, commit)
+  commit = commit or nil
   local changes = fields.node_state ~= nil and fields.node_state ~= node.node_state
   if first then
-    if changes then return start(s, g, node, fields, actor, first) end
+    if changes then
+      start(s, g, node, fields, actor, first, commit)
+      return commit and ended(s, node) or node
+    end
     M.set_request_state(s, g.request, first.to, actor, { action = first.action })
   end
   if not changes then
-    return M.update_node(s, node, fields)
+    M.update_node(s, node, fields, commit)
+    return node
   end
-  if fields.node_state == "COMPLETED" then return complete(s, g, node, fields, actor) end
-  M.set_node_state(s, g, node, fields, actor)
-  M.after_node_change(s, g, node, actor)
-  return node
+  if fields.node_state == "COMPLETED" then
+    complete(s, g, node, fields, actor, commit)
+    return commit and ended(s, node) or node
+  end
+  local last = commit and nothing_follows(g, node, fields.node_state)
+  M.set_node_state(s, g, node, fields, actor, last)
+  if not last then M.after_node_change(s, g, node, actor, commit) end
+  return commit and ended(s, node) or node
 end
 
 -- --------------------------------------------------------- executor answers
@@ -527,10 +598,10 @@ function M.answer_fields(node, call, fields, answer, err)
   return fields
 end
 
--- apply_answer(s, g, node, actor, call, fields, answer, err[, first]) ->
--- node: answer_fields, then apply.
-function M.apply_answer(s, g, node, actor, call, fields, answer, err, first)
-  return M.apply(s, g, node, M.answer_fields(node, call, fields, answer, err), actor, first)
+-- apply_answer(s, g, node, actor, call, fields, answer, err[, first[,
+-- commit]]) -> node: answer_fields, then apply.
+function M.apply_answer(s, g, node, actor, call, fields, answer, err, first, commit)
+  return M.apply(s, g, node, M.answer_fields(node, call, fields, answer, err), actor, first, commit)
 end
 
 return M

@@ -139,6 +139,13 @@ end
 --           them).  `returns` names a CTE of the piece whose one row comes
 --           back as row[returns] (a "*name" column: qtg.db), NULL columns
 --           if it changed none.
+--   t.commit = "<what>" ("node <key> <id>"): the statement ends its
+--           pipeline transaction: it is sent with the commit in one round
+--           trip (s:commit_batch), and it refuses by itself to change no
+--           row (the change, and the piece that `returns`): a guard calls
+--           qtg_changed_row (sql/0130) with their count, which raises "the
+--           change of <what> changed no row", so nothing commits that the
+--           caller's check of the returned row would have rolled back.
 -- The callback row and an audit of the changed row are written for each row
 -- the change returns (none when it returns none); an audit row given in
 -- full is written once.
@@ -191,21 +198,34 @@ function M.write(s, change, args, t, level)
     parts[#parts + 1] = AUDIT_SQL:format(unpack(cols)) .. (au.of and " FROM w" or "")
     n = n + count
   end
+  local commit = t and t.commit
   local sql
   if not change then
     if not au then error("outbox.write: nothing to write", level) end
+    if commit then error("outbox.write: a commit needs a change", level) end
     sql = parts[1]
-  elseif #parts == 0 and #pieces == 0 and #lasts == 0 then
+  elseif #parts == 0 and #pieces == 0 and #lasts == 0 and not commit then
     sql = change
   else
     local ctes = { "WITH w AS (" .. change .. ")" }
     for i = #lasts, 1, -1 do ctes[#ctes + 1] = lasts[i] end
     for i, p in ipairs(parts) do ctes[#ctes + 1] = ("o%d AS (%s)"):format(i, p) end
     for i = #pieces, 1, -1 do ctes[#ctes + 1] = pieces[i] end
-    sql = table.concat(ctes, ",\n") .. (returns
-      and ('\nSELECT w.*, NULL AS "*%s", %s.* FROM w LEFT JOIN %s ON true'):format(returns, returns, returns)
-      or "\nSELECT * FROM w")
+    local rows = returns and ('w.*, NULL AS "*%s", %s.*'):format(returns, returns) or (commit and "w.*" or "*")
+    local from = returns and ("(w LEFT JOIN %s ON true)"):format(returns) or "w"
+    if commit then
+      if type(commit) ~= "string" then error("outbox.write: t.commit must name the change", level) end
+      all[n + 1] = commit
+      n = n + 1
+      -- the guard is the preserved side of the join: it runs even when
+      -- the change returns no row, and raises then
+      local count = returns and ("least((SELECT count(*) FROM w), (SELECT count(*) FROM %s))"):format(returns)
+        or "(SELECT count(*) FROM w)"
+      from = ("(SELECT qtg_changed_row(%s, $%d)) AS guard(ok) LEFT JOIN %s ON guard.ok"):format(count, n, from)
+    end
+    sql = table.concat(ctes, ",\n") .. "\nSELECT " .. rows .. " FROM " .. from
   end
+  if commit then return s:commit_batch({ sql, unpack(all, 1, n) })[1] end
   return s:query(sql, unpack(all, 1, n))[1]
 end
 

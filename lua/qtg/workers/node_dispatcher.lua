@@ -201,21 +201,24 @@ end
 -- the request's rows first.
 local STARTING = { to = "EXECUTING", action = "request.executing" }
 
--- Write the outcome of this attempt and what follows from it.
-local function record(s, g, node, outcome, starting)
+-- Write the outcome of this attempt and what follows from it (commit: and
+-- commit the transaction, its last write carrying the commit).
+local function record(s, g, node, outcome, starting, commit)
   local fields = { attempt_no = outcome.attempt_no, started_now = true,
                    idempotency_key = outcome.idempotency_key, resolved_config = outcome.resolved_config }
   nodes_db.apply_answer(s, g, node, M.ACTOR, "submit", fields, outcome.answer, outcome.err,
-    starting and STARTING or nil)
+    starting and STARTING or nil, commit)
   local code = node.error_code
   qtg.log.info("node dispatched", { worker = "node_dispatcher", request_id = g.request.id,
     node_id = node.id, node_key = node.node_key, node_state = node.node_state,
     attempt_no = node.attempt_no, error_code = code ~= NULL and code or nil })
 end
 
--- dispatch(s, row[, nodes]): the claimed node, locks held; row is the
--- claim's (CLAIM_SQL), nodes its request's nodes read after it.
-function M.dispatch(s, row, nodes)
+-- dispatch(s, row[, nodes[, commit]]): the claimed node, locks held; row
+-- is the claim's (CLAIM_SQL), nodes its request's nodes read after it.
+-- commit: the outcome's write ends the claim's pipeline transaction
+-- (committed on return; qtg.nodes.apply).
+function M.dispatch(s, row, nodes, commit)
   local g, node = nodes_db.claimed(s, row, nodes)
   local req = g.request
   local starting = req.request_state == "APPROVED"
@@ -240,7 +243,7 @@ function M.dispatch(s, row, nodes)
     end
   end
   -- a savepoint taken is not released: COMMIT ends it (one round trip less)
-  record(s, g, node, outcome, starting)
+  record(s, g, node, outcome, starting, commit)
   -- the request's first dispatch: how long it took from its approval
   if approved_at and node.node_state == "SUBMITTED" then
     metrics.observe("qtg_approve_to_submitted_seconds", {}, math.max(0, qtg.now() - approved_at))
@@ -315,8 +318,7 @@ function M.tick(s)
     local go, wait = true, nil
     if adapter then go, wait = pacing.take(name, adapter, "submit") end
     if go then
-      M.dispatch(s, row, nodes)
-      s:commit()
+      M.dispatch(s, row, nodes, true)
       return 1
     end
     s:rollback()

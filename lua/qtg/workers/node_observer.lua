@@ -103,24 +103,26 @@ local function timed_out(row)
   return type(row.claim_age_seconds) == "number" and row.claim_age_seconds > limit, limit
 end
 
--- observe_claimed(s, row[, nodes]): the node and request are locked; row
--- is the claim's (CLAIM_SQL), nodes the request's nodes read after it.
-function M.observe_claimed(s, row, nodes)
+-- observe_claimed(s, row[, nodes[, commit]]): the node and request are
+-- locked; row is the claim's (CLAIM_SQL), nodes the request's nodes read
+-- after it.  commit: the write ends the claim's pipeline transaction
+-- (committed on return, its last write carrying the commit: qtg.nodes.apply).
+function M.observe_claimed(s, row, nodes, commit)
   local g, node = nodes_db.claimed(s, row, nodes)
   local over, limit = timed_out(row)
   if over then
     return nodes_db.apply(s, g, node, { node_state = "UNKNOWN", error_code = M.TIMEOUT_CODE,
       next_observe_in = NULL, error_detail = string.format("no outcome %.0f s after start (observe_seconds %s)",
-        row.claim_age_seconds, tostring(limit)) }, M.ACTOR)
+        row.claim_age_seconds, tostring(limit)) }, M.ACTOR, nil, commit)
   end
   local fields = { observe_count = node.observe_count + 1 }
   local adapter, why = executors.get(node.executor)
   if not adapter then
     return nodes_db.apply_answer(s, g, node, M.ACTOR, "observe", fields, nil,
-      executors.error(executors.NOT_REGISTERED, why))
+      executors.error(executors.NOT_REGISTERED, why), nil, commit)
   end
-  return nodes_db.apply_answer(s, g, node, M.ACTOR, "observe", fields,
-    executors.call(adapter, "observe", context.observe_context(g.request, node)))
+  local answer, err = executors.call(adapter, "observe", context.observe_context(g.request, node))
+  return nodes_db.apply_answer(s, g, node, M.ACTOR, "observe", fields, answer, err, nil, commit)
 end
 
 -- $1 node id, $2 seconds: put a claimed node back, due when the executor's
@@ -155,11 +157,12 @@ local function observe_one(s, cand, class)
     end
   end
   -- the claim and the claimed request's nodes in one round trip (s:batch):
-  -- the nodes are read by the next statement, after the claim's lock
+  -- the nodes are read by the next statement, after the claim's lock; the
+  -- observation's last write carries the commit
   return s:pipeline_transaction(function()
     local rows, nodes = s:batch({ M.CLAIM_SQL, cand.id, class }, { nodes_db.CLAIMED_NODES_SQL })
     if not rows[1] then return nil end
-    M.observe_claimed(s, rows[1], nodes)
+    M.observe_claimed(s, rows[1], nodes, true)
     return 1
   end)
 end

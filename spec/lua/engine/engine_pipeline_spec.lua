@@ -417,6 +417,222 @@ describe("engine pipeline", function()
     end)
   end)
 
+  describe("the last write with the commit", function()
+    local nodes_db = require "qtg.nodes"
+    local outbox = require "qtg.outbox"
+    local ACTOR = "system:spec_commit"
+
+    -- The request's nodes, locked as a worker's claim holds them, in a
+    -- pipeline transaction; fn(counted, g, trips) gets a session that counts
+    -- its round trips (query, batch, commit_batch, commit).  The
+    -- transaction must be over when fn returns.
+    local function with_pipeline_claim(req_id, fn)
+      s:begin_pipeline()
+      local ok, err = pcall(function()
+        local g = nodes_db.load_all(s, nodes_db.load_request(s, req_id, true))
+        local n = 0
+        local ROUND_TRIPS = { query = true, batch = true, commit_batch = true, commit = true }
+        local counted = setmetatable({}, { __index = function(_, k)
+          local f = s[k]
+          return function(_, ...)
+            if ROUND_TRIPS[k] then n = n + 1 end
+            return f(s, ...)
+          end
+        end })
+        fn(counted, g, function() return n end)
+      end)
+      if not ok then
+        if s:pipeline() or s:in_transaction() then s:rollback() end
+        error(err, 0)
+      end
+      assert.is_nil(s:pipeline())
+      assert.is_false(s:in_transaction())
+    end
+
+    local function actions(req_id)
+      local out = {}
+      for _, r in ipairs(sup.audit(s, req_id)) do
+        if r.actor == ACTOR then out[#out + 1] = r.action .. (r.detail.node_key and (":" .. r.detail.node_key) or "") end
+      end
+      return out
+    end
+
+    local function done_fields()
+      return { node_state = "COMPLETED", finished_now = true, next_observe_in = qtg.db.NULL }
+    end
+
+    -- a and x are observed (a -> b; x alone), both SUBMITTED
+    local function started(key)
+      sup.load_doc(s, sup.doc(key, {
+        { "a", "observe", "cex_withdrawal_status", { sim = { observes = 5 } } },
+        { "b", "action", "withdrawal", { sim = { observes = 0 } } },
+        { "x", "observe", "cex_withdrawal_status", { sim = { observes = 5 } } },
+      }, { { "a", "b" } }))
+      local req = sup.create_approved(s, key)
+      assert.equal(1, sup.tick("node_dispatcher"))
+      assert.equal(1, sup.tick("node_dispatcher"))
+      return req
+    end
+
+    it("a node change that nothing follows is one round trip with the commit, read back as written", function()
+      local req = started("spec_cl_observing")
+      with_pipeline_claim(req.id, function(cs, g, trips)
+        local x = g.by_key.x
+        local back = nodes_db.apply(cs, g, x, { node_state = "OBSERVING", observe_count = 1, next_observe_in = 5 },
+          ACTOR, nil, true)
+        assert.equal(1, trips())
+        assert.equal(x, back)
+        assert.equal("OBSERVING", x.node_state)
+        assert.are_not.equal(qtg.db.NULL, x.next_observe_at)
+      end)
+      local row = s:query("SELECT * FROM movement_request_nodes WHERE id = $1::uuid",
+        sup.nodes(s, req.id).x.id)[1]
+      assert.equal("OBSERVING", row.node_state)
+      assert.equal(1, row.observe_count)
+      assert.same({ "node.observing:x" }, actions(req.id))
+    end)
+
+    it("fields without a state change: the write and the commit in one round trip", function()
+      local req = started("spec_cl_fields")
+      with_pipeline_claim(req.id, function(cs, g, trips)
+        nodes_db.apply(cs, g, g.by_key.a, { observe_count = 3, next_observe_in = 7 }, ACTOR, nil, true)
+        assert.equal(1, trips())
+        assert.equal(3, g.by_key.a.observe_count)
+      end)
+      assert.equal(3, sup.nodes(s, req.id).a.observe_count)
+    end)
+
+    it("a completion's frontier write carries the commit; the request's completion does for the last node", function()
+      local req = started("spec_cl_done")
+      with_pipeline_claim(req.id, function(cs, g, trips)
+        nodes_db.apply(cs, g, g.by_key.a, done_fields(), ACTOR, nil, true)
+        assert.equal(1, trips())
+        assert.equal("COMPLETED", g.by_key.a.node_state)
+      end)
+      local n = sup.nodes(s, req.id)
+      assert.equal("COMPLETED", n.a.node_state)
+      assert.equal("READY", n.b.node_state)
+      -- x alone: no request write follows while b runs
+      with_pipeline_claim(req.id, function(cs, g, trips)
+        nodes_db.apply(cs, g, g.by_key.x, done_fields(), ACTOR, nil, true)
+        assert.equal(1, trips())
+      end)
+      with_pipeline_claim(req.id, function(cs, g, trips)
+        nodes_db.apply(cs, g, g.by_key.b, { node_state = "SUBMITTED", attempt_no = 1 }, ACTOR, nil, true)
+        assert.equal(1, trips())
+      end)
+      with_pipeline_claim(req.id, function(cs, g, trips)
+        nodes_db.apply(cs, g, g.by_key.b, done_fields(), ACTOR, nil, true)
+        assert.equal(1, trips())
+        assert.equal("COMPLETED", g.request.request_state)
+      end)
+      assert.equal("COMPLETED", sup.request(s, req.id).request_state)
+      assert.same({ "node.completed:a", "node.ready:b", "node.completed:x", "node.submitted:b",
+                    "node.completed:b", "request.completed" }, actions(req.id))
+    end)
+
+    it("a change that a request write follows: the request write carries the commit", function()
+      sup.load_doc(s, sup.doc("spec_cl_failed", { { "x", "observe", "cex_withdrawal_status", { sim = { observes = 5 } } } }))
+      local req = sup.create_approved(s, "spec_cl_failed")
+      assert.equal(1, sup.tick("node_dispatcher"))
+      with_pipeline_claim(req.id, function(cs, g, trips)
+        nodes_db.apply(cs, g, g.by_key.x, { node_state = "FAILED", error_code = "SPEC_REFUSED", next_observe_in = qtg.db.NULL },
+          ACTOR, nil, true)
+        assert.equal(2, trips())
+        assert.equal("FAILED", g.request.request_state)
+      end)
+      local r = sup.request(s, req.id)
+      assert.equal("FAILED", r.request_state)
+      assert.equal("SPEC_REFUSED", r.last_error_code)
+      assert.same({ "node.failed:x", "request.failed" }, actions(req.id))
+    end)
+
+    it("a request's first dispatch: EXECUTING with the node, then the commit", function()
+      sup.load_doc(s, sup.doc("spec_cl_start", { { "a", "observe", "cex_withdrawal_status", { sim = { observes = 5 } } } }))
+      local req = sup.create_approved(s, "spec_cl_start")
+      with_pipeline_claim(req.id, function(cs, g, trips)
+        nodes_db.apply(cs, g, g.by_key.a, { node_state = "SUBMITTED", attempt_no = 1, next_observe_in = 5 }, ACTOR,
+          { to = "EXECUTING", action = "request.executing" }, true)
+        assert.equal(2, trips())
+      end)
+      assert.equal("EXECUTING", sup.request(s, req.id).request_state)
+      assert.same({ "request.executing", "node.submitted:a" }, actions(req.id))
+    end)
+
+    -- A tampered or stale id: the statement that carries the commit must
+    -- refuse by itself, since the caller's check of its row comes after.
+    local tampered = {
+      { "the completed node's id", function(g) g.by_key.a.id = "00000000-0000-4000-8000-000000000001" end,
+        function(g) return g.by_key.a end, done_fields },
+      { "the request's id under a completion", function(g) g.request.id = "00000000-0000-4000-8000-000000000002" end,
+        function(g) return g.by_key.a end, done_fields },
+      { "the node's id under a change that nothing follows",
+        function(g) g.by_key.x.id = "00000000-0000-4000-8000-000000000003" end,
+        function(g) return g.by_key.x end, function() return { node_state = "OBSERVING", observe_count = 1 } end },
+      { "the node's id under fields alone", function(g) g.by_key.x.id = "00000000-0000-4000-8000-000000000004" end,
+        function(g) return g.by_key.x end, function() return { observe_count = 9 } end },
+    }
+    for _, t in ipairs(tampered) do
+      it("a tampered id (" .. t[1] .. ") raises, and nothing of the transaction commits", function()
+        local req = started("spec_cl_tamper")
+        local before = sup.nodes(s, req.id)
+        local before_req = sup.request(s, req.id)
+        local ok, err = pcall(with_pipeline_claim, req.id, function(cs, g)
+          -- a write earlier in the transaction: rolled back with it
+          cs:query("UPDATE movement_request_nodes SET error_detail = 'spec: earlier write' WHERE id = $1::uuid",
+            g.by_key.x.id)
+          t[2](g)
+          nodes_db.apply(cs, g, t[3](g), t[4](), ACTOR, nil, true)
+        end)
+        assert.is_false(ok)
+        assert.matches("changed no row", tostring(err))
+        assert.is_nil(s:pipeline())
+        local n = sup.nodes(s, req.id)
+        for _, key in ipairs({ "a", "b", "x" }) do
+          assert.equal(before[key].node_state, n[key].node_state, key)
+          assert.equal(before[key].observe_count, n[key].observe_count, key)
+          assert.same(before[key].error_detail, n[key].error_detail, key)
+        end
+        local r = sup.request(s, req.id)
+        assert.same(before_req.current_frontier, r.current_frontier)
+        assert.equal(before_req.callback_sequence, r.callback_sequence)
+        assert.same({}, actions(req.id))
+      end)
+    end
+
+    it("outbox.write refuses a commit without a change or without a name for it", function()
+      local ok, err = pcall(outbox.write, s, nil, nil, { audit = { actor = ACTOR, action = "spec.x", entity_type = "x",
+        entity_id = "1" }, commit = "x" })
+      assert.is_false(ok)
+      assert.matches("a commit needs a change", tostring(err))
+      s:begin_pipeline()
+      ok, err = pcall(outbox.write, s, "UPDATE movement_requests SET updated_at = now() WHERE false RETURNING *", {},
+        { commit = true })
+      s:rollback()
+      assert.is_false(ok)
+      assert.matches("t.commit must name the change", tostring(err))
+    end)
+
+    it("the dispatcher and the observer end their transactions with their writes", function()
+      sup.load_doc(s, sup.doc("spec_cl_workers", {
+        { "a", "action", "withdrawal", { sim = { observes = 1, retry_after_seconds = 0 } } },
+        { "b", "action", "withdrawal", { sim = { observes = 1, retry_after_seconds = 0 } } } }, { { "a", "b" } }))
+      local req = sup.create_approved(s, "spec_cl_workers")
+      assert.equal(1, sup.tick("node_dispatcher"))
+      assert.equal("SUBMITTED", sup.nodes(s, req.id).a.node_state)
+      assert.equal(1, sup.tick("node_observer"))
+      local n = sup.nodes(s, req.id)
+      assert.equal("COMPLETED", n.a.node_state)
+      assert.equal("READY", n.b.node_state)
+      assert.equal(1, sup.tick("node_dispatcher"))
+      assert.equal(1, sup.tick("node_observer"))
+      assert.equal("COMPLETED", sup.request(s, req.id).request_state)
+      local idle = s:query([[SELECT count(*)::int AS n FROM pg_stat_activity
+        WHERE datname = current_database() AND state LIKE 'idle in transaction%']])[1].n
+      assert.equal(0, idle)
+    end)
+  end)
+
   describe("recovery", function()
     it("recovers a node that went UNKNOWN to SUBMITTED, then it completes", function()
       local t = two("spec_pl_unknown", false, { unknown_at_observe = 1, observes = 2, retry_after_seconds = 0 })
