@@ -42,6 +42,72 @@ local function ledger(node_id)
   return s:query("SELECT * FROM sim_ledger WHERE request_node_id = $1::uuid ORDER BY attempt_no", node_id)
 end
 
+-- The nodes of request req_id, locked as a worker's claim holds them, in a
+-- transaction (pipeline: a pipeline transaction, which fn must end itself);
+-- fn(counted, g, count) gets a session that counts its statements (in a
+-- pipeline transaction: its round trips, query, batch, commit_batch and
+-- commit).
+local nodes_db = require "qtg.nodes"
+local STATEMENTS = { query = true }
+local ROUND_TRIPS = { query = true, batch = true, commit_batch = true, commit = true }
+
+local function with_claim(req_id, pipeline, fn)
+  if pipeline then s:begin_pipeline() else s:begin() end
+  local counts = pipeline and ROUND_TRIPS or STATEMENTS
+  local ok, err = pcall(function()
+    local g = nodes_db.load_all(s, nodes_db.load_request(s, req_id, true))
+    local n = 0
+    local counted = setmetatable({}, { __index = function(_, k)
+      local f = s[k]
+      return function(_, ...)
+        if counts[k] then n = n + 1 end
+        return f(s, ...)
+      end
+    end })
+    fn(counted, g, function() return n end)
+  end)
+  if not ok then
+    if s:pipeline() or s:in_transaction() then s:rollback() end
+    error(err, 0)
+  end
+  if not pipeline then return s:commit() end
+  assert.is_nil(s:pipeline())
+  assert.is_false(s:in_transaction())
+end
+
+local function done_fields()
+  return { node_state = "COMPLETED", finished_now = true, next_observe_in = qtg.db.NULL,
+           append_artifacts = { { receipt = "R-9" } }, merge_provider_refs = { done = { id = "D-1" } } }
+end
+
+-- actions_of(actor) -> function(req_id): the actor's audit actions on the
+-- request, "node.<state>:<key>" for a node's
+local function actions_of(actor)
+  return function(req_id)
+    local out = {}
+    for _, r in ipairs(sup.audit(s, req_id)) do
+      if r.actor == actor then out[#out + 1] = r.action .. (r.detail.node_key and (":" .. r.detail.node_key) or "") end
+    end
+    return out
+  end
+end
+
+-- a and x are observed (a -> b; x alone), both SUBMITTED; b completes on submit
+local function started(key)
+  sup.load_doc(s, sup.doc(key, {
+    { "a", "observe", "cex_withdrawal_status", { sim = { observes = 5 } } },
+    { "b", "action", "withdrawal", { sim = { observes = 0 } } },
+    { "x", "observe", "cex_withdrawal_status", { sim = { observes = 5 } } },
+  }, { { "a", "b" } }))
+  local req = sup.create_approved(s, key)
+  assert.equal(1, sup.tick("node_dispatcher"))
+  assert.equal(1, sup.tick("node_dispatcher"))
+  local n = sup.nodes(s, req.id)
+  assert.equal("SUBMITTED", n.a.node_state)
+  assert.equal("SUBMITTED", n.x.node_state)
+  return req
+end
+
 describe("engine pipeline", function()
   setup(function()
     sup = require("spec.lua.support.engine")
@@ -263,60 +329,12 @@ describe("engine pipeline", function()
   end)
 
   describe("node changes in the request's statement", function()
-    local nodes_db = require "qtg.nodes"
     local ACTOR = "system:spec_completion"
-
-    -- The request's nodes, locked as a worker's claim holds them, in a
-    -- transaction; fn(counted, g) gets a session that counts its statements.
-    local function with_claim(req_id, fn)
-      s:begin()
-      local ok, err = pcall(function()
-        local g = nodes_db.load_all(s, nodes_db.load_request(s, req_id, true))
-        local n = 0
-        local counted = setmetatable({}, { __index = function(_, k)
-          local f = s[k]
-          return function(_, ...)
-            if k == "query" then n = n + 1 end
-            return f(s, ...)
-          end
-        end })
-        fn(counted, g, function() return n end)
-      end)
-      if ok then s:commit() else s:rollback() error(err, 0) end
-    end
-
-    local function done_fields()
-      return { node_state = "COMPLETED", finished_now = true, next_observe_in = qtg.db.NULL,
-               append_artifacts = { { receipt = "R-9" } }, merge_provider_refs = { done = { id = "D-1" } } }
-    end
-
-    local function actions(req_id)
-      local out = {}
-      for _, r in ipairs(sup.audit(s, req_id)) do
-        if r.actor == ACTOR then out[#out + 1] = r.action .. (r.detail.node_key and (":" .. r.detail.node_key) or "") end
-      end
-      return out
-    end
-
-    -- a and x are observed (a -> b; x alone); b completes on submit
-    local function started(key)
-      sup.load_doc(s, sup.doc(key, {
-        { "a", "observe", "cex_withdrawal_status", { sim = { observes = 5 } } },
-        { "b", "action", "withdrawal", { sim = { observes = 0 } } },
-        { "x", "observe", "cex_withdrawal_status", { sim = { observes = 5 } } },
-      }, { { "a", "b" } }))
-      local req = sup.create_approved(s, key)
-      assert.equal(1, sup.tick("node_dispatcher"))
-      assert.equal(1, sup.tick("node_dispatcher"))
-      local n = sup.nodes(s, req.id)
-      assert.equal("SUBMITTED", n.a.node_state)
-      assert.equal("SUBMITTED", n.x.node_state)
-      return req
-    end
+    local actions = actions_of(ACTOR)
 
     it("is one statement with the frontier write; the audit rows follow the changes; the node is read back", function()
       local req = started("spec_pl_done_one")
-      with_claim(req.id, function(cs, g, statements)
+      with_claim(req.id, false, function(cs, g, statements)
         local a = g.by_key.a
         local back = nodes_db.apply(cs, g, a, done_fields(), ACTOR)
         assert.equal(1, statements())
@@ -342,7 +360,7 @@ describe("engine pipeline", function()
     it("a branch that ends while another runs is written alone; the last one with the request's completion", function()
       local req = started("spec_pl_done_last")
       -- x has no successors and a still runs: no request write follows
-      with_claim(req.id, function(cs, g, statements)
+      with_claim(req.id, false, function(cs, g, statements)
         nodes_db.apply(cs, g, g.by_key.x, done_fields(), ACTOR)
         assert.equal(1, statements())
         assert.equal("COMPLETED", g.by_key.x.node_state)
@@ -350,9 +368,9 @@ describe("engine pipeline", function()
       end)
       assert.equal("EXECUTING", sup.request(s, req.id).request_state)
       assert.same({ "node.completed:x" }, actions(req.id))
-      with_claim(req.id, function(cs, g) nodes_db.apply(cs, g, g.by_key.a, done_fields(), ACTOR) end)
+      with_claim(req.id, false, function(cs, g) nodes_db.apply(cs, g, g.by_key.a, done_fields(), ACTOR) end)
       -- b completes: the request completes in the same statement, after it
-      with_claim(req.id, function(cs, g, statements)
+      with_claim(req.id, false, function(cs, g, statements)
         nodes_db.apply(cs, g, g.by_key.b, { node_state = "SUBMITTED", attempt_no = 1 }, ACTOR)
         local before = statements()
         nodes_db.apply(cs, g, g.by_key.b, done_fields(), ACTOR)
@@ -370,7 +388,7 @@ describe("engine pipeline", function()
         { "a", "observe", "cex_withdrawal_status", { sim = { observes = 5 } } },
       }))
       local req = sup.create_approved(s, "spec_pl_start")
-      with_claim(req.id, function(cs, g, statements)
+      with_claim(req.id, false, function(cs, g, statements)
         local a = g.by_key.a
         nodes_db.apply(cs, g, a, { node_state = "SUBMITTED", attempt_no = 1, started_now = true,
           next_observe_in = 5 }, ACTOR, { to = "EXECUTING", action = "request.executing" })
@@ -389,7 +407,7 @@ describe("engine pipeline", function()
 
     it("a request state it cannot reach is refused before anything is written, the node's change neither", function()
       local req = started("spec_pl_start_bad")
-      with_claim(req.id, function(cs, g)
+      with_claim(req.id, false, function(cs, g)
         local ok, err = pcall(nodes_db.apply, cs, g, g.by_key.a, { node_state = "OBSERVING" }, ACTOR,
           { to = "APPROVED", action = "request.approved" })
         assert.is_false(ok)
@@ -402,7 +420,7 @@ describe("engine pipeline", function()
     it("a completion of a row that is not there raises and leaves nothing written", function()
       local req = started("spec_pl_done_none")
       local before = sup.request(s, req.id)
-      local ok, err = pcall(with_claim, req.id, function(cs, g)
+      local ok, err = pcall(with_claim, req.id, false, function(cs, g)
         local a = g.by_key.a
         a.id = "00000000-0000-4000-8000-000000000001"
         nodes_db.apply(cs, g, a, done_fields(), ACTOR)
@@ -418,65 +436,13 @@ describe("engine pipeline", function()
   end)
 
   describe("the last write with the commit", function()
-    local nodes_db = require "qtg.nodes"
     local outbox = require "qtg.outbox"
     local ACTOR = "system:spec_commit"
-
-    -- The request's nodes, locked as a worker's claim holds them, in a
-    -- pipeline transaction; fn(counted, g, trips) gets a session that counts
-    -- its round trips (query, batch, commit_batch, commit).  The
-    -- transaction must be over when fn returns.
-    local function with_pipeline_claim(req_id, fn)
-      s:begin_pipeline()
-      local ok, err = pcall(function()
-        local g = nodes_db.load_all(s, nodes_db.load_request(s, req_id, true))
-        local n = 0
-        local ROUND_TRIPS = { query = true, batch = true, commit_batch = true, commit = true }
-        local counted = setmetatable({}, { __index = function(_, k)
-          local f = s[k]
-          return function(_, ...)
-            if ROUND_TRIPS[k] then n = n + 1 end
-            return f(s, ...)
-          end
-        end })
-        fn(counted, g, function() return n end)
-      end)
-      if not ok then
-        if s:pipeline() or s:in_transaction() then s:rollback() end
-        error(err, 0)
-      end
-      assert.is_nil(s:pipeline())
-      assert.is_false(s:in_transaction())
-    end
-
-    local function actions(req_id)
-      local out = {}
-      for _, r in ipairs(sup.audit(s, req_id)) do
-        if r.actor == ACTOR then out[#out + 1] = r.action .. (r.detail.node_key and (":" .. r.detail.node_key) or "") end
-      end
-      return out
-    end
-
-    local function done_fields()
-      return { node_state = "COMPLETED", finished_now = true, next_observe_in = qtg.db.NULL }
-    end
-
-    -- a and x are observed (a -> b; x alone), both SUBMITTED
-    local function started(key)
-      sup.load_doc(s, sup.doc(key, {
-        { "a", "observe", "cex_withdrawal_status", { sim = { observes = 5 } } },
-        { "b", "action", "withdrawal", { sim = { observes = 0 } } },
-        { "x", "observe", "cex_withdrawal_status", { sim = { observes = 5 } } },
-      }, { { "a", "b" } }))
-      local req = sup.create_approved(s, key)
-      assert.equal(1, sup.tick("node_dispatcher"))
-      assert.equal(1, sup.tick("node_dispatcher"))
-      return req
-    end
+    local actions = actions_of(ACTOR)
 
     it("a node change that nothing follows is one round trip with the commit, read back as written", function()
       local req = started("spec_cl_observing")
-      with_pipeline_claim(req.id, function(cs, g, trips)
+      with_claim(req.id, true, function(cs, g, trips)
         local x = g.by_key.x
         local back = nodes_db.apply(cs, g, x, { node_state = "OBSERVING", observe_count = 1, next_observe_in = 5 },
           ACTOR, nil, true)
@@ -494,7 +460,7 @@ describe("engine pipeline", function()
 
     it("fields without a state change: the write and the commit in one round trip", function()
       local req = started("spec_cl_fields")
-      with_pipeline_claim(req.id, function(cs, g, trips)
+      with_claim(req.id, true, function(cs, g, trips)
         nodes_db.apply(cs, g, g.by_key.a, { observe_count = 3, next_observe_in = 7 }, ACTOR, nil, true)
         assert.equal(1, trips())
         assert.equal(3, g.by_key.a.observe_count)
@@ -504,7 +470,7 @@ describe("engine pipeline", function()
 
     it("a completion's frontier write carries the commit; the request's completion does for the last node", function()
       local req = started("spec_cl_done")
-      with_pipeline_claim(req.id, function(cs, g, trips)
+      with_claim(req.id, true, function(cs, g, trips)
         nodes_db.apply(cs, g, g.by_key.a, done_fields(), ACTOR, nil, true)
         assert.equal(1, trips())
         assert.equal("COMPLETED", g.by_key.a.node_state)
@@ -513,15 +479,15 @@ describe("engine pipeline", function()
       assert.equal("COMPLETED", n.a.node_state)
       assert.equal("READY", n.b.node_state)
       -- x alone: no request write follows while b runs
-      with_pipeline_claim(req.id, function(cs, g, trips)
+      with_claim(req.id, true, function(cs, g, trips)
         nodes_db.apply(cs, g, g.by_key.x, done_fields(), ACTOR, nil, true)
         assert.equal(1, trips())
       end)
-      with_pipeline_claim(req.id, function(cs, g, trips)
+      with_claim(req.id, true, function(cs, g, trips)
         nodes_db.apply(cs, g, g.by_key.b, { node_state = "SUBMITTED", attempt_no = 1 }, ACTOR, nil, true)
         assert.equal(1, trips())
       end)
-      with_pipeline_claim(req.id, function(cs, g, trips)
+      with_claim(req.id, true, function(cs, g, trips)
         nodes_db.apply(cs, g, g.by_key.b, done_fields(), ACTOR, nil, true)
         assert.equal(1, trips())
         assert.equal("COMPLETED", g.request.request_state)
@@ -535,7 +501,7 @@ describe("engine pipeline", function()
       sup.load_doc(s, sup.doc("spec_cl_failed", { { "x", "observe", "cex_withdrawal_status", { sim = { observes = 5 } } } }))
       local req = sup.create_approved(s, "spec_cl_failed")
       assert.equal(1, sup.tick("node_dispatcher"))
-      with_pipeline_claim(req.id, function(cs, g, trips)
+      with_claim(req.id, true, function(cs, g, trips)
         nodes_db.apply(cs, g, g.by_key.x, { node_state = "FAILED", error_code = "SPEC_REFUSED", next_observe_in = qtg.db.NULL },
           ACTOR, nil, true)
         assert.equal(2, trips())
@@ -550,7 +516,7 @@ describe("engine pipeline", function()
     it("a request's first dispatch: EXECUTING with the node, then the commit", function()
       sup.load_doc(s, sup.doc("spec_cl_start", { { "a", "observe", "cex_withdrawal_status", { sim = { observes = 5 } } } }))
       local req = sup.create_approved(s, "spec_cl_start")
-      with_pipeline_claim(req.id, function(cs, g, trips)
+      with_claim(req.id, true, function(cs, g, trips)
         nodes_db.apply(cs, g, g.by_key.a, { node_state = "SUBMITTED", attempt_no = 1, next_observe_in = 5 }, ACTOR,
           { to = "EXECUTING", action = "request.executing" }, true)
         assert.equal(2, trips())
@@ -577,7 +543,7 @@ describe("engine pipeline", function()
         local req = started("spec_cl_tamper")
         local before = sup.nodes(s, req.id)
         local before_req = sup.request(s, req.id)
-        local ok, err = pcall(with_pipeline_claim, req.id, function(cs, g)
+        local ok, err = pcall(with_claim, req.id, true, function(cs, g)
           -- a write earlier in the transaction: rolled back with it
           cs:query("UPDATE movement_request_nodes SET error_detail = 'spec: earlier write' WHERE id = $1::uuid",
             g.by_key.x.id)
