@@ -498,16 +498,24 @@ local function start(s, g, node, fields, actor, first, commit)
   return node
 end
 
--- ended(s, node): the node, once its pipeline transaction is committed: by
--- its last write (commit_batch), or now when that write did not carry it.
-local function ended(s, node)
-  if s:pipeline() or s:in_transaction() then s:commit() end
-  return node
+-- change(s, g, node, fields, actor, first, commit): apply's writes; with
+-- commit, the last one carries the commit.
+local function change(s, g, node, fields, actor, first, commit)
+  local changes = fields.node_state ~= nil and fields.node_state ~= node.node_state
+  if first then
+    if changes then return start(s, g, node, fields, actor, first, commit) end
+    M.set_request_state(s, g.request, first.to, actor, { action = first.action })
+  end
+  if not changes then return M.update_node(s, node, fields, commit) end
+  if fields.node_state == "COMPLETED" then return complete(s, g, node, fields, actor, commit) end
+  local last = commit and nothing_follows(g, node, fields.node_state)
+  M.set_node_state(s, g, node, fields, actor, last)
+  if not last then M.after_node_change(s, g, node, actor, commit) end
 end
 
--- apply(s, g, node, fields, actor[, first[, commit]]): a node change.  The
--- same state: the fields are written (no state change to audit); another
--- state: the change, its audit row and what follows from it
+-- apply(s, g, node, fields, actor[, first[, commit]]) -> node: a node
+-- change.  The same state: the fields are written (no state change to
+-- audit); another state: the change, its audit row and what follows from it
 -- (after_node_change; a completion in one statement with it).  first = {to
 -- =, action =}: a request state change written before it (in one statement
 -- with a node state change: start).  commit: the change ends its pipeline
@@ -515,27 +523,9 @@ end
 -- round trip less) and refuses by itself to change no row (qtg.outbox.write's
 -- t.commit), and a change that writes nothing after all commits alone.
 function M.apply(s, g, node, fields, actor, first, commit)
-  commit = commit or nil
-  local changes = fields.node_state ~= nil and fields.node_state ~= node.node_state
-  if first then
-    if changes then
-      start(s, g, node, fields, actor, first, commit)
-      return commit and ended(s, node) or node
-    end
-    M.set_request_state(s, g.request, first.to, actor, { action = first.action })
-  end
-  if not changes then
-    M.update_node(s, node, fields, commit)
-    return node
-  end
-  if fields.node_state == "COMPLETED" then
-    complete(s, g, node, fields, actor, commit)
-    return commit and ended(s, node) or node
-  end
-  local last = commit and nothing_follows(g, node, fields.node_state)
-  M.set_node_state(s, g, node, fields, actor, last)
-  if not last then M.after_node_change(s, g, node, actor, commit) end
-  return commit and ended(s, node) or node
+  change(s, g, node, fields, actor, first, commit or nil)
+  if commit then s:commit_if_open() end
+  return node
 end
 
 -- --------------------------------------------------------- executor answers

@@ -20,8 +20,10 @@ function session:begin() return self:query('BEGIN') end
 function session:begin_pipeline() raised(session.raw_pipeline_begin(self)) end
 function session:commit() if self:pipeline() then return raised(session.raw_pipeline_commit(self)) end return self:query('COMMIT') end
 function session:rollback() if self:pipeline() then return raised(session.raw_pipeline_rollback(self)) end return self:query('ROLLBACK') end
--- run: fn's transaction, committed after it unless fn ended it itself (a commit_batch)
-local function run(self, fn, ...) local r = { pcall(fn, ...) } if not r[1] then pcall(self.rollback, self) error(r[2], 0) end if self:pipeline() or self:in_transaction() then self:commit() end return unpack(r, 2, table.maxn(r)) end
+-- commit_if_open(): commit the open transaction; nothing (nothing sent) when there is none, e.g. a commit_batch ended it
+function session:commit_if_open() if self:pipeline() or self:in_transaction() then return self:commit() end end
+-- run: fn's transaction, committed after it unless fn ended it itself
+local function run(self, fn, ...) local r = { pcall(fn, ...) } if not r[1] then pcall(self.rollback, self) error(r[2], 0) end self:commit_if_open() return unpack(r, 2, table.maxn(r)) end
 function session:transaction(fn, ...) self:begin() return run(self, fn, ...) end
 function session:pipeline_transaction(fn, ...) self:begin_pipeline() return run(self, fn, ...) end
 local function ident(name) assert(type(name) == 'string' and name:match('^[%a_][%w_]*$'), 'savepoint name must be an identifier') return name end

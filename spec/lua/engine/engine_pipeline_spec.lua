@@ -46,7 +46,7 @@ end
 -- transaction (pipeline: a pipeline transaction, which fn must end itself);
 -- fn(counted, g, count) gets a session that counts its statements (in a
 -- pipeline transaction: its round trips, query, batch, commit_batch and
--- commit).
+-- commit, and commit_if_open when it has a transaction to commit).
 local nodes_db = require "qtg.nodes"
 local STATEMENTS = { query = true }
 local ROUND_TRIPS = { query = true, batch = true, commit_batch = true, commit = true }
@@ -60,7 +60,9 @@ local function with_claim(req_id, pipeline, fn)
     local counted = setmetatable({}, { __index = function(_, k)
       local f = s[k]
       return function(_, ...)
-        if counts[k] then n = n + 1 end
+        if counts[k] or (k == "commit_if_open" and pipeline and (s:pipeline() or s:in_transaction())) then
+          n = n + 1
+        end
         return f(s, ...)
       end
     end })

@@ -445,10 +445,17 @@ describe("pipeline transactions", function()
 
     it("ends a pipeline_transaction whose function sent it; nothing is committed twice", function()
       local s = warm()
-      local a, b = s:pipeline_transaction(function()
+      -- count the commits sent after the function (session methods are shared)
+      local methods = getmetatable(s).__index
+      local real, commits = methods.commit, 0
+      methods.commit = function(self) commits = commits + 1 return real(self) end
+      local ok, a, b = pcall(s.pipeline_transaction, s, function()
         s:query(INSERT, 1, "a")
         return s:commit_batch({ INSERT, 2, "b" }), "after"
       end)
+      methods.commit = real
+      assert.is_true(ok, tostring(a))
+      assert.are.equal(0, commits)
       assert.are.same({ { id = 2, tag = "b" } }, a)
       assert.are.equal("after", b)
       assert.is_nil(s:pipeline())
@@ -469,6 +476,28 @@ describe("pipeline transactions", function()
       assert.is_false(ok)
       assert.is_false(s:in_transaction())
       assert.are.equal(4, count("true"))
+      s:release()
+    end)
+
+    it("commit_if_open commits an open transaction of either kind and sends nothing without one", function()
+      local s = warm()
+      s:begin_pipeline()
+      s:query(INSERT, 1, "a")
+      s:commit_if_open()
+      assert.is_nil(s:pipeline())
+      assert.are.equal(1, count("true"))
+      s:begin()
+      s:query(INSERT, 2, "b")
+      s:commit_if_open()
+      assert.is_false(s:in_transaction())
+      assert.are.equal(2, count("true"))
+      local methods = getmetatable(s).__index
+      local real, commits = methods.commit, 0
+      methods.commit = function(self) commits = commits + 1 return real(self) end
+      local ok, err = pcall(s.commit_if_open, s)
+      methods.commit = real
+      assert.is_true(ok, tostring(err))
+      assert.are.equal(0, commits)
       s:release()
     end)
 
