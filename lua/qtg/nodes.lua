@@ -453,16 +453,6 @@ function M.after_node_change(s, g, node, actor, commit)
   return M.apply_request_state(s, g, actor, nil, commit)
 end
 
--- nothing_follows(g, node, to): no request write follows node's change to
--- `to` (not COMPLETED: a completion advances the DAG), so that change is
--- the transaction's last write.
-local function nothing_follows(g, node, to)
-  local from = node.node_state
-  node.node_state = to
-  local change = M.derived_change(g)
-  node.node_state = from
-  return change == nil
-end
 
 -- complete(s, g, node, fields, actor): a completion, written by the
 -- statement of the request write that follows from it (the frontier, or the
@@ -482,19 +472,35 @@ local function complete(s, g, node, fields, actor, commit)
   return node
 end
 
--- start(s, g, node, fields, actor, first): the request's state change
--- `first` = {to =, action =} (with its callback and audit row) and the node
--- change in one statement, the request's rows written first; then what
--- follows from the node change.  The dispatcher's APPROVED -> EXECUTING
--- with the request's first dispatch: one statement less per request.
+-- nothing_follows(g, node, to[, request_to]): no request write follows
+-- node's change to `to` (with the request moved to request_to first, when
+-- given), so that write is the transaction's last.  A completion advances
+-- the DAG: something follows it.
+local function nothing_follows(g, node, to, request_to)
+  if to == "COMPLETED" then return false end
+  local from, request_from = node.node_state, g.request.request_state
+  node.node_state, g.request.request_state = to, request_to or request_from
+  local change = M.derived_change(g)
+  node.node_state, g.request.request_state = from, request_from
+  return change == nil
+end
+
+-- start(s, g, node, fields, actor, first[, commit]): the request's state
+-- change `first` = {to =, action =} (with its callback and audit row) and
+-- the node change in one statement, the request's rows written first; then
+-- what follows from the node change.  The dispatcher's APPROVED ->
+-- EXECUTING with the request's first dispatch: one statement less per
+-- request, and with commit, when nothing follows, that statement carries
+-- the commit (its guard checks the request's change and the node's).
 local function start(s, g, node, fields, actor, first, commit)
   local from = node.node_state
+  local last = commit and nothing_follows(g, node, fields.node_state, first.to)
   local piece = node_change_piece(node, fields, actor, 3)
   piece.last = true
   take_back(node, M.set_request_state(s, g.request, first.to, actor,
-    { action = first.action, also = { piece } }), 3)
+    { action = first.action, also = { piece }, commit = last or nil }), 3)
   warn_node_state(g, node, from, actor)
-  M.after_node_change(s, g, node, actor, commit)
+  if not last then M.after_node_change(s, g, node, actor, commit) end
   return node
 end
 

@@ -515,16 +515,39 @@ describe("engine pipeline", function()
       assert.same({ "node.failed:x", "request.failed" }, actions(req.id))
     end)
 
-    it("a request's first dispatch: EXECUTING with the node, then the commit", function()
-      sup.load_doc(s, sup.doc("spec_cl_start", { { "a", "observe", "cex_withdrawal_status", { sim = { observes = 5 } } } }))
-      local req = sup.create_approved(s, "spec_cl_start")
+    local EXECUTING = { to = "EXECUTING", action = "request.executing" }
+
+    -- one observed node, the request APPROVED (its first dispatch to come)
+    local function approved(key)
+      sup.load_doc(s, sup.doc(key, { { "a", "observe", "cex_withdrawal_status", { sim = { observes = 5 } } } }))
+      return sup.create_approved(s, key)
+    end
+
+    it("a request's first dispatch: EXECUTING and the node's change carry the commit", function()
+      local req = approved("spec_cl_start")
       with_claim(req.id, true, function(cs, g, trips)
         nodes_db.apply(cs, g, g.by_key.a, { node_state = "SUBMITTED", attempt_no = 1, next_observe_in = 5 }, ACTOR,
-          { to = "EXECUTING", action = "request.executing" }, true)
-        assert.equal(2, trips())
+          EXECUTING, true)
+        assert.equal(1, trips())
+        assert.equal("EXECUTING", g.request.request_state)
+        assert.equal("SUBMITTED", g.by_key.a.node_state)
+        assert.equal(1, g.by_key.a.attempt_no)
       end)
       assert.equal("EXECUTING", sup.request(s, req.id).request_state)
+      assert.equal("SUBMITTED", sup.nodes(s, req.id).a.node_state)
       assert.same({ "request.executing", "node.submitted:a" }, actions(req.id))
+    end)
+
+    it("a first dispatch that a request write follows: that write carries the commit", function()
+      local req = approved("spec_cl_start_failed")
+      with_claim(req.id, true, function(cs, g, trips)
+        nodes_db.apply(cs, g, g.by_key.a, { node_state = "FAILED", attempt_no = 1, error_code = "SPEC_REFUSED" }, ACTOR,
+          EXECUTING, true)
+        assert.equal(2, trips())
+        assert.equal("FAILED", g.request.request_state)
+      end)
+      assert.equal("FAILED", sup.request(s, req.id).request_state)
+      assert.same({ "request.executing", "node.failed:a", "request.failed" }, actions(req.id))
     end)
 
     -- A tampered or stale id: the statement that carries the commit must
@@ -540,6 +563,35 @@ describe("engine pipeline", function()
       { "the node's id under fields alone", function(g) g.by_key.x.id = "00000000-0000-4000-8000-000000000004" end,
         function(g) return g.by_key.x end, function() return { observe_count = 9 } end },
     }
+    -- the same under a first dispatch: the statement carries the request's
+    -- change and the node's, and must refuse when either found no row
+    local tampered_first = {
+      { "the node's id", function(g) g.by_key.a.id = "00000000-0000-4000-8000-000000000005" end },
+      { "the request's id", function(g) g.request.id = "00000000-0000-4000-8000-000000000006" end },
+    }
+    for _, t in ipairs(tampered_first) do
+      it("a tampered id under a first dispatch (" .. t[1] .. ") raises, and nothing of the transaction commits",
+        function()
+        local req = approved("spec_cl_tamper_first")
+        local before = sup.nodes(s, req.id).a
+        local ok, err = pcall(with_claim, req.id, true, function(cs, g)
+          cs:query("UPDATE movement_request_nodes SET error_detail = 'spec: earlier write' WHERE id = $1::uuid",
+            g.by_key.a.id)
+          t[2](g)
+          nodes_db.apply(cs, g, g.by_key.a, { node_state = "SUBMITTED", attempt_no = 1, next_observe_in = 5 }, ACTOR,
+            EXECUTING, true)
+        end)
+        assert.is_false(ok)
+        assert.matches("changed no row", tostring(err))
+        assert.is_nil(s:pipeline())
+        local a = sup.nodes(s, req.id).a
+        assert.equal(before.node_state, a.node_state)
+        assert.same(before.error_detail, a.error_detail)
+        assert.equal("APPROVED", sup.request(s, req.id).request_state)
+        assert.same({}, actions(req.id))
+      end)
+    end
+
     for _, t in ipairs(tampered) do
       it("a tampered id (" .. t[1] .. ") raises, and nothing of the transaction commits", function()
         local req = started("spec_cl_tamper")
