@@ -453,7 +453,6 @@ function M.after_node_change(s, g, node, actor, commit)
   return M.apply_request_state(s, g, actor, nil, commit)
 end
 
-
 -- complete(s, g, node, fields, actor): a completion, written by the
 -- statement of the request write that follows from it (the frontier, or the
 -- derived state): one statement less per completed node.  The node is
