@@ -966,7 +966,7 @@ function B.print_table(R)
   end
   if R.idle then
     out[#out + 1] = ("idle (one qtgd, default intervals, %.0f s)"):format(R.idle.seconds)
-    line("statements/s reaching PostgreSQL", fmt(R.idle.statements_per_s, "%.2f"), "target <= 3")
+    line("statements/s reaching PostgreSQL", fmt(R.idle.statements_per_s, "%.2f"), "target <= 2.5")
     line("CPU, % of one core", fmt(R.idle.cpu_pct, "%.2f"), "target <= 1")
   end
   out[#out + 1] = "memory"
