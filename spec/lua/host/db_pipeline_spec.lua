@@ -18,6 +18,17 @@ local function count(where)
   return support.query("SELECT count(*)::int AS n FROM " .. TABLE .. " WHERE " .. where)[1].n
 end
 
+-- commits_sent(s, f, ...) -> the COMMITs s sent while f ran, pcall's
+-- results of f: session methods are shared, so the wrapper is put back
+local function commits_sent(s, f, ...)
+  local methods = getmetatable(s).__index
+  local real, commits = methods.commit, 0
+  methods.commit = function(self) commits = commits + 1 return real(self) end
+  local r = { pcall(f, ...) }
+  methods.commit = real
+  return commits, unpack(r, 1, table.maxn(r))
+end
+
 describe("pipeline transactions", function()
   setup(function()
     support.query("CREATE TABLE IF NOT EXISTS " .. TABLE .. [[ (
@@ -445,15 +456,11 @@ describe("pipeline transactions", function()
 
     it("ends a pipeline_transaction whose function sent it; nothing is committed twice", function()
       local s = warm()
-      -- count the commits sent after the function (session methods are shared)
-      local methods = getmetatable(s).__index
-      local real, commits = methods.commit, 0
-      methods.commit = function(self) commits = commits + 1 return real(self) end
-      local ok, a, b = pcall(s.pipeline_transaction, s, function()
+      -- no commit is sent after the function
+      local commits, ok, a, b = commits_sent(s, s.pipeline_transaction, s, function()
         s:query(INSERT, 1, "a")
         return s:commit_batch({ INSERT, 2, "b" }), "after"
       end)
-      methods.commit = real
       assert.is_true(ok, tostring(a))
       assert.are.equal(0, commits)
       assert.are.same({ { id = 2, tag = "b" } }, a)
@@ -491,11 +498,7 @@ describe("pipeline transactions", function()
       s:commit_if_open()
       assert.is_false(s:in_transaction())
       assert.are.equal(2, count("true"))
-      local methods = getmetatable(s).__index
-      local real, commits = methods.commit, 0
-      methods.commit = function(self) commits = commits + 1 return real(self) end
-      local ok, err = pcall(s.commit_if_open, s)
-      methods.commit = real
+      local commits, ok, err = commits_sent(s, s.commit_if_open, s)
       assert.is_true(ok, tostring(err))
       assert.are.equal(0, commits)
       s:release()
