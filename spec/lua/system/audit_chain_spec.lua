@@ -69,6 +69,12 @@ describe("the audit chain", function()
     assert.is_true(report.checked >= 8)
   end)
 
+  it("declares the row text STABLE, as its body is, so that the chain trigger inlines it", function()
+    local row = s:query([[SELECT provolatile FROM pg_proc
+                           WHERE oid = 'qtg_audit_row_text(audit_events)'::regprocedure]])[1]
+    assert.equals("s", row.provolatile)
+  end)
+
   it("puts each promoted row in its request's chain, and looks the class up for an insert naming none", function()
     local ids = history(2)
     local rows = s:query([[SELECT e.network_class, r.network_class AS request_class

@@ -1,0 +1,11 @@
+-- 0140_audit_row_text_stable.sql -- qtg_audit_row_text is declared as
+-- volatile as its body is (docs/performance.md, "The observer's first claim
+-- in its snapshot").
+--
+-- 0100 declared it IMMUTABLE, but its body is STABLE (jsonb_build_object
+-- turns values into text through their output functions).  PostgreSQL
+-- inlines a SQL function into its caller only when the declared volatility
+-- is not stricter than the body's, so the chain trigger called it as a
+-- function for every promoted row.  Declared STABLE, it is inlined: the
+-- same text, the same hashes, and 6 % less of each promotion's time.
+ALTER FUNCTION qtg_audit_row_text(audit_events) STABLE;
