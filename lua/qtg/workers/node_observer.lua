@@ -8,10 +8,10 @@
 -- miss ends the transaction, which releases a partial lock as the spec's
 -- savepoint would), still filtered on the due predicate.  A hit keeps the node
 -- and request locks through observe() and the commit; one node's slow
--- provider never holds another node's lock.  The first id's claim goes in
--- the snapshot's statement (SNAPSHOT_SQL), which then opens that claim's
--- transaction: one round trip per pass less, and the snapshot still locks
--- nothing else.
+-- provider never holds another node's lock.  While passes find work, the
+-- first id's claim goes in the snapshot's statement (SNAPSHOT_SQL), which
+-- then opens that claim's transaction: one round trip per pass less, and
+-- the snapshot still locks nothing else.
 --
 -- A pass and one request's nodes: the snapshot is the spec's (the first
 -- MG_NODE_OBSERVE_BATCH_SIZE due nodes) widened to every due node of the
@@ -80,10 +80,11 @@ M.CLAIM_SQL = "SELECT claimed.*, " .. nodes_db.note_claimed("claimed.request_id"
 -- The snapshot, and the claim of the node its walk starts at, in one
 -- statement.  $1: network class, $2: batch (requests of the spec's
 -- snapshot), $3: cap, $4: a random number that picks the walk's first
--- request.  `snapshot` is the spec's (the first $2 due nodes' requests)
--- widened to every due node of the requests it names, in request order,
--- locking nothing; `start` is the first node (by node_key) of request
--- number $4 modulo their count; `claimed` claims it (CLAIM_SQL's claim).
+-- request, $5: claim its first node (boolean).  `snapshot` is the spec's
+-- (the first $2 due nodes' requests) widened to every due node of the
+-- requests it names, in request order, locking nothing; `start` is the
+-- first node (by node_key) of request number $4 modulo their count;
+-- `claimed` claims it when $5 (CLAIM_SQL's claim).
 -- Each snapshot row comes back as snapshot_id, snapshot_request_id,
 -- snapshot_executor and snapshot_start (the walk's first node), the start
 -- row with the claimed row's columns (node_id set) on a hit.
@@ -120,7 +121,7 @@ SELECT snapshot.*, dense_rank() OVER (ORDER BY created_at, request_id) AS group_
 SELECT id FROM grouped
  WHERE in_group = 1 AND group_no = $4::int % (SELECT max(group_no) FROM grouped) + 1
 ), claimed AS MATERIALIZED (
-]] .. claim_sql("(SELECT id FROM start)", "$1") .. [[
+]] .. claim_sql("(SELECT id FROM start WHERE $5::boolean)", "$1") .. [[
 
 )
 SELECT grouped.id AS snapshot_id, grouped.request_id AS snapshot_request_id,
@@ -261,31 +262,46 @@ end
 -- The snapshot with its first claim, as its pipeline transaction's first
 -- statement, and the claimed request's nodes (one round trip); the
 -- transaction stays open on a hit, and is ended otherwise (a miss's
--- partial lock released, as a claim's miss is).
+-- partial lock released, as a claim's miss is).  After a snapshot that
+-- found nothing (M.busy false: an idle stretch, whose passes each stay one
+-- statement and one round trip), the snapshot goes alone, claiming
+-- nothing, and the walk claims its first node as it claims the others.
+-- -> groups, the first group's index, the claimed row and its request's
+-- nodes (nil on a miss), and whether the first node was tried.
+M.busy = false
+
 local function snapshot(s, class)
   local r1, r2 = qtg.crypto.random_bytes(2):byte(1, 2)
+  local stmt = { M.SNAPSHOT_SQL, class, qtg.settings.node_observe_batch_size or 10, M.MAX_PER_PASS,
+                 r1 * 256 + r2, M.busy }
+  if not M.busy then
+    local rows = s:query(unpack(stmt))
+    M.busy = #rows > 0
+    local groups, first = by_request(rows)
+    return groups, first, nil, nil, false
+  end
   s:begin_pipeline()
-  local ok, rows, nodes = pcall(s.batch, s, { M.SNAPSHOT_SQL, class,
-    qtg.settings.node_observe_batch_size or 10, M.MAX_PER_PASS, r1 * 256 + r2 },
-    { nodes_db.CLAIMED_NODES_SQL })
+  local ok, rows, nodes = pcall(s.batch, s, stmt, { nodes_db.CLAIMED_NODES_SQL })
   if not ok then
     pcall(s.rollback, s)
     error(rows, 0)
   end
+  M.busy = #rows > 0
   local groups, first, claimed = by_request(rows)
   if not claimed then s:commit() end
-  return groups, first, claimed, nodes
+  return groups, first, claimed, nodes, true
 end
 
 function M.tick(s)
   local class = qtg.settings.network_class
-  local groups, first, claimed, nodes = snapshot(s, class)
+  local groups, first, claimed, nodes, tried = snapshot(s, class)
   if #groups == 0 then return 0 end
   -- Each pass walks its snapshot from a random request (wrapping round): two
   -- processes that took the same snapshot mostly claim different requests
-  -- instead of missing on each other's locks, one by one.  The first
-  -- request's first node was claimed by the snapshot's statement; this
-  -- session observes it, then walks on.
+  -- instead of missing on each other's locks, one by one.  When the
+  -- snapshot's statement tried the first request's first node, this
+  -- session observes it (a hit) or leaves that request (a miss), and the
+  -- walk goes on from the next request.
   -- A miss means another process (or worker) holds that request, or has
   -- already observed the node since the snapshot: the rest of that
   -- request's nodes are left to it, and once this pass has observed a node,
@@ -294,7 +310,7 @@ function M.tick(s)
   -- ending it, the drain's next pass takes a fresh snapshot (one statement)
   -- without those nodes.  A pass that has observed nothing walks on, so a
   -- due node is never left waiting for the fallback poll by a miss.
-  local next_g, hits, first_err, done = 2, 0, nil, false
+  local next_g, hits, first_err, done = tried and 2 or 1, 0, nil, false
   local function walk(ls, group, from)
     for i = from, #group do
       local ok, res = pcall(observe_one, ls, group[i], class)

@@ -387,9 +387,13 @@ describe("per-candidate claim", function()
     end
 
     local function snapshot(s, pick)
-      return s:batch({ observer.SNAPSHOT_SQL, qtg.settings.network_class, 10, 200, pick },
+      return s:batch({ observer.SNAPSHOT_SQL, qtg.settings.network_class, 10, 200, pick, true },
         { nodes_db.CLAIMED_NODES_SQL })
     end
+
+    local was
+    before_each(function() was = observer.busy end)
+    after_each(function() observer.busy = was end)
 
     local function can_lock(s, table_name, id)
       s:begin()
@@ -440,6 +444,7 @@ describe("per-candidate claim", function()
       local random_bytes, lanes = qtg.crypto.random_bytes, observer.MAX_LANES
       qtg.crypto.random_bytes = function(n) return ("\0"):rep(n) end
       observer.MAX_LANES = 1
+      observer.busy = true -- the last snapshot found work: this one claims
       local ok, res = pcall(sup.tick, "node_observer")
       qtg.crypto.random_bytes, observer.MAX_LANES = random_bytes, lanes
       assert(ok, res)
@@ -452,18 +457,36 @@ describe("per-candidate claim", function()
       assert.equal(1, sup.nodes(s3, reqs[1].id).a.observe_count)
     end)
 
-    it("a pass that observes one node is two round trips: the snapshot with the claim and the nodes, the write with the commit", function()
+    it("a busy pass that observes one node is two round trips; an idle pass is one statement", function()
       local reqs = due(1)
       local trips = { query = true, batch = true, commit_batch = true, commit = true }
-      local proxy, round_trips = counting(s1, function(k) return trips[k] == true end)
+      local counted, round_trips = counting(s1, function(k) return trips[k] == true end)
+      local proxy, batches = counting(counted, function(k) return k == "batch" end)
+      local function observed() return sup.nodes(s3, reqs[1].id).a.observe_count end
+      observer.busy = true -- the last snapshot found work
       assert.equal(1, observer.tick(proxy))
-      assert.equal(2, round_trips())
-      assert.equal(1, sup.nodes(s3, reqs[1].id).a.observe_count)
+      assert.equal(2, round_trips())  -- the snapshot with the claim and the nodes; the write with the commit
+      assert.equal(1, observed())
       assert.is_nil(s1:pipeline())
       assert.is_false(s1:in_transaction())
-      -- nothing due: one round trip more, the Sync that ends the read-only transaction
+      -- nothing due after a snapshot that found work: the statement with
+      -- its nodes read, and the Sync that ends its read-only transaction
       assert.equal(0, observer.tick(proxy))
       assert.equal(4, round_trips())
+      assert.is_false(observer.busy)
+      -- idle: the snapshot alone (no batch), claiming nothing, one round trip
+      local b = batches()
+      assert.equal(0, observer.tick(proxy))
+      assert.equal(5, round_trips())
+      assert.equal(b, batches())
+      assert.is_false(observer.busy)
+      -- the first pass after idle claims its node as the walk claims the others
+      s3:query("UPDATE movement_request_nodes SET next_observe_at = now() - interval '1 second' WHERE id = $1::uuid",
+        sup.nodes(s3, reqs[1].id).a.id)
+      assert.equal(1, observer.tick(proxy))
+      assert.equal(2, observed())
+      assert.is_true(observer.busy)
+      assert.equal(8, round_trips()) -- the snapshot; the claim with the nodes; the write
     end)
   end)
 end)
