@@ -36,7 +36,7 @@ M.LIST = {
   { name = "request nodes", module = "qtg.nodes", field = "NODES_SQL",
     args = function() return { NO_ID } end },
   { name = "observer snapshot", module = "qtg.workers.node_observer", field = "SNAPSHOT_SQL",
-    args = function(c) return { c.class, 10, 200, 0, true } end },
+    args = function(c) return { c.class, 10, 200 } end },
   { name = "observer claim", module = "qtg.workers.node_observer", field = "CLAIM_SQL",
     args = function(c) return { c.node_id or NO_ID, c.class } end },
   { name = "recovery arm", module = "qtg.workers.node_recovery", field = "ARM_SQL",

@@ -28,18 +28,15 @@ end
 M.NODES_SQL = "SELECT * FROM movement_request_nodes WHERE request_id = $1::uuid ORDER BY node_key"
 
 -- A claim statement notes the request it locked with note_claimed(its
--- request id expression[, the condition that picks its claimed row, when
--- it returns other rows too]) among its columns, in a transaction-local
+-- request id expression) among its columns, in a transaction-local
 -- setting; CLAIMED_NODES_SQL, the statement after it, reads that request's
 -- nodes (none after a miss).  The two are sent together (s:batch: one
 -- round trip), when the claim's request id is not known before it runs.
 -- The note belongs in a query above the one that locks: a SELECT ... FOR
 -- UPDATE computes its columns below the lock, so a row that SKIP LOCKED
 -- then passes over would have been noted already.
-function M.note_claimed(request_id, claimed)
-  local note = "set_config('qtg.claimed_request', coalesce(" .. request_id .. "::text, ''), true)"
-  if claimed then note = "CASE WHEN " .. claimed .. " THEN " .. note .. " END" end
-  return note .. " AS claim_noted"
+function M.note_claimed(request_id)
+  return "set_config('qtg.claimed_request', coalesce(" .. request_id .. "::text, ''), true) AS claim_noted"
 end
 M.CLAIMED_NODES_SQL = [[
 SELECT * FROM movement_request_nodes

@@ -26,8 +26,6 @@ function session:commit_if_open() if self:pipeline() or self:in_transaction() th
 local function run(self, fn, ...) local r = { pcall(fn, ...) } if not r[1] then pcall(self.rollback, self) error(r[2], 0) end self:commit_if_open() return unpack(r, 2, table.maxn(r)) end
 function session:transaction(fn, ...) self:begin() return run(self, fn, ...) end
 function session:pipeline_transaction(fn, ...) self:begin_pipeline() return run(self, fn, ...) end
--- finish_transaction(fn, ...): fn(...) in the transaction already open on this session, ended as transaction() ends its own (rolled back if fn raises, else committed if still open)
-function session:finish_transaction(fn, ...) return run(self, fn, ...) end
 local function ident(name) assert(type(name) == 'string' and name:match('^[%a_][%w_]*$'), 'savepoint name must be an identifier') return name end
 function session:savepoint(name) if self:pipeline() == 'implicit' then raised(session.raw_pipeline_block(self)) end return self:exec('SAVEPOINT "' .. ident(name) .. '"') end
 function session:rollback_to(name) return self:exec('ROLLBACK TO SAVEPOINT "' .. ident(name) .. '"') end

@@ -8,10 +8,7 @@
 -- miss ends the transaction, which releases a partial lock as the spec's
 -- savepoint would), still filtered on the due predicate.  A hit keeps the node
 -- and request locks through observe() and the commit; one node's slow
--- provider never holds another node's lock.  While passes find work, the
--- first id's claim goes in the snapshot's statement (SNAPSHOT_SQL), which
--- then opens that claim's transaction: one round trip per pass less, and
--- the snapshot still locks nothing else.
+-- provider never holds another node's lock.
 --
 -- A pass and one request's nodes: the snapshot is the spec's (the first
 -- MG_NODE_OBSERVE_BATCH_SIZE due nodes) widened to every due node of the
@@ -49,50 +46,12 @@ M.TIMEOUT_CODE = "OBSERVATION_TIMEOUT"
 
 M.MAX_PER_PASS = 200
 
--- claim_sql(id, class) -> the per-id claim (the spec's re-select FOR
--- UPDATE ... SKIP LOCKED, still filtered on the due predicate) of the node
--- whose id is the SQL expression id, in the network class `class` (a
--- parameter).  It returns the request row too (and node_id, request_id:
--- qtg.nodes.claimed).
-local function claim_sql(id, class)
-  return [[
-SELECT movement_request_nodes.id AS node_id, movement_requests.id AS request_id,
-       movement_requests.*, plan_nodes.timeout_policy AS claim_timeout_policy,
-       extract(epoch FROM now() - movement_request_nodes.started_at)::float8 AS claim_age_seconds
-  FROM movement_request_nodes
-  JOIN movement_requests ON movement_requests.id = movement_request_nodes.request_id
-  JOIN plan_nodes ON plan_nodes.id = movement_request_nodes.plan_node_id
- WHERE movement_request_nodes.id = ]] .. id .. [[
-
-   AND movement_request_nodes.node_state IN ('SUBMITTED', 'OBSERVING')
-   AND movement_requests.request_state = 'EXECUTING'
-   AND movement_requests.network_class = ]] .. class .. [[
-
-   AND (movement_request_nodes.next_observe_at IS NULL
-        OR movement_request_nodes.next_observe_at <= now())
-   FOR UPDATE OF movement_request_nodes, movement_requests SKIP LOCKED]]
-end
-
--- $1: node id, $2: network class.
-M.CLAIM_SQL = "SELECT claimed.*, " .. nodes_db.note_claimed("claimed.request_id")
-  .. "\n  FROM (\n" .. claim_sql("$1::uuid", "$2") .. "\n  ) claimed"
-
--- The snapshot, and the claim of the node its walk starts at, in one
--- statement.  $1: network class, $2: batch (requests of the spec's
--- snapshot), $3: cap, $4: a random number that picks the walk's first
--- request, $5: claim its first node (boolean).  `snapshot` is the spec's
--- (the first $2 due nodes' requests) widened to every due node of the
--- requests it names, in request order, locking nothing; `start` is the
--- first node (by node_key) of request number $4 modulo their count;
--- `claimed` claims it when $5 (CLAIM_SQL's claim).
--- Each snapshot row comes back as snapshot_id, snapshot_request_id,
--- snapshot_executor and snapshot_start (the walk's first node), the start
--- row with the claimed row's columns (node_id set) on a hit.
+-- $1: network class, $2: batch (requests of the spec's snapshot), $3: cap.
+-- The inner select is the spec's snapshot; the outer one takes every due
+-- node of the requests it names, in request order.
 M.SNAPSHOT_SQL = [[
-WITH snapshot AS MATERIALIZED (
 SELECT movement_request_nodes.id, movement_request_nodes.request_id,
-       movement_request_nodes.executor, movement_request_nodes.node_key,
-       movement_requests.created_at
+       movement_request_nodes.executor
   FROM movement_request_nodes
   JOIN movement_requests ON movement_requests.id = movement_request_nodes.request_id
  WHERE movement_request_nodes.request_id IN (
@@ -112,26 +71,30 @@ SELECT movement_request_nodes.id, movement_request_nodes.request_id,
         OR movement_request_nodes.next_observe_at <= now())
  ORDER BY movement_requests.created_at ASC, movement_request_nodes.request_id,
           movement_request_nodes.node_key
- LIMIT $3
-), grouped AS (
-SELECT snapshot.*, dense_rank() OVER (ORDER BY created_at, request_id) AS group_no,
-       row_number() OVER (PARTITION BY request_id ORDER BY node_key) AS in_group
-  FROM snapshot
-), start AS (
-SELECT id FROM grouped
- WHERE in_group = 1 AND group_no = $4::int % (SELECT max(group_no) FROM grouped) + 1
-), claimed AS MATERIALIZED (
-]] .. claim_sql("(SELECT id FROM start WHERE $5::boolean)", "$1") .. [[
+ LIMIT $3]]
 
-)
-SELECT grouped.id AS snapshot_id, grouped.request_id AS snapshot_request_id,
-       grouped.executor AS snapshot_executor,
-       coalesce(grouped.id = (SELECT id FROM start), false) AS snapshot_start,
-       claimed.*, ]] .. nodes_db.note_claimed("claimed.request_id", "claimed.node_id IS NOT NULL") .. [[
+-- $1: node id, $2: network class.  The plan node's timeout policy is read
+-- by its key in a subquery: joined, the generic plan hashed every plan node
+-- (a small table, scanned whole) for the one row claimed.
+M.CLAIM_SQL = [[
+SELECT claimed.*, ]] .. nodes_db.note_claimed("claimed.request_id") .. [[
 
-  FROM grouped
-  LEFT JOIN claimed ON claimed.node_id = grouped.id
- ORDER BY grouped.created_at, grouped.request_id, grouped.node_key]]
+  FROM (
+SELECT movement_request_nodes.id AS node_id, movement_requests.id AS request_id,
+       movement_requests.*,
+       (SELECT plan_nodes.timeout_policy FROM plan_nodes
+         WHERE plan_nodes.id = movement_request_nodes.plan_node_id) AS claim_timeout_policy,
+       extract(epoch FROM now() - movement_request_nodes.started_at)::float8 AS claim_age_seconds
+  FROM movement_request_nodes
+  JOIN movement_requests ON movement_requests.id = movement_request_nodes.request_id
+ WHERE movement_request_nodes.id = $1::uuid
+   AND movement_request_nodes.node_state IN ('SUBMITTED', 'OBSERVING')
+   AND movement_requests.request_state = 'EXECUTING'
+   AND movement_requests.network_class = $2
+   AND (movement_request_nodes.next_observe_at IS NULL
+        OR movement_request_nodes.next_observe_at <= now())
+   FOR UPDATE OF movement_request_nodes, movement_requests SKIP LOCKED
+  ) claimed]]
 
 local NULL = qtg.db.NULL
 
@@ -183,22 +146,6 @@ local function claim(s, id, class)
   return s:query(M.CLAIM_SQL, id, class)[1]
 end
 
--- The claimed node (row: a claim's, nodes: its request's, locks held in
--- s's open transaction): put back when the executor's observe limit asks
--- for a long wait (0), else observed, the last write carrying the commit (1).
-local function observe_held(s, row, nodes, executor)
-  local adapter = executors.get(executor)
-  if adapter then
-    local go, wait = pacing.take(executor, adapter, "observe")
-    if not go then
-      s:query(M.DEFER_SQL, row.node_id, wait)
-      return 0
-    end
-  end
-  M.observe_claimed(s, row, nodes, true)
-  return 1
-end
-
 local function observe_one(s, cand, class)
   local adapter = executors.get(cand.executor)
   if adapter then
@@ -236,72 +183,30 @@ function M.lanes(candidates)
   return math.max(1, math.min(candidates, M.MAX_LANES, math.floor(pool / 4)))
 end
 
--- The snapshot's rows grouped by request, in order (each node as {id,
--- request_id, executor}), the index of the walk's first group, and the
--- claimed row (the first group's first node) on a hit, as CLAIM_SQL's.
+-- The snapshot's rows grouped by request, in order.
 local function by_request(rows)
-  local groups, at, first, claimed = {}, {}, 1, nil
+  local groups, at = {}, {}
   for _, r in ipairs(rows) do
-    local g = at[r.snapshot_request_id]
+    local g = at[r.request_id]
     if not g then
       g = {}
-      at[r.snapshot_request_id] = g
+      at[r.request_id] = g
       groups[#groups + 1] = g
     end
-    g[#g + 1] = { id = r.snapshot_id, request_id = r.snapshot_request_id, executor = r.snapshot_executor }
-    if r.snapshot_start == true then first = #groups end
-    if r.node_id ~= nil and r.node_id ~= NULL then claimed = r end
+    g[#g + 1] = r
   end
-  if claimed then
-    claimed.snapshot_id, claimed.snapshot_request_id = nil, nil
-    claimed.snapshot_executor, claimed.snapshot_start = nil, nil
-  end
-  return groups, first, claimed
-end
-
--- The snapshot with its first claim, as its pipeline transaction's first
--- statement, and the claimed request's nodes (one round trip); the
--- transaction stays open on a hit, and is ended otherwise (a miss's
--- partial lock released, as a claim's miss is).  After a snapshot that
--- found nothing (M.busy false: an idle stretch, whose passes each stay one
--- statement and one round trip), the snapshot goes alone, claiming
--- nothing, and the walk claims its first node as it claims the others.
--- -> groups, the first group's index, the claimed row and its request's
--- nodes (nil on a miss), and whether the first node was tried.
-M.busy = false
-
-local function snapshot(s, class)
-  local r1, r2 = qtg.crypto.random_bytes(2):byte(1, 2)
-  local stmt = { M.SNAPSHOT_SQL, class, qtg.settings.node_observe_batch_size or 10, M.MAX_PER_PASS,
-                 r1 * 256 + r2, M.busy }
-  if not M.busy then
-    local rows = s:query(unpack(stmt))
-    M.busy = #rows > 0
-    local groups, first = by_request(rows)
-    return groups, first, nil, nil, false
-  end
-  s:begin_pipeline()
-  local ok, rows, nodes = pcall(s.batch, s, stmt, { nodes_db.CLAIMED_NODES_SQL })
-  if not ok then
-    pcall(s.rollback, s)
-    error(rows, 0)
-  end
-  M.busy = #rows > 0
-  local groups, first, claimed = by_request(rows)
-  if not claimed then s:commit() end
-  return groups, first, claimed, nodes, true
+  return groups
 end
 
 function M.tick(s)
   local class = qtg.settings.network_class
-  local groups, first, claimed, nodes, tried = snapshot(s, class)
-  if #groups == 0 then return 0 end
+  local rows = s:query(M.SNAPSHOT_SQL, class, qtg.settings.node_observe_batch_size or 10,
+    M.MAX_PER_PASS)
+  if #rows == 0 then return 0 end
+  local groups = by_request(rows)
   -- Each pass walks its snapshot from a random request (wrapping round): two
   -- processes that took the same snapshot mostly claim different requests
-  -- instead of missing on each other's locks, one by one.  When the
-  -- snapshot's statement tried the first request's first node, this
-  -- session observes it (a hit) or leaves that request (a miss), and the
-  -- walk goes on from the next request.
+  -- instead of missing on each other's locks, one by one.
   -- A miss means another process (or worker) holds that request, or has
   -- already observed the node since the snapshot: the rest of that
   -- request's nodes are left to it, and once this pass has observed a node,
@@ -310,23 +215,22 @@ function M.tick(s)
   -- ending it, the drain's next pass takes a fresh snapshot (one statement)
   -- without those nodes.  A pass that has observed nothing walks on, so a
   -- due node is never left waiting for the fallback poll by a miss.
-  local next_g, hits, first_err, done = tried and 2 or 1, 0, nil, false
-  local function walk(ls, group, from)
-    for i = from, #group do
-      local ok, res = pcall(observe_one, ls, group[i], class)
-      if not ok then first_err = first_err or res; return end
-      if res == nil then
-        done = hits > 0
-        return
-      end
-      hits = hits + res
-    end
-  end
+  local r1, r2 = qtg.crypto.random_bytes(2):byte(1, 2)
+  local start = (r1 * 256 + r2) % #groups
+  local next_g, hits, first_err, done = 1, 0, nil, false
   local function lane(ls)
     while first_err == nil and not done and next_g <= #groups do
-      local group = groups[(first + next_g - 2) % #groups + 1]
+      local group = groups[(start + next_g - 1) % #groups + 1]
       next_g = next_g + 1
-      walk(ls, group, 1)
+      for _, cand in ipairs(group) do
+        local ok, res = pcall(observe_one, ls, cand, class)
+        if not ok then first_err = first_err or res; break end
+        if res == nil then
+          done = hits > 0
+          break
+        end
+        hits = hits + res
+      end
     end
   end
   local tasks = {}
@@ -337,16 +241,6 @@ function M.tick(s)
       ls:release()
       if not ok then error(err, 0) end
     end)
-  end
-  if claimed then
-    local group = groups[first]
-    local ok, res = pcall(s.finish_transaction, s, observe_held, s, claimed, nodes, group[1].executor)
-    if ok then
-      hits = hits + res
-      walk(s, group, 2)
-    else
-      first_err = res
-    end
   end
   lane(s)
   for _, t in ipairs(tasks) do

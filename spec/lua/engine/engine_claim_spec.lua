@@ -35,20 +35,6 @@ local function node_row_locks(s)
   return out
 end
 
--- s, and a count of its method calls k(sql, ...) for which counts(k, sql)
--- is true
-local function counting(s, counts)
-  local n = 0
-  local proxy = setmetatable({}, { __index = function(_, k)
-    local f = s[k]
-    return function(_, sql, ...)
-      if counts(k, sql) then n = n + 1 end
-      return f(s, sql, ...)
-    end
-  end })
-  return proxy, function() return n end
-end
-
 describe("per-candidate claim", function()
   local s1, s2, s3
   setup(function()
@@ -278,7 +264,18 @@ describe("per-candidate claim", function()
       return out
     end
 
-    local function node_reads(k, sql) return k == "query" and sql == nodes_db.NODES_SQL end
+    -- s, counting its NODES_SQL statements
+    local function counting(s)
+      local n = 0
+      local proxy = setmetatable({}, { __index = function(_, k)
+        local f = s[k]
+        return function(_, sql, ...)
+          if k == "query" and sql == nodes_db.NODES_SQL then n = n + 1 end
+          return f(s, sql, ...)
+        end
+      end })
+      return proxy, function() return n end
+    end
 
     local was
     before_each(function() was = dispatcher.draining end)
@@ -349,7 +346,7 @@ describe("per-candidate claim", function()
       dispatcher.draining = true
       local row, nodes = dispatcher.claim_one(s1, qtg.settings.network_class)
       assert.equal(older.id, row.request_id)
-      local proxy, reads = counting(s1, node_reads)
+      local proxy, reads = counting(s1)
       local g, node = nodes_db.claimed(proxy, row, nodes)
       assert.equal(0, reads())
       assert.equal(row.node_id, node.id)
@@ -363,130 +360,6 @@ describe("per-candidate claim", function()
         for _, n in ipairs(g.nodes) do assert.equal(older.id, n.request_id) end
       end
       s1:rollback()
-    end)
-  end)
-  describe("the observer's snapshot with its first claim", function()
-    local observer = require "qtg.workers.node_observer"
-    local nodes_db = require "qtg.nodes"
-    local key = T .. "_snapshot"
-
-    -- n requests whose node a is SUBMITTED and due, oldest first: their a nodes
-    local function due(n)
-      sup.load_doc(s3, sup.doc(key, { { "a", "action", "withdrawal", { sim = { observes = 3 } } } }))
-      local reqs, a = {}, {}
-      for i = 1, n do reqs[i] = sup.create_approved(s3, key) end
-      for _ = 1, n do assert.equal(1, sup.tick("node_dispatcher")) end
-      for i = 1, n do
-        a[i] = sup.nodes(s3, reqs[i].id).a
-        assert.equal("SUBMITTED", a[i].node_state)
-      end
-      s3:query([[UPDATE movement_request_nodes SET next_observe_at = now() - interval '1 second'
-                  WHERE node_state = 'SUBMITTED' AND request_id IN
-                        (SELECT id FROM movement_requests WHERE network_class = $1)]], qtg.settings.network_class)
-      return reqs, a
-    end
-
-    local function snapshot(s, pick)
-      return s:batch({ observer.SNAPSHOT_SQL, qtg.settings.network_class, 10, 200, pick, true },
-        { nodes_db.CLAIMED_NODES_SQL })
-    end
-
-    local was
-    before_each(function() was = observer.busy end)
-    after_each(function() observer.busy = was end)
-
-    local function can_lock(s, table_name, id)
-      s:begin()
-      local ok = pcall(s.query, s, "SELECT id FROM " .. table_name .. " WHERE id = $1::uuid FOR UPDATE NOWAIT", id)
-      s:rollback()
-      return ok
-    end
-
-    it("claims the start request's first node and locks nothing else; the nodes are its request's", function()
-      local reqs, a = due(3)
-      for pick = 0, 3 do -- 3 wraps round to the oldest
-        local want = (pick % 3) + 1
-        s1:begin_pipeline()
-        local rows, nodes = snapshot(s1, pick)
-        assert.equal(3, #rows)
-        for i, r in ipairs(rows) do
-          assert.equal(a[i].id, r.snapshot_id)   -- request order, every due node
-          assert.equal(i == want, r.snapshot_start)
-          if i == want then assert.equal(a[i].id, r.node_id) else assert.equal(qtg.db.NULL, r.node_id) end
-        end
-        assert.is_true(#nodes > 0)
-        for _, n in ipairs(nodes) do assert.equal(reqs[want].id, n.request_id) end
-        local locks = node_row_locks(s3)
-        assert.is_not_nil(locks[a[want].id])
-        for i = 1, 3 do
-          if i ~= want then
-            assert.is_nil(locks[a[i].id])
-            assert.is_true(can_lock(s2, "movement_requests", reqs[i].id))
-            assert.is_true(can_lock(s2, "movement_request_nodes", a[i].id))
-          end
-        end
-        assert.is_false(can_lock(s2, "movement_requests", reqs[want].id))
-        s1:rollback()
-      end
-    end)
-
-    it("misses on a request held elsewhere: nothing claimed, no nodes, and the pass walks on with no lock left", function()
-      local reqs, a = due(3)
-      hold_request(s2, reqs[1].id)
-      s1:begin_pipeline()
-      local rows, nodes = snapshot(s1, 0)
-      assert.equal(3, #rows)
-      assert.is_true(rows[1].snapshot_start)
-      for _, r in ipairs(rows) do assert.equal(qtg.db.NULL, r.node_id) end
-      assert.same({}, nodes)
-      s1:rollback()
-      -- the tick: its walk starts at the held request (random bytes 0, one lane)
-      local random_bytes, lanes = qtg.crypto.random_bytes, observer.MAX_LANES
-      qtg.crypto.random_bytes = function(n) return ("\0"):rep(n) end
-      observer.MAX_LANES = 1
-      observer.busy = true -- the last snapshot found work: this one claims
-      local ok, res = pcall(sup.tick, "node_observer")
-      qtg.crypto.random_bytes, observer.MAX_LANES = random_bytes, lanes
-      assert(ok, res)
-      assert.equal(2, res)
-      assert.equal("SUBMITTED", sup.nodes(s3, reqs[1].id).a.node_state)
-      for i = 2, 3 do assert.equal(1, sup.nodes(s3, reqs[i].id).a.observe_count) end
-      assert.is_nil(node_row_locks(s3)[a[1].id]) -- the miss's transaction ended: no partial lock
-      s2:rollback()
-      assert.equal(1, sup.tick("node_observer"))
-      assert.equal(1, sup.nodes(s3, reqs[1].id).a.observe_count)
-    end)
-
-    it("a busy pass that observes one node is two round trips; an idle pass is one statement", function()
-      local reqs = due(1)
-      local trips = { query = true, batch = true, commit_batch = true, commit = true }
-      local counted, round_trips = counting(s1, function(k) return trips[k] == true end)
-      local proxy, batches = counting(counted, function(k) return k == "batch" end)
-      local function observed() return sup.nodes(s3, reqs[1].id).a.observe_count end
-      observer.busy = true -- the last snapshot found work
-      assert.equal(1, observer.tick(proxy))
-      assert.equal(2, round_trips())  -- the snapshot with the claim and the nodes; the write with the commit
-      assert.equal(1, observed())
-      assert.is_nil(s1:pipeline())
-      assert.is_false(s1:in_transaction())
-      -- nothing due after a snapshot that found work: the statement with
-      -- its nodes read, and the Sync that ends its read-only transaction
-      assert.equal(0, observer.tick(proxy))
-      assert.equal(4, round_trips())
-      assert.is_false(observer.busy)
-      -- idle: the snapshot alone (no batch), claiming nothing, one round trip
-      local b = batches()
-      assert.equal(0, observer.tick(proxy))
-      assert.equal(5, round_trips())
-      assert.equal(b, batches())
-      assert.is_false(observer.busy)
-      -- the first pass after idle claims its node as the walk claims the others
-      s3:query("UPDATE movement_request_nodes SET next_observe_at = now() - interval '1 second' WHERE id = $1::uuid",
-        sup.nodes(s3, reqs[1].id).a.id)
-      assert.equal(1, observer.tick(proxy))
-      assert.equal(2, observed())
-      assert.is_true(observer.busy)
-      assert.equal(8, round_trips()) -- the snapshot; the claim with the nodes; the write
     end)
   end)
 end)
