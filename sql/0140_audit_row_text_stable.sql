@@ -1,6 +1,6 @@
 -- 0140_audit_row_text_stable.sql -- qtg_audit_row_text is declared as
--- volatile as its body is (docs/performance.md, "The observer's first claim
--- in its snapshot").
+-- volatile as its body is (docs/performance.md, "Where PostgreSQL's CPU
+-- goes").
 --
 -- 0100 declared it IMMUTABLE, but its body is STABLE (jsonb_build_object
 -- turns values into text through their output functions).  PostgreSQL
