@@ -24,6 +24,9 @@
  *             and never a hang
  *   signer    the request line `qtgd signer` reads and the EIP-1559 payload
  *             it decodes (qtg_signer_proto.c): strict fields, canonical RLP
+ *   pg        the after-commit notification PostgreSQL sends a pool session
+ *             as a NOTICE (qtg_pg_after_commit_parse): taken exactly when it
+ *             has the prefix, a channel and a space, the parts in place
  */
 #ifndef QTG_FUZZ_H
 #define QTG_FUZZ_H
@@ -36,6 +39,7 @@ int qtg_fuzz_json(const uint8_t *data, size_t size);
 int qtg_fuzz_console(const uint8_t *data, size_t size);
 int qtg_fuzz_http(const uint8_t *data, size_t size);
 int qtg_fuzz_signer(const uint8_t *data, size_t size);
+int qtg_fuzz_pg(const uint8_t *data, size_t size);
 
 /* The shared host of the console and http targets (fuzz/fuzz_host.c):
  * made on first use, closed at exit (or by qtg_fuzz_host_close). */

@@ -643,6 +643,46 @@ static void qtg_db_notified(const char *channel, const char *payload, void *data
   qtg_task_spawn(h, name, 2, 0, NULL, NULL);
 }
 
+/* An after-commit notification of this process's own transaction
+ * (qtg_pg_pool_on_commit): to this process's handler of the channel when it
+ * has one, with a third argument, true (raised here: the handler sends on
+ * what other processes need); else sent on as a NOTIFY (the prelude's
+ * db.notify) for every listener. */
+static const char qtg_db_notify_key = 0;
+
+static void qtg_db_committed(const char *channel, const char *payload, void *data) {
+  qtg_host *h = data;
+  lua_State *L = h->L;
+  if (!L) return;
+  int handled = 0;
+  if (h->listen_ref != LUA_NOREF) {
+    lua_rawgeti(L, LUA_REGISTRYINDEX, h->listen_ref);
+    lua_getfield(L, -1, channel);
+    lua_remove(L, -2);
+    handled = lua_isfunction(L, -1);
+    if (!handled) lua_pop(L, 1);
+  }
+  char name[80];
+  if (handled) {
+    lua_pushstring(L, payload);
+    lua_pushstring(L, channel);
+    lua_pushboolean(L, 1);
+    snprintf(name, sizeof name, "notify:%s", channel);
+    qtg_task_spawn(h, name, 3, 0, NULL, NULL);
+    return;
+  }
+  lua_pushlightuserdata(L, (void *)&qtg_db_notify_key);
+  lua_rawget(L, LUA_REGISTRYINDEX);
+  if (!lua_isfunction(L, -1)) {
+    lua_pop(L, 1);
+    return;
+  }
+  lua_pushstring(L, channel);
+  lua_pushstring(L, payload);
+  snprintf(name, sizeof name, "notify-on:%s", channel);
+  qtg_task_spawn(h, name, 2, 0, NULL, NULL);
+}
+
 static int qtg_db_listen(lua_State *L) {
   const char *channel = luaL_checkstring(L, 1);
   luaL_checktype(L, 2, LUA_TFUNCTION);
@@ -690,6 +730,9 @@ int qtg_pg_open(qtg_host *h, char *err, size_t errlen) {
     snprintf(err, errlen, "out of memory creating the PostgreSQL pool");
     return -1;
   }
+  /* Without wake-ups no worker of this process takes them: its sessions
+   * NOTIFY as any client does, for the processes that listen. */
+  if (qtg_settings_bool(h->settings, QTG_S_WAKEUPS_ENABLED)) qtg_pg_pool_on_commit(h->pool, qtg_db_committed, h);
   return 0;
 }
 
@@ -744,5 +787,9 @@ int luaopen_qtg_db(lua_State *L) {
   lua_pushvalue(L, -3);
   lua_call(L, 2, 0);
   lua_pop(L, 2);
+  /* the prelude's db.notify sends on after-commit notifications no handler here takes */
+  lua_pushlightuserdata(L, (void *)&qtg_db_notify_key);
+  lua_getfield(L, -2, "notify");
+  lua_rawset(L, LUA_REGISTRYINDEX);
   return 1;
 }

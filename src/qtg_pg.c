@@ -38,6 +38,13 @@ typedef struct {
   uint64_t used;             /* c->stmt_clock when last run */
 } qtg_pg_stmt;
 
+/* A notification its transaction asked to be sent after it commits
+ * (QTG_PG_AFTER_COMMIT below). */
+typedef struct qtg_pg_after_commit {
+  char *channel, *payload;
+  struct qtg_pg_after_commit *next;
+} qtg_pg_after_commit;
+
 typedef struct qtg_pg_waiter {
   qtg_pg_acquire_cb cb;
   void *data;
@@ -79,6 +86,9 @@ struct qtg_pg_conn {
   int batch_n;               /* commands in the batch; 0 when not a batch */
   int batch_done;            /* commands whose results are read */
   PGresult *batch_res[QTG_PG_BATCH_MAX];
+  /* notifications raised by the open transaction, for after its commit */
+  qtg_pg_after_commit *after_commit, **after_commit_tail;
+  int after_commit_n;
   qtg_pg_conn *next; /* pool's list of all connections */
 };
 
@@ -89,6 +99,8 @@ struct qtg_pg_pool {
   qtg_pg_conn *conns;
   qtg_pg_waiter *whead, *wtail;
   void (*drop)(void *data); /* frees the data of a callback never to be called */
+  qtg_pg_notify_cb committed; /* gets the after-commit notifications */
+  void *committed_data;
   char last_error[512];
 };
 
@@ -162,7 +174,28 @@ static void qtg_pg_pending_free(qtg_pg_conn *c) {
   c->pending_n = 0;
 }
 
+/* Forget the open transaction's after-commit notifications (it rolled back,
+ * failed, or its connection is gone); with deliver, hand each to the pool's
+ * committed callback first (it committed).  The list is detached before
+ * the callbacks run, which may use the pool. */
+static void qtg_pg_after_commit_end(qtg_pg_conn *c, int deliver) {
+  qtg_pg_after_commit *a = c->after_commit;
+  qtg_pg_pool *p = c->pool;
+  c->after_commit = NULL;
+  c->after_commit_tail = &c->after_commit;
+  c->after_commit_n = 0;
+  while (a) {
+    qtg_pg_after_commit *next = a->next;
+    if (deliver && p && p->committed) p->committed(a->channel, a->payload, p->committed_data);
+    free(a->channel);
+    free(a->payload);
+    free(a);
+    a = next;
+  }
+}
+
 static void qtg_pg_conn_free(qtg_pg_conn *c) {
+  qtg_pg_after_commit_end(c, 0);
   qtg_pg_unwatch(c);
   if (c->pg) PQfinish(c->pg);
   if (c->last) PQclear(c->last);
@@ -195,12 +228,74 @@ static void qtg_pg_conn_destroy(qtg_pg_conn *c) {
   qtg_pg_conn_free(c);
 }
 
-/* Server NOTICEs (e.g. "table does not exist, skipping") are debug logs,
- * not stray lines on stderr. */
-static void qtg_pg_notice(void *arg, const char *message) {
-  (void)arg;
+/* After-commit notifications.  A NOTIFY holds PostgreSQL's notification
+ * lock (one per database) from the commit's start to its end, WAL flush
+ * included, so transactions that notify cannot share a flush: on a durable
+ * cluster they commit one flush at a time.  A session of a pool that has a
+ * committed callback (qtg_pg_pool_on_commit) tells the server
+ * (QTG_PG_POOL_OPTIONS) that it sends its notifications itself:
+ * a trigger then raises a NOTICE "qtg_after_commit <channel> <payload>"
+ * instead of NOTIFYing (sql/0150), the connection keeps it with its open
+ * transaction, and the pool's committed callback gets it once that
+ * transaction has committed; a transaction that fails or rolls back drops
+ * it.  At most QTG_PG_AFTER_COMMIT_MAX are kept per transaction. */
+#define QTG_PG_AFTER_COMMIT "qtg_after_commit "
+#define QTG_PG_AFTER_COMMIT_MAX 16
+#define QTG_PG_SESSION_OPTIONS "-c TimeZone=UTC -c DateStyle=ISO -c plan_cache_mode=force_generic_plan"
+/* the notices reach the session whatever the database's defaults say */
+#define QTG_PG_POOL_OPTIONS " -c qtg.notify=after_commit -c client_min_messages=notice"
+
+int qtg_pg_after_commit_parse(const char *msg, size_t *channel_len, const char **payload) {
+  size_t prefix = strlen(QTG_PG_AFTER_COMMIT);
+  if (strncmp(msg, QTG_PG_AFTER_COMMIT, prefix) != 0) return -1;
+  const char *channel = msg + prefix;
+  size_t n = strcspn(channel, " ");
+  if (n == 0 || channel[n] != ' ') return -1;
+  *channel_len = n;
+  *payload = channel + n + 1;
+  return 0;
+}
+
+static int qtg_pg_after_commit_add(qtg_pg_conn *c, const char *msg) {
+  size_t n;
+  const char *payload;
+  if (qtg_pg_after_commit_parse(msg, &n, &payload) != 0 || c->after_commit_n >= QTG_PG_AFTER_COMMIT_MAX)
+    return -1;
+  qtg_pg_after_commit *a = calloc(1, sizeof *a);
+  if (!a) return -1;
+  a->channel = strndup(msg + strlen(QTG_PG_AFTER_COMMIT), n);
+  a->payload = strdup(payload);
+  if (!a->channel || !a->payload) {
+    free(a->channel);
+    free(a->payload);
+    free(a);
+    return -1;
+  }
+  if (!c->after_commit) c->after_commit_tail = &c->after_commit;
+  *c->after_commit_tail = a;
+  c->after_commit_tail = &a->next;
+  c->after_commit_n++;
+  return 0;
+}
+
+/* Server NOTICEs: an after-commit notification of a pool session is kept;
+ * any other (e.g. "table does not exist, skipping") is a debug log, not a
+ * stray line on stderr. */
+static void qtg_pg_notice(void *arg, const PGresult *res) {
+  qtg_pg_conn *c = arg;
+  const char *primary = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
+  const char *severity = PQresultErrorField(res, PG_DIAG_SEVERITY_NONLOCALIZED);
+  if (c->pool && primary && severity && strcmp(severity, "NOTICE") == 0 &&
+      strncmp(primary, QTG_PG_AFTER_COMMIT, strlen(QTG_PG_AFTER_COMMIT)) == 0) {
+    /* the prefix is ours: the rest must parse */
+    if (qtg_pg_after_commit_add(c, primary) == 0) return;
+    qtg_logf(QTG_LOG_WARN, "source", "postgresql",
+             "an after-commit notification is dropped (malformed, out of memory, or more than %d in one transaction)",
+             QTG_PG_AFTER_COMMIT_MAX);
+    return;
+  }
   char msg[512];
-  snprintf(msg, sizeof msg, "%s", message);
+  snprintf(msg, sizeof msg, "%s", PQresultErrorMessage(res));
   msg[strcspn(msg, "\n")] = '\0';
   qtg_logf(QTG_LOG_DEBUG, "source", "postgresql", "%s", msg);
 }
@@ -221,9 +316,12 @@ static qtg_pg_conn *qtg_pg_conn_start(uv_loop_t *loop, const char *conninfo, qtg
    * prepared once per connection and the claims' state predicates are
    * constants that match their partial indexes, so planning each execution
    * afresh costs PostgreSQL CPU and buys nothing (docs/performance.md). */
+  c->after_commit_tail = &c->after_commit;
   const char *keys[] = {"dbname", "application_name", "options", NULL};
   const char *vals[] = {conninfo, "qtgd",
-                        "-c TimeZone=UTC -c DateStyle=ISO -c plan_cache_mode=force_generic_plan", NULL};
+                        pool && pool->committed ? QTG_PG_SESSION_OPTIONS QTG_PG_POOL_OPTIONS
+                                                : QTG_PG_SESSION_OPTIONS,
+                        NULL};
   c->pg = PQconnectStartParams(keys, vals, 1);
   if (!c->pg || PQstatus(c->pg) == CONNECTION_BAD) {
     snprintf(err, errlen, "cannot connect to PostgreSQL: %s",
@@ -231,7 +329,7 @@ static qtg_pg_conn *qtg_pg_conn_start(uv_loop_t *loop, const char *conninfo, qtg
     qtg_pg_conn_free(c);
     return NULL;
   }
-  PQsetNoticeProcessor(c->pg, qtg_pg_notice, NULL);
+  PQsetNoticeReceiver(c->pg, qtg_pg_notice, c);
   c->state = QTG_PG_CONNECTING;
   if (qtg_pg_watch(c, UV_WRITABLE) != 0) {
     snprintf(err, errlen, "cannot watch the PostgreSQL socket");
@@ -374,7 +472,25 @@ static int qtg_pg_stmt_find(const qtg_pg_conn *c, const char *sql) {
   return -1;
 }
 
+/* A command is over: did it end its transaction, and how?  After-commit
+ * notifications are raised only as a transaction commits (deferred
+ * triggers), so they are pending only here: handed on when the command
+ * committed (a pipeline's Sync, a COMMIT, an autocommit statement), dropped
+ * when it failed or rolled back, kept while the transaction stays open. */
+static void qtg_pg_after_command(qtg_pg_conn *c, int failed) {
+  if (!c->after_commit) return;
+  int ended = c->step == QTG_PG_STEP_SYNC ||
+              (c->pipe == QTG_PG_PIPE_OFF && PQtransactionStatus(c->pg) == PQTRANS_IDLE);
+  if (PQtransactionStatus(c->pg) == PQTRANS_INERROR) failed = 1;
+  if (c->last && PQresultStatus(c->last) != PGRES_FATAL_ERROR && strcmp(PQcmdStatus(c->last), "ROLLBACK") == 0)
+    failed = 1;
+  if (ended || failed) qtg_pg_after_commit_end(c, !failed);
+}
+
 static void qtg_pg_command_done(qtg_pg_conn *c) {
+  int failed = c->pipe_failed ||
+               (c->last && (PQresultStatus(c->last) == PGRES_FATAL_ERROR ||
+                            PQresultStatus(c->last) == PGRES_PIPELINE_ABORTED));
   if (c->step == QTG_PG_STEP_SYNC) {
     /* the Sync ended the server's transaction: leave pipeline mode */
     if (!PQexitPipelineMode(c->pg)) {
@@ -408,6 +524,7 @@ static void qtg_pg_command_done(qtg_pg_conn *c) {
     qtg_pg_conn_fail(c, "cannot watch the PostgreSQL socket");
     return;
   }
+  qtg_pg_after_command(c, failed);
   qtg_pg_deliver(c, NULL);
 }
 
@@ -559,6 +676,11 @@ int qtg_pg_pool_new(uv_loop_t *loop, const char *conninfo, int size, void (*drop
   }
   *out = p;
   return 0;
+}
+
+void qtg_pg_pool_on_commit(qtg_pg_pool *p, qtg_pg_notify_cb cb, void *data) {
+  p->committed = cb;
+  p->committed_data = data;
 }
 
 void qtg_pg_pool_free(qtg_pg_pool *p) {

@@ -33,6 +33,17 @@ typedef void (*qtg_pg_notify_cb)(const char *channel, const char *payload, void 
  * path that discards a connection can leak its caller's data. */
 int qtg_pg_pool_new(uv_loop_t *loop, const char *conninfo, int size, void (*drop)(void *data),
                     qtg_pg_pool **out);
+/* Notifications a pool session's transaction raised for after its commit
+ * (a NOTICE "qtg_after_commit <channel> <payload>", sql/0150): cb gets each
+ * once the transaction has committed, before its caller gets the commit's
+ * result; none of a transaction that fails or rolls back.  Set before the
+ * first acquire: the sessions opened after it ask for these (a connection
+ * option); without it they NOTIFY in the transaction as any client does. */
+void qtg_pg_pool_on_commit(qtg_pg_pool *pool, qtg_pg_notify_cb cb, void *data);
+/* Parse such a NOTICE's message: 0 and the channel's length (it starts
+ * after the prefix) and the payload (the rest, after one space); -1 when
+ * msg is not one (no prefix, an empty channel, no space after it). */
+int qtg_pg_after_commit_parse(const char *msg, size_t *channel_len, const char **payload);
 /* Frees every connection; callbacks of in-flight work and of queued
  * acquires are NOT called: the pool's drop is called with each one's data. */
 void qtg_pg_pool_free(qtg_pg_pool *pool);

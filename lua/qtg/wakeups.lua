@@ -45,7 +45,7 @@ M.GATHER = { audit_outbox_promoter = 0.1, callback_dispatcher = 0.1 }
 local state = { workers = nil, timers = {}, ntimers = {}, stats = nil }
 
 local function new_stats()
-  return { notifies = 0, woken = 0, scheduled = 0, dropped = 0, ignored = 0, catchups = 0 }
+  return { notifies = 0, woken = 0, scheduled = 0, dropped = 0, ignored = 0, catchups = 0, sent_on = 0 }
 end
 
 -- The workers that take wake-ups: registry rows with `wake` set.
@@ -118,9 +118,12 @@ function M.wake_in(name, delay)
 end
 
 -- The LISTEN handler: runs in its own task per NOTIFY (the host delivers
--- identical ones that arrive together once: docs/host-api.md).
-function M.on_notify(payload, channel)
-  local _ = channel
+-- identical ones that arrive together once: docs/host-api.md), and per
+-- wake-up of this process's own committed transactions (here = true: they
+-- raise it for qtgd instead of NOTIFYing, sql/0150).  Those wake this
+-- process's workers; the tokens of workers that do not run here are sent
+-- on as one NOTIFY (qtg.db.notify) for the processes that run them.
+function M.on_notify(payload, channel, here)
   local stats = state.stats
   if payload == nil then
     -- the listener came back: whatever was notified meanwhile is lost
@@ -130,10 +133,13 @@ function M.on_notify(payload, channel)
     return
   end
   stats.notifies = stats.notifies + 1
+  local elsewhere = {}
   for _, token in ipairs(M.tokens(payload)) do
     local name, delay = M.parse(token)
-    if not name or not state.workers[name] then
+    if not name then
       stats.ignored = stats.ignored + 1
+    elseif not state.workers[name] then
+      if here then elsewhere[#elsewhere + 1] = token else stats.ignored = stats.ignored + 1 end
     else
       local gather = M.GATHER[name]
       if gather and delay < gather then delay = gather end
@@ -143,6 +149,10 @@ function M.on_notify(payload, channel)
         schedule(name, delay)
       end
     end
+  end
+  if #elsewhere > 0 then
+    stats.sent_on = stats.sent_on + 1
+    qtg.db.notify(channel or M.CHANNEL, table.concat(elsewhere, " "))
   end
 end
 
@@ -177,7 +187,8 @@ function M.stop()
   state.stopped = true
 end
 
--- Counters since start: notifies, woken, scheduled, dropped, ignored, catchups.
+-- Counters since start: notifies, woken, scheduled, dropped, ignored,
+-- catchups, sent_on (own wake-ups sent on to other processes).
 function M.stats()
   local out = {}
   for k, v in pairs(state.stats or new_stats()) do out[k] = v end

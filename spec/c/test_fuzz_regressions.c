@@ -17,6 +17,7 @@
 #include "../../fuzz/fuzz_console.c"
 #include "../../fuzz/fuzz_http.c"
 #include "../../fuzz/fuzz_signer.c"
+#include "../../fuzz/fuzz_pg.c"
 #include "qtg_test.h"
 
 static qtg_test_counts tc;
@@ -81,5 +82,6 @@ int main(void) {
   replay("console", qtg_fuzz_console);
   replay("http", qtg_fuzz_http);
   replay("signer", qtg_fuzz_signer);
+  replay("pg", qtg_fuzz_pg);
   return qtg_test_finish(&tc);
 }

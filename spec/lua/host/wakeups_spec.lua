@@ -123,30 +123,40 @@ describe("wake-ups", function()
                   audit_outbox_promoter = true }, wakeups.wakeable(on))
   end)
 
-  -- notified(fn) -> the qtg_wake payloads of what fn(s) commits, in order:
-  -- a listener in this process (the handler path of qtgd run), and a
-  -- sentinel NOTIFY committed after fn, so every payload of fn's
-  -- transactions has arrived when the sentinel has (commit order).
+  -- notified(fn) -> the qtg_wake payloads of what fn(s) commits, in order,
+  -- and for each whether it was raised here (this process's own committed
+  -- transaction, handed over by the host: sql/0150) or came as a NOTIFY:
+  -- a handler in this process (the handler path of qtgd run), and sentinel
+  -- NOTIFYs before and after fn, so what earlier transactions sent on has
+  -- arrived before it starts, and every payload of fn's transactions has
+  -- arrived when the last sentinel has (commit order).
   local function notified(fn)
-    local got, ok, err = {}, nil, nil
-    qtg.db.listen("qtg_wake", function(payload) got[#got + 1] = payload end)
+    local got, here, ok, err = {}, {}, nil, nil
+    qtg.db.listen("qtg_wake", function(payload, _, raised_here)
+      got[#got + 1] = payload
+      here[#got] = raised_here == true
+    end)
+    local function sentinel(word)
+      qtg.db.with_session(function(s) s:query("SELECT pg_notify('qtg_wake', $1)", word) end)
+      assert.truthy(support.eventually(function() return got[#got] == word end, 10),
+        "the sentinel did not arrive: " .. table.concat(got, " | "))
+    end
     ok, err = pcall(function()
       assert.truthy(support.eventually(function()
         return qtg.db.with_session(function(s) return #s:query([[
           SELECT 1 FROM pg_stat_activity WHERE query LIKE 'LISTEN %qtg_wake%'
              AND pid <> pg_backend_pid()]]) > 0 end)
       end, 10))
-      qtg.db.with_session(function(s)
-        fn(s)
-        s:query("SELECT pg_notify('qtg_wake', 'spec_sentinel')")
-      end)
-      assert.truthy(support.eventually(function() return got[#got] == "spec_sentinel" end, 10),
-        "the sentinel did not arrive: " .. table.concat(got, " | "))
+      sentinel("spec_start")
+      for i = #got, 1, -1 do got[i], here[i] = nil, nil end
+      qtg.db.with_session(fn)
+      sentinel("spec_sentinel")
     end)
     qtg.db.unlisten("qtg_wake")
     if not ok then error(err, 0) end
-    got[#got] = nil
-    return got
+    local last = #got
+    got[last], here[last] = nil, nil
+    return got, here
   end
 
   local function token_set(payload)
@@ -177,8 +187,10 @@ describe("wake-ups", function()
       req = engine.create(s, TEMPLATE, { callback_url = "http://127.0.0.1:9/callback" })
     end)
     -- the approval: a node READY, a callback queued, audit rows, one transaction
-    got = notified(function(s) require("qtg.requests").approve(s, req.id, engine.ACTOR) end)
+    local here
+    got, here = notified(function(s) require("qtg.requests").approve(s, req.id, engine.ACTOR) end)
     assert.equal(1, #got, "payloads: " .. table.concat(got, " | "))
+    assert.is_true(here[1], "a qtgd session's wake-up comes to qtgd after its commit, not as a NOTIFY")
     assert.same({ node_dispatcher = true, callback_dispatcher = true, audit_outbox_promoter = true },
       token_set(got[1]))
     -- a node due in 30 s: its token carries the delay
@@ -191,6 +203,84 @@ describe("wake-ups", function()
     local name, delay = wakeups.parse(got[1])
     assert.equal("node_observer", name)
     assert.is_true(delay > 29 and delay <= 30.1, got[1])
+  end)
+
+  it("a qtgd session's transaction NOTIFYs nothing: its wake-up comes to qtgd once it has committed, and not when it fails", function()
+    local req
+    notified(function(s) req = engine.create(s, TEMPLATE, { callback_url = false }) end)
+    local got, here = notified(function(s)
+      -- the connection option that tells the triggers (src/qtg_pg.c)
+      assert.equal("after_commit", s:query("SELECT current_setting('qtg.notify', true) AS v")[1].v)
+      s:query([[UPDATE movement_request_nodes SET node_state = 'READY' WHERE request_id = $1::uuid]], req.id)
+    end)
+    assert.same({ "node_dispatcher" }, got)
+    assert.same({ true }, here)
+    -- raised (the deferred trigger run early), then the transaction fails,
+    -- or is rolled back, or its pipeline fails: nothing is handed on
+    local function submitted(s)
+      s:query([[UPDATE movement_request_nodes SET node_state = 'SUBMITTED', next_observe_at = now()
+                 WHERE request_id = $1::uuid]], req.id)
+      s:exec("SET CONSTRAINTS ALL IMMEDIATE")
+    end
+    local endings = {
+      failed = function(s)
+        s:begin()
+        submitted(s)
+        assert.is_false(pcall(s.query, s, "SELECT 1 / 0"))
+        s:rollback()
+      end,
+      rolled_back = function(s)
+        s:begin()
+        submitted(s)
+        s:rollback()
+      end,
+      pipeline_failed = function(s)
+        s:begin_pipeline()
+        submitted(s)
+        assert.is_false(pcall(s.query, s, "SELECT 1 / $1::int", "0"))
+        s:rollback()
+      end,
+    }
+    local handed_on = {}
+    for name, ending in pairs(endings) do
+      got = notified(ending)
+      if #got > 0 then handed_on[#handed_on + 1] = name .. ": " .. table.concat(got, " | ") end
+    end
+    table.sort(handed_on)
+    assert.same({}, handed_on)
+    -- the control: the same transaction committed hands it on
+    got = notified(function(s)
+      s:begin()
+      submitted(s)
+      s:commit()
+    end)
+    assert.equal(1, #got)
+    assert.equal("node_observer", (wakeups.parse(got[1])))
+  end)
+
+  it("another session (psql, a tool) NOTIFYs as before", function()
+    local req
+    notified(function(s) req = engine.create(s, TEMPLATE, { callback_url = false }) end)
+    local got, here = notified(function(s)
+      s:exec("SET qtg.notify = ''")
+      local ok, err = pcall(s.query, s, [[UPDATE movement_request_nodes SET node_state = 'READY'
+                                           WHERE request_id = $1::uuid]], req.id)
+      s:exec("RESET qtg.notify")
+      assert(ok, err)
+    end)
+    assert.same({ "node_dispatcher" }, got)
+    assert.same({ false }, here)
+  end)
+
+  it("a wake-up raised here for workers that do not run here is sent on as one NOTIFY", function()
+    -- this process runs none of them (as `qtgd run` with MG_WORKERS_ENABLED=false)
+    wakeups.start(setmetatable({ workers_enabled = false, wakeups_enabled = true }, { __index = qtg.settings }))
+    local got, here = notified(function()
+      wakeups.on_notify("node_dispatcher callback_dispatcher:2.5 not%a%worker", "qtg_wake", true)
+    end)
+    assert.same({ "node_dispatcher callback_dispatcher:2.5" }, got)
+    assert.same({ false }, here)
+    assert.equal(1, wakeups.stats().sent_on)
   end)
 
   it("a rolled-back savepoint takes its wake-ups with it", function()
@@ -251,7 +341,7 @@ describe("wake-ups", function()
                 VALUES ('system:spec', 'spec.wake', 'request', $1)]], req.id)
       s:commit()
     end)
-    assert.equal(1, #got)
+    assert.equal(1, #got, "payloads: " .. table.concat(got, " | "):sub(1, 300))
     assert.is_true(#got[1] < 8000, #got[1] .. " bytes")
     local set, observers = token_set(got[1]), 0
     for t in pairs(set) do
@@ -262,6 +352,8 @@ describe("wake-ups", function()
   end)
 
   it("a NOTIFY wakes a sleeping dispatcher long before its interval", function()
+    -- the approval is this process's, which has no handler of qtg_wake: the
+    -- host sends its wake-up on as a NOTIFY after the commit (qtg.db.notify)
     qtg.db.with_session(function(s)
       -- interval 300 s (the fallback polling): only the wake-up can dispatch in time
       start_daemon(s, { MG_NODE_DISPATCH_INTERVAL_SECONDS = "300",
