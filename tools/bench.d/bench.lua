@@ -8,7 +8,8 @@
 --               inserts, the statements of a node transition, at 1, 2, 4, 8
 --               clients (three scripts cycling nodes READY -> SUBMITTED ->
 --               UNKNOWN -> READY through the dispatcher's, observer's and
---               recovery's claim shapes);
+--               recovery's claim shapes), committed as qtgd commits (no
+--               NOTIFY in the transaction: B.RAW_OPTIONS);
 --   idle        one qtgd with every always-on worker at its default
 --               interval: statements reaching PostgreSQL per second
 --               (pg_stat_statements), CPU and RSS, over --idle seconds;
@@ -291,6 +292,11 @@ function B.stmt_delta(a, b)
 end
 
 -- ------------------------------------------------------------ raw limit (pgbench)
+-- The sessions commit as qtgd's do (sql/0150): they hand their wake-up on
+-- after the commit instead of NOTIFYing in it (here the NOTICE is not even
+-- sent: pgbench would print one per transaction), so the transactions
+-- share WAL flushes as qtgd's may.
+B.RAW_OPTIONS = "-c qtg.notify=after_commit -c client_min_messages=warning"
 -- One script (pgbench 15 mixes up prepared statements across several -f
 -- scripts): each transaction picks one of three node transitions at random,
 -- so the pool of nodes in each state random-walks around its start.
@@ -386,8 +392,8 @@ function B.raw_tps(o, clients, seconds, label)
   common.write(path, B.RAW_SCRIPT)
   local tps_by = {}
   for _, c in ipairs(clients) do
-    local cmd = ("%s -n -M prepared -c %d -j %d -T %d %s %s"):format(
-      common.quote(B.pgbench), c, math.min(c, 2), seconds, "-f " .. common.quote(path),
+    local cmd = ("PGOPTIONS=%s %s -n -M prepared -c %d -j %d -T %d %s %s"):format(
+      common.quote(B.RAW_OPTIONS), common.quote(B.pgbench), c, math.min(c, 2), seconds, "-f " .. common.quote(path),
       common.quote(os.getenv("MG_DATABASE_URL")))
     local text, rc = B.sh(cmd)
     local tps = tonumber(text:match("tps = ([%d%.]+) %(without initial connection time%)"))
