@@ -9,15 +9,16 @@
 -- qtg's write transactions wake a worker, so on a durable cluster they
 -- queued behind each other's flushes.
 --
--- qtgd's pool sessions set qtg.notify = 'after_commit' (a connection
--- option).  For them the sending trigger raises the payload as a NOTICE
+-- The pool sessions of a qtgd that has started wake-ups set qtg.notify =
+-- 'after_commit' (a connection option).  For them the sending trigger
+-- raises the payload as a NOTICE
 -- "qtg_after_commit qtg_wake <payload>"; qtgd keeps it with the open
 -- transaction, and once the transaction has committed wakes its own workers
 -- and sends on, as a NOTIFY in a transaction of its own that does not wait
 -- for its flush, what other processes must hear (lua/qtg/wakeups.lua).  A
 -- transaction that rolls back or fails hands nothing on, as a NOTIFY would
--- not be sent.  Every other session (psql, a migration, another tool)
--- NOTIFYs as before.
+-- not be sent.  Every other session (qtgd exec, psql, a migration, another
+-- tool) NOTIFYs as before.
 CREATE OR REPLACE FUNCTION qtg_wake_send() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE

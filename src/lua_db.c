@@ -683,6 +683,16 @@ static void qtg_db_committed(const char *channel, const char *payload, void *dat
   qtg_task_spawn(h, name, 2, 0, NULL, NULL);
 }
 
+/* qtg.db.after_commit(on): this process's sessions hand their wake-ups
+ * to it after their commits (on) or NOTIFY in the transaction (off, the
+ * default: what a process with no worker to wake wants). */
+static int qtg_db_after_commit(lua_State *L) {
+  qtg_host *h = qtg_host_from_lua(L);
+  if (!h->pool) return luaL_error(L, "qtg.db.after_commit: no pool");
+  qtg_pg_pool_on_commit(h->pool, lua_toboolean(L, 1) ? qtg_db_committed : NULL, h);
+  return 0;
+}
+
 static int qtg_db_listen(lua_State *L) {
   const char *channel = luaL_checkstring(L, 1);
   luaL_checktype(L, 2, LUA_TFUNCTION);
@@ -730,9 +740,6 @@ int qtg_pg_open(qtg_host *h, char *err, size_t errlen) {
     snprintf(err, errlen, "out of memory creating the PostgreSQL pool");
     return -1;
   }
-  /* Without wake-ups no worker of this process takes them: its sessions
-   * NOTIFY as any client does, for the processes that listen. */
-  if (qtg_settings_bool(h->settings, QTG_S_WAKEUPS_ENABLED)) qtg_pg_pool_on_commit(h->pool, qtg_db_committed, h);
   return 0;
 }
 
@@ -755,7 +762,8 @@ int luaopen_qtg_db(lua_State *L) {
   };
   static const luaL_Reg db_funcs[] = {
     {"raw_acquire", qtg_db_raw_acquire}, {"stats", qtg_db_stats}, {"listen", qtg_db_listen},
-    {"unlisten", qtg_db_unlisten},       {NULL, NULL},
+    {"unlisten", qtg_db_unlisten},       {"after_commit", qtg_db_after_commit},
+    {NULL, NULL},
   };
   /* cjson for json/jsonb values and table parameters */
   lua_getglobal(L, "require");

@@ -89,6 +89,7 @@ struct qtg_pg_conn {
   /* notifications raised by the open transaction, for after its commit */
   qtg_pg_after_commit *after_commit, **after_commit_tail;
   int after_commit_n;
+  int after_commit_asked;    /* opened with QTG_PG_POOL_OPTIONS */
   qtg_pg_conn *next; /* pool's list of all connections */
 };
 
@@ -317,10 +318,10 @@ static qtg_pg_conn *qtg_pg_conn_start(uv_loop_t *loop, const char *conninfo, qtg
    * constants that match their partial indexes, so planning each execution
    * afresh costs PostgreSQL CPU and buys nothing (docs/performance.md). */
   c->after_commit_tail = &c->after_commit;
+  c->after_commit_asked = pool && pool->committed;
   const char *keys[] = {"dbname", "application_name", "options", NULL};
   const char *vals[] = {conninfo, "qtgd",
-                        pool && pool->committed ? QTG_PG_SESSION_OPTIONS QTG_PG_POOL_OPTIONS
-                                                : QTG_PG_SESSION_OPTIONS,
+                        c->after_commit_asked ? QTG_PG_SESSION_OPTIONS QTG_PG_POOL_OPTIONS : QTG_PG_SESSION_OPTIONS,
                         NULL};
   c->pg = PQconnectStartParams(keys, vals, 1);
   if (!c->pg || PQstatus(c->pg) == CONNECTION_BAD) {
@@ -738,8 +739,9 @@ int qtg_pg_acquire(qtg_pg_pool *p, qtg_pg_acquire_cb cb, void *data, qtg_pg_conn
       if (c->state == QTG_PG_IDLE && !c->in_use) {
         /* A server restart leaves its goodbye in the socket before our
          * poll callback runs: read it now rather than hand out a corpse. */
-        if (!PQconsumeInput(c->pg) || PQstatus(c->pg) == CONNECTION_BAD) {
-          qtg_pg_conn_destroy(c);
+        if (!PQconsumeInput(c->pg) || PQstatus(c->pg) == CONNECTION_BAD ||
+            c->after_commit_asked != (p->committed != NULL)) {
+          qtg_pg_conn_destroy(c); /* or opened before after-commit notifications were switched */
           continue;
         }
         c->in_use = 1;
@@ -811,6 +813,11 @@ void qtg_pg_release(qtg_pg_conn *c) {
       c->state = QTG_PG_BROKEN;
       qtg_pg_release(c);
     }
+    return;
+  }
+  if (c->after_commit_asked != (p->committed != NULL)) {
+    c->state = QTG_PG_BROKEN; /* opened before after-commit notifications were switched */
+    qtg_pg_release(c);
     return;
   }
   c->in_use = 0;

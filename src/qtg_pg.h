@@ -36,9 +36,11 @@ int qtg_pg_pool_new(uv_loop_t *loop, const char *conninfo, int size, void (*drop
 /* Notifications a pool session's transaction raised for after its commit
  * (a NOTICE "qtg_after_commit <channel> <payload>", sql/0150): cb gets each
  * once the transaction has committed, before its caller gets the commit's
- * result; none of a transaction that fails or rolls back.  Set before the
- * first acquire: the sessions opened after it ask for these (a connection
- * option); without it they NOTIFY in the transaction as any client does. */
+ * result; none of a transaction that fails or rolls back.  The sessions
+ * opened after it ask for these (a connection option); without it (cb
+ * NULL: off again) they NOTIFY in the transaction as any client does.
+ * Connections opened the other way are closed when next released or found
+ * idle. */
 void qtg_pg_pool_on_commit(qtg_pg_pool *pool, qtg_pg_notify_cb cb, void *data);
 /* Parse such a NOTICE's message: 0 and the channel's length (it starts
  * after the prefix) and the payload (the rest, after one space); -1 when

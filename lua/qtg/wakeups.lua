@@ -14,8 +14,13 @@
 --   * after the listener connection was lost and re-established (fn(nil)),
 --     wakes every listed worker once: NOTIFYs sent meanwhile are gone, so
 --     this is the catch-up poll.
+-- Once it LISTENs, this process's own transactions do not NOTIFY: their
+-- wake-up comes to the same handler after their commit (sql/0150,
+-- qtg.db.after_commit), so they commit without PostgreSQL's notification
+-- lock and wake only this process's workers.
 -- Only workers whose registry row has `wake` set (lua/qtg/workers/init.lua)
--- are woken; a token naming anything else is ignored.  Nothing here claims
+-- are woken; a token naming anything else is ignored (one raised here is
+-- sent on as a NOTIFY).  Nothing here claims
 -- or decides: a lost notification costs latency (the worker's fallback
 -- polling still runs), never work.
 --
@@ -119,8 +124,9 @@ end
 
 -- The LISTEN handler: runs in its own task per NOTIFY (the host delivers
 -- identical ones that arrive together once: docs/host-api.md), and per
--- wake-up of this process's own committed transactions (here = true: they
--- raise it for qtgd instead of NOTIFYing, sql/0150).  Those wake this
+-- wake-up of this process's own committed transactions (here = true: once
+-- start() has LISTENed, this process's sessions raise it for qtgd instead
+-- of NOTIFYing, qtg.db.after_commit and sql/0150).  Those wake this
 -- process's workers; the tokens of workers that do not run here are sent
 -- on as one NOTIFY (qtg.db.notify) for the processes that run them.
 function M.on_notify(payload, channel, here)
@@ -163,6 +169,7 @@ function M.start(settings)
   if not state.stats then state.stats = new_stats() end
   if next(state.workers) == nil then return state.workers end -- nothing to wake
   qtg.db.listen(M.CHANNEL, M.on_notify)
+  qtg.db.after_commit(true)
   local names = {}
   for name in pairs(state.workers) do names[#names + 1] = name end
   table.sort(names)
@@ -177,11 +184,15 @@ function M.refresh(settings)
   if state.workers == nil or state.stopped then return state.workers end
   local had = next(state.workers) ~= nil
   state.workers = M.wakeable(settings or qtg.settings)
-  if not had and next(state.workers) ~= nil then qtg.db.listen(M.CHANNEL, M.on_notify) end
+  if not had and next(state.workers) ~= nil then
+    qtg.db.listen(M.CHANNEL, M.on_notify)
+    qtg.db.after_commit(true)
+  end
   return state.workers
 end
 
 function M.stop()
+  qtg.db.after_commit(false)
   qtg.db.unlisten(M.CHANNEL)
   state.workers = {}
   state.stopped = true

@@ -187,10 +187,11 @@ describe("wake-ups", function()
       req = engine.create(s, TEMPLATE, { callback_url = "http://127.0.0.1:9/callback" })
     end)
     -- the approval: a node READY, a callback queued, audit rows, one transaction
+    -- (this process has not started wake-ups: its sessions NOTIFY)
     local here
     got, here = notified(function(s) require("qtg.requests").approve(s, req.id, engine.ACTOR) end)
     assert.equal(1, #got, "payloads: " .. table.concat(got, " | "))
-    assert.is_true(here[1], "a qtgd session's wake-up comes to qtgd after its commit, not as a NOTIFY")
+    assert.is_false(here[1], "a process without wake-ups NOTIFYs")
     assert.same({ node_dispatcher = true, callback_dispatcher = true, audit_outbox_promoter = true },
       token_set(got[1]))
     -- a node due in 30 s: its token carries the delay
@@ -205,71 +206,103 @@ describe("wake-ups", function()
     assert.is_true(delay > 29 and delay <= 30.1, got[1])
   end)
 
-  it("a qtgd session's transaction NOTIFYs nothing: its wake-up comes to qtgd once it has committed, and not when it fails", function()
+  -- after_commit(fn): fn with this process's sessions handing their
+  -- wake-ups to it after their commits, as a process that started wake-ups
+  -- (qtg.wakeups.start) does; the sessions opened before are replaced.
+  local function after_commit(fn)
+    qtg.db.after_commit(true)
+    local ok, err = pcall(fn)
+    qtg.db.after_commit(false)
+    if not ok then error(err, 0) end
+  end
+
+  local function notify_setting()
+    return qtg.db.with_session(function(s)
+      return s:query("SELECT coalesce(current_setting('qtg.notify', true), '') AS v")[1].v
+    end)
+  end
+
+  it("switched on, a qtgd session's transaction NOTIFYs nothing: its wake-up comes to qtgd once it has committed, and not when it fails", function()
     local req
     notified(function(s) req = engine.create(s, TEMPLATE, { callback_url = false }) end)
-    local got, here = notified(function(s)
-      -- the connection option that tells the triggers (src/qtg_pg.c)
-      assert.equal("after_commit", s:query("SELECT current_setting('qtg.notify', true) AS v")[1].v)
-      s:query([[UPDATE movement_request_nodes SET node_state = 'READY' WHERE request_id = $1::uuid]], req.id)
-    end)
-    assert.same({ "node_dispatcher" }, got)
-    assert.same({ true }, here)
-    -- raised (the deferred trigger run early), then the transaction fails,
-    -- or is rolled back, or its pipeline fails: nothing is handed on
-    local function submitted(s)
-      s:query([[UPDATE movement_request_nodes SET node_state = 'SUBMITTED', next_observe_at = now()
-                 WHERE request_id = $1::uuid]], req.id)
-      s:exec("SET CONSTRAINTS ALL IMMEDIATE")
-    end
-    local endings = {
-      failed = function(s)
-        s:begin()
-        submitted(s)
-        assert.is_false(pcall(s.query, s, "SELECT 1 / 0"))
-        s:rollback()
-      end,
-      rolled_back = function(s)
-        s:begin()
-        submitted(s)
-        s:rollback()
-      end,
-      pipeline_failed = function(s)
+    assert.equal("", notify_setting())
+    after_commit(function()
+      -- the sessions opened from now on carry the option that tells the triggers
+      assert.equal("after_commit", notify_setting())
+      local got, here = notified(function(s) require("qtg.requests").approve(s, req.id, engine.ACTOR) end)
+      assert.equal(1, #got, "payloads: " .. table.concat(got, " | "))
+      assert.is_true(here[1], "a qtgd session's wake-up comes to qtgd after its commit, not as a NOTIFY")
+      assert.same({ node_dispatcher = true, audit_outbox_promoter = true }, token_set(got[1]))
+      -- a pipeline transaction's (the workers' kind)
+      got, here = notified(function(s)
         s:begin_pipeline()
+        s:query([[UPDATE movement_request_nodes SET node_state = 'SUBMITTED', next_observe_at = now()
+                   WHERE request_id = $1::uuid]], req.id)
+        s:commit()
+      end)
+      assert.equal(1, #got, "payloads: " .. table.concat(got, " | "))
+      assert.equal("node_observer", (wakeups.parse(got[1])))
+      assert.same({ true }, here)
+      -- raised (the deferred trigger run early), then the transaction fails,
+      -- or is rolled back, or its pipeline fails: nothing is handed on
+      local function submitted(s)
+        s:query([[UPDATE movement_request_nodes SET node_state = 'SUBMITTED', next_observe_at = now()
+                   WHERE request_id = $1::uuid]], req.id)
+        s:exec("SET CONSTRAINTS ALL IMMEDIATE")
+      end
+      local endings = {
+        failed = function(s)
+          s:begin()
+          submitted(s)
+          assert.is_false(pcall(s.query, s, "SELECT 1 / 0"))
+          s:rollback()
+        end,
+        rolled_back = function(s)
+          s:begin()
+          submitted(s)
+          s:rollback()
+        end,
+        pipeline_failed = function(s)
+          s:begin_pipeline()
+          submitted(s)
+          assert.is_false(pcall(s.query, s, "SELECT 1 / $1::int", "0"))
+          s:rollback()
+        end,
+      }
+      local handed_on = {}
+      for name, ending in pairs(endings) do
+        got = notified(ending)
+        if #got > 0 then handed_on[#handed_on + 1] = name .. ": " .. table.concat(got, " | ") end
+      end
+      table.sort(handed_on)
+      assert.same({}, handed_on)
+      -- the control: the same transaction committed hands it on
+      got = notified(function(s)
+        s:begin()
         submitted(s)
-        assert.is_false(pcall(s.query, s, "SELECT 1 / $1::int", "0"))
-        s:rollback()
-      end,
-    }
-    local handed_on = {}
-    for name, ending in pairs(endings) do
-      got = notified(ending)
-      if #got > 0 then handed_on[#handed_on + 1] = name .. ": " .. table.concat(got, " | ") end
-    end
-    table.sort(handed_on)
-    assert.same({}, handed_on)
-    -- the control: the same transaction committed hands it on
-    got = notified(function(s)
-      s:begin()
-      submitted(s)
-      s:commit()
+        s:commit()
+      end)
+      assert.equal(1, #got)
+      assert.equal("node_observer", (wakeups.parse(got[1])))
     end)
-    assert.equal(1, #got)
-    assert.equal("node_observer", (wakeups.parse(got[1])))
+    -- switched off again: the sessions that carried the option are gone
+    assert.equal("", notify_setting())
   end)
 
-  it("another session (psql, a tool) NOTIFYs as before", function()
+  it("switched on, another session (psql, a tool) NOTIFYs as before", function()
     local req
     notified(function(s) req = engine.create(s, TEMPLATE, { callback_url = false }) end)
-    local got, here = notified(function(s)
-      s:exec("SET qtg.notify = ''")
-      local ok, err = pcall(s.query, s, [[UPDATE movement_request_nodes SET node_state = 'READY'
-                                           WHERE request_id = $1::uuid]], req.id)
-      s:exec("RESET qtg.notify")
-      assert(ok, err)
+    after_commit(function()
+      local got, here = notified(function(s)
+        s:exec("SET qtg.notify = ''")
+        local ok, err = pcall(s.query, s, [[UPDATE movement_request_nodes SET node_state = 'READY'
+                                             WHERE request_id = $1::uuid]], req.id)
+        s:exec("RESET qtg.notify")
+        assert(ok, err)
+      end)
+      assert.same({ "node_dispatcher" }, got)
+      assert.same({ false }, here)
     end)
-    assert.same({ "node_dispatcher" }, got)
-    assert.same({ false }, here)
   end)
 
   it("a wake-up raised here for workers that do not run here is sent on as one NOTIFY", function()
@@ -352,8 +385,6 @@ describe("wake-ups", function()
   end)
 
   it("a NOTIFY wakes a sleeping dispatcher long before its interval", function()
-    -- the approval is this process's, which has no handler of qtg_wake: the
-    -- host sends its wake-up on as a NOTIFY after the commit (qtg.db.notify)
     qtg.db.with_session(function(s)
       -- interval 300 s (the fallback polling): only the wake-up can dispatch in time
       start_daemon(s, { MG_NODE_DISPATCH_INTERVAL_SECONDS = "300",
