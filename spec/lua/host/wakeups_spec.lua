@@ -290,6 +290,25 @@ describe("wake-ups", function()
     assert.equal("", notify_setting())
   end)
 
+  it("switched on, a malformed after-commit NOTICE is dropped, and at most 16 are kept per transaction", function()
+    after_commit(function()
+      local got, here = notified(function(s)
+        s:query([[DO $$ BEGIN
+            RAISE NOTICE 'qtg_after_commit qtg_wake';       -- no space after the channel
+            RAISE NOTICE 'qtg_after_commit  node_observer'; -- an empty channel
+            FOR i IN 1..20 LOOP
+              RAISE NOTICE 'qtg_after_commit qtg_wake spec_%', i;
+            END LOOP;
+          END $$]])
+      end)
+      assert.equal(16, #got, "payloads: " .. table.concat(got, " | "))
+      for i = 1, 16 do
+        assert.equal("spec_" .. i, got[i])
+        assert.is_true(here[i])
+      end
+    end)
+  end)
+
   it("switched on, another session (psql, a tool) NOTIFYs as before", function()
     local req
     notified(function(s) req = engine.create(s, TEMPLATE, { callback_url = false }) end)
