@@ -26,6 +26,7 @@ typedef struct {
   qtg_db_session *sess;
   int commit; /* a pipeline commit: one that did not commit is an error */
   int failed_commit; /* ... and one after a failed statement cannot */
+  int ahead; /* a batch's statements after its commit (raw_batch_commit_ahead) */
 } qtg_db_req;
 
 /* The request's callback will never run (its connection was destroyed
@@ -402,36 +403,66 @@ static int qtg_db_send(lua_State *L, qtg_db_cmd cmd) {
   return qtg_db_wait(L, s, q, rc, "cannot send the query");
 }
 
+/* The first of res[from..to) that is not a statement's success, or -1. */
+static int qtg_db_batch_failed(PGresult **res, int from, int to) {
+  for (int i = from; i < to; i++) {
+    ExecStatusType st = res[i] ? PQresultStatus(res[i]) : PGRES_FATAL_ERROR;
+    if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) return i;
+  }
+  return -1;
+}
+
+/* Pushes the rows of res[from..to): their count, or -1 with (nil, err)
+ * alone pushed when a row cannot be converted. */
+static int qtg_db_batch_push_rows(lua_State *L, PGresult **res, int from, int to) {
+  int top = lua_gettop(L);
+  for (int i = from; i < to; i++) {
+    qtg_db_push_result(L, res[i], NULL);
+    if (lua_isnil(L, -2)) { /* that error alone */
+      lua_insert(L, top + 1);
+      lua_insert(L, top + 1);
+      lua_settop(L, top + 2);
+      return -1;
+    }
+    lua_pop(L, 1); /* the affected count */
+  }
+  return to - from;
+}
+
 /* A batch's results: the first statement's error that failed (those after
  * it answer "aborted", which says less), else each statement's rows in
- * order. */
+ * order.  With statements ahead of a commit, the error is the committing
+ * part's only; its rows are followed by a table of the rows of the
+ * statements ahead, or by false and the first of their errors. */
 static void qtg_db_batch_done(qtg_pg_conn *conn, PGresult **res, int n, const char *err, void *data) {
   qtg_db_req *q = data;
   (void)conn;
   qtg_host *h = q->h;
   qtg_task *t = q->task;
+  int m = n - q->ahead;
   free(q);
   qtg_task_set_cancel(t, NULL, NULL);
-  int bad = -1;
-  for (int i = 0; !err && bad < 0 && i < n; i++) {
-    ExecStatusType st = res[i] ? PQresultStatus(res[i]) : PGRES_FATAL_ERROR;
-    if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) bad = i;
-  }
-  int top = lua_gettop(h->L), nret = 0;
+  int bad = err ? -1 : qtg_db_batch_failed(res, 0, m);
+  int nret;
   if (err || bad >= 0) {
     nret = qtg_db_push_result(h->L, err ? NULL : res[bad], err);
   } else {
-    for (int i = 0; i < n; i++) {
-      qtg_db_push_result(h->L, res[i], NULL);
-      if (lua_isnil(h->L, -2)) { /* a row that cannot be converted: that error alone */
-        lua_insert(h->L, top + 1);
-        lua_insert(h->L, top + 1);
-        lua_settop(h->L, top + 2);
-        nret = 2;
-        break;
+    nret = qtg_db_batch_push_rows(h->L, res, 0, m);
+    if (nret < 0) {
+      nret = 2;
+    } else if (m < n) {
+      int bad_ahead = qtg_db_batch_failed(res, m, n);
+      if (bad_ahead >= 0 || qtg_db_batch_push_rows(h->L, res, m, n) < 0) {
+        if (bad_ahead >= 0) qtg_db_push_result(h->L, res[bad_ahead], NULL);
+        lua_pushboolean(h->L, 0);
+        lua_replace(h->L, -3);
+      } else {
+        lua_createtable(h->L, n - m, 0);
+        lua_insert(h->L, -(n - m) - 1);
+        for (int i = n - m; i >= 1; i--) lua_rawseti(h->L, -(i + 1), i);
+        lua_pushnil(h->L);
       }
-      lua_pop(h->L, 1); /* the affected count */
-      nret++;
+      nret += 2;
     }
   }
   lua_xmove(h->L, qtg_task_thread(t), nret);
@@ -444,11 +475,24 @@ static void qtg_db_batch_done(qtg_pg_conn *conn, PGresult **res, int n, const ch
  * values run from index 2 to its length, qtg.db.NULL for SQL NULL.
  * raw_batch_commit: the same, and the Sync that commits in the same flush
  * (the transaction is over when it answers, committed or rolled back);
- * false also when the transaction is a block. */
-static int qtg_db_batch(lua_State *L, int commit) {
+ * false also when the transaction is a block.
+ * raw_batch_commit_ahead(session, k, ...): raw_batch_commit whose last k
+ * statements go after the commit, as the next pipeline transaction's
+ * first (qtg_pg_query_batch's ahead): -> the committed statements' rows,
+ * then a table of those k statements' rows and nil, or false and their
+ * error; the new transaction is open then (also when it answers nil, err:
+ * the commit failed). */
+static int qtg_db_batch(lua_State *L, int commit, int ahead) {
   qtg_db_session *s = qtg_db_check_session(L);
-  int n = lua_gettop(L) - 1;
+  int first = 2; /* the first statement's index */
+  if (ahead) {
+    ahead = (int)luaL_checkinteger(L, 2);
+    first = 3;
+  }
+  int n = lua_gettop(L) - first + 1;
   if (n < 1 || n > QTG_PG_BATCH_MAX) return luaL_error(L, "qtg.db: a batch takes 1 to %d statements", QTG_PG_BATCH_MAX);
+  if (ahead < 0 || ahead >= n)
+    return luaL_error(L, "qtg.db: %d of a batch's %d statements cannot go after its commit", ahead, n);
   if (!qtg_pg_pipelined(s->conn)) {
     lua_pushnil(L);
     qtg_push_error(L, "usage", "qtg.db: a batch needs a pipeline transaction on this session");
@@ -460,7 +504,7 @@ static int qtg_db_batch(lua_State *L, int commit) {
   const char *values[QTG_PG_BATCH_MAX][QTG_DB_MAX_PARAMS];
   const char *const *vp[QTG_PG_BATCH_MAX];
   for (int i = 0; i < n; i++) {
-    int ti = i + 2;
+    int ti = i + first;
     luaL_checktype(L, ti, LUA_TTABLE);
     int len = (int)lua_objlen(L, ti);
     if (len < 1) return luaL_error(L, "qtg.db: batch statement %d has no SQL", i + 1);
@@ -477,7 +521,8 @@ static int qtg_db_batch(lua_State *L, int commit) {
     vp[i] = values[i];
   }
   qtg_db_req *q = qtg_db_req_new(L, s);
-  int rc = qtg_pg_query_batch(s->conn, n, sqls, nparams, vp, commit, qtg_db_batch_done, q);
+  q->ahead = ahead;
+  int rc = qtg_pg_query_batch(s->conn, n, sqls, nparams, vp, commit, ahead, qtg_db_batch_done, q);
   if (rc == 1) {
     free(q);
     lua_pushboolean(L, 0);
@@ -486,8 +531,9 @@ static int qtg_db_batch(lua_State *L, int commit) {
   return qtg_db_wait(L, s, q, rc, "cannot send the batch");
 }
 
-static int qtg_db_raw_batch(lua_State *L) { return qtg_db_batch(L, 0); }
-static int qtg_db_raw_batch_commit(lua_State *L) { return qtg_db_batch(L, 1); }
+static int qtg_db_raw_batch(lua_State *L) { return qtg_db_batch(L, 0, 0); }
+static int qtg_db_raw_batch_commit(lua_State *L) { return qtg_db_batch(L, 1, 0); }
+static int qtg_db_raw_batch_commit_ahead(lua_State *L) { return qtg_db_batch(L, 1, 1); }
 
 static int qtg_db_raw_query(lua_State *L) { return qtg_db_send(L, QTG_DB_QUERY); }
 static int qtg_db_raw_exec(lua_State *L) { return qtg_db_send(L, QTG_DB_EXEC); }
@@ -753,7 +799,7 @@ void qtg_pg_close(qtg_host *h) {
 int luaopen_qtg_db(lua_State *L) {
   static const luaL_Reg session_methods[] = {
     {"raw_query", qtg_db_raw_query}, {"raw_exec", qtg_db_raw_exec}, {"raw_batch", qtg_db_raw_batch},
-    {"raw_batch_commit", qtg_db_raw_batch_commit},
+    {"raw_batch_commit", qtg_db_raw_batch_commit}, {"raw_batch_commit_ahead", qtg_db_raw_batch_commit_ahead},
     {"release", qtg_db_release},     {"in_transaction", qtg_db_in_transaction},
     {"pid", qtg_db_pid},             {"pipeline", qtg_db_pipeline},
     {"raw_pipeline_begin", qtg_db_raw_pipeline_begin}, {"raw_pipeline_block", qtg_db_raw_pipeline_block},

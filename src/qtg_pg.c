@@ -84,6 +84,7 @@ struct qtg_pg_conn {
    * all but the last (which is `last`) */
   qtg_pg_batch_cb bcb;
   int batch_n;               /* commands in the batch; 0 when not a batch */
+  int batch_ahead;           /* of them, sent after its committing Sync */
   int batch_done;            /* commands whose results are read */
   PGresult *batch_res[QTG_PG_BATCH_MAX];
   /* notifications raised by the open transaction, for after its commit */
@@ -383,7 +384,7 @@ static void qtg_pg_deliver(qtg_pg_conn *c, const char *err) {
   c->has_cb = 0;
   c->cb = NULL;
   c->bcb = NULL;
-  c->batch_n = c->batch_done = 0;
+  c->batch_n = c->batch_done = c->batch_ahead = 0;
   qtg_pg_pending_free(c);
   if (has_cb && bcb) bcb(c, all, n + 1, err, data);
   else if (has_cb && cb) cb(c, res, err, data);
@@ -529,6 +530,42 @@ static void qtg_pg_command_done(qtg_pg_conn *c) {
   qtg_pg_deliver(c, NULL);
 }
 
+/* The committing Sync of a batch with statements ahead (qtg_pg_query_batch)
+ * has answered: the commit is over.  Its results are the batch's first
+ * n-ahead (a commit's error, read after them, takes the last one's place,
+ * as for a batch that ends with its Sync); its after-commit notifications
+ * are handed on or dropped; the statements ahead run in a new pipeline
+ * transaction, whose results are read as a batch's.  -1 (the connection
+ * failed) when the results are out of step with the statements. */
+static int qtg_pg_ahead_begin(qtg_pg_conn *c, PGresult *sync) {
+  int m = c->batch_n - c->batch_ahead;
+  PGresult *commit_err = c->last;
+  c->last = NULL;
+  PQclear(sync);
+  while (c->batch_done > m) {
+    PGresult *extra = c->batch_res[--c->batch_done];
+    if (!commit_err && PQresultStatus(extra) == PGRES_FATAL_ERROR) commit_err = extra;
+    else PQclear(extra);
+  }
+  if (c->batch_done != m) {
+    if (commit_err) PQclear(commit_err);
+    qtg_pg_conn_fail(c, "pipeline out of step: a batch's results before its Sync");
+    return -1;
+  }
+  int failed = c->pipe_failed || commit_err != NULL;
+  if (commit_err) {
+    PQclear(c->batch_res[m - 1]);
+    c->batch_res[m - 1] = commit_err;
+  }
+  qtg_pg_after_commit_end(c, !failed);
+  c->pipe = QTG_PG_PIPE_IMPLICIT;
+  c->pipe_failed = 0;
+  c->pipe_nulls = 0;
+  c->batch_ahead = 0;
+  c->step = QTG_PG_STEP_RUN;
+  return 0;
+}
+
 static void qtg_pg_consume(qtg_pg_conn *c) {
   if (!PQconsumeInput(c->pg)) {
     qtg_pg_conn_fail(c, PQerrorMessage(c->pg));
@@ -540,6 +577,10 @@ static void qtg_pg_consume(qtg_pg_conn *c) {
       /* no NULL follows a Sync's result; the last Sync of the end step
        * ends it, an earlier one only let the server read again */
       c->pipe_syncs--;
+      if (c->step == QTG_PG_STEP_SYNC && c->pipe_syncs == 0 && c->batch_ahead > 0) {
+        if (qtg_pg_ahead_begin(c, r) != 0) return;
+        continue;
+      }
       if (c->step == QTG_PG_STEP_SYNC && c->pipe_syncs == 0) {
         if (c->last) PQclear(r);
         else c->last = r;
@@ -893,8 +934,9 @@ int qtg_pg_exec(qtg_pg_conn *c, const char *sql, qtg_pg_result_cb cb, void *data
 }
 
 int qtg_pg_query_batch(qtg_pg_conn *c, int n, const char *const *sqls, const int *nparams,
-                       const char *const *const *values, int commit, qtg_pg_batch_cb cb, void *data) {
-  if (n < 1 || n > QTG_PG_BATCH_MAX) return -1;
+                       const char *const *const *values, int commit, int ahead, qtg_pg_batch_cb cb,
+                       void *data) {
+  if (n < 1 || n > QTG_PG_BATCH_MAX || ahead < 0 || ahead >= n || (ahead && !commit)) return -1;
   if (c->state != QTG_PG_IDLE || c->pipe == QTG_PG_PIPE_OFF || c->pipe_failed) return -1;
   if (commit && c->pipe != QTG_PG_PIPE_IMPLICIT) return 1;
   int idx[QTG_PG_BATCH_MAX];
@@ -903,35 +945,38 @@ int qtg_pg_query_batch(qtg_pg_conn *c, int n, const char *const *sqls, const int
   if (qtg_pg_begin_command(c, NULL, data) != 0) return -1;
   c->bcb = cb;
   c->batch_n = n;
+  c->batch_ahead = ahead;
   c->batch_done = 0;
-  for (int i = 0; i < n; i++) {
-    c->stmts[idx[i]].used = ++c->stmt_clock;
-    if (!PQsendQueryPrepared(c->pg, c->stmts[idx[i]].name, nparams[i], values[i], NULL, NULL, 0)) {
-      /* what was queued is in libpq's buffer, not sent: the pipeline is
-       * out of step with the caller now */
-      c->has_cb = 0;
-      c->bcb = NULL;
-      c->batch_n = 0;
-      c->state = QTG_PG_BROKEN;
-      return -1;
+  /* The Sync ends the batch's statements and commits: their results are
+   * read as an end step's (qtg_pg_consume), each command's kept at its
+   * NULL; the statements ahead follow it, read as a batch's once the
+   * Sync's result is in (qtg_pg_ahead_begin). */
+  int sent = 1;
+  for (int i = 0; sent && i < n; i++) {
+    if (commit && i == n - ahead) {
+      sent = PQpipelineSync(c->pg) == 1;
+      if (sent) c->pipe_syncs++;
     }
+    c->stmts[idx[i]].used = ++c->stmt_clock;
+    /* a statement not queued leaves the queued ones in libpq's buffer,
+     * unsent: the pipeline is out of step with the caller then */
+    sent = sent && PQsendQueryPrepared(c->pg, c->stmts[idx[i]].name, nparams[i], values[i], NULL, NULL, 0);
   }
-  int sent;
   if (commit) {
-    /* the Sync ends the batch and commits: its results are read as an end
-     * step's (qtg_pg_consume), each command's kept at its NULL */
     c->step = QTG_PG_STEP_SYNC;
     c->pipe_nulls = 0;
+  }
+  if (sent && commit && !ahead) {
     sent = PQpipelineSync(c->pg) == 1;
     if (sent) c->pipe_syncs++;
     sent = sent && qtg_pg_flush(c) == 0;
-  } else {
+  } else if (sent) {
     sent = qtg_pg_sent(c) == 0;
   }
   if (!sent) {
     c->has_cb = 0;
     c->bcb = NULL;
-    c->batch_n = 0;
+    c->batch_n = c->batch_ahead = 0;
     c->state = QTG_PG_BROKEN;
     return -1;
   }

@@ -77,11 +77,20 @@ int qtg_pg_query(qtg_pg_conn *conn, const char *sql, int nparams, const char *co
  * transaction), or, with commit=1, when the transaction is a block (its
  * COMMIT is a statement: the caller ends it with qtg_pg_pipeline_end);
  * -1 when not in a pipeline transaction, busy or failed, or the send
- * failed (then the connection is broken). */
+ * failed (then the connection is broken).
+ * ahead (0..n-1, with commit=1 only): the last `ahead` statements go after
+ * the Sync in the same flush, as the first statements of a new pipeline
+ * transaction, so the server runs them once the batch has committed (the
+ * next transaction's first round trip rides with this one's commit).  The
+ * callback then gets all n results: the first n-ahead as a committing
+ * batch's (a failed commit's error the last of them), the others the new
+ * transaction's, which is open when the callback runs whether the commit
+ * succeeded or not. */
 #define QTG_PG_BATCH_MAX 4
 typedef void (*qtg_pg_batch_cb)(qtg_pg_conn *conn, PGresult **res, int n, const char *err, void *data);
 int qtg_pg_query_batch(qtg_pg_conn *conn, int n, const char *const *sqls, const int *nparams,
-                       const char *const *const *values, int commit, qtg_pg_batch_cb cb, void *data);
+                       const char *const *const *values, int commit, int ahead, qtg_pg_batch_cb cb,
+                       void *data);
 /* Simple protocol: several statements, no parameters. */
 int qtg_pg_exec(qtg_pg_conn *conn, const char *sql, qtg_pg_result_cb cb, void *data);
 /* Pipeline transactions: the statements of one transaction sent in libpq's

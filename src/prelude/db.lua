@@ -11,17 +11,33 @@ local function one_by_one(self, n, ...) local out = {} for i = 1, n do local st 
 local function sent(raw, commit) return function(self, ...) local n = select('#', ...) local r = { raw(self, ...) } if r[1] == false then local out = { one_by_one(self, n, ...) } if commit then self:commit() end return unpack(out, 1, n) end if r[1] == nil then error(r[2], 2) end return unpack(r, 1, n) end end
 session.batch = sent(session.raw_batch, false)
 -- commit_batch({sql, v1, ...}, ...) -> rows1, ...: a batch and the commit of its pipeline transaction in one round trip; one by one and then the commit while one is not prepared yet or the transaction is a block.  When it raises the caller rolls back as after any statement (nothing is left to roll back when the commit's round trip failed)
-session.commit_batch = sent(session.raw_batch_commit, true)
+local commit_batch = sent(session.raw_batch_commit, true)
+-- send_ahead({sql, v1, ...}, ...): statements of the pipeline transaction after this one, sent with this one's commit_batch (after its Sync, in its flush: the server runs them once it has committed); take_ahead() -> their rows, that transaction open, or nothing when they were not sent (the commit went one by one, as a COMMIT, or by commit or rollback, which forget them) or failed (that transaction is rolled back).  A commit_batch that raises leaves no transaction open
+local aheads = setmetatable({}, { __mode = 'k' })
+function session:send_ahead(...) aheads[self] = { n = select('#', ...), ... } end
+function session:take_ahead() local a = aheads[self] aheads[self] = nil if a and a.rows and self:pipeline() then return unpack(a.rows, 1, a.n) end end
+function session:commit_batch(...)
+  local a = aheads[self]
+  if not a or a.rows then aheads[self] = nil return commit_batch(self, ...) end
+  local n = select('#', ...)
+  local all = { ... }
+  for i = 1, a.n do all[n + i] = a[i] end
+  local r = { session.raw_batch_commit_ahead(self, a.n, unpack(all, 1, n + a.n)) }
+  if r[1] == false then aheads[self] = nil return commit_batch(self, ...) end
+  if r[1] == nil then aheads[self] = nil pcall(self.rollback, self) error(r[2], 2) end
+  if r[n + 1] then a.rows = r[n + 1] else aheads[self] = nil pcall(self.rollback, self) end
+  return unpack(r, 1, n)
+end
 function session:exec(sql) local rows, n = raw_exec(self, sql) if rows == nil then error(n, 2) end return rows, n end
 local function raised(ok, err) if ok == nil then error(err, 3) end end
 function session:begin() return self:query('BEGIN') end
 -- A pipeline transaction sends no BEGIN and no COMMIT (src/qtg_pg.h):
 -- commit and rollback end either kind; a savepoint turns it into a block.
 function session:begin_pipeline() raised(session.raw_pipeline_begin(self)) end
-function session:commit() if self:pipeline() then return raised(session.raw_pipeline_commit(self)) end return self:query('COMMIT') end
-function session:rollback() if self:pipeline() then return raised(session.raw_pipeline_rollback(self)) end return self:query('ROLLBACK') end
--- commit_if_open(): commit the open transaction; nothing (nothing sent) when there is none, e.g. a commit_batch ended it
-function session:commit_if_open() if self:pipeline() or self:in_transaction() then return self:commit() end end
+function session:commit() aheads[self] = nil if self:pipeline() then return raised(session.raw_pipeline_commit(self)) end return self:query('COMMIT') end
+function session:rollback() aheads[self] = nil if self:pipeline() then return raised(session.raw_pipeline_rollback(self)) end return self:query('ROLLBACK') end
+-- commit_if_open(): commit the open transaction; nothing (nothing sent) when there is none, e.g. a commit_batch ended it, or when it is the one that commit_batch opened with statements sent ahead (its taker ends it)
+function session:commit_if_open() local a = aheads[self] if a and a.rows then return end if self:pipeline() or self:in_transaction() then return self:commit() end end
 -- run: fn's transaction, committed after it unless fn ended it itself
 local function run(self, fn, ...) local r = { pcall(fn, ...) } if not r[1] then pcall(self.rollback, self) error(r[2], 0) end self:commit_if_open() return unpack(r, 2, table.maxn(r)) end
 function session:transaction(fn, ...) self:begin() return run(self, fn, ...) end

@@ -39,6 +39,29 @@ describe("conformance switches", function()
       local wakeups = require("qtg.wakeups")
       assert.same({}, wakeups.wakeable(settings_with({ workers_enabled = true, wakeups_enabled = false })))
     end)
+
+    it("makes a dispatcher tick one pass, one node, as the spec's; on, a tick drains up to 8", function()
+      local dispatcher = require("qtg.workers.node_dispatcher")
+      local off = dispatcher.passes(settings_with({ wakeups_enabled = false }))
+      local on = dispatcher.passes(settings_with({ wakeups_enabled = true }))
+      assert.equal(1, off)
+      assert.equal(8, on)
+      qtg.db.with_session(function(s)
+        engine.park_others(s)
+        engine.load_doc(s, engine.doc("spec_conf_passes", { { "a", "action", "withdrawal", { sim = { observes = 0 } } } }))
+        local ids = {}
+        for i = 1, 4 do ids[i] = engine.create_approved(s, "spec_conf_passes", { callback_url = false }).id end
+        local function ready()
+          local n = 0
+          for _, id in ipairs(ids) do if engine.nodes(s, id).a.node_state == "READY" then n = n + 1 end end
+          return n
+        end
+        assert.equal(1, engine.tick("node_dispatcher", off))
+        assert.equal(3, ready())
+        assert.equal(3, engine.tick("node_dispatcher", on)) -- the control
+        assert.equal(0, ready())
+      end)
+    end)
   end)
 
   describe("MG_NODE_OBSERVE_MIN_INTERVAL_SECONDS=0", function()

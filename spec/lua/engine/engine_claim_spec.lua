@@ -8,6 +8,9 @@ local dispatcher = require "qtg.workers.node_dispatcher"
 local sup
 local T = "spec_claim_one"
 
+-- one tick of the dispatcher with its passes as the runtime runs it
+local function common_tick() return sup.tick("node_dispatcher", dispatcher.PASSES_PER_TICK) end
+
 local function claim(s)
   return qtg.db.claim.one(s, {
     candidates_sql = dispatcher.CANDIDATES_SQL,
@@ -360,6 +363,149 @@ describe("per-candidate claim", function()
         for _, n in ipairs(g.nodes) do assert.equal(older.id, n.request_id) end
       end
       s1:rollback()
+    end)
+  end)
+
+  describe("a tick of several passes (the claim sent ahead with the commit)", function()
+    -- s1 counting its round trips (the session calls that wait for the
+    -- server) and the commits that carried a claim ahead
+    local ROUND_TRIPS = { query = true, exec = true, batch = true, commit_batch = true, commit = true, rollback = true }
+    local function counting(s)
+      local methods = getmetatable(s).__index
+      local real, counts = {}, { trips = 0, ahead = 0 }
+      for k in pairs(ROUND_TRIPS) do
+        real[k] = methods[k]
+        methods[k] = function(self, ...)
+          if self == s then counts.trips = counts.trips + 1 end
+          return real[k](self, ...)
+        end
+      end
+      local raw_ahead = methods.raw_batch_commit_ahead
+      methods.raw_batch_commit_ahead = function(self, ...)
+        local r = { raw_ahead(self, ...) }
+        if self == s and r[1] then counts.ahead = counts.ahead + 1 end
+        return unpack(r, 1, table.maxn(r))
+      end
+      return counts, function()
+        for k, f in pairs(real) do methods[k] = f end
+        methods.raw_batch_commit_ahead = raw_ahead
+      end
+    end
+
+    -- tick(passes) -> the tick's count and its counts on s1
+    local function tick(passes)
+      local counts, restore = counting(s1)
+      local ok, n = pcall(dispatcher.tick, s1, passes)
+      restore()
+      assert(ok, n)
+      return n, counts
+    end
+
+    local was
+    before_each(function()
+      was = dispatcher.draining
+      -- s1's connection prepares the statements, the process caches the plan
+      for _ = 1, 3 do sup.create_approved(s3, T) end
+      local total = 0
+      for _ = 1, 4 do total = total + dispatcher.tick(s1, 3) end
+      assert.equal(3, total)
+    end)
+    after_each(function() dispatcher.draining = was end)
+
+    it("dispatches FIFO, each node's claim sent with the last one's commit: no round trip of its own", function()
+      local ids = {}
+      for i = 1, 3 do ids[i] = sup.create_approved(s3, T).id end
+      dispatcher.draining = false
+      local n, counts = tick()
+      assert.equal(3, n)
+      -- the first claim alone and its request's nodes read after it (2);
+      -- each pass's request write (EXECUTING with the node's COMPLETED) and
+      -- its completion with the commit and the next claim (2 each); the
+      -- last claim ahead found nothing and ends its transaction (1).  One
+      -- pass at a time, each later pass's claim is a round trip more.
+      assert.equal(9, counts.trips)
+      assert.equal(3, counts.ahead)
+      assert.is_false(s1:in_transaction())
+      local started = {}
+      for i = 1, 3 do
+        local a = sup.nodes(s3, ids[i]).a
+        assert.equal("COMPLETED", a.node_state)
+        assert.equal(1, a.attempt_no)
+        started[i] = s3:query("SELECT extract(epoch FROM started_at)::float8 AS t FROM movement_request_nodes WHERE id = $1::uuid", a.id)[1].t
+      end
+      assert.is_true(started[1] < started[2] and started[2] < started[3], "not FIFO")
+      -- one provider call each
+      for i = 1, 3 do
+        local a = sup.nodes(s3, ids[i]).a
+        assert.equal(1, s3:query("SELECT count(*)::int AS n FROM sim_ledger WHERE request_node_id = $1::uuid", a.id)[1].n)
+      end
+    end)
+
+    it("the claim ahead runs after the commit: it sees the node it follows dispatched", function()
+      local ids = {}
+      for i = 1, 2 do ids[i] = sup.create_approved(s3, T).id end
+      -- the claim ahead is the transaction after the commit, so its snapshot
+      -- has the first node COMPLETED and claims the second, never the first
+      local n = tick(2)
+      assert.equal(2, n)
+      for i = 1, 2 do assert.equal("COMPLETED", sup.nodes(s3, ids[i]).a.node_state) end
+      assert.equal(2, s3:query([[SELECT count(*)::int AS n FROM sim_ledger l
+        JOIN movement_request_nodes n ON n.id = l.request_node_id
+       WHERE n.request_id = ANY ($1::uuid[])]], "{" .. table.concat(ids, ",") .. "}")[1].n)
+    end)
+
+    it("the last pass of a tick sends no claim ahead: nothing is left claimed", function()
+      local ids = {}
+      for i = 1, 3 do ids[i] = sup.create_approved(s3, T).id end
+      local n, counts = tick(2)
+      assert.equal(2, n)
+      assert.equal(1, counts.ahead)
+      assert.is_false(s1:in_transaction())
+      assert.equal("READY", sup.nodes(s3, ids[3]).a.node_state)
+      assert.same({}, node_row_locks(s3))
+      assert.equal(1, sup.tick("node_dispatcher"))
+      assert.equal("COMPLETED", sup.nodes(s3, ids[3]).a.node_state)
+    end)
+
+    it("a claim ahead that misses (its request locked elsewhere) goes on to the next candidate", function()
+      local ids = {}
+      for i = 1, 3 do ids[i] = sup.create_approved(s3, T).id end
+      hold_request(s2, ids[2])
+      local n = tick()
+      assert.equal(2, n)
+      assert.equal("COMPLETED", sup.nodes(s3, ids[1]).a.node_state)
+      assert.equal("READY", sup.nodes(s3, ids[2]).a.node_state)
+      assert.equal("COMPLETED", sup.nodes(s3, ids[3]).a.node_state)
+      assert.is_nil(node_row_locks(s3)[sup.nodes(s3, ids[2]).a.id]) -- no lock kept on the missed node
+      s2:rollback()
+      assert.equal(1, tick())
+      assert.equal("COMPLETED", sup.nodes(s3, ids[2]).a.node_state)
+    end)
+
+    it("two dispatchers ticking at once dispatch every node once", function()
+      local ids = {}
+      for i = 1, 8 do ids[i] = sup.create_approved(s3, T).id end
+      local tasks = {}
+      for i = 1, 2 do
+        tasks[i] = qtg.spawn(function()
+          local total = 0
+          for _ = 1, 10 do total = total + common_tick() end
+          return total
+        end)
+      end
+      local total = 0
+      for i = 1, 2 do
+        local ok, n = qtg.join(tasks[i])
+        assert.is_true(ok, tostring(n))
+        total = total + n
+      end
+      assert.equal(8, total)
+      for i = 1, 8 do
+        local a = sup.nodes(s3, ids[i]).a
+        assert.equal("COMPLETED", a.node_state)
+        assert.equal(1, a.attempt_no)
+        assert.equal(1, s3:query("SELECT count(*)::int AS n FROM sim_ledger WHERE request_node_id = $1::uuid", a.id)[1].n)
+      end
     end)
   end)
 end)

@@ -290,6 +290,36 @@ describe("wake-ups", function()
     assert.equal("", notify_setting())
   end)
 
+  it("switched on, a commit with statements sent ahead hands its wake-up on; the transaction ahead's comes with its end", function()
+    local req
+    notified(function(s) req = engine.create(s, TEMPLATE, { callback_url = false }) end)
+    after_commit(function()
+      notified(function(s) require("qtg.requests").approve(s, req.id, engine.ACTOR) end)
+      local SUBMIT = [[UPDATE movement_request_nodes SET node_state = 'SUBMITTED', next_observe_at = now()
+                        WHERE request_id = $1::uuid]]
+      local function with_ahead(end_ahead)
+        return function(s)
+          s:begin_pipeline()
+          s:query(SUBMIT, req.id) -- prepared on this connection, rolled back: no wake-up
+          s:rollback()
+          s:begin_pipeline()
+          s:send_ahead({ SUBMIT, req.id })
+          s:commit_batch({ SUBMIT, req.id })
+          assert.truthy(s:take_ahead(), "the statement ahead was not sent")
+          end_ahead(s)
+        end
+      end
+      local got, here = notified(with_ahead(function(s) s:commit() end))
+      assert.equal(2, #got, "payloads: " .. table.concat(got, " | "))
+      for i = 1, 2 do
+        assert.equal("node_observer", (wakeups.parse(got[i])))
+        assert.is_true(here[i])
+      end
+      got = notified(with_ahead(function(s) s:rollback() end))
+      assert.equal(1, #got, "payloads: " .. table.concat(got, " | "))
+    end)
+  end)
+
   it("switched on, a malformed after-commit NOTICE is dropped, and at most 16 are kept per transaction", function()
     after_commit(function()
       local got, here = notified(function(s)
@@ -514,7 +544,7 @@ describe("wake-ups", function()
       drain = row.drain,
       tick = function(s)
         local before = ready_count()
-        local n = dispatcher.tick(s)
+        local n = dispatcher.tick(s, 1)
         passes[#passes + 1] = { count = n, moved = before - ready_count() }
         return n
       end,

@@ -175,12 +175,14 @@ M.wait_port_file = wait_port_file
 
 -- ---- the database -------------------------------------------------------------------
 
--- tick(worker) -> the count of one tick of qtg.workers.WORKER on a fresh
--- session, as the runtime runs it (an open transaction is rolled back).
-local function tick(worker)
+-- tick(worker[, passes]) -> the count of one tick of qtg.workers.WORKER on
+-- a fresh session, as the runtime runs it (an open transaction is rolled
+-- back).  A tick that runs several passes (the dispatcher's) runs `passes`
+-- of them, one unless given: the specs assert pass by pass.
+local function tick(worker, passes)
   local w = require("qtg.workers." .. worker)
   local s = qtg.db.acquire()
-  local ok, n = pcall(w.tick, s)
+  local ok, n = pcall(w.tick, s, passes or 1)
   if s:in_transaction() then s:rollback() end
   s:release()
   if not ok then error(n, 0) end
