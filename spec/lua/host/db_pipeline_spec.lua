@@ -14,6 +14,20 @@ local INSERT = "INSERT INTO " .. TABLE .. " (id, tag) VALUES ($1::int, $2) RETUR
 local READ = "SELECT id, tag FROM " .. TABLE .. " ORDER BY id"
 local XACT = "SELECT pg_current_xact_id()::text AS x"
 
+-- warm({sql, v1, ...}, ...) -> a session whose statements (INSERT, READ,
+-- XACT and these) are prepared on its connection: a batch's fast path
+-- needs them
+local function warm(...)
+  local s = db.acquire()
+  s:begin_pipeline()
+  s:query(INSERT, 100, "warm")
+  s:query(READ)
+  s:query(XACT)
+  for i = 1, select("#", ...) do s:query(unpack((select(i, ...)))) end
+  s:rollback()
+  return s
+end
+
 local function count(where)
   return support.query("SELECT count(*)::int AS n FROM " .. TABLE .. " WHERE " .. where)[1].n
 end
@@ -370,17 +384,6 @@ describe("pipeline transactions", function()
 
   describe("a batch with the commit (commit_batch)", function()
 
-    -- a session whose statements are prepared (the fast path needs them)
-    local function warm()
-      local s = db.acquire()
-      s:begin_pipeline()
-      s:query(INSERT, 100, "warm")
-      s:query(READ)
-      s:query(XACT)
-      s:rollback()
-      return s
-    end
-
     it("commits with its statements' answers in one round trip, the transaction over after it", function()
       local s = warm()
       s:begin_pipeline()
@@ -527,19 +530,8 @@ describe("pipeline transactions", function()
   describe("statements sent ahead of a commit (send_ahead)", function()
     local DIV = "SELECT 10 / $1::int AS q"
 
-    local function warm()
-      local s = db.acquire()
-      s:begin_pipeline()
-      s:query(INSERT, 100, "warm")
-      s:query(READ)
-      s:query(XACT)
-      s:query(DIV, 1)
-      s:rollback()
-      return s
-    end
-
     it("run after the commit, in the next transaction, which sees it and stays open", function()
-      local s = warm()
+      local s = warm({ DIV, 1 })
       s:begin_pipeline()
       local x = s:query(XACT)[1].x
       s:query(INSERT, 1, "a")
@@ -572,7 +564,7 @@ describe("pipeline transactions", function()
     end)
 
     it("hold their locks until their transaction ends", function()
-      local s = warm()
+      local s = warm({ DIV, 1 })
       support.query("INSERT INTO " .. TABLE .. " (id) VALUES (7)")
       local LOCK = "SELECT id FROM " .. TABLE .. " WHERE id = $1::int FOR UPDATE"
       s:begin_pipeline()
@@ -598,7 +590,7 @@ describe("pipeline transactions", function()
     end)
 
     it("a commit that fails raises; nothing is written, the statements ahead neither", function()
-      local s = warm()
+      local s = warm({ DIV, 1 })
       s:begin_pipeline()
       s:query(INSERT, 1, "same")
       s:send_ahead({ INSERT, 3, "ahead" })
@@ -628,7 +620,7 @@ describe("pipeline transactions", function()
     end)
 
     it("a statement ahead that fails: the commit stands, nothing is taken, no transaction is left", function()
-      local s = warm()
+      local s = warm({ DIV, 1 })
       s:begin_pipeline()
       s:send_ahead({ DIV, 0 })
       local a = s:commit_batch({ INSERT, 1, "a" })
@@ -651,7 +643,7 @@ describe("pipeline transactions", function()
     end)
 
     it("are not sent when the commit goes one by one or as a COMMIT; take_ahead answers nothing", function()
-      local s = warm()
+      local s = warm({ DIV, 1 })
       s:begin_pipeline()
       s:send_ahead({ "SELECT 1 AS one /* ahead, unprepared */" })
       assert.are.same({ { id = 1, tag = "a" } }, s:commit_batch({ INSERT, 1, "a" }))
@@ -680,7 +672,7 @@ describe("pipeline transactions", function()
     end)
 
     it("refuses a count of statements ahead that leaves none to commit, or none ahead", function()
-      local s = warm()
+      local s = warm({ DIV, 1 })
       s:begin_pipeline()
       assert.has_error(function() s:raw_batch_commit_ahead(1, { READ }) end)
       assert.has_error(function() s:raw_batch_commit_ahead(2, { READ }, { READ }) end)
