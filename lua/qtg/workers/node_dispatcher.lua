@@ -43,18 +43,35 @@ M.ACTOR = "system:node_dispatcher"
 
 -- $1: ids already tried (text[], given by M.claim_one), $2: network
 -- class, $3: executors paced out for now (JSON array of names).
-M.CANDIDATES_SQL = [[
+-- FIFO by the request's created_at (the spec's order; created_at is each
+-- row's clock_timestamp()), its READY nodes by node_key.  The requests are
+-- walked in their index's order and each one's first READY node taken in a
+-- LATERAL: no sort over the candidates, so a claim with LOCK (FOR UPDATE
+-- SKIP LOCKED, which keeps a LIMIT from bounding a sort under it) reads
+-- the first requests only, where a sort over all of them read at least 32
+-- READY nodes a claim (an incremental sort's smallest batch).
+local function candidates_sql(lock)
+  return [[
 SELECT n.id
-  FROM movement_request_nodes n
-  JOIN movement_requests r ON r.id = n.request_id
- WHERE n.node_state = 'READY'
-   AND r.request_state IN ('APPROVED', 'EXECUTING')
+  FROM movement_requests r
+ CROSS JOIN LATERAL (
+   SELECT n.id
+     FROM movement_request_nodes n
+    WHERE n.request_id = r.id
+      AND n.node_state = 'READY'
+      AND n.action_type NOT LIKE 'manual\_%'
+      AND NOT (n.id::text = ANY ($1::text[]))
+      AND coalesce(n.executor, '') <> ALL (ARRAY(SELECT jsonb_array_elements_text($3::jsonb)))
+    ORDER BY n.node_key ASC
+    LIMIT 1]] .. (lock and "\n      FOR UPDATE SKIP LOCKED" or "") .. [[
+
+ ) n
+ WHERE r.request_state IN ('APPROVED', 'EXECUTING')
    AND r.network_class = $2
-   AND n.action_type NOT LIKE 'manual\_%'
-   AND NOT (n.id::text = ANY ($1::text[]))
-   AND coalesce(n.executor, '') <> ALL (ARRAY(SELECT jsonb_array_elements_text($3::jsonb)))
- ORDER BY r.created_at ASC, n.node_key ASC
+ ORDER BY r.created_at ASC
  LIMIT 1]]
+end
+M.CANDIDATES_SQL = candidates_sql(false)
 
 -- claim_sql(id) -> the per-id claim of the node whose id is the SQL
 -- expression id ($1::uuid alone, candidate.id inside CLAIM_ONE_SQL).  It
@@ -91,7 +108,7 @@ M.MAX_MISSES = 50
 -- the savepoint: a partial lock on the node is released) and the next
 -- transaction excludes the id: one statement per dispatch, where the
 -- savepoint walk took BEGIN, candidates, SAVEPOINT and the claim.
-M.CLAIM_ONE_SQL = "WITH candidate AS MATERIALIZED (\n" .. M.CANDIDATES_SQL .. "\n   FOR UPDATE OF n SKIP LOCKED\n)\n"
+M.CLAIM_ONE_SQL = "WITH candidate AS MATERIALIZED (\n" .. candidates_sql(true) .. "\n)\n"
   .. "SELECT candidate.id AS candidate_id, claimed.*, " .. nodes_db.note_claimed("claimed.request_id") .. "\n"
   .. "  FROM candidate\n  LEFT JOIN LATERAL (\n"
   .. claim_sql("candidate.id") .. "\n) claimed ON true"
