@@ -482,13 +482,10 @@ static void qtg_db_batch_done(qtg_pg_conn *conn, PGresult **res, int n, const ch
  * then a table of those k statements' rows and nil, or false and their
  * error; the new transaction is open then (also when it answers nil, err:
  * the commit failed). */
-static int qtg_db_batch(lua_State *L, int commit, int ahead) {
+static int qtg_db_batch(lua_State *L, int commit, int takes_ahead) {
   qtg_db_session *s = qtg_db_check_session(L);
-  int first = 2; /* the first statement's index */
-  if (ahead) {
-    ahead = (int)luaL_checkinteger(L, 2);
-    first = 3;
-  }
+  int ahead = takes_ahead ? (int)luaL_checkinteger(L, 2) : 0;
+  int first = takes_ahead ? 3 : 2; /* the first statement's index */
   int n = lua_gettop(L) - first + 1;
   if (n < 1 || n > QTG_PG_BATCH_MAX) return luaL_error(L, "qtg.db: a batch takes 1 to %d statements", QTG_PG_BATCH_MAX);
   if (ahead < 0 || ahead >= n)

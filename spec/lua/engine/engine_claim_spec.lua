@@ -441,7 +441,7 @@ describe("per-candidate claim", function()
       end
     end)
 
-    it("the claim ahead runs after the commit: it sees the node it follows dispatched", function()
+    it("the claim ahead runs after the commit: it sees the node it follows dispatched, and a successor it readied", function()
       local ids = {}
       for i = 1, 2 do ids[i] = sup.create_approved(s3, T).id end
       -- the claim ahead is the transaction after the commit, so its snapshot
@@ -452,6 +452,20 @@ describe("per-candidate claim", function()
       assert.equal(2, s3:query([[SELECT count(*)::int AS n FROM sim_ledger l
         JOIN movement_request_nodes n ON n.id = l.request_node_id
        WHERE n.request_id = ANY ($1::uuid[])]], "{" .. table.concat(ids, ",") .. "}")[1].n)
+      -- a -> b, b readied by a's commit: the claim sent with that commit
+      -- finds b READY, which a claim run before the commit could not
+      local chain = T .. "_chain"
+      sup.load_doc(s3, sup.doc(chain, { { "a", "action", "withdrawal", { sim = { observes = 0 } } },
+                                        { "b", "action", "withdrawal", { sim = { observes = 0 } } } },
+        { { "a", "b" } }))
+      sup.create_approved(s3, chain)
+      assert.equal(2, tick(2)) -- the plan read and the statements prepared on s1
+      local req = sup.create_approved(s3, chain)
+      local counts
+      n, counts = tick(2)
+      assert.equal(2, n)
+      assert.equal(1, counts.ahead)
+      assert.equal("COMPLETED", sup.nodes(s3, req.id).b.node_state)
     end)
 
     it("the last pass of a tick sends no claim ahead: nothing is left claimed", function()
