@@ -42,6 +42,8 @@ function session:commit_if_open() local a = aheads[self] if a and a.rows then re
 local function run(self, fn, ...) local r = { pcall(fn, ...) } if not r[1] then pcall(self.rollback, self) error(r[2], 0) end self:commit_if_open() return unpack(r, 2, table.maxn(r)) end
 function session:transaction(fn, ...) self:begin() return run(self, fn, ...) end
 function session:pipeline_transaction(fn, ...) self:begin_pipeline() return run(self, fn, ...) end
+-- continue_transaction(fn, ...): fn in the transaction already open (the one take_ahead answered in), committed after it unless fn ended it, rolled back when fn raises
+function session:continue_transaction(fn, ...) if not (self:pipeline() or self:in_transaction()) then error('continue_transaction: no transaction is open', 2) end return run(self, fn, ...) end
 local function ident(name) assert(type(name) == 'string' and name:match('^[%a_][%w_]*$'), 'savepoint name must be an identifier') return name end
 function session:savepoint(name) if self:pipeline() == 'implicit' then raised(session.raw_pipeline_block(self)) end return self:exec('SAVEPOINT "' .. ident(name) .. '"') end
 function session:rollback_to(name) return self:exec('ROLLBACK TO SAVEPOINT "' .. ident(name) .. '"') end

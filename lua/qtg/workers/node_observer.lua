@@ -142,11 +142,49 @@ UPDATE movement_request_nodes
 -- transaction, so a miss's partial lock (the node, when SKIP LOCKED then
 -- rejected its request) is released at once without a savepoint: the
 -- spec's miss-only savepoint, with the transaction as the savepoint.
+--
+-- The next claim with the commit: an observation's last write carries the
+-- commit (qtg.nodes.apply), and the claim of the walk's next candidate
+-- goes after it in the same flush (s:send_ahead), with that node's request
+-- nodes: the server runs it as the next transaction once the commit is
+-- done, so a lane's later claims cost no round trip of their own.  A claim
+-- sent ahead was not paced before it: its executor's observe limit is
+-- taken once it has claimed (a wait is waited with the node's locks held,
+-- a long one puts the node back as before).
 local function claim(s, id, class)
   return s:query(M.CLAIM_SQL, id, class)[1]
 end
 
-local function observe_one(s, cand, class)
+local function claim_statements(id, class)
+  return { M.CLAIM_SQL, id, class }, { nodes_db.CLAIMED_NODES_SQL }
+end
+
+-- The claimed candidate (rows, nodes: its claim's answer in the open
+-- transaction) observed and committed.  pace: take the observe limit now;
+-- next_candidate() names the candidate whose claim goes with the commit.
+local function observe_in(s, cand, class, rows, nodes, pace, next_candidate)
+  local row = rows[1]
+  if not row then return nil end
+  local adapter = pace and executors.get(cand.executor)
+  if adapter then
+    local go, wait = pacing.take(cand.executor, adapter, "observe")
+    if not go then
+      s:query(M.DEFER_SQL, cand.id, wait)
+      return 0
+    end
+  end
+  local after = next_candidate()
+  if after then s:send_ahead(claim_statements(after.id, class)) end
+  M.observe_claimed(s, row, nodes, true)
+  return 1
+end
+
+-- ahead: {rows, nodes} of cand's claim sent with the last commit (its
+-- transaction open), or nil.
+local function observe_one(s, cand, class, ahead, next_candidate)
+  if ahead then
+    return s:continue_transaction(observe_in, s, cand, class, ahead[1], ahead[2], true, next_candidate)
+  end
   local adapter = executors.get(cand.executor)
   if adapter then
     local go, wait = pacing.take(cand.executor, adapter, "observe")
@@ -163,10 +201,8 @@ local function observe_one(s, cand, class)
   -- the nodes are read by the next statement, after the claim's lock; the
   -- observation's last write carries the commit
   return s:pipeline_transaction(function()
-    local rows, nodes = s:batch({ M.CLAIM_SQL, cand.id, class }, { nodes_db.CLAIMED_NODES_SQL })
-    if not rows[1] then return nil end
-    M.observe_claimed(s, rows[1], nodes, true)
-    return 1
+    local rows, nodes = s:batch(claim_statements(cand.id, class))
+    return observe_in(s, cand, class, rows, nodes, false, next_candidate)
   end)
 end
 
@@ -219,18 +255,40 @@ function M.tick(s)
   local start = (r1 * 256 + r2) % #groups
   local next_g, hits, first_err, done = 1, 0, nil, false
   local function lane(ls)
-    while first_err == nil and not done and next_g <= #groups do
-      local group = groups[(start + next_g - 1) % #groups + 1]
-      next_g = next_g + 1
-      for _, cand in ipairs(group) do
-        local ok, res = pcall(observe_one, ls, cand, class)
-        if not ok then first_err = first_err or res; break end
-        if res == nil then
-          done = hits > 0
-          break
-        end
-        hits = hits + res
+    local group, at = nil, 0
+    -- the walk's next candidate: the rest of this lane's request, then the
+    -- first due node of the next request no lane has taken
+    local function next_candidate()
+      if group and at < #group then
+        at = at + 1
+        return group[at]
       end
+      if first_err ~= nil or done or next_g > #groups then return nil end
+      group, at = groups[(start + next_g - 1) % #groups + 1], 1
+      next_g = next_g + 1
+      return group[1]
+    end
+    local cand, ahead = next_candidate(), nil
+    while cand do
+      local sent -- the candidate whose claim went with cand's commit
+      local ok, res = pcall(observe_one, ls, cand, class, ahead, function()
+        sent = next_candidate()
+        return sent
+      end)
+      if not ok then
+        first_err = first_err or res
+        return
+      end
+      ahead = nil
+      if res == nil then
+        done = hits > 0
+        at = #group
+      else
+        hits = hits + res
+        local rows, nodes = ls:take_ahead()
+        if rows then ahead = { rows, nodes } end
+      end
+      cand = sent or next_candidate()
     end
   end
   local tasks = {}

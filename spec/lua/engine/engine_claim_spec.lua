@@ -38,6 +38,32 @@ local function node_row_locks(s)
   return out
 end
 
+-- s counting its round trips (the session calls that wait for the
+-- server) and the commits that carried a claim ahead
+local ROUND_TRIPS = { query = true, exec = true, batch = true, commit_batch = true, commit = true, rollback = true }
+local function counting(s)
+  local methods = getmetatable(s).__index
+  local real, counts = {}, { trips = 0, ahead = 0 }
+  for k in pairs(ROUND_TRIPS) do
+    real[k] = methods[k]
+    methods[k] = function(self, ...)
+      if self == s then counts.trips = counts.trips + 1 end
+      return real[k](self, ...)
+    end
+  end
+  local raw_ahead = methods.raw_batch_commit_ahead
+  methods.raw_batch_commit_ahead = function(self, ...)
+    local r = { raw_ahead(self, ...) }
+    if self == s and r[1] then counts.ahead = counts.ahead + 1 end
+    return unpack(r, 1, table.maxn(r))
+  end
+  return counts, function()
+    for k, f in pairs(real) do methods[k] = f end
+    methods.raw_batch_commit_ahead = raw_ahead
+  end
+end
+
+
 describe("per-candidate claim", function()
   local s1, s2, s3
   setup(function()
@@ -367,31 +393,6 @@ describe("per-candidate claim", function()
   end)
 
   describe("a tick of several passes (the claim sent ahead with the commit)", function()
-    -- s1 counting its round trips (the session calls that wait for the
-    -- server) and the commits that carried a claim ahead
-    local ROUND_TRIPS = { query = true, exec = true, batch = true, commit_batch = true, commit = true, rollback = true }
-    local function counting(s)
-      local methods = getmetatable(s).__index
-      local real, counts = {}, { trips = 0, ahead = 0 }
-      for k in pairs(ROUND_TRIPS) do
-        real[k] = methods[k]
-        methods[k] = function(self, ...)
-          if self == s then counts.trips = counts.trips + 1 end
-          return real[k](self, ...)
-        end
-      end
-      local raw_ahead = methods.raw_batch_commit_ahead
-      methods.raw_batch_commit_ahead = function(self, ...)
-        local r = { raw_ahead(self, ...) }
-        if self == s and r[1] then counts.ahead = counts.ahead + 1 end
-        return unpack(r, 1, table.maxn(r))
-      end
-      return counts, function()
-        for k, f in pairs(real) do methods[k] = f end
-        methods.raw_batch_commit_ahead = raw_ahead
-      end
-    end
-
     -- tick(passes) -> the tick's count and its counts on s1
     local function tick(passes)
       local counts, restore = counting(s1)
@@ -520,6 +521,136 @@ describe("per-candidate claim", function()
         assert.equal(1, a.attempt_no)
         assert.equal(1, s3:query("SELECT count(*)::int AS n FROM sim_ledger WHERE request_node_id = $1::uuid", a.id)[1].n)
       end
+    end)
+  end)
+  describe("an observer pass (each next claim sent with the last observation's commit)", function()
+    local observer = require "qtg.workers.node_observer"
+    local pacing = require "qtg.pacing"
+    local executors = require "qtg.executors"
+    local O = "spec_claim_observe_ahead"
+    local lanes
+
+    -- one observer pass on s1, one lane, the walk from the oldest request
+    local function pass()
+      local counts, restore = counting(s1)
+      local random_bytes = qtg.crypto.random_bytes
+      qtg.crypto.random_bytes = function(n) return ("\0"):rep(n) end
+      local ok, n = pcall(observer.tick, s1)
+      qtg.crypto.random_bytes = random_bytes
+      restore()
+      assert(ok, n)
+      return n, counts
+    end
+
+    -- n requests with one node, dispatched: SUBMITTED, due
+    local function submitted(n)
+      local ids = {}
+      for i = 1, n do ids[i] = sup.create_approved(s3, O).id end
+      for _ = 1, n do assert.equal(1, sup.tick("node_dispatcher")) end
+      for i = 1, n do assert.equal("SUBMITTED", sup.nodes(s3, ids[i]).a.node_state) end
+      return ids
+    end
+
+    setup(function()
+      sup.load_doc(s3, sup.doc(O, { { "a", "action", "withdrawal", { sim = { observes = 2, retry_after_seconds = 0 } } } }))
+    end)
+    before_each(function()
+      lanes, observer.MAX_LANES = observer.MAX_LANES, 1
+      -- s1's connection prepares the statements
+      submitted(2)
+      assert.equal(2, pass())
+      sup.park_others(s3)
+    end)
+    after_each(function()
+      observer.MAX_LANES = lanes
+      executors.get("sim").RATE_LIMITS = nil
+      pacing.reset()
+    end)
+
+    it("observes each due node once, each later claim sent with the last commit", function()
+      local ids = submitted(3)
+      local n, counts = pass()
+      assert.equal(3, n)
+      -- the snapshot (1), the first claim with its request's nodes (1), each
+      -- observation's write with its commit (3), the second and third
+      -- carrying the next claim; without it, two round trips more
+      assert.equal(5, counts.trips)
+      assert.equal(2, counts.ahead)
+      assert.is_false(s1:in_transaction())
+      assert.same({}, node_row_locks(s3))
+      for i = 1, 3 do
+        local a = sup.nodes(s3, ids[i]).a
+        assert.equal("OBSERVING", a.node_state)
+        assert.equal(1, a.observe_count)
+      end
+    end)
+
+    it("a claim ahead that misses ends the walk and its transaction; the next pass goes on", function()
+      local ids = submitted(3)
+      hold_request(s2, ids[2])
+      local n, counts = pass()
+      assert.equal(1, n)
+      assert.equal(1, counts.ahead)
+      assert.is_false(s1:in_transaction())
+      assert.same({}, node_row_locks(s3))
+      assert.equal(1, sup.nodes(s3, ids[1]).a.observe_count)
+      assert.equal(0, sup.nodes(s3, ids[2]).a.observe_count)
+      assert.equal(0, sup.nodes(s3, ids[3]).a.observe_count)
+      s2:rollback()
+      -- the next pass: the first node's second observation is due too
+      assert.equal(3, pass())
+      for i = 1, 3 do assert.equal(i == 1 and 2 or 1, sup.nodes(s3, ids[i]).a.observe_count) end
+    end)
+
+    it("a claim ahead is paced once it has claimed: over the limit, the node is put back, not observed", function()
+      local ids = submitted(3)
+      -- one observe now, the next in 100 s; nothing waits in place
+      executors.get("sim").RATE_LIMITS = { observe = { per_second = 0.01, burst = 1 }, max_hold_seconds = 0 }
+      pacing.reset()
+      local n, counts = pass()
+      assert.equal(1, n)
+      assert.equal(1, counts.ahead)
+      assert.is_false(s1:in_transaction())
+      assert.same({}, node_row_locks(s3))
+      assert.equal(1, sup.nodes(s3, ids[1]).a.observe_count)
+      for i = 2, 3 do
+        local a = sup.nodes(s3, ids[i]).a
+        assert.equal("SUBMITTED", a.node_state)
+        assert.equal(0, a.observe_count)
+        local later = s3:query([[SELECT next_observe_at > now() + interval '60 seconds' AS later
+                                   FROM movement_request_nodes WHERE id = $1::uuid]], a.id)[1].later
+        assert.is_true(later, "node " .. i .. " not put back")
+      end
+      assert.equal(0, pass()) -- none due
+    end)
+
+    it("two observers at once, with their lanes, observe every node once", function()
+      observer.MAX_LANES = lanes
+      local ids = submitted(8)
+      local tasks = {}
+      for i = 1, 2 do
+        tasks[i] = qtg.spawn(function()
+          return qtg.db.with_session(function(s)
+            local total = 0
+            for _ = 1, 6 do total = total + observer.tick(s) end
+            return total
+          end)
+        end)
+      end
+      local total = 0
+      for i = 1, 2 do
+        local ok, n = qtg.join(tasks[i])
+        assert.is_true(ok, tostring(n))
+        total = total + n
+      end
+      -- observes = 2: each node is observed twice, the second completes it
+      assert.equal(16, total)
+      for i = 1, 8 do
+        local a = sup.nodes(s3, ids[i]).a
+        assert.equal("COMPLETED", a.node_state)
+        assert.equal(2, a.observe_count)
+      end
+      assert.same({}, node_row_locks(s3))
     end)
   end)
 end)
