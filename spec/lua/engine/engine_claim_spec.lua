@@ -64,6 +64,19 @@ local function counting(s)
 end
 
 
+-- at_once(n, fn) -> the sum of what fn(i) returns, run by n tasks at once
+local function at_once(n, fn)
+  local tasks = {}
+  for i = 1, n do tasks[i] = qtg.spawn(fn, i) end
+  local total = 0
+  for i = 1, n do
+    local ok, got = qtg.join(tasks[i])
+    assert.is_true(ok, tostring(got))
+    total = total + got
+  end
+  return total
+end
+
 describe("per-candidate claim", function()
   local s1, s2, s3
   setup(function()
@@ -500,20 +513,11 @@ describe("per-candidate claim", function()
     it("two dispatchers ticking at once dispatch every node once", function()
       local ids = {}
       for i = 1, 8 do ids[i] = sup.create_approved(s3, T).id end
-      local tasks = {}
-      for i = 1, 2 do
-        tasks[i] = qtg.spawn(function()
-          local total = 0
-          for _ = 1, 10 do total = total + common_tick() end
-          return total
-        end)
-      end
-      local total = 0
-      for i = 1, 2 do
-        local ok, n = qtg.join(tasks[i])
-        assert.is_true(ok, tostring(n))
-        total = total + n
-      end
+      local total = at_once(2, function()
+        local mine = 0
+        for _ = 1, 10 do mine = mine + common_tick() end
+        return mine
+      end)
       assert.equal(8, total)
       for i = 1, 8 do
         local a = sup.nodes(s3, ids[i]).a
@@ -627,22 +631,13 @@ describe("per-candidate claim", function()
     it("two observers at once, with their lanes, observe every node once", function()
       observer.MAX_LANES = lanes
       local ids = submitted(8)
-      local tasks = {}
-      for i = 1, 2 do
-        tasks[i] = qtg.spawn(function()
-          return qtg.db.with_session(function(s)
-            local total = 0
-            for _ = 1, 6 do total = total + observer.tick(s) end
-            return total
-          end)
+      local total = at_once(2, function()
+        return qtg.db.with_session(function(s)
+          local mine = 0
+          for _ = 1, 6 do mine = mine + observer.tick(s) end
+          return mine
         end)
-      end
-      local total = 0
-      for i = 1, 2 do
-        local ok, n = qtg.join(tasks[i])
-        assert.is_true(ok, tostring(n))
-        total = total + n
-      end
+      end)
       -- observes = 2: each node is observed twice, the second completes it
       assert.equal(16, total)
       for i = 1, 8 do
