@@ -280,8 +280,10 @@ int qtg_http_open(qtg_host *h, char *err, size_t errlen) {
   if (curl_multi_setopt(http->multi, CURLMOPT_SOCKETFUNCTION, qtg_http_socket_cb) != CURLM_OK ||
       curl_multi_setopt(http->multi, CURLMOPT_SOCKETDATA, http) != CURLM_OK ||
       curl_multi_setopt(http->multi, CURLMOPT_TIMERFUNCTION, qtg_http_timer_cb) != CURLM_OK ||
-      curl_multi_setopt(http->multi, CURLMOPT_TIMERDATA, http) != CURLM_OK) {
-    snprintf(err, errlen, "http: libcurl refused the multi callbacks");
+      curl_multi_setopt(http->multi, CURLMOPT_TIMERDATA, http) != CURLM_OK ||
+      curl_multi_setopt(http->multi, CURLMOPT_MAXCONNECTS,
+                        (long)QTG_HTTP_MAX_IDLE_CONNECTIONS) != CURLM_OK) {
+    snprintf(err, errlen, "http: libcurl refused the multi options");
     curl_multi_cleanup(http->multi);
     http->multi = NULL;
     http->closing = 1;

@@ -51,7 +51,16 @@ enum {
   QTG_HTTP_DEFAULT_MAX_BODY = 8 * 1024 * 1024,
   QTG_HTTP_MAX_HEADER_BYTES = 256 * 1024,
   QTG_HTTP_MAX_REDIRECTS = 5,
-  QTG_HTTP_MAX_PIN = 16
+  QTG_HTTP_MAX_PIN = 16,
+  /* Idle connections kept for reuse (CURLMOPT_MAXCONNECTS).  libcurl's
+   * default is four per easy handle still added, so as the last transfer
+   * of a batch ends the cache shrinks to four and closes the rest: a
+   * callback batch of five reopened one connection (a TLS handshake, for
+   * https) at every batch.  This covers the callback lanes' five batches
+   * of five and the other workers' calls; a connection idle for longer
+   * than libcurl's CURLOPT_MAXAGE_CONN (118 s) is closed at its next
+   * use. */
+  QTG_HTTP_MAX_IDLE_CONNECTIONS = 64
 };
 #define QTG_HTTP_DEFAULT_TIMEOUT 30.0
 #define QTG_HTTP_DEFAULT_CONNECT_TIMEOUT 10.0

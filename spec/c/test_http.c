@@ -614,6 +614,44 @@ static void test_connection_reuse(fixture *f) {
   CHECK(&tc, f->srv.accepted == before);   /* same keep-alive connection */
 }
 
+/* Rounds of five requests at once, as a callback batch: the connections
+ * the first round opened serve every later round.  (libcurl's default
+ * cache holds four connections per easy handle still added, so as the
+ * last transfer of a round ended it kept four of five, and each later
+ * round opened one.) */
+static void test_connection_reuse_batches(fixture *f) {
+  enum { N = 5, ROUNDS = 4 };
+  char url[128], err[256];
+  result r[N];
+  qtg_http_request q;
+  qtg_http_kind kind;
+  int after_first = 0;
+  url_of(f, "/echo", url, sizeof url);
+  q = request_to(url);
+  for (int round = 0; round < ROUNDS; round++) {
+    int pending = N;
+    for (int i = 0; i < N; i++) {
+      memset(&r[i], 0, sizeof r[i]);
+      r[i].loop = f->h.loop;
+      CHECK(&tc, qtg_http_start(f->h.http, &q, on_done, &r[i], NULL, &kind, err, sizeof err) == 0);
+    }
+    while (pending > 0) {
+      uv_run(f->h.loop, UV_RUN_ONCE);
+      pending = 0;
+      for (int i = 0; i < N; i++) pending += !r[i].done;
+    }
+    for (int i = 0; i < N; i++) {
+      CHECK(&tc, r[i].kind == QTG_HTTP_OK && r[i].status == 200);
+      result_free(&r[i]);
+    }
+    if (round == 0) after_first = f->srv.accepted;
+  }
+  if (f->srv.accepted != after_first)
+    fprintf(stderr, "test_connection_reuse_batches: %d connections opened after the first round\n",
+            f->srv.accepted - after_first);
+  CHECK(&tc, f->srv.accepted == after_first);
+}
+
 /* 20 requests at once, one of which never gets an answer: the 19 others
  * finish long before the hanging one times out. */
 static void test_hang_does_not_block(fixture *f) {
@@ -1089,6 +1127,7 @@ int main(void) {
   test_status_500(&f);
   test_bad_response(&f);
   test_connection_reuse(&f);
+  test_connection_reuse_batches(&f);
   test_hang_does_not_block(&f);
   test_refused(&f);
   test_too_large(&f);
