@@ -72,28 +72,30 @@ end
 
 function M.tick(s)
   local settings = qtg.settings
-  s:begin()
-  local rows = s:query(M.CLAIM_SQL, settings.network_class, settings.capital_transfer_stale_seconds, M.BATCH)
-  for _, row in ipairs(rows) do
-    local to, reason = M.decide(row)
-    s:query(M.UPDATE_SQL, row.id, to, reason)
-    local request_id = row.movement_request_id ~= qtg.db.NULL and row.movement_request_id or nil
-    local detail = { transfer_id = row.id, from_status = row.status, to_status = to, reason = reason,
-                     from_venue = row.from_venue, to_venue = row.to_venue, asset = row.asset,
-                     amount = row.amount, movement_request_id = request_id }
-    if to == "surfaced" and row.status ~= "surfaced" then
-      notify.surface(s, { worker = M.WORKER, kind = "capital_transfer_surfaced",
-        dedupe_key = "capital_transfer_surfaced:" .. row.id, entity_type = "capital_transfer_request",
-        entity_id = row.id, request_id = request_id, data = detail })
-    else
-      outbox.audit(s, "system:" .. M.WORKER, "capital_transfer." .. (to == row.status and "followup" or to),
-        "capital_transfer_request", row.id, request_id, detail)
+  -- a pipeline transaction (no BEGIN or COMMIT statement): an idle pass
+  -- is its claim alone
+  return s:pipeline_transaction(function()
+    local rows = s:query(M.CLAIM_SQL, settings.network_class, settings.capital_transfer_stale_seconds, M.BATCH)
+    for _, row in ipairs(rows) do
+      local to, reason = M.decide(row)
+      s:query(M.UPDATE_SQL, row.id, to, reason)
+      local request_id = row.movement_request_id ~= qtg.db.NULL and row.movement_request_id or nil
+      local detail = { transfer_id = row.id, from_status = row.status, to_status = to, reason = reason,
+                       from_venue = row.from_venue, to_venue = row.to_venue, asset = row.asset,
+                       amount = row.amount, movement_request_id = request_id }
+      if to == "surfaced" and row.status ~= "surfaced" then
+        notify.surface(s, { worker = M.WORKER, kind = "capital_transfer_surfaced",
+          dedupe_key = "capital_transfer_surfaced:" .. row.id, entity_type = "capital_transfer_request",
+          entity_id = row.id, request_id = request_id, data = detail })
+      else
+        outbox.audit(s, "system:" .. M.WORKER, "capital_transfer." .. (to == row.status and "followup" or to),
+          "capital_transfer_request", row.id, request_id, detail)
+      end
+      qtg.log.info("capital transfer followed up", { worker = M.WORKER, transfer_id = row.id,
+        from = row.status, to = to, reason = reason })
     end
-    qtg.log.info("capital transfer followed up", { worker = M.WORKER, transfer_id = row.id,
-      from = row.status, to = to, reason = reason })
-  end
-  s:commit()
-  return #rows
+    return #rows
+  end)
 end
 
 return M

@@ -43,26 +43,28 @@ end
 function M.tick(s)
   local settings = qtg.settings
   local age = settings.ccip_stranded_age_seconds
-  s:begin()
-  local rows = s:query(M.CLAIM_SQL, settings.network_class, age, M.BATCH)
-  for _, row in ipairs(rows) do
-    local reason = string.format("unresolved (%s) for more than %d s", row.status, age)
-    s:query(M.MARK_SQL, row.id, reason)
-    notify.surface(s, {
-      worker = M.WORKER, kind = "ccip_intent_stranded", severity = "critical",
-      dedupe_key = "ccip_intent_stranded:" .. row.id,
-      entity_type = "ccip_send_intent", entity_id = row.id, request_id = present(row.request_id),
-      data = { intent_id = row.id, from_status = row.status, reason = reason,
-               message_id = present(row.message_id), source_tx_hash = present(row.source_tx_hash),
-               source_chain_selector = row.source_chain_selector,
-               dest_chain_selector = row.dest_chain_selector, created_at = row.created_at,
-               request_node_id = present(row.request_node_id) },
-    })
-    qtg.log.warn("ccip send intent stranded", { worker = M.WORKER, intent_id = row.id,
-      request_id = present(row.request_id), message_id = present(row.message_id) })
-  end
-  s:commit()
-  return #rows
+  -- a pipeline transaction (no BEGIN or COMMIT statement): an idle pass
+  -- is its claim alone
+  return s:pipeline_transaction(function()
+    local rows = s:query(M.CLAIM_SQL, settings.network_class, age, M.BATCH)
+    for _, row in ipairs(rows) do
+      local reason = string.format("unresolved (%s) for more than %d s", row.status, age)
+      s:query(M.MARK_SQL, row.id, reason)
+      notify.surface(s, {
+        worker = M.WORKER, kind = "ccip_intent_stranded", severity = "critical",
+        dedupe_key = "ccip_intent_stranded:" .. row.id,
+        entity_type = "ccip_send_intent", entity_id = row.id, request_id = present(row.request_id),
+        data = { intent_id = row.id, from_status = row.status, reason = reason,
+                 message_id = present(row.message_id), source_tx_hash = present(row.source_tx_hash),
+                 source_chain_selector = row.source_chain_selector,
+                 dest_chain_selector = row.dest_chain_selector, created_at = row.created_at,
+                 request_node_id = present(row.request_node_id) },
+      })
+      qtg.log.warn("ccip send intent stranded", { worker = M.WORKER, intent_id = row.id,
+        request_id = present(row.request_id), message_id = present(row.message_id) })
+    end
+    return #rows
+  end)
 end
 
 -- resolve(s, intent_id, actor, note): an operator settled a stranded intent.

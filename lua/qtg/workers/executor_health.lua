@@ -148,11 +148,12 @@ function M.tick(s)
   end
 
   local class = qtg.settings.network_class
-  s:begin()
-  if #rows > 0 then s:query(M.WRITE_SQL, class, heartbeats.process_id(), canon.encode(rows)) end
-  s:query(M.GONE_SQL, class, table.concat(present, ","))
-  signers.record_observations(s, observations)
-  s:commit()
+  -- one pipeline transaction (no BEGIN or COMMIT statement)
+  s:pipeline_transaction(function()
+    if #rows > 0 then s:query(M.WRITE_SQL, class, heartbeats.process_id(), canon.encode(rows)) end
+    s:query(M.GONE_SQL, class, table.concat(present, ","))
+    signers.record_observations(s, observations)
+  end)
   return #rows
 end
 

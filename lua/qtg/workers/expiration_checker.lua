@@ -50,12 +50,14 @@ local function expire(s, req)
                                     expires_at = expires_at })
 end
 
+-- A pipeline transaction (no BEGIN or COMMIT statement): an idle pass is
+-- its claim alone.
 function M.tick(s)
-  s:begin()
-  local rows = s:query(M.CLAIM_SQL, qtg.settings.network_class, M.BATCH)
-  for _, req in ipairs(rows) do expire(s, req) end
-  s:commit()
-  return #rows
+  return s:pipeline_transaction(function()
+    local rows = s:query(M.CLAIM_SQL, qtg.settings.network_class, M.BATCH)
+    for _, req in ipairs(rows) do expire(s, req) end
+    return #rows
+  end)
 end
 
 return M

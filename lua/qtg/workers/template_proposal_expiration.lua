@@ -9,10 +9,10 @@ local M = {}
 
 M.BATCH = 50
 
+-- A pipeline transaction (no BEGIN or COMMIT statement): an idle pass is
+-- its one statement.
 function M.tick(s)
-  s:begin()
-  local rows = proposals.expire_due(s, M.BATCH)
-  s:commit()
+  local rows = s:pipeline_transaction(proposals.expire_due, s, M.BATCH)
   for _, row in ipairs(rows) do
     qtg.log.info("template proposal expired", { worker = "template_proposal_expiration",
       proposal_id = row.id, template_key = row.template_key })

@@ -109,6 +109,31 @@ describe("expiration_checker", function()
     assert.equals(0, left)
   end)
 
+  it("writes nothing of a pass that fails part-way: its pipeline transaction rolls back", function()
+    local ids = { make(nil, -5), make(nil, -4) }
+    local nodes_db = require "qtg.nodes"
+    local real, calls = nodes_db.set_request_state, 0
+    nodes_db.set_request_state = function(...)
+      calls = calls + 1
+      if calls == 2 then error({ code = "SPEC_BOOM", message = "second expiry fails" }) end
+      return real(...)
+    end
+    local ok, err = pcall(tick, "expiration_checker")
+    nodes_db.set_request_state = real
+    assert.is_false(ok)
+    assert.equals("SPEC_BOOM", err.code)
+    for _, id in ipairs(ids) do
+      assert.equals("PENDING_APPROVAL", req(id).request_state)
+      assert.equals(0, #s:query([[SELECT 1 FROM movement_callback_outbox WHERE request_id = $1::uuid
+                                   AND event_type = 'request_expired']], id))
+      for _, n in ipairs(s:query("SELECT node_state FROM movement_request_nodes WHERE request_id = $1::uuid", id)) do
+        assert.are_not.equal("CANCELLED", n.node_state)
+      end
+    end
+    assert.equals(2, tick("expiration_checker"))
+    for _, id in ipairs(ids) do assert.equals("EXPIRED", req(id).request_state) end
+  end)
+
   it("leaves a request approved before the pass alone", function()
     local class = sup.uid("exp-approved")
     -- approved in this process's class, then moved to the class under test
@@ -348,7 +373,9 @@ describe("audit_outbox_promoter", function()
   end
 
   it("promotes every row exactly once and in order with two processes", function()
-    tick("audit_outbox_promoter") -- drain what earlier specs left
+    -- drain what earlier specs left (a tick promotes at most its batch)
+    local drained = 0
+    repeat drained = drained + 1 until tick("audit_outbox_promoter") == 0 or drained > 1000
     local N = 5000
     local tag = sup.uid("spec.two")
     local ids = fill(N, tag)
@@ -483,5 +510,53 @@ describe("worker heartbeats", function()
     assert.is_false(live.spec_hb_b)
     qtg.runtime.stop_worker("spec_hb_a")
     qtg.runtime.stop_worker("spec_hb_b")
+  end)
+end)
+
+describe("idle passes", function()
+  -- statements_sent(fn) -> the statements every session sent while fn ran,
+  -- BEGIN and COMMIT included (a pipeline transaction ends with a Sync,
+  -- which is no statement)
+  local function statements_sent(fn)
+    local probe = qtg.db.acquire()
+    local methods = getmetatable(probe).__index
+    probe:release()
+    local real_query, real_exec, sent = methods.query, methods.exec, {}
+    methods.query = function(self, sql, ...) sent[#sent + 1] = sql return real_query(self, sql, ...) end
+    methods.exec = function(self, sql) sent[#sent + 1] = sql return real_exec(self, sql) end
+    local ok, err = pcall(fn)
+    methods.query, methods.exec = real_query, real_exec
+    assert(ok, err)
+    return sent
+  end
+
+  local function no_block(sent)
+    for _, sql in ipairs(sent) do
+      assert.is_nil(sql:match("^%s*BEGIN"), sql)
+      assert.is_nil(sql:match("^%s*COMMIT"), sql)
+    end
+  end
+
+  setup(function() sup = require "spec.lua.support.sidecar" end)
+
+  for _, worker in ipairs({ "expiration_checker", "template_proposal_expiration",
+                            "ccip_stranded_reaper", "capital_transfer_followup" }) do
+    it(worker .. ": its claim alone, no BEGIN or COMMIT", function()
+      local n = 0
+      repeat n = n + 1 until tick(worker) == 0 or n > 20
+      local sent = statements_sent(function() assert.equals(0, tick(worker)) end)
+      assert.equals(1, #sent, table.concat(sent, " | "))
+      no_block(sent)
+    end)
+  end
+
+  it("executor_health: its writes in one transaction with no BEGIN or COMMIT statement", function()
+    local sent = statements_sent(function() assert.is_true(tick("executor_health") >= 1) end)
+    no_block(sent)
+    local wrote = {}
+    for _, sql in ipairs(sent) do
+      if sql:match("component_health") then wrote[#wrote + 1] = sql end
+    end
+    assert.is_true(#wrote >= 2, table.concat(sent, " | "))
   end)
 end)
