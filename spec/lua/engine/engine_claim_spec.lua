@@ -64,12 +64,19 @@ local function counting(s)
 end
 
 
--- at_once(n, fn) -> the sum of what fn(i) returns, run by n tasks at once
-local function at_once(n, fn)
+-- two_at_once(ticks, tick) -> the sum of what tick() returns, called
+-- `ticks` times in each of two tasks run at once
+local function two_at_once(ticks, tick)
   local tasks = {}
-  for i = 1, n do tasks[i] = qtg.spawn(fn, i) end
+  for i = 1, 2 do
+    tasks[i] = qtg.spawn(function()
+      local mine = 0
+      for _ = 1, ticks do mine = mine + tick() end
+      return mine
+    end)
+  end
   local total = 0
-  for i = 1, n do
+  for i = 1, 2 do
     local ok, got = qtg.join(tasks[i])
     assert.is_true(ok, tostring(got))
     total = total + got
@@ -513,12 +520,7 @@ describe("per-candidate claim", function()
     it("two dispatchers ticking at once dispatch every node once", function()
       local ids = {}
       for i = 1, 8 do ids[i] = sup.create_approved(s3, T).id end
-      local total = at_once(2, function()
-        local mine = 0
-        for _ = 1, 10 do mine = mine + common_tick() end
-        return mine
-      end)
-      assert.equal(8, total)
+      assert.equal(8, two_at_once(10, common_tick))
       for i = 1, 8 do
         local a = sup.nodes(s3, ids[i]).a
         assert.equal("COMPLETED", a.node_state)
@@ -553,6 +555,17 @@ describe("per-candidate claim", function()
       for _ = 1, n do assert.equal(1, sup.tick("node_dispatcher")) end
       for i = 1, n do assert.equal("SUBMITTED", sup.nodes(s3, ids[i]).a.node_state) end
       return ids
+    end
+
+    -- a pass that observes the first of ids and no other, the claim of the
+    -- second sent ahead, and leaves no transaction and no lock
+    local function pass_observing_the_first(ids)
+      local n, counts = pass()
+      assert.equal(1, n)
+      assert.equal(1, counts.ahead)
+      assert.is_false(s1:in_transaction())
+      assert.same({}, node_row_locks(s3))
+      for i, id in ipairs(ids) do assert.equal(i == 1 and 1 or 0, sup.nodes(s3, id).a.observe_count) end
     end
 
     setup(function()
@@ -592,14 +605,7 @@ describe("per-candidate claim", function()
     it("a claim ahead that misses ends the walk and its transaction; the next pass goes on", function()
       local ids = submitted(3)
       hold_request(s2, ids[2])
-      local n, counts = pass()
-      assert.equal(1, n)
-      assert.equal(1, counts.ahead)
-      assert.is_false(s1:in_transaction())
-      assert.same({}, node_row_locks(s3))
-      assert.equal(1, sup.nodes(s3, ids[1]).a.observe_count)
-      assert.equal(0, sup.nodes(s3, ids[2]).a.observe_count)
-      assert.equal(0, sup.nodes(s3, ids[3]).a.observe_count)
+      pass_observing_the_first(ids)
       s2:rollback()
       -- the next pass: the first node's second observation is due too
       assert.equal(3, pass())
@@ -611,16 +617,10 @@ describe("per-candidate claim", function()
       -- one observe now, the next in 100 s; nothing waits in place
       executors.get("sim").RATE_LIMITS = { observe = { per_second = 0.01, burst = 1 }, max_hold_seconds = 0 }
       pacing.reset()
-      local n, counts = pass()
-      assert.equal(1, n)
-      assert.equal(1, counts.ahead)
-      assert.is_false(s1:in_transaction())
-      assert.same({}, node_row_locks(s3))
-      assert.equal(1, sup.nodes(s3, ids[1]).a.observe_count)
+      pass_observing_the_first(ids)
       for i = 2, 3 do
         local a = sup.nodes(s3, ids[i]).a
         assert.equal("SUBMITTED", a.node_state)
-        assert.equal(0, a.observe_count)
         local later = s3:query([[SELECT next_observe_at > now() + interval '60 seconds' AS later
                                    FROM movement_request_nodes WHERE id = $1::uuid]], a.id)[1].later
         assert.is_true(later, "node " .. i .. " not put back")
@@ -631,15 +631,8 @@ describe("per-candidate claim", function()
     it("two observers at once, with their lanes, observe every node once", function()
       observer.MAX_LANES = lanes
       local ids = submitted(8)
-      local total = at_once(2, function()
-        return qtg.db.with_session(function(s)
-          local mine = 0
-          for _ = 1, 6 do mine = mine + observer.tick(s) end
-          return mine
-        end)
-      end)
       -- observes = 2: each node is observed twice, the second completes it
-      assert.equal(16, total)
+      assert.equal(16, two_at_once(6, function() return qtg.db.with_session(observer.tick) end))
       for i = 1, 8 do
         local a = sup.nodes(s3, ids[i]).a
         assert.equal("COMPLETED", a.node_state)
