@@ -268,13 +268,15 @@ function M.tick(s)
       next_g = next_g + 1
       return group[1]
     end
+    local sent -- the candidate whose claim went with the last commit
+    local function send_next()
+      sent = next_candidate()
+      return sent
+    end
     local cand, ahead = next_candidate(), nil
     while cand do
-      local sent -- the candidate whose claim went with cand's commit
-      local ok, res = pcall(observe_one, ls, cand, class, ahead, function()
-        sent = next_candidate()
-        return sent
-      end)
+      sent = nil
+      local ok, res = pcall(observe_one, ls, cand, class, ahead, send_next)
       if not ok then
         first_err = first_err or res
         return
