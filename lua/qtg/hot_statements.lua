@@ -22,7 +22,7 @@ local NO_ID = "00000000-0000-0000-0000-000000000000"
 
 -- Each entry: name, the worker module and its field holding the SQL, and
 -- args(ctx) -> the statement's arguments.  ctx: { class = network class,
--- node_id = a node id or nil, outbox_ids = { callback ids } or nil,
+-- node_id = a node id or nil, request_id = its request's id or nil, outbox_ids = { callback ids } or nil,
 -- notification_ids = { ids } or nil, process_id = text }.
 M.LIST = {
   { name = "dispatcher candidates", module = "qtg.workers.node_dispatcher", field = "CANDIDATES_SQL",
@@ -38,7 +38,7 @@ M.LIST = {
   { name = "observer snapshot", module = "qtg.workers.node_observer", field = "SNAPSHOT_SQL",
     args = function(c) return { c.class, 10, 200 } end },
   { name = "observer claim", module = "qtg.workers.node_observer", field = "CLAIM_SQL",
-    args = function(c) return { c.node_id or NO_ID, c.class } end },
+    args = function(c) return { c.node_id or NO_ID, c.class, c.request_id or NO_ID } end },
   { name = "recovery arm", module = "qtg.workers.node_recovery", field = "ARM_SQL",
     args = function(c) return { c.class, 60, '["ccip_%"]', 2, 1 } end },
   { name = "recovery arm (everything else)", module = "qtg.workers.node_recovery", field = "ARM_SQL",

@@ -792,7 +792,7 @@ function B.explain(label)
   local hot = require("qtg.hot_statements")
   local s = qtg.db.acquire()
   local ok, out = pcall(function()
-    local node = s:query([[SELECT n.id FROM movement_request_nodes n
+    local node = s:query([[SELECT n.id, n.request_id FROM movement_request_nodes n
                             JOIN movement_requests r ON r.id = n.request_id
                            WHERE r.network_class = $1 AND n.node_state = 'READY'
                            LIMIT 1 /* bench-probe */]], B.CLASS)[1]
@@ -801,7 +801,8 @@ function B.explain(label)
                             ORDER BY id DESC LIMIT 5) x /* bench-probe */]])[1]
     local ids = {}
     for id in tostring(cb.ids or ""):gmatch("%d+") do ids[#ids + 1] = tonumber(id) end
-    return hot.explain_all(s, { class = B.CLASS, node_id = node and node.id, outbox_ids = ids,
+    return hot.explain_all(s, { class = B.CLASS, node_id = node and node.id,
+                                request_id = node and node.request_id, outbox_ids = ids,
                                 notification_ids = {}, process_id = "bench" }, true)
   end)
   s:release()

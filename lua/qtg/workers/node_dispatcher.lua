@@ -52,7 +52,7 @@ M.ACTOR = "system:node_dispatcher"
 -- READY nodes a claim (an incremental sort's smallest batch).
 local function candidates_sql(lock)
   return [[
-SELECT n.id
+SELECT n.id, r.id AS request_id
   FROM movement_requests r
  CROSS JOIN LATERAL (
    SELECT n.id
@@ -73,11 +73,22 @@ SELECT n.id
 end
 M.CANDIDATES_SQL = candidates_sql(false)
 
--- claim_sql(id) -> the per-id claim of the node whose id is the SQL
--- expression id ($1::uuid alone, candidate.id inside CLAIM_ONE_SQL).  It
--- returns the request row too (and node_id, request_id), so dispatch()
--- need not read it again (qtg.nodes.claimed).
-local function claim_sql(id)
+-- claim_sql(id, request_id) -> the per-id claim of the node whose id and
+-- request id are the SQL expressions id and request_id ($1::uuid and its
+-- node's request read by id, for qtg.db.claim.one; the candidate's columns
+-- inside CLAIM_ONE_SQL).  It returns the request row too (and node_id,
+-- request_id), so dispatch() need not read it again (qtg.nodes.claimed).
+-- Both rows are found by key under any plan.  A generic plan made when
+-- the statistics saw few READY nodes and few live requests (a quiet spell
+-- before a burst; a large table is not analyzed again for a long while)
+-- took the partial indexes for them, estimated empty: the READY index
+-- filtered by `id = ...`, the dispatchable one by the request's id, each
+-- a walk over every entry (read from the heap) on every claim.  The
+-- request id gives the READY index its key, and the request's state is
+-- tested as `(...) IS TRUE`, which the planner does not prove implies the
+-- partial indexes' predicates, so they are not candidates for the request
+-- (spec/lua/engine/plans_spec.lua, "after a burst").
+local function claim_sql(id, request_id)
   return [[
 SELECT movement_request_nodes.id AS node_id, movement_requests.id AS request_id,
        movement_request_nodes.executor AS claim_executor, movement_requests.*
@@ -85,13 +96,16 @@ SELECT movement_request_nodes.id AS node_id, movement_requests.id AS request_id,
   JOIN movement_requests ON movement_requests.id = movement_request_nodes.request_id
  WHERE movement_request_nodes.id = ]] .. id .. [[
 
+   AND movement_request_nodes.request_id = ]] .. request_id .. [[
+
    AND movement_request_nodes.node_state = 'READY'
-   AND movement_requests.request_state IN ('APPROVED', 'EXECUTING')
+   AND (movement_requests.request_state IN ('APPROVED', 'EXECUTING')) IS TRUE
    AND movement_requests.network_class = $2
    AND movement_request_nodes.executor <> ALL (ARRAY(SELECT jsonb_array_elements_text($3::jsonb)))
    FOR UPDATE OF movement_request_nodes, movement_requests SKIP LOCKED]]
 end
-M.CLAIM_SQL = claim_sql("$1::uuid")
+M.CLAIM_SQL = claim_sql("$1::uuid",
+  "(SELECT by_id.request_id FROM movement_request_nodes by_id WHERE by_id.id = $1::uuid)")
 
 M.MAX_MISSES = 50
 
@@ -111,7 +125,7 @@ M.MAX_MISSES = 50
 M.CLAIM_ONE_SQL = "WITH candidate AS MATERIALIZED (\n" .. candidates_sql(true) .. "\n)\n"
   .. "SELECT candidate.id AS candidate_id, claimed.*, " .. nodes_db.note_claimed("claimed.request_id") .. "\n"
   .. "  FROM candidate\n  LEFT JOIN LATERAL (\n"
-  .. claim_sql("candidate.id") .. "\n) claimed ON true"
+  .. claim_sql("candidate.id", "candidate.request_id") .. "\n) claimed ON true"
 
 local NULL = qtg.db.NULL
 

@@ -374,7 +374,7 @@ describe("per-candidate claim", function()
       local class = qtg.settings.network_class
       for _ = 1, 2 do -- the first prepares the statements, the second sends them together
         s1:begin_pipeline()
-        local rows, nodes = s1:batch({ observer.CLAIM_SQL, a.id, class }, { nodes_db.CLAIMED_NODES_SQL })
+        local rows, nodes = s1:batch({ observer.CLAIM_SQL, a.id, class, req.id }, { nodes_db.CLAIMED_NODES_SQL })
         assert.equal(a.id, rows[1].node_id)
         assert.same(ids_and_states(s3:query(nodes_db.NODES_SQL, req.id)), ids_and_states(nodes))
         s1:rollback()
@@ -382,7 +382,7 @@ describe("per-candidate claim", function()
       -- the request held elsewhere: the claim misses and no nodes are read
       hold_request(s2, req.id)
       s1:begin_pipeline()
-      local rows, nodes = s1:batch({ observer.CLAIM_SQL, a.id, class }, { nodes_db.CLAIMED_NODES_SQL })
+      local rows, nodes = s1:batch({ observer.CLAIM_SQL, a.id, class, req.id }, { nodes_db.CLAIMED_NODES_SQL })
       assert.same({}, rows)
       assert.same({}, nodes)
       s1:rollback()
