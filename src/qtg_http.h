@@ -119,10 +119,12 @@ int qtg_http_url_target(const char *url, char *host, size_t hostlen,
 
 /* Start a request.  With req->pin (up to QTG_HTTP_MAX_PIN addresses), the
  * connection goes to one of those addresses and nowhere else: for a host
- * name, CURLOPT_RESOLVE entries "host:port:addr,..." in a DNS cache of the
- * call's own (so the pin neither leaks into nor is raced by other calls),
- * and a fresh connection (a pooled one may lead elsewhere); a URL whose
- * host is an address must name one of the pinned addresses.  Callers check
+ * name, CURLOPT_CONNECT_TO a name of the pinned set's own, resolved to the
+ * addresses by CURLOPT_RESOLVE entries in a DNS cache of the call's own
+ * (so the pin neither leaks into nor is raced by other calls); libcurl
+ * reuses for it only a connection made under the same pin (one to the
+ * same host, port and addresses).  A URL whose host is an address must
+ * name one of the pinned addresses.  Callers check
  * the addresses before they pin them (lua/qtg/api/ssrf.lua).  On 0, *call (when call is non-NULL) identifies it until
  * the callback runs.  On -1, kind says why (QTG_HTTP_INVALID for a bad URL,
  * method or header; QTG_HTTP_ERROR for resources or a closed subsystem) and

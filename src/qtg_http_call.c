@@ -11,9 +11,17 @@
 #include <arpa/inet.h>
 #include <ctype.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "qtg_crypto.h"
+
+/* The pinned set's connect-to name: this many bytes of its SHA-256, in
+ * hex, under a domain that resolves nowhere (RFC 6761). */
+#define QTG_HTTP_PIN_NAME_BYTES 16
+#define QTG_HTTP_PIN_DOMAIN ".pin.qtg.invalid"
 
 const char *qtg_http_kind_name(qtg_http_kind kind) {
   switch (kind) {
@@ -275,15 +283,28 @@ static int qtg_http_parse_addr(const char *s, int *family, unsigned char out[16]
 }
 
 /* The pin of qtg_http_start (qtg_http.h): a host that is an address must
- * be one of the pinned ones; a name gets "host:port:a,b,..." as its only
- * answer in a DNS cache of this call's own, and a fresh connection. */
+ * be one of the pinned ones.  A name is connected, by CURLOPT_CONNECT_TO,
+ * to a name of the pinned set's own, "<32 hex>.pin.qtg.invalid" (the
+ * SHA-256 of the host, port and addresses), whose only answer is the
+ * addresses (CURLOPT_RESOLVE, in a DNS cache of this call's own); the
+ * host's own name gets the same answer, so a spelling the connect-to entry
+ * did not match still connects to a pinned address.  libcurl reuses a
+ * connection only for a transfer with the same host, port and connect-to
+ * name, so a pinned call reuses only a connection made to the same checked
+ * addresses (a callback batch of five to one receiver: one connection, one
+ * TLS handshake), and never one made without the pin; the ".invalid"
+ * name resolves nowhere else. */
 static int qtg_http_pin(qtg_http_call *c, const qtg_http_request *req,
                         char *err, size_t errlen) {
-  char host[256], entry[256 + 16 + QTG_HTTP_MAX_PIN * (INET6_ADDRSTRLEN + 3)];
+  char host[256], addrs[QTG_HTTP_MAX_PIN * (INET6_ADDRSTRLEN + 3)];
+  char entry[256 + 16 + sizeof addrs], line[256 + 16 + 64 + 16];
+  char name[2 * QTG_HTTP_PIN_NAME_BYTES + sizeof QTG_HTTP_PIN_DOMAIN];
   unsigned char want[16], got[16];
+  uint8_t digest[QTG_SHA256_LEN];
   int want_family = 0, family = 0;
   long port;
-  size_t len;
+  size_t len = 0;
+  struct curl_slist *l;
   if (req->follow_redirects) {
     snprintf(err, errlen, "a pinned request does not follow redirects");
     return -1;
@@ -314,27 +335,42 @@ static int qtg_http_pin(qtg_http_call *c, const qtg_http_request *req,
     snprintf(err, errlen, "no address to pin %s to", host);
     return -1;
   }
-  len = (size_t)snprintf(entry, sizeof entry, "%s:%ld:", host, port);
-  for (size_t i = 0; i < req->npin && len < sizeof entry; i++) {
+  for (size_t i = 0; i < req->npin && len < sizeof addrs; i++) {
     int v6 = strchr(req->pin[i], ':') != NULL;
-    len += (size_t)snprintf(entry + len, sizeof entry - len, "%s%s%s%s",
+    len += (size_t)snprintf(addrs + len, sizeof addrs - len, "%s%s%s%s",
                             i > 0 ? "," : "", v6 ? "[" : "", req->pin[i], v6 ? "]" : "");
   }
-  if (len >= sizeof entry) {
+  if (len >= sizeof addrs) {
     snprintf(err, errlen, "pinned addresses too long");
     return -1;
   }
-  c->resolve = curl_slist_append(NULL, entry);
+  len = (size_t)snprintf(entry, sizeof entry, "%s:%ld:%s", host, port, addrs);
+  if (len >= sizeof entry || qtg_sha256(entry, len, digest) != 0) {
+    snprintf(err, errlen, "cannot name the pinned addresses");
+    return -1;
+  }
+  for (size_t i = 0; i < QTG_HTTP_PIN_NAME_BYTES; i++)
+    snprintf(name + 2 * i, 3, "%02x", digest[i]);
+  snprintf(name + 2 * QTG_HTTP_PIN_NAME_BYTES, sizeof QTG_HTTP_PIN_DOMAIN, "%s",
+           QTG_HTTP_PIN_DOMAIN);
+  /* the host's own answer: entry as it is */
+  if ((c->resolve = curl_slist_append(NULL, entry)) == NULL) goto oom;
+  snprintf(entry, sizeof entry, "%s:%ld:%s", name, port, addrs);
+  if ((l = curl_slist_append(c->resolve, entry)) == NULL) goto oom;
+  c->resolve = l;
+  snprintf(line, sizeof line, "%s:%ld:%s:%ld", host, port, name, port);
+  if ((c->connect_to = curl_slist_append(NULL, line)) == NULL) goto oom;
   c->dns = curl_share_init();
-  if (c->resolve == NULL || c->dns == NULL ||
+  if (c->dns == NULL ||
       curl_share_setopt(c->dns, CURLSHOPT_SHARE, CURL_LOCK_DATA_DNS) != CURLSHE_OK ||
       curl_easy_setopt(c->easy, CURLOPT_SHARE, c->dns) != CURLE_OK ||
       curl_easy_setopt(c->easy, CURLOPT_RESOLVE, c->resolve) != CURLE_OK ||
-      curl_easy_setopt(c->easy, CURLOPT_FRESH_CONNECT, 1L) != CURLE_OK) {
-    snprintf(err, errlen, "cannot pin the address (out of memory?)");
-    return -1;
-  }
+      curl_easy_setopt(c->easy, CURLOPT_CONNECT_TO, c->connect_to) != CURLE_OK)
+    goto oom;
   return 0;
+oom:
+  snprintf(err, errlen, "cannot pin the address (out of memory?)");
+  return -1;
 }
 
 /* "Name: value" with a token name and no CR, LF or NUL in the value.  An
@@ -514,6 +550,7 @@ void qtg_http_call_free(qtg_http_call *c) {
   if (c->easy != NULL) curl_easy_cleanup(c->easy);
   if (c->dns != NULL) curl_share_cleanup(c->dns);   /* after its one user */
   curl_slist_free_all(c->resolve);
+  curl_slist_free_all(c->connect_to);
   curl_slist_free_all(c->req_headers);
   for (size_t i = 0; i < c->nheaders; i++) {
     free((char *)c->headers[i].name);

@@ -15,7 +15,8 @@ struct qtg_http_call {
   qtg_http *http;                /* set by qtg_http_start */
   CURL *easy;
   struct curl_slist *req_headers;
-  struct curl_slist *resolve;    /* the pin's CURLOPT_RESOLVE entry */
+  struct curl_slist *resolve;    /* the pin's CURLOPT_RESOLVE entries */
+  struct curl_slist *connect_to; /* the pin's CURLOPT_CONNECT_TO entry */
   CURLSH *dns;                   /* the pinned call's own DNS cache */
   qtg_http_done_cb cb;
   void *data;

@@ -652,6 +652,71 @@ static void test_connection_reuse_batches(fixture *f) {
   CHECK(&tc, f->srv.accepted == after_first);
 }
 
+/* Pinned requests (qtg_http_pin): a name that resolves nowhere reaches its
+ * pinned address; for each spelling of a host, pinned requests share one
+ * connection among themselves and never one made without the pin (both
+ * ways), nor one made under another pin.  A spelling curl reads as a host
+ * already seen ("l%6Fcalhost" is "localhost") shares that host's pinned
+ * connections.  (With a fresh connection per pinned request, each of the
+ * three opened its own.) */
+static void test_pin_connections(fixture *f) {
+  static const char *lo[] = {"127.0.0.1"}, *lo2[] = {"127.0.0.1", "127.0.0.2"},
+                    *elsewhere[] = {"127.0.0.2"};
+  static const struct { const char *host; int opens; } spellings[] = {
+    {"localhost", 1}, {"LocalHost", 1}, {"l%6Fcalhost", 0}};
+  static const char *unresolvable[] = {"pin.invalid", "pin.invalid."};
+  char url[160];
+  result r;
+  qtg_http_request q;
+  int before;
+  for (size_t i = 0; i < sizeof unresolvable / sizeof unresolvable[0]; i++) {
+    snprintf(url, sizeof url, "http://%s:%d/echo", unresolvable[i], f->srv.port);
+    q = request_to(url);
+    q.pin = lo;
+    q.npin = 1;
+    fetch(f, &q, &r);
+    CHECK(&tc, r.kind == QTG_HTTP_OK && r.status == 200);
+    result_free(&r);
+  }
+  for (size_t i = 0; i < sizeof spellings / sizeof spellings[0]; i++) {
+    int opens = spellings[i].opens;
+    snprintf(url, sizeof url, "http://%s:%d/echo", spellings[i].host, f->srv.port);
+    q = request_to(url);                          /* without the pin first */
+    fetch(f, &q, &r);
+    CHECK(&tc, r.kind == QTG_HTTP_OK && r.status == 200);
+    result_free(&r);
+    before = f->srv.accepted;
+    q.pin = lo;
+    q.npin = 1;
+    for (int k = 0; k < 3; k++) {
+      fetch(f, &q, &r);
+      CHECK(&tc, r.kind == QTG_HTTP_OK && r.status == 200);
+      result_free(&r);
+    }
+    if (f->srv.accepted != before + opens)
+      fprintf(stderr, "test_pin_connections: %s: %d connections for three pinned requests\n",
+              spellings[i].host, f->srv.accepted - before);
+    CHECK(&tc, f->srv.accepted == before + opens);
+    q.pin = NULL;                                 /* its own, not the pinned one */
+    q.npin = 0;
+    fetch(f, &q, &r);
+    CHECK(&tc, r.kind == QTG_HTTP_OK && r.status == 200);
+    result_free(&r);
+    CHECK(&tc, f->srv.accepted == before + opens);
+    q.pin = lo2;                                  /* another pin: another connection */
+    q.npin = 2;
+    fetch(f, &q, &r);
+    CHECK(&tc, r.kind == QTG_HTTP_OK && r.status == 200);
+    result_free(&r);
+    CHECK(&tc, f->srv.accepted == before + 2 * opens);
+    q.pin = elsewhere;                            /* nobody there: refused, not reused */
+    q.npin = 1;
+    fetch(f, &q, &r);
+    CHECK(&tc, r.kind == QTG_HTTP_REFUSED);
+    result_free(&r);
+  }
+}
+
 /* 20 requests at once, one of which never gets an answer: the 19 others
  * finish long before the hanging one times out. */
 static void test_hang_does_not_block(fixture *f) {
@@ -1128,6 +1193,7 @@ int main(void) {
   test_bad_response(&f);
   test_connection_reuse(&f);
   test_connection_reuse_batches(&f);
+  test_pin_connections(&f);
   test_hang_does_not_block(&f);
   test_refused(&f);
   test_too_large(&f);
