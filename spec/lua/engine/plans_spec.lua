@@ -15,12 +15,12 @@ local sup
 local T = "spec_plans_chain"
 local N = 10000
 
--- Load N requests of template T (one in `every` APPROVED with a READY node,
--- as many EXECUTING with a SUBMITTED and an UNKNOWN node, the rest
--- COMPLETED; every = 0: all of them COMPLETED), their nodes, N callback rows
--- (10 % pending), N notifications (5 % pending) and N audit outbox rows, in
--- s's open transaction; ANALYZE them.
-local function load(s, class, every)
+-- Insert n requests of template T (idempotency keys prefix-1 .. prefix-n,
+-- each created a second after the one before) and their nodes, in s's open
+-- transaction.  states: SQL expressions of the request's state (of g, its
+-- number, and e.every), of each node's state (of r.request_state and
+-- pn.node_key) and of its next_observe_at.
+local function insert_requests(s, class, n, prefix, states, every)
   s:query([[
     WITH pv AS (
       SELECT pv.id, pv.compiled_plan_hash FROM plan_versions pv
@@ -30,24 +30,37 @@ local function load(s, class, every)
       INSERT INTO movement_requests (network_class, template_key, plan_version_id,
              compiled_plan_hash, request_state, intent, idempotency_key, created_by,
              callback_url, created_at)
-      SELECT $1, $3, pv.id, pv.compiled_plan_hash,
-             CASE WHEN $4 > 0 AND g % $4 = 0 THEN 'APPROVED'
-                  WHEN $4 > 0 AND g % $4 = 1 THEN 'EXECUTING'
-                  ELSE 'COMPLETED' END,
-             '{}', 'plans-' || g, 'spec', 'http://127.0.0.1:9/cb',
+      SELECT $1, $3, pv.id, pv.compiled_plan_hash, ]] .. states.request .. [[,
+             '{}', $4 || '-' || g, 'spec', 'http://127.0.0.1:9/cb',
              clock_timestamp() - make_interval(secs => $2 - g)
-        FROM pv, generate_series(1, $2::int) g
+        FROM pv, generate_series(1, $2::int) g, (SELECT $5::int AS every) e
       RETURNING id, plan_version_id, request_state)
     INSERT INTO movement_request_nodes (request_id, plan_node_id, node_key, node_kind,
            action_type, executor, node_state, next_observe_at)
     SELECT r.id, pn.id, pn.node_key, pn.node_kind, pn.action_type, pn.executor,
-           CASE WHEN r.request_state = 'COMPLETED' THEN 'COMPLETED'
-                WHEN r.request_state = 'APPROVED' THEN
-                  CASE pn.node_key WHEN 'a' THEN 'READY' ELSE 'BLOCKED' END
-                ELSE CASE pn.node_key WHEN 'a' THEN 'SUBMITTED' WHEN 'b' THEN 'UNKNOWN'
-                                      ELSE 'BLOCKED' END END,
-           clock_timestamp()
-      FROM r JOIN plan_nodes pn ON pn.plan_version_id = r.plan_version_id]], class, N, T, every)
+           ]] .. states.node .. [[, ]] .. states.next_observe_at .. [[
+
+      FROM r JOIN plan_nodes pn ON pn.plan_version_id = r.plan_version_id]], class, n, T, prefix,
+    every or 0)
+end
+
+-- Load N requests of template T (one in `every` APPROVED with a READY node,
+-- as many EXECUTING with a SUBMITTED and an UNKNOWN node, the rest
+-- COMPLETED; every = 0: all of them COMPLETED), their nodes, N callback rows
+-- (10 % pending), N notifications (5 % pending) and N audit outbox rows, in
+-- s's open transaction; ANALYZE them.
+local function load(s, class, every)
+  insert_requests(s, class, N, "plans", {
+    request = [[CASE WHEN e.every > 0 AND g % e.every = 0 THEN 'APPROVED'
+                     WHEN e.every > 0 AND g % e.every = 1 THEN 'EXECUTING'
+                     ELSE 'COMPLETED' END]],
+    node = [[CASE WHEN r.request_state = 'COMPLETED' THEN 'COMPLETED'
+                  WHEN r.request_state = 'APPROVED' THEN
+                    CASE pn.node_key WHEN 'a' THEN 'READY' ELSE 'BLOCKED' END
+                  ELSE CASE pn.node_key WHEN 'a' THEN 'SUBMITTED' WHEN 'b' THEN 'UNKNOWN'
+                                        ELSE 'BLOCKED' END END]],
+    next_observe_at = "clock_timestamp()",
+  }, every)
   s:query([[
     INSERT INTO movement_callback_outbox (request_id, event_type, payload, callback_url,
            status, attempts, max_attempts, delivered_at)
@@ -149,24 +162,11 @@ describe("generic plans of the hot statements", function()
     s:begin()
     local ok, err = pcall(function()
       load(s, class, 0)
-      s:query([[
-        WITH pv AS (
-          SELECT pv.id, pv.compiled_plan_hash FROM plan_versions pv
-            JOIN movement_templates t ON t.id = pv.template_id
-           WHERE t.template_key = $3 ORDER BY pv.version DESC LIMIT 1),
-        r AS (
-          INSERT INTO movement_requests (network_class, template_key, plan_version_id,
-                 compiled_plan_hash, request_state, intent, idempotency_key, created_by, created_at)
-          SELECT $1, $3, pv.id, pv.compiled_plan_hash, 'EXECUTING', '{}', 'burst-' || g, 'spec',
-                 clock_timestamp()
-            FROM pv, generate_series(1, $2::int) g
-          RETURNING id, plan_version_id)
-        INSERT INTO movement_request_nodes (request_id, plan_node_id, node_key, node_kind,
-               action_type, executor, node_state, next_observe_at)
-        SELECT r.id, pn.id, pn.node_key, pn.node_kind, pn.action_type, pn.executor,
-               CASE pn.node_key WHEN 'a' THEN 'SUBMITTED' WHEN 'b' THEN 'READY' ELSE 'BLOCKED' END,
-               now() - interval '1 second'
-          FROM r JOIN plan_nodes pn ON pn.plan_version_id = r.plan_version_id]], class, BURST, T)
+      insert_requests(s, class, BURST, "burst", {
+        request = "'EXECUTING'",
+        node = "CASE pn.node_key WHEN 'a' THEN 'SUBMITTED' WHEN 'b' THEN 'READY' ELSE 'BLOCKED' END",
+        next_observe_at = "now() - interval '1 second'",
+      })
       local function node(key)
         return s:query([[SELECT n.id, n.request_id FROM movement_request_nodes n
                            JOIN movement_requests r ON r.id = n.request_id
