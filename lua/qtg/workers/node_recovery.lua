@@ -46,6 +46,10 @@ M.LANES = {
 
 -- $1 network class, $2 grace seconds, $3 patterns (JSON array), $4 limit,
 -- $5 1 = the lane's patterns match, 0 = none of them matches ("other").
+-- Each node's request is read by its key: `(...) IS TRUE` keeps the
+-- EXECUTING index out of that lookup (qtg.workers.node_dispatcher,
+-- claim_sql), where a plan from statistics that saw no request executing
+-- would walk that whole index for each node.
 M.ARM_SQL = [[
 SELECT movement_request_nodes.id AS node_id, movement_requests.id AS request_id,
        movement_requests.*
@@ -54,7 +58,7 @@ SELECT movement_request_nodes.id AS node_id, movement_requests.id AS request_id,
  WHERE (movement_request_nodes.node_state = 'UNKNOWN'
         OR (movement_request_nodes.node_state = 'SUBMITTING'
             AND movement_request_nodes.updated_at < now() - $2::float8 * interval '1 second'))
-   AND movement_requests.request_state = 'EXECUTING'
+   AND (movement_requests.request_state = 'EXECUTING') IS TRUE
    AND movement_requests.network_class = $1
    AND (movement_request_nodes.action_type LIKE ANY (ARRAY(SELECT jsonb_array_elements_text($3::jsonb))))
        = ($5::int = 1)
