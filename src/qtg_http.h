@@ -124,9 +124,9 @@ int qtg_http_url_target(const char *url, char *host, size_t hostlen,
  * (so the pin neither leaks into nor is raced by other calls); libcurl
  * reuses for it only a connection made under the same pin (one to the
  * same host, port and addresses).  A URL whose host is an address must
- * name one of the pinned addresses.  Callers check
- * the addresses before they pin them (lua/qtg/api/ssrf.lua).  On 0, *call (when call is non-NULL) identifies it until
- * the callback runs.  On -1, kind says why (QTG_HTTP_INVALID for a bad URL,
+ * name one of the pinned addresses.  Callers check the addresses before
+ * they pin them (lua/qtg/api/ssrf.lua).  On 0, *call (when call is
+ * non-NULL) identifies it until the callback runs.  On -1, kind says why (QTG_HTTP_INVALID for a bad URL,
  * method or header; QTG_HTTP_ERROR for resources or a closed subsystem) and
  * err holds a message. */
 int qtg_http_start(qtg_http *http, const qtg_http_request *req,

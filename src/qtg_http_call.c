@@ -359,7 +359,9 @@ static int qtg_http_pin(qtg_http_call *c, const qtg_http_request *req,
   if ((l = curl_slist_append(c->resolve, entry)) == NULL) goto oom;
   c->resolve = l;
   snprintf(line, sizeof line, "%s:%ld:%s:%ld", host, port, name, port);
-  if ((c->connect_to = curl_slist_append(NULL, line)) == NULL) goto oom;
+  if ((c->connect_to = curl_slist_append(NULL, line)) == NULL ||
+      (c->pin_name = strdup(name)) == NULL || (c->pin_host = strdup(host)) == NULL)
+    goto oom;
   c->dns = curl_share_init();
   if (c->dns == NULL ||
       curl_share_setopt(c->dns, CURLSHOPT_SHARE, CURL_LOCK_DATA_DNS) != CURLSHE_OK ||
@@ -551,6 +553,8 @@ void qtg_http_call_free(qtg_http_call *c) {
   if (c->dns != NULL) curl_share_cleanup(c->dns);   /* after its one user */
   curl_slist_free_all(c->resolve);
   curl_slist_free_all(c->connect_to);
+  free(c->pin_name);
+  free(c->pin_host);
   curl_slist_free_all(c->req_headers);
   for (size_t i = 0; i < c->nheaders; i++) {
     free((char *)c->headers[i].name);
@@ -600,6 +604,20 @@ static qtg_http_kind qtg_http_call_classify(CURLcode rc, const qtg_http_call *c)
 }
 
 
+/* curl's message for a pinned call names the connect-to name where it
+ * connected ("Failed to connect to <hex>.pin.qtg.invalid port 443"); the
+ * message says the URL's host instead, as for any other call. */
+static void qtg_http_curl_message(const qtg_http_call *c, const char *text,
+                                  char *message, size_t msglen) {
+  const char *at = c->pin_name != NULL ? strstr(text, c->pin_name) : NULL;
+  if (at == NULL) {
+    snprintf(message, msglen, "%s", text);
+    return;
+  }
+  snprintf(message, msglen, "%.*s%s (pinned)%s", (int)(at - text), text, c->pin_host,
+           at + strlen(c->pin_name));
+}
+
 qtg_http_kind qtg_http_call_outcome(const qtg_http_call *c, CURLcode rc,
                                     char *message, size_t msglen) {
   qtg_http_kind kind = qtg_http_call_classify(rc, c);
@@ -613,7 +631,7 @@ qtg_http_kind qtg_http_call_outcome(const qtg_http_call *c, CURLcode rc,
     /* CURLE_FILESIZE_EXCEEDED: the announced Content-Length was too big. */
     snprintf(message, msglen, "response body larger than %zu bytes", c->max_body);
   } else if (rc != CURLE_OK) {
-    snprintf(message, msglen, "%s", c->errbuf[0] ? c->errbuf : curl_easy_strerror(rc));
+    qtg_http_curl_message(c, c->errbuf[0] ? c->errbuf : curl_easy_strerror(rc), message, msglen);
   } else if (msglen > 0) {
     message[0] = '\0';
   }

@@ -17,6 +17,7 @@ struct qtg_http_call {
   struct curl_slist *req_headers;
   struct curl_slist *resolve;    /* the pin's CURLOPT_RESOLVE entries */
   struct curl_slist *connect_to; /* the pin's CURLOPT_CONNECT_TO entry */
+  char *pin_name, *pin_host;     /* the pin's connect-to name, for the URL's host */
   CURLSH *dns;                   /* the pinned call's own DNS cache */
   qtg_http_done_cb cb;
   void *data;

@@ -22,8 +22,9 @@ local NO_ID = "00000000-0000-0000-0000-000000000000"
 
 -- Each entry: name, the worker module and its field holding the SQL, and
 -- args(ctx) -> the statement's arguments.  ctx: { class = network class,
--- node_id = a node id or nil, request_id = its request's id or nil, outbox_ids = { callback ids } or nil,
--- notification_ids = { ids } or nil, process_id = text }.
+-- node_id = a node id or nil, request_id = its request's id or nil,
+-- outbox_ids = { callback ids } or nil, notification_ids = { ids } or nil,
+-- process_id = text }.
 M.LIST = {
   { name = "dispatcher candidates", module = "qtg.workers.node_dispatcher", field = "CANDIDATES_SQL",
     args = function(c) return { "{}", c.class, "[]" } end },

@@ -713,6 +713,9 @@ static void test_pin_connections(fixture *f) {
     q.npin = 1;
     fetch(f, &q, &r);
     CHECK(&tc, r.kind == QTG_HTTP_REFUSED);
+    /* the message names the URL's host, not the pin's connect-to name */
+    CHECK(&tc, strstr(r.message, ".pin.qtg.invalid") == NULL);
+    CHECK(&tc, strstr(r.message, "(pinned)") != NULL);
     result_free(&r);
   }
 }
