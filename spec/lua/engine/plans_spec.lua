@@ -181,17 +181,17 @@ describe("generic plans of the hot statements", function()
       -- a READY node and a due one); their bound leaves room for the index
       -- entries of rows an earlier test rolled back.
       local claims = {
-        ["dispatcher claim"] = { d = true, most = 60 },
-        ["dispatcher one-statement claim"] = { d = true, part = "Subquery Scan on claimed", most = 60 },
+        ["dispatcher claim"] = { ready = true, most = 60 },
+        ["dispatcher one-statement claim"] = { ready = true, part = "Subquery Scan on claimed", most = 60 },
         ["observer claim"] = { most = 60 },
-        ["dispatcher candidates"] = { d = true, most = BURST },
+        ["dispatcher candidates"] = { ready = true, most = BURST },
         ["observer snapshot"] = { most = BURST },
         ["recovery arm (everything else)"] = { most = BURST },
       }
       local seen = 0
       for _, e in ipairs(hot.LIST) do
         if claims[e.name] then
-          local n = claims[e.name].d and ready or submitted
+          local n = claims[e.name].ready and ready or submitted
           local plan = hot.generic_plan(s, require(e.module)[e.field],
             hot.args_of(e, { class = class, node_id = n.id, request_id = n.request_id }), true)
           if os.getenv("QTG_SPEC_PLANS_PRINT") then io.stderr:write("== ", e.name, "\n", plan, "\n") end
