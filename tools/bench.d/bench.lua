@@ -386,30 +386,41 @@ end
 
 -- pgbench at each of `clients` for `seconds` on a freshly seeded pool;
 -- returns {["1"] = tps, ...}.
+-- raw_tps(o, clients, seconds, label): TPS by client count, and
+-- PostgreSQL's CPU per transaction (ms, every server process's, from /proc
+-- around each pgbench run): what PostgreSQL spends on one node transition
+-- alone, the unit a node's own CPU is read in.
 function B.raw_tps(o, clients, seconds, label)
   B.raw_seed(o.raw_pool)
   local path = B.dir .. "/raw.sql"
   common.write(path, B.RAW_SCRIPT)
-  local tps_by = {}
+  local tps_by, pg_ms_by = {}, {}
   for _, c in ipairs(clients) do
     local cmd = ("PGOPTIONS=%s %s -n -M prepared -c %d -j %d -T %d %s %s"):format(
       common.quote(B.RAW_OPTIONS), common.quote(B.pgbench), c, math.min(c, 2), seconds, "-f " .. common.quote(path),
       common.quote(os.getenv("MG_DATABASE_URL")))
+    local pg0 = B.pg_cpu()
     local text, rc = B.sh(cmd)
+    qtg.sleep(0.3) -- pgbench's backends have exited: their time is the postmaster's once reaped
+    local pg1 = B.pg_cpu()
     local tps = tonumber(text:match("tps = ([%d%.]+) %(without initial connection time%)"))
+    local done = tonumber(text:match("number of transactions actually processed: (%d+)"))
     if rc ~= 0 or not tps then
       B.failures[#B.failures + 1] = ("raw: pgbench at %d clients failed (rc %s): %s"):format(
         c, tostring(rc), text:sub(-400))
     end
     tps_by[tostring(c)] = tps
-    B.say(("raw%s: %d client(s): %s TPS"):format(label or "", c, tostring(tps and math.floor(tps + 0.5))))
+    if pg0 and pg1 and done and done > 0 then pg_ms_by[tostring(c)] = 1000 * (pg1 - pg0) / done end
+    B.say(("raw%s: %d client(s): %s TPS, PostgreSQL CPU %s ms per transaction"):format(label or "", c,
+      tostring(tps and math.floor(tps + 0.5)), fmt(pg_ms_by[tostring(c)], "%.3f")))
   end
   B.raw_cleanup()
-  return tps_by
+  return tps_by, pg_ms_by
 end
 
 function B.phase_raw(o)
-  return { seconds = o.raw_seconds, pool = o.raw_pool, tps = B.raw_tps(o, o.clients, o.raw_seconds) }
+  local tps, pg_ms = B.raw_tps(o, o.clients, o.raw_seconds)
+  return { seconds = o.raw_seconds, pool = o.raw_pool, tps = tps, postgres_ms_per_transaction = pg_ms }
 end
 
 -- ------------------------------------------------------------ idle
@@ -570,7 +581,11 @@ function B.burn_down(o, label, procs, prefix, n, counted)
   local ids = B.create("bench_chain3", n, prefix, true)
   -- The machine may be shared: the raw limit is measured again right before
   -- and right after this burn-down, and the ratio taken against their mean.
-  local raw_before = not counted and B.raw_tps(o, { 8 }, o.raw_seconds, " (before " .. label .. ")")["8"] or nil
+  local raw_before, raw_pg_before
+  if not counted then
+    local tps, pg_ms = B.raw_tps(o, { 8 }, o.raw_seconds, " (before " .. label .. ")")
+    raw_before, raw_pg_before = tps["8"], pg_ms["8"]
+  end
   B.exec("ANALYZE movement_requests, movement_request_nodes, movement_callback_outbox")
   local log = counted and B.server_log() or nil
   if counted then B.log_statements(true) end
@@ -614,7 +629,11 @@ function B.burn_down(o, label, procs, prefix, n, counted)
   if counted then B.log_statements(false) end
   local logged, by_stmt
   if log and l0 and l1 then logged, by_stmt = B.logged_statements(log, l0, l1) end
-  local raw_after = not counted and B.raw_tps(o, { 8 }, o.raw_seconds, " (after " .. label .. ")")["8"] or nil
+  local raw_after, raw_pg_after
+  if not counted then
+    local tps, pg_ms = B.raw_tps(o, { 8 }, o.raw_seconds, " (after " .. label .. ")")
+    raw_after, raw_pg_after = tps["8"], pg_ms["8"]
+  end
   local check = B.check_done(ids, label)
   local list, calls, ms = B.stmt_delta(snap, after)
   local top = {}
@@ -642,6 +661,13 @@ function B.burn_down(o, label, procs, prefix, n, counted)
   if r.raw8_mean then r.ratio_vs_raw8 = r.nodes_per_s / r.raw8_mean end
   r.cpu.qtgd_ms_per_node = 1000 * qcpu / nodes
   r.cpu.postgres_ms_per_node = r.cpu.postgres_s and 1000 * r.cpu.postgres_s / nodes or nil
+  -- PostgreSQL's CPU per node in raw transactions (the mean of the raw runs
+  -- around this burn-down): how many node transitions' worth a node costs
+  if raw_pg_before and raw_pg_after and r.cpu.postgres_ms_per_node then
+    r.cpu.raw8_postgres_ms_per_transaction = (raw_pg_before + raw_pg_after) / 2
+    r.cpu.postgres_per_node_in_raw_transactions =
+      r.cpu.postgres_ms_per_node / r.cpu.raw8_postgres_ms_per_transaction
+  end
   local k = r.counters
   B.say(("%s per node: %.1f statements (" .. r.counted_by .. "), %.2f commits (%s write, %s without the sim's), %.2f WAL flushes, CPU ms: postgres %s, qtgd %.2f"):format(
     label, r.statements_per_node, k.commits_per_node, fmt(k.write_commits_per_node, "%.2f"),
@@ -917,7 +943,9 @@ function B.print_table(R)
   if R.raw then
     out[#out + 1] = "raw limit (pgbench: claim + node update + 2 outbox inserts)"
     for _, c in ipairs(R.options.clients) do
-      line(("TPS at %d client(s)"):format(c), fmt(R.raw.tps[tostring(c)], "%.0f"))
+      line(("TPS at %d client(s)"):format(c), fmt(R.raw.tps[tostring(c)], "%.0f"),
+        ("PostgreSQL CPU %s ms per transaction"):format(
+          fmt((R.raw.postgres_ms_per_transaction or {})[tostring(c)], "%.3f")))
     end
   end
   if R.throughput then
@@ -946,6 +974,9 @@ function B.print_table(R)
       line("  CPU per node, ms: postgres / qtgd",
         ("%s / %s"):format(fmt(t.cpu.postgres_ms_per_node, "%.2f"), fmt(t.cpu.qtgd_ms_per_node, "%.2f")),
         "target <= 1.0 each")
+      line("  PostgreSQL CPU per node in raw transactions",
+        fmt(t.cpu.postgres_per_node_in_raw_transactions, "%.2f"),
+        ("raw: %s ms each at 8 clients"):format(fmt(t.cpu.raw8_postgres_ms_per_transaction, "%.3f")))
     end
     if R.ratios and R.ratios.throughput2_vs_raw8 then
       line("nodes/s (2 proc) / raw TPS (8 clients, raw phase)", fmt(R.ratios.throughput2_vs_raw8, "%.3f"))
