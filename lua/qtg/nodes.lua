@@ -12,6 +12,7 @@ local outbox = require "qtg.outbox"
 local executors = require "qtg.executors"
 local errors = require "qtg.errors"
 local intervals = require "qtg.observe_intervals"
+local affinity = require "qtg.observe_affinity"
 
 local M = {}
 
@@ -530,6 +531,7 @@ end
 function M.apply(s, g, node, fields, actor, first, commit)
   change(s, g, node, fields, actor, first, commit or nil)
   if commit then s:commit_if_open() end
+  affinity.note(g.request.id, fields.node_state or node.node_state)
   return node
 end
 

@@ -113,6 +113,11 @@ local function schedule(name, delay)
   end)
 end
 
+-- wakes(name): whether wake-ups run in this process and wake `name`.
+function M.wakes(name)
+  return state.workers ~= nil and state.workers[name] == true and not state.stopped
+end
+
 -- wake_in(name, delay): wake a wakeable worker in `delay` seconds (the
 -- dispatcher, when a provider's limit makes its work due later: no row
 -- changes, so no NOTIFY says so).  Nothing when wake-ups are off.

@@ -38,6 +38,8 @@ local context = require "qtg.context"
 local executors = require "qtg.executors"
 local nodes_db = require "qtg.nodes"
 local pacing = require "qtg.pacing"
+local affinity = require "qtg.observe_affinity"
+local wakeups = require "qtg.wakeups"
 
 local M = {}
 
@@ -62,7 +64,8 @@ M.MAX_PER_PASS = 200
 -- spec's (next_observe_at IS NULL OR <= now()) written as one range,
 -- coalesce(next_observe_at, '-infinity') <= now(), which the observable
 -- index keys (sql/0160): a request whose nodes are not due is passed over
--- on the index alone.
+-- on the index alone.  due_for: the seconds each node has been due (since
+-- its last write or its next_observe_at), for qtg.observe_affinity.
 M.SNAPSHOT_SQL = [[
 WITH first AS MATERIALIZED (
   SELECT r.id, r.created_at
@@ -78,10 +81,12 @@ WITH first AS MATERIALIZED (
      AND r.network_class = $1
    ORDER BY r.created_at ASC
    LIMIT $2)
-SELECT n.id, n.request_id, n.executor
+SELECT n.id, n.request_id, n.executor, n.due_for
   FROM (SELECT DISTINCT first.id, first.created_at FROM first) f
  CROSS JOIN LATERAL (
-   SELECT n.id, n.request_id, n.executor, n.node_key
+   SELECT n.id, n.request_id, n.executor, n.node_key,
+          extract(epoch FROM now() - greatest(n.updated_at,
+            coalesce(n.next_observe_at, '-infinity')))::float8 AS due_for
      FROM movement_request_nodes n
     WHERE n.request_id = f.id
       AND n.node_state IN ('SUBMITTED', 'OBSERVING')
@@ -263,7 +268,11 @@ function M.tick(s)
   local rows = s:query(M.SNAPSHOT_SQL, class, qtg.settings.node_observe_batch_size or 10,
     M.MAX_PER_PASS)
   if #rows == 0 then return 0 end
-  local groups = by_request(rows)
+  -- with several processes, requests another process has just made due
+  -- are left to it for a moment (qtg.observe_affinity)
+  local groups, later = affinity.select(by_request(rows))
+  if later then wakeups.wake_in("node_observer", later) end
+  if #groups == 0 then return 0 end
   -- Each pass walks its snapshot from a random request (wrapping round): two
   -- processes that took the same snapshot mostly claim different requests
   -- instead of missing on each other's locks, one by one.
@@ -307,6 +316,7 @@ function M.tick(s)
       end
       ahead = nil
       if res == nil then
+        affinity.missed(wakeups.wakes("node_observer"))
         done = hits > 0
         at = #group
       else
