@@ -90,7 +90,7 @@ function M.select(groups)
   return walk, soonest
 end
 
--- For the console and the specs: the set's size and whether contended.
+-- stats() -> the set's size and whether this process counts as contended.
 function M.stats()
   return { mine = state.n, contended = M.contended() }
 end

@@ -384,12 +384,11 @@ function B.raw_cleanup()
   B.exec("VACUUM ANALYZE movement_requests, movement_request_nodes, movement_callback_outbox, audit_outbox")
 end
 
--- pgbench at each of `clients` for `seconds` on a freshly seeded pool;
--- returns {["1"] = tps, ...}.
--- raw_tps(o, clients, seconds, label): TPS by client count, and
--- PostgreSQL's CPU per transaction (ms, every server process's, from /proc
--- around each pgbench run): what PostgreSQL spends on one node transition
--- alone, the unit a node's own CPU is read in.
+-- raw_tps(o, clients, seconds, label): pgbench at each of `clients` for
+-- `seconds` on a freshly seeded pool; returns the TPS by client count
+-- ({["1"] = tps, ...}) and PostgreSQL's CPU per transaction in ms (every
+-- server process's, from /proc around each pgbench run): what PostgreSQL
+-- spends on one node transition alone, the unit a node's CPU is read in.
 function B.raw_tps(o, clients, seconds, label)
   B.raw_seed(o.raw_pool)
   local path = B.dir .. "/raw.sql"
