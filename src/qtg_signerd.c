@@ -4,8 +4,9 @@
  *
  * One connection at a time, one request per connection, blocking I/O: the
  * signer does nothing else, a decision is a few milliseconds, and a
- * sequential server has no shared state to get wrong.  A client that stalls
- * is cut off after QTG_SIGNERD_IO_SECONDS.
+ * sequential server has no shared state to get wrong.  A client that has
+ * not sent its whole request QTG_SIGNERD_IO_SECONDS after it was accepted
+ * (silent or trickling) is cut off, so no peer holds the signer longer.
  *
  * What it reads is the last committed state: the dispatcher asks while its
  * own transaction (holding the node and request row locks) is open, and a
@@ -22,6 +23,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +31,7 @@
 #include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <libpq-fe.h>
@@ -254,10 +257,11 @@ static int qtg_signerd_check_facts(qtg_decision *dec, PGresult *r, const qtg_sig
   const char *allowed = qtg_field(r, F_ALLOWED_CHAINS);
   if (allowed != NULL) {
     int found = 0;
-    char list[512];
-    snprintf(list, sizeof list, "%s", allowed);
+    char *list = strdup(allowed);     /* whole: a cut list could match a cut id */
+    if (list == NULL) QTG_REFUSE(dec, "SIGNER_INTERNAL", "out of memory");
     for (char *save = NULL, *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save))
       if (qtg_parse_u256(t, &cap) == 0 && qtg_u256_cmp(&cap, &tx->chain_id) == 0) found = 1;
+    free(list);
     if (!found)
       QTG_REFUSE(dec, "CHAIN_NOT_ALLOWED", "chain %s is not in the template's allowed_chain_ids",
                  qtg_field(r, F_CHAIN_ID));
@@ -406,11 +410,26 @@ static void qtg_signerd_answer(int fd, const char *fmt, ...) {
   qtg_signerd_write(fd, buf, (size_t)n);
 }
 
-/* Read one LF-terminated line into buf (without the LF); -1 on EOF, timeout
- * or a line longer than cap - 1. */
-static int qtg_signerd_read_line(int fd, char *buf, size_t cap, size_t *len) {
+static int64_t qtg_signerd_now_ms(void) {
+  struct timespec ts;
+  if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0) return 0;
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Read one LF-terminated line into buf (without the LF) before deadline_ms
+ * (qtg_signerd_now_ms); -1 on EOF, error, the deadline, or a line longer
+ * than cap - 1.  The deadline is the whole line's: a peer that trickles a
+ * byte at a time is cut off as surely as a silent one, and the next
+ * connection waits at most that long. */
+static int qtg_signerd_read_line(int fd, char *buf, size_t cap, size_t *len, int64_t deadline_ms) {
   size_t n = 0;
   while (n < cap - 1) {
+    int64_t left = deadline_ms - qtg_signerd_now_ms();
+    if (left <= 0) return -1;
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    int ready = poll(&p, 1, (int)left);
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) return -1;
     ssize_t got = read(fd, buf + n, cap - 1 - n);
     if (got < 0 && errno == EINTR) continue;
     if (got <= 0) return -1;
@@ -428,6 +447,7 @@ static void qtg_signerd_serve(qtg_signerd *d, int fd) {
   struct ucred peer;
   socklen_t plen = sizeof peer;
   struct timeval tv = {QTG_SIGNERD_IO_SECONDS, 0};
+  int64_t deadline_ms = qtg_signerd_now_ms() + QTG_SIGNERD_IO_SECONDS * 1000;
   qtg_decision dec;
   qtg_signer_line line;
   char err[160];
@@ -452,7 +472,7 @@ static void qtg_signerd_serve(qtg_signerd *d, int fd) {
   char *buf = malloc(QTG_SIGNER_LINE_MAX + 2);
   size_t len = 0;
   if (buf == NULL) return;
-  if (qtg_signerd_read_line(fd, buf, QTG_SIGNER_LINE_MAX + 2, &len) != 0) {
+  if (qtg_signerd_read_line(fd, buf, QTG_SIGNER_LINE_MAX + 2, &len, deadline_ms) != 0) {
     free(buf);
     return;     /* nothing was asked: nothing to decide */
   }

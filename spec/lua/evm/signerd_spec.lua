@@ -314,4 +314,50 @@ c.sendall(b"KEYS\n"); print(c.makefile().readline().strip())' ]]
     assert.equal("PEER_NOT_ALLOWED", ev.code)
     os.execute("chmod 700 " .. common.quote(dir))
   end)
+
+  -- A template may allow many chains: the signer reads the whole list (a
+  -- list cut at a fixed size would drop the approved chain at its end, or
+  -- keep a cut-off id that happens to match).
+  it("reads a long allowed_chain_ids list whole", function()
+    local allowed = {}
+    for i = 1, 300 do allowed[i] = 1000000 + i end
+    allowed[#allowed + 1] = CHAIN
+    engine.load_doc(s, sup.template("sign_t_long", "sa", { allowed_chain_ids = allowed, max_amount = "25" }))
+    start_local_signer("sa=" .. sup.key_file(dir, "sa", DEV[1].key))
+    local dest = sup.random_address()
+    local req = sup.create(s, "sign_t_long", new_class(), intent(dest))
+    local node = engine.nodes(s, req.id).transfer
+    local good = payload({ to = dest, nonce = 900 })
+    reserve(node.id, DEV[1].address, 900, good.signing_hash)
+    local sig, err = qtg.signer.sign("sa", { request_id = req.id, request_node_id = node.id,
+      attempt_no = 1, payload = good.payload, payload_hash = good.signing_hash })
+    assert.truthy(sig, err and err.code .. ": " .. tostring(err.message))
+    assert.equal("granted", events_of(req.id)[1].decision)
+  end)
+
+  -- The allowed uid sends a byte a second and never a newline: each byte
+  -- would renew a per-read timeout forever, and the signer serves one
+  -- connection at a time, so the whole line has one deadline.
+  it("cuts off a peer that trickles its request, then answers the next one", function()
+    local keys = "sa=" .. sup.key_file(dir, "sa", DEV[1].key)
+    start_local_signer(keys)
+    local trickle = [[/usr/bin/python3 -c 'import socket,sys,time,select
+c=socket.socket(socket.AF_UNIX); c.connect(sys.argv[1]); t0=time.monotonic()
+while time.monotonic()-t0 < 20:
+  try:
+    c.send(b"K")
+  except OSError:
+    print("CLOSED", round(time.monotonic()-t0, 1)); sys.exit(0)
+  r,_,_=select.select([c],[],[],1.0)
+  if r and c.recv(100)==b"":
+    print("CLOSED", round(time.monotonic()-t0, 1)); sys.exit(0)
+print("OPEN")' ]]
+    local p = io.popen(trickle .. common.quote(qtg.signer.socket_path()) .. " 2>&1")
+    local out = p:read("*a")
+    p:close()
+    local after = tonumber(out:match("^CLOSED ([%d%.]+)"))
+    assert.truthy(after, "the trickling peer was never cut off: " .. out)
+    assert.is_true(after < 15, out)
+    assert.same({ "sa" }, qtg.signer.keys())
+  end)
 end)
