@@ -63,6 +63,7 @@ typedef struct {
   char payload_hash[67];
   char address[QTG_ADDRESS_HEX_LEN + 1];
   char signature[2 + 130 + 1];
+  char plan_node[24], chain[24], nonce[24];   /* what a grant is for ("" unknown) */
 } qtg_decision;
 
 static volatile sig_atomic_t qtg_signerd_stop;
@@ -150,6 +151,7 @@ static const char qtg_signerd_facts_sql[] =
     "  CASE WHEN pn.config ? 'chain_id' THEN pn.config->>'chain_id' ELSE r.intent->>'chain_id' END AS chain_id,"
     "  n.id IS NOT NULL AND n.request_id = r.id AND pn.plan_version_id = r.plan_version_id AS node_of_request,"
     "  n.node_state, n.attempt_no, n.executor, n.action_type, pn.config->>'signer_key' AS planned_key,"
+    "  pn.id AS plan_node_id,"
     "  pv.risk_controls->>'max_fee_per_gas_wei' AS max_fee,"
     "  pv.risk_controls->>'max_priority_fee_per_gas_wei' AS max_tip,"
     "  COALESCE(pv.risk_controls->>'gas_limit', '21000') AS gas_limit,"
@@ -166,7 +168,7 @@ static const char qtg_signerd_facts_sql[] =
 enum {
   F_STATE, F_STORED_DIGEST, F_DIGEST, F_REQUIRED, F_APPROVALS, F_REJECTS, F_ASSET, F_AMOUNT,
   F_DESTINATION, F_CHAIN_ID, F_NODE_OF_REQUEST, F_NODE_STATE, F_ATTEMPT_NO, F_EXECUTOR,
-  F_ACTION_TYPE, F_PLANNED_KEY, F_MAX_FEE, F_MAX_TIP, F_GAS_LIMIT, F_ALLOWED_CHAINS,
+  F_ACTION_TYPE, F_PLANNED_KEY, F_PLAN_NODE, F_MAX_FEE, F_MAX_TIP, F_GAS_LIMIT, F_ALLOWED_CHAINS,
   F_EXPECTED, F__COUNT
 };
 
@@ -176,10 +178,22 @@ static const char qtg_signerd_reservation_sql[] =
     "   AND nonce = $4::bigint AND payload_hash = $5"
     "   AND status IN ('reserved', 'signed', 'broadcast')";
 
+/* An earlier grant for the same planned transfer of the request at another
+ * chain, sender or nonce (sql/0171): signer_events is the signer's own
+ * record, which the daemon's role cannot write. */
+static const char qtg_signerd_granted_elsewhere_sql[] =
+    "SELECT chain_id, signer_address, nonce FROM signer_events"
+    " WHERE request_id = $1::uuid AND plan_node_id = $2::bigint AND decision = 'granted'"
+    "   AND nonce IS NOT NULL"
+    "   AND (chain_id <> $3::bigint OR signer_address <> $4 OR nonce <> $5::bigint)"
+    " ORDER BY id LIMIT 1";
+
 static const char qtg_signerd_event_sql[] =
     "INSERT INTO signer_events (decision, code, reason, request_id, request_node_id, attempt_no,"
-    " signer_key, signer_address, approval_digest, payload_hash, peer_uid, peer_pid)"
-    " VALUES ($1, $2, $3, $4::uuid, $5::uuid, $6::int, $7, $8, $9, $10, $11::bigint, $12::bigint)";
+    " signer_key, signer_address, approval_digest, payload_hash, peer_uid, peer_pid,"
+    " plan_node_id, chain_id, nonce)"
+    " VALUES ($1, $2, $3, $4::uuid, $5::uuid, $6::int, $7, $8, $9, $10, $11::bigint, $12::bigint,"
+    " $13::bigint, $14::bigint, $15::bigint)";
 
 #define QTG_REFUSE(dec, c, ...)                                         \
   do {                                                                  \
@@ -238,6 +252,8 @@ static int qtg_signerd_check_facts(qtg_decision *dec, PGresult *r, const qtg_sig
       strcmp(qtg_field(r, F_ACTION_TYPE), "evm_transfer") != 0)
     QTG_REFUSE(dec, "EXECUTOR_NOT_SIGNABLE", "node runs %s/%s: only evm_transfer nodes are signed",
                qtg_field(r, F_EXECUTOR), qtg_field(r, F_ACTION_TYPE));
+  const char *plan_node = qtg_field(r, F_PLAN_NODE);
+  snprintf(dec->plan_node, sizeof dec->plan_node, "%s", plan_node ? plan_node : "");
   const char *planned = qtg_field(r, F_PLANNED_KEY);
   if (planned == NULL || strcmp(planned, l->key) != 0)
     QTG_REFUSE(dec, "SIGNER_KEY_NOT_PLANNED", "the node's plan names signer key %s, not %s",
@@ -345,6 +361,28 @@ static int qtg_signerd_decide_sign(qtg_signerd *d, const qtg_signer_line *l, qtg
   if (!reserved)
     QTG_REFUSE(dec, "NONCE_NOT_RESERVED",
                "no reservation of nonce %s on chain %s for this node and payload", nonce, chain);
+  snprintf(dec->chain, sizeof dec->chain, "%s", chain);
+  snprintf(dec->nonce, sizeof dec->nonce, "%s", nonce);
+  /* One approved transfer, one nonce: transactions at one nonce replace
+   * each other (one of them is mined at most), transactions at two nonces
+   * can both be mined.  A second nonce needs a new approval. */
+  const char *gp[5] = {l->request_id, dec->plan_node, chain, dec->address, nonce};
+  r = PQexecParams(db, qtg_signerd_granted_elsewhere_sql, 5, NULL, gp, NULL, NULL, 0);
+  if (r == NULL || PQresultStatus(r) != PGRES_TUPLES_OK) {
+    qtg_log_warn("signer: reading earlier grants failed: %s", PQerrorMessage(db));
+    PQclear(r);
+    qtg_signerd_db_drop(d);
+    return -2;
+  }
+  if (PQntuples(r) > 0) {
+    char was[160];
+    snprintf(was, sizeof was, "nonce %s on chain %s from %s", PQgetvalue(r, 0, 2),
+             PQgetvalue(r, 0, 0), PQgetvalue(r, 0, 1));
+    PQclear(r);
+    QTG_REFUSE(dec, "ALREADY_SIGNED_ELSEWHERE",
+               "signed before at %s; one approval is signed at one nonce", was);
+  }
+  PQclear(r);
   uint8_t sighash[32];
   qtg_signature sig;
   qtg_keccak256(l->payload, l->payload_len, sighash);
@@ -367,13 +405,14 @@ static int qtg_signerd_record(qtg_signerd *d, const qtg_decision *dec, const qtg
   snprintf(attempt, sizeof attempt, "%d", sign ? l->attempt : 0);
   snprintf(uid, sizeof uid, "%lu", (unsigned long)peer->uid);
   snprintf(pid, sizeof pid, "%ld", (long)peer->pid);
-  const char *p[12] = {
+  const char *p[15] = {
       dec->granted ? "granted" : "refused", dec->code, dec->reason,
       sign ? l->request_id : NULL, sign ? l->node_id : NULL, sign ? attempt : NULL,
       parsed && l->key[0] ? l->key : NULL, dec->address[0] ? dec->address : NULL,
       dec->digest[0] ? dec->digest : NULL, dec->payload_hash[0] ? dec->payload_hash : NULL,
-      uid, pid};
-  PGresult *r = PQexecParams(db, qtg_signerd_event_sql, 12, NULL, p, NULL, NULL, 0);
+      uid, pid, dec->plan_node[0] ? dec->plan_node : NULL, dec->chain[0] ? dec->chain : NULL,
+      dec->nonce[0] ? dec->nonce : NULL};
+  PGresult *r = PQexecParams(db, qtg_signerd_event_sql, 15, NULL, p, NULL, NULL, 0);
   int ok = r && PQresultStatus(r) == PGRES_COMMAND_OK;
   if (!ok) {
     qtg_log_warn("signer: recording the decision failed: %s", PQerrorMessage(db));

@@ -315,6 +315,68 @@ c.sendall(b"KEYS\n"); print(c.makefile().readline().strip())' ]]
     os.execute("chmod 700 " .. common.quote(dir))
   end)
 
+  -- The daemon's role writes the nodes and reservations the signer reads:
+  -- a node moved READY -> FAILED -> READY, or a second node row for the
+  -- same plan node, each with a fresh reservation, asks to sign the
+  -- approved transfer again at another nonce (both would be mined).  The
+  -- signer's own log says it signed this transfer at a nonce already.
+  it("signs one approved transfer at one nonce: a replacement yes, a second nonce never", function()
+    start_local_signer("sa=" .. sup.key_file(dir, "sa", DEV[1].key))
+    local dest = sup.random_address()
+    local req = sup.create(s, "sign_t_a", new_class(), intent(dest))
+    local node = engine.nodes(s, req.id).transfer
+    local from = DEV[1].address
+    local function sign(node_id, attempt, p)
+      return qtg.signer.sign("sa", { request_id = req.id, request_node_id = node_id,
+        attempt_no = attempt, payload = p.payload, payload_hash = p.signing_hash })
+    end
+    local function as_runtime(sql, ...)
+      s:begin()
+      local ok, res = pcall(function(...)
+        s:query("SET LOCAL ROLE qtg_runtime")
+        return s:query(sql, ...)
+      end, ...)
+      if ok then s:commit() else s:rollback() end
+      return ok, res
+    end
+    local first = payload({ to = dest, nonce = 910 })
+    reserve(node.id, from, 910, first.signing_hash)
+    assert.truthy(sign(node.id, 1, first))
+    -- a replacement at the same nonce (a lower fee): granted
+    local again = payload({ to = dest, nonce = 910, max_fee_per_gas = tostring(MAX_FEE - 1) })
+    assert.truthy(as_runtime([[UPDATE evm_nonce_reservation SET payload_hash = $2
+                                WHERE request_node_id = $1::uuid AND nonce = 910]], node.id, again.signing_hash))
+    assert.truthy(sign(node.id, 1, again))
+    -- the node failed and made ready again, a new nonce reserved: refused
+    assert.truthy(as_runtime([[UPDATE movement_request_nodes SET node_state = 'FAILED', attempt_no = 1
+                                WHERE id = $1::uuid]], node.id))
+    assert.truthy(as_runtime("UPDATE movement_request_nodes SET node_state = 'READY' WHERE id = $1::uuid", node.id))
+    local second = payload({ to = dest, nonce = 911 })
+    reserve(node.id, from, 911, second.signing_hash)
+    local sig, err = sign(node.id, 2, second)
+    assert.is_nil(sig)
+    assert.equal("ALREADY_SIGNED_ELSEWHERE", err.code, tostring(err.message))
+    assert.truthy(err.message:find("nonce 910", 1, true), err.message)
+    -- a second node row for the same plan node: refused by the database or
+    -- by the signer, never signed
+    local ok, rows = as_runtime([[
+      INSERT INTO movement_request_nodes (request_id, plan_node_id, node_key, node_kind, action_type,
+             executor, node_state)
+      SELECT request_id, plan_node_id, 'transfer_again', node_kind, action_type, executor, 'READY'
+        FROM movement_request_nodes WHERE id = $1::uuid RETURNING id]], node.id)
+    if ok then
+      local third = payload({ to = dest, nonce = 912 })
+      reserve(rows[1].id, from, 912, third.signing_hash)
+      sig, err = sign(rows[1].id, 1, third)
+      assert.is_nil(sig)
+      assert.equal("ALREADY_SIGNED_ELSEWHERE", err.code, tostring(err.message))
+    end
+    local granted = s:query([[SELECT nonce FROM signer_events WHERE request_id = $1::uuid
+                               AND decision = 'granted' ORDER BY id]], req.id)
+    assert.same({ 910, 910 }, { granted[1].nonce, granted[2].nonce })
+    assert.equal(2, #granted)
+  end)
+
   -- A template may allow many chains: the signer reads the whole list (a
   -- list cut at a fixed size would drop the approved chain at its end, or
   -- keep a cut-off id that happens to match).
