@@ -8,7 +8,8 @@
  * payload of 1..QTG_SIGNER_PAYLOAD_MAX bytes, and a refused line has a
  * reason (fixed texts: the parser never quotes its input); a decoded payload re-encodes to the
  * same bytes (only canonical RLP is accepted).  The input is also decoded as
- * a raw payload, so the decoder sees every byte string. */
+ * a raw payload, so the decoder sees every byte string, and read as
+ * MG_SIGNER_KEY_CLASSES (qtg_signer_classes_check, key_serves_class). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,10 +33,46 @@ static int fuzz_decode_roundtrip(const uint8_t *p, size_t n) {
   return 0;
 }
 
+/* The input as MG_SIGNER_KEY_CLASSES (up to its first NUL): a refused spec
+ * has a reason (a fixed text: it cannot quote the spec); an accepted one answers 0 or 1 for any key and class, and
+ * never lets a key sign for a class the spec does not spell out. */
+static int fuzz_key_classes(const uint8_t *p, size_t n) {
+  char *spec = malloc(n + 1), err[256];
+  if (spec == NULL) return 0;
+  memcpy(spec, p, n);
+  spec[n] = '\0';
+  int rc = 0;
+  err[0] = '\0';
+  if (qtg_signer_classes_check(spec, err, sizeof err) != 0) {
+    if (err[0] == '\0') {
+      fprintf(stderr, "signer: a refused MG_SIGNER_KEY_CLASSES has no reason\n");
+      rc = -1;
+    }
+  } else if (spec[0] != '\0') {
+    static const char *const keys[] = {"hot", "a", "", "hot=a"};
+    static const char *const classes[] = {"mainnet", "a", "", "a|b", "a,b"};
+    for (size_t k = 0; k < 4; k++)
+      for (size_t c = 0; c < 5; c++) {
+        int yes = qtg_signer_key_serves_class(spec, keys[k], classes[c]);
+        if (yes != 0 && yes != 1) rc = -1;
+        /* a yes names the key and the class, whole, in the spec */
+        if (yes && (!qtg_signer_classes_name(spec, keys[k]) || strstr(spec, classes[c]) == NULL ||
+                    classes[c][0] == '\0' || strchr(classes[c], '|') || strchr(classes[c], ','))) {
+          fprintf(stderr, "signer: key %s signs for class %s the spec does not give it\n", keys[k],
+                  classes[c]);
+          rc = -1;
+        }
+      }
+  }
+  free(spec);
+  return rc;
+}
+
 int qtg_fuzz_signer(const uint8_t *data, size_t size) {
   qtg_signer_line l;
   char err[160];
   if (fuzz_decode_roundtrip(data, size) != 0) return -1;
+  if (fuzz_key_classes(data, size) != 0) return -1;
   int rc = qtg_signer_line_parse((const char *)data, size, &l, err, sizeof err);
   if (rc != 0) {
     if (err[0] == '\0') {

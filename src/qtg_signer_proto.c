@@ -265,3 +265,101 @@ void qtg_u256_decimal(const qtg_u256 *v, char *out, size_t outlen) {
   while (n > 0 && k + 1 < outlen) out[k++] = rev[--n];
   out[k] = '\0';
 }
+
+/* ---- MG_SIGNER_KEY_CLASSES ------------------------------------------------ */
+
+static int qtg_signer_key_char(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+         c == '_' || c == '.' || c == '-';
+}
+
+static int qtg_signer_class_char(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
+}
+
+/* Walk spec's items; for each, call fn with its key and its classes (the
+ * text after '=' up to the item's end).  Stops when fn returns non-zero and
+ * returns that; 0 when every item was seen. */
+typedef int (*qtg_signer_item_fn)(const char *key, size_t key_len, const char *classes,
+                                  size_t classes_len, void *ud);
+
+static int qtg_signer_classes_walk(const char *spec, qtg_signer_item_fn fn, void *ud) {
+  const char *p = spec;
+  while (*p) {
+    const char *end = strchr(p, ',');
+    if (end == NULL) end = p + strlen(p);
+    const char *eq = memchr(p, '=', (size_t)(end - p));
+    int rc = eq ? fn(p, (size_t)(eq - p), eq + 1, (size_t)(end - eq - 1), ud)
+                : fn(p, (size_t)(end - p), NULL, 0, ud);
+    if (rc != 0) return rc;
+    p = *end ? end + 1 : end;
+    if (*end && *p == '\0') return fn(p, 0, NULL, 0, ud);   /* a trailing comma */
+  }
+  return 0;
+}
+
+static int qtg_signer_item_valid(const char *key, size_t key_len, const char *classes,
+                                 size_t classes_len, void *ud) {
+  (void)ud;
+  if (key_len == 0 || key_len > 64 || classes == NULL || classes_len == 0) return -1;
+  for (size_t i = 0; i < key_len; i++)
+    if (!qtg_signer_key_char(key[i])) return -1;
+  size_t run = 0;
+  for (size_t i = 0; i < classes_len; i++) {
+    if (classes[i] == '|') {
+      if (run == 0) return -1;
+      run = 0;
+    } else if (!qtg_signer_class_char(classes[i]) || ++run > 32) {
+      return -1;
+    }
+  }
+  return run == 0 ? -1 : 0;
+}
+
+int qtg_signer_classes_check(const char *spec, char *err, size_t errlen) {
+  if (spec == NULL || *spec == '\0') return 0;
+  if (qtg_signer_classes_walk(spec, qtg_signer_item_valid, NULL) == 0) return 0;
+  snprintf(err, errlen,
+           "MG_SIGNER_KEY_CLASSES: expected key=class|class,key=class (key names of "
+           "[A-Za-z0-9_.-]{1,64}, classes of [a-z0-9_-]{1,32}, nothing empty)");
+  return -1;
+}
+
+typedef struct {
+  const char *key, *klass;
+  size_t key_len, klass_len;
+} qtg_signer_serves;
+
+static int qtg_signer_item_serves(const char *key, size_t key_len, const char *classes,
+                                  size_t classes_len, void *ud) {
+  const qtg_signer_serves *q = ud;
+  if (classes == NULL || key_len != q->key_len || memcmp(key, q->key, key_len) != 0) return 0;
+  const char *c = classes, *end = classes + classes_len;
+  while (c < end) {
+    const char *bar = memchr(c, '|', (size_t)(end - c));
+    const char *stop = bar ? bar : end;
+    if ((size_t)(stop - c) == q->klass_len && memcmp(c, q->klass, q->klass_len) == 0) return 1;
+    c = stop + 1;
+  }
+  return 0;
+}
+
+static int qtg_signer_item_names(const char *key, size_t key_len, const char *classes,
+                                 size_t classes_len, void *ud) {
+  const qtg_signer_serves *q = ud;
+  (void)classes, (void)classes_len;
+  return key_len == q->key_len && memcmp(key, q->key, key_len) == 0;
+}
+
+int qtg_signer_classes_name(const char *spec, const char *key) {
+  if (spec == NULL || key == NULL) return 0;
+  qtg_signer_serves q = {key, NULL, strlen(key), 0};
+  return qtg_signer_classes_walk(spec, qtg_signer_item_names, &q) == 1;
+}
+
+int qtg_signer_key_serves_class(const char *spec, const char *key, const char *klass) {
+  if (spec == NULL || *spec == '\0') return 1;
+  if (key == NULL || klass == NULL || *klass == '\0') return 0;
+  qtg_signer_serves q = {key, klass, strlen(key), strlen(klass)};
+  return qtg_signer_classes_walk(spec, qtg_signer_item_serves, &q) == 1;
+}

@@ -68,6 +68,19 @@ int qtg_eip1559_decode(const uint8_t *bytes, size_t len, qtg_eip1559_tx *tx,
  * fractional digits than decimals.  0 or -1. */
 int qtg_amount_to_units(const char *amount, size_t len, int decimals, qtg_u256 *out);
 
+/* MG_SIGNER_KEY_CLASSES: which network classes each signer key signs for,
+ * "key=class|class,key=class" (key names as in the protocol, classes as
+ * MG_NETWORK_CLASS: [a-z0-9_-]{1,32}).  qtg_signer_classes_check: 0 when
+ * spec is well formed (the empty spec is: it binds nothing), or -1 with a
+ * reason that never quotes spec.  qtg_signer_key_serves_class: 1 when a
+ * well-formed spec lets key sign for a request of class klass, else 0; the
+ * empty spec lets every key sign for every class, a key the spec does not
+ * name signs for none. */
+int qtg_signer_classes_check(const char *spec, char *err, size_t errlen);
+int qtg_signer_key_serves_class(const char *spec, const char *key, const char *klass);
+/* 1 when spec has an item for key (whatever its classes), else 0. */
+int qtg_signer_classes_name(const char *spec, const char *key);
+
 /* -1, 0, 1 as a < b, a == b, a > b. */
 int qtg_u256_cmp(const qtg_u256 *a, const qtg_u256 *b);
 /* Decimal text of v (out: at least 79 bytes). */

@@ -51,6 +51,7 @@ typedef struct {
   const char *db_url;
   const char *db_user;
   long allowed_uid;
+  const char *key_classes;      /* MG_SIGNER_KEY_CLASSES, checked at start */
   int listen_fd;
 } qtg_signerd;
 
@@ -158,7 +159,7 @@ static const char qtg_signerd_facts_sql[] =
     "  CASE WHEN jsonb_typeof(pv.risk_controls->'allowed_chain_ids') = 'array' THEN"
     "   (SELECT COALESCE(string_agg(x, ','), '') FROM jsonb_array_elements_text(pv.risk_controls->'allowed_chain_ids') x)"
     "  END AS allowed_chain_ids,"
-    "  sr.expected_signer_address"
+    "  sr.expected_signer_address, r.network_class"
     " FROM r"
     " JOIN plan_versions pv ON pv.id = r.plan_version_id"
     " LEFT JOIN movement_request_nodes n ON n.id = $2::uuid"
@@ -169,7 +170,7 @@ enum {
   F_STATE, F_STORED_DIGEST, F_DIGEST, F_REQUIRED, F_APPROVALS, F_REJECTS, F_ASSET, F_AMOUNT,
   F_DESTINATION, F_CHAIN_ID, F_NODE_OF_REQUEST, F_NODE_STATE, F_ATTEMPT_NO, F_EXECUTOR,
   F_ACTION_TYPE, F_PLANNED_KEY, F_PLAN_NODE, F_MAX_FEE, F_MAX_TIP, F_GAS_LIMIT, F_ALLOWED_CHAINS,
-  F_EXPECTED, F__COUNT
+  F_EXPECTED, F_CLASS, F__COUNT
 };
 
 static const char qtg_signerd_reservation_sql[] =
@@ -221,7 +222,8 @@ static int qtg_u256_bigint(const qtg_u256 *v, char *out, size_t outlen) {
 
 /* Every check on the facts, in order; the first that fails refuses. */
 static int qtg_signerd_check_facts(qtg_decision *dec, PGresult *r, const qtg_signer_line *l,
-                                   const qtg_eip1559_tx *tx, const uint8_t key_addr[20]) {
+                                   const qtg_eip1559_tx *tx, const uint8_t key_addr[20],
+                                   const char *key_classes) {
   const char *state = qtg_field(r, F_STATE), *stored = qtg_field(r, F_STORED_DIGEST);
   const char *digest = qtg_field(r, F_DIGEST);
   qtg_u256 want, cap;
@@ -258,6 +260,11 @@ static int qtg_signerd_check_facts(qtg_decision *dec, PGresult *r, const qtg_sig
   if (planned == NULL || strcmp(planned, l->key) != 0)
     QTG_REFUSE(dec, "SIGNER_KEY_NOT_PLANNED", "the node's plan names signer key %s, not %s",
                planned ? planned : "(none)", l->key);
+  const char *klass = qtg_field(r, F_CLASS);
+  if (!qtg_signer_key_serves_class(key_classes, l->key, klass ? klass : ""))
+    QTG_REFUSE(dec, "KEY_NOT_FOR_CLASS",
+               "key %s does not sign for network class %s (MG_SIGNER_KEY_CLASSES)", l->key,
+               klass ? klass : "?");
   const char *expected = qtg_field(r, F_EXPECTED);
   if (expected != NULL) {
     uint8_t ex[20];
@@ -341,7 +348,7 @@ static int qtg_signerd_decide_sign(qtg_signerd *d, const qtg_signer_line *l, qtg
     PQclear(r);
     QTG_REFUSE(dec, "REQUEST_NOT_FOUND", "no request %s", l->request_id);
   }
-  int rc = qtg_signerd_check_facts(dec, r, l, &tx, key_addr);
+  int rc = qtg_signerd_check_facts(dec, r, l, &tx, key_addr, d->key_classes);
   PQclear(r);
   if (rc != 0) return -1;
   char chain[24], nonce[24];
@@ -640,6 +647,23 @@ static int qtg_signerd_self_test(const qtg_keys *k, char *err, size_t errlen) {
   return 0;
 }
 
+/* Say at start which keys sign for every class (no MG_SIGNER_KEY_CLASSES)
+ * or for none (a key it does not name). */
+static void qtg_signerd_warn_unbound(const qtg_signerd *d) {
+  size_t n = qtg_keys_signer_count(d->keys);
+  if (n == 0) return;
+  if (d->key_classes == NULL || d->key_classes[0] == '\0') {
+    qtg_log_warn("signer: MG_SIGNER_KEY_CLASSES is not set: every key signs for requests of "
+                 "every network class");
+    return;
+  }
+  for (size_t i = 0; i < n; i++) {
+    const char *name = qtg_keys_signer_name(d->keys, i);
+    int named = qtg_signer_classes_name(d->key_classes, name);
+    if (!named) qtg_log_warn("signer: key %s is not in MG_SIGNER_KEY_CLASSES: it signs for no network class", name);
+  }
+}
+
 int qtg_signerd_main(const qtg_settings *s, const char *db_url, const char *root_dir) {
   qtg_signerd d;
   char path[sizeof(((struct sockaddr_un *)0)->sun_path)], err[512];
@@ -651,13 +675,16 @@ int qtg_signerd_main(const qtg_settings *s, const char *db_url, const char *root
   d.allowed_uid = (long)qtg_settings_num(s, QTG_S_SIGNER_ALLOWED_UID);
   if (d.allowed_uid < 0) d.allowed_uid = (long)getuid();
   cfg.signer_keys = qtg_settings_str(s, QTG_S_SIGNER_KEYS);
-  if (qtg_keys_load(&cfg, &d.keys, err, sizeof err) != 0 ||
+  d.key_classes = qtg_settings_str(s, QTG_S_SIGNER_KEY_CLASSES);
+  if (qtg_signer_classes_check(d.key_classes, err, sizeof err) != 0 ||
+      qtg_keys_load(&cfg, &d.keys, err, sizeof err) != 0 ||
       qtg_signerd_self_test(d.keys, err, sizeof err) != 0 ||
       qtg_signer_socket_path(s, root_dir, path, sizeof path, err, sizeof err) != 0) {
     qtg_log_error("signer: %s", err);
     qtg_keys_free(d.keys);
     return 1;
   }
+  qtg_signerd_warn_unbound(&d);
   if (qtg_signerd_db(&d) == NULL) {
     qtg_log_error("signer: cannot connect to the database as %s",
                   d.db_user && d.db_user[0] ? d.db_user : "the URL's user");

@@ -431,6 +431,30 @@ static void test_proto(void) {
   qtg_u256_decimal(&w, dec, sizeof dec);
   CHECK_STR(&tc, dec, "1000000000000000001");
   CHECK(&tc, qtg_u256_cmp(&v, &w) < 0);
+  /* MG_SIGNER_KEY_CLASSES */
+  static const char *const good_classes[] = {"", "hot=mainnet", "hot=mainnet|base,dev.k-1=dev", NULL};
+  for (int i = 0; good_classes[i]; i++)
+    CHECK(&tc, qtg_signer_classes_check(good_classes[i], err, sizeof err) == 0);
+  static const char *const bad_classes[] = {
+      "hot", "hot=", "=mainnet", "hot=main net", "hot=Mainnet", "hot=a||b", "hot=a|", "hot=|a",
+      "hot=a,", ",hot=a", "hot=a,,b=c", "h/t=a", "hot=a=b",
+      "hot=aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", NULL};
+  for (int i = 0; bad_classes[i]; i++) {
+    err[0] = '\0';
+    CHECK(&tc, qtg_signer_classes_check(bad_classes[i], err, sizeof err) == -1 && err[0] != '\0');
+  }
+  const char *spec = "hot=mainnet|base,dev=dev";
+  CHECK(&tc, qtg_signer_key_serves_class(spec, "hot", "mainnet") == 1);
+  CHECK(&tc, qtg_signer_key_serves_class(spec, "hot", "base") == 1);
+  CHECK(&tc, qtg_signer_key_serves_class(spec, "hot", "dev") == 0);
+  CHECK(&tc, qtg_signer_key_serves_class(spec, "hot", "main") == 0);
+  CHECK(&tc, qtg_signer_key_serves_class(spec, "hot", "mainnet2") == 0);
+  CHECK(&tc, qtg_signer_key_serves_class(spec, "ho", "mainnet") == 0);
+  CHECK(&tc, qtg_signer_key_serves_class(spec, "dev", "dev") == 1);
+  CHECK(&tc, qtg_signer_key_serves_class(spec, "cold", "mainnet") == 0);
+  CHECK(&tc, qtg_signer_key_serves_class(spec, "dev", "") == 0);
+  CHECK(&tc, qtg_signer_key_serves_class("", "cold", "anything") == 1);
+  CHECK(&tc, qtg_signer_classes_name(spec, "dev") == 1 && qtg_signer_classes_name(spec, "de") == 0);
   static const char *const bad_amounts[] = {"1.0000000000000000001", "-1", "1e18", ".5", "5.", "1..2", " 1", "0x10", NULL};
   for (int i = 0; bad_amounts[i]; i++)
     CHECK(&tc, qtg_amount_to_units(bad_amounts[i], strlen(bad_amounts[i]), 18, &v) == -1);

@@ -377,6 +377,40 @@ c.sendall(b"KEYS\n"); print(c.makefile().readline().strip())' ]]
     assert.equal(2, #granted)
   end)
 
+  -- One signer serves every qtgd instance on its host; MG_SIGNER_KEY_CLASSES
+  -- binds each key to the network classes it signs for, so a request of a
+  -- class with laxer approval rules cannot get a mainnet key's signature.
+  it("signs with a key only for the network classes MG_SIGNER_KEY_CLASSES gives it", function()
+    local keys = "sa=" .. sup.key_file(dir, "sa", DEV[1].key)
+    local class = new_class()
+    local dest = sup.random_address()
+    local req = sup.create(s, "sign_t_a", class, intent(dest))
+    local node = engine.nodes(s, req.id).transfer
+    local p = payload({ to = dest, nonce = 920 })
+    reserve(node.id, DEV[1].address, 920, p.signing_hash)
+    local function sign()
+      return qtg.signer.sign("sa", { request_id = req.id, request_node_id = node.id,
+        attempt_no = 1, payload = p.payload, payload_hash = p.signing_hash })
+    end
+    -- bound to another class, and a key the setting does not name: refused
+    for _, spec in ipairs({ "sa=mainnet", "sb=" .. class }) do
+      local h = start_local_signer(keys, { MG_SIGNER_KEY_CLASSES = spec })
+      local sig, err = sign()
+      assert.is_nil(sig, spec)
+      assert.equal("KEY_NOT_FOR_CLASS", err.code, spec .. ": " .. tostring(err.message))
+      sup.host.stop(h)
+    end
+    -- a malformed setting: the signer does not start, and says which setting
+    local bad = sup.host.start(sup.run_env("unused", { MG_SIGNER_KEYS = keys,
+      MG_SIGNER_SOCKET = qtg.signer.socket_path(), MG_SIGNER_KEY_CLASSES = "sa=" .. class .. "|" }),
+      { "signer" })
+    assert.equal(1, sup.host.wait_exit(bad, 30))
+    assert.truthy((sup.host.read(bad.log) or ""):find("MG_SIGNER_KEY_CLASSES", 1, true))
+    -- bound to this class among others: granted
+    start_local_signer(keys, { MG_SIGNER_KEY_CLASSES = "sa=mainnet|" .. class .. ",sb=dev" })
+    assert.truthy(sign())
+  end)
+
   -- A template may allow many chains: the signer reads the whole list (a
   -- list cut at a fixed size would drop the approved chain at its end, or
   -- keep a cut-off id that happens to match).
