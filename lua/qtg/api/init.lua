@@ -93,8 +93,14 @@ local function parse_body(route, req)
       req.headers["content-type"] or "none")
   end
   if not canon.text_ok(body) then problem.raise("bad_request", "the body is not valid UTF-8") end
-  local doc, err = cjson.decode(body)
-  if doc == nil then problem.raise("bad_request", "malformed JSON: %s", tostring(err)) end
+  -- canon.decode: cjson's decode, then a refusal of any object key given
+  -- twice at any depth (cjson keeps the last, a reviewer reads the first)
+  local doc, err = canon.decode(body, cjson)
+  if doc == nil then
+    err = tostring(err)
+    if err:match("^duplicate key ") then problem.raise("bad_request", "the body has a %s", err) end
+    problem.raise("bad_request", "malformed JSON: %s", err)
+  end
   if type(doc) ~= "table" or canon.is_array(doc) or (next(doc) == nil and body:match("^%s*%[")) then
     problem.raise("bad_request", "the body must be a JSON object")
   end
