@@ -166,7 +166,19 @@ end
 
 -- A handler's failure: a known kind is the client's problem (or a known
 -- outage); anything else is logged and answered 500 without its text.
+-- The database's own text (libpq's: socket path, host, port, role) is never
+-- shown: an outage is answered with a fixed detail, and its text is logged.
+local OUTAGE = {
+  connection = "the database is unreachable; retry later",
+  timeout = "a backend (the database or a provider) did not answer in time; retry later",
+}
+
 local function failure(e, route, req)
+  if type(e) == "table" and OUTAGE[e.kind] then
+    qtg.log.warn("api database outage", { route = route and route.path or "?", method = req.method,
+      kind = e.kind, error = tostring(e.message) })
+    return problem.response({ kind = e.kind, message = OUTAGE[e.kind] })
+  end
   if problem.known(e) then return problem.response(e) end
   if type(e) == "table" and e.kind == "sql" and e.sqlstate == "57014" then
     return problem.response({ kind = "timeout", message = "the database statement was cancelled" })
