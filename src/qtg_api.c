@@ -60,6 +60,9 @@ struct qtg_api_req {
   int phase;
   int suspended;
   int too_large;
+  int started;                  /* the access handler has seen the request */
+  int close;                    /* answer with Connection: close */
+  char *raw_path;               /* the request line's path as sent (not decoded) */
   char *body;
   size_t len, cap;
   double deadline;              /* monotonic seconds, while RUNNING */
@@ -113,6 +116,7 @@ static void qtg_api_req_free_answer(qtg_api_req *r) {
 static void qtg_api_req_unref(qtg_api_req *r) {
   if (--r->refs > 0) return;
   qtg_api_req_free_answer(r);
+  free(r->raw_path);
   free(r->body);
   free(r);
 }
@@ -162,6 +166,11 @@ static enum MHD_Result qtg_api_queue(qtg_api_req *r) {
   for (int i = 0; i + 1 < r->nheaders; i += 2)
     if (MHD_add_response_header(resp, r->headers[i], r->headers[i + 1]) != MHD_YES)
       qtg_log_warn("api: response header %s refused", r->headers[i]);
+  if (r->close && MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close") != MHD_YES) {
+    /* the connection must not carry another request: no answer at all then */
+    MHD_destroy_response(resp);
+    return MHD_NO;
+  }
   enum MHD_Result rc = MHD_queue_response(r->conn, (unsigned)r->status, resp);
   MHD_destroy_response(resp);
   r->phase = QTG_REQ_ANSWERED;
@@ -292,6 +301,8 @@ static void qtg_api_start_task(qtg_api_req *r, const char *url, const char *meth
   lua_setfield(L, -2, "method");
   lua_pushstring(L, url);
   lua_setfield(L, -2, "path");
+  lua_pushstring(L, r->raw_path ? r->raw_path : url);
+  lua_setfield(L, -2, "raw_path");
   lua_pushlstring(L, r->body ? r->body : "", r->len);
   lua_setfield(L, -2, "body");
   lua_pushstring(L, r->l->address);
@@ -323,6 +334,31 @@ static void qtg_api_start_task(qtg_api_req *r, const char *url, const char *meth
 
 /* ---- MHD callbacks ---------------------------------------------------- */
 
+/* MHD_OPTION_URI_LOG_CALLBACK: called once per request with the request
+ * line's URI as sent, before libmicrohttpd decodes it; the request record
+ * is made here to keep its path (req.raw_path: the router matches it, so
+ * /v3/%6de is not /v3/me).  MHD hands the record to the access handler as
+ * *con_cls and to qtg_api_completed.  NULL (out of memory): the access
+ * handler makes a record without a raw path and answers 503. */
+static void *qtg_api_uri(void *cls, const char *uri, struct MHD_Connection *conn) {
+  qtg_api_listener *l = cls;
+  qtg_api_req *r = calloc(1, sizeof *r);
+  if (!r) return NULL;
+  r->l = l;
+  r->conn = conn;
+  r->refs = 1;
+  if (!uri) uri = "";
+  size_t n = strcspn(uri, "?");
+  r->raw_path = malloc(n + 1);
+  if (!r->raw_path) {
+    free(r);
+    return NULL;
+  }
+  memcpy(r->raw_path, uri, n);
+  r->raw_path[n] = 0;
+  return r;
+}
+
 static enum MHD_Result qtg_api_access(void *cls, struct MHD_Connection *conn, const char *url,
                                       const char *method, const char *version,
                                       const char *upload_data, size_t *upload_data_size,
@@ -338,10 +374,28 @@ static enum MHD_Result qtg_api_access(void *cls, struct MHD_Connection *conn, co
     r->conn = conn;
     r->refs = 1;
     *con_cls = r;
+  }
+  if (!r->started) {
+    r->started = 1;
+    r->conn = conn;
+    if (!r->raw_path) {
+      r->close = 1;
+      qtg_api_set_problem(r, 503, "unavailable", "Service Unavailable", "out of memory");
+      return qtg_api_queue(r);
+    }
+    const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    /* Both framings at once: a proxy in front may read the body by one and
+     * qtgd by the other, and the rest would be taken for another request
+     * (request smuggling).  Refused, and the connection closed. */
+    if (cl && MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING)) {
+      r->close = 1;
+      qtg_api_set_problem(r, 400, "bad_request", "Bad Request",
+                          "a request with both Content-Length and Transfer-Encoding is refused");
+      return qtg_api_queue(r);
+    }
     /* A declared body over the cap is refused before it is read when it is
      * absurdly large; a modestly large one is read and discarded, so the
      * client, still sending, gets the 413 instead of a reset connection. */
-    const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
     if (cl) {
       char *end = NULL;
       errno = 0;
@@ -640,6 +694,7 @@ static int qtg_api_listen_one(struct qtg_api *api, const char *entry, char *err,
       MHD_OPTION_CONNECTION_TIMEOUT, api->idle_timeout,
       MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(64 * 1024),
       MHD_OPTION_NOTIFY_COMPLETED, qtg_api_completed, l,
+      MHD_OPTION_URI_LOG_CALLBACK, qtg_api_uri, l,
       MHD_OPTION_EXTERNAL_LOGGER, qtg_api_mhd_log, l,
       MHD_OPTION_END);
   if (!l->d) {

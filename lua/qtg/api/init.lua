@@ -192,7 +192,9 @@ end
 function M.handle(req)
   local started = qtg.monotonic()
   req.headers = req.headers or {}
-  local route, params, allow = routes.match(req.method, req.path)
+  -- the router matches the path as sent (raw_path, from qtg_api.c), never
+  -- the decoded one: /v3/%6de is not /v3/me
+  local route, params, allow = routes.match(req.method, req.raw_path or req.path)
   local status, headers, body
   if ui.is_ui(req.path) then
     -- the web console's static files (qtg.api.ui): no token, no database

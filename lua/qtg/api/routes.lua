@@ -632,9 +632,13 @@ for _, r in ipairs(M.LIST) do
 end
 
 -- match(method, path) -> route, params | nil, nil, allow ("GET, POST") when
--- the path exists under other methods.
+-- the path exists under other methods.  path is the request's path as sent,
+-- not decoded: one spelling per route.  A path with an empty segment
+-- (//v3///me, a trailing /) or a percent-encoding (/v3/%6de: no route
+-- needs one, and decoding would give a route two spellings) matches none.
 function M.match(method, path)
   if type(path) ~= "string" or path:sub(1, 1) ~= "/" or #path > 2048 then return nil end
+  if path:find("//", 1, true) or path:find("%", 1, true) then return nil end
   local segs = {}
   for seg in path:gmatch("[^/]+") do segs[#segs + 1] = seg end
   if path ~= "/" and path:sub(-1) == "/" then return nil end
