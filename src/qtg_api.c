@@ -13,8 +13,12 @@
  * (MG_API_MAX_BODY_BYTES: a body past it is discarded as it streams in and
  * answered 413; a declared Content-Length over eight times it is answered
  * 413 before any of it is read),
- * the connection limit (MG_API_MAX_CONNECTIONS), the idle timeout of a
- * connection (MG_API_IDLE_TIMEOUT_SECONDS), and a deadline for a request
+ * the connection limit (MG_API_MAX_CONNECTIONS) and its share for one IP
+ * address (MG_API_MAX_CONNECTIONS_PER_IP), the idle timeout of a
+ * connection (MG_API_IDLE_TIMEOUT_SECONDS), a deadline for a whole
+ * request's headers (MG_API_HEADER_TIMEOUT_SECONDS: the idle timeout
+ * restarts with every byte, so a client trickling its headers would hold a
+ * connection for ever), and a deadline for a request
  * whose handler is still running (MG_API_REQUEST_TIMEOUT_SECONDS: 503, the
  * task is interrupted, which rolls back its open transaction).
  *
@@ -50,6 +54,18 @@
 
 typedef struct qtg_api_listener qtg_api_listener;
 typedef struct qtg_api_req qtg_api_req;
+typedef struct qtg_api_conn qtg_api_conn;
+
+/* A connection (MHD_OPTION_NOTIFY_CONNECTION's socket context): while
+ * `waiting` it owes a request's headers, since `since` (its accept or its
+ * last answer); the sweep closes it past MG_API_HEADER_TIMEOUT_SECONDS. */
+struct qtg_api_conn {
+  qtg_api_listener *l;
+  struct MHD_Connection *conn;
+  double since;
+  int waiting, cut;
+  qtg_api_conn *prev, *next;
+};
 
 enum { QTG_REQ_BODY = 0, QTG_REQ_RUNNING, QTG_REQ_READY, QTG_REQ_ANSWERED };
 
@@ -93,11 +109,12 @@ struct qtg_api {
   int nlisteners;
   int handler_ref;
   qtg_api_req *running;
+  qtg_api_conn *conns;          /* every open connection */
   int sweep_open;
   size_t max_body;
-  double request_timeout;
-  unsigned max_connections, idle_timeout;
-  uint64_t served, refused_too_large, timed_out;
+  double request_timeout, header_timeout;
+  unsigned max_connections, max_per_ip, idle_timeout;
+  uint64_t served, refused_too_large, timed_out, cut_slow;
 };
 
 static void qtg_api_schedule(qtg_api_listener *l);
@@ -334,6 +351,39 @@ static void qtg_api_start_task(qtg_api_req *r, const char *url, const char *meth
 
 /* ---- MHD callbacks ---------------------------------------------------- */
 
+static double qtg_api_now(struct qtg_api *api) { return (double)uv_now(api->host->loop) / 1000.0; }
+
+static qtg_api_conn *qtg_api_conn_of(struct MHD_Connection *conn) {
+  const union MHD_ConnectionInfo *info = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+  return info ? (qtg_api_conn *)info->socket_context : NULL;
+}
+
+/* MHD_OPTION_NOTIFY_CONNECTION: a connection opened or closed. */
+static void qtg_api_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                               enum MHD_ConnectionNotificationCode toe) {
+  qtg_api_listener *l = cls;
+  struct qtg_api *api = l->api;
+  qtg_api_conn *c = *socket_context;
+  if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+    c = calloc(1, sizeof *c);
+    if (!c) return;   /* not swept: the idle timeout still applies */
+    c->l = l;
+    c->conn = conn;
+    c->since = qtg_api_now(api);
+    c->waiting = 1;
+    c->next = api->conns;
+    if (api->conns) api->conns->prev = c;
+    api->conns = c;
+    *socket_context = c;
+  } else if (toe == MHD_CONNECTION_NOTIFY_CLOSED && c) {
+    if (c->prev) c->prev->next = c->next;
+    else if (api->conns == c) api->conns = c->next;
+    if (c->next) c->next->prev = c->prev;
+    *socket_context = NULL;
+    free(c);
+  }
+}
+
 /* MHD_OPTION_URI_LOG_CALLBACK: called once per request with the request
  * line's URI as sent, before libmicrohttpd decodes it; the request record
  * is made here to keep its path (req.raw_path: the router matches it, so
@@ -378,6 +428,8 @@ static enum MHD_Result qtg_api_access(void *cls, struct MHD_Connection *conn, co
   if (!r->started) {
     r->started = 1;
     r->conn = conn;
+    qtg_api_conn *c = qtg_api_conn_of(conn);
+    if (c) c->waiting = 0;      /* the headers are in */
     if (!r->raw_path) {
       r->close = 1;
       qtg_api_set_problem(r, 503, "unavailable", "Service Unavailable", "out of memory");
@@ -456,9 +508,13 @@ static enum MHD_Result qtg_api_access(void *cls, struct MHD_Connection *conn, co
 static void qtg_api_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                               enum MHD_RequestTerminationCode toe) {
   qtg_api_req *r = *con_cls;
-  (void)cls;
-  (void)conn;
+  qtg_api_listener *l = cls;
   (void)toe;
+  qtg_api_conn *c = conn ? qtg_api_conn_of(conn) : NULL;
+  if (c) {                      /* the next request's headers are owed from now */
+    c->waiting = 1;
+    c->since = qtg_api_now(l->api);
+  }
   if (!r) return;
   *con_cls = NULL;
   r->conn = NULL;
@@ -503,10 +559,26 @@ static void qtg_api_schedule(qtg_api_listener *l) {
   if (l->d) uv_timer_start(&l->timer, qtg_api_on_timer, 0, 0);
 }
 
-/* Deadlines of requests whose handler still runs. */
+/* Deadlines of connections still owing a request's headers: shut down
+ * (libmicrohttpd then reads the end and closes the connection itself). */
+static void qtg_api_sweep_headers(struct qtg_api *api, double now) {
+  for (qtg_api_conn *c = api->conns; c; c = c->next) {
+    if (!c->waiting || c->cut || now - c->since < api->header_timeout) continue;
+    const union MHD_ConnectionInfo *info = MHD_get_connection_info(c->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!info) continue;
+    c->cut = 1;
+    api->cut_slow++;
+    if (shutdown(info->connect_fd, SHUT_RDWR) != 0)
+      qtg_logf(QTG_LOG_DEBUG, "component", "api", "shutdown of a slow connection: %s", strerror(errno));
+    qtg_api_schedule(c->l);
+  }
+}
+
+/* Deadlines of requests whose handler still runs, and of headers. */
 static void qtg_api_sweep(uv_timer_t *t) {
   struct qtg_api *api = t->data;
-  double now = (double)uv_now(api->host->loop) / 1000.0;
+  double now = qtg_api_now(api);
+  qtg_api_sweep_headers(api, now);
   qtg_api_req *r = api->running;
   while (r) {
     qtg_api_req *next = r->next;
@@ -691,6 +763,8 @@ static int qtg_api_listen_one(struct qtg_api *api, const char *entry, char *err,
       MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG, 0, NULL, NULL, qtg_api_access, l,
       MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
       MHD_OPTION_CONNECTION_LIMIT, api->max_connections,
+      MHD_OPTION_PER_IP_CONNECTION_LIMIT, api->max_per_ip,
+      MHD_OPTION_NOTIFY_CONNECTION, qtg_api_connection, l,
       MHD_OPTION_CONNECTION_TIMEOUT, api->idle_timeout,
       MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(64 * 1024),
       MHD_OPTION_NOTIFY_COMPLETED, qtg_api_completed, l,
@@ -738,6 +812,8 @@ int qtg_api_open(qtg_host *h, char *err, size_t errlen) {
   api->request_timeout = qtg_settings_num(h->settings, QTG_S_API_REQUEST_TIMEOUT_SECONDS);
   api->max_connections = (unsigned)qtg_settings_num(h->settings, QTG_S_API_MAX_CONNECTIONS);
   api->idle_timeout = (unsigned)qtg_settings_num(h->settings, QTG_S_API_IDLE_TIMEOUT_SECONDS);
+  api->max_per_ip = (unsigned)qtg_settings_num(h->settings, QTG_S_API_MAX_CONNECTIONS_PER_IP);
+  api->header_timeout = qtg_settings_num(h->settings, QTG_S_API_HEADER_TIMEOUT_SECONDS);
   h->api = api;
   return 0;
 }
@@ -828,12 +904,12 @@ static int qtg_api_lua_addresses(lua_State *L) {
   return 1;
 }
 
-/* stats() -> {listeners=, running=, served=, refused_too_large=, timed_out=} */
+/* stats() -> {listeners=, running=, served=, refused_too_large=, timed_out=, cut_slow=} */
 static int qtg_api_lua_stats(lua_State *L) {
   struct qtg_api *api = qtg_api_check(L);
   int running = 0;
   for (qtg_api_req *r = api->running; r; r = r->next) running++;
-  lua_createtable(L, 0, 5);
+  lua_createtable(L, 0, 6);
   lua_pushinteger(L, api->nlisteners);
   lua_setfield(L, -2, "listeners");
   lua_pushinteger(L, running);
@@ -844,6 +920,8 @@ static int qtg_api_lua_stats(lua_State *L) {
   lua_setfield(L, -2, "refused_too_large");
   lua_pushnumber(L, (lua_Number)api->timed_out);
   lua_setfield(L, -2, "timed_out");
+  lua_pushnumber(L, (lua_Number)api->cut_slow);
+  lua_setfield(L, -2, "cut_slow");
   return 1;
 }
 

@@ -274,3 +274,95 @@ while True:
     assert.truthy(log:find('"msg":"api database outage"', 1, true), log:sub(-2000))
   end)
 end)
+
+describe("HTTP API against slow clients (slowloris)", function()
+  local d3
+  setup(function()
+    api = require "spec.lua.support.api"
+    common = require "spec.lua.support.common"
+    host = require "spec.lua.support.host"
+    d3 = api.start({ MG_WORKERS_ENABLED = "false", MG_API_MAX_CONNECTIONS = "20",
+                     MG_API_MAX_CONNECTIONS_PER_IP = "8", MG_API_HEADER_TIMEOUT_SECONDS = "1.5",
+                     MG_API_IDLE_TIMEOUT_SECONDS = "60" })
+  end)
+  teardown(function()
+    api.stop(d3)
+    host.stop_all()
+  end)
+
+  it("holds at most MG_API_MAX_CONNECTIONS_PER_IP of one address, closes trickling headers at "
+     .. "MG_API_HEADER_TIMEOUT_SECONDS, and serves another address meanwhile", function()
+    -- 30 sockets from 127.0.0.1 trickle a header byte every 0.2 s (the idle
+    -- timeout, 60 s, never fires); a client from 127.0.0.2 asks /healthz
+    -- while they do
+    local script = [[
+import socket, sys, time
+host, port = sys.argv[1], int(sys.argv[2])
+socks = []
+for i in range(30):
+    s = socket.socket()
+    s.settimeout(5)
+    s.bind(("127.0.0.1", 0))
+    s.connect((host, port))
+    s.setblocking(False)
+    socks.append(s)
+head = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 1000
+start = time.monotonic()
+alive_at = {}
+served = None
+open_ = set(range(30))
+i = 0
+while time.monotonic() - start < 4.0:
+    for k in list(open_):
+        try:
+            socks[k].send(head[i:i + 1])
+            got = b""
+            try:
+                got = socks[k].recv(100)
+                if got == b"":
+                    raise ConnectionResetError()
+            except BlockingIOError:
+                pass
+        except (ConnectionResetError, BrokenPipeError, OSError):
+            open_.discard(k)
+    t = round(time.monotonic() - start, 1)
+    alive_at[t] = len(open_)
+    if served is None and time.monotonic() - start > 0.6:
+        c = socket.socket()
+        c.settimeout(5)
+        c.bind(("127.0.0.2", 0))
+        c.connect((host, port))
+        c.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        try:
+            served = c.recv(100).decode("latin-1").split("\r\n")[0] or "closed"
+        except OSError as e:
+            served = "error " + str(e)
+        c.close()
+    i += 1
+    time.sleep(0.2)
+early = [v for t, v in sorted(alive_at.items()) if 0.8 <= t <= 1.3]
+print("early:%d" % (early[0] if early else -1))
+print("late:%d" % len(open_))
+print("served:%s" % served)
+]]
+    local dir = host.tmpdir()
+    host.write(dir .. "/slow.py", script)
+    local h, port = d3.address:match("^(.-):(%d+)$")
+    local rc, out = host.run({}, { "python3", common.quote(dir .. "/slow.py"), h, port })
+    os.execute("rm -rf " .. common.quote(dir))
+    assert.equal(0, rc, out)
+    -- while trickling: no more than the per-address share held
+    local early = tonumber(out:match("early:(%-?%d+)"))
+    assert.truthy(early and early >= 0 and early <= 8, out)
+    -- after the header deadline (1.5 s; the trickle lasted 4 s): none left
+    assert.equal("0", out:match("late:(%d+)"), out)
+    -- another address was served while they trickled
+    assert.truthy(out:find("served:HTTP/1.1 200", 1, true), out)
+    assert.equal(200, api.call(d3, "GET", "/healthz").status)
+    -- a kept-alive connection is served again after a pause shorter than the deadline
+    local r1 = api.call(d3, "GET", "/healthz")
+    qtg.sleep(0.5)
+    assert.equal(200, api.call(d3, "GET", "/healthz").status)
+    assert.equal(200, r1.status)
+  end)
+end)
