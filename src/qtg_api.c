@@ -22,6 +22,12 @@
  * whose handler is still running (MG_API_REQUEST_TIMEOUT_SECONDS: 503, the
  * task is interrupted, which rolls back its open transaction).
  *
+ * Also refused here: a request with both Content-Length and
+ * Transfer-Encoding (400, connection closed: request smuggling behind a
+ * proxy).  The request line's path is passed as sent (raw_path, from the
+ * URI log callback) beside libmicrohttpd's decoded one; the router matches
+ * the raw one (lua/qtg/api/routes.lua).
+ *
  * MG_API_LISTEN is a comma list of unix:PATH and HOST:PORT; one MHD daemon
  * serves each entry (libmicrohttpd listens on one socket per daemon).  The
  * sockets are bound here and handed over (MHD_OPTION_LISTEN_SOCKET), so a
