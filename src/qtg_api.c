@@ -13,10 +13,20 @@
  * (MG_API_MAX_BODY_BYTES: a body past it is discarded as it streams in and
  * answered 413; a declared Content-Length over eight times it is answered
  * 413 before any of it is read),
- * the connection limit (MG_API_MAX_CONNECTIONS), the idle timeout of a
- * connection (MG_API_IDLE_TIMEOUT_SECONDS), and a deadline for a request
+ * the connection limit (MG_API_MAX_CONNECTIONS) and its share for one IP
+ * address (MG_API_MAX_CONNECTIONS_PER_IP), the idle timeout of a
+ * connection (MG_API_IDLE_TIMEOUT_SECONDS), a deadline for a whole
+ * request's headers (MG_API_HEADER_TIMEOUT_SECONDS: the idle timeout
+ * restarts with every byte, so a client trickling its headers would hold a
+ * connection for ever), and a deadline for a request
  * whose handler is still running (MG_API_REQUEST_TIMEOUT_SECONDS: 503, the
  * task is interrupted, which rolls back its open transaction).
+ *
+ * Also refused here: a request with both Content-Length and
+ * Transfer-Encoding (400, connection closed: request smuggling behind a
+ * proxy).  The request line's path is passed as sent (raw_path, from the
+ * URI log callback) beside libmicrohttpd's decoded one; the router matches
+ * the raw one (lua/qtg/api/routes.lua).
  *
  * MG_API_LISTEN is a comma list of unix:PATH and HOST:PORT; one MHD daemon
  * serves each entry (libmicrohttpd listens on one socket per daemon).  The
@@ -50,6 +60,18 @@
 
 typedef struct qtg_api_listener qtg_api_listener;
 typedef struct qtg_api_req qtg_api_req;
+typedef struct qtg_api_conn qtg_api_conn;
+
+/* A connection (MHD_OPTION_NOTIFY_CONNECTION's socket context): while
+ * `waiting` it owes a request's headers, since `since` (its accept or its
+ * last answer); the sweep closes it past MG_API_HEADER_TIMEOUT_SECONDS. */
+struct qtg_api_conn {
+  qtg_api_listener *l;
+  struct MHD_Connection *conn;
+  double since;
+  int waiting, cut;
+  qtg_api_conn *prev, *next;
+};
 
 enum { QTG_REQ_BODY = 0, QTG_REQ_RUNNING, QTG_REQ_READY, QTG_REQ_ANSWERED };
 
@@ -60,6 +82,9 @@ struct qtg_api_req {
   int phase;
   int suspended;
   int too_large;
+  int started;                  /* the access handler has seen the request */
+  int close;                    /* answer with Connection: close */
+  char *raw_path;               /* the request line's path as sent (not decoded) */
   char *body;
   size_t len, cap;
   double deadline;              /* monotonic seconds, while RUNNING */
@@ -90,11 +115,12 @@ struct qtg_api {
   int nlisteners;
   int handler_ref;
   qtg_api_req *running;
+  qtg_api_conn *conns;          /* every open connection */
   int sweep_open;
   size_t max_body;
-  double request_timeout;
-  unsigned max_connections, idle_timeout;
-  uint64_t served, refused_too_large, timed_out;
+  double request_timeout, header_timeout;
+  unsigned max_connections, max_per_ip, idle_timeout;
+  uint64_t served, refused_too_large, timed_out, cut_slow;
 };
 
 static void qtg_api_schedule(qtg_api_listener *l);
@@ -113,6 +139,7 @@ static void qtg_api_req_free_answer(qtg_api_req *r) {
 static void qtg_api_req_unref(qtg_api_req *r) {
   if (--r->refs > 0) return;
   qtg_api_req_free_answer(r);
+  free(r->raw_path);
   free(r->body);
   free(r);
 }
@@ -162,6 +189,11 @@ static enum MHD_Result qtg_api_queue(qtg_api_req *r) {
   for (int i = 0; i + 1 < r->nheaders; i += 2)
     if (MHD_add_response_header(resp, r->headers[i], r->headers[i + 1]) != MHD_YES)
       qtg_log_warn("api: response header %s refused", r->headers[i]);
+  if (r->close && MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close") != MHD_YES) {
+    /* the connection must not carry another request: no answer at all then */
+    MHD_destroy_response(resp);
+    return MHD_NO;
+  }
   enum MHD_Result rc = MHD_queue_response(r->conn, (unsigned)r->status, resp);
   MHD_destroy_response(resp);
   r->phase = QTG_REQ_ANSWERED;
@@ -292,6 +324,8 @@ static void qtg_api_start_task(qtg_api_req *r, const char *url, const char *meth
   lua_setfield(L, -2, "method");
   lua_pushstring(L, url);
   lua_setfield(L, -2, "path");
+  lua_pushstring(L, r->raw_path ? r->raw_path : url);
+  lua_setfield(L, -2, "raw_path");
   lua_pushlstring(L, r->body ? r->body : "", r->len);
   lua_setfield(L, -2, "body");
   lua_pushstring(L, r->l->address);
@@ -323,6 +357,64 @@ static void qtg_api_start_task(qtg_api_req *r, const char *url, const char *meth
 
 /* ---- MHD callbacks ---------------------------------------------------- */
 
+static double qtg_api_now(struct qtg_api *api) { return (double)uv_now(api->host->loop) / 1000.0; }
+
+static qtg_api_conn *qtg_api_conn_of(struct MHD_Connection *conn) {
+  const union MHD_ConnectionInfo *info = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+  return info ? (qtg_api_conn *)info->socket_context : NULL;
+}
+
+/* MHD_OPTION_NOTIFY_CONNECTION: a connection opened or closed. */
+static void qtg_api_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                               enum MHD_ConnectionNotificationCode toe) {
+  qtg_api_listener *l = cls;
+  struct qtg_api *api = l->api;
+  qtg_api_conn *c = *socket_context;
+  if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+    c = calloc(1, sizeof *c);
+    if (!c) return;   /* not swept: the idle timeout still applies */
+    c->l = l;
+    c->conn = conn;
+    c->since = qtg_api_now(api);
+    c->waiting = 1;
+    c->next = api->conns;
+    if (api->conns) api->conns->prev = c;
+    api->conns = c;
+    *socket_context = c;
+  } else if (toe == MHD_CONNECTION_NOTIFY_CLOSED && c) {
+    if (c->prev) c->prev->next = c->next;
+    else if (api->conns == c) api->conns = c->next;
+    if (c->next) c->next->prev = c->prev;
+    *socket_context = NULL;
+    free(c);
+  }
+}
+
+/* MHD_OPTION_URI_LOG_CALLBACK: called once per request with the request
+ * line's URI as sent, before libmicrohttpd decodes it; the request record
+ * is made here to keep its path (req.raw_path: the router matches it, so
+ * /v3/%6de is not /v3/me).  MHD hands the record to the access handler as
+ * *con_cls and to qtg_api_completed.  NULL (out of memory): the access
+ * handler makes a record without a raw path and answers 503. */
+static void *qtg_api_uri(void *cls, const char *uri, struct MHD_Connection *conn) {
+  qtg_api_listener *l = cls;
+  qtg_api_req *r = calloc(1, sizeof *r);
+  if (!r) return NULL;
+  r->l = l;
+  r->conn = conn;
+  r->refs = 1;
+  if (!uri) uri = "";
+  size_t n = strcspn(uri, "?");
+  r->raw_path = malloc(n + 1);
+  if (!r->raw_path) {
+    free(r);
+    return NULL;
+  }
+  memcpy(r->raw_path, uri, n);
+  r->raw_path[n] = 0;
+  return r;
+}
+
 static enum MHD_Result qtg_api_access(void *cls, struct MHD_Connection *conn, const char *url,
                                       const char *method, const char *version,
                                       const char *upload_data, size_t *upload_data_size,
@@ -338,10 +430,30 @@ static enum MHD_Result qtg_api_access(void *cls, struct MHD_Connection *conn, co
     r->conn = conn;
     r->refs = 1;
     *con_cls = r;
+  }
+  if (!r->started) {
+    r->started = 1;
+    r->conn = conn;
+    qtg_api_conn *c = qtg_api_conn_of(conn);
+    if (c) c->waiting = 0;      /* the headers are in */
+    if (!r->raw_path) {
+      r->close = 1;
+      qtg_api_set_problem(r, 503, "unavailable", "Service Unavailable", "out of memory");
+      return qtg_api_queue(r);
+    }
+    const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    /* Both framings at once: a proxy in front may read the body by one and
+     * qtgd by the other, and the rest would be taken for another request
+     * (request smuggling).  Refused, and the connection closed. */
+    if (cl && MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING)) {
+      r->close = 1;
+      qtg_api_set_problem(r, 400, "bad_request", "Bad Request",
+                          "a request with both Content-Length and Transfer-Encoding is refused");
+      return qtg_api_queue(r);
+    }
     /* A declared body over the cap is refused before it is read when it is
      * absurdly large; a modestly large one is read and discarded, so the
      * client, still sending, gets the 413 instead of a reset connection. */
-    const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
     if (cl) {
       char *end = NULL;
       errno = 0;
@@ -402,9 +514,13 @@ static enum MHD_Result qtg_api_access(void *cls, struct MHD_Connection *conn, co
 static void qtg_api_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                               enum MHD_RequestTerminationCode toe) {
   qtg_api_req *r = *con_cls;
-  (void)cls;
-  (void)conn;
+  qtg_api_listener *l = cls;
   (void)toe;
+  qtg_api_conn *c = conn ? qtg_api_conn_of(conn) : NULL;
+  if (c) {                      /* the next request's headers are owed from now */
+    c->waiting = 1;
+    c->since = qtg_api_now(l->api);
+  }
   if (!r) return;
   *con_cls = NULL;
   r->conn = NULL;
@@ -449,10 +565,26 @@ static void qtg_api_schedule(qtg_api_listener *l) {
   if (l->d) uv_timer_start(&l->timer, qtg_api_on_timer, 0, 0);
 }
 
-/* Deadlines of requests whose handler still runs. */
+/* Deadlines of connections still owing a request's headers: shut down
+ * (libmicrohttpd then reads the end and closes the connection itself). */
+static void qtg_api_sweep_headers(struct qtg_api *api, double now) {
+  for (qtg_api_conn *c = api->conns; c; c = c->next) {
+    if (!c->waiting || c->cut || now - c->since < api->header_timeout) continue;
+    const union MHD_ConnectionInfo *info = MHD_get_connection_info(c->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!info) continue;
+    c->cut = 1;
+    api->cut_slow++;
+    if (shutdown(info->connect_fd, SHUT_RDWR) != 0)
+      qtg_logf(QTG_LOG_DEBUG, "component", "api", "shutdown of a slow connection: %s", strerror(errno));
+    qtg_api_schedule(c->l);
+  }
+}
+
+/* Deadlines of requests whose handler still runs, and of headers. */
 static void qtg_api_sweep(uv_timer_t *t) {
   struct qtg_api *api = t->data;
-  double now = (double)uv_now(api->host->loop) / 1000.0;
+  double now = qtg_api_now(api);
+  qtg_api_sweep_headers(api, now);
   qtg_api_req *r = api->running;
   while (r) {
     qtg_api_req *next = r->next;
@@ -637,9 +769,12 @@ static int qtg_api_listen_one(struct qtg_api *api, const char *entry, char *err,
       MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG, 0, NULL, NULL, qtg_api_access, l,
       MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
       MHD_OPTION_CONNECTION_LIMIT, api->max_connections,
+      MHD_OPTION_PER_IP_CONNECTION_LIMIT, api->max_per_ip,
+      MHD_OPTION_NOTIFY_CONNECTION, qtg_api_connection, l,
       MHD_OPTION_CONNECTION_TIMEOUT, api->idle_timeout,
       MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(64 * 1024),
       MHD_OPTION_NOTIFY_COMPLETED, qtg_api_completed, l,
+      MHD_OPTION_URI_LOG_CALLBACK, qtg_api_uri, l,
       MHD_OPTION_EXTERNAL_LOGGER, qtg_api_mhd_log, l,
       MHD_OPTION_END);
   if (!l->d) {
@@ -683,6 +818,8 @@ int qtg_api_open(qtg_host *h, char *err, size_t errlen) {
   api->request_timeout = qtg_settings_num(h->settings, QTG_S_API_REQUEST_TIMEOUT_SECONDS);
   api->max_connections = (unsigned)qtg_settings_num(h->settings, QTG_S_API_MAX_CONNECTIONS);
   api->idle_timeout = (unsigned)qtg_settings_num(h->settings, QTG_S_API_IDLE_TIMEOUT_SECONDS);
+  api->max_per_ip = (unsigned)qtg_settings_num(h->settings, QTG_S_API_MAX_CONNECTIONS_PER_IP);
+  api->header_timeout = qtg_settings_num(h->settings, QTG_S_API_HEADER_TIMEOUT_SECONDS);
   h->api = api;
   return 0;
 }
@@ -773,12 +910,12 @@ static int qtg_api_lua_addresses(lua_State *L) {
   return 1;
 }
 
-/* stats() -> {listeners=, running=, served=, refused_too_large=, timed_out=} */
+/* stats() -> {listeners=, running=, served=, refused_too_large=, timed_out=, cut_slow=} */
 static int qtg_api_lua_stats(lua_State *L) {
   struct qtg_api *api = qtg_api_check(L);
   int running = 0;
   for (qtg_api_req *r = api->running; r; r = r->next) running++;
-  lua_createtable(L, 0, 5);
+  lua_createtable(L, 0, 6);
   lua_pushinteger(L, api->nlisteners);
   lua_setfield(L, -2, "listeners");
   lua_pushinteger(L, running);
@@ -789,6 +926,8 @@ static int qtg_api_lua_stats(lua_State *L) {
   lua_setfield(L, -2, "refused_too_large");
   lua_pushnumber(L, (lua_Number)api->timed_out);
   lua_setfield(L, -2, "timed_out");
+  lua_pushnumber(L, (lua_Number)api->cut_slow);
+  lua_setfield(L, -2, "cut_slow");
   return 1;
 }
 

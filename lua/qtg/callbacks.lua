@@ -234,10 +234,16 @@ function M.post(url, body, headers, timeout, pin)
   return out
 end
 
--- A row an API client's request wrote (it is signed with the client's
--- key): its URL came from outside, so it is checked again at delivery.
+-- A row of a request an API client made: its URL came from outside, so it
+-- is checked again at delivery.  Decided by the request's origin, its
+-- created_by "api:<client>" (the claim reads it as request_created_by), or
+-- a client's signing key on the row.  Not by the key alone: a client
+-- without an api_clients row has its rows signed with the host key
+-- (signing_key_id NULL, sql/0081), and they would skip the check.
 function M.from_api_client(row)
-  return row.signing_key_id ~= nil and row.signing_key_id ~= qtg.db.NULL
+  if row.signing_key_id ~= nil and row.signing_key_id ~= qtg.db.NULL then return true end
+  local origin = row.request_created_by
+  return type(origin) == "string" and origin:sub(1, 4) == "api:"
 end
 
 -- guard(url) -> pin | nil, outcome (yields): the delivery-time check of an

@@ -93,8 +93,14 @@ local function parse_body(route, req)
       req.headers["content-type"] or "none")
   end
   if not canon.text_ok(body) then problem.raise("bad_request", "the body is not valid UTF-8") end
-  local doc, err = cjson.decode(body)
-  if doc == nil then problem.raise("bad_request", "malformed JSON: %s", tostring(err)) end
+  -- canon.decode: cjson's decode, then a refusal of any object key given
+  -- twice at any depth (cjson keeps the last, a reviewer reads the first)
+  local doc, err = canon.decode(body, cjson)
+  if doc == nil then
+    err = tostring(err)
+    if err:match("^duplicate key ") then problem.raise("bad_request", "the body has a %s", err) end
+    problem.raise("bad_request", "malformed JSON: %s", err)
+  end
   if type(doc) ~= "table" or canon.is_array(doc) or (next(doc) == nil and body:match("^%s*%[")) then
     problem.raise("bad_request", "the body must be a JSON object")
   end
@@ -160,7 +166,19 @@ end
 
 -- A handler's failure: a known kind is the client's problem (or a known
 -- outage); anything else is logged and answered 500 without its text.
+-- The database's own text (libpq's: socket path, host, port, role) is never
+-- shown: an outage is answered with a fixed detail, and its text is logged.
+local OUTAGE = {
+  connection = "the database is unreachable; retry later",
+  timeout = "a backend (the database or a provider) did not answer in time; retry later",
+}
+
 local function failure(e, route, req)
+  if type(e) == "table" and OUTAGE[e.kind] then
+    qtg.log.warn("api database outage", { route = route and route.path or "?", method = req.method,
+      kind = e.kind, error = tostring(e.message) })
+    return problem.response({ kind = e.kind, message = OUTAGE[e.kind] })
+  end
   if problem.known(e) then return problem.response(e) end
   if type(e) == "table" and e.kind == "sql" and e.sqlstate == "57014" then
     return problem.response({ kind = "timeout", message = "the database statement was cancelled" })
@@ -174,7 +192,9 @@ end
 function M.handle(req)
   local started = qtg.monotonic()
   req.headers = req.headers or {}
-  local route, params, allow = routes.match(req.method, req.path)
+  -- the router matches the path as sent (raw_path, from qtg_api.c), never
+  -- the decoded one: /v3/%6de is not /v3/me
+  local route, params, allow = routes.match(req.method, req.raw_path or req.path)
   local status, headers, body
   if ui.is_ui(req.path) then
     -- the web console's static files (qtg.api.ui): no token, no database

@@ -60,6 +60,43 @@ local function encode_cursor(...)
   return qtg.crypto.hex(table.concat({ ... }, "|"))
 end
 
+-- valid_time(v): v is a time PostgreSQL reads as the same timestamptz
+-- and never refuses: a date (year 1-9999, a real month and day), then
+-- optionally a time (hh:mm[:ss[.fraction]]) after T, t or a space, and an
+-- offset (Z, +hh, +hhmm, +hh:mm; PostgreSQL's text has +00).  Checked here
+-- because a value PostgreSQL refuses is an error of the statement: a 500.
+local DAYS = { 31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31 }
+function M.valid_time(v)
+  if type(v) ~= "string" or #v > 40 then return false end
+  local y, mo, d, rest = v:match("^(%d%d%d%d)%-(%d%d)%-(%d%d)(.*)$")
+  if not y then return false end
+  y, mo, d = tonumber(y), tonumber(mo), tonumber(d)
+  if y < 1 or mo < 1 or mo > 12 or d < 1 or d > DAYS[mo] then return false end
+  if mo == 2 and d == 29 and not (y % 4 == 0 and (y % 100 ~= 0 or y % 400 == 0)) then return false end
+  if rest == "" then return true end
+  local h, mi, tail = rest:match("^[Tt ](%d%d):(%d%d)(.*)$")
+  if not h or tonumber(h) > 23 or tonumber(mi) > 59 then return false end
+  local sec, after = tail:match("^:(%d%d)(.*)$")
+  if sec then
+    if tonumber(sec) > 59 then return false end
+    tail = after
+    local frac, after2 = tail:match("^%.(%d+)(.*)$")
+    if frac then
+      if #frac > 9 then return false end
+      tail = after2
+    end
+  end
+  if tail == "" or tail == "Z" or tail == "z" then return true end
+  local oh, om = tail:match("^[%+%-](%d%d):?(%d%d)$")
+  if not oh then oh = tail:match("^[%+%-](%d%d)$"); om = "00" end
+  return oh ~= nil and tonumber(oh) <= 15 and tonumber(om) <= 59
+end
+
+local function bad_cursor()
+  problem.raise("bad_request", "cursor is not one this API returned")
+end
+
+-- decode_cursor(text, n) -> its n parts, or 400
 local function decode_cursor(text, n)
   local ok, raw = pcall(qtg.crypto.unhex, text)
   if ok and #text <= 400 then
@@ -67,7 +104,22 @@ local function decode_cursor(text, n)
     for p in (raw .. "|"):gmatch("([^|]*)|") do parts[#parts + 1] = p end
     if #parts == n then return parts end
   end
-  problem.raise("bad_request", "cursor is not one this API returned")
+  bad_cursor()
+end
+
+-- A (created_at, id) cursor: the time as PostgreSQL wrote it and a uuid.
+local function time_id_cursor(text)
+  local parts = decode_cursor(text, 2)
+  if not M.valid_time(parts[1]) or not parts[2]:match(UUID) then bad_cursor() end
+  return parts[1], parts[2]
+end
+
+-- An id cursor: a bigint id this API returned (ids stay below 2^53, so
+-- they are exact as Lua numbers; 15 digits are far past any real id).
+local function id_cursor(text)
+  local v = decode_cursor(text, 1)[1]
+  if not v:match("^%d+$") or #v > 15 then bad_cursor() end
+  return tonumber(v)
 end
 
 -- id_page(rows, limit) -> {items, next_cursor}: rows were asked for with
@@ -203,8 +255,8 @@ local function check_state(s, st)
 end
 
 local function check_time(name, v)
-  if v and not v:match("^%d%d%d%d%-%d%d%-%d%d[T ]?[%d:%.]*Z?[%+%-]?[%d:]*$") then
-    problem.raise("bad_request", "%s must be an RFC 3339 timestamp", name)
+  if v and not M.valid_time(v) then
+    problem.raise("bad_request", "%s must be an RFC 3339 timestamp such as 2024-05-01T12:00:00Z", name)
   end
   return v
 end
@@ -237,11 +289,7 @@ local function list_requests(ctx)
   local error_code = text_param(ctx, "error_code", 100)
   local amount_min, amount_max = decimal_param(ctx, "amount_min"), decimal_param(ctx, "amount_max")
   local after_ts, after_id
-  if q.cursor then
-    local parts = decode_cursor(q.cursor, 2)
-    after_ts, after_id = parts[1], parts[2]
-    if not after_id:match(UUID) then problem.raise("bad_request", "cursor is not one this API returned") end
-  end
+  if q.cursor then after_ts, after_id = time_id_cursor(q.cursor) end
   local rows = ctx.s:query([[
     SELECT r.*, r.created_at::text AS cursor_ts FROM movement_requests r
      WHERE network_class = $1
@@ -274,10 +322,7 @@ local function request_events(ctx)
   require("qtg.requests").get(ctx.s, id) -- not_found for another class's request
   local limit = int_param(ctx, "limit", 100, 1, 200)
   local after = 0
-  if ctx.query.cursor then
-    after = tonumber(decode_cursor(ctx.query.cursor, 1)[1])
-    if not after then problem.raise("bad_request", "cursor is not one this API returned") end
-  end
+  if ctx.query.cursor then after = id_cursor(ctx.query.cursor) end
   local rows = ctx.s:query([[
     SELECT id, actor, action, entity_type, entity_id, detail, created_at FROM (
       SELECT outbox_id AS id, actor, action, entity_type, entity_id, detail, created_at
@@ -331,7 +376,7 @@ local function list_callbacks(ctx)
     problem.raise("bad_request", "status must be dlq, pending or delivered")
   end
   local limit = int_param(ctx, "limit", 50, 1, 200)
-  local after = ctx.query.cursor and tonumber(decode_cursor(ctx.query.cursor, 1)[1]) or nil
+  local after = ctx.query.cursor and id_cursor(ctx.query.cursor) or nil
   local rows = ctx.s:query([[
     SELECT ]] .. CALLBACK_COLUMNS .. [[ FROM movement_callback_outbox o
       JOIN movement_requests q ON q.id = o.request_id
@@ -426,11 +471,7 @@ local function approvals_inbox(ctx)
   local p = ctx.principal
   local limit = int_param(ctx, "limit", 50, 1, 200)
   local after_ts, after_id
-  if ctx.query.cursor then
-    local parts = decode_cursor(ctx.query.cursor, 2)
-    after_ts, after_id = parts[1], parts[2]
-    if not after_id:match(UUID) then problem.raise("bad_request", "cursor is not one this API returned") end
-  end
+  if ctx.query.cursor then after_ts, after_id = time_id_cursor(ctx.query.cursor) end
   -- the principal's roles as a text[] literal (role names are [a-z]+)
   local roles = "{" .. table.concat(p.roles, ",") .. "}"
   local rows = ctx.s:query([[
@@ -591,9 +632,13 @@ for _, r in ipairs(M.LIST) do
 end
 
 -- match(method, path) -> route, params | nil, nil, allow ("GET, POST") when
--- the path exists under other methods.
+-- the path exists under other methods.  path is the request's path as sent,
+-- not decoded: one spelling per route.  A path with an empty segment
+-- (//v3///me, a trailing /) or a percent-encoding (/v3/%6de: no route
+-- needs one, and decoding would give a route two spellings) matches none.
 function M.match(method, path)
   if type(path) ~= "string" or path:sub(1, 1) ~= "/" or #path > 2048 then return nil end
+  if path:find("//", 1, true) or path:find("%", 1, true) then return nil end
   local segs = {}
   for seg in path:gmatch("[^/]+") do segs[#segs + 1] = seg end
   if path ~= "/" and path:sub(-1) == "/" then return nil end

@@ -3,10 +3,18 @@
 -- aim it at the metadata service, the database, or the loopback console.
 -- Refused (unless MG_API_CALLBACK_ALLOW_PRIVATE, which the demo and tests
 -- set): loopback, private (RFC 1918, fc00::/7), link-local (169.254/16,
--- fe80::/10, which holds the cloud metadata address), unspecified, CGNAT
--- (100.64/10), multicast/reserved, IPv6 forms embedding a refused IPv4
--- address (mapped, compatible, NAT64), and the names localhost and
--- *.localhost, *.internal, metadata.google.internal.
+-- fe80::/10, which holds the cloud metadata address), site-local
+-- (fec0::/10), unspecified, CGNAT (100.64/10), IETF protocol assignments
+-- (192.0.0.0/24), benchmarking (198.18.0.0/15), multicast/reserved, the
+-- local-use NAT64 prefix 64:ff9b:1::/48 (RFC 8215) whole, IPv6 forms
+-- embedding a refused IPv4 address, and the names localhost and
+-- *.localhost, *.internal, metadata.google.internal.  An IPv6 address is
+-- parsed into its 16 bytes (any spelling: "::" anywhere, a trailing dotted
+-- quad, hex in either case) and the IPv4 address it embeds is judged as
+-- IPv4: mapped ::ffff:0:0/96, SIIT ::ffff:0:0:0/96, compatible ::/96,
+-- NAT64 64:ff9b::/96, 6to4 2002::/16 (bits 16-47) and Teredo 2001::/32
+-- (the client, bits 96-127 inverted).  inet_ntop writes a NAT64 address
+-- in hex (64:ff9b::a00:1), which a match on the dotted form never saw.
 --
 -- Checked twice, by one function (pin): when the client creates the
 -- request (check, which also refuses numeric spellings other than dotted
@@ -33,32 +41,107 @@ local function ipv4(host)
   return a, b, c, d
 end
 
-local function v4_refused(a, b)
+local function v4_refused(a, b, c)
   if a == 0 then return "an unspecified address" end
   if a == 127 then return "a loopback address" end
   if a == 10 or (a == 172 and b >= 16 and b <= 31) or (a == 192 and b == 168) then return "a private address" end
   if a == 169 and b == 254 then return "a link-local (metadata) address" end
   if a == 100 and b >= 64 and b <= 127 then return "a shared (CGNAT) address" end
+  if a == 192 and b == 0 and c == 0 then return "an IETF protocol assignment address (192.0.0.0/24)" end
+  if a == 198 and (b == 18 or b == 19) then return "a benchmarking address (198.18.0.0/15)" end
   if a >= 224 then return "a multicast or reserved address" end
   return nil
 end
 
--- An IPv6 address as inet_ntop writes it (lower case, "::" compressed,
--- a trailing embedded IPv4 address in dotted form).
-local function v6_refused(h)
-  h = h:lower()
-  if h == "::" then return "an unspecified address" end
-  if h == "::1" then return "a loopback address" end
-  local embedded = h:match("^::ffff:(%d+%.%d+%.%d+%.%d+)$")   -- mapped
-    or h:match("^::(%d+%.%d+%.%d+%.%d+)$")                     -- compatible
-    or h:match("^64:ff9b::(%d+%.%d+%.%d+%.%d+)$")              -- NAT64
-  if embedded then
-    local a, b = ipv4(embedded)
-    if a then return v4_refused(a, b) end
+-- parse_v6(text) -> array of 16 bytes | nil: an IPv6 address in any
+-- textual form RFC 4291 allows (a zone "%eth0" is dropped).
+local function parse_v6(text)
+  text = text:gsub("%%.*$", "")
+  if #text < 2 or #text > 45 or not text:match("^[%x:.]+$") then return nil end
+  local groups = {}
+  local tail4
+  local v4 = text:match(":(%d+%.%d+%.%d+%.%d+)$")
+  if v4 then
+    local a, b, c, d = ipv4(v4)
+    if not a then return nil end
+    tail4 = { a * 256 + b, c * 256 + d }
+    text = text:sub(1, #text - #v4)
+    if text:sub(-2) ~= "::" then text = text:sub(1, -2) end   -- "x:" before the quad, keep "::"
+  elseif text:find(".", 1, true) then
+    return nil
   end
-  if h:match("^f[cd]") then return "a private (unique local) address" end
-  if h:match("^fe[89ab]") then return "a link-local address" end
-  if h:match("^ff") then return "a multicast address" end
+  local function split(part)
+    local out = {}
+    if part == "" then return out end
+    for g in (part .. ":"):gmatch("([^:]*):") do
+      if not g:match("^%x%x?%x?%x?$") then return nil end
+      out[#out + 1] = tonumber(g, 16)
+    end
+    return out
+  end
+  local head, rest = text:match("^(.-)::(.*)$")
+  local left, right
+  if head then
+    if rest:find("::", 1, true) then return nil end
+    left, right = split(head), split(rest)
+    if not left or not right then return nil end
+  else
+    left, right = split(text), {}
+    if not left then return nil end
+  end
+  if tail4 then right[#right + 1] = tail4[1]; right[#right + 1] = tail4[2] end
+  local fill = 8 - #left - #right
+  if (head and fill < 1) or (not head and fill ~= 0) then return nil end
+  for _, g in ipairs(left) do groups[#groups + 1] = g end
+  for _ = 1, fill do groups[#groups + 1] = 0 end
+  for _, g in ipairs(right) do groups[#groups + 1] = g end
+  local bytes = {}
+  for i, g in ipairs(groups) do
+    bytes[2 * i - 1], bytes[2 * i] = math.floor(g / 256), g % 256
+  end
+  return bytes
+end
+M.parse_v6 = parse_v6
+
+local function zero(bytes, from, to)
+  for i = from, to do if bytes[i] ~= 0 then return false end end
+  return true
+end
+
+-- The refusal of the IPv4 address bytes[i..i+3] (xor: 255 for Teredo's
+-- inverted client address), named as embedded in the IPv6 address.
+local function embedded_refused(bytes, i, what, xor)
+  local q = {}
+  for k = 0, 3 do q[k + 1] = xor and (255 - bytes[i + k]) or bytes[i + k] end
+  local why = v4_refused(q[1], q[2], q[3])
+  if why then return ("%s (%s embedding %d.%d.%d.%d)"):format(why, what, q[1], q[2], q[3], q[4]) end
+  return nil
+end
+
+local function v6_refused(h)
+  local b = parse_v6(h)
+  if not b then return "an address that is not numeric" end
+  if zero(b, 1, 15) and b[16] == 0 then return "an unspecified address" end
+  if zero(b, 1, 15) and b[16] == 1 then return "a loopback address" end
+  if zero(b, 1, 10) and b[11] == 255 and b[12] == 255 then return embedded_refused(b, 13, "IPv4-mapped") end
+  if zero(b, 1, 8) and b[9] == 255 and b[10] == 255 and zero(b, 11, 12) then
+    return embedded_refused(b, 13, "IPv4-translated (SIIT)")
+  end
+  if zero(b, 1, 12) then return embedded_refused(b, 13, "IPv4-compatible") end
+  if b[1] == 0 and b[2] == 0x64 and b[3] == 0xff and b[4] == 0x9b then
+    if zero(b, 5, 12) then return embedded_refused(b, 13, "NAT64") end
+    -- local use (RFC 8215): the operator's own translator, whatever the
+    -- IPv4 address inside (its place depends on the prefix length)
+    if b[5] == 0 and b[6] == 1 then return "a local-use NAT64 address (64:ff9b:1::/48)" end
+  end
+  if b[1] == 0x20 and b[2] == 0x02 then return embedded_refused(b, 3, "6to4") end
+  if b[1] == 0x20 and b[2] == 0x01 and b[3] == 0 and b[4] == 0 then
+    return embedded_refused(b, 13, "Teredo", true)
+  end
+  if b[1] >= 0xfc and b[1] <= 0xfd then return "a private (unique local) address" end
+  if b[1] == 0xfe and b[2] >= 0x80 and b[2] <= 0xbf then return "a link-local address" end
+  if b[1] == 0xfe and b[2] >= 0xc0 then return "a site-local address (fec0::/10)" end
+  if b[1] == 0xff then return "a multicast address" end
   return nil
 end
 
@@ -67,9 +150,9 @@ local NAMES = { localhost = true, ["metadata.google.internal"] = true, ["metadat
 -- Why a numeric address (as qtg.api_net.resolve returns them) is refused, or nil.
 function M.address_refused(addr)
   if addr:find(":", 1, true) then return v6_refused(addr) end
-  local a, b = ipv4(addr)
+  local a, b, c = ipv4(addr)
   if not a then return "an address that is not numeric" end
-  return v4_refused(a, b)
+  return v4_refused(a, b, c)
 end
 
 local function refusal(host, reason)

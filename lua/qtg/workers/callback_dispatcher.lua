@@ -8,6 +8,8 @@
 --      of this process's network class, and up to BATCH - 1 more due rows
 --      of the same receiver (callback_url), oldest first, FOR UPDATE OF the
 --      outbox rows SKIP LOCKED;
+--      (each row with its request's created_by, request_created_by: an API
+--      client's URL is checked again, qtg.callbacks.from_api_client);
 --   2. refuse unsent what can never be delivered (a payload that is not a
 --      JSON object, an invalid URL, a malformed stamp): dlq with last_error;
 --   3. POST the others concurrently, each bounded by
@@ -66,7 +68,7 @@ WITH head AS (
    LIMIT 1
    FOR UPDATE OF c SKIP LOCKED
 )
-SELECT c.*
+SELECT c.*, r.created_by AS request_created_by
   FROM movement_callback_outbox c
   JOIN movement_requests r ON r.id = c.request_id
   JOIN head ON c.callback_url IS NOT DISTINCT FROM head.callback_url

@@ -173,4 +173,44 @@ describe("callback delivery of API clients' URLs", function()
     assert.truthy((paths(redirect, "/")["/callbacks/redirect"] or 0) >= 1)
     assert.same({}, paths(v4, "/followed"))
   end)
+
+  it("checks at delivery the URL of a request an API client made even when the client has no api_clients row "
+     .. "(its rows are signed with the host key)", function()
+    -- created while private hosts are allowed, by a client whose
+    -- api_clients row is gone (as for clients made before per-client keys):
+    -- the trigger leaves signing_key_id NULL
+    local a = api.start({ MG_API_CALLBACK_ALLOW_PRIVATE = "true", MG_WORKERS_ENABLED = "false",
+                          MG_CALLBACK_KEY_FILE = key_path, MG_CALLBACK_KEY_ID = "k1" })
+    local tok, name = api.token("read,operate", { env = env })
+    common.query("DELETE FROM api_clients WHERE name = $1", name)
+    local r = api.call(a, "POST", "/v3/requests", { token = tok, key = common.uid("k", 4),
+      json = { template_key = "otc_settlement_manual", intent = api.OTC_INTENT,
+               callback_url = "http://127.0.0.1:" .. v4.port .. "/callbacks/keyless" } })
+    assert.equal(201, r.status, r.body)
+    api.stop(a)
+    local created = common.query([[SELECT c.signing_key_id, q.created_by FROM movement_callback_outbox c
+      JOIN movement_requests q ON q.id = c.request_id WHERE c.request_id = $1]], r.json.id)
+    assert.truthy(#created >= 1)
+    for _, row in ipairs(created) do
+      assert.equal(qtg.db.NULL, row.signing_key_id)
+      assert.equal("api:" .. name, row.created_by)
+    end
+    -- delivered by a daemon that refuses private hosts: refused, never sent
+    local extra = { MG_NETWORK_CLASS = a.class, MG_API_CALLBACK_ALLOW_PRIVATE = "false" }
+    for k, v in pairs(env) do extra[k] = v end
+    local b = api.start(extra)
+    local rows = common.wait_for(function()
+      local got = rows_of({ r.json.id })
+      for _, row in ipairs(got) do
+        if row.attempts < 1 and row.status ~= "delivered" then return nil, "not attempted" end
+      end
+      return got
+    end, 60, "the row's first attempt")
+    api.stop(b)
+    for _, row in ipairs(rows) do
+      assert.equal("pending", row.status)
+      assert.truthy(tostring(row.last_error):match("^forbidden_address: "), tostring(row.last_error))
+    end
+    assert.same({}, paths(v4, "/callbacks/keyless"))
+  end)
 end)

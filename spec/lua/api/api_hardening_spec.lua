@@ -1,0 +1,368 @@
+-- api_hardening_spec: the findings of the API's security review, each over
+-- real HTTP (or a raw socket) against a running qtgd on 127.0.0.1:
+--   * a JSON body with a key given twice, at any depth, is refused (400)
+--     and nothing is written (cjson kept the last: "amount" 10 then
+--     4000000 was stored as 4000000);
+--   * a database outage is answered 503 with a fixed detail, never libpq's
+--     text (socket path, host, port, role), which goes to the log;
+--   * bad cursors and times are 400, not a 500 from PostgreSQL;
+--   * a request with both Content-Length and Transfer-Encoding is refused
+--     and its connection closed (request smuggling behind a proxy);
+--   * a path with an empty segment or a percent-encoding matches no route.
+local qtg = require "qtg"
+local cjson = require "cjson"
+
+local api, common, host
+local d, operator, reader
+
+local function rows(sql, ...) return common.query(sql, ...) end
+
+local function count_requests(class)
+  return rows("SELECT count(*) AS n FROM movement_requests WHERE network_class = $1", class)[1].n
+end
+
+local function hex(s)
+  return (s:gsub(".", function(c) return string.format("%02x", c:byte()) end))
+end
+
+local function expect_problem(status, kind, r, what)
+  assert.equal(status, r.status, (what or "") .. " " .. r.body)
+  assert.equal("application/problem+json", r.headers["content-type"], what)
+  local doc = cjson.decode(r.body)
+  assert.equal(kind, doc.kind, what)
+  assert.equal(status, doc.status, what)
+  return doc
+end
+
+-- raw(d, bytes) -> everything the daemon sent back until it closed the
+-- connection (or 5 s passed: then "...TIMEOUT" is appended)
+local function raw(daemon, bytes)
+  local script = [[
+import socket, sys
+host, port = sys.argv[1], int(sys.argv[2])
+data = sys.stdin.buffer.read()
+s = socket.create_connection((host, port), timeout=5)
+s.sendall(data)
+got = b""
+try:
+    while True:
+        b = s.recv(65536)
+        if not b:
+            break
+        got += b
+except socket.timeout:
+    got += b"...TIMEOUT"
+s.close()
+sys.stdout.write(got.decode("latin-1"))
+]]
+  local dir = host.tmpdir()
+  host.write(dir .. "/raw.py", script)
+  host.write(dir .. "/in", bytes)
+  local h, port = daemon.address:match("^(.-):(%d+)$")
+  local rc, out = host.run({}, { "python3", common.quote(dir .. "/raw.py"), h, port, "<", common.quote(dir .. "/in") })
+  os.execute("rm -rf " .. common.quote(dir))
+  assert.equal(0, rc, out)
+  return out
+end
+
+describe("HTTP API hardening", function()
+  setup(function()
+    api = require "spec.lua.support.api"
+    common = require "spec.lua.support.common"
+    host = require "spec.lua.support.host"
+    d = api.start({ MG_WORKERS_ENABLED = "false" })
+    operator = api.token("read,operate")
+    reader = api.token("read")
+  end)
+  teardown(function()
+    api.stop(d)
+    host.stop_all()
+  end)
+
+  it("refuses a body with a key given twice, at any depth, and writes nothing", function()
+    local before = count_requests(d.class)
+    local intent = '"asset":"USDC","venue":"otc-desk","destination":"0x70997970c51812dc3a010c7d01b50e0d17dc79c8",'
+      .. '"counterparty":"acme"'
+    local bodies = {
+      -- the review's case: the amount given twice inside the intent
+      { '{"template_key":"otc_settlement_manual","intent":{"amount":"10","amount":"4000000",' .. intent .. '}}',
+        '"amount"', "$.intent" },
+      -- at the top
+      { '{"template_key":"otc_settlement_manual","template_key":"otc_settlement_manual","intent":{"amount":"10",'
+        .. intent .. '}}', '"template_key"', "$" },
+      -- spelled differently, one key once unescaped
+      { '{"template_key":"otc_settlement_manual","intent":{"amount":"10","\\u0061mount":"4000000",' .. intent .. '}}',
+        '"amount"', "$.intent" },
+      -- deeper: inside an object inside an array inside the intent
+      { '{"template_key":"otc_settlement_manual","intent":{"amount":"10",' .. intent
+        .. ',"legs":[{"x":1},{"y":1,"y":2}]}}', '"y"', "$.intent.legs[]" },
+    }
+    for _, b in ipairs(bodies) do
+      local r = api.call(d, "POST", "/v3/requests", { token = operator, key = common.uid("k", 4),
+        body = b[1], headers = { ["Content-Type"] = "application/json" } })
+      local doc = expect_problem(400, "bad_request", r, b[1])
+      assert.truthy(doc.detail:find("duplicate key " .. b[2], 1, true), doc.detail)
+      assert.truthy(doc.detail:find(" in " .. b[3], 1, true), doc.detail)
+    end
+    -- the same body with one amount is accepted, with that amount
+    local ok = api.call(d, "POST", "/v3/requests", { token = operator, key = common.uid("k", 4),
+      body = '{"template_key":"otc_settlement_manual","intent":{"amount":"10",' .. intent .. '}}',
+      headers = { ["Content-Type"] = "application/json" } })
+    assert.equal(201, ok.status, ok.body)
+    assert.equal(before + 1, count_requests(d.class))
+    assert.equal("10", rows("SELECT intent->>'amount' AS a FROM movement_requests WHERE id = $1", ok.json.id)[1].a)
+  end)
+
+  it("answers bad cursors and times with 400", function()
+    local uuid = "00000000-0000-4000-8000-000000000000"
+    local cases = {
+      "/v3/requests?cursor=" .. hex("garbage|" .. uuid),
+      "/v3/requests?cursor=" .. hex("2024-99-99 00:00:00+00|" .. uuid),
+      "/v3/requests?cursor=" .. hex("2024-02-30|" .. uuid),
+      "/v3/requests?cursor=" .. hex("2024-01-01 10:00:00+00|not-a-uuid"),
+      "/v3/requests?created_after=2024-99-99",
+      "/v3/requests?created_after=2023-02-29",
+      "/v3/requests?created_before=2024-01-01T25:00:00Z",
+      "/v3/requests?created_before=2024-01-01T10:00:00+99:00",
+      "/v3/requests?created_after=0000-01-01",
+      "/v3/approvals?cursor=" .. hex("garbage|" .. uuid),
+      "/v3/callbacks?cursor=" .. hex("99999999999999999999999"),
+      "/v3/callbacks?cursor=" .. hex("-1"),
+      "/v3/callbacks?cursor=" .. hex("1e9"),
+      "/v3/callbacks?cursor=" .. hex(""),
+    }
+    local approver = api.token("read,approve")
+    for _, path in ipairs(cases) do
+      local r = api.call(d, "GET", path, { token = path:match("^/v3/approvals") and approver or reader })
+      expect_problem(400, "bad_request", r, path)
+    end
+    local id = api.call(d, "POST", "/v3/requests", { token = operator, key = common.uid("k", 4),
+      json = { template_key = "otc_settlement_manual", intent = api.OTC_INTENT } }).json.id
+    for _, c in ipairs({ "99999999999999999999999", "0x10", "1.5", "" }) do
+      local path = "/v3/requests/" .. id .. "/events?cursor=" .. hex(c)
+      expect_problem(400, "bad_request", api.call(d, "GET", path, { token = reader }), path)
+    end
+    -- good ones still work: times as RFC 3339 and as PostgreSQL writes them
+    for _, path in ipairs({ "/v3/requests?created_after=2024-01-01", "/v3/requests?created_after=2024-02-29T10:00:00Z",
+                            "/v3/requests?created_before=2999-01-01T00:00:00.123456%2B05:30",
+                            "/v3/requests?cursor=" .. hex("2999-01-01 00:00:00.5+00|" .. uuid),
+                            "/v3/callbacks?cursor=" .. hex("123"),
+                            "/v3/requests/" .. id .. "/events?cursor=" .. hex("0") }) do
+      local r = api.call(d, "GET", path, { token = reader })
+      assert.equal(200, r.status, path .. " " .. r.body)
+    end
+  end)
+
+  it("matches no route for a path with an empty segment or a percent-encoding", function()
+    assert.equal(200, api.call(d, "GET", "/v3/me", { token = reader }).status)
+    for _, path in ipairs({ "//v3///me", "/v3//me", "//v3/me", "/v3/me/", "/v3/%6de", "/%763/me", "/v3/m%65",
+                            "/v3/requests/%30" }) do
+      local r = api.call(d, "GET", path, { token = reader })
+      expect_problem(404, "not_found", r, path)
+    end
+    -- over a raw socket too (curl would not send some of them as they are)
+    local out = raw(d, "GET //v3///me HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " .. reader
+      .. "\r\nConnection: close\r\n\r\n")
+    assert.truthy(out:match("^HTTP/1%.1 404"), out)
+  end)
+
+  it("refuses a request with both Content-Length and Transfer-Encoding, and closes the connection", function()
+    local before = count_requests(d.class)
+    local smuggled = "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    local out = raw(d, "POST /v3/requests HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " .. operator
+      .. "\r\nContent-Type: application/json\r\nIdempotency-Key: " .. common.uid("k", 4)
+      .. "\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n" .. smuggled)
+    assert.truthy(out:match("^HTTP/1%.1 400"), out)
+    assert.truthy(out:find("Content-Length and Transfer-Encoding", 1, true), out)
+    assert.falsy(out:find("TIMEOUT", 1, true), "the connection was left open: " .. out)
+    -- one answer: the bytes after the chunked body were not served as a request
+    local n = 0
+    for _ in out:gmatch("HTTP/1%.1 %d%d%d") do n = n + 1 end
+    assert.equal(1, n, out)
+    assert.equal(before, count_requests(d.class))
+    assert.equal(200, api.call(d, "GET", "/healthz").status)
+  end)
+end)
+
+describe("HTTP API with the database unreachable", function()
+  local d2, proxy, dir
+  setup(function()
+    api = require "spec.lua.support.api"
+    common = require "spec.lua.support.common"
+    host = require "spec.lua.support.host"
+    -- the daemon reaches PostgreSQL through a TCP proxy on 127.0.0.1, which
+    -- the spec stops: the pool's sessions break and new ones are refused
+    local url = assert(os.getenv("MG_DATABASE_URL"))
+    local sockdir, port = url:match("[?&]host=([^&]+)"), url:match("[?&]port=(%d+)") or "5432"
+    local target = sockdir and sockdir:sub(1, 1) == "/" and ("unix:" .. sockdir .. "/.s.PGSQL." .. port)
+      or ("tcp:" .. (url:match("@([^:/?]+)") or "127.0.0.1") .. ":" .. (url:match("@[^:/?]+:(%d+)") or port))
+    dir = host.tmpdir()
+    host.write(dir .. "/proxy.py", [[
+import socket, sys, threading
+target = sys.argv[1]
+lsock = socket.socket()
+lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+lsock.bind(("127.0.0.1", 0))
+lsock.listen(64)
+print("port %d" % lsock.getsockname()[1], flush=True)
+def pipe(a, b):
+    try:
+        while True:
+            x = a.recv(65536)
+            if not x:
+                break
+            b.sendall(x)
+    except OSError:
+        pass
+    for s in (a, b):
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+while True:
+    c, _ = lsock.accept()
+    if target.startswith("unix:"):
+        u = socket.socket(socket.AF_UNIX)
+        u.connect(target[5:])
+    else:
+        h, p = target[4:].rsplit(":", 1)
+        u = socket.create_connection((h, int(p)))
+    threading.Thread(target=pipe, args=(c, u), daemon=True).start()
+    threading.Thread(target=pipe, args=(u, c), daemon=True).start()
+]])
+    proxy = common.spawn(dir .. "/proxy", {}, "python3 -u " .. common.quote(dir .. "/proxy.py") .. " "
+      .. common.quote(target))
+    local pport = common.wait_log(proxy, "port (%d+)", 10, "the proxy's port")
+    local db = url:match("^postgres[^/]*//[^/]*/([^?]+)") or "qtg"
+    local user = url:match("^postgres[^/]*//([^@:/]+)[:@]") or "qtg"
+    local via = ("postgresql://%s@127.0.0.1:%s/%s"):format(user, pport, db)
+    d2 = api.start({ MG_WORKERS_ENABLED = "false", MG_DATABASE_URL = via })
+  end)
+  teardown(function()
+    if proxy then common.stop(proxy, 5) end
+    if d2 then host.stop(d2.h) end
+    host.stop_all()
+    if dir then os.execute("rm -rf " .. common.quote(dir)) end
+  end)
+
+  it("answers 503 with a fixed detail, never libpq's text, and logs the text", function()
+    local tok = api.token("read")
+    assert.equal(200, api.call(d2, "GET", "/v3/me", { token = tok }).status)
+    common.stop(proxy, 5)
+    local port = d2.env.MG_DATABASE_URL:match(":(%d+)/")
+    local seen = {}
+    -- the first calls meet broken sessions, the later ones a refused connect
+    for i = 1, 4 do
+      for _, c in ipairs({ { "/v3/me", nil }, { "/v3/requests", tok } }) do
+        local r = api.call(d2, "GET", c[1], { token = c[2] })
+        assert.equal(503, r.status, c[1] .. " " .. r.body)
+        assert.equal("application/problem+json", r.headers["content-type"])
+        local doc = cjson.decode(r.body)
+        assert.truthy(doc.kind == "connection" or doc.kind == "timeout", r.body)
+        assert.truthy(doc.detail == "the database is unreachable; retry later"
+          or doc.detail == "a backend (the database or a provider) did not answer in time; retry later", r.body)
+        for _, leak in ipairs({ port, "127.0.0.1", "PGSQL", "/tmp", "server", "qtg@", "role", "connection to" }) do
+          assert.falsy(r.body:find(leak, 1, true), "the answer shows " .. leak .. ": " .. r.body)
+        end
+        seen[doc.kind] = true
+      end
+      if i == 1 then qtg.sleep(0.2) end
+    end
+    assert.truthy(seen.connection)
+    -- the log has what libpq said
+    local log = host.read(d2.h.log) or ""
+    assert.truthy(log:find('"msg":"api database outage"', 1, true), log:sub(-2000))
+  end)
+end)
+
+describe("HTTP API against slow clients (slowloris)", function()
+  local d3
+  setup(function()
+    api = require "spec.lua.support.api"
+    common = require "spec.lua.support.common"
+    host = require "spec.lua.support.host"
+    d3 = api.start({ MG_WORKERS_ENABLED = "false", MG_API_MAX_CONNECTIONS = "20",
+                     MG_API_MAX_CONNECTIONS_PER_IP = "8", MG_API_HEADER_TIMEOUT_SECONDS = "1.5",
+                     MG_API_IDLE_TIMEOUT_SECONDS = "60" })
+  end)
+  teardown(function()
+    api.stop(d3)
+    host.stop_all()
+  end)
+
+  it("holds at most MG_API_MAX_CONNECTIONS_PER_IP of one address, closes trickling headers at "
+     .. "MG_API_HEADER_TIMEOUT_SECONDS, and serves another address meanwhile", function()
+    -- 30 sockets from 127.0.0.1 trickle a header byte every 0.2 s (the idle
+    -- timeout, 60 s, never fires); a client from 127.0.0.2 asks /healthz
+    -- while they do
+    local script = [[
+import socket, sys, time
+host, port = sys.argv[1], int(sys.argv[2])
+socks = []
+for i in range(30):
+    s = socket.socket()
+    s.settimeout(5)
+    s.bind(("127.0.0.1", 0))
+    s.connect((host, port))
+    s.setblocking(False)
+    socks.append(s)
+head = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 1000
+start = time.monotonic()
+alive_at = {}
+served = None
+open_ = set(range(30))
+i = 0
+while time.monotonic() - start < 4.0:
+    for k in list(open_):
+        try:
+            socks[k].send(head[i:i + 1])
+            got = b""
+            try:
+                got = socks[k].recv(100)
+                if got == b"":
+                    raise ConnectionResetError()
+            except BlockingIOError:
+                pass
+        except (ConnectionResetError, BrokenPipeError, OSError):
+            open_.discard(k)
+    t = round(time.monotonic() - start, 1)
+    alive_at[t] = len(open_)
+    if served is None and time.monotonic() - start > 0.6:
+        c = socket.socket()
+        c.settimeout(5)
+        c.bind(("127.0.0.2", 0))
+        c.connect((host, port))
+        c.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        try:
+            served = c.recv(100).decode("latin-1").split("\r\n")[0] or "closed"
+        except OSError as e:
+            served = "error " + str(e)
+        c.close()
+    i += 1
+    time.sleep(0.2)
+early = [v for t, v in sorted(alive_at.items()) if 0.8 <= t <= 1.3]
+print("early:%d" % (early[0] if early else -1))
+print("late:%d" % len(open_))
+print("served:%s" % served)
+]]
+    local dir = host.tmpdir()
+    host.write(dir .. "/slow.py", script)
+    local h, port = d3.address:match("^(.-):(%d+)$")
+    local rc, out = host.run({}, { "python3", common.quote(dir .. "/slow.py"), h, port })
+    os.execute("rm -rf " .. common.quote(dir))
+    assert.equal(0, rc, out)
+    -- while trickling: no more than the per-address share held
+    local early = tonumber(out:match("early:(%-?%d+)"))
+    assert.truthy(early and early >= 0 and early <= 8, out)
+    -- after the header deadline (1.5 s; the trickle lasted 4 s): none left
+    assert.equal("0", out:match("late:(%d+)"), out)
+    -- another address was served while they trickled
+    assert.truthy(out:find("served:HTTP/1.1 200", 1, true), out)
+    assert.equal(200, api.call(d3, "GET", "/healthz").status)
+    -- a kept-alive connection is served again after a pause shorter than the deadline
+    local r1 = api.call(d3, "GET", "/healthz")
+    qtg.sleep(0.5)
+    assert.equal(200, api.call(d3, "GET", "/healthz").status)
+    assert.equal(200, r1.status)
+  end)
+end)
