@@ -149,9 +149,14 @@ end
 
 -- ---- matching ----------------------------------------------------------------
 
-local function one_of(v, x)
-  if type(v) == "string" then return v == x end
-  for _, y in ipairs(v) do if y == x then return true end end
+-- one_of(v, x[, canon]) -> whether x is v or in the list v, both sides
+-- through canon when given.
+local function one_of(v, x, canon)
+  canon = canon or function(y) return y end
+  local want = canon(x)
+  if want == nil then return false end
+  if type(v) == "string" then return canon(v) == want end
+  for _, y in ipairs(v) do if canon(y) == want then return true end end
   return false
 end
 
@@ -166,8 +171,9 @@ local function in_book(s, intent, inputs)
     local chain = chain_of(intent)
     local row = s:query([[
       SELECT label FROM address_book
-       WHERE asset = $1 AND lower(address) = lower($2) AND ($3::text IS NULL OR chain = $3)
-       LIMIT 1]], tostring(intent.asset), dest, chain)[1]
+       WHERE ]] .. risk.asset_sql("asset") .. [[ = $1 AND lower(address) = lower($2)
+         AND ($3::text IS NULL OR chain = $3)
+       LIMIT 1]], risk.asset(intent.asset), dest, chain)[1]
     inputs.in_address_book = row ~= nil
     inputs.address_label = row and row.label or nil
   end
@@ -180,13 +186,13 @@ local function velocity_total(s, req, v)
     SELECT COALESCE(sum((intent->>'amount')::numeric), 0)::text AS total,
            COALESCE(sum((intent->>'amount')::numeric), 0) + $4::numeric > $5::numeric AS over
       FROM movement_requests
-     WHERE network_class = $1 AND intent->>'asset' = $2
+     WHERE network_class = $1 AND ]] .. risk.asset_sql("intent->>'asset'") .. [[ = $2
        AND approved_at > now() - $3::int * interval '1 second'
        AND request_state NOT IN ('CANCELLED', 'REJECTED', 'EXPIRED')
        AND intent->>'amount' ~ '^[0-9]+(\.[0-9]+)?$'
        AND ($6::uuid IS NULL OR id <> $6::uuid)
        AND ($7::text IS NULL OR lower(intent->>'destination') = lower($7))]],
-    req.network_class, tostring(intent.asset), v.window_seconds, intent.amount, v.over,
+    req.network_class, risk.asset(intent.asset), v.window_seconds, intent.amount, v.over,
     req.id, v.per_destination and tostring(intent.destination) or nil)[1]
   return row.total, row.over
 end
@@ -195,7 +201,7 @@ local function matches(s, req, rule, inputs)
   local m, intent = rule.match, req.intent
   if m.template_key and not one_of(m.template_key, req.template_key) then return false end
   if m.network_class and not one_of(m.network_class, req.network_class) then return false end
-  if m.asset and not one_of(m.asset, intent.asset) then return false end
+  if m.asset and not one_of(m.asset, intent.asset, risk.asset) then return false end
   if m.initiator and not one_of(m.initiator, req.initiator.actor) then return false end
   if m.initiator_role and not principals.has_role(req.initiator, m.initiator_role) then return false end
   if m.amount_at_least or m.amount_below then
@@ -218,12 +224,13 @@ local function matches(s, req, rule, inputs)
   return true
 end
 
--- lock_velocity(s, req): serialise approvals of one asset in a network
--- class, so two approvals that together cross a velocity window cannot both
--- read the sum without the other (held to the end of the transaction).
+-- lock_velocity(s, req): serialise approvals of one asset (canonical form)
+-- in a network class, so two approvals that together cross a velocity
+-- window cannot both read the sum without the other (held to the end of
+-- the transaction).
 function M.lock_velocity(s, req)
   s:query("SELECT pg_advisory_xact_lock(hashtextextended('qtg.velocity:' || $1 || ':' || $2, 0))",
-    req.network_class, tostring(req.intent.asset))
+    req.network_class, risk.asset(req.intent.asset) or "")
 end
 
 -- evaluate(s, req): req = {id=, template_key=, network_class=, intent=,

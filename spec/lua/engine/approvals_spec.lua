@@ -511,4 +511,89 @@ describe("approvals", function()
       assert.is_true(#s:query("SELECT 1 FROM audit_outbox WHERE entity_type = 'address_book_change' AND entity_id = $1", tostring(c.id)) >= 4)
     end)
   end)
+
+  -- The security review's findings, each with its attacker's variants.
+  describe("the security review", function()
+    local function three_ways(fn)
+      with_policy({ rules = {
+        { name = "eth_three", match = { asset = "ETH", amount_at_least = "10" }, action = P.require{ approvals = 3, roles = { "approve" } } },
+        { name = "usdt_two", match = { asset = { "usdt" }, amount_at_least = "10" }, action = P.require{ approvals = 2, roles = { "approve" } } },
+        { name = "rest", match = {}, action = P.require{ approvals = 1, roles = { "approve" } } } } }, fn)
+    end
+
+    it("asset case: a rule and allowed_assets match every spelling of the asset", function()
+      three_ways(function()
+        for _, a in ipairs({ "ETH", "eth", "Eth", "eTh" }) do
+          assert.equal(3, create(T, { asset = a, amount = "10" }).approvals_required, a)
+        end
+        -- a rule written in lower case matches the upper-case spelling
+        assert.equal(2, create(T, { asset = "USDT", amount = "10" }).approvals_required)
+        assert.equal(2, create(T, { asset = "uSdT", amount = "10" }).approvals_required)
+        assert.equal(1, create(T, { asset = "eth", amount = "9.99" }).approvals_required)
+        -- the stored intent keeps its spelling: the digest covers it as sent
+        assert.equal("eth", create(T, { asset = "eth", amount = "1" }).intent.asset)
+      end)
+      assert.equal("PENDING_APPROVAL", create(LIMITED, { asset = "usdc", amount = "5" }).request_state)
+      local e = refused("invalid_intent", create, LIMITED, { asset = "doge", amount = "5" })
+      assert.matches("risk_controls.allowed_assets", e.message, 1, true)
+    end)
+
+    it("asset case: one velocity window for every spelling", function()
+      local base = "VC" .. sup.uid("a"):upper():gsub("[^%w]", "")
+      with_policy({ rules = { { name = "day_cap", match = { velocity = { window_seconds = 86400, over = "1000" } },
+                                action = P.block{ reason = "over 1000 a day" } },
+                              { name = "rest", match = {}, action = P.require{ approvals = 1, roles = { "approve" } } } } }, function()
+        local r1 = create(T, { asset = base, amount = "600" })
+        local r2 = create(T, { asset = base:lower(), amount = "600" })
+        requests.approve(s, r1.id, BOB)
+        local e = refused("invalid_intent", requests.approve, s, r2.id, BOB)
+        assert.matches("day_cap", e.message, 1, true)
+        assert.equal("600", sup.request(s, r2.id).approval_policy.inputs.velocity.day_cap.approved_in_window)
+        e = refused("invalid_intent", create, T, { asset = base:sub(1, 3):lower() .. base:sub(4), amount = "401" })
+        assert.matches("day_cap", e.message, 1, true)
+      end)
+    end)
+
+    -- children: {script, args...} per child; returns their results
+    local function race(kids_args, hold)
+      local dir = common.tmpdir("approvals")
+      local env = { MG_NETWORK_CLASS = qtg.settings.network_class, MG_WORKERS_ENABLED = "false" }
+      local gate = dir .. "/go"
+      local kids = {}
+      for i, a in ipairs(kids_args) do
+        local args = { unpack(a, 2) }
+        args[#args + 1] = gate
+        args[#args + 1] = hold
+        kids[i] = common.start_script(dir, "k" .. i, env, a[1], args)
+      end
+      qtg.sleep(0.3)
+      common.write(gate, "go")
+      local results = {}
+      for i, k in ipairs(kids) do
+        results[i] = common.wait_result(k, 60)
+        assert.is_true(results[i].ok, tostring(results[i].error))
+      end
+      os.execute("rm -rf " .. common.quote(dir))
+      return results
+    end
+
+    it("asset case: two approvals in two processes share one velocity lock whatever the spelling", function()
+      local base = "WC" .. sup.uid("a"):upper():gsub("[^%w]", "")
+      local ids = {}
+      with_policy({ rules = { { name = "day_cap", match = { velocity = { window_seconds = 86400, over = "1000" } },
+                                action = P.block{ reason = "over 1000 a day" } },
+                              { name = "rest", match = {}, action = P.require{ approvals = 1, roles = { "approve" } } } } }, function()
+        ids[1] = create(T, { asset = base, amount = "600" }).id
+        ids[2] = create(T, { asset = base:lower(), amount = "600" }).id
+      end)
+      local res = race({ { "engine/approvals_child.lua", ids[1], "bob" }, { "engine/approvals_child.lua", ids[2], "carol" } }, "0.5")
+      local approved = 0
+      for _, r in ipairs(res) do if r.approved then approved = approved + 1 end end
+      assert.equal(1, approved)
+      local states = { state(ids[1]), state(ids[2]) }
+      table.sort(states)
+      assert.same({ "APPROVED", "PENDING_APPROVAL" }, states)
+    end)
+
+  end)
 end)
