@@ -224,10 +224,11 @@ local function matches(s, req, rule, inputs)
   return true
 end
 
--- lock_velocity(s, req): serialise approvals of one asset (canonical form)
--- in a network class, so two approvals that together cross a velocity
--- window cannot both read the sum without the other (held to the end of
--- the transaction).
+-- lock_velocity(s, req): serialise the decisions that approve requests of
+-- one asset (canonical form) in a network class -- a create the policy
+-- allows and an approval alike -- so two of them that together cross a
+-- velocity window cannot both read the sum without the other (held to the
+-- end of the transaction).
 function M.lock_velocity(s, req)
   s:query("SELECT pg_advisory_xact_lock(hashtextextended('qtg.velocity:' || $1 || ':' || $2, 0))",
     req.network_class, risk.asset(req.intent.asset) or "")

@@ -237,6 +237,9 @@ function M.create(s, args, who)
     if not ok then refuse("invalid_intent", "template %s: %s", args.template_key, why) end
     local rc_ok, rc_why = risk.check(pv.risk_controls, args.intent)
     if not rc_ok then refuse("invalid_intent", "template %s: %s", args.template_key, rc_why) end
+    -- the velocity windows of this asset serialised, as at approval: a
+    -- request the policy allows here is approved by this transaction
+    approvals.lock_velocity(s, { network_class = network_class, intent = args.intent })
     local decision, policy_error = evaluate_policy(s, {
       template_key = args.template_key, network_class = network_class, intent = args.intent,
       initiator = initiator })

@@ -595,5 +595,26 @@ describe("approvals", function()
       assert.same({ "APPROVED", "PENDING_APPROVAL" }, states)
     end)
 
+    it("create: a request the policy allows takes the velocity lock, so two concurrent creates cannot both be allowed", function()
+      for _, spell in ipairs({ function(a) return a end, string.lower }) do
+        local base = "XC" .. sup.uid("a"):upper():gsub("[^%w]", "")
+        local res = race({ { "engine/approvals_create_child.lua", T, base, "70" },
+                           { "engine/approvals_create_child.lua", T, spell(base), "70" } }, "0.5")
+        local rows = {}
+        for _, r in ipairs(res) do
+          assert.is_true(r.created, tostring(r.error))
+          local row = s:query([[SELECT request_state, approvals_required, approved_by, approval_policy->>'rule' AS rule
+                                  FROM movement_requests WHERE id = $1::uuid]], r.id)[1]
+          rows[#rows + 1] = row
+        end
+        table.sort(rows, function(a, b) return a.request_state < b.request_state end)
+        assert.equal("APPROVED", rows[1].request_state)
+        assert.equal("policy:petty", rows[1].approved_by)
+        assert.equal("PENDING_APPROVAL", rows[2].request_state)
+        assert.equal("velocity_two", rows[2].rule)
+        assert.equal(2, rows[2].approvals_required)
+      end
+    end)
+
   end)
 end)
