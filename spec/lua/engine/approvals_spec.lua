@@ -24,6 +24,15 @@ local CAROL = who("carol", { "read", "approve" })
 local DAVE = who("dave", { "read", "approve", "admin" })
 local ERIN = who("erin", { "read", "operate" })
 local READER = who("reader", { "read" })
+-- The approvers above are enrolled operators while this file runs: a vote
+-- counts only while its operator row exists (docs/approvals.md).
+local ENROLLED = { ALICE, BOB, CAROL, DAVE, ERIN, READER, who("adm2", { "read", "approve", "admin" }) }
+
+local function enrol(p)
+  s:query([[INSERT INTO operators (name, roles, created_by) VALUES ($1, $2::text[], 'system:spec')
+            ON CONFLICT (name) DO UPDATE SET roles = EXCLUDED.roles]],
+    p.name, "{" .. table.concat(p.roles, ",") .. "}")
+end
 
 local function refused(kind, fn, ...)
   local ok, err = pcall(fn, ...)
@@ -57,8 +66,12 @@ describe("approvals", function()
     sup.load_doc(s, sup.doc(T, { { "a", "action", "withdrawal", { sim = { observes = 0 } } } }))
     sup.load_doc(s, sup.doc(LIMITED, { { "a", "action", "withdrawal", { sim = { observes = 0 } } } }, nil,
       { risk_controls = { max_amount = "1000", min_amount = "0.5", allowed_assets = { "USDC", "USDT" } } }))
+    for _, p in ipairs(ENROLLED) do enrol(p) end
   end)
-  teardown(function() s:release() end)
+  teardown(function()
+    for _, p in ipairs(ENROLLED) do s:query("DELETE FROM operators WHERE name = $1", p.name) end
+    s:release()
+  end)
   before_each(function() sup.park_others(s) end)
 
   describe("the freeze", function()
@@ -614,6 +627,87 @@ describe("approvals", function()
         assert.equal("velocity_two", rows[2].rule)
         assert.equal(2, rows[2].approvals_required)
       end
+    end)
+
+    local ADM2 = who("adm2", { "read", "approve", "admin" })
+
+    it("quorum: a rule tightened since the first vote counts only voters holding its roles now", function()
+      local req
+      with_policy({ rules = { { name = "two", match = {}, action = P.require{ approvals = 2, roles = { "approve" } } } } }, function()
+        req = create()
+        requests.approve(s, req.id, BOB)
+      end)
+      with_policy({ rules = { { name = "two_admins", match = {}, action = P.require{ approvals = 2, roles = { "admin" } } } } }, function()
+        requests.approve(s, req.id, DAVE)
+        assert.equal("PENDING_APPROVAL", state(req.id))
+        local st = requests.approval_status(s, req.id)
+        assert.equal(1, st.still_needed)
+        assert.is_false(st.approved_by[1].counts)
+        assert.is_true(st.approved_by[2].counts)
+        requests.approve(s, req.id, ADM2)
+        assert.equal("APPROVED", state(req.id))
+      end)
+      local d = s:query([[SELECT detail FROM audit_outbox WHERE request_id = $1::uuid AND action = 'request.approve']], req.id)[1].detail
+      assert.equal(2, #d.approvals)
+      assert.equal("operator:dave", d.approvals[1].principal)
+      assert.equal("operator:adm2", d.approvals[2].principal)
+    end)
+
+    it("quorum: a removed or demoted operator's vote no longer counts, nor may it vote", function()
+      local principals = require "qtg.principals"
+      local ok, err = pcall(function()
+        local req = create(T, { asset = "USDC", amount = "100000" })
+        requests.approve(s, req.id, BOB)
+        principals.remove(s, "bob", "system:spec")
+        requests.approve(s, req.id, CAROL)
+        assert.equal("PENDING_APPROVAL", state(req.id))
+        -- the removed operator's session cannot vote either
+        local other = create(T, { asset = "USDC", amount = "100000" })
+        local e = refused("forbidden", requests.approve, s, other.id, BOB)
+        assert.matches("no enrolled operator", e.message, 1, true)
+        requests.approve(s, req.id, DAVE)
+        assert.equal("APPROVED", state(req.id))
+        -- demoted: carol's approve role taken away after her vote
+        local r2 = create(T, { asset = "USDC", amount = "100000" })
+        requests.approve(s, r2.id, CAROL)
+        s:query("UPDATE operators SET roles = '{read}' WHERE name = 'carol'")
+        requests.approve(s, r2.id, DAVE)
+        assert.equal("PENDING_APPROVAL", state(r2.id))
+        assert.equal(1, requests.approval_status(s, r2.id).still_needed)
+      end)
+      enrol(BOB)
+      enrol(CAROL)
+      if not ok then error(err, 0) end
+    end)
+
+    it("quorum: a revoked or expired API token's vote no longer counts", function()
+      local tokens = require "qtg.api.tokens"
+      for _, ending in ipairs({
+        function(name) tokens.revoke(s, name, "system:spec") end,
+        function(name) s:query("UPDATE api_tokens SET expires_at = now() - interval '1 second' WHERE name = $1", name) end,
+      }) do
+        local name = "spec-appr-" .. sup.uid("t"):gsub("[^%w]", "")
+        local secret = tokens.create(s, { name = name, roles = { "read", "approve" }, created_by = "system:spec" })
+        local client = tokens.authenticate(s, "Bearer " .. secret)
+        local req = create(T, { asset = "USDC", amount = "100000" })
+        requests.approve(s, req.id, client)
+        ending(name)
+        requests.approve(s, req.id, CAROL)
+        assert.equal("PENDING_APPROVAL", state(req.id))
+        requests.approve(s, req.id, DAVE)
+        assert.equal("APPROVED", state(req.id))
+      end
+    end)
+
+    it("quorum: the initiator's vote never counts, even as a row in the table", function()
+      local req = create(T, { asset = "USDC", amount = "100000" })
+      s:query([[INSERT INTO request_approvals (request_id, principal, decision, approval_digest)
+                SELECT id, created_by, 'approve', qtg_approval_digest(r) FROM movement_requests r WHERE id = $1::uuid]], req.id)
+      requests.approve(s, req.id, BOB)
+      assert.equal("PENDING_APPROVAL", state(req.id))
+      assert.equal(1, requests.approval_status(s, req.id).still_needed)
+      requests.approve(s, req.id, CAROL)
+      assert.equal("APPROVED", state(req.id))
     end)
 
   end)
