@@ -270,12 +270,13 @@ function M.create(s, args, who)
     if not ok then refuse("invalid_intent", "template %s: %s", args.template_key, why) end
     local rc_ok, rc_why = risk.check(pv.risk_controls, args.intent)
     if not rc_ok then refuse("invalid_intent", "template %s: %s", args.template_key, rc_why) end
+    local target = approvals.target(s, { intent = args.intent, plan_version_id = pv.id })
     -- the velocity windows of this asset serialised, as at approval: a
     -- request the policy allows here is approved by this transaction
     approvals.lock_velocity(s, { network_class = network_class, intent = args.intent })
     local decision, policy_error = evaluate_policy(s, {
       template_key = args.template_key, network_class = network_class, intent = args.intent,
-      initiator = initiator })
+      plan_version_id = pv.id, target = target, initiator = initiator })
     if decision and decision.action == "block" then
       refuse("invalid_intent", "approval policy rule %s blocks this request: %s", decision.rule,
         tostring(decision.reason))
@@ -363,13 +364,15 @@ local function approve(s, id, p, comment)
   local rc = s:query("SELECT risk_controls FROM plan_versions WHERE id = $1", req.plan_version_id)[1]
   local rc_ok, rc_why = risk.check(rc and rc.risk_controls, req.intent)
   if not rc_ok then refuse("invalid_intent", "request %s: %s", id, rc_why) end
+  local target = approvals.target(s, req)
   -- the policy again, with the velocity windows of this asset serialised
   approvals.lock_velocity(s, req)
   local stored = type(req.approval_policy) == "table" and req.approval_policy or {}
   local initiator = { actor = req.created_by,
                       roles = type(stored.initiator_roles) == "table" and stored.initiator_roles or {} }
   local decision, policy_error = evaluate_policy(s, { id = req.id, template_key = req.template_key,
-    network_class = req.network_class, intent = req.intent, initiator = initiator })
+    network_class = req.network_class, intent = req.intent, plan_version_id = req.plan_version_id,
+    target = target, initiator = initiator })
   local refusal
   if not decision then
     refusal = errors.new("illegal_transition", string.format(

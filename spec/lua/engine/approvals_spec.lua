@@ -710,5 +710,42 @@ describe("approvals", function()
       assert.equal("APPROVED", state(req.id))
     end)
 
+    it("address book: looked up on the chain the executor uses; conflicting chains refused; no chain is not in the book", function()
+      local book = require "qtg.address_book"
+      local dest = "0x" .. sup.uid("d"):gsub("[^%x]", ""):sub(1, 8) .. string.rep("e5", 16)
+      dest = dest:sub(1, 42)
+      local c = book.propose(s, { action = "add", asset = "ETH", chain = "1", address = dest, label = "treasury" },
+        who("adm1", { "admin" }))
+      book.vote(s, c.id, who("adm2", { "admin" }), "approve")
+      book.vote(s, c.id, who("adm3", { "admin" }), "approve")
+      local EVM, EVM137 = "spec_appr_evm", "spec_appr_evm137"
+      sup.load_doc(s, sup.doc(EVM, { { "transfer", "action", "evm_transfer", { signer_key = "evm_hot" }, executor = "evm_transfer" } }))
+      sup.load_doc(s, sup.doc(EVM137, { { "transfer", "action", "evm_transfer", { signer_key = "evm_hot", chain_id = 137 }, executor = "evm_transfer" } }))
+      with_policy({ rules = { { name = "known", match = { destination_in = "address_book" }, action = P.require{ approvals = 1, roles = { "approve" } } },
+                              { name = "unknown", match = { destination_not_in = "address_book" }, action = P.require{ approvals = 3, roles = { "approve" } } } } }, function()
+        local function need(template, intent) return create(template, intent).approvals_required end
+        local function conflict(template, intent, code)
+          local e = refused("invalid_intent", create, template, intent)
+          assert.equal(code or "INTENT_CHAIN_CONFLICT", e.code, tostring(e))
+        end
+        assert.equal(1, need(EVM, { asset = "ETH", amount = "1", destination = dest, chain_id = 1 }))
+        assert.equal(1, need(EVM, { asset = "eth", amount = "1", destination = dest:upper():gsub("^0X", "0x"), chain_id = 1 }))
+        assert.equal(3, need(EVM, { asset = "ETH", amount = "1", destination = dest, chain_id = 137 }))
+        -- an extra intent field naming the booked chain is refused, not looked up
+        conflict(EVM, { asset = "ETH", amount = "1", destination = dest, chain_id = 137, destination_chain = "1" })
+        assert.equal(1, need(EVM, { asset = "ETH", amount = "1", destination = dest, chain_id = 1, destination_chain = "01" }))
+        -- the node's config decides the chain: the intent cannot name another
+        assert.equal(3, need(EVM137, { asset = "ETH", amount = "1", destination = dest }))
+        conflict(EVM137, { asset = "ETH", amount = "1", destination = dest, chain_id = 1 })
+        conflict(EVM137, { asset = "ETH", amount = "1", destination = dest, destination_chain = "1" })
+        -- an intent naming no chain is in no book
+        assert.equal(3, need(T, { asset = "ETH", amount = "1", destination = dest }))
+        assert.equal(3, need(EVM, { asset = "ETH", amount = "1", destination = dest }))
+        assert.equal(1, need(T, { asset = "ETH", amount = "1", destination = dest, destination_chain = "1" }))
+        conflict(T, { asset = "ETH", amount = "1", destination = dest, chain_id = 1, destination_chain = "ethereum" })
+        conflict(T, { asset = "ETH", amount = "1", destination = dest, destination_chain = "" }, "INTENT_CHAIN_INVALID")
+        conflict(T, { asset = "ETH", amount = "1", destination = dest, chain_id = { 1 } }, "INTENT_CHAIN_INVALID")
+      end)
+    end)
   end)
 end)
