@@ -185,25 +185,29 @@ local TARGETS = {
 -- The intent fields that name the destination's chain.
 local INTENT_CHAINS = { "chain_id", "destination_chain" }
 
--- chain(v) -> the canonical text of a chain: an EVM chain id as its decimal
--- digits ("0137" and 137 are "137"), a name in ASCII lower case; nil when v
--- names no chain; false when v is malformed.
+local NULL = require("cjson").null
+
+-- chain(v) -> the canonical text of a chain: a chain id as its decimal
+-- digits ("0137" and 137 are "137"), any other name in ASCII lower case
+-- (book chains are free text); nil when v names no chain (absent, JSON
+-- null); false when v is malformed (no integer >= 0, no non-empty string).
 function M.chain(v)
-  if v == nil then return nil end
+  if v == nil or v == NULL then return nil end
   if type(v) == "number" then
-    if v < 1 or v ~= math.floor(v) or v >= 2^53 then return false end
+    if v < 0 or v ~= math.floor(v) or v >= 2^53 then return false end
     return string.format("%d", v)
   end
-  if type(v) ~= "string" or not v:match("^[%w%._%-]+$") then return false end
+  if type(v) ~= "string" or v == "" then return false end
   if v:match("^%d+$") then
     local digits = v:gsub("^0+", "")
-    return digits ~= "" and digits or false
+    return digits ~= "" and digits or "0"
   end
   return (v:lower())
 end
 
--- SQL for the canonical text of an address_book.chain, as chain() makes it.
-local BOOK_CHAIN = [[CASE WHEN chain ~ '^[0-9]+$' THEN ltrim(chain, '0')
+-- SQL for the canonical text of an address_book.chain, as chain() makes it
+-- (ASCII folding only, whatever the database's locale).
+local BOOK_CHAIN = [[CASE WHEN chain ~ '^[0-9]+$' THEN COALESCE(NULLIF(ltrim(chain, '0'), ''), '0')
   ELSE translate(chain, 'ABCDEFGHIJKLMNOPQRSTUVWXYZ', 'abcdefghijklmnopqrstuvwxyz') END]]
 
 local function refuse_chain(code, fmt, ...)
