@@ -75,10 +75,15 @@ function M.require_role(p, role, action)
   end
 end
 
-local function operator_principal(row)
+-- roles_of(text) -> the roles of a text[] column's text ("{read,approve}").
+local function roles_of(text)
   local roles = {}
-  for r in tostring(row.roles):gmatch("[%a]+") do if M.ROLES[r] then roles[#roles + 1] = r end end
-  return { actor = "operator:" .. row.name, kind = "operator", name = row.name, roles = roles }
+  for r in tostring(text):gmatch("[%a]+") do if M.ROLES[r] then roles[#roles + 1] = r end end
+  return roles
+end
+
+local function operator_principal(row)
+  return { actor = "operator:" .. row.name, kind = "operator", name = row.name, roles = roles_of(row.roles) }
 end
 
 -- resolve_uid(s, uid) -> the principal of a console uid: its operator, or
@@ -104,6 +109,45 @@ end
 function M.operator(s, name)
   local row = s:query("SELECT name, roles::text AS roles FROM operators WHERE name = $1", name)[1]
   return row and operator_principal(row) or nil
+end
+
+-- ---- who an actor string is now -------------------------------------------
+-- A vote is stored under its actor string; whether it still counts depends
+-- on who that actor is when the quorum is counted.  By prefix:
+--   operator:<name>  its operators row, with the row's roles (none: gone)
+--   api:<name>       its live API token (not revoked, not expired), with
+--                    the token's roles (none: gone)
+--   console:<uid>    a numeric uid as the console resolves it now (every
+--                    role while no operator is enrolled, its operator's
+--                    roles, else read only); any other console:<word>, like
+--                    system:<worker>, is an in-process caller: every role
+--   policy:<rule>    never a voter
+local function in_process(actor, name)
+  return { actor = actor, kind = "system", name = name, roles = M.ALL_ROLES }
+end
+
+local CURRENT = {
+  operator = function(s, _, name) return M.operator(s, name) end,
+  api = function(s, actor, name)
+    local row = s:query([[SELECT roles::text AS roles FROM api_tokens
+                           WHERE name = $1 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())]],
+      name)[1]
+    return row and { actor = actor, kind = "api_client", name = name, roles = roles_of(row.roles) } or nil
+  end,
+  console = function(s, actor, uid)
+    if uid:match("^%d+$") and #uid <= 15 then return M.console(s, tonumber(uid)) end
+    return in_process(actor, uid)
+  end,
+  system = function(_, actor, name) return in_process(actor, name) end,
+}
+
+-- current(s, actor) -> the principal actor is now, or nil when it is gone
+-- (a removed operator, a revoked or expired token) or never votes.
+function M.current(s, actor)
+  if type(actor) ~= "string" then return nil end
+  local prefix, name = actor:match(ACTOR)
+  local resolve = prefix and CURRENT[prefix]
+  return resolve and resolve(s, actor, name) or nil
 end
 
 -- ---- the operators table (qtgd operators, console) ------------------------

@@ -144,6 +144,39 @@ local function votes(s, id)
                      FROM request_approvals WHERE request_id = $1::uuid ORDER BY id]], id)
 end
 
+local function holds_one(p, roles)
+  for _, r in ipairs(roles) do if principals.has_role(p, r) then return true end end
+  return false
+end
+
+-- counts(p, roles): whether principal p's vote counts toward a quorum of a
+-- rule naming `roles`: it holds approve and one of them.
+local function counts(p, roles)
+  return principals.has_role(p, "approve") and (roles == nil or holds_one(p, roles))
+end
+
+-- counted(s, req, digest, roles) -> the approve votes that count toward
+-- the quorum, checked when it is counted, not only when each was cast:
+-- votes for `digest`, by voters who still exist and are active
+-- (principals.current: an operator row, a live API token) and hold approve
+-- and one of the current rule's roles, one per principal as it resolves
+-- now; the initiator's never counts.
+local function counted(s, req, digest, roles)
+  local initiator = principals.current(s, req.created_by)
+  local seen = { [req.created_by] = true }
+  if initiator then seen[initiator.actor] = true end
+  local list = {}
+  for _, v in ipairs(votes(s, req.id)) do
+    local now = v.decision == "approve" and v.approval_digest == digest and not seen[v.principal]
+      and principals.current(s, v.principal)
+    if now and not seen[now.actor] and counts(now, roles) then
+      seen[v.principal], seen[now.actor] = true, true
+      list[#list + 1] = v
+    end
+  end
+  return list
+end
+
 -- grant(s, req, actor, approved, decision): PENDING_APPROVAL -> APPROVED,
 -- the frontier READY.  The audit detail says what was approved: the digest,
 -- the intent and amount, the rule and every approval.
@@ -237,9 +270,13 @@ function M.create(s, args, who)
     if not ok then refuse("invalid_intent", "template %s: %s", args.template_key, why) end
     local rc_ok, rc_why = risk.check(pv.risk_controls, args.intent)
     if not rc_ok then refuse("invalid_intent", "template %s: %s", args.template_key, rc_why) end
+    local target = approvals.target(s, { intent = args.intent, plan_version_id = pv.id })
+    -- the velocity windows of this asset serialised, as at approval: a
+    -- request the policy allows here is approved by this transaction
+    approvals.lock_velocity(s, { network_class = network_class, intent = args.intent })
     local decision, policy_error = evaluate_policy(s, {
       template_key = args.template_key, network_class = network_class, intent = args.intent,
-      initiator = initiator })
+      plan_version_id = pv.id, target = target, initiator = initiator })
     if decision and decision.action == "block" then
       refuse("invalid_intent", "approval policy rule %s blocks this request: %s", decision.rule,
         tostring(decision.reason))
@@ -327,13 +364,15 @@ local function approve(s, id, p, comment)
   local rc = s:query("SELECT risk_controls FROM plan_versions WHERE id = $1", req.plan_version_id)[1]
   local rc_ok, rc_why = risk.check(rc and rc.risk_controls, req.intent)
   if not rc_ok then refuse("invalid_intent", "request %s: %s", id, rc_why) end
+  local target = approvals.target(s, req)
   -- the policy again, with the velocity windows of this asset serialised
   approvals.lock_velocity(s, req)
   local stored = type(req.approval_policy) == "table" and req.approval_policy or {}
   local initiator = { actor = req.created_by,
                       roles = type(stored.initiator_roles) == "table" and stored.initiator_roles or {} }
   local decision, policy_error = evaluate_policy(s, { id = req.id, template_key = req.template_key,
-    network_class = req.network_class, intent = req.intent, initiator = initiator })
+    network_class = req.network_class, intent = req.intent, plan_version_id = req.plan_version_id,
+    target = target, initiator = initiator })
   local refusal
   if not decision then
     refusal = errors.new("illegal_transition", string.format(
@@ -352,13 +391,15 @@ local function approve(s, id, p, comment)
     return req, refusal
   end
   local roles = decision.roles
-  if roles then
-    local holds = false
-    for _, r in ipairs(roles) do if principals.has_role(p, r) then holds = true end end
-    if not holds then
-      refuse("forbidden", "%s may not approve request %s: rule %s needs one of the roles %s", actor, id,
-        decision.rule, table.concat(roles, ", "))
-    end
+  if roles and not holds_one(p, roles) then
+    refuse("forbidden", "%s may not approve request %s: rule %s needs one of the roles %s", actor, id,
+      decision.rule, table.concat(roles, ", "))
+  end
+  -- the voter as it is now, as its vote will be counted
+  local now = principals.current(s, actor)
+  if not now or not counts(now, roles) then
+    refuse("forbidden", "%s may not approve request %s: it is %s", actor, id,
+      now and "without the approve role or one of the rule's roles now" or "no enrolled operator or live API token")
   end
   local required = math.max(tonumber(req.approvals_required) or 1, decision.approvals)
   s:query([[
@@ -368,10 +409,7 @@ local function approve(s, id, p, comment)
                    approval_policy = $4::jsonb WHERE id = $1::uuid]],
     id, digest, required, canon.encode(policy_record(decision, nil, initiator)))
   req.approval_digest, req.approvals_required = digest, required
-  local approved = {}
-  for _, v in ipairs(votes(s, id)) do
-    if v.decision == "approve" and v.approval_digest == digest then approved[#approved + 1] = v end
-  end
+  local approved = counted(s, req, digest, roles)
   if #approved < required then
     outbox.audit(s, actor, "request.approval", "movement_request", id, id, {
       approval_digest = digest, intent = req.intent, amount = req.intent.amount,
@@ -400,13 +438,20 @@ function M.approval_status(s, id)
   local pol = type(req.approval_policy) == "table" and req.approval_policy or {}
   local out = { approvals_required = req.approvals_required, approved_by = {}, rejected_by = {},
                 rule = pol.rule, roles = pol.roles, error = pol.error, digest = req.approval_digest }
+  local valid = {}
+  for _, v in ipairs(counted(s, req, req.approval_digest, type(pol.roles) == "table" and pol.roles or nil)) do
+    valid[v.principal] = true
+  end
+  local n = 0
   for _, v in ipairs(votes(s, id)) do
     local list = v.decision == "approve" and out.approved_by or out.rejected_by
     list[#list + 1] = { principal = v.principal, comment = v.comment, at = v.created_at,
-                        current = v.approval_digest == req.approval_digest }
+                        current = v.approval_digest == req.approval_digest,
+                        counts = v.decision == "approve" and valid[v.principal] == true }
+    if v.decision == "approve" and valid[v.principal] then n = n + 1 end
   end
   out.still_needed = req.request_state == "PENDING_APPROVAL"
-    and math.max(0, req.approvals_required - #out.approved_by) or 0
+    and math.max(0, req.approvals_required - n) or 0
   return out
 end
 

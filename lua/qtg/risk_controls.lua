@@ -39,6 +39,22 @@ end
 
 function M.is_decimal(v) return norm(v) ~= nil end
 
+-- asset(a) -> the canonical form of an asset name: ASCII upper case, the
+-- form evm_transfer and the signer use ("eth", "Eth" and "ETH" are one
+-- asset); nil for a value that is no string.  Every comparison of assets
+-- (approval rules, velocity sums and locks, allowed_assets, the address
+-- book) compares canonical forms; the stored intent keeps its spelling.
+function M.asset(a)
+  if type(a) ~= "string" then return nil end
+  return (a:upper())
+end
+
+-- asset_sql(expr) -> SQL for the canonical form of a text expression, the
+-- same folding as asset() (ASCII only, whatever the database's locale).
+function M.asset_sql(expr)
+  return string.format("translate(%s, 'abcdefghijklmnopqrstuvwxyz', 'ABCDEFGHIJKLMNOPQRSTUVWXYZ')", expr)
+end
+
 -- ---- the keys: their shape, and the check each one makes -------------------
 
 -- At most 78 integer digits (a uint256's), as intents' decimals.
@@ -86,7 +102,8 @@ M.KEYS = {
     if c < 0 then return string.format("amount %s is below min_amount %s", intent.amount, limit) end
   end },
   allowed_assets = { shape = array_of(nonempty_string, "asset names"), check = function(list, intent)
-    for _, a in ipairs(list) do if a == intent.asset then return end end
+    local want = M.asset(intent.asset)
+    for _, a in ipairs(list) do if want ~= nil and M.asset(a) == want then return end end
     return string.format("asset %s is not in allowed_assets (%s)", tostring(intent.asset), table.concat(list, ", "))
   end },
   allowed_chain_ids = { shape = array_of(chain_id, "positive integer chain ids"), check = function(list, intent)

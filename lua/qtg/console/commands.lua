@@ -251,12 +251,16 @@ local function request_detail(s, id)
                                  approval_digest = $2 AS current
                             FROM request_approvals WHERE request_id = $1::uuid ORDER BY id]],
     id, r.approval_digest)
-  local approved = 0
-  for _, v in ipairs(votes) do if v.decision == "approve" and v.current then approved = approved + 1 end end
+  -- a vote counts when its voter still exists, is active and holds the
+  -- rule's roles now (qtg.requests.approval_status)
+  local st = lifecycle_mod.approval_status(s, id)
+  local counting = {}
+  for _, v in ipairs(st.approved_by) do counting[v.principal] = v.counts end
+  for _, v in ipairs(votes) do v.counts = counting[v.principal] == true end
   r.approvals = {
     rule = pol.rule, error = pol.error, required = r.approvals_required, roles = pol.roles,
-    still_needed = r.request_state == "PENDING_APPROVAL" and math.max(0, r.approvals_required - approved) or 0,
-    votes = view.rows(votes, { "principal", "decision", "comment", "created_at", "current" }),
+    still_needed = st.still_needed,
+    votes = view.rows(votes, { "principal", "decision", "comment", "created_at", "current", "counts" }),
   }
   return view.record(r, REQUEST_ORDER)
 end

@@ -24,6 +24,15 @@ local CAROL = who("carol", { "read", "approve" })
 local DAVE = who("dave", { "read", "approve", "admin" })
 local ERIN = who("erin", { "read", "operate" })
 local READER = who("reader", { "read" })
+-- The approvers above are enrolled operators while this file runs: a vote
+-- counts only while its operator row exists (docs/approvals.md).
+local ENROLLED = { ALICE, BOB, CAROL, DAVE, ERIN, READER, who("adm2", { "read", "approve", "admin" }) }
+
+local function enrol(p)
+  s:query([[INSERT INTO operators (name, roles, created_by) VALUES ($1, $2::text[], 'system:spec')
+            ON CONFLICT (name) DO UPDATE SET roles = EXCLUDED.roles]],
+    p.name, "{" .. table.concat(p.roles, ",") .. "}")
+end
 
 local function refused(kind, fn, ...)
   local ok, err = pcall(fn, ...)
@@ -57,8 +66,12 @@ describe("approvals", function()
     sup.load_doc(s, sup.doc(T, { { "a", "action", "withdrawal", { sim = { observes = 0 } } } }))
     sup.load_doc(s, sup.doc(LIMITED, { { "a", "action", "withdrawal", { sim = { observes = 0 } } } }, nil,
       { risk_controls = { max_amount = "1000", min_amount = "0.5", allowed_assets = { "USDC", "USDT" } } }))
+    for _, p in ipairs(ENROLLED) do enrol(p) end
   end)
-  teardown(function() s:release() end)
+  teardown(function()
+    for _, p in ipairs(ENROLLED) do s:query("DELETE FROM operators WHERE name = $1", p.name) end
+    s:release()
+  end)
   before_each(function() sup.park_others(s) end)
 
   describe("the freeze", function()
@@ -509,6 +522,233 @@ describe("approvals", function()
       assert.is_true(present())
       assert.equal("REJECTED", s:query("SELECT state FROM address_book_changes WHERE id = $1", r.id)[1].state)
       assert.is_true(#s:query("SELECT 1 FROM audit_outbox WHERE entity_type = 'address_book_change' AND entity_id = $1", tostring(c.id)) >= 4)
+    end)
+  end)
+
+  -- The security review's findings, each with its attacker's variants.
+  describe("the security review", function()
+    local function three_ways(fn)
+      with_policy({ rules = {
+        { name = "eth_three", match = { asset = "ETH", amount_at_least = "10" }, action = P.require{ approvals = 3, roles = { "approve" } } },
+        { name = "usdt_two", match = { asset = { "usdt" }, amount_at_least = "10" }, action = P.require{ approvals = 2, roles = { "approve" } } },
+        { name = "rest", match = {}, action = P.require{ approvals = 1, roles = { "approve" } } } } }, fn)
+    end
+
+    it("asset case: a rule and allowed_assets match every spelling of the asset", function()
+      three_ways(function()
+        for _, a in ipairs({ "ETH", "eth", "Eth", "eTh" }) do
+          assert.equal(3, create(T, { asset = a, amount = "10" }).approvals_required, a)
+        end
+        -- a rule written in lower case matches the upper-case spelling
+        assert.equal(2, create(T, { asset = "USDT", amount = "10" }).approvals_required)
+        assert.equal(2, create(T, { asset = "uSdT", amount = "10" }).approvals_required)
+        assert.equal(1, create(T, { asset = "eth", amount = "9.99" }).approvals_required)
+        -- the stored intent keeps its spelling: the digest covers it as sent
+        assert.equal("eth", create(T, { asset = "eth", amount = "1" }).intent.asset)
+      end)
+      assert.equal("PENDING_APPROVAL", create(LIMITED, { asset = "usdc", amount = "5" }).request_state)
+      local e = refused("invalid_intent", create, LIMITED, { asset = "doge", amount = "5" })
+      assert.matches("risk_controls.allowed_assets", e.message, 1, true)
+    end)
+
+    it("asset case: one velocity window for every spelling", function()
+      local base = "VC" .. sup.uid("a"):upper():gsub("[^%w]", "")
+      with_policy({ rules = { { name = "day_cap", match = { velocity = { window_seconds = 86400, over = "1000" } },
+                                action = P.block{ reason = "over 1000 a day" } },
+                              { name = "rest", match = {}, action = P.require{ approvals = 1, roles = { "approve" } } } } }, function()
+        local r1 = create(T, { asset = base, amount = "600" })
+        local r2 = create(T, { asset = base:lower(), amount = "600" })
+        requests.approve(s, r1.id, BOB)
+        local e = refused("invalid_intent", requests.approve, s, r2.id, BOB)
+        assert.matches("day_cap", e.message, 1, true)
+        assert.equal("600", sup.request(s, r2.id).approval_policy.inputs.velocity.day_cap.approved_in_window)
+        e = refused("invalid_intent", create, T, { asset = base:sub(1, 3):lower() .. base:sub(4), amount = "401" })
+        assert.matches("day_cap", e.message, 1, true)
+      end)
+    end)
+
+    -- children: {script, args...} per child; returns their results
+    local function race(kids_args, hold)
+      local dir = common.tmpdir("approvals")
+      local env = { MG_NETWORK_CLASS = qtg.settings.network_class, MG_WORKERS_ENABLED = "false" }
+      local gate = dir .. "/go"
+      local kids = {}
+      for i, a in ipairs(kids_args) do
+        local args = { unpack(a, 2) }
+        args[#args + 1] = gate
+        args[#args + 1] = hold
+        kids[i] = common.start_script(dir, "k" .. i, env, a[1], args)
+      end
+      qtg.sleep(0.3)
+      common.write(gate, "go")
+      local results = {}
+      for i, k in ipairs(kids) do
+        results[i] = common.wait_result(k, 60)
+        assert.is_true(results[i].ok, tostring(results[i].error))
+      end
+      os.execute("rm -rf " .. common.quote(dir))
+      return results
+    end
+
+    it("asset case: two approvals in two processes share one velocity lock whatever the spelling", function()
+      local base = "WC" .. sup.uid("a"):upper():gsub("[^%w]", "")
+      local ids = {}
+      with_policy({ rules = { { name = "day_cap", match = { velocity = { window_seconds = 86400, over = "1000" } },
+                                action = P.block{ reason = "over 1000 a day" } },
+                              { name = "rest", match = {}, action = P.require{ approvals = 1, roles = { "approve" } } } } }, function()
+        ids[1] = create(T, { asset = base, amount = "600" }).id
+        ids[2] = create(T, { asset = base:lower(), amount = "600" }).id
+      end)
+      local res = race({ { "engine/approvals_child.lua", ids[1], "bob" }, { "engine/approvals_child.lua", ids[2], "carol" } }, "0.5")
+      local approved = 0
+      for _, r in ipairs(res) do if r.approved then approved = approved + 1 end end
+      assert.equal(1, approved)
+      local states = { state(ids[1]), state(ids[2]) }
+      table.sort(states)
+      assert.same({ "APPROVED", "PENDING_APPROVAL" }, states)
+    end)
+
+    it("create: a request the policy allows takes the velocity lock, so two concurrent creates cannot both be allowed", function()
+      for _, spell in ipairs({ function(a) return a end, string.lower }) do
+        local base = "XC" .. sup.uid("a"):upper():gsub("[^%w]", "")
+        local res = race({ { "engine/approvals_create_child.lua", T, base, "70" },
+                           { "engine/approvals_create_child.lua", T, spell(base), "70" } }, "0.5")
+        local rows = {}
+        for _, r in ipairs(res) do
+          assert.is_true(r.created, tostring(r.error))
+          local row = s:query([[SELECT request_state, approvals_required, approved_by, approval_policy->>'rule' AS rule
+                                  FROM movement_requests WHERE id = $1::uuid]], r.id)[1]
+          rows[#rows + 1] = row
+        end
+        table.sort(rows, function(a, b) return a.request_state < b.request_state end)
+        assert.equal("APPROVED", rows[1].request_state)
+        assert.equal("policy:petty", rows[1].approved_by)
+        assert.equal("PENDING_APPROVAL", rows[2].request_state)
+        assert.equal("velocity_two", rows[2].rule)
+        assert.equal(2, rows[2].approvals_required)
+      end
+    end)
+
+    local ADM2 = who("adm2", { "read", "approve", "admin" })
+
+    it("quorum: a rule tightened since the first vote counts only voters holding its roles now", function()
+      local req
+      with_policy({ rules = { { name = "two", match = {}, action = P.require{ approvals = 2, roles = { "approve" } } } } }, function()
+        req = create()
+        requests.approve(s, req.id, BOB)
+      end)
+      with_policy({ rules = { { name = "two_admins", match = {}, action = P.require{ approvals = 2, roles = { "admin" } } } } }, function()
+        requests.approve(s, req.id, DAVE)
+        assert.equal("PENDING_APPROVAL", state(req.id))
+        local st = requests.approval_status(s, req.id)
+        assert.equal(1, st.still_needed)
+        assert.is_false(st.approved_by[1].counts)
+        assert.is_true(st.approved_by[2].counts)
+        requests.approve(s, req.id, ADM2)
+        assert.equal("APPROVED", state(req.id))
+      end)
+      local d = s:query([[SELECT detail FROM audit_outbox WHERE request_id = $1::uuid AND action = 'request.approve']], req.id)[1].detail
+      assert.equal(2, #d.approvals)
+      assert.equal("operator:dave", d.approvals[1].principal)
+      assert.equal("operator:adm2", d.approvals[2].principal)
+    end)
+
+    it("quorum: a removed or demoted operator's vote no longer counts, nor may it vote", function()
+      local principals = require "qtg.principals"
+      local ok, err = pcall(function()
+        local req = create(T, { asset = "USDC", amount = "100000" })
+        requests.approve(s, req.id, BOB)
+        principals.remove(s, "bob", "system:spec")
+        requests.approve(s, req.id, CAROL)
+        assert.equal("PENDING_APPROVAL", state(req.id))
+        -- the removed operator's session cannot vote either
+        local other = create(T, { asset = "USDC", amount = "100000" })
+        local e = refused("forbidden", requests.approve, s, other.id, BOB)
+        assert.matches("no enrolled operator", e.message, 1, true)
+        requests.approve(s, req.id, DAVE)
+        assert.equal("APPROVED", state(req.id))
+        -- demoted: carol's approve role taken away after her vote
+        local r2 = create(T, { asset = "USDC", amount = "100000" })
+        requests.approve(s, r2.id, CAROL)
+        s:query("UPDATE operators SET roles = '{read}' WHERE name = 'carol'")
+        requests.approve(s, r2.id, DAVE)
+        assert.equal("PENDING_APPROVAL", state(r2.id))
+        assert.equal(1, requests.approval_status(s, r2.id).still_needed)
+      end)
+      enrol(BOB)
+      enrol(CAROL)
+      if not ok then error(err, 0) end
+    end)
+
+    it("quorum: a revoked or expired API token's vote no longer counts", function()
+      local tokens = require "qtg.api.tokens"
+      for _, ending in ipairs({
+        function(name) tokens.revoke(s, name, "system:spec") end,
+        function(name) s:query("UPDATE api_tokens SET expires_at = now() - interval '1 second' WHERE name = $1", name) end,
+      }) do
+        local name = "spec-appr-" .. sup.uid("t"):gsub("[^%w]", "")
+        local secret = tokens.create(s, { name = name, roles = { "read", "approve" }, created_by = "system:spec" })
+        local client = tokens.authenticate(s, "Bearer " .. secret)
+        local req = create(T, { asset = "USDC", amount = "100000" })
+        requests.approve(s, req.id, client)
+        ending(name)
+        requests.approve(s, req.id, CAROL)
+        assert.equal("PENDING_APPROVAL", state(req.id))
+        requests.approve(s, req.id, DAVE)
+        assert.equal("APPROVED", state(req.id))
+      end
+    end)
+
+    it("quorum: the initiator's vote never counts, even as a row in the table", function()
+      local req = create(T, { asset = "USDC", amount = "100000" })
+      s:query([[INSERT INTO request_approvals (request_id, principal, decision, approval_digest)
+                SELECT id, created_by, 'approve', qtg_approval_digest(r) FROM movement_requests r WHERE id = $1::uuid]], req.id)
+      requests.approve(s, req.id, BOB)
+      assert.equal("PENDING_APPROVAL", state(req.id))
+      assert.equal(1, requests.approval_status(s, req.id).still_needed)
+      requests.approve(s, req.id, CAROL)
+      assert.equal("APPROVED", state(req.id))
+    end)
+
+    it("address book: looked up on the chain the executor uses; conflicting chains refused; no chain is not in the book", function()
+      local book = require "qtg.address_book"
+      local dest = "0x" .. sup.uid("d"):gsub("[^%x]", ""):sub(1, 8) .. string.rep("e5", 16)
+      dest = dest:sub(1, 42)
+      local c = book.propose(s, { action = "add", asset = "ETH", chain = "1", address = dest, label = "treasury" },
+        who("adm1", { "admin" }))
+      book.vote(s, c.id, who("adm2", { "admin" }), "approve")
+      book.vote(s, c.id, who("adm3", { "admin" }), "approve")
+      local EVM, EVM137 = "spec_appr_evm", "spec_appr_evm137"
+      sup.load_doc(s, sup.doc(EVM, { { "transfer", "action", "evm_transfer", { signer_key = "evm_hot" }, executor = "evm_transfer" } }))
+      sup.load_doc(s, sup.doc(EVM137, { { "transfer", "action", "evm_transfer", { signer_key = "evm_hot", chain_id = 137 }, executor = "evm_transfer" } }))
+      with_policy({ rules = { { name = "known", match = { destination_in = "address_book" }, action = P.require{ approvals = 1, roles = { "approve" } } },
+                              { name = "unknown", match = { destination_not_in = "address_book" }, action = P.require{ approvals = 3, roles = { "approve" } } } } }, function()
+        local function need(template, intent) return create(template, intent).approvals_required end
+        local function conflict(template, intent, code)
+          local e = refused("invalid_intent", create, template, intent)
+          assert.equal(code or "INTENT_CHAIN_CONFLICT", e.code, tostring(e))
+        end
+        assert.equal(1, need(EVM, { asset = "ETH", amount = "1", destination = dest, chain_id = 1 }))
+        assert.equal(1, need(EVM, { asset = "eth", amount = "1", destination = dest:upper():gsub("^0X", "0x"), chain_id = 1 }))
+        assert.equal(3, need(EVM, { asset = "ETH", amount = "1", destination = dest, chain_id = 137 }))
+        -- an extra intent field naming the booked chain is refused, not looked up
+        conflict(EVM, { asset = "ETH", amount = "1", destination = dest, chain_id = 137, destination_chain = "1" })
+        assert.equal(1, need(EVM, { asset = "ETH", amount = "1", destination = dest, chain_id = 1, destination_chain = "01" }))
+        -- the node's config decides the chain: the intent cannot name another
+        assert.equal(3, need(EVM137, { asset = "ETH", amount = "1", destination = dest }))
+        conflict(EVM137, { asset = "ETH", amount = "1", destination = dest, chain_id = 1 })
+        conflict(EVM137, { asset = "ETH", amount = "1", destination = dest, destination_chain = "1" })
+        -- an intent naming no chain is in no book
+        assert.equal(3, need(T, { asset = "ETH", amount = "1", destination = dest }))
+        assert.equal(3, need(EVM, { asset = "ETH", amount = "1", destination = dest }))
+        assert.equal(1, need(T, { asset = "ETH", amount = "1", destination = dest, destination_chain = "1" }))
+        conflict(T, { asset = "ETH", amount = "1", destination = dest, chain_id = 1, destination_chain = "ethereum" })
+        assert.equal(3, need(T, { asset = "ETH", amount = "1", destination = dest, destination_chain = require("cjson").null }))
+        assert.equal(1, need(T, { asset = "ETH", amount = "1", destination = dest, chain_id = 1, destination_chain = "0001" }))
+        conflict(T, { asset = "ETH", amount = "1", destination = dest, destination_chain = "" }, "INTENT_CHAIN_INVALID")
+        conflict(T, { asset = "ETH", amount = "1", destination = dest, chain_id = 1.5 }, "INTENT_CHAIN_INVALID")
+        conflict(T, { asset = "ETH", amount = "1", destination = dest, chain_id = { 1 } }, "INTENT_CHAIN_INVALID")
+      end)
     end)
   end)
 end)
