@@ -1,5 +1,9 @@
 -- The runtime role (sql/0102_database_roles.sql): what the daemon's database
--- role may not do, each attempted and refused; that a real daemon logged in
+-- role may not do, each attempted and refused -- including
+-- (sql/0170_trust_seal.sql) the state machines' tables, a frozen column
+-- changed in the UPDATE that leaves PENDING_APPROVAL, the plan of a
+-- version a request references and a request node's identity; that the
+-- approval path and a new plan version still work; that a real daemon logged in
 -- as a member of qtg_runtime still moves a request to the end, audit
 -- included; and what `qtgd check` says of the role it runs as.
 local qtg = require "qtg"
