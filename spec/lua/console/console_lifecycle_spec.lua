@@ -48,30 +48,34 @@ end
 -- A request of this network class in MANUAL_INTERVENTION (no worker sweeps
 -- it) with one UNKNOWN node and one dead-lettered callback.
 local function seed_request()
-  local row = s:query([[
+  -- the plan first: a plan version takes no node once a request
+  -- references it (sql/0170), even in the same statement
+  local plan = s:query([[
     WITH t AS (INSERT INTO movement_templates (template_key, name) VALUES ('console_test', 'console test')
                ON CONFLICT (template_key) DO UPDATE SET name = EXCLUDED.name RETURNING id),
      pv AS (INSERT INTO plan_versions (template_id, version, graph_hash, compiled_plan_hash, content_hash)
             SELECT t.id, (SELECT coalesce(max(version), 0) + 1 FROM plan_versions p WHERE p.template_id = t.id),
                    repeat('a', 64), repeat('b', 64), repeat('c', 64) FROM t RETURNING id),
      pn AS (INSERT INTO plan_nodes (plan_version_id, node_key, node_kind, action_type, executor, ordinal)
-            SELECT pv.id, 'step_one', 'action', 'noop_transfer', 'noop', 1 FROM pv RETURNING id),
-     r AS (INSERT INTO movement_requests (network_class, template_key, plan_version_id, compiled_plan_hash,
+            SELECT pv.id, 'step_one', 'action', 'noop_transfer', 'noop', 1 FROM pv RETURNING id)
+    SELECT pv.id AS pv_id, pn.id AS pn_id FROM pv, pn]])[1]
+  local row = s:query([[
+    WITH r AS (INSERT INTO movement_requests (network_class, template_key, plan_version_id, compiled_plan_hash,
              request_state, intent, idempotency_key, callback_url, created_by)
-           SELECT $1, 'console_test', pv.id, repeat('b', 64), 'MANUAL_INTERVENTION',
+           SELECT $1, 'console_test', $2, repeat('b', 64), 'MANUAL_INTERVENTION',
                   '{"amount": "1"}', 'console-test-' || gen_random_uuid(), 'http://127.0.0.1:9/cb', 'test'
-             FROM pv RETURNING id),
+           RETURNING id),
      n AS (INSERT INTO movement_request_nodes (request_id, plan_node_id, node_key, node_kind, action_type,
              executor, node_state, attempt_no, provider_refs, error_code, error_detail)
-           SELECT r.id, pn.id, 'step_one', 'action', 'noop_transfer', 'noop', 'UNKNOWN', 2,
-                  '{"tx_hash": "0xfeed"}', 'PROVIDER_TIMEOUT', 'provider did not answer' FROM r, pn
+           SELECT r.id, $3, 'step_one', 'action', 'noop_transfer', 'noop', 'UNKNOWN', 2,
+                  '{"tx_hash": "0xfeed"}', 'PROVIDER_TIMEOUT', 'provider did not answer' FROM r
            RETURNING id),
      cb AS (INSERT INTO movement_callback_outbox (request_id, event_type, payload, callback_url, status,
               attempts, max_attempts, last_error)
             SELECT r.id, 'request_attention', '{"event_type": "request_attention"}',
                    'http://127.0.0.1:9/cb', 'dlq', 5, 5, 'connection refused' FROM r RETURNING id)
     SELECT r.id::text AS request_id, n.id::text AS node_id, cb.id AS dlq_id FROM r, n, cb]],
-    qtg.settings.network_class)[1]
+    qtg.settings.network_class, plan.pv_id, plan.pn_id)[1]
   leftover[#leftover + 1] = row.request_id
   return { request_id = row.request_id, node_id = row.node_id, dlq_id = tonumber(row.dlq_id) }
 end

@@ -94,10 +94,11 @@ describe("approvals", function()
       end
       local r = sup.request(s, req.id)
       assert.equal("101.00", r.intent.amount)
-      -- the plan version and nodes it references
+      -- the plan version and nodes it references (sealed since the request
+      -- was created: sql/0170)
       local ok, err = pcall(s.query, s, "UPDATE plan_nodes SET config = '{}' WHERE plan_version_id = $1", r.plan_version_id)
       assert.is_false(ok)
-      assert.truthy(tostring(err.message or err):find("is frozen", 1, true))
+      assert.truthy(tostring(err.message or err):find("is sealed", 1, true))
       ok = pcall(s.query, s, "DELETE FROM plan_nodes WHERE plan_version_id = $1", r.plan_version_id)
       assert.is_false(ok)
       ok = pcall(s.query, s, "UPDATE plan_versions SET risk_controls = '{}' WHERE id = $1", r.plan_version_id)

@@ -7,6 +7,9 @@
 --     the signer directly (qtg.signer.sign) and every refusal case of the
 --     checks is met with its code, each recorded in signer_events; the
 --     exact approved transaction is granted (and recorded);
+--   * the plan under a pending request: qtg_runtime changing the transfer
+--     node's destination or the fee cap is refused (sql/0170), and after a
+--     real approval the signer signs A at the template's caps only;
 --   * the tampering attack: an approved 0.25 ETH transfer to A rewritten
 --     (triggers bypassed) to 20 ETH to B is refused by the signer (digest
 --     mismatch), the node FAILED with SIGNING_REFUSED, nothing broadcast;
@@ -167,6 +170,60 @@ describe("qtgd signer", function()
     assert.equal(1, granted)
     assert.equal(1, #events_of(pending.id))
     assert.equal("REQUEST_NOT_APPROVED", events_of(pending.id)[1].code)
+  end)
+
+  it("signs only the planned destination and fee caps: changing the plan under a pending request is refused as qtg_runtime", function()
+    start_local_signer("sa=" .. sup.key_file(dir, "sa", DEV[1].key))
+    local key = "sign_t_seal_" .. qtg.crypto.hex(qtg.crypto.random_bytes(4))
+    local pv = engine.load_doc(s, sup.template(key, "sa", { allowed_chain_ids = { CHAIN }, max_amount = "25" }))
+      .plan_version_id
+    local a, b = sup.random_address(), sup.random_address()
+    local req = engine.create(s, key, { intent = intent(a), callback_url = false })
+    assert.equal("PENDING_APPROVAL", req.request_state)
+    -- the attack, as the daemon's role while the approvers have not looked
+    -- yet: pay B instead of A, and raise the fee cap
+    local function as_runtime(sql, ...)
+      s:begin()
+      s:exec("SET LOCAL ROLE qtg_runtime")
+      local ok, err = pcall(s.query, s, sql, ...)
+      if ok then s:commit() else s:rollback() end
+      return ok, err
+    end
+    for _, c in ipairs({
+      { "plan_nodes", [[UPDATE plan_nodes SET config = config || jsonb_build_object('destination', $2::text)
+                         WHERE plan_version_id = $1 AND node_key = 'transfer']], b },
+      { "plan_versions", [[UPDATE plan_versions SET risk_controls = risk_controls
+                            || jsonb_build_object('max_fee_per_gas_wei', $2::text) WHERE id = $1]],
+        tostring(MAX_FEE * 100) },
+    }) do
+      local ok, err = as_runtime(c[2], pv, c[3])
+      assert.is_false(ok, "the runtime role changed " .. c[1] .. " under a pending request")
+      assert.equal("55000", err.sqlstate, tostring(err.message))
+      assert.equal(string.format("%s of plan version %s is sealed: request %s references it (UPDATE refused)",
+        c[1], pv, req.id), err.message)
+    end
+    -- a real approval; the signer signs A at the template's caps, and nothing else
+    engine.approve(s, req.id)
+    local node = engine.nodes(s, req.id).transfer
+    assert.equal("READY", node.node_state)
+    local good = payload({ to = a, nonce = 1 })
+    reserve(node.id, DEV[1].address, 1, good.signing_hash)
+    local function ask(p)
+      return qtg.signer.sign("sa", { request_id = req.id, request_node_id = node.id, attempt_no = 1,
+                                    payload = p.payload, payload_hash = p.signing_hash })
+    end
+    local sig, err = ask(payload({ to = b, nonce = 1 }))
+    assert.is_nil(sig)
+    assert.equal("DESTINATION_MISMATCH", err.code, tostring(err.message))
+    sig, err = ask(payload({ to = a, nonce = 1, max_fee_per_gas = tostring(MAX_FEE * 100) }))
+    assert.is_nil(sig)
+    assert.equal("FEES_ABOVE_CAP", err.code, tostring(err.message))
+    sig, err = ask(good)
+    assert.truthy(sig, err and err.message)
+    assert.equal(DEV[1].address, qtg.signer.recover(good.signing_hash, sig.signature))
+    local codes = {}
+    for _, e in ipairs(events_of(req.id)) do codes[#codes + 1] = e.code end
+    assert.same({ "DESTINATION_MISMATCH", "FEES_ABOVE_CAP", "GRANTED" }, codes)
   end)
 
   it("refuses a request rewritten after approval: nothing is broadcast", function()

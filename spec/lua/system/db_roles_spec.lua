@@ -1,5 +1,9 @@
 -- The runtime role (sql/0102_database_roles.sql): what the daemon's database
--- role may not do, each attempted and refused; that a real daemon logged in
+-- role may not do, each attempted and refused -- including
+-- (sql/0170_trust_seal.sql) the state machines' tables, a frozen column
+-- changed in the UPDATE that leaves PENDING_APPROVAL, the plan of a
+-- version a request references and a request node's identity; that the
+-- approval path and a new plan version still work; that a real daemon logged in
 -- as a member of qtg_runtime still moves a request to the end, audit
 -- included; and what `qtgd check` says of the role it runs as.
 local qtg = require "qtg"
@@ -18,11 +22,14 @@ local function url_as(role)
 end
 
 -- Run sql as qtg_runtime (SET ROLE: privileges are those of the role) in a
--- transaction that is rolled back whatever happens -> ok, err.
+-- transaction that is rolled back whatever happens -> ok, err.  Trailing
+-- nil parameters are dropped.
 local function as_runtime(sql, ...)
+  local args, n = { ... }, select("#", ...)
+  while n > 0 and args[n] == nil do n = n - 1 end
   s:begin()
   s:exec("SET LOCAL ROLE qtg_runtime")
-  local ok, err = pcall(s.query, s, sql, ...)
+  local ok, err = pcall(s.query, s, sql, unpack(args, 1, n))
   s:rollback()
   return ok, err
 end
@@ -70,6 +77,13 @@ describe("the runtime role", function()
         RETURNS int LANGUAGE sql AS 'SELECT 0']] },
     { "rewrite the migrations' record", "DELETE FROM schema_migrations" },
     { "grant itself more", "SELECT qtg_grant_roles()" },
+    -- the state machines' tables (sql/0170): a new edge would let a
+    -- finished node run again
+    { "add a request transition", "INSERT INTO request_state_transitions VALUES ('COMPLETED', 'EXECUTING')" },
+    { "add a node transition", "INSERT INTO node_state_transitions VALUES ('COMPLETED', 'READY')" },
+    { "make a node state non-terminal", "UPDATE node_states SET terminal = false WHERE state = 'COMPLETED'" },
+    { "add a request state", "INSERT INTO request_states VALUES ('PAID_TWICE', false)" },
+    { "delete a nonce transition", "DELETE FROM evm_nonce_transitions" },
   }
   for _, a in ipairs(attacks) do
     it("may not " .. a[1], function()
@@ -88,6 +102,142 @@ describe("the runtime role", function()
     local n = s:query("SELECT count(*)::int AS n FROM audit_events WHERE action = 'spec.roles'")[1].n
     s:rollback()
     assert.equals(1, n)
+  end)
+
+  -- What an approval covers, against the runtime role (sql/0170).  A
+  -- template of its own per case, so the one pending request on its plan
+  -- version is the one an error names.
+  local function new_template()
+    local sup = require "spec.lua.support.engine"
+    local key = "spec_seal_" .. sup.uid():lower():gsub("[^a-z0-9]", "_")
+    local pv = sup.load_doc(s, sup.doc(key, { { "a", "action", "withdrawal", { sim = { observes = 0 } } },
+                                              { "b", "action", "withdrawal", { sim = { observes = 0 } } } },
+      { { "a", "b" } })).plan_version_id
+    local pn = {}
+    for _, r in ipairs(s:query("SELECT id, node_key FROM plan_nodes WHERE plan_version_id = $1", pv)) do
+      pn[r.node_key] = r.id
+    end
+    return key, pv, pn
+  end
+
+  local function new_pending()
+    local key, pv, pn = new_template()
+    local req = require("spec.lua.support.engine").create(s, key, { callback_url = false })
+    assert.equals("PENDING_APPROVAL", req.request_state)
+    assert.equals(pv, req.plan_version_id)
+    return req, pn, key
+  end
+
+  local function refused_55000(want, ok, err)
+    assert.is_false(ok, want .. ": was allowed")
+    assert.equals("55000", err.sqlstate, tostring(err.message))
+    assert.equals(want, err.message)
+  end
+
+  it("may not move a request out of PENDING_APPROVAL and change what was approved in the same UPDATE", function()
+    local req = new_pending()
+    local digest = s:query("SELECT qtg_approval_digest(r) AS d FROM movement_requests r WHERE id = $1::uuid",
+      req.id)[1].d
+    for _, c in ipairs({
+      { "intent", "APPROVED", [[intent = intent || '{"amount": "99999"}']] },
+      { "approvals_required", "APPROVED", "approvals_required = 0" },
+      -- even the digest the rows hash to: the approval path stores it
+      -- while the request is still pending
+      { "approval_digest", "APPROVED", "approval_digest = $2", digest },
+      { "approval_policy", "APPROVED", [[approval_policy = '{"rule": "mallory"}']] },
+      { "callback_url", "CANCELLED", "callback_url = 'http://127.0.0.1:9/evil'" },
+      { "network_class", "EXPIRED", "network_class = 'elsewhere'" },
+    }) do
+      local ok, err = as_runtime("UPDATE movement_requests SET request_state = '" .. c[2] .. "', " .. c[3]
+        .. " WHERE id = $1::uuid", req.id, c[4])
+      refused_55000(string.format("movement_requests.%s of request %s is frozen: only an update that keeps "
+        .. "the request in PENDING_APPROVAL may change it (this one moves it to %s)", c[1], req.id, c[2]),
+        ok, err)
+    end
+    -- the state alone moves; a frozen column alone changes while pending
+    assert.is_true((as_runtime("UPDATE movement_requests SET request_state = 'CANCELLED' WHERE id = $1::uuid",
+      req.id)))
+    assert.is_true((as_runtime("UPDATE movement_requests SET approvals_required = 2 WHERE id = $1::uuid",
+      req.id)))
+  end)
+
+  it("may not change, add to or remove from the plan version a request references", function()
+    local req, pn = new_pending()
+    local pv = req.plan_version_id
+    local function sealed(tbl, op)
+      return string.format("%s of plan version %s is sealed: request %s references it (%s refused)",
+        tbl, pv, req.id, op)
+    end
+    local cases = {
+      { sealed("plan_nodes", "UPDATE"), [[UPDATE plan_nodes SET config = config || '{"destination": "0x00000000000000000000000000000000000000bb"}'
+          WHERE plan_version_id = $1]], pv },
+      { sealed("plan_nodes", "UPDATE"), "UPDATE plan_nodes SET executor = 'evm_transfer' WHERE id = $1", pn.a },
+      { sealed("plan_nodes", "DELETE"), "DELETE FROM plan_nodes WHERE id = $1", pn.b },
+      { sealed("plan_nodes", "INSERT"), [[INSERT INTO plan_nodes (plan_version_id, node_key, node_kind, action_type,
+          executor, ordinal) VALUES ($1, 'c', 'action', 'withdrawal', 'sim', 3)]], pv },
+      { sealed("plan_edges", "DELETE"), "DELETE FROM plan_edges WHERE plan_version_id = $1", pv },
+      { sealed("plan_edges", "UPDATE"), "UPDATE plan_edges SET to_node_id = from_node_id, from_node_id = to_node_id WHERE plan_version_id = $1", pv },
+      { sealed("plan_edges", "INSERT"), "INSERT INTO plan_edges VALUES ($1, $2, $3)", pv, pn.b, pn.a },
+      { sealed("plan_versions", "UPDATE"), [[UPDATE plan_versions SET risk_controls = risk_controls
+          || '{"max_fee_per_gas_wei": "999999999999999"}' WHERE id = $1]], pv },
+      { sealed("plan_versions", "DELETE"), "DELETE FROM plan_versions WHERE id = $1", pv },
+    }
+    for _, c in ipairs(cases) do
+      refused_55000(c[1], as_runtime(c[2], c[3], c[4], c[5]))
+    end
+    -- through a plan version no request references: a node moved into the
+    -- sealed one, an edge of it joining the sealed one's nodes
+    local _, other, other_pn = new_template()
+    refused_55000(sealed("plan_nodes", "UPDATE"),
+      as_runtime("UPDATE plan_nodes SET plan_version_id = $1, node_key = 'c' WHERE id = $2", pv, other_pn.a))
+    refused_55000(sealed("plan_edges", "INSERT"),
+      as_runtime("INSERT INTO plan_edges VALUES ($1, $2, $3)", other, pn.b, pn.a))
+    -- the unreferenced version's own rows still change (nothing approved them)
+    assert.is_true((as_runtime([[UPDATE plan_nodes SET config = '{"sim": {"observes": 2}}' WHERE id = $1]],
+      other_pn.a)))
+    local n = s:query("SELECT count(*)::int AS n FROM plan_nodes WHERE plan_version_id = $1", pv)[1].n
+    assert.equals(2, n)
+  end)
+
+  it("may not change which plan node a request's node runs", function()
+    local req, pn = new_pending()
+    local node = s:query("SELECT id FROM movement_request_nodes WHERE request_id = $1::uuid AND node_key = 'a'",
+      req.id)[1].id
+    for _, c in ipairs({
+      { "executor", "executor = 'evm_transfer'" },
+      { "action_type", "action_type = 'evm_transfer'" },
+      { "plan_node_id", "plan_node_id = $2", pn.b },
+      { "node_key", "node_key = 'c'" },
+      { "node_kind", "node_kind = 'observe'" },
+    }) do
+      refused_55000(string.format("movement_request_nodes.%s of node %s is immutable: it names the plan node "
+        .. "the node runs", c[1], node),
+        as_runtime("UPDATE movement_request_nodes SET " .. c[2] .. " WHERE id = $1::uuid", node, c[3]))
+    end
+    assert.is_true((as_runtime("UPDATE movement_request_nodes SET error_detail = 'x' WHERE id = $1::uuid", node)))
+  end)
+
+  it("still loads a new plan version of a template whose old one is sealed, and approves and runs a request on it", function()
+    local sup = require "spec.lua.support.engine"
+    local templates = require "qtg.templates"
+    local req, _, key = new_pending()
+    local doc = sup.doc(key, { { "a", "action", "withdrawal", { sim = { observes = 0 } } } })
+    local c = assert(templates.validate_and_compile(doc, "spec:" .. key))
+    s:begin()
+    s:exec("SET LOCAL ROLE qtg_runtime")
+    local ok, stored = pcall(templates.store, s, c)
+    if ok then s:commit() else s:rollback() end
+    assert(ok, stored)
+    assert.is_true(stored.created)
+    assert.equals(2, stored.version)
+    assert.is_true(stored.plan_version_id ~= req.plan_version_id)
+    local edges = s:query("SELECT count(*)::int AS n FROM plan_edges WHERE plan_version_id = $1",
+      req.plan_version_id)[1].n
+    assert.equals(1, edges)
+    -- the pending request on the old version is approved and completes
+    sup.approve(s, req.id)
+    local done = sup.drive(s, function() return sup.request(s, req.id).request_state == "COMPLETED" end, 30)
+    assert.is_true(done, sup.request(s, req.id).request_state)
   end)
 
   it("runs a real daemon that moves a request to COMPLETED with its audit trail", function()
