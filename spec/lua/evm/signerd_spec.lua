@@ -204,6 +204,9 @@ describe("qtgd signer", function()
     end
     -- a real approval; the signer signs A at the template's caps, and nothing else
     engine.approve(s, req.id)
+    -- in a class of its own: no later spec's dispatcher (the default class)
+    -- meets this READY transfer
+    engine.move_class(s, req.id, new_class())
     local node = engine.nodes(s, req.id).transfer
     assert.equal("READY", node.node_state)
     local good = payload({ to = a, nonce = 1 })
