@@ -9,7 +9,6 @@ assert(id and approver and gate and hold and out, "usage: approvals_child.lua ID
 
 local here = debug.getinfo(1, "S").source:match("^@(.*)$") or ""
 package.path = (here:match("^(.*)/spec/lua/") or ".") .. "/?.lua;" .. package.path
-local qtg = require "qtg"
 local common = require "spec.lua.support.common"
 local P = require "qtg.approvals"
 
@@ -20,18 +19,10 @@ package.loaded["qtg.policies.approval"] = { rules = {
 } }
 
 local function run()
-  common.wait_for(function() return common.read(gate) end, 30)
-  local s = qtg.db.acquire()
-  s:begin()
-  local ok, err = pcall(require("qtg.requests").approve, s, id,
-    { actor = "operator:" .. approver, kind = "operator", name = approver, roles = { "approve" } })
-  if ok then
-    qtg.sleep(tonumber(hold))
-    s:commit()
-  else
-    s:rollback()
-  end
-  s:release()
+  local ok, err = common.gated_transaction(gate, hold, function(s)
+    return require("qtg.requests").approve(s, id,
+      { actor = "operator:" .. approver, kind = "operator", name = approver, roles = { "approve" } })
+  end)
   return { ok = true, approved = ok, error = not ok and tostring(err) or nil }
 end
 

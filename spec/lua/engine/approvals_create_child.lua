@@ -12,7 +12,6 @@ assert(template and asset and amount and gate and hold and out,
 
 local here = debug.getinfo(1, "S").source:match("^@(.*)$") or ""
 package.path = (here:match("^(.*)/spec/lua/") or ".") .. "/?.lua;" .. package.path
-local qtg = require "qtg"
 local common = require "spec.lua.support.common"
 local P = require "qtg.approvals"
 
@@ -24,19 +23,11 @@ package.loaded["qtg.policies.approval"] = { rules = {
 } }
 
 local function run()
-  common.wait_for(function() return common.read(gate) end, 30)
-  local s = qtg.db.acquire()
-  s:begin()
-  local ok, req = pcall(require("qtg.requests").create, s, { template_key = template,
-    intent = { asset = asset, amount = amount }, idempotency_key = "create-child-" .. common.uid("k", 8) },
-    "console:spec-create-child")
-  if ok then
-    qtg.sleep(tonumber(hold))
-    s:commit()
-  else
-    s:rollback()
-  end
-  s:release()
+  local ok, req = common.gated_transaction(gate, hold, function(s)
+    return require("qtg.requests").create(s, { template_key = template,
+      intent = { asset = asset, amount = amount }, idempotency_key = "create-child-" .. common.uid("k", 8) },
+      "console:spec-create-child")
+  end)
   return { ok = true, created = ok, id = ok and req.id or nil, state = ok and req.request_state or nil,
            error = not ok and tostring(req) or nil }
 end

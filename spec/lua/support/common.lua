@@ -265,6 +265,26 @@ function M.wait_result(child, seconds)
   return cjson.decode(text)
 end
 
+-- gated_transaction(gate, hold, fn) -> ok, res: a child's racing write.
+-- Waits for the gate file (so racing children start together), runs fn(s)
+-- in a transaction of its own session and, when it did not raise, holds the
+-- transaction open `hold` seconds before committing (so the racers
+-- overlap); rolls back when it raised.
+function M.gated_transaction(gate, hold, fn)
+  wait_for(function() return read(gate) end, 30)
+  local s = qtg.db.acquire()
+  s:begin()
+  local ok, res = pcall(fn, s)
+  if ok then
+    qtg.sleep(tonumber(hold))
+    s:commit()
+  else
+    s:rollback()
+  end
+  s:release()
+  return ok, res
+end
+
 -- child_main(run, out) -> exit code: the end of a child script.  Writes
 -- run()'s table, or {ok=false, error=} when it raised, to `out` by rename
 -- (the parent never reads half a file).
