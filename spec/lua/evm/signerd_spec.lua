@@ -229,6 +229,40 @@ describe("qtgd signer", function()
     assert.same({ "DESTINATION_MISMATCH", "FEES_ABOVE_CAP", "GRANTED" }, codes)
   end)
 
+  -- The approval policy never counts the initiator; the signer, which
+  -- reads the vote rows the runtime role writes, does not either.
+  it("counts no vote of the request's initiator", function()
+    start_local_signer("sa=" .. sup.key_file(dir, "sa", DEV[1].key))
+    local dest = sup.random_address()
+    local req = engine.create(s, "sign_t_a", { intent = intent(dest), callback_url = false })
+    engine.move_class(s, req.id, new_class())
+    local function as_runtime(sql, ...)
+      s:begin()
+      s:exec("SET LOCAL ROLE qtg_runtime")
+      local ok, err = pcall(s.query, s, sql, ...)
+      if ok then s:commit() else s:rollback() end
+      assert(ok, err and err.message)
+    end
+    -- the initiator's own vote, a quorum of one, then APPROVED
+    as_runtime([[UPDATE movement_requests r SET approval_digest = qtg_approval_digest(r),
+                        approvals_required = 1 WHERE id = $1::uuid]], req.id)
+    as_runtime([[INSERT INTO request_approvals (request_id, principal, decision, approval_digest)
+                 SELECT id, created_by, 'approve', approval_digest FROM movement_requests
+                  WHERE id = $1::uuid]], req.id)
+    as_runtime("UPDATE movement_requests SET request_state = 'APPROVED' WHERE id = $1::uuid", req.id)
+    local node = engine.nodes(s, req.id).transfer
+    if node.node_state ~= "READY" then
+      as_runtime("UPDATE movement_request_nodes SET node_state = 'READY' WHERE id = $1::uuid", node.id)
+    end
+    local p = payload({ to = dest, nonce = 930 })
+    reserve(node.id, DEV[1].address, 930, p.signing_hash)
+    local sig, err = qtg.signer.sign("sa", { request_id = req.id, request_node_id = node.id,
+      attempt_no = 1, payload = p.payload, payload_hash = p.signing_hash })
+    assert.is_nil(sig)
+    assert.equal("APPROVALS_INCOMPLETE", err.code, tostring(err.message))
+    assert.truthy(err.message:find("0 of 1", 1, true), err.message)
+  end)
+
   it("refuses a request rewritten after approval: nothing is broadcast", function()
     local class = new_class()
     local a, b = sup.random_address(), sup.random_address()
