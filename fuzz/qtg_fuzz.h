@@ -22,8 +22,10 @@
  *   http      raw bytes answered by a real socket to qtg.http.request: a
  *             response or a classified error in Lua, bounded by max_body,
  *             and never a hang
- *   signer    the request line `qtgd signer` reads and the EIP-1559 payload
- *             it decodes (qtg_signer_proto.c): strict fields, canonical RLP
+ *   signer    the request line `qtgd signer` reads, the EIP-1559 payload
+ *             it decodes and MG_SIGNER_KEY_CLASSES (qtg_signer_proto.c):
+ *             strict fields, canonical RLP, no key serving a class the
+ *             setting does not give it
  *   pg        the after-commit notification PostgreSQL sends a pool session
  *             as a NOTICE (qtg_pg_after_commit_parse): taken exactly when it
  *             has the prefix, a channel and a space, the parts in place
