@@ -195,51 +195,17 @@ describe("HTTP API with the database unreachable", function()
     local url = assert(os.getenv("MG_DATABASE_URL"))
     local sockdir, port = url:match("[?&]host=([^&]+)"), url:match("[?&]port=(%d+)") or "5432"
     local target = sockdir and sockdir:sub(1, 1) == "/" and ("unix:" .. sockdir .. "/.s.PGSQL." .. port)
-      or ("tcp:" .. (url:match("@([^:/?]+)") or "127.0.0.1") .. ":" .. (url:match("@[^:/?]+:(%d+)") or port))
+      or ((url:match("@([^:/?]+)") or "127.0.0.1") .. ":" .. (url:match("@[^:/?]+:(%d+)") or port))
     dir = host.tmpdir()
-    host.write(dir .. "/proxy.py", [[
-import socket, sys, threading
-target = sys.argv[1]
-lsock = socket.socket()
-lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-lsock.bind(("127.0.0.1", 0))
-lsock.listen(64)
-print("port %d" % lsock.getsockname()[1], flush=True)
-def pipe(a, b):
-    try:
-        while True:
-            x = a.recv(65536)
-            if not x:
-                break
-            b.sendall(x)
-    except OSError:
-        pass
-    for s in (a, b):
-        try:
-            s.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-while True:
-    c, _ = lsock.accept()
-    if target.startswith("unix:"):
-        u = socket.socket(socket.AF_UNIX)
-        u.connect(target[5:])
-    else:
-        h, p = target[4:].rsplit(":", 1)
-        u = socket.create_connection((h, int(p)))
-    threading.Thread(target=pipe, args=(c, u), daemon=True).start()
-    threading.Thread(target=pipe, args=(u, c), daemon=True).start()
-]])
-    proxy = common.spawn(dir .. "/proxy", {}, "python3 -u " .. common.quote(dir .. "/proxy.py") .. " "
-      .. common.quote(target))
-    local pport = common.wait_log(proxy, "port (%d+)", 10, "the proxy's port")
+    proxy = common.start_forwarder(dir, target)
+    local pport = proxy.port
     local db = url:match("^postgres[^/]*//[^/]*/([^?]+)") or "qtg"
     local user = url:match("^postgres[^/]*//([^@:/]+)[:@]") or "qtg"
     local via = ("postgresql://%s@127.0.0.1:%s/%s"):format(user, pport, db)
     d2 = api.start({ MG_WORKERS_ENABLED = "false", MG_DATABASE_URL = via })
   end)
   teardown(function()
-    if proxy then common.stop(proxy, 5) end
+    if proxy then common.stop_forwarder(proxy) end
     if d2 then host.stop(d2.h) end
     host.stop_all()
     if dir then os.execute("rm -rf " .. common.quote(dir)) end
@@ -248,7 +214,7 @@ while True:
   it("answers 503 with a fixed detail, never libpq's text, and logs the text", function()
     local tok = api.token("read")
     assert.equal(200, api.call(d2, "GET", "/v3/me", { token = tok }).status)
-    common.stop(proxy, 5)
+    common.stop_forwarder(proxy)
     local port = d2.env.MG_DATABASE_URL:match(":(%d+)/")
     local seen = {}
     -- the first calls meet broken sessions, the later ones a refused connect

@@ -241,6 +241,73 @@ local function background(cmd, log)
 end
 M.background = background
 
+-- A TCP forwarder 127.0.0.1:LPORT (0: any) -> TARGET ("host:port", or
+-- "unix:/path" for a Unix socket), one pipe per connection: a spec stops
+-- it to cut a daemon off from what it talks to (an RPC endpoint, the
+-- database), and starts it again on the same port.
+local FORWARDER = [=[
+import os, socket, sys, threading
+lport, target, portfile = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+srv = socket.socket()
+srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind(("127.0.0.1", lport))
+srv.listen(64)
+with open(portfile + ".tmp", "w") as f:
+    f.write("%d" % srv.getsockname()[1])
+os.rename(portfile + ".tmp", portfile)
+def connect():
+    if target.startswith("unix:"):
+        u = socket.socket(socket.AF_UNIX)
+        u.connect(target[5:])
+        return u
+    h, _, p = target.rpartition(":")
+    return socket.create_connection((h, int(p)))
+def pipe(a, b):
+    try:
+        while True:
+            d = a.recv(65536)
+            if not d:
+                break
+            b.sendall(d)
+    except OSError:
+        pass
+    finally:
+        for x in (a, b):
+            try:
+                x.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+while True:
+    c, _ = srv.accept()
+    try:
+        u = connect()
+    except OSError:
+        c.close()
+        continue
+    threading.Thread(target=pipe, args=(c, u), daemon=True).start()
+    threading.Thread(target=pipe, args=(u, c), daemon=True).start()
+]=]
+
+-- start_forwarder(dir, target[, port]) -> {port=, pid=}: FORWARDER to
+-- target (a port number: 127.0.0.1; else as FORWARDER takes it), its files
+-- in dir; stop it with stop_forwarder.
+function M.start_forwarder(dir, target, port)
+  write(dir .. "/fwd.py", FORWARDER)
+  if type(target) == "number" then target = "127.0.0.1:" .. target end
+  local portfile, log = dir .. "/fwd.port", dir .. "/fwd.log"
+  os.remove(portfile)
+  local pid = background(("python3 %s %d %s %s"):format(quote(dir .. "/fwd.py"), port or 0,
+    quote(target), quote(portfile)), log)
+  return { port = wait_port_file(portfile, 20, "the forwarder", log), pid = pid }
+end
+
+-- stop_forwarder(f): kill it and wait until it is gone.
+function M.stop_forwarder(f)
+  os.execute("kill " .. f.pid .. " 2>/dev/null")
+  wait_for(function() return os.execute("kill -0 " .. f.pid .. " 2>/dev/null") ~= 0 end, 10,
+    "the forwarder to stop")
+end
+
 -- start_script(dir, name, env, script, args) -> {out=, log=, pid=}: a child
 -- `qtgd exec spec/lua/SCRIPT ARGS... DIR/NAME.result` in the background,
 -- with env (and MG_CONSOLE_ENABLED=false) and its output in DIR/NAME.log.

@@ -93,63 +93,17 @@ function M.start_garbage_server()
   return "http://127.0.0.1:" .. port
 end
 
--- A TCP forwarder 127.0.0.1:port -> 127.0.0.1:target that a spec can stop
--- and start again on the same port: an RPC endpoint that goes down and
--- comes back while the chain behind it goes on.
-local FORWARDER = [=[
-import socket, sys, threading
-lport, tport, portfile = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-srv = socket.socket()
-srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-srv.bind(("127.0.0.1", lport))
-srv.listen(64)
-with open(portfile + ".tmp", "w") as f:
-    f.write("%d" % srv.getsockname()[1])
-import os
-os.rename(portfile + ".tmp", portfile)
-def pipe(a, b):
-    try:
-        while True:
-            d = a.recv(65536)
-            if not d:
-                break
-            b.sendall(d)
-    except OSError:
-        pass
-    finally:
-        for x in (a, b):
-            try:
-                x.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-while True:
-    c, _ = srv.accept()
-    try:
-        u = socket.create_connection(("127.0.0.1", tport))
-    except OSError:
-        c.close()
-        continue
-    threading.Thread(target=pipe, args=(c, u), daemon=True).start()
-    threading.Thread(target=pipe, args=(u, c), daemon=True).start()
-]=]
-
--- start_forwarder(target_port[, port]) -> {port=, pid=, url=}
+-- start_forwarder(target_port[, port]) -> {port=, pid=, url=}: an RPC
+-- endpoint that goes down (stop_forwarder) and comes back on the same port
+-- while the chain behind it goes on (common.start_forwarder).
 function M.start_forwarder(target_port, port)
-  local dir = tmpdir()
-  host.write(dir .. "/fwd.py", FORWARDER)
-  local portfile, log = dir .. "/port", dir .. "/log"
-  local pid = common.background(("python3 %s %d %d %s"):format(q(dir .. "/fwd.py"),
-    port or 0, target_port, q(portfile)), log)
-  servers[#servers + 1] = pid
-  local got = common.wait_port_file(portfile, 20, "the forwarder", log)
-  return { port = got, pid = pid, url = "http://127.0.0.1:" .. got }
+  local f = common.start_forwarder(tmpdir(), target_port, port)
+  servers[#servers + 1] = f.pid
+  f.url = "http://127.0.0.1:" .. f.port
+  return f
 end
 
-function M.stop_forwarder(f)
-  os.execute("kill " .. f.pid .. " 2>/dev/null")
-  M.wait_for(function() return os.execute("kill -0 " .. f.pid .. " 2>/dev/null") ~= 0 end, 10,
-    "the forwarder to stop")
-end
+M.stop_forwarder = common.stop_forwarder
 
 -- ---- qtgd processes -----------------------------------------------------------------
 
