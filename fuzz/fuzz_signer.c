@@ -8,12 +8,15 @@
  * payload of 1..QTG_SIGNER_PAYLOAD_MAX bytes, and a refused line has a
  * reason (fixed texts: the parser never quotes its input); a decoded payload re-encodes to the
  * same bytes (only canonical RLP is accepted).  The input is also decoded as
- * a raw payload, so the decoder sees every byte string, and read as
- * MG_SIGNER_KEY_CLASSES (qtg_signer_classes_check, key_serves_class). */
+ * a raw payload, so the decoder sees every byte string, read as
+ * MG_SIGNER_KEY_CLASSES (qtg_signer_classes_check, key_serves_class), as
+ * an MG_SIGNER_APPROVERS enrolment (qtg_approvers_parse) and as an approval
+ * statement (qtg_approval_statement_check). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "qtg_approvers.h"
 #include "qtg_fuzz.h"
 #include "qtg_rlp.h"
 #include "qtg_signer_proto.h"
@@ -68,11 +71,42 @@ static int fuzz_key_classes(const uint8_t *p, size_t n) {
   return rc;
 }
 
+/* The input as an enrolment: refused with a reason, or accepted with its
+ * persons findable by name and a quorum in range; and as a statement:
+ * accepted only in its one form (ending in a newline, short). */
+static int fuzz_approvers(const uint8_t *p, size_t n) {
+  qtg_approvers *a = NULL;
+  char err[512];
+  int rc = 0;
+  err[0] = '\0';
+  if (qtg_approvers_parse((const char *)p, n, &a, err, sizeof err) != 0) {
+    if (a != NULL || err[0] == '\0') {
+      fprintf(stderr, "signer: a refused enrolment has no reason or leaves a result\n");
+      rc = -1;
+    }
+  } else {
+    int q = qtg_approvers_quorum(a, "mainnet");
+    if (q < -1 || q > QTG_APPROVER_QUORUM_MAX) rc = -1;
+    for (size_t i = 0; i < qtg_approvers_count(a); i++)
+      if (qtg_approvers_person_name(a, (int)i) == NULL) rc = -1;
+    if (qtg_approvers_verify(a, 0, (const char *)p, n, "00") != 0) rc = -1;
+    if (rc != 0) fprintf(stderr, "signer: an accepted enrolment answers out of range\n");
+    qtg_approvers_free(a);
+  }
+  if (qtg_approval_statement_check((const char *)p, n) == 0 &&
+      (n == 0 || n >= QTG_APPROVAL_STATEMENT_MAX || p[n - 1] != '\n')) {
+    fprintf(stderr, "signer: a statement out of its form was accepted\n");
+    rc = -1;
+  }
+  return rc;
+}
+
 int qtg_fuzz_signer(const uint8_t *data, size_t size) {
   qtg_signer_line l;
   char err[160];
   if (fuzz_decode_roundtrip(data, size) != 0) return -1;
   if (fuzz_key_classes(data, size) != 0) return -1;
+  if (fuzz_approvers(data, size) != 0) return -1;
   int rc = qtg_signer_line_parse((const char *)data, size, &l, err, sizeof err);
   if (rc != 0) {
     if (err[0] == '\0') {

@@ -23,9 +23,11 @@
  *             response or a classified error in Lua, bounded by max_body,
  *             and never a hang
  *   signer    the request line `qtgd signer` reads, the EIP-1559 payload
- *             it decodes and MG_SIGNER_KEY_CLASSES (qtg_signer_proto.c):
- *             strict fields, canonical RLP, no key serving a class the
- *             setting does not give it
+ *             it decodes and MG_SIGNER_KEY_CLASSES (qtg_signer_proto.c),
+ *             the MG_SIGNER_APPROVERS enrolment and the approval statement
+ *             (qtg_approvers.c): strict fields, canonical RLP, no key
+ *             serving a class the setting does not give it, a refused
+ *             enrolment with a reason, a statement in its one form only
  *   pg        the after-commit notification PostgreSQL sends a pool session
  *             as a NOTICE (qtg_pg_after_commit_parse): taken exactly when it
  *             has the prefix, a channel and a space, the parts in place

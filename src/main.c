@@ -19,6 +19,7 @@
 #include "qtg_runtime.h"
 #include "qtg_console_client.h"
 #include "qtg_signerd.h"
+#include "qtg_approver.h"
 
 typedef struct {
   const char *name;
@@ -41,6 +42,8 @@ static const qtg_command qtg_commands[] = {
    "check the hash-chained audit trail, or write it as JSON lines", 1, -1},
   {"tokens", "create|list|revoke ...", "API tokens: create --name N --roles read,operate,approve,admin", 1, -1},
   {"signer", "", "run the signer: holds MG_SIGNER_KEYS, signs only what was approved", 1, 0},
+  {"approver", "key|public|sign FILE",
+   "an approver's own Ed25519 key: make it, print its public key, sign a statement on stdin", 0, -1},
   {"console", "[-e CODE] [--socket PATH]", "attach a Lua console to the running daemon", 0, -1},
   {"settings", "[--markdown]", "print every MG_* setting with its value and default", 0, 1},
   {"version", "", "print the version", 0, 0},
@@ -356,6 +359,7 @@ int main(int argc, char **argv) {
     printf("qtgd %s (%s)\n", QTG_VERSION, LUAJIT_VERSION);
     return 0;
   }
+  if (strcmp(cmd, "approver") == 0) return qtg_approver_main(argc - argi, argv + argi);
   if (strcmp(cmd, "settings") == 0 && argc > argi && strcmp(argv[argi], "--markdown") == 0) {
     qtg_settings_print_markdown();
     return 0;

@@ -187,17 +187,16 @@ static int qtg_keys_load_callback(qtg_keys *k, const qtg_keys_config *cfg,
   return 0;
 }
 
-/* Load one signer key file into key->seckey and derive its address. */
-static int qtg_keys_load_signer_file(qtg_keys *k, qtg_signer_key *key,
-                                     const char *path, char *err,
-                                     size_t errlen) {
+/* A 32-byte secret from a key file of its own: 64 hex digits, optionally
+ * 0x-prefixed and followed by one newline (signer keys, approver keys). */
+int qtg_keys_read_secret(const char *setting, const char *path, uint8_t out[32], char *err,
+                         size_t errlen) {
   uint8_t buf[QTG_SIGNER_FILE_MAX];
   size_t len = 0;
   const char *hex;
   int ok;
 
-  if (qtg_keys_read_file("MG_SIGNER_KEYS", path, buf, sizeof buf, &len, err,
-                         errlen) != 0)
+  if (qtg_keys_read_file(setting, path, buf, sizeof buf, &len, err, errlen) != 0)
     return -1;
   len = qtg_keys_strip_newline(buf, len);
   hex = (const char *)buf;
@@ -205,15 +204,26 @@ static int qtg_keys_load_signer_file(qtg_keys *k, qtg_signer_key *key,
     hex += 2;
     len -= 2;
   }
-  ok = len == 2 * QTG_SECKEY_LEN && qtg_hex_decode(hex, len, key->seckey) == 0;
+  ok = len == 64 && qtg_hex_decode(hex, len, out) == 0;
   qtg_wipe(buf, sizeof buf);
   if (!ok) {
     snprintf(err, errlen,
-             "MG_SIGNER_KEYS: key file %s (key %s) must hold 64 hex digits, "
-             "optionally 0x-prefixed and followed by one newline",
-             path, key->name);
+             "%s: key file %s must hold 64 hex digits, optionally 0x-prefixed and "
+             "followed by one newline",
+             setting, path);
     return -1;
   }
+  return 0;
+}
+
+/* Load one signer key file into key->seckey and derive its address. */
+static int qtg_keys_load_signer_file(qtg_keys *k, qtg_signer_key *key,
+                                     const char *path, char *err,
+                                     size_t errlen) {
+  char setting[QTG_KEY_NAME_MAX + 32];
+  snprintf(setting, sizeof setting, "MG_SIGNER_KEYS (key %s)", key->name);
+  if (qtg_keys_read_secret(setting, path, key->seckey, err, errlen) != 0)
+    return -1;
   if (!qtg_signer_seckey_valid(k->ctx, key->seckey)) {
     snprintf(err, errlen,
              "MG_SIGNER_KEYS: key file %s (key %s) is not a valid secp256k1 "

@@ -42,6 +42,12 @@ int qtg_keys_load(const qtg_keys_config *cfg, qtg_keys **out, char *err,
 /* Wipe and free; NULL is allowed. */
 void qtg_keys_free(qtg_keys *k);
 
+/* Read a 32-byte secret from its own key file (a regular file, mode 0600
+ * or stricter: 64 hex digits, optional 0x and newline); the message names
+ * setting and path, never the bytes.  The caller wipes out. */
+int qtg_keys_read_secret(const char *setting, const char *path, uint8_t out[32], char *err,
+                         size_t errlen);
+
 /* Subsystem rows (qtg_modules.h): load from h->settings into h->keys. */
 int qtg_keys_open(qtg_host *h, char *err, size_t errlen);
 void qtg_keys_close(qtg_host *h);

@@ -49,6 +49,7 @@ QTG_SETTING(EXECUTOR_HEALTH_INTERVAL_SECONDS, "MG_EXECUTOR_HEALTH_INTERVAL_SECON
 QTG_SETTING(AUDIT_OUTBOX_PROMOTER_INTERVAL_SECONDS, "MG_AUDIT_OUTBOX_PROMOTER_INTERVAL_SECONDS", QTG_SET_NUM, "1", 0.01, 86400, "audit_outbox_promoter interval")
 QTG_SETTING(SIGNER_KEYS, "MG_SIGNER_KEYS", QTG_SET_STR, "", 0, 0, "signer keys, read by qtgd signer only: name=/path/to/keyfile[,name=/path...] (files 0600, hex private key)")
 QTG_SETTING(SIGNER_KEY_CLASSES, "MG_SIGNER_KEY_CLASSES", QTG_SET_STR, "", 0, 0, "read by qtgd signer only: the network classes each key signs for, key=class|class[,key=class...]; a key not named signs for none; unset: every key for every class")
+QTG_SETTING(SIGNER_APPROVERS, "MG_SIGNER_APPROVERS", QTG_SET_STR, "", 0, 0, "the enrolment file of approvers, read by qtgd signer and qtgd run at start (person NAME ed25519:KEY PRINCIPALS, quorum CLASS|* N); set: only approvals signed by enrolled persons count, at least the file's quorum; unset: the approval rows count as written")
 QTG_SETTING(SIGNER_SOCKET, "MG_SIGNER_SOCKET", QTG_SET_STR, "", 0, 0, "the signer's Unix socket (qtgd signer listens, qtgd run connects); unset: <run dir>/signer.sock")
 QTG_SETTING(SIGNER_ALLOWED_UID, "MG_SIGNER_ALLOWED_UID", QTG_SET_INT, "-1", -1, 4294967294, "uid qtgd signer answers (SO_PEERCRED); -1: its own uid")
 QTG_SETTING(SIGNER_DATABASE_URL, "MG_SIGNER_DATABASE_URL", QTG_SET_SECRET, "", 0, 0, "qtgd signer's PostgreSQL URL; unset: MG_DATABASE_URL")

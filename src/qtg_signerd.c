@@ -36,6 +36,7 @@
 
 #include <libpq-fe.h>
 
+#include "qtg_approvers.h"
 #include "qtg_crypto.h"
 #include "qtg_keys.h"
 #include "qtg_log.h"
@@ -52,6 +53,7 @@ typedef struct {
   const char *db_user;
   long allowed_uid;
   const char *key_classes;      /* MG_SIGNER_KEY_CLASSES, checked at start */
+  qtg_approvers *approvers;     /* MG_SIGNER_APPROVERS, NULL when unset */
   int listen_fd;
 } qtg_signerd;
 
@@ -160,7 +162,13 @@ static const char qtg_signerd_facts_sql[] =
     "  CASE WHEN jsonb_typeof(pv.risk_controls->'allowed_chain_ids') = 'array' THEN"
     "   (SELECT COALESCE(string_agg(x, ','), '') FROM jsonb_array_elements_text(pv.risk_controls->'allowed_chain_ids') x)"
     "  END AS allowed_chain_ids,"
-    "  sr.expected_signer_address, r.network_class"
+    "  sr.expected_signer_address, r.network_class, r.id::text AS id, r.created_by,"
+    "  encode(sha256(convert_to(jsonb_build_object('risk_controls', pv.risk_controls,"
+    "   'nodes', COALESCE((SELECT jsonb_agg(jsonb_build_object('node_key', p2.node_key,"
+    "     'node_kind', p2.node_kind, 'action_type', p2.action_type, 'executor', p2.executor,"
+    "     'config', p2.config) ORDER BY p2.node_key)"
+    "    FROM plan_nodes p2 WHERE p2.plan_version_id = pv.id), '[]'::jsonb))::text, 'UTF8')),"
+    "   'hex') AS plan_digest"
     " FROM r"
     " JOIN plan_versions pv ON pv.id = r.plan_version_id"
     " LEFT JOIN movement_request_nodes n ON n.id = $2::uuid"
@@ -171,8 +179,14 @@ enum {
   F_STATE, F_STORED_DIGEST, F_DIGEST, F_REQUIRED, F_APPROVALS, F_REJECTS, F_ASSET, F_AMOUNT,
   F_DESTINATION, F_CHAIN_ID, F_NODE_OF_REQUEST, F_NODE_STATE, F_ATTEMPT_NO, F_EXECUTOR,
   F_ACTION_TYPE, F_PLANNED_KEY, F_PLAN_NODE, F_MAX_FEE, F_MAX_TIP, F_GAS_LIMIT, F_ALLOWED_CHAINS,
-  F_EXPECTED, F_CLASS, F__COUNT
+  F_EXPECTED, F_CLASS, F_ID, F_CREATED_BY, F_PLAN_DIGEST, F__COUNT
 };
+
+/* The approvals given for a digest, with their signatures (MG_SIGNER_APPROVERS). */
+static const char qtg_signerd_votes_sql[] =
+    "SELECT principal, signature FROM request_approvals"
+    " WHERE request_id = $1::uuid AND decision = 'approve' AND approval_digest = $2"
+    "   AND signature IS NOT NULL ORDER BY id";
 
 static const char qtg_signerd_reservation_sql[] =
     "SELECT 1 FROM evm_nonce_reservation"
@@ -221,10 +235,50 @@ static int qtg_u256_bigint(const qtg_u256 *v, char *out, size_t outlen) {
   return 0;
 }
 
-/* Every check on the facts, in order; the first that fails refuses. */
+/* With MG_SIGNER_APPROVERS: count the enrolled persons whose signature of
+ * the request's statement verifies, under any of their principals (each
+ * person once; the initiator's person never), against the larger of the
+ * request's quorum and the enrolment's for its network class. */
+static int qtg_signerd_check_signed(qtg_decision *dec, const qtg_approvers *a, PGresult *r,
+                                    PGresult *votes) {
+  const char *klass = qtg_field(r, F_CLASS);
+  int floor = qtg_approvers_quorum(a, klass ? klass : "");
+  if (floor < 0)
+    QTG_REFUSE(dec, "QUORUM_NOT_ENROLLED",
+               "MG_SIGNER_APPROVERS names no quorum for network class %s (nor *)", klass ? klass : "?");
+  long need = atol(qtg_field(r, F_REQUIRED));
+  if (need < floor) need = floor;
+  char statement[QTG_APPROVAL_STATEMENT_MAX];
+  if (qtg_approval_statement(statement, sizeof statement, qtg_field(r, F_ID), klass,
+                             qtg_field(r, F_DIGEST), qtg_field(r, F_PLAN_DIGEST)) != 0)
+    QTG_REFUSE(dec, "APPROVALS_INCOMPLETE", "no approval statement can be formed for network class %s",
+               klass ? klass : "?");
+  size_t n = qtg_approvers_count(a);
+  char *seen = calloc(n ? n : 1, 1);
+  if (seen == NULL) QTG_REFUSE(dec, "SIGNER_INTERNAL", "out of memory");
+  int initiator = qtg_approvers_person_of(a, qtg_field(r, F_CREATED_BY));
+  long count = 0;
+  for (int i = 0; i < PQntuples(votes); i++) {
+    int who = qtg_approvers_person_of(a, PQgetvalue(votes, i, 0));
+    if (who < 0 || who == initiator || seen[who]) continue;
+    if (!qtg_approvers_verify(a, who, statement, strlen(statement), PQgetvalue(votes, i, 1))) continue;
+    seen[who] = 1;
+    count++;
+  }
+  free(seen);
+  if (count < need)
+    QTG_REFUSE(dec, "APPROVALS_INCOMPLETE",
+               "%ld of %ld enrolled approvers signed this request's statement (MG_SIGNER_APPROVERS)",
+               count, need);
+  return 0;
+}
+
+/* Every check on the facts, in order; the first that fails refuses.  votes
+ * is NULL unless MG_SIGNER_APPROVERS is set. */
 static int qtg_signerd_check_facts(qtg_decision *dec, PGresult *r, const qtg_signer_line *l,
                                    const qtg_eip1559_tx *tx, const uint8_t key_addr[20],
-                                   const char *key_classes) {
+                                   const char *key_classes, const qtg_approvers *approvers,
+                                   PGresult *votes) {
   const char *state = qtg_field(r, F_STATE), *stored = qtg_field(r, F_STORED_DIGEST);
   const char *digest = qtg_field(r, F_DIGEST);
   qtg_u256 want, cap;
@@ -239,9 +293,12 @@ static int qtg_signerd_check_facts(qtg_decision *dec, PGresult *r, const qtg_sig
                digest ? digest : "?", stored);
   if (atol(qtg_field(r, F_REJECTS)) > 0)
     QTG_REFUSE(dec, "APPROVALS_INCOMPLETE", "the request was rejected by a principal");
-  if (atol(qtg_field(r, F_APPROVALS)) < atol(qtg_field(r, F_REQUIRED)))
+  if (votes != NULL) {
+    if (qtg_signerd_check_signed(dec, approvers, r, votes) != 0) return -1;
+  } else if (atol(qtg_field(r, F_APPROVALS)) < atol(qtg_field(r, F_REQUIRED))) {
     QTG_REFUSE(dec, "APPROVALS_INCOMPLETE", "%s of %s approvals for this digest",
                qtg_field(r, F_APPROVALS), qtg_field(r, F_REQUIRED));
+  }
   const char *of = qtg_field(r, F_NODE_OF_REQUEST);
   if (of == NULL || strcmp(of, "t") != 0)
     QTG_REFUSE(dec, "NODE_NOT_OF_REQUEST", "node is not a node of this request and its plan");
@@ -349,7 +406,20 @@ static int qtg_signerd_decide_sign(qtg_signerd *d, const qtg_signer_line *l, qtg
     PQclear(r);
     QTG_REFUSE(dec, "REQUEST_NOT_FOUND", "no request %s", l->request_id);
   }
-  int rc = qtg_signerd_check_facts(dec, r, l, &tx, key_addr, d->key_classes);
+  PGresult *votes = NULL;
+  if (d->approvers != NULL) {
+    const char *vp[2] = {l->request_id, qtg_field(r, F_DIGEST)};
+    votes = PQexecParams(db, qtg_signerd_votes_sql, 2, NULL, vp, NULL, NULL, 0);
+    if (votes == NULL || PQresultStatus(votes) != PGRES_TUPLES_OK) {
+      qtg_log_warn("signer: reading the approvals failed: %s", PQerrorMessage(db));
+      PQclear(votes);
+      PQclear(r);
+      qtg_signerd_db_drop(d);
+      return -2;
+    }
+  }
+  int rc = qtg_signerd_check_facts(dec, r, l, &tx, key_addr, d->key_classes, d->approvers, votes);
+  PQclear(votes);
   PQclear(r);
   if (rc != 0) return -1;
   char chain[24], nonce[24];
@@ -652,6 +722,12 @@ static int qtg_signerd_self_test(const qtg_keys *k, char *err, size_t errlen) {
  * or for none (a key it does not name). */
 static void qtg_signerd_warn_unbound(const qtg_signerd *d) {
   size_t n = qtg_keys_signer_count(d->keys);
+  if (d->approvers == NULL)
+    qtg_log_warn("signer: MG_SIGNER_APPROVERS is not set: approvals count as the daemon's "
+                 "database role wrote them, unsigned (docs/approvals.md)");
+  else
+    qtg_log_info("signer: %zu approvers enrolled (MG_SIGNER_APPROVERS): only their signed "
+                 "approvals count", qtg_approvers_count(d->approvers));
   if (n == 0) return;
   if (d->key_classes == NULL || d->key_classes[0] == '\0') {
     qtg_log_warn("signer: MG_SIGNER_KEY_CLASSES is not set: every key signs for requests of "
@@ -677,12 +753,15 @@ int qtg_signerd_main(const qtg_settings *s, const char *db_url, const char *root
   if (d.allowed_uid < 0) d.allowed_uid = (long)getuid();
   cfg.signer_keys = qtg_settings_str(s, QTG_S_SIGNER_KEYS);
   d.key_classes = qtg_settings_str(s, QTG_S_SIGNER_KEY_CLASSES);
-  if (qtg_signer_classes_check(d.key_classes, err, sizeof err) != 0 ||
+  const char *approvers = qtg_settings_str(s, QTG_S_SIGNER_APPROVERS);
+  if ((approvers[0] && qtg_approvers_load(approvers, &d.approvers, err, sizeof err) != 0) ||
+      qtg_signer_classes_check(d.key_classes, err, sizeof err) != 0 ||
       qtg_keys_load(&cfg, &d.keys, err, sizeof err) != 0 ||
       qtg_signerd_self_test(d.keys, err, sizeof err) != 0 ||
       qtg_signer_socket_path(s, root_dir, path, sizeof path, err, sizeof err) != 0) {
     qtg_log_error("signer: %s", err);
     qtg_keys_free(d.keys);
+    qtg_approvers_free(d.approvers);
     return 1;
   }
   qtg_signerd_warn_unbound(&d);
@@ -690,6 +769,7 @@ int qtg_signerd_main(const qtg_settings *s, const char *db_url, const char *root
     qtg_log_error("signer: cannot connect to the database as %s",
                   d.db_user && d.db_user[0] ? d.db_user : "the URL's user");
     qtg_keys_free(d.keys);
+    qtg_approvers_free(d.approvers);
     return 1;
   }
   d.listen_fd = qtg_signerd_listen(path, err, sizeof err);
@@ -697,6 +777,7 @@ int qtg_signerd_main(const qtg_settings *s, const char *db_url, const char *root
     qtg_log_error("signer: %s", err);
     qtg_signerd_db_drop(&d);
     qtg_keys_free(d.keys);
+    qtg_approvers_free(d.approvers);
     return 1;
   }
   struct sigaction sa;
@@ -724,5 +805,6 @@ int qtg_signerd_main(const qtg_settings *s, const char *db_url, const char *root
   unlink(path);
   qtg_signerd_db_drop(&d);
   qtg_keys_free(d.keys);
+  qtg_approvers_free(d.approvers);
   return 0;
 }

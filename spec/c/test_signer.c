@@ -1,7 +1,8 @@
 /* test_signer.c -- EVM signing: key -> address vectors, EIP-55, the EIP-155
  * worked example's r and s, recovery, the SignRequest checks, the signer
- * key files (good, malformed, loose permissions), and qtg.signer from Lua
- * inside a real host.
+ * key files (good, malformed, loose permissions), qtg.signer from Lua
+ * inside a real host, and the approvers' enrolment, statement and Ed25519
+ * (RFC 8032's first vector).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "qtg_approvers.h"
 #include "qtg_crypto.h"
 #include "qtg_keys.h"
 #include "qtg_settings.h"
@@ -460,6 +462,152 @@ static void test_proto(void) {
     CHECK(&tc, qtg_amount_to_units(bad_amounts[i], strlen(bad_amounts[i]), 18, &v) == -1);
 }
 
+/* RFC 8032 section 7.1, TEST 1: the empty message. */
+#define ED_SECRET "9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60"
+#define ED_PUBLIC "d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a"
+#define ED_SIG \
+  "e5564300c360ac729086e2cc806e828a84877f1eb8e5d974d873e065224901555fb8821590a33bacc61e39701cf9b46bd25bf5f0595bbe24655141438e7a100b"
+#define ED_OTHER "3d4017c3e843895a92b70aa74d1b7ebc9c982ccf2ec4968cc0cd55f12af4660c"
+
+static qtg_approvers *enrolment(const char *text) {
+  char err[512];
+  qtg_approvers *a = NULL;
+  if (qtg_approvers_parse(text, strlen(text), &a, err, sizeof err) != 0) {
+    fprintf(stderr, "enrolment refused: %s\n", err);
+    return NULL;
+  }
+  return a;
+}
+
+static void test_approvers(void) {
+  uint8_t secret[32], pub[32], sig[64];
+  char hex[129], err[512], st[QTG_APPROVAL_STATEMENT_MAX];
+  seckey_of(ED_SECRET, secret);
+  CHECK(&tc, qtg_approver_public_key(secret, pub) == 0);
+  qtg_hex_encode(pub, 32, hex);
+  CHECK_STR(&tc, hex, ED_PUBLIC);
+  CHECK(&tc, qtg_approver_sign(secret, "", 0, sig) == 0);
+  qtg_hex_encode(sig, 64, hex);
+  CHECK_STR(&tc, hex, ED_SIG);
+
+  qtg_approvers *a = enrolment(
+      "# two people\n"
+      "person alice ed25519:" ED_PUBLIC " operator:alice,api:alice-bot  # her laptop too\n"
+      "\n"
+      "  person\tbob ed25519:" ED_OTHER " operator:bob\r\n"
+      "quorum mainnet 2\nquorum * 1\n");
+  CHECK(&tc, a != NULL);
+  if (a == NULL) return;
+  CHECK(&tc, qtg_approvers_count(a) == 2);
+  int alice = qtg_approvers_person_of(a, "api:alice-bot");
+  CHECK(&tc, alice >= 0 && qtg_approvers_person_of(a, "operator:alice") == alice);
+  CHECK_STR(&tc, qtg_approvers_person_name(a, alice), "alice");
+  CHECK_STR(&tc, qtg_approvers_person_name(a, qtg_approvers_person_of(a, "operator:bob")), "bob");
+  CHECK(&tc, qtg_approvers_person_of(a, "operator:ali") == -1);
+  CHECK(&tc, qtg_approvers_person_of(a, "operator:alicex") == -1);
+  CHECK(&tc, qtg_approvers_person_of(a, "") == -1 && qtg_approvers_person_of(a, NULL) == -1);
+  CHECK(&tc, qtg_approvers_quorum(a, "mainnet") == 2 && qtg_approvers_quorum(a, "dev") == 1);
+  /* the vector verifies for alice only, and nothing altered does */
+  CHECK(&tc, qtg_approvers_verify(a, alice, "", 0, ED_SIG) == 1);
+  CHECK(&tc, qtg_approvers_verify(a, 1 - alice, "", 0, ED_SIG) == 0);
+  CHECK(&tc, qtg_approvers_verify(a, alice, "x", 1, ED_SIG) == 0);
+  char bent[129];
+  snprintf(bent, sizeof bent, "%s", ED_SIG);
+  bent[10] = bent[10] == '0' ? '1' : '0';
+  CHECK(&tc, qtg_approvers_verify(a, alice, "", 0, bent) == 0);
+  snprintf(bent, sizeof bent, "%s", ED_SIG);
+  bent[0] = 'E';                                         /* upper case: not the one form */
+  CHECK(&tc, qtg_approvers_verify(a, alice, "", 0, bent) == 0);
+  CHECK(&tc, qtg_approvers_verify(a, alice, "", 0, "e556") == 0);
+  CHECK(&tc, qtg_approvers_verify(a, -1, "", 0, ED_SIG) == 0 && qtg_approvers_verify(a, 7, "", 0, ED_SIG) == 0);
+  qtg_approvers_free(a);
+  a = enrolment("quorum mainnet 0\n");
+  CHECK(&tc, a != NULL && qtg_approvers_quorum(a, "mainnet") == 0 && qtg_approvers_quorum(a, "dev") == -1);
+  qtg_approvers_free(a);
+
+  static const char *const bad[] = {
+      "",                                                             /* no quorum */
+      "# nothing\n",
+      "quorum mainnet 2\nperson alice ed25519:" ED_PUBLIC "\n",       /* no principal */
+      "quorum mainnet 2\nperson alice " ED_PUBLIC " operator:a\n",    /* no ed25519: */
+      "quorum mainnet 2\nperson alice ed25519:D75A980182B10AB7D54BFED3C964073A0EE172F3DAA62325AF021A68F707511A operator:a\n",
+      "quorum mainnet 2\nperson alice ed25519:d75a98 operator:a\n",
+      "quorum mainnet 2\nperson al/ce ed25519:" ED_PUBLIC " operator:a\n",
+      "quorum mainnet 2\nperson alice ed25519:" ED_PUBLIC " alice\n",
+      "quorum mainnet 2\nperson alice ed25519:" ED_PUBLIC " operator:\n",
+      "quorum mainnet 2\nperson alice ed25519:" ED_PUBLIC " :alice\n",
+      "quorum mainnet 2\nperson alice ed25519:" ED_PUBLIC " operator:a,\n",
+      "quorum mainnet 2\nperson alice ed25519:" ED_PUBLIC " operator:a,,api:b\n",
+      "quorum mainnet 2\nperson alice ed25519:" ED_PUBLIC " Operator:a\n",
+      "quorum mainnet 2\nperson alice ed25519:" ED_PUBLIC " operator:a extra\n",
+      "quorum mainnet 2\nperson alice ed25519:" ED_PUBLIC " operator:a\nperson alice ed25519:" ED_OTHER " operator:b\n",
+      "quorum mainnet 2\nperson alice ed25519:" ED_PUBLIC " operator:a\nperson bob ed25519:" ED_PUBLIC " operator:b\n",
+      "quorum mainnet 2\nperson alice ed25519:" ED_PUBLIC " operator:a\nperson bob ed25519:" ED_OTHER " operator:a\n",
+      "quorum mainnet 2\nperson alice ed25519:" ED_PUBLIC " operator:a,operator:a\n",
+      "quorum mainnet 2\nquorum mainnet 3\n",
+      "quorum mainnet 101\n", "quorum mainnet -1\n", "quorum mainnet 2x\n", "quorum mainnet\n",
+      "quorum Mainnet 2\n", "quorum main net 2\n", "quorum ** 2\n", "quorum mainnet 0002\n",
+      "quorum mainnet 2\napprover alice\n",
+      "quorum mainnet 2\nperson alice ed25519:" ED_PUBLIC " operator:a\x01\n",
+      "quorum mainnet 2\nperson aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa ed25519:" ED_PUBLIC " operator:a\n",
+      NULL};
+  for (int i = 0; bad[i]; i++) {
+    err[0] = '\0';
+    a = NULL;
+    int rc = qtg_approvers_parse(bad[i], strlen(bad[i]), &a, err, sizeof err);
+    CHECK(&tc, rc == -1 && a == NULL && err[0] != '\0');
+    if (rc == 0) fprintf(stderr, "  accepted: %s\n", bad[i]);
+  }
+  static const char nul[] = "quorum mainnet 2\0\n";
+  CHECK(&tc, qtg_approvers_parse(nul, sizeof nul - 1, &a, err, sizeof err) == -1);
+  {
+    size_t n = 5000;
+    char *big = malloc(n + 32);
+    if (big != NULL) {
+      memset(big, ' ', n);
+      snprintf(big + n, 32, "quorum mainnet 2\n");
+      CHECK(&tc, qtg_approvers_parse(big, strlen(big), &a, err, sizeof err) == -1 && strstr(err, "longer"));
+      free(big);
+    }
+  }
+
+  /* the statement: one form, rebuilt byte for byte */
+  const char *req = "0b6d1c2e-1111-4222-8333-944455556666";
+  const char *d64 = "00000000000000000000000000000000000000000000000000000000000000aa";
+  CHECK(&tc, qtg_approval_statement(st, sizeof st, req, "mainnet", d64, d64) == 0);
+  CHECK(&tc, qtg_approval_statement_check(st, strlen(st)) == 0);
+  CHECK(&tc, strncmp(st, "qtg-approval-v1\nrequest 0b6d1c2e-", 33) == 0 && st[strlen(st) - 1] == '\n');
+  CHECK(&tc, qtg_approval_statement_check(st, strlen(st) - 1) == -1);
+  char longer[QTG_APPROVAL_STATEMENT_MAX + 8];
+  snprintf(longer, sizeof longer, "%sx", st);
+  CHECK(&tc, qtg_approval_statement_check(longer, strlen(longer)) == -1);
+  CHECK(&tc, qtg_approval_statement(st, sizeof st, "0B6D1C2E-1111-4222-8333-944455556666", "mainnet", d64, d64) == -1);
+  CHECK(&tc, qtg_approval_statement(st, sizeof st, req, "Mainnet", d64, d64) == -1);
+  CHECK(&tc, qtg_approval_statement(st, sizeof st, req, "mainnet", "AA", d64) == -1);
+  CHECK(&tc, qtg_approval_statement(st, sizeof st, req, "mainnet", d64, NULL) == -1);
+  CHECK(&tc, qtg_approval_statement(st, 40, req, "mainnet", d64, d64) == -1);
+  const char *swapped = "qtg-approval-v1\nclass mainnet\nrequest 0b6d1c2e-1111-4222-8333-944455556666\n";
+  CHECK(&tc, qtg_approval_statement_check(swapped, strlen(swapped)) == -1);
+  CHECK(&tc, qtg_approval_statement_check("", 0) == -1);
+
+  /* the file: a regular file group and others cannot write */
+  char path[400];
+  snprintf(path, sizeof path, "%s/approvers", tmpdir);
+  FILE *f = fopen(path, "w");
+  CHECK(&tc, f != NULL);
+  if (f == NULL) return;
+  fprintf(f, "person alice ed25519:%s operator:alice\nquorum * 1\n", ED_PUBLIC);
+  fclose(f);
+  CHECK(&tc, chmod(path, 0644) == 0);
+  CHECK(&tc, qtg_approvers_load(path, &a, err, sizeof err) == 0 && qtg_approvers_count(a) == 1);
+  qtg_approvers_free(a);
+  CHECK(&tc, chmod(path, 0664) == 0);
+  CHECK(&tc, qtg_approvers_load(path, &a, err, sizeof err) == -1 && a == NULL && strstr(err, "0664"));
+  CHECK(&tc, qtg_approvers_load(tmpdir, &a, err, sizeof err) == -1);
+  snprintf(path, sizeof path, "%s/no-such-file", tmpdir);
+  CHECK(&tc, qtg_approvers_load(path, &a, err, sizeof err) == -1 && strstr(err, "MG_SIGNER_APPROVERS"));
+}
+
 int main(void) {
   secp256k1_context *ctx;
   snprintf(tmpdir, sizeof tmpdir, "%s/qtg-test-signer-XXXXXX",
@@ -473,6 +621,7 @@ int main(void) {
   test_key_files();
   test_lua();
   test_proto();
+  test_approvers();
   qtg_signer_context_free(ctx);
   {
     char cmd[300];

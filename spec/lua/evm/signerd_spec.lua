@@ -471,6 +471,105 @@ c.sendall(b"KEYS\n"); print(c.makefile().readline().strip())' ]]
     assert.equal(2, #granted)
   end)
 
+  -- The daemon's role writes request_approvals; with MG_SIGNER_APPROVERS the
+  -- signer counts only votes signed by enrolled persons (src/qtg_approvers.h).
+  -- Everything a runtime-role writer can forge is tried here, as qtg_runtime.
+  it("counts only approvals signed by enrolled persons, at least the enrolment's quorum", function()
+    local keys = "sa=" .. sup.key_file(dir, "sa", DEV[1].key)
+    local class = new_class()
+    local dest = sup.random_address()
+    local function as_runtime(sql, ...)
+      s:begin()
+      s:exec("SET LOCAL ROLE qtg_runtime")
+      local ok, err = pcall(s.query, s, sql, ...)
+      if ok then s:commit() else s:rollback() end
+      assert(ok, err and err.message)
+    end
+    -- a request and its twin (the same intent: the same approval digest)
+    local req = engine.create(s, "sign_t_a", { intent = intent(dest), callback_url = false })
+    engine.move_class(s, req.id, class)
+    local twin = engine.create(s, "sign_t_a", { intent = intent(dest), callback_url = false })
+    engine.move_class(s, twin.id, class)
+    local function statement(id)
+      return s:query("SELECT qtg_approval_statement(r) AS t FROM movement_requests r WHERE id = $1::uuid", id)[1].t
+    end
+    local st = statement(req.id)
+    assert.not_equal(st, statement(twin.id))
+    assert.equal(s:query("SELECT qtg_approval_digest(r) AS d FROM movement_requests r WHERE id = $1::uuid",
+      req.id)[1].d, statement(twin.id):match("digest (%x+)"))
+    local kd = sup.host.tmpdir()
+    local key, pub = {}, {}
+    for _, name in ipairs({ "alice", "bob", "ivan", "mallory" }) do
+      key[name], pub[name] = sup.host.approver_key(kd, name)
+    end
+    local function enrol(quorum_class)
+      local path = kd .. "/approvers"
+      sup.host.write(path, table.concat({
+        "# approvers (signerd_spec)",
+        "person alice " .. pub.alice .. " operator:alice,api:alice-bot",
+        "person bob " .. pub.bob .. " operator:bob,api:bob-laptop",
+        "person ivan " .. pub.ivan .. " " .. engine.INITIATOR .. ",operator:ivan",
+        "quorum " .. quorum_class .. " 2", "" }, "\n"))
+      os.execute("chmod 644 " .. common.quote(path))
+      return path
+    end
+    -- the quorum row says 1; the enrolment says 2 for this class
+    as_runtime([[UPDATE movement_requests r SET approval_digest = qtg_approval_digest(r),
+                        approvals_required = 1 WHERE id = $1::uuid]], req.id)
+    local function vote(principal, signature)
+      as_runtime([[INSERT INTO request_approvals (request_id, principal, decision, approval_digest, signature)
+                   SELECT id, $2, 'approve', approval_digest, $3 FROM movement_requests WHERE id = $1::uuid]],
+        req.id, principal, signature)
+    end
+    -- ghosts: votes of nobody enrolled, an enrolled principal without a signature
+    vote("operator:ghost1")
+    vote("operator:ghost2", sup.host.approver_sign(key.mallory, st))
+    vote("operator:alice")
+    as_runtime("UPDATE movement_requests SET request_state = 'APPROVED' WHERE id = $1::uuid", req.id)
+    local node = engine.nodes(s, req.id).transfer
+    if node.node_state ~= "READY" then
+      as_runtime("UPDATE movement_request_nodes SET node_state = 'READY' WHERE id = $1::uuid", node.id)
+    end
+    local p = payload({ to = dest, nonce = 940 })
+    reserve(node.id, DEV[1].address, 940, p.signing_hash)
+    local function sign()
+      return qtg.signer.sign("sa", { request_id = req.id, request_node_id = node.id,
+        attempt_no = 1, payload = p.payload, payload_hash = p.signing_hash })
+    end
+    local function refused(code, text)
+      local sig, err = sign()
+      assert.is_nil(sig)
+      assert.equal(code, err.code, tostring(err.message))
+      if text then assert.truthy(err.message:find(text, 1, true), err.message) end
+    end
+    -- an enrolment without this class: nothing of it is signed
+    local h = start_local_signer(keys, { MG_SIGNER_APPROVERS = enrol("mainnet") })
+    refused("QUORUM_NOT_ENROLLED", class)
+    sup.host.stop(h)
+    start_local_signer(keys, { MG_SIGNER_APPROVERS = enrol(class) })
+    refused("APPROVALS_INCOMPLETE", "0 of 2 enrolled approvers")
+    -- alice signs (under her second principal); the initiator's person signs
+    -- under another principal of his; bob's signature of the twin; a forged one
+    vote("api:alice-bot", sup.host.approver_sign(key.alice, st))
+    vote("operator:ivan", sup.host.approver_sign(key.ivan, st))
+    vote("api:bob-laptop", sup.host.approver_sign(key.bob, statement(twin.id)))
+    vote("operator:carol", string.rep("ab", 64))
+    refused("APPROVALS_INCOMPLETE", "1 of 2 enrolled approvers")
+    -- bob's own signature of this request: the quorum of two distinct persons
+    vote("operator:bob", sup.host.approver_sign(key.bob, st))
+    assert.truthy(sign())
+    -- an enrolment group or others may write, or one it cannot read: the signer does not start
+    for _, bad in ipairs({ "chmod 666", "printf 'person x\\n' >" }) do
+      local path = enrol(class)
+      os.execute(bad .. " " .. common.quote(path))
+      local b = sup.host.start(sup.run_env("unused", { MG_SIGNER_KEYS = keys,
+        MG_SIGNER_SOCKET = dir .. "/unused.sock", MG_SIGNER_APPROVERS = path }), { "signer" })
+      assert.equal(1, sup.host.wait_exit(b, 30), bad)
+      assert.truthy((sup.host.read(b.log) or ""):find("MG_SIGNER_APPROVERS", 1, true), bad)
+    end
+    os.execute("rm -rf " .. common.quote(kd))
+  end)
+
   -- One signer serves every qtgd instance on its host; MG_SIGNER_KEY_CLASSES
   -- binds each key to the network classes it signs for, so a request of a
   -- class with laxer approval rules cannot get a mainnet key's signature.

@@ -68,6 +68,28 @@ function M.with_session(fn)
   return qtg.db.with_session(fn)
 end
 
+-- An approver's key (`qtgd approver key`) in dir: its path and its
+-- enrolment key ("ed25519:HEX").
+function M.approver_key(dir, name)
+  local path = dir .. "/" .. name .. ".key"
+  local rc, out = M.run({}, { common.quote(M.bin), "approver", "key", common.quote(path) })
+  assert(rc == 0, "qtgd approver key: " .. out)
+  return path, out:match("ed25519:%x+")
+end
+
+-- The signature (128 hex) of statement with the key at path
+-- (`qtgd approver sign`).
+function M.approver_sign(path, statement)
+  local file = path .. ".statement"
+  common.write(file, statement)
+  -- its stdout alone (what it shows on stderr is for the approver's eyes)
+  local rc, out = M.run({}, { "sh", "-c", common.quote(common.quote(M.bin) .. " approver sign "
+    .. common.quote(path) .. " < " .. common.quote(file) .. " 2>/dev/null") })
+  local sig = out:match("^(%x+)\n$")
+  assert(rc == 0 and sig and #sig == 128, "qtgd approver sign: " .. out)
+  return sig
+end
+
 M.query = common.query
 M.base_env = common.base_env
 

@@ -1,0 +1,442 @@
+/* qtg_approvers.c -- the signer's enrolment of approvers, their statement,
+ * and Ed25519 over OpenSSL.  See qtg_approvers.h for the formats and why.
+ *
+ * The parser reads whole lines, splits them on blanks, and refuses anything
+ * it does not know (an unknown word, a missing or extra field, a duplicate
+ * person, principal, key or class): an enrolment the signer misreads would
+ * count the wrong people.
+ */
+#include "qtg_approvers.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+
+#include "qtg_crypto.h"
+
+enum { QTG_APPROVERS_MAX = 1024, QTG_APPROVERS_LINE_MAX = 4096, QTG_APPROVERS_FILE_MAX = 1 << 20,
+       QTG_CLASS_MAX = 32, QTG_FIELDS_MAX = 5 };
+
+typedef struct {
+  char name[QTG_APPROVER_NAME_MAX + 1];
+  uint8_t pub[QTG_APPROVER_PUBLIC_LEN];
+  char **principals;
+  size_t nprincipals;
+} qtg_person;
+
+typedef struct {
+  char klass[QTG_CLASS_MAX + 1];    /* "*" for every class not named */
+  int n;
+} qtg_quorum;
+
+struct qtg_approvers {
+  qtg_person *people;
+  size_t npeople;
+  qtg_quorum *quorums;
+  size_t nquorums;
+};
+
+static int qtg_is_name_char(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+         c == '_' || c == '.' || c == '-';
+}
+
+static int qtg_is_class(const char *s, size_t len) {
+  if (len == 0 || len > QTG_CLASS_MAX) return 0;
+  for (size_t i = 0; i < len; i++)
+    if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= '0' && s[i] <= '9') || s[i] == '_' || s[i] == '-'))
+      return 0;
+  return 1;
+}
+
+static int qtg_is_lower_hex(const char *s, size_t len) {
+  for (size_t i = 0; i < len; i++)
+    if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f'))) return 0;
+  return 1;
+}
+
+static int qtg_is_uuid(const char *s) {
+  if (strlen(s) != 36) return 0;
+  for (int i = 0; i < 36; i++) {
+    if (i == 8 || i == 13 || i == 18 || i == 23) {
+      if (s[i] != '-') return 0;
+    } else if (!qtg_is_lower_hex(s + i, 1)) {
+      return 0;
+    }
+  }
+  return 1;
+}
+
+/* A principal: KIND:NAME, KIND [a-z]+, NAME printable without blanks or
+ * commas, at most QTG_APPROVER_PRINCIPAL_MAX bytes in all. */
+static int qtg_is_principal(const char *s, size_t len) {
+  size_t i = 0;
+  if (len == 0 || len > QTG_APPROVER_PRINCIPAL_MAX) return 0;
+  while (i < len && s[i] >= 'a' && s[i] <= 'z') i++;
+  if (i == 0 || i + 1 >= len || s[i] != ':') return 0;
+  for (i++; i < len; i++)
+    if ((unsigned char)s[i] <= ' ' || (unsigned char)s[i] >= 0x7f || s[i] == ',') return 0;
+  return 1;
+}
+
+void qtg_approvers_free(qtg_approvers *a) {
+  if (a == NULL) return;
+  for (size_t i = 0; i < a->npeople; i++) {
+    for (size_t j = 0; j < a->people[i].nprincipals; j++) free(a->people[i].principals[j]);
+    free(a->people[i].principals);
+  }
+  free(a->people);
+  free(a->quorums);
+  free(a);
+}
+
+size_t qtg_approvers_count(const qtg_approvers *a) { return a ? a->npeople : 0; }
+
+const char *qtg_approvers_person_name(const qtg_approvers *a, int person) {
+  return a && person >= 0 && (size_t)person < a->npeople ? a->people[person].name : NULL;
+}
+
+int qtg_approvers_person_of(const qtg_approvers *a, const char *principal) {
+  if (a == NULL || principal == NULL) return -1;
+  for (size_t i = 0; i < a->npeople; i++)
+    for (size_t j = 0; j < a->people[i].nprincipals; j++)
+      if (strcmp(a->people[i].principals[j], principal) == 0) return (int)i;
+  return -1;
+}
+
+int qtg_approvers_quorum(const qtg_approvers *a, const char *klass) {
+  int any = -1;
+  if (a == NULL || klass == NULL) return -1;
+  for (size_t i = 0; i < a->nquorums; i++) {
+    if (strcmp(a->quorums[i].klass, klass) == 0) return a->quorums[i].n;
+    if (strcmp(a->quorums[i].klass, "*") == 0) any = a->quorums[i].n;
+  }
+  return any;
+}
+
+/* Add "P1,P2,..." to person p; -1 with err on a bad or taken principal. */
+static int qtg_add_principals(qtg_approvers *a, qtg_person *p, const char *list, size_t len,
+                              int line, char *err, size_t errlen) {
+  size_t start = 0;
+  while (start <= len) {
+    size_t end = start;
+    while (end < len && list[end] != ',') end++;
+    if (!qtg_is_principal(list + start, end - start)) {
+      snprintf(err, errlen, "line %d: '%.*s' is not a principal (KIND:NAME, e.g. operator:alice)",
+               line, (int)(end - start > 140 ? 140 : end - start), list + start);
+      return -1;
+    }
+    char *one = strndup(list + start, end - start);
+    if (one == NULL) {
+      snprintf(err, errlen, "out of memory");
+      return -1;
+    }
+    if (qtg_approvers_person_of(a, one) >= 0) {   /* p is in a already */
+      snprintf(err, errlen, "line %d: principal %s is enrolled twice", line, one);
+      free(one);
+      return -1;
+    }
+    char **grown = realloc(p->principals, (p->nprincipals + 1) * sizeof *grown);
+    if (grown == NULL) {
+      free(one);
+      snprintf(err, errlen, "out of memory");
+      return -1;
+    }
+    p->principals = grown;
+    p->principals[p->nprincipals++] = one;
+    start = end + 1;
+  }
+  return 0;
+}
+
+/* person NAME ed25519:HEX PRINCIPALS */
+static int qtg_parse_person(qtg_approvers *a, char **f, size_t *fl, int line, char *err,
+                            size_t errlen) {
+  if (a->npeople == QTG_APPROVERS_MAX) {
+    snprintf(err, errlen, "line %d: more than %d persons", line, QTG_APPROVERS_MAX);
+    return -1;
+  }
+  if (fl[1] > QTG_APPROVER_NAME_MAX) {
+    snprintf(err, errlen, "line %d: a person's name has at most %d characters", line,
+             QTG_APPROVER_NAME_MAX);
+    return -1;
+  }
+  for (size_t i = 0; i < fl[1]; i++)
+    if (!qtg_is_name_char(f[1][i])) {
+      snprintf(err, errlen, "line %d: a person's name is [A-Za-z0-9_.-]", line);
+      return -1;
+    }
+  qtg_person p;
+  memset(&p, 0, sizeof p);
+  memcpy(p.name, f[1], fl[1]);
+  if (fl[2] != 8 + 2 * QTG_APPROVER_PUBLIC_LEN || strncmp(f[2], "ed25519:", 8) != 0 ||
+      !qtg_is_lower_hex(f[2] + 8, 2 * QTG_APPROVER_PUBLIC_LEN) ||
+      qtg_hex_decode(f[2] + 8, 2 * QTG_APPROVER_PUBLIC_LEN, p.pub) != 0) {
+    snprintf(err, errlen, "line %d: person %s: the key is ed25519: and 64 lowercase hex digits",
+             line, p.name);
+    return -1;
+  }
+  for (size_t i = 0; i < a->npeople; i++) {
+    if (strcmp(a->people[i].name, p.name) == 0) {
+      snprintf(err, errlen, "line %d: person %s is enrolled twice", line, p.name);
+      return -1;
+    }
+    if (memcmp(a->people[i].pub, p.pub, sizeof p.pub) == 0) {
+      snprintf(err, errlen, "line %d: person %s has the key of person %s", line, p.name,
+               a->people[i].name);
+      return -1;
+    }
+  }
+  qtg_person *grown = realloc(a->people, (a->npeople + 1) * sizeof *grown);
+  if (grown == NULL) {
+    snprintf(err, errlen, "out of memory");
+    return -1;
+  }
+  a->people = grown;
+  a->people[a->npeople++] = p;
+  return qtg_add_principals(a, &a->people[a->npeople - 1], f[3], fl[3], line, err, errlen);
+}
+
+/* quorum CLASS|* N */
+static int qtg_parse_quorum(qtg_approvers *a, char **f, size_t *fl, int line, char *err,
+                            size_t errlen) {
+  qtg_quorum q;
+  memset(&q, 0, sizeof q);
+  if (!(fl[1] == 1 && f[1][0] == '*') && !qtg_is_class(f[1], fl[1])) {
+    snprintf(err, errlen, "line %d: quorum's class is [a-z0-9_-]{1,32} or *", line);
+    return -1;
+  }
+  memcpy(q.klass, f[1], fl[1]);
+  int n = 0;
+  for (size_t i = 0; i < fl[2]; i++) {
+    if (f[2][i] < '0' || f[2][i] > '9' || fl[2] > 3) {
+      n = -1;
+      break;
+    }
+    n = n * 10 + (f[2][i] - '0');
+  }
+  if (n < 0 || n > QTG_APPROVER_QUORUM_MAX) {
+    snprintf(err, errlen, "line %d: quorum for %s is a whole number from 0 to %d", line, q.klass,
+             QTG_APPROVER_QUORUM_MAX);
+    return -1;
+  }
+  q.n = n;
+  for (size_t i = 0; i < a->nquorums; i++)
+    if (strcmp(a->quorums[i].klass, q.klass) == 0) {
+      snprintf(err, errlen, "line %d: quorum for %s is given twice", line, q.klass);
+      return -1;
+    }
+  qtg_quorum *grown = realloc(a->quorums, (a->nquorums + 1) * sizeof *grown);
+  if (grown == NULL) {
+    snprintf(err, errlen, "out of memory");
+    return -1;
+  }
+  a->quorums = grown;
+  a->quorums[a->nquorums++] = q;
+  return 0;
+}
+
+/* One line (without its newline, NUL-terminated in place). */
+static int qtg_parse_line(qtg_approvers *a, char *s, int line, char *err, size_t errlen) {
+  char *f[QTG_FIELDS_MAX];
+  size_t fl[QTG_FIELDS_MAX], n = 0;
+  char *hash = strchr(s, '#');
+  if (hash) *hash = '\0';
+  for (char *p = s; *p;) {
+    while (*p == ' ' || *p == '\t' || *p == '\r') p++;
+    if (*p == '\0') break;
+    if (n == QTG_FIELDS_MAX) {
+      snprintf(err, errlen, "line %d: too many fields", line);
+      return -1;
+    }
+    f[n] = p;
+    while (*p && *p != ' ' && *p != '\t' && *p != '\r') p++;
+    fl[n] = (size_t)(p - f[n]);
+    n++;
+  }
+  if (n == 0) return 0;
+  for (const char *p = s; *p; p++)
+    if ((unsigned char)*p < ' ' && *p != '\t' && *p != '\r') {
+      snprintf(err, errlen, "line %d: a control character", line);
+      return -1;
+    }
+  if (fl[0] == 6 && strncmp(f[0], "person", 6) == 0 && n == 4)
+    return qtg_parse_person(a, f, fl, line, err, errlen);
+  if (fl[0] == 6 && strncmp(f[0], "quorum", 6) == 0 && n == 3)
+    return qtg_parse_quorum(a, f, fl, line, err, errlen);
+  snprintf(err, errlen,
+           "line %d: expected 'person NAME ed25519:HEX PRINCIPAL[,...]' or 'quorum CLASS|* N'", line);
+  return -1;
+}
+
+int qtg_approvers_parse(const char *text, size_t len, qtg_approvers **out, char *err,
+                        size_t errlen) {
+  *out = NULL;
+  if (memchr(text, '\0', len) != NULL) {
+    snprintf(err, errlen, "the enrolment holds a NUL byte");
+    return -1;
+  }
+  qtg_approvers *a = calloc(1, sizeof *a);
+  char *buf = malloc(QTG_APPROVERS_LINE_MAX + 1);
+  if (a == NULL || buf == NULL) {
+    free(a);
+    free(buf);
+    snprintf(err, errlen, "out of memory");
+    return -1;
+  }
+  int line = 0;
+  for (size_t start = 0; start < len;) {
+    const char *nl = memchr(text + start, '\n', len - start);
+    size_t end = nl ? (size_t)(nl - text) : len;
+    line++;
+    if (end - start > QTG_APPROVERS_LINE_MAX) {
+      snprintf(err, errlen, "line %d: longer than %d bytes", line, QTG_APPROVERS_LINE_MAX);
+      goto fail;
+    }
+    memcpy(buf, text + start, end - start);
+    buf[end - start] = '\0';
+    if (qtg_parse_line(a, buf, line, err, errlen) != 0) goto fail;
+    start = end + 1;
+  }
+  free(buf);
+  if (a->nquorums == 0) {
+    snprintf(err, errlen, "no quorum line: name the approvals each network class needs "
+                          "('quorum CLASS N' or 'quorum * N')");
+    qtg_approvers_free(a);
+    return -1;
+  }
+  *out = a;
+  return 0;
+fail:
+  free(buf);
+  qtg_approvers_free(a);
+  return -1;
+}
+
+int qtg_approvers_load(const char *path, qtg_approvers **out, char *err, size_t errlen) {
+  struct stat st;
+  *out = NULL;
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) {
+    snprintf(err, errlen, "MG_SIGNER_APPROVERS: cannot open %s: %s", path, strerror(errno));
+    return -1;
+  }
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > QTG_APPROVERS_FILE_MAX) {
+    snprintf(err, errlen, "MG_SIGNER_APPROVERS: %s is not a regular file of at most %d bytes",
+             path, QTG_APPROVERS_FILE_MAX);
+    close(fd);
+    return -1;
+  }
+  if ((st.st_mode & 022) != 0) {
+    snprintf(err, errlen, "MG_SIGNER_APPROVERS: %s has mode %04o: group or others may change "
+             "who approves; make it 0644 or stricter", path, (unsigned)(st.st_mode & 07777));
+    close(fd);
+    return -1;
+  }
+  char *text = malloc((size_t)st.st_size + 1);
+  size_t got = 0;
+  if (text == NULL) {
+    close(fd);
+    snprintf(err, errlen, "out of memory");
+    return -1;
+  }
+  while (got < (size_t)st.st_size) {
+    ssize_t n = read(fd, text + got, (size_t)st.st_size - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += (size_t)n;
+  }
+  close(fd);
+  if (got != (size_t)st.st_size) {
+    free(text);
+    snprintf(err, errlen, "MG_SIGNER_APPROVERS: cannot read %s", path);
+    return -1;
+  }
+  char why[400];
+  int rc = qtg_approvers_parse(text, got, out, why, sizeof why);
+  free(text);
+  if (rc != 0) snprintf(err, errlen, "MG_SIGNER_APPROVERS: %s: %s", path, why);
+  return rc;
+}
+
+int qtg_approvers_verify(const qtg_approvers *a, int person, const char *msg, size_t len,
+                         const char *sig_hex) {
+  uint8_t sig[QTG_APPROVER_SIGNATURE_LEN];
+  if (a == NULL || person < 0 || (size_t)person >= a->npeople || sig_hex == NULL ||
+      strlen(sig_hex) != 2 * sizeof sig || !qtg_is_lower_hex(sig_hex, 2 * sizeof sig) ||
+      qtg_hex_decode(sig_hex, 2 * sizeof sig, sig) != 0)
+    return 0;
+  EVP_PKEY *key = EVP_PKEY_new_raw_public_key(EVP_PKEY_ED25519, NULL, a->people[person].pub,
+                                              QTG_APPROVER_PUBLIC_LEN);
+  EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+  int ok = key != NULL && ctx != NULL && EVP_DigestVerifyInit(ctx, NULL, NULL, NULL, key) == 1 &&
+           EVP_DigestVerify(ctx, sig, sizeof sig, (const unsigned char *)msg, len) == 1;
+  EVP_MD_CTX_free(ctx);
+  EVP_PKEY_free(key);
+  return ok ? 1 : 0;
+}
+
+int qtg_approval_statement(char *out, size_t outlen, const char *request, const char *klass,
+                           const char *digest, const char *plan) {
+  if (request == NULL || klass == NULL || digest == NULL || plan == NULL || !qtg_is_uuid(request) ||
+      !qtg_is_class(klass, strlen(klass)) || strlen(digest) != 64 || !qtg_is_lower_hex(digest, 64) ||
+      strlen(plan) != 64 || !qtg_is_lower_hex(plan, 64))
+    return -1;
+  int n = snprintf(out, outlen, "qtg-approval-v1\nrequest %s\nclass %s\ndigest %s\nplan %s\n",
+                   request, klass, digest, plan);
+  return n > 0 && (size_t)n < outlen ? 0 : -1;
+}
+
+int qtg_approval_statement_check(const char *text, size_t len) {
+  char req[37], klass[QTG_CLASS_MAX + 1], digest[65], plan[65], again[QTG_APPROVAL_STATEMENT_MAX];
+  const char *p = text, *end = text + len;
+  const char *prefix[] = {"qtg-approval-v1\nrequest ", "\nclass ", "\ndigest ", "\nplan "};
+  char *dst[] = {req, klass, digest, plan};
+  size_t cap[] = {sizeof req, sizeof klass, sizeof digest, sizeof plan};
+  if (len >= sizeof again || memchr(text, '\0', len) != NULL) return -1;
+  for (int i = 0; i < 4; i++) {
+    size_t pl = strlen(prefix[i]);
+    if ((size_t)(end - p) < pl || memcmp(p, prefix[i], pl) != 0) return -1;
+    p += pl;
+    const char *stop = memchr(p, '\n', (size_t)(end - p));
+    if (stop == NULL || (size_t)(stop - p) >= cap[i]) return -1;
+    memcpy(dst[i], p, (size_t)(stop - p));
+    dst[i][stop - p] = '\0';
+    p = stop;
+  }
+  /* the one form: rebuilt from its facts, it is byte for byte the same */
+  if (qtg_approval_statement(again, sizeof again, req, klass, digest, plan) != 0) return -1;
+  return strlen(again) == len && memcmp(again, text, len) == 0 ? 0 : -1;
+}
+
+int qtg_approver_public_key(const uint8_t secret[QTG_APPROVER_SECRET_LEN],
+                            uint8_t pub[QTG_APPROVER_PUBLIC_LEN]) {
+  size_t n = QTG_APPROVER_PUBLIC_LEN;
+  EVP_PKEY *key = EVP_PKEY_new_raw_private_key(EVP_PKEY_ED25519, NULL, secret,
+                                               QTG_APPROVER_SECRET_LEN);
+  int ok = key != NULL && EVP_PKEY_get_raw_public_key(key, pub, &n) == 1 &&
+           n == QTG_APPROVER_PUBLIC_LEN;
+  EVP_PKEY_free(key);
+  return ok ? 0 : -1;
+}
+
+int qtg_approver_sign(const uint8_t secret[QTG_APPROVER_SECRET_LEN], const char *msg,
+                      size_t len, uint8_t sig[QTG_APPROVER_SIGNATURE_LEN]) {
+  size_t n = QTG_APPROVER_SIGNATURE_LEN;
+  EVP_PKEY *key = EVP_PKEY_new_raw_private_key(EVP_PKEY_ED25519, NULL, secret,
+                                               QTG_APPROVER_SECRET_LEN);
+  EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+  int ok = key != NULL && ctx != NULL && EVP_DigestSignInit(ctx, NULL, NULL, NULL, key) == 1 &&
+           EVP_DigestSign(ctx, sig, &n, (const unsigned char *)msg, len) == 1 &&
+           n == QTG_APPROVER_SIGNATURE_LEN;
+  EVP_MD_CTX_free(ctx);
+  EVP_PKEY_free(key);
+  return ok ? 0 : -1;
+}

@@ -1,0 +1,100 @@
+/* qtg_approvers.h -- the approvers enrolled with the signer, and the
+ * statement each of them signs to approve a request.
+ *
+ * Why: the approval rows (request_approvals) are written by the daemon's
+ * database role, so a row alone proves nothing to the signer: whoever runs
+ * Lua in `qtgd run` could insert one.  With MG_SIGNER_APPROVERS set, the
+ * signer counts an approval only when it carries an Ed25519 signature, by a
+ * person enrolled in that file, of the request's approval statement; and it
+ * asks for at least the file's quorum for the request's network class,
+ * whatever the request row says.  The file is the signer's, read at start;
+ * the daemon cannot change it.
+ *
+ * The enrolment file, one entry per line ('#' starts a comment):
+ *
+ *   person NAME ed25519:HEX64 PRINCIPAL[,PRINCIPAL...]
+ *   quorum CLASS|* N
+ *
+ * A person acts under one or more principals (operator:alice,
+ * api:alice-laptop) and counts once however many of them approved.  NAME is
+ * [A-Za-z0-9_.-]{1,64}; a principal is KIND:NAME without spaces or commas,
+ * at most 128 bytes; a principal or a key belongs to one person only.
+ * `quorum CLASS N` (0..100) is the floor for that network class, `quorum *
+ * N` for the classes not named; a class with neither is never signed for.
+ *
+ * The statement (text, every line ending in "\n"):
+ *
+ *   qtg-approval-v1
+ *   request UUID
+ *   class NETWORK_CLASS
+ *   digest APPROVAL_DIGEST (64 hex: the request's approval document)
+ *   plan PLAN_DIGEST (64 hex: the plan version's nodes and risk controls)
+ *
+ * The request id keeps one approval from approving a twin request (the same
+ * intent gives the same digest); the plan digest covers what the request's
+ * nodes do (a destination written in a node's config).
+ *
+ * Functions return 0 on success and -1 on failure (err filled), unless
+ * they say otherwise.
+ */
+#ifndef QTG_APPROVERS_H
+#define QTG_APPROVERS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum {
+  QTG_APPROVER_NAME_MAX = 64,
+  QTG_APPROVER_PRINCIPAL_MAX = 128,
+  QTG_APPROVER_QUORUM_MAX = 100,
+  QTG_APPROVER_PUBLIC_LEN = 32,
+  QTG_APPROVER_SECRET_LEN = 32,
+  QTG_APPROVER_SIGNATURE_LEN = 64,
+  QTG_APPROVAL_STATEMENT_MAX = 256
+};
+
+typedef struct qtg_approvers qtg_approvers;
+
+/* Parse an enrolment file's text. */
+int qtg_approvers_parse(const char *text, size_t len, qtg_approvers **out, char *err,
+                        size_t errlen);
+
+/* Read and parse the file at path: a regular file that group and others
+ * cannot write (the signer trusts what it says). */
+int qtg_approvers_load(const char *path, qtg_approvers **out, char *err, size_t errlen);
+
+void qtg_approvers_free(qtg_approvers *a);
+
+size_t qtg_approvers_count(const qtg_approvers *a);
+
+/* The person principal acts for (an index below qtg_approvers_count), or
+ * -1 when no enrolled person has it. */
+int qtg_approvers_person_of(const qtg_approvers *a, const char *principal);
+
+const char *qtg_approvers_person_name(const qtg_approvers *a, int person);
+
+/* The quorum for klass (its own line, else "*"), or -1 when neither. */
+int qtg_approvers_quorum(const qtg_approvers *a, const char *klass);
+
+/* 1 when sig_hex (128 hex digits) is person's Ed25519 signature of msg,
+ * else 0 (any malformed input included). */
+int qtg_approvers_verify(const qtg_approvers *a, int person, const char *msg, size_t len,
+                         const char *sig_hex);
+
+/* Write the statement for these facts into out; -1 when a fact is not of
+ * its form (uuid, class [a-z0-9_-]{1,32}, 64 lowercase hex) or out is too
+ * small. */
+int qtg_approval_statement(char *out, size_t outlen, const char *request, const char *klass,
+                           const char *digest, const char *plan);
+
+/* 0 when text (len bytes) is exactly one statement. */
+int qtg_approval_statement_check(const char *text, size_t len);
+
+/* Ed25519 for an approver's own key (`qtgd approver`): the public key of
+ * a 32-byte secret, and a signature of msg. */
+int qtg_approver_public_key(const uint8_t secret[QTG_APPROVER_SECRET_LEN],
+                            uint8_t pub[QTG_APPROVER_PUBLIC_LEN]);
+int qtg_approver_sign(const uint8_t secret[QTG_APPROVER_SECRET_LEN], const char *msg,
+                      size_t len, uint8_t sig[QTG_APPROVER_SIGNATURE_LEN]);
+
+#endif
