@@ -6,6 +6,7 @@ local qtg = require("qtg")
 local heartbeats = require("qtg.heartbeats")
 local wakeups = require("qtg.wakeups")
 local reload = require("qtg.reload")
+local errors = require("qtg.errors")
 
 local M = {}
 
@@ -54,6 +55,17 @@ end
 function M.run()
   local settings = qtg.settings
   warn_unknown_settings()
+  -- signed approvals: a file the daemon cannot read or parse stops it here,
+  -- not at the first vote
+  local eok, enrolment = pcall(require("qtg.signed_approvals").enrolment)
+  if not eok then
+    qtg.log.error(errors.text(enrolment))
+    return 1
+  end
+  if enrolment then
+    qtg.log.info("signed approvals: only votes signed by enrolled persons count",
+      {persons = enrolment:count(), file = settings.signer_approvers})
+  end
   if settings.console_enabled then qtg.console_server.start() end
   if settings.api_listen ~= "" then
     local aok, aerr = pcall(qtg.api_server.start, settings.api_listen)

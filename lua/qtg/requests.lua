@@ -37,6 +37,7 @@ local templates = require "qtg.templates"
 local executors = require "qtg.executors"
 local principals = require "qtg.principals"
 local approvals = require "qtg.approvals"
+local signed = require "qtg.signed_approvals"
 local risk = require "qtg.risk_controls"
 local errors = require "qtg.errors"
 
@@ -140,7 +141,7 @@ local function policy_record(decision, policy_error, initiator)
 end
 
 local function votes(s, id)
-  return s:query([[SELECT principal, decision, comment, approval_digest, created_at
+  return s:query([[SELECT principal, decision, comment, approval_digest, signature, created_at
                      FROM request_approvals WHERE request_id = $1::uuid ORDER BY id]], id)
 end
 
@@ -174,7 +175,7 @@ local function counted(s, req, digest, roles)
       list[#list + 1] = v
     end
   end
-  return list
+  return signed.count(s, req, list)
 end
 
 -- grant(s, req, actor, approved, decision): PENDING_APPROVAL -> APPROVED,
@@ -286,6 +287,9 @@ function M.create(s, args, who)
       keys[#keys + 1] = r.node_key
     end
     local frontier = state.roots(keys, nodes_db.load_graph(s, pv.id))
+    -- signed approvals: at least the enrolment's quorum, whatever the policy allows
+    local required = decision and decision.approvals or 1
+    required = math.max(required, signed.floor({ id = "(new)", network_class = network_class }))
     -- created_at and expires_at from one clock reading: the approval
     -- window is exactly MG_APPROVAL_TTL_SECONDS long
     local req = s:query([[
@@ -301,7 +305,7 @@ function M.create(s, args, who)
       canon.encode(args.intent), canon.encode(args.input_params or {}),
       canon.encode(canon.array(frontier)), args.idempotency_key,
       type(args.callback_url) == "string" and require("qtg.callbacks").normalize_url(args.callback_url) or nil,
-      settings().approval_ttl_seconds, actor, decision and decision.approvals or 1,
+      settings().approval_ttl_seconds, actor, required,
       canon.encode(policy_record(decision, policy_error, initiator)))[1]
     if not req then
       -- a concurrent create with the same key won the race
@@ -324,7 +328,7 @@ function M.create(s, args, who)
       -- what was asked for: the trail shows it without the request row
       intent = args.intent, callback_url = req.callback_url,
     } })
-    if decision and decision.action == "allow" then
+    if decision and decision.action == "allow" and required == 0 then
       -- approved by the policy itself
       local locked = lock_request(s, req.id)
       grant(s, locked, "policy:" .. decision.rule, {}, decision)
@@ -339,7 +343,7 @@ end
 -- block: then the vote is refused and the request keeps waiting, the
 -- refusal recorded); the request becomes APPROVED when the quorum of
 -- distinct principals who approved this digest is met.
-local function approve(s, id, p, comment)
+local function approve(s, id, p, comment, signature)
   local actor = p.actor
   local req = lock_request(s, id)
   expect_state(req, { "PENDING_APPROVAL" }, "approve")
@@ -401,10 +405,12 @@ local function approve(s, id, p, comment)
     refuse("forbidden", "%s may not approve request %s: it is %s", actor, id,
       now and "without the approve role or one of the rule's roles now" or "no enrolled operator or live API token")
   end
-  local required = math.max(tonumber(req.approvals_required) or 1, decision.approvals)
+  signed.check_vote(s, req, actor, signature)
+  local required = math.max(tonumber(req.approvals_required) or 1, decision.approvals, signed.floor(req))
   s:query([[
-    INSERT INTO request_approvals (request_id, principal, decision, comment, approval_digest)
-    VALUES ($1::uuid, $2, 'approve', $3, $4)]], id, actor, type(comment) == "string" and comment or nil, digest)
+    INSERT INTO request_approvals (request_id, principal, decision, comment, approval_digest, signature)
+    VALUES ($1::uuid, $2, 'approve', $3, $4, $5)]], id, actor, type(comment) == "string" and comment or nil,
+    digest, signature)
   s:query([[UPDATE movement_requests SET approval_digest = $2, approvals_required = $3,
                    approval_policy = $4::jsonb WHERE id = $1::uuid]],
     id, digest, required, canon.encode(policy_record(decision, nil, initiator)))
@@ -420,10 +426,11 @@ local function approve(s, id, p, comment)
   return grant(s, req, actor, approved, decision)
 end
 
-function M.approve(s, id, who, comment)
+function M.approve(s, id, who, comment, signature)
   local p = acting(who, "approve", "approve requests")
+  signed.check_signature(signature)
   local req, refusal = in_tx(s, function()
-    local r, why = approve(s, id, p, comment)
+    local r, why = approve(s, id, p, comment, signature)
     return r, why
   end)
   if refusal then error(refusal, 0) end
@@ -437,7 +444,8 @@ function M.approval_status(s, id)
   local req = own_request(s, id, false)
   local pol = type(req.approval_policy) == "table" and req.approval_policy or {}
   local out = { approvals_required = req.approvals_required, approved_by = {}, rejected_by = {},
-                rule = pol.rule, roles = pol.roles, error = pol.error, digest = req.approval_digest }
+                rule = pol.rule, roles = pol.roles, error = pol.error, digest = req.approval_digest,
+                statement = signed.statement(s, req.id), signed = signed.enrolment() ~= nil }
   local valid = {}
   for _, v in ipairs(counted(s, req, req.approval_digest, type(pol.roles) == "table" and pol.roles or nil)) do
     valid[v.principal] = true

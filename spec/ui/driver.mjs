@@ -76,11 +76,16 @@ const SCENARIOS = {
     const digest = await page.$eval(`${card} code.digest`, (c) => c.textContent);
     const fields = await page.$$eval(`${card} tr[data-field]`, (trs) => Object.fromEntries(
       trs.map((tr) => [tr.dataset.field, tr.querySelector('td').textContent])));
+    const statement = await page.$eval(`${card} pre.statement`, (p) => p.textContent);
     await page.screenshot({ path: `${plan.out}/approvals.png`, fullPage: true });
+    if (plan.approve.signature) {
+      await page.click(`${card} details.statement summary`);
+      await page.type(`${card} input.signature`, plan.approve.signature);
+    }
     await page.click(`${card} button[data-action=approve]`);
     await confirmDialog(page, 'checked against the desk ticket');
     await page.waitForFunction((sel) => !document.querySelector(sel), { timeout: TIMEOUT }, card);
-    return { digest, fields };
+    return { digest, fields, statement };
   },
 
   // reject from the detail page: Confirm stays disabled until a reason is typed

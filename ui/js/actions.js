@@ -38,10 +38,11 @@ export function nodeActions(req, node, ctx) {
     && a.requestStates.includes(req.request_state) && (!a.manual || node.node_kind === 'manual'));
 }
 
-// run(action, target, lines) -> the API's answer, or null when not confirmed.
-// A manual step's dialog shows its instructions and asks for its required
-// inputs one field each.
-export async function run(action, target, what) {
+// run(action, target, what[, extra]) -> the API's answer, or null when not
+// confirmed.  A manual step's dialog shows its instructions and asks for
+// its required inputs one field each; extra fields (an approval's
+// signature) go into the body as given.
+export async function run(action, target, what, extra) {
   const manual = action.input && target.manual ? target.manual : null;
   const answer = await confirmAction({ title: `${action.label} ${what}?`,
     lines: manual && manual.instructions ? [manual.instructions] : action.lines,
@@ -51,5 +52,6 @@ export async function run(action, target, what) {
   const body = {};
   if (action.field && answer.reason) body[action.field] = answer.reason;
   if (action.input) body.input = answer.input;
+  Object.assign(body, extra || {});
   return api.post(action.path(target), body);
 }

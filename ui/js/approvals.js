@@ -1,7 +1,10 @@
 // approvals.js -- the Approvals inbox: what waits for the signed-in
 // principal (GET /v3/approvals), each with the document an approval
-// approves shown field by field (the intent flattened) and its digest, and
-// Approve / Reject with a confirmation.
+// approves shown field by field (the intent flattened) and its digest, the
+// approval statement an approver signs when approvals are signed (with
+// `qtgd approver sign` on the approver's own machine; the signature is
+// pasted here and sent with the vote), and Approve / Reject with a
+// confirmation.
 import * as api from './api.js';
 import { h, clear, when, shortId } from './dom.js';
 import { REQUEST_ACTIONS, run } from './actions.js';
@@ -21,6 +24,8 @@ function fields(obj, prefix = '') {
 
 function card(item, act) {
   const doc = item.approval_document || {};
+  const signature = h('input', { type: 'text', class: 'mono signature', size: 40, spellcheck: 'false',
+    autocomplete: 'off', placeholder: '128 hex digits' });
   return h('article', { class: 'card approval', 'data-id': item.id },
     h('h2', {}, h('a', { href: `#/request/${item.id}`, class: 'mono' }, shortId(item.id)), ` ${item.template_key}`),
     h('p', {}, `Created by ${item.created_by} ${when(item.created_at)}. `,
@@ -33,8 +38,14 @@ function card(item, act) {
     h('p', {}, 'Digest (SHA-256): ', h('code', { class: 'digest' }, item.digest)),
     item.approved_digest && item.approved_digest !== item.digest
       ? h('p', { class: 'error' }, `Earlier approvals were for digest ${item.approved_digest}: the request changed.`) : null,
+    h('details', { class: 'statement' },
+      h('summary', {}, 'Approval statement (for signed approvals)'),
+      h('pre', { class: 'mono statement' }, item.approval_statement),
+      h('label', {}, 'Signature (qtgd approver sign) ',
+        signature)),
     h('div', { class: 'actions' },
-      h('button', { type: 'button', class: 'primary', 'data-action': 'approve', onclick: () => act(APPROVE, item) }, 'Approve'),
+      h('button', { type: 'button', class: 'primary', 'data-action': 'approve',
+        onclick: () => act(APPROVE, item, signature.value.trim() ? { signature: signature.value.trim() } : undefined) }, 'Approve'),
       h('button', { type: 'button', class: 'danger', 'data-action': 'reject', onclick: () => act(REJECT, item) }, 'Reject')));
 }
 
@@ -46,9 +57,9 @@ export function render(main, ctx) {
   let stopped = false;
   const cursors = [null];
 
-  async function act(action, item) {
+  async function act(action, item, extra) {
     try {
-      const res = await run(action, item, `request ${shortId(item.id)}`);
+      const res = await run(action, item, `request ${shortId(item.id)}`, extra);
       if (res) { ctx.clearError(); await load(); }
     } catch (e) { ctx.showError(e); }
   }

@@ -191,12 +191,15 @@ local function request_detail(s, id)
       JOIN plan_nodes tn ON tn.id = e.to_node_id
      WHERE r.id = $1::uuid ORDER BY fn.ordinal, tn.ordinal]], id))
   doc.approvals = arr(s:query([[
-    SELECT principal, decision, comment, created_at FROM request_approvals
+    SELECT principal, decision, comment, created_at, signature IS NOT NULL AS signed FROM request_approvals
      WHERE request_id = $1::uuid ORDER BY id]], id))
   -- who is still needed, and why: the policy's matched rule and its roles
   local st = require("qtg.requests").approval_status(s, id)
   doc.approval_policy = { rule = st.rule or NULL, roles = arr(st.roles or {}),
-                          still_needed = st.still_needed, error = st.error or NULL }
+                          still_needed = st.still_needed, error = st.error or NULL,
+                          signed_approvals = st.signed }
+  -- what an approver signs (docs/approvals.md "Signed approvals")
+  doc.approval_statement = st.statement
   return doc
 end
 
@@ -208,7 +211,8 @@ local function lifecycle(fn_name, target_kind, extra)
     if extra == "reason" and (type(body.reason) ~= "string" or not body.reason:match("%S")) then
       problem.raise("invalid_input", "a reason (non-empty string) is required")
     end
-    local req = requests[fn_name](ctx.s, id, principal(ctx), extra == "reason" and body.reason or body.comment)
+    local req = requests[fn_name](ctx.s, id, principal(ctx), extra == "reason" and body.reason or body.comment,
+      fn_name == "approve" and body.signature or nil)
     return 200, request_detail(ctx.s, req.id or req.request_id or id)
   end
 end
@@ -481,7 +485,9 @@ local function approvals_inbox(ctx)
            (SELECT count(*)::int FROM request_approvals a WHERE a.request_id = r.id
                AND a.decision = 'approve' AND a.approval_digest = r.approval_digest) AS approvals,
            qtg_approval_document(r) AS approval_document, qtg_approval_digest(r) AS digest,
-           r.approval_digest AS approved_digest
+           r.approval_digest AS approved_digest, qtg_approval_statement(r) AS approval_statement,
+           qtg_approval_document(r)::text AS approval_document_text,
+           qtg_approval_plan_document(r.plan_version_id)::text AS plan_document_text
       FROM movement_requests r
      WHERE r.network_class = $1 AND r.request_state = 'PENDING_APPROVAL'
        AND r.created_by <> $2
@@ -533,6 +539,8 @@ local function with_page(t)
 end
 local REASON = { fields = { reason = { type = "string", required = true } } }
 local COMMENT = { optional = true, fields = { comment = { type = "string" } } }
+local APPROVAL = { optional = true, fields = { comment = { type = "string" },
+                                               signature = { type = "string" } } }
 local NONE = { optional = true, fields = {} }
 
 M.LIST = {
@@ -567,7 +575,7 @@ M.LIST = {
     handler = request_events, query = with_page(), summary = "the request's audit timeline",
     response = "EventPage" },
   { method = "POST", path = "/v3/requests/{id}/approve", name = "approve_request", role = "approve",
-    mutating = true, body = COMMENT, handler = lifecycle("approve", "request"),
+    mutating = true, body = APPROVAL, handler = lifecycle("approve", "request"),
     summary = "approve a PENDING_APPROVAL request", response = "RequestDetail" },
   { method = "POST", path = "/v3/requests/{id}/reject", name = "reject_request", role = "approve",
     mutating = true, body = REASON, handler = lifecycle("reject", "request", "reason"),

@@ -31,7 +31,8 @@ M.LIST = {
   { "requests", "{state=, limit=}", "recent requests of this network class" },
   { "create", "{template_key=, intent=, idempotency_key=}", "create a movement request" },
   { "approve", "(id)", "PENDING_APPROVAL (within its approval window): your vote; -> APPROVED once "
-    .. "the policy's quorum is met (approve(id, comment) adds a comment)" },
+    .. "the policy's quorum is met (approve(id, comment) adds a comment; approve(id, comment, signature) "
+    .. "with signed approvals: qtgd approver sign of req(id).approvals.statement)" },
   { "reject", "(id, reason)", "PENDING_APPROVAL -> REJECTED (any rejection ends it)" },
   { "approvals", "{pending=true}", "requests waiting for approval that you may still approve (your inbox)" },
   { "whoami", "()", "your principal: actor and roles" },
@@ -248,7 +249,7 @@ local function request_detail(s, id)
   -- who approved, who is still needed and why
   local pol = type(r.approval_policy) == "table" and r.approval_policy or {}
   local votes = s:query([[SELECT principal, decision, comment, created_at,
-                                 approval_digest = $2 AS current
+                                 approval_digest = $2 AS current, signature IS NOT NULL AS signed
                             FROM request_approvals WHERE request_id = $1::uuid ORDER BY id]],
     id, r.approval_digest)
   -- a vote counts when its voter still exists, is active and holds the
@@ -259,8 +260,8 @@ local function request_detail(s, id)
   for _, v in ipairs(votes) do v.counts = counting[v.principal] == true end
   r.approvals = {
     rule = pol.rule, error = pol.error, required = r.approvals_required, roles = pol.roles,
-    still_needed = st.still_needed,
-    votes = view.rows(votes, { "principal", "decision", "comment", "created_at", "current", "counts" }),
+    still_needed = st.still_needed, signed = st.signed, statement = st.statement,
+    votes = view.rows(votes, { "principal", "decision", "comment", "created_at", "current", "signed", "counts" }),
   }
   return view.record(r, REQUEST_ORDER)
 end
@@ -530,10 +531,13 @@ function M.bind(ctx)
     return detail
   end
 
-  function c.approve(id, comment)
+  function c.approve(id, comment, signature)
     id = resolve_id("request", id)
     if comment ~= nil and type(comment) ~= "string" then usage("approve(id, comment): comment must be a string") end
-    return lifecycle(function(mod, s) mod.approve(s, id, me(s), comment) return id end)
+    if signature ~= nil and type(signature) ~= "string" then
+      usage("approve(id, comment, signature): signature must be a string (qtgd approver sign)")
+    end
+    return lifecycle(function(mod, s) mod.approve(s, id, me(s), comment, signature) return id end)
   end
 
   function c.reject(id, reason)

@@ -14,6 +14,7 @@ local api, common, host
 local d, report, plan
 local tokens = {}
 local ids = {}
+local keydir, statement
 
 local function rows(sql, ...) return common.query(sql, ...) end
 
@@ -104,6 +105,13 @@ describe("the web console in a browser", function()
     -- paging: 10,000 more rows of this class
     seed_many(ids.read_only)
 
+    -- the approver pastes the signature of the statement the card shows
+    -- (no enrolment here: the vote is stored with it, unverified)
+    keydir = host.tmpdir()
+    local key = host.approver_key(keydir, "approver")
+    statement = rows("SELECT qtg_approval_statement(r) AS t FROM movement_requests r WHERE id = $1::uuid",
+      ids.approve)[1].t
+    local signature = host.approver_sign(key, statement)
     local out = host.root .. "/var/ui-browser"
     os.execute("rm -rf " .. common.quote(out) .. " && mkdir -p " .. common.quote(out))
     plan = {
@@ -112,7 +120,7 @@ describe("the web console in a browser", function()
       scenarios = { "filter", "dag", "approve", "reject", "complete", "deadLetters", "readOnly", "health", "paging" },
       filter = { destination = dest:upper():gsub("^0X", "0x"), state = "PENDING_APPROVAL", expect = 1 },
       dag = { id = ids.dag },
-      approve = { id = ids.approve },
+      approve = { id = ids.approve, signature = signature },
       reject = { id = ids.reject, reason = "amount does not match the desk ticket" },
       complete = { id = ids.complete, node = "desk_confirmation", reference = "DESK-UI-1" },
       dlq = { id = ids.dlq, bulkRequest = ids.bulk_request },
@@ -130,6 +138,7 @@ describe("the web console in a browser", function()
   teardown(function()
     api.stop(d)
     host.stop_all()
+    if keydir then os.execute("rm -rf " .. common.quote(keydir)) end
   end)
 
   it("signs in and finds a request by filter", function()
@@ -173,6 +182,10 @@ describe("the web console in a browser", function()
     assert.equal(db.digest, s.digest)
     assert.equal("12", s.fields["intent.amount"])
     assert.equal(api.OTC_INTENT.destination, s.fields["intent.destination"])
+    -- the statement shown is the request's, and the pasted signature went with the vote
+    assert.equal(statement, s.statement)
+    assert.equal(plan.approve.signature, rows("SELECT signature FROM request_approvals WHERE request_id = $1::uuid",
+      ids.approve)[1].signature)
     local votes = rows([[SELECT a.principal, a.decision, a.comment, a.approval_digest, r.created_by
                           FROM request_approvals a JOIN movement_requests r ON r.id = a.request_id
                          WHERE a.request_id = $1::uuid]], ids.approve)

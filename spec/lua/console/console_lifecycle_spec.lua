@@ -226,7 +226,13 @@ describe("console lifecycle and signer commands", function()
       -- else (its initiator may still be set while it is PENDING_APPROVAL)
       assert.equals(1, #s:query([[UPDATE movement_requests SET created_by = 'operator:desk'
                                   WHERE id = $1::uuid RETURNING 1]], id))
-      local out = shown(cmds.approve(id))
+      -- a signature (signed approvals) is 128 lowercase hex digits, sent with the vote
+      has(fails(cmds.approve, id, nil, 42), "signature must be a string")
+      has(fails(cmds.approve, id, nil, "AB" .. string.rep("ab", 63)), "128 lowercase hex")
+      has(shown(cmds.req(id)), "qtg-approval-v1")
+      local out = shown(cmds.approve(id, nil, string.rep("ab", 64)))
+      assert.equals(string.rep("ab", 64), s:query("SELECT signature FROM request_approvals WHERE request_id = $1::uuid",
+        id)[1].signature)
       has(out, "approved_by:")
       has(out, ACTOR)
       assert.equals(1, audit_count("request.approve", id))

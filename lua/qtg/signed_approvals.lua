@@ -1,0 +1,98 @@
+-- qtg.signed_approvals: approvals signed by the people who give them
+-- (docs/approvals.md "Signed approvals").
+--
+-- With MG_SIGNER_APPROVERS set (the signer's enrolment file, readable by
+-- the daemon too), a vote counts only when it carries the Ed25519
+-- signature of the request's approval statement (sql/0180) by the
+-- enrolled person its principal belongs to; each person counts once, the
+-- initiator's person never, and a request needs at least the enrolment's
+-- quorum for its network class.  `qtgd signer` applies the same rule to
+-- the same file and decides; this copy refuses early a vote that would
+-- not count and waits for the quorum the signer will ask.
+--   enrolment()                     -> the enrolment, or nil when unset
+--   statement(s, id)                -> the request's approval statement
+--   check_signature(sig)            -> sig, or raises invalid_input
+--   check_vote(s, req, actor, sig)  -> raises unless the vote will count
+--   floor(req)                      -> the enrolment's quorum for req's class
+--   count(s, req, votes)            -> the votes that count (one per person)
+local qtg = require "qtg"
+local errors = require "qtg.errors"
+
+local M = {}
+
+local loaded = { path = nil, enrolment = nil }
+
+function M.enrolment()
+  local path = qtg.settings.signer_approvers
+  if type(path) ~= "string" or path == "" then return nil end
+  if loaded.path ~= path then
+    local e, err = qtg.approvers.load(path)
+    if not e then errors.raise("unavailable", "signed approvals: %s", err) end
+    loaded.path, loaded.enrolment = path, e
+  end
+  return loaded.enrolment
+end
+
+
+function M.statement(s, id)
+  return s:query("SELECT qtg_approval_statement(r) AS t FROM movement_requests r WHERE id = $1::uuid",
+    id)[1].t
+end
+
+function M.check_signature(sig)
+  if sig == nil then return nil end
+  if type(sig) ~= "string" or #sig ~= 128 or not sig:match("^[0-9a-f]+$") then
+    errors.raise("invalid_input", "signature must be 128 lowercase hex digits (qtgd approver sign)")
+  end
+  return sig
+end
+
+function M.floor(req)
+  local e = M.enrolment()
+  if not e then return 0 end
+  local n = e:quorum(req.network_class)
+  if n == nil then
+    errors.raise("forbidden", "request %s: MG_SIGNER_APPROVERS names no quorum for network class %s: "
+      .. "the signer signs nothing of it", req.id, tostring(req.network_class))
+  end
+  return n
+end
+
+function M.check_vote(s, req, actor, sig)
+  local e = M.enrolment()
+  if not e then return end
+  local person = e:person(actor)
+  if not person then
+    errors.raise("forbidden", "%s is not enrolled as an approver (MG_SIGNER_APPROVERS): its vote "
+      .. "would not count", actor)
+  end
+  if person == e:person(req.created_by) then
+    errors.raise("forbidden", "%s is %s, who created request %s (four eyes)", actor, person, req.id)
+  end
+  if sig == nil or not e:verify(actor, M.statement(s, req.id), sig) then
+    errors.raise("forbidden", "%s: the vote needs %s's signature of request %s's approval statement "
+      .. "(approval_statement; qtgd approver sign)", actor, person, req.id)
+  end
+end
+
+-- votes: rows {principal=, signature=, ...} already judged for the digest
+-- and the roles; keep the first that verifies of each enrolled person.
+function M.count(s, req, votes)
+  local e = M.enrolment()
+  if not e then return votes end
+  local statement = M.statement(s, req.id)
+  local seen, list = {}, {}
+  local initiator = e:person(req.created_by)
+  if initiator then seen[initiator] = true end
+  for _, v in ipairs(votes) do
+    local person = e:person(v.principal)
+    local sig = v.signature
+    if person and not seen[person] and type(sig) == "string" and e:verify(v.principal, statement, sig) then
+      seen[person] = true
+      list[#list + 1] = v
+    end
+  end
+  return list
+end
+
+return M

@@ -1,0 +1,176 @@
+-- api_signed_approvals_spec: signed approvals as the daemon takes them
+-- (lua/qtg/signed_approvals.lua, sql/0180), over real HTTP against a
+-- running qtgd with MG_SIGNER_APPROVERS.  Keys are made and statements
+-- signed with `qtgd approver`, as an approver would on their own machine.
+--   * the inbox shows the statement with the texts it hashes, and a client
+--     can check both hashes itself;
+--   * every vote that would not count is refused and leaves no row: no
+--     signature, a malformed one, another person's, the signature of a twin
+--     request, the initiator under another principal, a principal nobody
+--     enrolled;
+--   * the enrolment's quorum (2) holds where the policy asks 1, and the
+--     daemon's count ignores a vote row forged as qtg_runtime.
+-- `qtgd signer` applies the same rule to the same file: signerd_spec.
+local api, common, host
+local d, doc, keydir
+local operator, alice, bob, ivan, mallory
+local names = {}
+local key = {}
+
+local function rows(sql, ...) return common.query(sql, ...) end
+
+local function create(amount)
+  local intent = {}
+  for k, v in pairs(api.OTC_INTENT) do intent[k] = v end
+  intent.amount = amount
+  local r = api.call(d, "POST", "/v3/requests", { token = operator, key = common.uid("k", 6),
+    json = { template_key = "otc_settlement_manual", intent = intent } })
+  assert.equal(201, r.status, r.body)
+  return r.json.id
+end
+
+local function statement(id)
+  return rows("SELECT qtg_approval_statement(r) AS t FROM movement_requests r WHERE id = $1::uuid", id)[1].t
+end
+
+local function approve(id, token, signature)
+  return api.check(doc, api.call(d, "POST", "/v3/requests/" .. id .. "/approve",
+    { token = token, json = { comment = "signed spec", signature = signature } }),
+    "POST", "/v3/requests/{id}/approve")
+end
+
+local function votes(id)
+  return rows("SELECT principal, signature FROM request_approvals WHERE request_id = $1::uuid ORDER BY id", id)
+end
+
+describe("signed approvals through the API", function()
+  setup(function()
+    api = require "spec.lua.support.api"
+    common = require "spec.lua.support.common"
+    host = require "spec.lua.support.host"
+    keydir = host.tmpdir()
+    local pub = {}
+    for _, who in ipairs({ "alice", "bob", "ivan", "mallory" }) do
+      key[who], pub[who] = host.approver_key(keydir, who)
+      names[who] = common.uid(who, 4)
+    end
+    names.operator = common.uid("op", 4)
+    -- ivan creates requests under the operator token and approves under his own
+    local path = keydir .. "/approvers"
+    host.write(path, table.concat({
+      "person alice " .. pub.alice .. " api:" .. names.alice,
+      "person bob " .. pub.bob .. " api:" .. names.bob,
+      "person ivan " .. pub.ivan .. " api:" .. names.operator .. ",api:" .. names.ivan,
+      "quorum * 2", "" }, "\n"))
+    os.execute("chmod 644 " .. common.quote(path))
+    operator = api.token("read,operate", { name = names.operator })
+    alice = api.token("read,approve", { name = names.alice })
+    bob = api.token("read,approve", { name = names.bob })
+    ivan = api.token("read,approve", { name = names.ivan })
+    mallory = api.token("read,approve", { name = names.mallory })
+    d = api.start({ MG_SIGNER_APPROVERS = path, MG_API_RATE_LIMIT_PER_SECOND = "1000",
+                    MG_API_RATE_LIMIT_BURST = "1000" })
+    doc = api.call(d, "GET", "/v3/openapi.json", { token = alice }).json
+  end)
+
+  teardown(function()
+    api.stop(d)
+    host.stop_all()
+    if keydir then os.execute("rm -rf " .. common.quote(keydir)) end
+  end)
+
+  it("shows the statement with the texts it hashes, which a client can check", function()
+    local id = create("31")
+    local r = api.check(doc, api.call(d, "GET", "/v3/approvals?limit=200", { token = alice }),
+      "GET", "/v3/approvals")
+    assert.equal(200, r.status, r.body)
+    local item
+    for _, x in ipairs(r.json.items) do if x.id == id then item = x end end
+    assert.truthy(item, "the request is in alice's inbox")
+    assert.equal(statement(id), item.approval_statement)
+    local crypto = require("qtg").crypto
+    assert.equal(item.approval_statement:match("\ndigest (%x+)\n"), crypto.sha256_hex(item.approval_document_text))
+    assert.equal(item.digest, crypto.sha256_hex(item.approval_document_text))
+    assert.equal(item.approval_statement:match("\nplan (%x+)\n$"), crypto.sha256_hex(item.plan_document_text))
+    assert.equal("31", require("cjson").decode(item.approval_document_text).intent.amount)
+    assert.equal("qtg-approval-v1\nrequest " .. id .. "\nclass " .. d.class .. "\n",
+      item.approval_statement:match("^(.-\n.-\n.-\n)"))
+    local detail = api.call(d, "GET", "/v3/requests/" .. id, { token = alice }).json
+    assert.equal(item.approval_statement, detail.approval_statement)
+    assert.is_true(detail.approval_policy.signed_approvals)
+  end)
+
+  it("refuses every vote that would not count, and takes a quorum of two signed ones", function()
+    local id, twin = create("32"), create("32")
+    local st = statement(id)
+    local refusals = {
+      { alice, nil, 403, "signature" },
+      { alice, "xyz", 422, "128 lowercase hex" },
+      { alice, string.upper(host.approver_sign(key.alice, st)), 422, "128 lowercase hex" },
+      { alice, host.approver_sign(key.bob, st), 403, "signature" },
+      { alice, host.approver_sign(key.alice, statement(twin)), 403, "signature" },
+      { ivan, host.approver_sign(key.ivan, st), 403, "four eyes" },
+      { mallory, host.approver_sign(key.mallory, st), 403, "not enrolled" },
+    }
+    for i, c in ipairs(refusals) do
+      local r = approve(id, c[1], c[2])
+      assert.equal(c[3], r.status, i .. ": " .. r.body)
+      assert.truthy(r.body:find(c[4], 1, true), i .. ": " .. r.body)
+    end
+    assert.same({}, votes(id))
+    -- alice's signature counts; the policy asks one, the enrolment two
+    local r = approve(id, alice, host.approver_sign(key.alice, st))
+    assert.equal(200, r.status, r.body)
+    assert.equal("PENDING_APPROVAL", r.json.request_state)
+    assert.equal(2, r.json.approvals_required)
+    assert.equal(1, r.json.approval_policy.still_needed)
+    assert.is_true(r.json.approvals[1].signed)
+    -- a vote forged as the daemon's role (bob's principal, a made-up
+    -- signature) is not counted by the daemon either
+    local s = require("qtg").db.acquire()
+    s:begin()
+    s:exec("SET LOCAL ROLE qtg_runtime")
+    s:query([[INSERT INTO request_approvals (request_id, principal, decision, approval_digest, signature)
+              SELECT id, $2, 'approve', approval_digest, $3 FROM movement_requests WHERE id = $1::uuid]],
+      id, "api:" .. names.bob, string.rep("cd", 64))
+    s:commit()
+    s:release()
+    local detail = api.call(d, "GET", "/v3/requests/" .. id, { token = alice }).json
+    assert.equal(1, detail.approval_policy.still_needed)
+    assert.equal("PENDING_APPROVAL", detail.request_state)
+    -- bob's own signature, on the twin (his row for the first is taken):
+    -- the twin needs two too
+    r = approve(twin, bob, host.approver_sign(key.bob, statement(twin)))
+    assert.equal(200, r.status, r.body)
+    assert.equal("PENDING_APPROVAL", r.json.request_state)
+    r = approve(twin, alice, host.approver_sign(key.alice, statement(twin)))
+    assert.equal(200, r.status, r.body)
+    assert.not_equal("PENDING_APPROVAL", r.json.request_state)
+    assert.truthy(rows("SELECT approved_at FROM movement_requests WHERE id = $1::uuid", twin)[1].approved_at)
+    for _, v in ipairs(votes(twin)) do assert.equal(128, #v.signature) end
+  end)
+
+  it("stops at start on an enrolment it cannot take, and creates nothing for a class without a quorum", function()
+    local bad = keydir .. "/bad-approvers"
+    for _, text in ipairs({ "person x\n", "quorum * 2\nquorum * 3\n" }) do
+      host.write(bad, text)
+      os.execute("chmod 644 " .. common.quote(bad))
+      local h = host.start(host.base_env({ MG_API_LISTEN = "127.0.0.1:0", MG_SIGNER_APPROVERS = bad,
+        MG_NETWORK_CLASS = common.uid("api", 4) }), { "run" })
+      assert.equal(1, host.wait_exit(h, 30), text)
+      assert.truthy((host.read(h.log) or ""):find("MG_SIGNER_APPROVERS", 1, true), text)
+    end
+    host.write(bad, "quorum mainnet 2\n")
+    local other = api.start({ MG_SIGNER_APPROVERS = bad })
+    local ok, err = pcall(function()
+      local r = api.call(other, "POST", "/v3/requests", { token = operator, key = common.uid("k", 6),
+        json = { template_key = "otc_settlement_manual", intent = api.OTC_INTENT } })
+      assert.equal(403, r.status, r.body)
+      assert.truthy(r.body:find("no quorum for network class " .. other.class, 1, true), r.body)
+      assert.equal(0, rows("SELECT count(*)::int AS n FROM movement_requests WHERE network_class = $1",
+        other.class)[1].n)
+    end)
+    api.stop(other)
+    assert(ok, err)
+  end)
+end)

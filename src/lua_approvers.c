@@ -1,0 +1,115 @@
+/* lua_approvers.c -- qtg.approvers: the enrolment of approvers
+ * (MG_SIGNER_APPROVERS, qtg_approvers.h) for the daemon's own approval
+ * policy, so the daemon counts a signed approval exactly as the signer
+ * will: the same parser, the same statement, the same Ed25519 check.
+ *
+ *   qtg.approvers.load(path) -> enrolment | nil, err
+ *   e:person(principal)      -> the person's name | nil
+ *   e:quorum(class)          -> the class's quorum | nil (none named)
+ *   e:verify(principal, statement, signature_hex) -> true | false
+ *   e:count()                -> number of persons
+ *   qtg.approvers.statement_ok(text) -> true when text is one statement
+ *
+ * The daemon's copy only decides early (refusing a vote that will not
+ * count, waiting for the quorum the signer will ask); the signer's copy
+ * is the one that decides what is signed.
+ */
+#include <lauxlib.h>
+#include <lua.h>
+
+#include "qtg_approvers.h"
+#include "qtg_host.h"
+
+static const char qtg_enrolment_meta[] = "qtg.approvers.enrolment";
+
+static qtg_approvers *qtg_check_enrolment(lua_State *L) {
+  qtg_approvers **a = luaL_checkudata(L, 1, qtg_enrolment_meta);
+  if (*a == NULL) luaL_error(L, "qtg.approvers: the enrolment was freed");
+  return *a;
+}
+
+static int qtg_lua_approvers_load(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  char err[512];
+  qtg_approvers **slot = lua_newuserdata(L, sizeof *slot);
+  *slot = NULL;
+  luaL_getmetatable(L, qtg_enrolment_meta);
+  lua_setmetatable(L, -2);
+  if (qtg_approvers_load(path, slot, err, sizeof err) != 0) {
+    lua_pushnil(L);
+    lua_pushstring(L, err);
+    return 2;
+  }
+  return 1;
+}
+
+static int qtg_lua_enrolment_person(lua_State *L) {
+  qtg_approvers *a = qtg_check_enrolment(L);
+  int who = qtg_approvers_person_of(a, luaL_checkstring(L, 2));
+  if (who < 0) lua_pushnil(L);
+  else lua_pushstring(L, qtg_approvers_person_name(a, who));
+  return 1;
+}
+
+static int qtg_lua_enrolment_quorum(lua_State *L) {
+  int n = qtg_approvers_quorum(qtg_check_enrolment(L), luaL_checkstring(L, 2));
+  if (n < 0) lua_pushnil(L);
+  else lua_pushinteger(L, n);
+  return 1;
+}
+
+static int qtg_lua_enrolment_verify(lua_State *L) {
+  qtg_approvers *a = qtg_check_enrolment(L);
+  size_t len;
+  const char *principal = luaL_checkstring(L, 2);
+  const char *statement = luaL_checklstring(L, 3, &len);
+  const char *sig = luaL_checkstring(L, 4);
+  int who = qtg_approvers_person_of(a, principal);
+  lua_pushboolean(L, who >= 0 && qtg_approvers_verify(a, who, statement, len, sig));
+  return 1;
+}
+
+static int qtg_lua_enrolment_count(lua_State *L) {
+  lua_pushinteger(L, (lua_Integer)qtg_approvers_count(qtg_check_enrolment(L)));
+  return 1;
+}
+
+static int qtg_lua_enrolment_gc(lua_State *L) {
+  qtg_approvers **a = luaL_checkudata(L, 1, qtg_enrolment_meta);
+  qtg_approvers_free(*a);
+  *a = NULL;
+  return 0;
+}
+
+static int qtg_lua_statement_ok(lua_State *L) {
+  size_t len;
+  const char *text = luaL_checklstring(L, 1, &len);
+  lua_pushboolean(L, qtg_approval_statement_check(text, len) == 0);
+  return 1;
+}
+
+int luaopen_qtg_approvers(lua_State *L) {
+  static const luaL_Reg methods[] = {
+      {"person", qtg_lua_enrolment_person},
+      {"quorum", qtg_lua_enrolment_quorum},
+      {"verify", qtg_lua_enrolment_verify},
+      {"count", qtg_lua_enrolment_count},
+      {NULL, NULL},
+  };
+  static const luaL_Reg fns[] = {
+      {"load", qtg_lua_approvers_load},
+      {"statement_ok", qtg_lua_statement_ok},
+      {NULL, NULL},
+  };
+  if (luaL_newmetatable(L, qtg_enrolment_meta)) {
+    lua_createtable(L, 0, 4);
+    luaL_register(L, NULL, methods);
+    lua_setfield(L, -2, "__index");
+    lua_pushcfunction(L, qtg_lua_enrolment_gc);
+    lua_setfield(L, -2, "__gc");
+  }
+  lua_pop(L, 1);
+  lua_createtable(L, 0, 2);
+  luaL_register(L, NULL, fns);
+  return 1;
+}
