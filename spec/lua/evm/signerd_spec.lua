@@ -17,7 +17,11 @@
 --     (the same scan finds them in the signer's memory);
 --   * the signer down (kill -9): the node stays READY at its attempt, and
 --     completes once a signer is back;
---   * a peer of another uid (nobody) is refused, even with the socket open.
+--   * a peer of another uid (nobody) is refused, even with the socket open;
+--   * signed approvals (MG_SIGNER_APPROVERS): every vote row a runtime-role
+--     forger could write is not counted, the enrolment's quorum holds over
+--     the request's, and end to end one signed vote where two are enrolled
+--     moves nothing while two move the ETH.
 local qtg = require "qtg"
 local cjson = require "cjson"
 local common = require "spec.lua.support.common"
@@ -289,6 +293,57 @@ describe("qtgd signer", function()
     assert.equal("refused", ev[1].decision)
     assert.equal("APPROVAL_DIGEST_MISMATCH", ev[1].code)
     assert.truthy(sup.log_count(h, "signing refused") >= 1)
+  end)
+
+  it("moves the ETH once two enrolled persons signed; one signature where the enrolment asks two moves nothing", function()
+    local class = new_class()
+    local a, b = sup.random_address(), sup.random_address()
+    local kd = sup.host.tmpdir()
+    local key, pub = {}, {}
+    for _, name in ipairs({ "alice", "bob" }) do key[name], pub[name] = sup.host.approver_key(kd, name) end
+    local path = kd .. "/approvers"
+    sup.host.write(path, table.concat({ "person alice " .. pub.alice .. " console:spec-alice",
+      "person bob " .. pub.bob .. " console:spec-bob", "quorum " .. class .. " 2", "" }, "\n"))
+    os.execute("chmod 644 " .. common.quote(path))
+    local requests = require "qtg.requests"
+    -- this process has no enrolment: its approvals stand for a runtime that
+    -- moves a request to APPROVED on one signed vote (the policy asks one)
+    local function approved(dest, voters)
+      local req = engine.create(s, "sign_t_b", { intent = intent(dest), callback_url = false })
+      -- voted here (this process's class), signed as of `class`, then moved there
+      local st = s:query([[SELECT qtg_approval_statement(jsonb_populate_record(r, jsonb_build_object(
+                             'network_class', $2::text))) AS t FROM movement_requests r WHERE id = $1::uuid]],
+        req.id, class)[1].t
+      -- the first vote approves it (the policy asks one); later ones are rows beside it
+      local r = requests.approve(s, req.id, "console:spec-" .. voters[1], nil,
+        sup.host.approver_sign(key[voters[1]], st))
+      assert.equal("APPROVED", r.request_state)
+      for i = 2, #voters do
+        s:query([[INSERT INTO request_approvals (request_id, principal, decision, approval_digest, signature)
+                  SELECT id, $2, 'approve', approval_digest, $3 FROM movement_requests WHERE id = $1::uuid]],
+          req.id, "console:spec-" .. voters[i], sup.host.approver_sign(key[voters[i]], st))
+      end
+      engine.move_class(s, req.id, class)
+      assert.equal(st, s:query("SELECT qtg_approval_statement(r) AS t FROM movement_requests r WHERE id = $1::uuid",
+        req.id)[1].t)
+      return req
+    end
+    local one = approved(a, { "alice" })
+    local two = approved(b, { "alice", "bob" })
+    local n0 = sup.nonce(anvil.url, DEV[2].address)
+    local h = sup.start_run(sup.run_env(class, { MG_SIGNER_KEYS = "sb=" .. sup.key_file(dir, "sb", DEV[2].key),
+      MG_EVM_RPC_URLS = CHAIN .. "=" .. anvil.url, MG_SIGNER_APPROVERS = path }))
+    sup.wait_states(s, { one.id, two.id }, { COMPLETED = true, FAILED = true, MANUAL_INTERVENTION = true }, 90, { h })
+    local n = engine.nodes(s, one.id).transfer
+    assert.equal("FAILED", n.node_state)
+    assert.equal("SIGNING_REFUSED", n.error_code)
+    assert.truthy(n.error_detail:find("1 of 2 enrolled approvers", 1, true), n.error_detail)
+    assert.equal("0", sup.balance(anvil.url, a))
+    assert.equal("COMPLETED", sup.request(s, two.id).request_state)
+    assert.equal(AMOUNT_WEI, sup.balance(anvil.url, b))
+    assert.equal(n0 + 1, sup.nonce(anvil.url, DEV[2].address))
+    assert.truthy((sup.host.read(h.signer.log) or ""):find("2 approvers enrolled", 1, true))
+    os.execute("rm -rf " .. common.quote(kd))
   end)
 
   -- every readable mapping of pid, as one string per region (nil when a
