@@ -4,8 +4,15 @@
  *   qtgd approver key FILE     make a key (FILE, mode 0600, new); print the
  *                              public key for the signer's enrolment
  *   qtgd approver public FILE  print FILE's public key again
- *   qtgd approver sign FILE    read one approval statement on stdin, show
- *                              it on stderr, print its signature (128 hex)
+ *   qtgd approver sign FILE [DOCUMENT PLAN]
+ *                              read one approval statement on stdin, show
+ *                              it on stderr, print its signature (128 hex);
+ *                              with DOCUMENT and PLAN (the API's
+ *                              approval_document_text and plan_document_text
+ *                              saved to files), sign only when their SHA-256
+ *                              are the statement's digest and plan lines, and
+ *                              show them: what is signed is then what was
+ *                              read, whatever the daemon displayed
  *
  * The statement comes from the request (the API's and the console's
  * approval_statement); docs/approvals.md says how to check it before
@@ -17,6 +24,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -27,7 +35,56 @@
 #include "qtg_keys.h"
 
 static const char qtg_approver_usage[] =
-    "usage: qtgd approver key FILE | public FILE | sign FILE < statement\n";
+    "usage: qtgd approver key FILE | public FILE | sign FILE [DOCUMENT PLAN] < statement\n";
+
+enum { QTG_APPROVER_TEXT_MAX = 1 << 20 };
+
+/* Read a whole file of at most QTG_APPROVER_TEXT_MAX bytes; NULL on error
+ * (said on stderr).  The caller frees. */
+static char *qtg_approver_read_text(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  if (f == NULL) {
+    fprintf(stderr, "qtgd approver: cannot open %s: %s\n", path, strerror(errno));
+    return NULL;
+  }
+  char *buf = malloc(QTG_APPROVER_TEXT_MAX + 1);
+  size_t n = buf ? fread(buf, 1, QTG_APPROVER_TEXT_MAX + 1, f) : 0;
+  int bad = buf == NULL || ferror(f) || n > QTG_APPROVER_TEXT_MAX;
+  fclose(f);
+  if (bad) {
+    fprintf(stderr, "qtgd approver: cannot read %s (at most %d bytes)\n", path, QTG_APPROVER_TEXT_MAX);
+    free(buf);
+    return NULL;
+  }
+  buf[n] = '\0';
+  *len = n;
+  return buf;
+}
+
+/* 0 when the SHA-256 of the file at path is the hex after "\nWORD " in the
+ * statement; shows the file's text on stderr. */
+static int qtg_approver_check_text(const char *statement, const char *word, const char *path) {
+  char want[80], hex[2 * QTG_SHA256_LEN + 1];
+  uint8_t digest[QTG_SHA256_LEN];
+  size_t len = 0;
+  snprintf(want, sizeof want, "\n%s ", word);
+  const char *at = strstr(statement, want);
+  char *text = qtg_approver_read_text(path, &len);
+  if (text == NULL) return -1;
+  int ok = at != NULL && qtg_sha256(text, len, digest) == 0;
+  if (ok) {
+    qtg_hex_encode(digest, sizeof digest, hex);
+    ok = strncmp(at + strlen(want), hex, 2 * QTG_SHA256_LEN) == 0;
+  }
+  if (!ok) {
+    fprintf(stderr, "qtgd approver: %s is not what the statement's %s line covers: not signed\n", path, word);
+    free(text);
+    return -1;
+  }
+  fprintf(stderr, "%s (%s):\n%s\n", word, path, text);
+  free(text);
+  return 0;
+}
 
 static int qtg_approver_print_public(const uint8_t secret[QTG_APPROVER_SECRET_LEN]) {
   uint8_t pub[QTG_APPROVER_PUBLIC_LEN];
@@ -71,7 +128,8 @@ static int qtg_approver_new_key(const char *path) {
   return rc;
 }
 
-static int qtg_approver_sign_stdin(const uint8_t secret[QTG_APPROVER_SECRET_LEN]) {
+static int qtg_approver_sign_stdin(const uint8_t secret[QTG_APPROVER_SECRET_LEN], const char *document,
+                                   const char *plan) {
   char text[QTG_APPROVAL_STATEMENT_MAX + 1];
   size_t len = 0;
   for (;;) {
@@ -94,6 +152,10 @@ static int qtg_approver_sign_stdin(const uint8_t secret[QTG_APPROVER_SECRET_LEN]
                     "(qtg-approval-v1, then request, class, digest and plan lines)\n");
     return 1;
   }
+  text[len] = '\0';
+  if (document != NULL && (qtg_approver_check_text(text, "digest", document) != 0 ||
+                           qtg_approver_check_text(text, "plan", plan) != 0))
+    return 1;
   uint8_t sig[QTG_APPROVER_SIGNATURE_LEN];
   char hex[2 * QTG_APPROVER_SIGNATURE_LEN + 1];
   if (qtg_approver_sign(secret, text, len, sig) != 0) {
@@ -107,8 +169,9 @@ static int qtg_approver_sign_stdin(const uint8_t secret[QTG_APPROVER_SECRET_LEN]
 }
 
 int qtg_approver_main(int argc, char **argv) {
-  if (argc != 2 || (strcmp(argv[0], "key") != 0 && strcmp(argv[0], "public") != 0 &&
-                    strcmp(argv[0], "sign") != 0)) {
+  int sign = argc >= 1 && strcmp(argv[0], "sign") == 0;
+  if (!(argc == 2 || (sign && argc == 4)) ||
+      (strcmp(argv[0], "key") != 0 && strcmp(argv[0], "public") != 0 && !sign)) {
     fputs(qtg_approver_usage, stderr);
     return 2;
   }
@@ -119,8 +182,8 @@ int qtg_approver_main(int argc, char **argv) {
     fprintf(stderr, "%s\n", err);
     return 1;
   }
-  int rc = strcmp(argv[0], "public") == 0 ? qtg_approver_print_public(secret)
-                                          : qtg_approver_sign_stdin(secret);
+  int rc = !sign ? qtg_approver_print_public(secret)
+                 : qtg_approver_sign_stdin(secret, argc == 4 ? argv[2] : NULL, argc == 4 ? argv[3] : NULL);
   OPENSSL_cleanse(secret, sizeof secret);
   return rc;
 }

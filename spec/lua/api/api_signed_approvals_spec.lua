@@ -98,6 +98,18 @@ describe("signed approvals through the API", function()
     local detail = api.call(d, "GET", "/v3/requests/" .. id, { token = alice }).json
     assert.equal(item.approval_statement, detail.approval_statement)
     assert.is_true(detail.approval_policy.signed_approvals)
+    -- `qtgd approver sign KEY DOCUMENT PLAN` signs only the texts the statement hashes
+    local sig = host.approver_sign(key.alice, item.approval_statement, item.approval_document_text,
+      item.plan_document_text)
+    assert.equal(host.approver_sign(key.alice, item.approval_statement), sig)   -- Ed25519 is deterministic
+    local no, why = host.approver_sign(key.alice, item.approval_statement, item.approval_document_text,
+      item.plan_document_text .. " ")
+    assert.is_nil(no)
+    assert.truthy(why:find("not what the statement's plan line covers", 1, true), why)
+    no, why = host.approver_sign(key.alice, item.approval_statement,
+      item.approval_document_text:gsub('"31"', '"310"'), item.plan_document_text)
+    assert.is_nil(no)
+    assert.truthy(why:find("digest line", 1, true), why)
   end)
 
   it("refuses every vote that would not count, and takes a quorum of two signed ones", function()

@@ -77,15 +77,23 @@ function M.approver_key(dir, name)
   return path, out:match("ed25519:%x+")
 end
 
--- The signature (128 hex) of statement with the key at path
--- (`qtgd approver sign`).
-function M.approver_sign(path, statement)
+-- The signature (128 hex) of statement with the key at path (`qtgd
+-- approver sign`); with document and plan (texts), signed only when they
+-- are what the statement hashes: nil, the tool's message when not.
+function M.approver_sign(path, statement, document, plan)
   local file = path .. ".statement"
   common.write(file, statement)
+  local extra = ""
+  if document then
+    common.write(file .. ".document", document)
+    common.write(file .. ".plan", plan)
+    extra = " " .. common.quote(file .. ".document") .. " " .. common.quote(file .. ".plan")
+  end
   -- its stdout alone (what it shows on stderr is for the approver's eyes)
   local rc, out = M.run({}, { "sh", "-c", common.quote(common.quote(M.bin) .. " approver sign "
-    .. common.quote(path) .. " < " .. common.quote(file) .. " 2>/dev/null") })
+    .. common.quote(path) .. extra .. " < " .. common.quote(file) .. " 2>" .. common.quote(file .. ".err")) })
   local sig = out:match("^(%x+)\n$")
+  if document and rc == 1 and out == "" then return nil, common.read(file .. ".err") end
   assert(rc == 0 and sig and #sig == 128, "qtgd approver sign: " .. out)
   return sig
 end
