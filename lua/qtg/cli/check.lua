@@ -200,6 +200,21 @@ function M.check_settings(report, opts)
     add(report, "FAIL", "settings", "MG_CALLBACK_KEY_FILE=" .. settings.callback_key_file .. " was not loaded")
     ok = false
   end
+  if settings.signer_approvers ~= "" then
+    local enrolment, why = qtg.approvers.load(settings.signer_approvers)
+    if not enrolment then
+      add(report, "FAIL", "settings", why)
+      ok = false
+    elseif not enrolment:quorum(settings.network_class) then
+      add(report, "FAIL", "settings", ("MG_SIGNER_APPROVERS names no quorum for network class %s (nor *):"
+        .. " no request of it can be created"):format(settings.network_class))
+      ok = false
+    else
+      add(report, "ok", "settings", ("signed approvals: %s enrolled, quorum %d for %s"):format(
+        plural(enrolment:count(), "person", "persons"), enrolment:quorum(settings.network_class),
+        settings.network_class))
+    end
+  end
   if not settings.workers_enabled then
     add(report, "warn", "settings", "MG_WORKERS_ENABLED=false: `qtgd run` will start no worker")
   end

@@ -171,7 +171,14 @@ describe("signed approvals through the API", function()
         MG_NETWORK_CLASS = common.uid("api", 4) }), { "run" })
       assert.equal(1, host.wait_exit(h, 30), text)
       assert.truthy((host.read(h.log) or ""):find("MG_SIGNER_APPROVERS", 1, true), text)
+      -- `qtgd check` says the same before a start
+      local rc, out = host.run(host.base_env({ MG_SIGNER_APPROVERS = bad }), { common.quote(host.bin), "check" })
+      assert.not_equal(0, rc, out)
+      assert.truthy(out:find("FAIL[^\n]*MG_SIGNER_APPROVERS"), out)
     end
+    local _, out = host.run(host.base_env({ MG_SIGNER_APPROVERS = keydir .. "/approvers",
+      MG_NETWORK_CLASS = d.class }), { common.quote(host.bin), "check" })
+    assert.truthy(out:find("signed approvals: 3 persons enrolled, quorum 2 for " .. d.class, 1, true), out)
     host.write(bad, "quorum mainnet 2\n")
     local other = api.start({ MG_SIGNER_APPROVERS = bad })
     local ok, err = pcall(function()
