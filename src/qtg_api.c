@@ -18,7 +18,8 @@
  * connection (MG_API_IDLE_TIMEOUT_SECONDS), a deadline for a whole
  * request's headers (MG_API_HEADER_TIMEOUT_SECONDS: the idle timeout
  * restarts with every byte, so a client trickling its headers would hold a
- * connection for ever), and a deadline for a request
+ * connection for ever) and one for its body once the headers are in
+ * (MG_API_BODY_TIMEOUT_SECONDS, for the same reason), and a deadline for a request
  * whose handler is still running (MG_API_REQUEST_TIMEOUT_SECONDS: 503, the
  * task is interrupted, which rolls back its open transaction).
  *
@@ -62,14 +63,19 @@ typedef struct qtg_api_listener qtg_api_listener;
 typedef struct qtg_api_req qtg_api_req;
 typedef struct qtg_api_conn qtg_api_conn;
 
-/* A connection (MHD_OPTION_NOTIFY_CONNECTION's socket context): while
- * `waiting` it owes a request's headers, since `since` (its accept or its
- * last answer); the sweep closes it past MG_API_HEADER_TIMEOUT_SECONDS. */
+/* What a connection owes, and since when (`since`): a request's headers
+ * (from its accept or its last answer; the sweep closes it past
+ * MG_API_HEADER_TIMEOUT_SECONDS), or the rest of a request's body (from its
+ * headers; past MG_API_BODY_TIMEOUT_SECONDS), or nothing (its request runs
+ * or is answered). */
+enum { QTG_OWES_NOTHING = 0, QTG_OWES_HEADERS, QTG_OWES_BODY };
+
+/* A connection (MHD_OPTION_NOTIFY_CONNECTION's socket context). */
 struct qtg_api_conn {
   qtg_api_listener *l;
   struct MHD_Connection *conn;
   double since;
-  int waiting, cut;
+  int owes, cut;
   qtg_api_conn *prev, *next;
 };
 
@@ -118,7 +124,7 @@ struct qtg_api {
   qtg_api_conn *conns;          /* every open connection */
   int sweep_open;
   size_t max_body;
-  double request_timeout, header_timeout;
+  double request_timeout, header_timeout, body_timeout;
   unsigned max_connections, max_per_ip, idle_timeout;
   uint64_t served, refused_too_large, timed_out, cut_slow;
 };
@@ -376,7 +382,7 @@ static void qtg_api_connection(void *cls, struct MHD_Connection *conn, void **so
     c->l = l;
     c->conn = conn;
     c->since = qtg_api_now(api);
-    c->waiting = 1;
+    c->owes = QTG_OWES_HEADERS;
     c->next = api->conns;
     if (api->conns) api->conns->prev = c;
     api->conns = c;
@@ -435,7 +441,10 @@ static enum MHD_Result qtg_api_access(void *cls, struct MHD_Connection *conn, co
     r->started = 1;
     r->conn = conn;
     qtg_api_conn *c = qtg_api_conn_of(conn);
-    if (c) c->waiting = 0;      /* the headers are in */
+    if (c) {                    /* the headers are in; the body is owed from now */
+      c->owes = QTG_OWES_BODY;
+      c->since = qtg_api_now(api);
+    }
     if (!r->raw_path) {
       r->close = 1;
       qtg_api_set_problem(r, 503, "unavailable", "Service Unavailable", "out of memory");
@@ -494,6 +503,8 @@ static enum MHD_Result qtg_api_access(void *cls, struct MHD_Connection *conn, co
     return MHD_YES;
   }
   if (r->phase == QTG_REQ_BODY) {
+    qtg_api_conn *c = qtg_api_conn_of(conn);
+    if (c) c->owes = QTG_OWES_NOTHING;   /* the whole request is in */
     if (r->too_large) {
       api->refused_too_large++;
       char msg[128];
@@ -518,7 +529,7 @@ static void qtg_api_completed(void *cls, struct MHD_Connection *conn, void **con
   (void)toe;
   qtg_api_conn *c = conn ? qtg_api_conn_of(conn) : NULL;
   if (c) {                      /* the next request's headers are owed from now */
-    c->waiting = 1;
+    c->owes = QTG_OWES_HEADERS;
     c->since = qtg_api_now(l->api);
   }
   if (!r) return;
@@ -565,11 +576,12 @@ static void qtg_api_schedule(qtg_api_listener *l) {
   if (l->d) uv_timer_start(&l->timer, qtg_api_on_timer, 0, 0);
 }
 
-/* Deadlines of connections still owing a request's headers: shut down
- * (libmicrohttpd then reads the end and closes the connection itself). */
-static void qtg_api_sweep_headers(struct qtg_api *api, double now) {
+/* Deadlines of connections still owing a request's headers or body: shut
+ * down (libmicrohttpd then reads the end and closes the connection itself). */
+static void qtg_api_sweep_slow(struct qtg_api *api, double now) {
   for (qtg_api_conn *c = api->conns; c; c = c->next) {
-    if (!c->waiting || c->cut || now - c->since < api->header_timeout) continue;
+    double limit = c->owes == QTG_OWES_HEADERS ? api->header_timeout : api->body_timeout;
+    if (c->owes == QTG_OWES_NOTHING || c->cut || now - c->since < limit) continue;
     const union MHD_ConnectionInfo *info = MHD_get_connection_info(c->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
     if (!info) continue;
     c->cut = 1;
@@ -580,11 +592,11 @@ static void qtg_api_sweep_headers(struct qtg_api *api, double now) {
   }
 }
 
-/* Deadlines of requests whose handler still runs, and of headers. */
+/* Deadlines of requests whose handler still runs, and of headers and bodies. */
 static void qtg_api_sweep(uv_timer_t *t) {
   struct qtg_api *api = t->data;
   double now = qtg_api_now(api);
-  qtg_api_sweep_headers(api, now);
+  qtg_api_sweep_slow(api, now);
   qtg_api_req *r = api->running;
   while (r) {
     qtg_api_req *next = r->next;
@@ -820,6 +832,7 @@ int qtg_api_open(qtg_host *h, char *err, size_t errlen) {
   api->idle_timeout = (unsigned)qtg_settings_num(h->settings, QTG_S_API_IDLE_TIMEOUT_SECONDS);
   api->max_per_ip = (unsigned)qtg_settings_num(h->settings, QTG_S_API_MAX_CONNECTIONS_PER_IP);
   api->header_timeout = qtg_settings_num(h->settings, QTG_S_API_HEADER_TIMEOUT_SECONDS);
+  api->body_timeout = qtg_settings_num(h->settings, QTG_S_API_BODY_TIMEOUT_SECONDS);
   h->api = api;
   return 0;
 }

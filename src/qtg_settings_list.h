@@ -18,6 +18,7 @@ QTG_SETTING(API_MAX_BODY_BYTES, "MG_API_MAX_BODY_BYTES", QTG_SET_INT, "1048576",
 QTG_SETTING(API_MAX_CONNECTIONS, "MG_API_MAX_CONNECTIONS", QTG_SET_INT, "256", 1, 65536, "open API connections per listen address")
 QTG_SETTING(API_MAX_CONNECTIONS_PER_IP, "MG_API_MAX_CONNECTIONS_PER_IP", QTG_SET_INT, "32", 0, 65536, "open API connections from one IP address per listen address (0: no limit; Unix sockets are not counted; a proxy forwarding over TCP is one address)")
 QTG_SETTING(API_HEADER_TIMEOUT_SECONDS, "MG_API_HEADER_TIMEOUT_SECONDS", QTG_SET_NUM, "10", 0.5, 3600, "an API connection that has not sent a whole request's headers this long after it was accepted or last answered is closed")
+QTG_SETTING(API_BODY_TIMEOUT_SECONDS, "MG_API_BODY_TIMEOUT_SECONDS", QTG_SET_NUM, "30", 0.5, 3600, "an API request whose whole body has not arrived this long after its headers is closed (a trickled body would otherwise hold the connection)")
 QTG_SETTING(API_IDLE_TIMEOUT_SECONDS, "MG_API_IDLE_TIMEOUT_SECONDS", QTG_SET_INT, "30", 1, 3600, "an API connection idle this long is closed")
 QTG_SETTING(API_REQUEST_TIMEOUT_SECONDS, "MG_API_REQUEST_TIMEOUT_SECONDS", QTG_SET_NUM, "30", 0.1, 3600, "an API request still running after this is answered 503 and its task interrupted")
 QTG_SETTING(API_RATE_LIMIT_PER_SECOND, "MG_API_RATE_LIMIT_PER_SECOND", QTG_SET_NUM, "50", 0.01, 100000, "API requests per second one token may make on average (429 with Retry-After above it)")

@@ -8,7 +8,9 @@
 --   * bad cursors and times are 400, not a 500 from PostgreSQL;
 --   * a request with both Content-Length and Transfer-Encoding is refused
 --     and its connection closed (request smuggling behind a proxy);
---   * a path with an empty segment or a percent-encoding matches no route.
+--   * a path with an empty segment or a percent-encoding matches no route;
+--   * slow clients: trickled headers and trickled bodies are cut off at
+--     their deadlines, one address holds at most its share of connections.
 local qtg = require "qtg"
 local cjson = require "cjson"
 
@@ -249,7 +251,7 @@ describe("HTTP API against slow clients (slowloris)", function()
     host = require "spec.lua.support.host"
     d3 = api.start({ MG_WORKERS_ENABLED = "false", MG_API_MAX_CONNECTIONS = "20",
                      MG_API_MAX_CONNECTIONS_PER_IP = "8", MG_API_HEADER_TIMEOUT_SECONDS = "1.5",
-                     MG_API_IDLE_TIMEOUT_SECONDS = "60" })
+                     MG_API_BODY_TIMEOUT_SECONDS = "1.5", MG_API_IDLE_TIMEOUT_SECONDS = "60" })
   end)
   teardown(function()
     api.stop(d3)
@@ -330,5 +332,44 @@ print("served:%s" % served)
     qtg.sleep(0.5)
     assert.equal(200, api.call(d3, "GET", "/healthz").status)
     assert.equal(200, r1.status)
+  end)
+
+  it("closes a request whose body trickles in past MG_API_BODY_TIMEOUT_SECONDS", function()
+    -- whole headers, then one body byte every 0.2 s of a declared 1,000
+    -- (each byte restarts the idle timeout, 60 s); a body that arrives in
+    -- time is served
+    local script = [[
+import socket, sys, time
+host, port = sys.argv[1], int(sys.argv[2])
+s = socket.create_connection((host, port), timeout=5)
+s.sendall(b"POST /v3/requests HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+          b"Content-Length: 1000\r\n\r\n")
+s.setblocking(False)
+start = time.monotonic()
+closed = None
+while time.monotonic() - start < 6.0 and closed is None:
+    try:
+        s.send(b" ")
+        got = s.recv(100)
+        if got == b"" or got.startswith(b"HTTP/1.1"):
+            closed = time.monotonic() - start
+    except BlockingIOError:
+        pass
+    except OSError:
+        closed = time.monotonic() - start
+    time.sleep(0.2)
+print("closed_after:%s" % ("never" if closed is None else "%.1f" % closed))
+]]
+    local dir = host.tmpdir()
+    host.write(dir .. "/slowbody.py", script)
+    local h, port = d3.address:match("^(.-):(%d+)$")
+    local rc, out = host.run({}, { "python3", common.quote(dir .. "/slowbody.py"), h, port })
+    os.execute("rm -rf " .. common.quote(dir))
+    assert.equal(0, rc, out)
+    local after = tonumber(out:match("closed_after:([%d.]+)"))
+    assert.truthy(after and after >= 1.2 and after < 4.0, out)
+    -- a whole body at once: answered (401 without a token), not cut
+    local r = api.call(d3, "POST", "/v3/requests", { json = { template_key = "x" } })
+    assert.equal(401, r.status, r.body)
   end)
 end)
