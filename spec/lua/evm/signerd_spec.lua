@@ -64,6 +64,25 @@ local function reserve(node_id, address, nonce, payload_hash)
             VALUES ($1, $2, $3, $4::uuid, $5)]], CHAIN, address, nonce, node_id, payload_hash)
 end
 
+-- sql in a transaction of its own as the daemon's role (what a console user
+-- or a policy script can do): ok, rows | false, err.  must_as_runtime
+-- raises instead.
+local function as_runtime(sql, ...)
+  s:begin()
+  local ok, res = pcall(function(...)
+    s:query("SET LOCAL ROLE qtg_runtime")
+    return s:query(sql, ...)
+  end, ...)
+  if ok then s:commit() else s:rollback() end
+  return ok, res
+end
+
+local function must_as_runtime(sql, ...)
+  local ok, res = as_runtime(sql, ...)
+  assert(ok, type(res) == "table" and res.message or tostring(res))
+  return res
+end
+
 describe("qtgd signer", function()
   setup(function()
     sup = require "spec.lua.support.evm"
@@ -186,13 +205,6 @@ describe("qtgd signer", function()
     assert.equal("PENDING_APPROVAL", req.request_state)
     -- the attack, as the daemon's role while the approvers have not looked
     -- yet: pay B instead of A, and raise the fee cap
-    local function as_runtime(sql, ...)
-      s:begin()
-      s:exec("SET LOCAL ROLE qtg_runtime")
-      local ok, err = pcall(s.query, s, sql, ...)
-      if ok then s:commit() else s:rollback() end
-      return ok, err
-    end
     for _, c in ipairs({
       { "plan_nodes", [[UPDATE plan_nodes SET config = config || jsonb_build_object('destination', $2::text)
                          WHERE plan_version_id = $1 AND node_key = 'transfer']], b },
@@ -240,23 +252,16 @@ describe("qtgd signer", function()
     local dest = sup.random_address()
     local req = engine.create(s, "sign_t_a", { intent = intent(dest), callback_url = false })
     engine.move_class(s, req.id, new_class())
-    local function as_runtime(sql, ...)
-      s:begin()
-      s:exec("SET LOCAL ROLE qtg_runtime")
-      local ok, err = pcall(s.query, s, sql, ...)
-      if ok then s:commit() else s:rollback() end
-      assert(ok, err and err.message)
-    end
     -- the initiator's own vote, a quorum of one, then APPROVED
-    as_runtime([[UPDATE movement_requests r SET approval_digest = qtg_approval_digest(r),
+    must_as_runtime([[UPDATE movement_requests r SET approval_digest = qtg_approval_digest(r),
                         approvals_required = 1 WHERE id = $1::uuid]], req.id)
-    as_runtime([[INSERT INTO request_approvals (request_id, principal, decision, approval_digest)
+    must_as_runtime([[INSERT INTO request_approvals (request_id, principal, decision, approval_digest)
                  SELECT id, created_by, 'approve', approval_digest FROM movement_requests
                   WHERE id = $1::uuid]], req.id)
-    as_runtime("UPDATE movement_requests SET request_state = 'APPROVED' WHERE id = $1::uuid", req.id)
+    must_as_runtime("UPDATE movement_requests SET request_state = 'APPROVED' WHERE id = $1::uuid", req.id)
     local node = engine.nodes(s, req.id).transfer
     if node.node_state ~= "READY" then
-      as_runtime("UPDATE movement_request_nodes SET node_state = 'READY' WHERE id = $1::uuid", node.id)
+      must_as_runtime("UPDATE movement_request_nodes SET node_state = 'READY' WHERE id = $1::uuid", node.id)
     end
     local p = payload({ to = dest, nonce = 930 })
     reserve(node.id, DEV[1].address, 930, p.signing_hash)
@@ -479,15 +484,6 @@ c.sendall(b"KEYS\n"); print(c.makefile().readline().strip())' ]]
       return qtg.signer.sign("sa", { request_id = req.id, request_node_id = node_id,
         attempt_no = attempt, payload = p.payload, payload_hash = p.signing_hash })
     end
-    local function as_runtime(sql, ...)
-      s:begin()
-      local ok, res = pcall(function(...)
-        s:query("SET LOCAL ROLE qtg_runtime")
-        return s:query(sql, ...)
-      end, ...)
-      if ok then s:commit() else s:rollback() end
-      return ok, res
-    end
     local first = payload({ to = dest, nonce = 910 })
     reserve(node.id, from, 910, first.signing_hash)
     assert.truthy(sign(node.id, 1, first))
@@ -533,13 +529,6 @@ c.sendall(b"KEYS\n"); print(c.makefile().readline().strip())' ]]
     local keys = "sa=" .. sup.key_file(dir, "sa", DEV[1].key)
     local class = new_class()
     local dest = sup.random_address()
-    local function as_runtime(sql, ...)
-      s:begin()
-      s:exec("SET LOCAL ROLE qtg_runtime")
-      local ok, err = pcall(s.query, s, sql, ...)
-      if ok then s:commit() else s:rollback() end
-      assert(ok, err and err.message)
-    end
     -- a request and its twin (the same intent: the same approval digest)
     local req = engine.create(s, "sign_t_a", { intent = intent(dest), callback_url = false })
     engine.move_class(s, req.id, class)
@@ -569,10 +558,10 @@ c.sendall(b"KEYS\n"); print(c.makefile().readline().strip())' ]]
       return path
     end
     -- the quorum row says 1; the enrolment says 2 for this class
-    as_runtime([[UPDATE movement_requests r SET approval_digest = qtg_approval_digest(r),
+    must_as_runtime([[UPDATE movement_requests r SET approval_digest = qtg_approval_digest(r),
                         approvals_required = 1 WHERE id = $1::uuid]], req.id)
     local function vote(principal, signature)
-      as_runtime([[INSERT INTO request_approvals (request_id, principal, decision, approval_digest, signature)
+      must_as_runtime([[INSERT INTO request_approvals (request_id, principal, decision, approval_digest, signature)
                    SELECT id, $2, 'approve', approval_digest, $3 FROM movement_requests WHERE id = $1::uuid]],
         req.id, principal, signature)
     end
@@ -580,10 +569,10 @@ c.sendall(b"KEYS\n"); print(c.makefile().readline().strip())' ]]
     vote("operator:ghost1")
     vote("operator:ghost2", sup.host.approver_sign(key.mallory, st))
     vote("operator:alice")
-    as_runtime("UPDATE movement_requests SET request_state = 'APPROVED' WHERE id = $1::uuid", req.id)
+    must_as_runtime("UPDATE movement_requests SET request_state = 'APPROVED' WHERE id = $1::uuid", req.id)
     local node = engine.nodes(s, req.id).transfer
     if node.node_state ~= "READY" then
-      as_runtime("UPDATE movement_request_nodes SET node_state = 'READY' WHERE id = $1::uuid", node.id)
+      must_as_runtime("UPDATE movement_request_nodes SET node_state = 'READY' WHERE id = $1::uuid", node.id)
     end
     local p = payload({ to = dest, nonce = 940 })
     reserve(node.id, DEV[1].address, 940, p.signing_hash)
