@@ -83,6 +83,17 @@ local function must_as_runtime(sql, ...)
   return res
 end
 
+-- the request moved to APPROVED as the daemon's role, whatever its votes;
+-- its transfer node READY: the node
+local function approved_as_runtime(request_id)
+  must_as_runtime("UPDATE movement_requests SET request_state = 'APPROVED' WHERE id = $1::uuid", request_id)
+  local node = require("spec.lua.support.engine").nodes(s, request_id).transfer
+  if node.node_state ~= "READY" then
+    must_as_runtime("UPDATE movement_request_nodes SET node_state = 'READY' WHERE id = $1::uuid", node.id)
+  end
+  return node
+end
+
 describe("qtgd signer", function()
   setup(function()
     sup = require "spec.lua.support.evm"
@@ -258,11 +269,7 @@ describe("qtgd signer", function()
     must_as_runtime([[INSERT INTO request_approvals (request_id, principal, decision, approval_digest)
                  SELECT id, created_by, 'approve', approval_digest FROM movement_requests
                   WHERE id = $1::uuid]], req.id)
-    must_as_runtime("UPDATE movement_requests SET request_state = 'APPROVED' WHERE id = $1::uuid", req.id)
-    local node = engine.nodes(s, req.id).transfer
-    if node.node_state ~= "READY" then
-      must_as_runtime("UPDATE movement_request_nodes SET node_state = 'READY' WHERE id = $1::uuid", node.id)
-    end
+    local node = approved_as_runtime(req.id)
     local p = payload({ to = dest, nonce = 930 })
     reserve(node.id, DEV[1].address, 930, p.signing_hash)
     local sig, err = qtg.signer.sign("sa", { request_id = req.id, request_node_id = node.id,
@@ -569,11 +576,7 @@ c.sendall(b"KEYS\n"); print(c.makefile().readline().strip())' ]]
     vote("operator:ghost1")
     vote("operator:ghost2", sup.host.approver_sign(key.mallory, st))
     vote("operator:alice")
-    must_as_runtime("UPDATE movement_requests SET request_state = 'APPROVED' WHERE id = $1::uuid", req.id)
-    local node = engine.nodes(s, req.id).transfer
-    if node.node_state ~= "READY" then
-      must_as_runtime("UPDATE movement_request_nodes SET node_state = 'READY' WHERE id = $1::uuid", node.id)
-    end
+    local node = approved_as_runtime(req.id)
     local p = payload({ to = dest, nonce = 940 })
     reserve(node.id, DEV[1].address, 940, p.signing_hash)
     local function sign()
