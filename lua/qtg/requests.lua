@@ -613,6 +613,12 @@ function M.complete_manual_step(s, node_id, actor, input)
         node.node_key, node.node_state)
     end
     expect_state(req, { "WAITING_MANUAL_ACTION", "EXECUTING" }, "complete a manual step of")
+    -- an attestation (a settlement seen, a desk's confirmation) releases what
+    -- follows it: never by the request's initiator (four eyes, as approval)
+    if actor == req.created_by or signed.same_person(actor, req.created_by) then
+      refuse("forbidden", "%s created request %s and cannot complete its manual step %s (four eyes)",
+        actor, req.id, node.node_key)
+    end
     local adapter, why = executors.get(node.executor)
     if not adapter or type(adapter.complete) ~= "function" then
       refuse("illegal_transition", "node %s: executor %s cannot complete manual steps (%s)",

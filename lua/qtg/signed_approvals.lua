@@ -15,6 +15,7 @@
 --   check_vote(s, req, actor, sig)  -> raises unless the vote will count
 --   floor(req)                      -> the enrolment's quorum for req's class
 --   count(s, req, votes)            -> the votes that count (one per person)
+--   same_person(a, b)               -> true when two principals are one enrolled person
 local qtg = require "qtg"
 local errors = require "qtg.errors"
 
@@ -73,6 +74,12 @@ function M.check_vote(s, req, actor, sig)
     errors.raise("forbidden", "%s: the vote needs %s's signature of request %s's approval statement "
       .. "(approval_statement; qtgd approver sign)", actor, person, req.id)
   end
+end
+
+function M.same_person(a, b)
+  local e = M.enrolment()
+  local person = e and e:person(a)
+  return person ~= nil and person == e:person(b)
 end
 
 -- votes: rows {principal=, signature=, ...} already judged for the digest

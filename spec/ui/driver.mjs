@@ -134,7 +134,13 @@ const SCENARIOS = {
 
   // complete a manual step through its input form (one box per required input)
   async complete(page) {
+    // the initiator is not offered its own request's step (four eyes)
     await signIn(page, plan.tokens.operator);
+    await page.goto(`${plan.base}/ui/#/request/${plan.complete.id}`);
+    await page.waitForSelector(`#dag g.node[data-node-key=${plan.complete.node}]`, { timeout: TIMEOUT });
+    const offeredToInitiator = await page.$$eval('button[data-action=complete]', (bs) => bs.length);
+    await page.evaluate(() => sessionStorage.clear());   // signed out
+    await signIn(page, plan.tokens.desk);
     await page.goto(`${plan.base}/ui/#/request/${plan.complete.id}`);
     const btn = `button[data-action=complete][data-node=${plan.complete.node}]`;
     await page.waitForSelector(btn, { timeout: TIMEOUT });
@@ -148,7 +154,7 @@ const SCENARIOS = {
     await page.screenshot({ path: `${plan.out}/complete-dialog.png` });
     await page.click('#confirm-ok');
     await page.waitForSelector(`#dag g.node[data-node-key=${plan.complete.node}]:not([data-state=READY])`, { timeout: TIMEOUT });
-    return { lines, fields, disabledEmpty, disabledTyped };
+    return { lines, fields, disabledEmpty, disabledTyped, offeredToInitiator };
   },
 
   // a read-only token: no approve, reject or cancel offered, no inbox link

@@ -25,7 +25,8 @@ export const NODE_ACTIONS = [
   { key: 'retry', label: 'Retry', role: 'operate', states: ['FAILED', 'UNKNOWN'], reason: 'none',
     requestStates: ['FAILED', 'MANUAL_INTERVENTION', 'EXECUTING'], path: (n) => `/v3/nodes/${n.id}/retry` },
   { key: 'complete', label: 'Complete step', role: 'operate', states: ['READY'], reason: 'none', input: true,
-    requestStates: ['WAITING_MANUAL_ACTION', 'EXECUTING'], manual: true, path: (n) => `/v3/nodes/${n.id}/complete` },
+    requestStates: ['WAITING_MANUAL_ACTION', 'EXECUTING'], manual: true, path: (n) => `/v3/nodes/${n.id}/complete`,
+    legal: (r, me) => r.created_by !== me.actor },
 ];
 
 export function requestActions(req, ctx) {
@@ -35,7 +36,8 @@ export function requestActions(req, ctx) {
 
 export function nodeActions(req, node, ctx) {
   return NODE_ACTIONS.filter((a) => ctx.can(a.role) && a.states.includes(node.node_state)
-    && a.requestStates.includes(req.request_state) && (!a.manual || node.node_kind === 'manual'));
+    && a.requestStates.includes(req.request_state) && (!a.manual || node.node_kind === 'manual')
+    && (!a.legal || a.legal(req, ctx.me)));
 }
 
 // run(action, target, what[, extra]) -> the API's answer, or null when not

@@ -9,7 +9,9 @@
 --     request, the initiator under another principal, a principal nobody
 --     enrolled;
 --   * the enrolment's quorum (2) holds where the policy asks 1, and the
---     daemon's count ignores a vote row forged as qtg_runtime.
+--     daemon's count ignores a vote row forged as qtg_runtime;
+--   * the initiator's person cannot attest the request's manual step under
+--     another principal either.
 -- `qtgd signer` applies the same rule to the same file: signerd_spec.
 local api, common, host
 local d, doc, keydir
@@ -66,7 +68,7 @@ describe("signed approvals through the API", function()
     operator = api.token("read,operate", { name = names.operator })
     alice = api.token("read,approve", { name = names.alice })
     bob = api.token("read,approve", { name = names.bob })
-    ivan = api.token("read,approve", { name = names.ivan })
+    ivan = api.token("read,approve,operate", { name = names.ivan })
     mallory = api.token("read,approve", { name = names.mallory })
     d = api.start({ MG_SIGNER_APPROVERS = path, MG_API_RATE_LIMIT_PER_SECOND = "1000",
                     MG_API_RATE_LIMIT_BURST = "1000" })
@@ -160,6 +162,17 @@ describe("signed approvals through the API", function()
     assert.not_equal("PENDING_APPROVAL", r.json.request_state)
     assert.truthy(rows("SELECT approved_at FROM movement_requests WHERE id = $1::uuid", twin)[1].approved_at)
     for _, v in ipairs(votes(twin)) do assert.equal(128, #v.signature) end
+    -- the initiator's person attesting the twin's manual step under his
+    -- other principal: refused (four eyes), as his vote was
+    local manual = common.wait_for(function()
+      for _, n in ipairs(api.call(d, "GET", "/v3/requests/" .. twin, { token = alice }).json.nodes) do
+        if n.node_kind == "manual" and n.node_state == "READY" then return n end
+      end
+    end, 60, "the twin's manual step to be READY")
+    r = api.call(d, "POST", "/v3/nodes/" .. manual.id .. "/complete",
+      { token = ivan, key = common.uid("k", 4), json = { input = { desk_reference = "D-9" } } })
+    assert.equal(403, r.status, r.body)
+    assert.truthy(r.body:find("four eyes", 1, true), r.body)
   end)
 
   it("stops at start on an enrolment it cannot take, and creates nothing for a class without a quorum", function()

@@ -346,12 +346,18 @@ describe("HTTP API", function()
       end, 60, "the manual step to be READY")
       local retry = api.call(d, "POST", "/v3/nodes/" .. manual.id .. "/retry", { token = operator })
       assert.equal(409, retry.status)
+      local desk = api.token("read,operate")
       local missing = api.call(d, "POST", "/v3/nodes/" .. manual.id .. "/complete",
-        { token = operator, json = { input = {} } })
+        { token = desk, json = { input = {} } })
       assert.equal(422, missing.status)
       assert.truthy(missing.json.detail:match("desk_reference"))
+      -- the initiator attesting its own request's step: refused (four eyes)
+      local own = api.call(d, "POST", "/v3/nodes/" .. manual.id .. "/complete",
+        { token = operator, key = common.uid("k", 4), json = { input = { desk_reference = "D-1" } } })
+      assert.equal(403, own.status, own.body)
+      assert.truthy(own.json.detail:find("four eyes", 1, true), own.body)
       local done = api.check(doc, api.call(d, "POST", "/v3/nodes/" .. manual.id .. "/complete",
-        { token = operator, key = common.uid("k", 4), json = { input = { desk_reference = "D-1" } } }),
+        { token = desk, key = common.uid("k", 4), json = { input = { desk_reference = "D-1" } } }),
         "POST", "/v3/nodes/{id}/complete")
       assert.equal(200, done.status, done.body)
       common.wait_for(function()
