@@ -208,7 +208,7 @@ describe("qtgd's command line", function()
   setup(function() sup = require "spec.lua.support.host" end)
   teardown(function() sup.stop_all() end)
 
-  local COMMANDS = { "run", "migrate", "exec", "templates", "check", "console", "settings", "version", "help" }
+  local COMMANDS = { "run", "migrate", "exec", "templates", "check", "console", "settings", "version", "help", "approver", "signer" }
 
   it("prints its usage and exits 2 without a command, instead of starting a daemon", function()
     local rc, out = sup.run(sup.base_env({}), { q(sup.bin) })
@@ -231,6 +231,53 @@ describe("qtgd's command line", function()
     local rc, out = sup.run(sup.base_env({}), { q(sup.bin), "help", "frobnicate" })
     assert.equal(2, rc, out)
     assert.matches("unknown command 'frobnicate'", out, 1, true)
+  end)
+
+  it("`qtgd approver` keeps an approver's key to itself and signs approval statements only", function()
+    local dir = require("spec.lua.support.host").tmpdir()
+    local key = dir .. "/k"
+    local function approver(args, stdin)
+      local words = { q(sup.bin), "approver" }
+      for _, a in ipairs(args) do words[#words + 1] = q(a) end
+      if stdin then
+        local f = dir .. "/stdin"
+        local h = assert(io.open(f, "w")); h:write(stdin); h:close()
+        words[#words + 1] = "< " .. q(f)
+      end
+      return sup.run({}, words)
+    end
+    local rc, out = approver({ "key", key })
+    assert.equal(0, rc, out)
+    local pub = out:match("ed25519:(%x+)")
+    assert.equal(64, #pub)
+    assert.matches("ed25519:" .. pub, select(2, approver({ "public", key })), 1, true)
+    -- a second key over the first: refused, the first kept
+    rc, out = approver({ "key", key })
+    assert.equal(1, rc, out)
+    assert.matches("File exists", out, 1, true)
+    assert.matches("ed25519:" .. pub, select(2, approver({ "public", key })), 1, true)
+    -- anything but one statement is not signed
+    local st = "qtg-approval-v1\nrequest 0b6d1c2e-1111-4222-8333-944455556666\nclass mainnet\ndigest "
+      .. string.rep("a", 64) .. "\nplan " .. string.rep("b", 64) .. "\n"
+    for _, bad in ipairs({ "", "hello", st .. "x", st:gsub("mainnet", "Mainnet"), st:sub(1, -2),
+                           (st:gsub("request ", "request  ")) }) do
+      rc, out = approver({ "sign", key }, bad)
+      assert.equal(1, rc, out)
+      assert.is_nil(out:match("%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x"
+        .. "%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x"), out)
+    end
+    rc, out = approver({ "sign", key }, st)
+    assert.equal(0, rc, out)
+    -- a key file others may read: refused; usage errors exit 2
+    os.execute("chmod 644 " .. q(key))
+    rc, out = approver({ "sign", key }, st)
+    assert.equal(1, rc, out)
+    assert.matches("0644", out, 1, true)
+    for _, args in ipairs({ {}, { "sign" }, { "frob", key }, { "sign", key, "only-one" }, { "key", key, "x", "y" } }) do
+      rc, out = approver(args)
+      assert.equal(2, rc, table.concat(args, " ") .. ": " .. out)
+    end
+    os.execute("rm -rf " .. q(dir))
   end)
 
   it("reports every invalid setting, with numbers as people write them", function()
