@@ -168,7 +168,8 @@ static const char qtg_signerd_facts_sql[] =
     "     'node_kind', p2.node_kind, 'action_type', p2.action_type, 'executor', p2.executor,"
     "     'config', p2.config) ORDER BY p2.node_key)"
     "    FROM plan_nodes p2 WHERE p2.plan_version_id = pv.id), '[]'::jsonb))::text, 'UTF8')),"
-    "   'hex') AS plan_digest"
+    "   'hex') AS plan_digest,"
+    "  pn.executor AS plan_executor, pn.action_type AS plan_action_type"
     " FROM r"
     " JOIN plan_versions pv ON pv.id = r.plan_version_id"
     " LEFT JOIN movement_request_nodes n ON n.id = $2::uuid"
@@ -179,7 +180,8 @@ enum {
   F_STATE, F_STORED_DIGEST, F_DIGEST, F_REQUIRED, F_APPROVALS, F_REJECTS, F_ASSET, F_AMOUNT,
   F_DESTINATION, F_CHAIN_ID, F_NODE_OF_REQUEST, F_NODE_STATE, F_ATTEMPT_NO, F_EXECUTOR,
   F_ACTION_TYPE, F_PLANNED_KEY, F_PLAN_NODE, F_MAX_FEE, F_MAX_TIP, F_GAS_LIMIT, F_ALLOWED_CHAINS,
-  F_EXPECTED, F_CLASS, F_ID, F_CREATED_BY, F_PLAN_DIGEST, F__COUNT
+  F_EXPECTED, F_CLASS, F_ID, F_CREATED_BY, F_PLAN_DIGEST, F_PLAN_EXECUTOR, F_PLAN_ACTION_TYPE,
+  F__COUNT
 };
 
 /* The approvals given for a digest, with their signatures (MG_SIGNER_APPROVERS). */
@@ -312,6 +314,13 @@ static int qtg_signerd_check_facts(qtg_decision *dec, PGresult *r, const qtg_sig
       strcmp(qtg_field(r, F_ACTION_TYPE), "evm_transfer") != 0)
     QTG_REFUSE(dec, "EXECUTOR_NOT_SIGNABLE", "node runs %s/%s: only evm_transfer nodes are signed",
                qtg_field(r, F_EXECUTOR), qtg_field(r, F_ACTION_TYPE));
+  /* what the node does is its plan node's (covered by the plan digest the
+   * approvers signed), not the node row's: the runtime inserts node rows */
+  if (strcmp(qtg_field(r, F_PLAN_EXECUTOR), "evm_transfer") != 0 ||
+      strcmp(qtg_field(r, F_PLAN_ACTION_TYPE), "evm_transfer") != 0)
+    QTG_REFUSE(dec, "EXECUTOR_NOT_SIGNABLE",
+               "the node's plan node runs %s/%s: only evm_transfer plan nodes are signed",
+               qtg_field(r, F_PLAN_EXECUTOR), qtg_field(r, F_PLAN_ACTION_TYPE));
   const char *plan_node = qtg_field(r, F_PLAN_NODE);
   snprintf(dec->plan_node, sizeof dec->plan_node, "%s", plan_node ? plan_node : "");
   const char *planned = qtg_field(r, F_PLANNED_KEY);

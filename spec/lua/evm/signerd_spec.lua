@@ -625,6 +625,84 @@ c.sendall(b"KEYS\n"); print(c.makefile().readline().strip())' ]]
     os.execute("rm -rf " .. common.quote(kd))
   end)
 
+  -- What a plan node does is in the plan digest the approvers signed (its
+  -- kind, action, executor and config); a request node row is the
+  -- runtime's, and one can be inserted for any plan node.  A plan node the
+  -- approvers signed as a manual step is not signed as a transfer because a
+  -- node row inserted for it says evm_transfer.
+  it("signs a transfer only for a plan node the approvers signed as one, whatever a node row says", function()
+    local keys = "sa=" .. sup.key_file(dir, "sa", DEV[1].key)
+    local class = new_class()
+    local a, b = sup.random_address(), sup.random_address()
+    local function as_runtime(sql, ...)
+      s:begin()
+      local ok, res = pcall(function(...)
+        s:query("SET LOCAL ROLE qtg_runtime")
+        return s:query(sql, ...)
+      end, ...)
+      if ok then s:commit() else s:rollback() end
+      assert(ok, type(res) == "table" and res.message or tostring(res))
+      return res
+    end
+    -- the plan: the transfer to the intent's destination, and a manual step
+    -- (the runtime wrote b and key sa into its config before any request
+    -- used the version; the approvers read it as a note on a manual step)
+    local tkey = "sign_t_decoy_" .. qtg.crypto.hex(qtg.crypto.random_bytes(4))
+    local doc = sup.template(tkey, "sa", { allowed_chain_ids = { CHAIN }, max_amount = "25" })
+    doc.nodes[#doc.nodes + 1] = { key = "payout", kind = "manual", action_type = "manual_confirmation",
+      executor = "manual", config = { instructions = "the vendor is paid by hand" } }
+    local pv = engine.load_doc(s, doc).plan_version_id
+    as_runtime([[UPDATE plan_nodes SET config = config || jsonb_build_object('signer_key', 'sa',
+                   'destination', $2::text) WHERE plan_version_id = $1 AND node_key = 'payout']], pv, b)
+    local req = engine.create(s, tkey, { intent = intent(a), callback_url = false })
+    engine.move_class(s, req.id, class)
+    local st = s:query("SELECT qtg_approval_statement(r) AS t FROM movement_requests r WHERE id = $1::uuid",
+      req.id)[1].t
+    -- two enrolled persons sign it: a quorum
+    local kd = sup.host.tmpdir()
+    local key, pub = {}, {}
+    for _, name in ipairs({ "alice", "bob" }) do key[name], pub[name] = sup.host.approver_key(kd, name) end
+    local path = kd .. "/approvers"
+    sup.host.write(path, table.concat({ "person alice " .. pub.alice .. " operator:alice",
+      "person bob " .. pub.bob .. " operator:bob", "quorum " .. class .. " 2", "" }, "\n"))
+    os.execute("chmod 644 " .. common.quote(path))
+    as_runtime([[UPDATE movement_requests r SET approval_digest = qtg_approval_digest(r) WHERE id = $1::uuid]],
+      req.id)
+    for _, name in ipairs({ "alice", "bob" }) do
+      as_runtime([[INSERT INTO request_approvals (request_id, principal, decision, approval_digest, signature)
+                   SELECT id, $2, 'approve', approval_digest, $3 FROM movement_requests WHERE id = $1::uuid]],
+        req.id, "operator:" .. name, sup.host.approver_sign(key[name], st))
+    end
+    as_runtime("UPDATE movement_requests SET request_state = 'APPROVED' WHERE id = $1::uuid", req.id)
+    start_local_signer(keys, { MG_SIGNER_APPROVERS = path })
+    local function sign(node_id, p)
+      return qtg.signer.sign("sa", { request_id = req.id, request_node_id = node_id, attempt_no = 1,
+        payload = p.payload, payload_hash = p.signing_hash })
+    end
+    -- the transfer they approved is signed
+    local node = engine.nodes(s, req.id).transfer
+    if node.node_state ~= "READY" then
+      as_runtime("UPDATE movement_request_nodes SET node_state = 'READY' WHERE id = $1::uuid", node.id)
+    end
+    local good = payload({ to = a, nonce = 950 })
+    reserve(node.id, DEV[1].address, 950, good.signing_hash)
+    local sig, err = sign(node.id, good)
+    assert.truthy(sig, err and err.message)
+    -- a node row for the manual step that says evm_transfer: refused
+    local decoy = as_runtime([[
+      INSERT INTO movement_request_nodes (request_id, plan_node_id, node_key, node_kind, action_type,
+             executor, node_state)
+      SELECT request_id, plan_node_id, 'payout_now', 'action', 'evm_transfer', 'evm_transfer', 'READY'
+        FROM movement_request_nodes WHERE request_id = $1::uuid AND node_key = 'payout' RETURNING id]],
+      req.id)[1].id
+    local bad = payload({ to = b, nonce = 951 })
+    reserve(decoy, DEV[1].address, 951, bad.signing_hash)
+    sig, err = sign(decoy, bad)
+    assert.is_nil(sig, "a transfer to b was signed for the manual step the approvers signed")
+    assert.equal("EXECUTOR_NOT_SIGNABLE", err.code, tostring(err.message))
+    os.execute("rm -rf " .. common.quote(kd))
+  end)
+
   -- One signer serves every qtgd instance on its host; MG_SIGNER_KEY_CLASSES
   -- binds each key to the network classes it signs for, so a request of a
   -- class with laxer approval rules cannot get a mainnet key's signature.
