@@ -321,6 +321,11 @@ fail:
 }
 
 int qtg_approvers_load(const char *path, qtg_approvers **out, char *err, size_t errlen) {
+  return qtg_approvers_load_guarded(path, -1, out, err, errlen);
+}
+
+int qtg_approvers_load_guarded(const char *path, long writer_uid, qtg_approvers **out, char *err,
+                               size_t errlen) {
   struct stat st;
   *out = NULL;
   int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
@@ -331,6 +336,13 @@ int qtg_approvers_load(const char *path, qtg_approvers **out, char *err, size_t 
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > QTG_APPROVERS_FILE_MAX) {
     snprintf(err, errlen, "MG_SIGNER_APPROVERS: %s is not a regular file of at most %d bytes",
              path, QTG_APPROVERS_FILE_MAX);
+    close(fd);
+    return -1;
+  }
+  if (writer_uid >= 0 && (long)st.st_uid == writer_uid) {
+    snprintf(err, errlen, "MG_SIGNER_APPROVERS: %s is owned by uid %ld, the daemon's "
+             "(MG_SIGNER_ALLOWED_UID), which could rewrite who approves; make it root's",
+             path, writer_uid);
     close(fd);
     return -1;
   }

@@ -63,6 +63,12 @@ int qtg_approvers_parse(const char *text, size_t len, qtg_approvers **out, char 
  * cannot write (the signer trusts what it says). */
 int qtg_approvers_load(const char *path, qtg_approvers **out, char *err, size_t errlen);
 
+/* The same, and refused when the file is owned by writer_uid (the daemon's
+ * uid, which could otherwise chmod and rewrite it); writer_uid < 0 checks
+ * no owner. */
+int qtg_approvers_load_guarded(const char *path, long writer_uid, qtg_approvers **out, char *err,
+                               size_t errlen);
+
 void qtg_approvers_free(qtg_approvers *a);
 
 size_t qtg_approvers_count(const qtg_approvers *a);

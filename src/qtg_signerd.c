@@ -763,7 +763,9 @@ int qtg_signerd_main(const qtg_settings *s, const char *db_url, const char *root
   cfg.signer_keys = qtg_settings_str(s, QTG_S_SIGNER_KEYS);
   d.key_classes = qtg_settings_str(s, QTG_S_SIGNER_KEY_CLASSES);
   const char *approvers = qtg_settings_str(s, QTG_S_SIGNER_APPROVERS);
-  if ((approvers[0] && qtg_approvers_load(approvers, &d.approvers, err, sizeof err) != 0) ||
+  /* the daemon's uid must not own the enrolment (when it is another uid than ours) */
+  long writer = d.allowed_uid != (long)getuid() ? d.allowed_uid : -1;
+  if ((approvers[0] && qtg_approvers_load_guarded(approvers, writer, &d.approvers, err, sizeof err) != 0) ||
       qtg_signer_classes_check(d.key_classes, err, sizeof err) != 0 ||
       qtg_keys_load(&cfg, &d.keys, err, sizeof err) != 0 ||
       qtg_signerd_self_test(d.keys, err, sizeof err) != 0 ||

@@ -604,6 +604,12 @@ static void test_approvers(void) {
   CHECK(&tc, chmod(path, 0664) == 0);
   CHECK(&tc, qtg_approvers_load(path, &a, err, sizeof err) == -1 && a == NULL && strstr(err, "0664"));
   CHECK(&tc, qtg_approvers_load(tmpdir, &a, err, sizeof err) == -1);
+  /* owned by the daemon's uid (which could chmod and rewrite it): refused */
+  CHECK(&tc, chmod(path, 0644) == 0);
+  CHECK(&tc, qtg_approvers_load_guarded(path, (long)getuid(), &a, err, sizeof err) == -1 && a == NULL &&
+                 strstr(err, "owned by uid"));
+  CHECK(&tc, qtg_approvers_load_guarded(path, (long)getuid() + 1, &a, err, sizeof err) == 0);
+  qtg_approvers_free(a);
   snprintf(path, sizeof path, "%s/no-such-file", tmpdir);
   CHECK(&tc, qtg_approvers_load(path, &a, err, sizeof err) == -1 && strstr(err, "MG_SIGNER_APPROVERS"));
 }
