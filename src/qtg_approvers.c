@@ -121,6 +121,20 @@ int qtg_approvers_quorum(const qtg_approvers *a, const char *klass) {
   return any;
 }
 
+size_t qtg_approvers_zero_quorums(const qtg_approvers *a, char *out, size_t outlen) {
+  size_t n = 0, used = 0;
+  if (outlen > 0) out[0] = '\0';
+  for (size_t i = 0; a != NULL && i < a->nquorums; i++) {
+    if (a->quorums[i].n != 0) continue;
+    if (outlen > used) {
+      int w = snprintf(out + used, outlen - used, "%s%s", n ? "," : "", a->quorums[i].klass);
+      used = w < 0 || (size_t)w >= outlen - used ? outlen : used + (size_t)w;
+    }
+    n++;
+  }
+  return n;
+}
+
 /* Add "P1,P2,..." to person p; -1 with err on a bad or taken principal. */
 static int qtg_add_principals(qtg_approvers *a, qtg_person *p, const char *list, size_t len,
                               int line, char *err, size_t errlen) {

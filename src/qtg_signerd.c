@@ -737,6 +737,15 @@ static void qtg_signerd_warn_unbound(const qtg_signerd *d) {
   else
     qtg_log_info("signer: %zu approvers enrolled (MG_SIGNER_APPROVERS): only their signed "
                  "approvals count", qtg_approvers_count(d->approvers));
+  char zero[256];
+  if (d->approvers != NULL && qtg_approvers_zero_quorums(d->approvers, zero, sizeof zero) > 0)
+    qtg_log_warn("signer: MG_SIGNER_APPROVERS gives quorum 0 to %s: their transfers are signed with "
+                 "no signed approval (the request's approvals_required, which the daemon's role "
+                 "writes, is all there is)%s", zero,
+                 qtg_approvers_quorum(d->approvers, "*") == 0 && (d->key_classes == NULL || !d->key_classes[0])
+                     ? ", and with * at 0 and MG_SIGNER_KEY_CLASSES unset every key signs so for a "
+                       "class the file does not name"
+                     : "");
   if (n == 0) return;
   if (d->key_classes == NULL || d->key_classes[0] == '\0') {
     qtg_log_warn("signer: MG_SIGNER_KEY_CLASSES is not set: every key signs for requests of "
