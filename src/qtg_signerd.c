@@ -119,8 +119,14 @@ static PGconn *qtg_signerd_db(qtg_signerd *d) {
     qtg_signerd_db_drop(d);
     return NULL;
   }
-  char set[64];
-  snprintf(set, sizeof set, "SET statement_timeout = %d", QTG_SIGNERD_STATEMENT_MS);
+  /* search_path pg_catalog only: the built-ins the checks recompute the
+   * digests with (jsonb_build_object, sha256, ->>, ...) are pg_catalog's,
+   * never an overload another role created in public or elsewhere on the
+   * path (one with exact argument types wins over pg_catalog's VARIADIC
+   * "any"); the tables are named with their schema. */
+  char set[96];
+  snprintf(set, sizeof set, "SET statement_timeout = %d; SET search_path = pg_catalog",
+           QTG_SIGNERD_STATEMENT_MS);
   PGresult *r = PQexec(d->db, set);
   int ok = r && PQresultStatus(r) == PGRES_COMMAND_OK;
   PQclear(r);
@@ -142,12 +148,12 @@ static const char qtg_signerd_facts_sql[] =
     "   'compiled_plan_hash', m.compiled_plan_hash, 'intent', m.intent,"
     "   'input_params', m.input_params, 'network_class', m.network_class,"
     "   'callback_url', m.callback_url)::text, 'UTF8')), 'hex') AS digest"
-    "  FROM movement_requests m WHERE m.id = $1::uuid)"
+    "  FROM public.movement_requests m WHERE m.id = $1::uuid)"
     " SELECT r.request_state, r.approval_digest, r.digest, r.approvals_required,"
-    "  (SELECT count(DISTINCT a.principal) FROM request_approvals a"
+    "  (SELECT count(DISTINCT a.principal) FROM public.request_approvals a"
     "    WHERE a.request_id = r.id AND a.decision = 'approve' AND a.approval_digest = r.digest"
     "      AND a.principal IS DISTINCT FROM r.created_by) AS approvals,"
-    "  (SELECT count(*) FROM request_approvals a"
+    "  (SELECT count(*) FROM public.request_approvals a"
     "    WHERE a.request_id = r.id AND a.decision = 'reject') AS rejects,"
     "  upper(r.intent->>'asset') AS asset, r.intent->>'amount' AS amount,"
     "  CASE WHEN jsonb_typeof(pn.config->'destination') IS NULL THEN r.intent->>'destination'"
@@ -167,14 +173,14 @@ static const char qtg_signerd_facts_sql[] =
     "   'nodes', COALESCE((SELECT jsonb_agg(jsonb_build_object('node_key', p2.node_key,"
     "     'node_kind', p2.node_kind, 'action_type', p2.action_type, 'executor', p2.executor,"
     "     'config', p2.config) ORDER BY p2.node_key)"
-    "    FROM plan_nodes p2 WHERE p2.plan_version_id = pv.id), '[]'::jsonb))::text, 'UTF8')),"
+    "    FROM public.plan_nodes p2 WHERE p2.plan_version_id = pv.id), '[]'::jsonb))::text, 'UTF8')),"
     "   'hex') AS plan_digest,"
     "  pn.executor AS plan_executor, pn.action_type AS plan_action_type"
     " FROM r"
-    " JOIN plan_versions pv ON pv.id = r.plan_version_id"
-    " LEFT JOIN movement_request_nodes n ON n.id = $2::uuid"
-    " LEFT JOIN plan_nodes pn ON pn.id = n.plan_node_id"
-    " LEFT JOIN signer_roster sr ON sr.network_class = r.network_class AND sr.signer_key = $3";
+    " JOIN public.plan_versions pv ON pv.id = r.plan_version_id"
+    " LEFT JOIN public.movement_request_nodes n ON n.id = $2::uuid"
+    " LEFT JOIN public.plan_nodes pn ON pn.id = n.plan_node_id"
+    " LEFT JOIN public.signer_roster sr ON sr.network_class = r.network_class AND sr.signer_key = $3";
 
 enum {
   F_STATE, F_STORED_DIGEST, F_DIGEST, F_REQUIRED, F_APPROVALS, F_REJECTS, F_ASSET, F_AMOUNT,
@@ -186,12 +192,12 @@ enum {
 
 /* The approvals given for a digest, with their signatures (MG_SIGNER_APPROVERS). */
 static const char qtg_signerd_votes_sql[] =
-    "SELECT principal, signature FROM request_approvals"
+    "SELECT principal, signature FROM public.request_approvals"
     " WHERE request_id = $1::uuid AND decision = 'approve' AND approval_digest = $2"
     "   AND signature IS NOT NULL ORDER BY id";
 
 static const char qtg_signerd_reservation_sql[] =
-    "SELECT 1 FROM evm_nonce_reservation"
+    "SELECT 1 FROM public.evm_nonce_reservation"
     " WHERE request_node_id = $1::uuid AND chain_id = $2::bigint AND address = $3"
     "   AND nonce = $4::bigint AND payload_hash = $5"
     "   AND status IN ('reserved', 'signed', 'broadcast')";
@@ -200,14 +206,14 @@ static const char qtg_signerd_reservation_sql[] =
  * chain, sender or nonce (sql/0171): signer_events is the signer's own
  * record, which the daemon's role cannot write. */
 static const char qtg_signerd_granted_elsewhere_sql[] =
-    "SELECT chain_id, signer_address, nonce FROM signer_events"
+    "SELECT chain_id, signer_address, nonce FROM public.signer_events"
     " WHERE request_id = $1::uuid AND plan_node_id = $2::bigint AND decision = 'granted'"
     "   AND nonce IS NOT NULL"
     "   AND (chain_id <> $3::bigint OR signer_address <> $4 OR nonce <> $5::bigint)"
     " ORDER BY id LIMIT 1";
 
 static const char qtg_signerd_event_sql[] =
-    "INSERT INTO signer_events (decision, code, reason, request_id, request_node_id, attempt_no,"
+    "INSERT INTO public.signer_events (decision, code, reason, request_id, request_node_id, attempt_no,"
     " signer_key, signer_address, approval_digest, payload_hash, peer_uid, peer_pid,"
     " plan_node_id, chain_id, nonce)"
     " VALUES ($1, $2, $3, $4::uuid, $5::uuid, $6::int, $7, $8, $9, $10, $11::bigint, $12::bigint,"

@@ -703,6 +703,75 @@ c.sendall(b"KEYS\n"); print(c.makefile().readline().strip())' ]]
     os.execute("rm -rf " .. common.quote(kd))
   end)
 
+  -- The signer recomputes the digest and the plan digest with built-ins,
+  -- but a built-in named without its schema is looked up on the session's
+  -- search_path, and an overload with exact argument types in public wins
+  -- over pg_catalog's VARIADIC "any" jsonb_build_object.  Where the runtime
+  -- may create in public (PostgreSQL 14's default, kept by a cluster
+  -- upgraded from it; the owner role always may), it shadows the signer's
+  -- jsonb_build_object: the intent changes under the approvers' statement,
+  -- which still verifies.  The signer reads with search_path pg_catalog.
+  it("recomputes the statement with pg_catalog's built-ins, not a look-alike on its search_path", function()
+    local keys = "sa=" .. sup.key_file(dir, "sa", DEV[1].key)
+    local class = new_class()
+    local a, b = sup.random_address(), sup.random_address()
+    local function as_runtime(sql, ...)
+      s:begin()
+      s:exec("SET LOCAL ROLE qtg_runtime")
+      local ok, err = pcall(s.query, s, sql, ...)
+      if ok then s:commit() else s:rollback() end
+      assert(ok, err and err.message)
+    end
+    local req = engine.create(s, "sign_t_a", { intent = intent(a), callback_url = false })
+    engine.move_class(s, req.id, class)
+    local st = s:query("SELECT qtg_approval_statement(r) AS t FROM movement_requests r WHERE id = $1::uuid",
+      req.id)[1].t
+    local digest = st:match("\ndigest (%x+)\n")
+    local kd = sup.host.tmpdir()
+    local key, pub = {}, {}
+    for _, name in ipairs({ "alice", "bob" }) do key[name], pub[name] = sup.host.approver_key(kd, name) end
+    local path = kd .. "/approvers"
+    sup.host.write(path, table.concat({ "person alice " .. pub.alice .. " operator:alice",
+      "person bob " .. pub.bob .. " operator:bob", "quorum " .. class .. " 2", "" }, "\n"))
+    os.execute("chmod 644 " .. common.quote(path))
+    -- alice and bob sign the statement of 0.25 ETH to a
+    local sigs = { alice = sup.host.approver_sign(key.alice, st), bob = sup.host.approver_sign(key.bob, st) }
+    finally(function()
+      s:query([[DROP FUNCTION IF EXISTS public.jsonb_build_object(text, text, text, bigint, text, text,
+                  text, jsonb, text, jsonb, text, text, text, text)]])
+      s:query("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
+      os.execute("rm -rf " .. common.quote(kd))
+    end)
+    s:query("GRANT CREATE ON SCHEMA public TO PUBLIC")      -- as on PostgreSQL 14
+    -- the runtime's look-alike: the document of a whenever the intent pays b
+    as_runtime(string.format([[
+      CREATE FUNCTION public.jsonb_build_object(k1 text, v1 text, k2 text, v2 bigint, k3 text, v3 text,
+          k4 text, v4 jsonb, k5 text, v5 jsonb, k6 text, v6 text, k7 text, v7 text) RETURNS jsonb
+        LANGUAGE sql AS $f$
+        SELECT pg_catalog.jsonb_build_object(k1, v1, k2, v2, k3, v3, k4,
+          CASE WHEN v4->>'destination' = '%s' THEN v4 || '{"destination": "%s"}'::jsonb ELSE v4 END,
+          k5, v5, k6, v6, k7, v7) $f$]], b, a))
+    -- b instead of a while pending, the digest the approvers signed kept, their votes, APPROVED
+    as_runtime([[UPDATE movement_requests SET intent = intent || jsonb_build_object('destination', $2::text),
+                        approval_digest = $3 WHERE id = $1::uuid]], req.id, b, digest)
+    for _, name in ipairs({ "alice", "bob" }) do
+      as_runtime([[INSERT INTO request_approvals (request_id, principal, decision, approval_digest, signature)
+                   VALUES ($1::uuid, $2, 'approve', $3, $4)]], req.id, "operator:" .. name, digest, sigs[name])
+    end
+    as_runtime("UPDATE movement_requests SET request_state = 'APPROVED' WHERE id = $1::uuid", req.id)
+    local node = engine.nodes(s, req.id).transfer
+    if node.node_state ~= "READY" then
+      as_runtime("UPDATE movement_request_nodes SET node_state = 'READY' WHERE id = $1::uuid", node.id)
+    end
+    local p = payload({ to = b, nonce = 970 })
+    reserve(node.id, DEV[1].address, 970, p.signing_hash)
+    start_local_signer(keys, { MG_SIGNER_APPROVERS = path })
+    local sig, err = qtg.signer.sign("sa", { request_id = req.id, request_node_id = node.id,
+      attempt_no = 1, payload = p.payload, payload_hash = p.signing_hash })
+    assert.is_nil(sig, "0.25 ETH to b was signed on the approvers' statement for a")
+    assert.equal("APPROVAL_DIGEST_MISMATCH", err.code, tostring(err.message))
+  end)
+
   -- Known gap (docs/security.md section 6, "What is not enforced"): the
   -- statement does not name the initiator, and created_by is the runtime's
   -- to write while the request is pending, so the signer's "never the
