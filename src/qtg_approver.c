@@ -61,6 +61,56 @@ static char *qtg_approver_read_text(const char *path, size_t *len) {
   return buf;
 }
 
+/* The length of the UTF-8 sequence at p (at most n bytes) and its code
+ * point, or 0 when it is not one (overlong, a surrogate, above U+10FFFF). */
+static size_t qtg_utf8_next(const unsigned char *p, size_t n, unsigned long *cp) {
+  size_t len = p[0] >= 0xf0 && p[0] <= 0xf4 ? 4 : p[0] >= 0xe0 ? 3 : p[0] >= 0xc2 && p[0] <= 0xdf ? 2 : 0;
+  if (len == 0 || len > n || (len == 3 && p[0] > 0xef)) return 0;
+  unsigned long c = p[0] & (0x7f >> len);
+  for (size_t i = 1; i < len; i++) {
+    if ((p[i] & 0xc0) != 0x80) return 0;
+    c = (c << 6) | (p[i] & 0x3f);
+  }
+  if ((len == 3 && c < 0x800) || (len == 4 && (c < 0x10000 || c > 0x10ffff)) ||
+      (c >= 0xd800 && c <= 0xdfff))
+    return 0;
+  *cp = c;
+  return len;
+}
+
+/* Show text on stderr as it would be read, nothing hidden: printable ASCII,
+ * newlines and tabs as they are, every other character as a JSON escape
+ * (\uXXXX, a surrogate pair above U+FFFF: a zero-width space or a
+ * look-alike letter in a key shows as what it is), a byte that is no UTF-8
+ * as \xNN.  jsonb text escapes control characters itself, not the rest. */
+static void qtg_approver_show(const char *text, size_t len) {
+  const unsigned char *p = (const unsigned char *)text;
+  size_t escaped = 0;
+  for (size_t i = 0; i < len;) {
+    unsigned long c;
+    size_t n;
+    if ((p[i] >= 0x20 && p[i] < 0x7f) || p[i] == '\n' || p[i] == '\t') {
+      fputc(p[i], stderr);
+      i++;
+      continue;
+    }
+    escaped++;
+    if (p[i] >= 0x80 && (n = qtg_utf8_next(p + i, len - i, &c)) > 0) {
+      if (c > 0xffff)
+        fprintf(stderr, "\\u%04lx\\u%04lx", 0xd800 + ((c - 0x10000) >> 10), 0xdc00 + ((c - 0x10000) & 0x3ff));
+      else
+        fprintf(stderr, "\\u%04lx", c);
+      i += n;
+    } else {
+      fprintf(stderr, "\\x%02x", p[i]);
+      i++;
+    }
+  }
+  fputc('\n', stderr);
+  if (escaped > 0)
+    fprintf(stderr, "(%zu characters outside printable ASCII are shown escaped, as above)\n", escaped);
+}
+
 /* 0 when the SHA-256 of the file at path is the hex after "\nWORD " in the
  * statement; shows the file's text on stderr. */
 static int qtg_approver_check_text(const char *statement, const char *word, const char *path) {
@@ -81,7 +131,8 @@ static int qtg_approver_check_text(const char *statement, const char *word, cons
     free(text);
     return -1;
   }
-  fprintf(stderr, "%s (%s):\n%s\n", word, path, text);
+  fprintf(stderr, "%s (%s):\n", word, path);
+  qtg_approver_show(text, len);
   free(text);
   return 0;
 }

@@ -43,6 +43,34 @@ struct qtg_approvers {
   size_t nquorums;
 };
 
+/* The y of every point of small order on edwards25519 (1, 2, 4 or 8:
+ * the identity, (0,-1), (+-sqrt(-1),0) and the four of order 8), and the
+ * non-canonical y + p of 0 and 1, as libsodium lists them; a public key is
+ * one of them whatever its sign bit.  A signature "of" such a key is forged
+ * without any secret (R the identity and S 0 verifies for the identity key
+ * and any message), so such a key is refused. */
+static const uint8_t qtg_small_order_y[7][32] = {
+    {0x00},
+    {0x01},
+    {0x26, 0xe8, 0x95, 0x8f, 0xc2, 0xb2, 0x27, 0xb0, 0x45, 0xc3, 0xf4, 0x89, 0xf2, 0xef, 0x98, 0xf0,
+     0xd5, 0xdf, 0xac, 0x05, 0xd3, 0xc6, 0x33, 0x39, 0xb1, 0x38, 0x02, 0x88, 0x6d, 0x53, 0xfc, 0x05},
+    {0xc7, 0x17, 0x6a, 0x70, 0x3d, 0x4d, 0xd8, 0x4f, 0xba, 0x3c, 0x0b, 0x76, 0x0d, 0x10, 0x67, 0x0f,
+     0x2a, 0x20, 0x53, 0xfa, 0x2c, 0x39, 0xcc, 0xc6, 0x4e, 0xc7, 0xfd, 0x77, 0x92, 0xac, 0x03, 0x7a},
+    {0xec, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+     0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f},
+    {0xed, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+     0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f},
+    {0xee, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+     0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f},
+};
+
+static int qtg_is_small_order(const uint8_t pub[QTG_APPROVER_PUBLIC_LEN]) {
+  for (size_t i = 0; i < sizeof qtg_small_order_y / sizeof qtg_small_order_y[0]; i++)
+    if (memcmp(pub, qtg_small_order_y[i], 31) == 0 && (pub[31] & 0x7f) == qtg_small_order_y[i][31])
+      return 1;
+  return 0;
+}
+
 static int qtg_is_name_char(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
          c == '_' || c == '.' || c == '-';
@@ -121,6 +149,20 @@ int qtg_approvers_quorum(const qtg_approvers *a, const char *klass) {
   return any;
 }
 
+size_t qtg_approvers_zero_quorums(const qtg_approvers *a, char *out, size_t outlen) {
+  size_t n = 0, used = 0;
+  if (outlen > 0) out[0] = '\0';
+  for (size_t i = 0; a != NULL && i < a->nquorums; i++) {
+    if (a->quorums[i].n != 0) continue;
+    if (outlen > used) {
+      int w = snprintf(out + used, outlen - used, "%s%s", n ? "," : "", a->quorums[i].klass);
+      used = w < 0 || (size_t)w >= outlen - used ? outlen : used + (size_t)w;
+    }
+    n++;
+  }
+  return n;
+}
+
 /* Add "P1,P2,..." to person p; -1 with err on a bad or taken principal. */
 static int qtg_add_principals(qtg_approvers *a, qtg_person *p, const char *list, size_t len,
                               int line, char *err, size_t errlen) {
@@ -181,6 +223,11 @@ static int qtg_parse_person(qtg_approvers *a, char **f, size_t *fl, int line, ch
       qtg_hex_decode(f[2] + 8, 2 * QTG_APPROVER_PUBLIC_LEN, p.pub) != 0) {
     snprintf(err, errlen, "line %d: person %s: the key is ed25519: and 64 lowercase hex digits",
              line, p.name);
+    return -1;
+  }
+  if (qtg_is_small_order(p.pub)) {
+    snprintf(err, errlen, "line %d: person %s: the key is a point of small order, whose "
+             "signatures anyone can forge: not a key from qtgd approver key", line, p.name);
     return -1;
   }
   for (size_t i = 0; i < a->npeople; i++) {
@@ -321,6 +368,11 @@ fail:
 }
 
 int qtg_approvers_load(const char *path, qtg_approvers **out, char *err, size_t errlen) {
+  return qtg_approvers_load_guarded(path, -1, out, err, errlen);
+}
+
+int qtg_approvers_load_guarded(const char *path, long writer_uid, qtg_approvers **out, char *err,
+                               size_t errlen) {
   struct stat st;
   *out = NULL;
   int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
@@ -331,6 +383,13 @@ int qtg_approvers_load(const char *path, qtg_approvers **out, char *err, size_t 
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > QTG_APPROVERS_FILE_MAX) {
     snprintf(err, errlen, "MG_SIGNER_APPROVERS: %s is not a regular file of at most %d bytes",
              path, QTG_APPROVERS_FILE_MAX);
+    close(fd);
+    return -1;
+  }
+  if (writer_uid >= 0 && (long)st.st_uid == writer_uid) {
+    snprintf(err, errlen, "MG_SIGNER_APPROVERS: %s is owned by uid %ld, the daemon's "
+             "(MG_SIGNER_ALLOWED_UID), which could rewrite who approves; make it root's",
+             path, writer_uid);
     close(fd);
     return -1;
   }

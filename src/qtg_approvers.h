@@ -63,6 +63,12 @@ int qtg_approvers_parse(const char *text, size_t len, qtg_approvers **out, char 
  * cannot write (the signer trusts what it says). */
 int qtg_approvers_load(const char *path, qtg_approvers **out, char *err, size_t errlen);
 
+/* The same, and refused when the file is owned by writer_uid (the daemon's
+ * uid, which could otherwise chmod and rewrite it); writer_uid < 0 checks
+ * no owner. */
+int qtg_approvers_load_guarded(const char *path, long writer_uid, qtg_approvers **out, char *err,
+                               size_t errlen);
+
 void qtg_approvers_free(qtg_approvers *a);
 
 size_t qtg_approvers_count(const qtg_approvers *a);
@@ -75,6 +81,12 @@ const char *qtg_approvers_person_name(const qtg_approvers *a, int person);
 
 /* The quorum for klass (its own line, else "*"), or -1 when neither. */
 int qtg_approvers_quorum(const qtg_approvers *a, const char *klass);
+
+/* The classes whose quorum is 0 ("*" among them when it is), comma-
+ * separated into out (cut to fit); their count.  A quorum of 0 needs no
+ * signed approval: the request's approvals_required, which the runtime
+ * role writes, is then all there is. */
+size_t qtg_approvers_zero_quorums(const qtg_approvers *a, char *out, size_t outlen);
 
 /* 1 when sig_hex (128 hex digits) is person's Ed25519 signature of msg,
  * else 0 (any malformed input included). */

@@ -119,8 +119,14 @@ static PGconn *qtg_signerd_db(qtg_signerd *d) {
     qtg_signerd_db_drop(d);
     return NULL;
   }
-  char set[64];
-  snprintf(set, sizeof set, "SET statement_timeout = %d", QTG_SIGNERD_STATEMENT_MS);
+  /* search_path pg_catalog only: the built-ins the checks recompute the
+   * digests with (jsonb_build_object, sha256, ->>, ...) are pg_catalog's,
+   * never an overload another role created in public or elsewhere on the
+   * path (one with exact argument types wins over pg_catalog's VARIADIC
+   * "any"); the tables are named with their schema. */
+  char set[96];
+  snprintf(set, sizeof set, "SET statement_timeout = %d; SET search_path = pg_catalog",
+           QTG_SIGNERD_STATEMENT_MS);
   PGresult *r = PQexec(d->db, set);
   int ok = r && PQresultStatus(r) == PGRES_COMMAND_OK;
   PQclear(r);
@@ -142,12 +148,12 @@ static const char qtg_signerd_facts_sql[] =
     "   'compiled_plan_hash', m.compiled_plan_hash, 'intent', m.intent,"
     "   'input_params', m.input_params, 'network_class', m.network_class,"
     "   'callback_url', m.callback_url)::text, 'UTF8')), 'hex') AS digest"
-    "  FROM movement_requests m WHERE m.id = $1::uuid)"
+    "  FROM public.movement_requests m WHERE m.id = $1::uuid)"
     " SELECT r.request_state, r.approval_digest, r.digest, r.approvals_required,"
-    "  (SELECT count(DISTINCT a.principal) FROM request_approvals a"
+    "  (SELECT count(DISTINCT a.principal) FROM public.request_approvals a"
     "    WHERE a.request_id = r.id AND a.decision = 'approve' AND a.approval_digest = r.digest"
     "      AND a.principal IS DISTINCT FROM r.created_by) AS approvals,"
-    "  (SELECT count(*) FROM request_approvals a"
+    "  (SELECT count(*) FROM public.request_approvals a"
     "    WHERE a.request_id = r.id AND a.decision = 'reject') AS rejects,"
     "  upper(r.intent->>'asset') AS asset, r.intent->>'amount' AS amount,"
     "  CASE WHEN jsonb_typeof(pn.config->'destination') IS NULL THEN r.intent->>'destination'"
@@ -167,29 +173,31 @@ static const char qtg_signerd_facts_sql[] =
     "   'nodes', COALESCE((SELECT jsonb_agg(jsonb_build_object('node_key', p2.node_key,"
     "     'node_kind', p2.node_kind, 'action_type', p2.action_type, 'executor', p2.executor,"
     "     'config', p2.config) ORDER BY p2.node_key)"
-    "    FROM plan_nodes p2 WHERE p2.plan_version_id = pv.id), '[]'::jsonb))::text, 'UTF8')),"
-    "   'hex') AS plan_digest"
+    "    FROM public.plan_nodes p2 WHERE p2.plan_version_id = pv.id), '[]'::jsonb))::text, 'UTF8')),"
+    "   'hex') AS plan_digest,"
+    "  pn.executor AS plan_executor, pn.action_type AS plan_action_type"
     " FROM r"
-    " JOIN plan_versions pv ON pv.id = r.plan_version_id"
-    " LEFT JOIN movement_request_nodes n ON n.id = $2::uuid"
-    " LEFT JOIN plan_nodes pn ON pn.id = n.plan_node_id"
-    " LEFT JOIN signer_roster sr ON sr.network_class = r.network_class AND sr.signer_key = $3";
+    " JOIN public.plan_versions pv ON pv.id = r.plan_version_id"
+    " LEFT JOIN public.movement_request_nodes n ON n.id = $2::uuid"
+    " LEFT JOIN public.plan_nodes pn ON pn.id = n.plan_node_id"
+    " LEFT JOIN public.signer_roster sr ON sr.network_class = r.network_class AND sr.signer_key = $3";
 
 enum {
   F_STATE, F_STORED_DIGEST, F_DIGEST, F_REQUIRED, F_APPROVALS, F_REJECTS, F_ASSET, F_AMOUNT,
   F_DESTINATION, F_CHAIN_ID, F_NODE_OF_REQUEST, F_NODE_STATE, F_ATTEMPT_NO, F_EXECUTOR,
   F_ACTION_TYPE, F_PLANNED_KEY, F_PLAN_NODE, F_MAX_FEE, F_MAX_TIP, F_GAS_LIMIT, F_ALLOWED_CHAINS,
-  F_EXPECTED, F_CLASS, F_ID, F_CREATED_BY, F_PLAN_DIGEST, F__COUNT
+  F_EXPECTED, F_CLASS, F_ID, F_CREATED_BY, F_PLAN_DIGEST, F_PLAN_EXECUTOR, F_PLAN_ACTION_TYPE,
+  F__COUNT
 };
 
 /* The approvals given for a digest, with their signatures (MG_SIGNER_APPROVERS). */
 static const char qtg_signerd_votes_sql[] =
-    "SELECT principal, signature FROM request_approvals"
+    "SELECT principal, signature FROM public.request_approvals"
     " WHERE request_id = $1::uuid AND decision = 'approve' AND approval_digest = $2"
     "   AND signature IS NOT NULL ORDER BY id";
 
 static const char qtg_signerd_reservation_sql[] =
-    "SELECT 1 FROM evm_nonce_reservation"
+    "SELECT 1 FROM public.evm_nonce_reservation"
     " WHERE request_node_id = $1::uuid AND chain_id = $2::bigint AND address = $3"
     "   AND nonce = $4::bigint AND payload_hash = $5"
     "   AND status IN ('reserved', 'signed', 'broadcast')";
@@ -198,14 +206,14 @@ static const char qtg_signerd_reservation_sql[] =
  * chain, sender or nonce (sql/0171): signer_events is the signer's own
  * record, which the daemon's role cannot write. */
 static const char qtg_signerd_granted_elsewhere_sql[] =
-    "SELECT chain_id, signer_address, nonce FROM signer_events"
+    "SELECT chain_id, signer_address, nonce FROM public.signer_events"
     " WHERE request_id = $1::uuid AND plan_node_id = $2::bigint AND decision = 'granted'"
     "   AND nonce IS NOT NULL"
     "   AND (chain_id <> $3::bigint OR signer_address <> $4 OR nonce <> $5::bigint)"
     " ORDER BY id LIMIT 1";
 
 static const char qtg_signerd_event_sql[] =
-    "INSERT INTO signer_events (decision, code, reason, request_id, request_node_id, attempt_no,"
+    "INSERT INTO public.signer_events (decision, code, reason, request_id, request_node_id, attempt_no,"
     " signer_key, signer_address, approval_digest, payload_hash, peer_uid, peer_pid,"
     " plan_node_id, chain_id, nonce)"
     " VALUES ($1, $2, $3, $4::uuid, $5::uuid, $6::int, $7, $8, $9, $10, $11::bigint, $12::bigint,"
@@ -312,6 +320,13 @@ static int qtg_signerd_check_facts(qtg_decision *dec, PGresult *r, const qtg_sig
       strcmp(qtg_field(r, F_ACTION_TYPE), "evm_transfer") != 0)
     QTG_REFUSE(dec, "EXECUTOR_NOT_SIGNABLE", "node runs %s/%s: only evm_transfer nodes are signed",
                qtg_field(r, F_EXECUTOR), qtg_field(r, F_ACTION_TYPE));
+  /* what the node does is its plan node's (covered by the plan digest the
+   * approvers signed), not the node row's: the runtime inserts node rows */
+  if (strcmp(qtg_field(r, F_PLAN_EXECUTOR), "evm_transfer") != 0 ||
+      strcmp(qtg_field(r, F_PLAN_ACTION_TYPE), "evm_transfer") != 0)
+    QTG_REFUSE(dec, "EXECUTOR_NOT_SIGNABLE",
+               "the node's plan node runs %s/%s: only evm_transfer plan nodes are signed",
+               qtg_field(r, F_PLAN_EXECUTOR), qtg_field(r, F_PLAN_ACTION_TYPE));
   const char *plan_node = qtg_field(r, F_PLAN_NODE);
   snprintf(dec->plan_node, sizeof dec->plan_node, "%s", plan_node ? plan_node : "");
   const char *planned = qtg_field(r, F_PLANNED_KEY);
@@ -728,6 +743,15 @@ static void qtg_signerd_warn_unbound(const qtg_signerd *d) {
   else
     qtg_log_info("signer: %zu approvers enrolled (MG_SIGNER_APPROVERS): only their signed "
                  "approvals count", qtg_approvers_count(d->approvers));
+  char zero[256];
+  if (d->approvers != NULL && qtg_approvers_zero_quorums(d->approvers, zero, sizeof zero) > 0)
+    qtg_log_warn("signer: MG_SIGNER_APPROVERS gives quorum 0 to %s: their transfers are signed with "
+                 "no signed approval (the request's approvals_required, which the daemon's role "
+                 "writes, is all there is)%s", zero,
+                 qtg_approvers_quorum(d->approvers, "*") == 0 && (d->key_classes == NULL || !d->key_classes[0])
+                     ? ", and with * at 0 and MG_SIGNER_KEY_CLASSES unset every key signs so for a "
+                       "class the file does not name"
+                     : "");
   if (n == 0) return;
   if (d->key_classes == NULL || d->key_classes[0] == '\0') {
     qtg_log_warn("signer: MG_SIGNER_KEY_CLASSES is not set: every key signs for requests of "
@@ -754,7 +778,9 @@ int qtg_signerd_main(const qtg_settings *s, const char *db_url, const char *root
   cfg.signer_keys = qtg_settings_str(s, QTG_S_SIGNER_KEYS);
   d.key_classes = qtg_settings_str(s, QTG_S_SIGNER_KEY_CLASSES);
   const char *approvers = qtg_settings_str(s, QTG_S_SIGNER_APPROVERS);
-  if ((approvers[0] && qtg_approvers_load(approvers, &d.approvers, err, sizeof err) != 0) ||
+  /* the daemon's uid must not own the enrolment (when it is another uid than ours) */
+  long writer = d.allowed_uid != (long)getuid() ? d.allowed_uid : -1;
+  if ((approvers[0] && qtg_approvers_load_guarded(approvers, writer, &d.approvers, err, sizeof err) != 0) ||
       qtg_signer_classes_check(d.key_classes, err, sizeof err) != 0 ||
       qtg_keys_load(&cfg, &d.keys, err, sizeof err) != 0 ||
       qtg_signerd_self_test(d.keys, err, sizeof err) != 0 ||

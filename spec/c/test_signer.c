@@ -524,6 +524,15 @@ static void test_approvers(void) {
   a = enrolment("quorum mainnet 0\n");
   CHECK(&tc, a != NULL && qtg_approvers_quorum(a, "mainnet") == 0 && qtg_approvers_quorum(a, "dev") == -1);
   qtg_approvers_free(a);
+  /* the classes with quorum 0, for the signer's warning at start */
+  a = enrolment("quorum mainnet 2\nquorum dev 0\nquorum * 0\n");
+  CHECK(&tc, a != NULL && qtg_approvers_zero_quorums(a, st, sizeof st) == 2);
+  CHECK_STR(&tc, st, "dev,*");
+  CHECK(&tc, qtg_approvers_zero_quorums(a, st, 4) == 2 && strcmp(st, "dev") == 0);
+  qtg_approvers_free(a);
+  a = enrolment("quorum * 1\n");
+  CHECK(&tc, a != NULL && qtg_approvers_zero_quorums(a, st, sizeof st) == 0 && st[0] == '\0');
+  qtg_approvers_free(a);
 
   static const char *const bad[] = {
       "",                                                             /* no quorum */
@@ -557,6 +566,35 @@ static void test_approvers(void) {
     int rc = qtg_approvers_parse(bad[i], strlen(bad[i]), &a, err, sizeof err);
     CHECK(&tc, rc == -1 && a == NULL && err[0] != '\0');
     if (rc == 0) fprintf(stderr, "  accepted: %s\n", bad[i]);
+  }
+  /* a public key of small order (the identity, the points of order 2, 4
+   * and 8, non-canonical spellings of them): the signature R = identity,
+   * S = 0 verifies for the identity key whatever the message, and others
+   * are forged as cheaply, so such a key is refused at enrolment */
+  {
+    static const char *const small[] = {
+        "0100000000000000000000000000000000000000000000000000000000000000",
+        "0000000000000000000000000000000000000000000000000000000000000000",
+        "0000000000000000000000000000000000000000000000000000000000000080",
+        "26e8958fc2b227b045c3f489f2ef98f0d5dfac05d3c63339b13802886d53fc05",
+        "c7176a703d4dd84fba3c0b760d10670f2a2053fa2c39ccc64ec7fd7792ac03fa",
+        "ecffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff7f",
+        "edffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff",
+        "eeffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff7f",
+        NULL};
+    char text[300], forged[129];
+    snprintf(forged, sizeof forged, "01%0126d", 0);
+    for (int i = 0; small[i]; i++) {
+      snprintf(text, sizeof text, "person eve ed25519:%s operator:eve\nquorum * 1\n", small[i]);
+      a = NULL;
+      int rc = qtg_approvers_parse(text, strlen(text), &a, err, sizeof err);
+      CHECK(&tc, rc == -1 && a == NULL && strstr(err, "small order"));
+      if (rc == 0) {
+        fprintf(stderr, "  accepted the small-order key %s (forged signature verifies: %d)\n", small[i],
+                qtg_approvers_verify(a, 0, "qtg-approval-v1\n", 16, forged));
+        qtg_approvers_free(a);
+      }
+    }
   }
   static const char nul[] = "quorum mainnet 2\0\n";
   CHECK(&tc, qtg_approvers_parse(nul, sizeof nul - 1, &a, err, sizeof err) == -1);
@@ -604,6 +642,12 @@ static void test_approvers(void) {
   CHECK(&tc, chmod(path, 0664) == 0);
   CHECK(&tc, qtg_approvers_load(path, &a, err, sizeof err) == -1 && a == NULL && strstr(err, "0664"));
   CHECK(&tc, qtg_approvers_load(tmpdir, &a, err, sizeof err) == -1);
+  /* owned by the daemon's uid (which could chmod and rewrite it): refused */
+  CHECK(&tc, chmod(path, 0644) == 0);
+  CHECK(&tc, qtg_approvers_load_guarded(path, (long)getuid(), &a, err, sizeof err) == -1 && a == NULL &&
+                 strstr(err, "owned by uid"));
+  CHECK(&tc, qtg_approvers_load_guarded(path, (long)getuid() + 1, &a, err, sizeof err) == 0);
+  qtg_approvers_free(a);
   snprintf(path, sizeof path, "%s/no-such-file", tmpdir);
   CHECK(&tc, qtg_approvers_load(path, &a, err, sizeof err) == -1 && strstr(err, "MG_SIGNER_APPROVERS"));
 }

@@ -114,6 +114,24 @@ describe("signed approvals through the API", function()
     assert.truthy(why:find("digest line", 1, true), why)
   end)
 
+  -- What `qtgd approver sign KEY DOCUMENT PLAN` shows is what it signs:
+  -- jsonb text escapes control characters but not the rest of Unicode, so a
+  -- key spelled with a zero-width space looks like the real one.  It shows
+  -- every character outside printable ASCII as a JSON escape.
+  it("shows the texts it signs with every character outside ASCII escaped", function()
+    local crypto = require("qtg").crypto
+    local document = '{"intent": {"destination": "0x' .. string.rep("e", 40) .. '", "destination\226\128\139": "0x'
+      .. string.rep("a", 40) .. '", "memo": "caf\195\169 \240\159\146\184"}}'
+    local plan = '{"nodes": [], "risk_controls": {}}'
+    local st = "qtg-approval-v1\nrequest 0b6d1c2e-1111-4222-8333-944455556666\nclass spec\ndigest "
+      .. crypto.sha256_hex(document) .. "\nplan " .. crypto.sha256_hex(plan) .. "\n"
+    assert.truthy(host.approver_sign(key.alice, st, document, plan))
+    local shown = common.read(key.alice .. ".statement.err")
+    assert.truthy(shown:find('"destination\\u200b": "0x' .. string.rep("a", 40), 1, true), shown)
+    assert.truthy(shown:find('"caf\\u00e9 \\ud83d\\udcb8"', 1, true), shown)
+    assert.is_nil(shown:find("[\128-\255]"), shown)
+  end)
+
   it("refuses every vote that would not count, and takes a quorum of two signed ones", function()
     local id, twin = create("32"), create("32")
     local st = statement(id)

@@ -617,6 +617,211 @@ c.sendall(b"KEYS\n"); print(c.makefile().readline().strip())' ]]
     os.execute("rm -rf " .. common.quote(kd))
   end)
 
+  -- What a plan node does is in the plan digest the approvers signed (its
+  -- kind, action, executor and config); a request node row is the
+  -- runtime's, and one can be inserted for any plan node.  A plan node the
+  -- approvers signed as a manual step is not signed as a transfer because a
+  -- node row inserted for it says evm_transfer.
+  it("signs a transfer only for a plan node the approvers signed as one, whatever a node row says", function()
+    local keys = "sa=" .. sup.key_file(dir, "sa", DEV[1].key)
+    local class = new_class()
+    local a, b = sup.random_address(), sup.random_address()
+    local function as_runtime(sql, ...)
+      s:begin()
+      local ok, res = pcall(function(...)
+        s:query("SET LOCAL ROLE qtg_runtime")
+        return s:query(sql, ...)
+      end, ...)
+      if ok then s:commit() else s:rollback() end
+      assert(ok, type(res) == "table" and res.message or tostring(res))
+      return res
+    end
+    -- the plan: the transfer to the intent's destination, and a manual step
+    -- (the runtime wrote b and key sa into its config before any request
+    -- used the version; the approvers read it as a note on a manual step)
+    local tkey = "sign_t_decoy_" .. qtg.crypto.hex(qtg.crypto.random_bytes(4))
+    local doc = sup.template(tkey, "sa", { allowed_chain_ids = { CHAIN }, max_amount = "25" })
+    doc.nodes[#doc.nodes + 1] = { key = "payout", kind = "manual", action_type = "manual_confirmation",
+      executor = "manual", config = { instructions = "the vendor is paid by hand" } }
+    local pv = engine.load_doc(s, doc).plan_version_id
+    as_runtime([[UPDATE plan_nodes SET config = config || jsonb_build_object('signer_key', 'sa',
+                   'destination', $2::text) WHERE plan_version_id = $1 AND node_key = 'payout']], pv, b)
+    local req = engine.create(s, tkey, { intent = intent(a), callback_url = false })
+    engine.move_class(s, req.id, class)
+    local st = s:query("SELECT qtg_approval_statement(r) AS t FROM movement_requests r WHERE id = $1::uuid",
+      req.id)[1].t
+    -- two enrolled persons sign it: a quorum
+    local kd = sup.host.tmpdir()
+    local key, pub = {}, {}
+    for _, name in ipairs({ "alice", "bob" }) do key[name], pub[name] = sup.host.approver_key(kd, name) end
+    local path = kd .. "/approvers"
+    sup.host.write(path, table.concat({ "person alice " .. pub.alice .. " operator:alice",
+      "person bob " .. pub.bob .. " operator:bob", "quorum " .. class .. " 2", "" }, "\n"))
+    os.execute("chmod 644 " .. common.quote(path))
+    as_runtime([[UPDATE movement_requests r SET approval_digest = qtg_approval_digest(r) WHERE id = $1::uuid]],
+      req.id)
+    for _, name in ipairs({ "alice", "bob" }) do
+      as_runtime([[INSERT INTO request_approvals (request_id, principal, decision, approval_digest, signature)
+                   SELECT id, $2, 'approve', approval_digest, $3 FROM movement_requests WHERE id = $1::uuid]],
+        req.id, "operator:" .. name, sup.host.approver_sign(key[name], st))
+    end
+    as_runtime("UPDATE movement_requests SET request_state = 'APPROVED' WHERE id = $1::uuid", req.id)
+    start_local_signer(keys, { MG_SIGNER_APPROVERS = path })
+    local function sign(node_id, p)
+      return qtg.signer.sign("sa", { request_id = req.id, request_node_id = node_id, attempt_no = 1,
+        payload = p.payload, payload_hash = p.signing_hash })
+    end
+    -- the transfer they approved is signed
+    local node = engine.nodes(s, req.id).transfer
+    if node.node_state ~= "READY" then
+      as_runtime("UPDATE movement_request_nodes SET node_state = 'READY' WHERE id = $1::uuid", node.id)
+    end
+    local good = payload({ to = a, nonce = 950 })
+    reserve(node.id, DEV[1].address, 950, good.signing_hash)
+    local sig, err = sign(node.id, good)
+    assert.truthy(sig, err and err.message)
+    -- a node row for the manual step that says evm_transfer: refused
+    local decoy = as_runtime([[
+      INSERT INTO movement_request_nodes (request_id, plan_node_id, node_key, node_kind, action_type,
+             executor, node_state)
+      SELECT request_id, plan_node_id, 'payout_now', 'action', 'evm_transfer', 'evm_transfer', 'READY'
+        FROM movement_request_nodes WHERE request_id = $1::uuid AND node_key = 'payout' RETURNING id]],
+      req.id)[1].id
+    local bad = payload({ to = b, nonce = 951 })
+    reserve(decoy, DEV[1].address, 951, bad.signing_hash)
+    sig, err = sign(decoy, bad)
+    assert.is_nil(sig, "a transfer to b was signed for the manual step the approvers signed")
+    assert.equal("EXECUTOR_NOT_SIGNABLE", err.code, tostring(err.message))
+    os.execute("rm -rf " .. common.quote(kd))
+  end)
+
+  -- The signer recomputes the digest and the plan digest with built-ins,
+  -- but a built-in named without its schema is looked up on the session's
+  -- search_path, and an overload with exact argument types in public wins
+  -- over pg_catalog's VARIADIC "any" jsonb_build_object.  Where the runtime
+  -- may create in public (PostgreSQL 14's default, kept by a cluster
+  -- upgraded from it; the owner role always may), it shadows the signer's
+  -- jsonb_build_object: the intent changes under the approvers' statement,
+  -- which still verifies.  The signer reads with search_path pg_catalog.
+  it("recomputes the statement with pg_catalog's built-ins, not a look-alike on its search_path", function()
+    local keys = "sa=" .. sup.key_file(dir, "sa", DEV[1].key)
+    local class = new_class()
+    local a, b = sup.random_address(), sup.random_address()
+    local function as_runtime(sql, ...)
+      s:begin()
+      s:exec("SET LOCAL ROLE qtg_runtime")
+      local ok, err = pcall(s.query, s, sql, ...)
+      if ok then s:commit() else s:rollback() end
+      assert(ok, err and err.message)
+    end
+    local req = engine.create(s, "sign_t_a", { intent = intent(a), callback_url = false })
+    engine.move_class(s, req.id, class)
+    local st = s:query("SELECT qtg_approval_statement(r) AS t FROM movement_requests r WHERE id = $1::uuid",
+      req.id)[1].t
+    local digest = st:match("\ndigest (%x+)\n")
+    local kd = sup.host.tmpdir()
+    local key, pub = {}, {}
+    for _, name in ipairs({ "alice", "bob" }) do key[name], pub[name] = sup.host.approver_key(kd, name) end
+    local path = kd .. "/approvers"
+    sup.host.write(path, table.concat({ "person alice " .. pub.alice .. " operator:alice",
+      "person bob " .. pub.bob .. " operator:bob", "quorum " .. class .. " 2", "" }, "\n"))
+    os.execute("chmod 644 " .. common.quote(path))
+    -- alice and bob sign the statement of 0.25 ETH to a
+    local sigs = { alice = sup.host.approver_sign(key.alice, st), bob = sup.host.approver_sign(key.bob, st) }
+    finally(function()
+      s:query([[DROP FUNCTION IF EXISTS public.jsonb_build_object(text, text, text, bigint, text, text,
+                  text, jsonb, text, jsonb, text, text, text, text)]])
+      s:query("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
+      os.execute("rm -rf " .. common.quote(kd))
+    end)
+    s:query("GRANT CREATE ON SCHEMA public TO PUBLIC")      -- as on PostgreSQL 14
+    -- the runtime's look-alike: the document of a whenever the intent pays b
+    as_runtime(string.format([[
+      CREATE FUNCTION public.jsonb_build_object(k1 text, v1 text, k2 text, v2 bigint, k3 text, v3 text,
+          k4 text, v4 jsonb, k5 text, v5 jsonb, k6 text, v6 text, k7 text, v7 text) RETURNS jsonb
+        LANGUAGE sql AS $f$
+        SELECT pg_catalog.jsonb_build_object(k1, v1, k2, v2, k3, v3, k4,
+          CASE WHEN v4->>'destination' = '%s' THEN v4 || '{"destination": "%s"}'::jsonb ELSE v4 END,
+          k5, v5, k6, v6, k7, v7) $f$]], b, a))
+    -- b instead of a while pending, the digest the approvers signed kept, their votes, APPROVED
+    as_runtime([[UPDATE movement_requests SET intent = intent || jsonb_build_object('destination', $2::text),
+                        approval_digest = $3 WHERE id = $1::uuid]], req.id, b, digest)
+    for _, name in ipairs({ "alice", "bob" }) do
+      as_runtime([[INSERT INTO request_approvals (request_id, principal, decision, approval_digest, signature)
+                   VALUES ($1::uuid, $2, 'approve', $3, $4)]], req.id, "operator:" .. name, digest, sigs[name])
+    end
+    as_runtime("UPDATE movement_requests SET request_state = 'APPROVED' WHERE id = $1::uuid", req.id)
+    local node = engine.nodes(s, req.id).transfer
+    if node.node_state ~= "READY" then
+      as_runtime("UPDATE movement_request_nodes SET node_state = 'READY' WHERE id = $1::uuid", node.id)
+    end
+    local p = payload({ to = b, nonce = 970 })
+    reserve(node.id, DEV[1].address, 970, p.signing_hash)
+    start_local_signer(keys, { MG_SIGNER_APPROVERS = path })
+    local sig, err = qtg.signer.sign("sa", { request_id = req.id, request_node_id = node.id,
+      attempt_no = 1, payload = p.payload, payload_hash = p.signing_hash })
+    assert.is_nil(sig, "0.25 ETH to b was signed on the approvers' statement for a")
+    assert.equal("APPROVAL_DIGEST_MISMATCH", err.code, tostring(err.message))
+  end)
+
+  -- Known gap (docs/security.md section 6, "What is not enforced"): the
+  -- statement does not name the initiator, and created_by is the runtime's
+  -- to write while the request is pending, so the signer's "never the
+  -- initiator's person" binds the daemon's own code, not a runtime-role
+  -- writer.  An enrolled approver who can run Lua in `qtgd run` rewrites
+  -- created_by on his own request and his own signature counts: with a
+  -- quorum of one, he moves the money alone.  Closing it needs the
+  -- initiator's own signature of the request (not done); the spec runs with
+  -- QTG_SPEC_KNOWN_GAPS=1 and fails until then.
+  it("counts no signature of the initiator's person when the runtime rewrites created_by (known gap)", function()
+    if not os.getenv("QTG_SPEC_KNOWN_GAPS") then
+      pending("known gap: created_by is not in the statement (QTG_SPEC_KNOWN_GAPS=1 runs it)")
+      return
+    end
+    local keys = "sa=" .. sup.key_file(dir, "sa", DEV[1].key)
+    local class = new_class()
+    local dest = sup.random_address()
+    local function as_runtime(sql, ...)
+      s:begin()
+      s:exec("SET LOCAL ROLE qtg_runtime")
+      local ok, err = pcall(s.query, s, sql, ...)
+      if ok then s:commit() else s:rollback() end
+      assert(ok, err and err.message)
+    end
+    -- ivan creates a request (as engine.INITIATOR, one of his principals)
+    local req = engine.create(s, "sign_t_a", { intent = intent(dest), callback_url = false })
+    engine.move_class(s, req.id, class)
+    local kd = sup.host.tmpdir()
+    local key, pub = {}, {}
+    for _, name in ipairs({ "alice", "ivan" }) do key[name], pub[name] = sup.host.approver_key(kd, name) end
+    local path = kd .. "/approvers"
+    sup.host.write(path, table.concat({ "person alice " .. pub.alice .. " operator:alice",
+      "person ivan " .. pub.ivan .. " " .. engine.INITIATOR .. ",operator:ivan",
+      "quorum " .. class .. " 1", "" }, "\n"))
+    os.execute("chmod 644 " .. common.quote(path))
+    -- as the runtime, while it is pending: another initiator, his own signed vote, APPROVED
+    as_runtime([[UPDATE movement_requests r SET created_by = 'system:scheduler',
+                        approval_digest = qtg_approval_digest(r) WHERE id = $1::uuid]], req.id)
+    local st = s:query("SELECT qtg_approval_statement(r) AS t FROM movement_requests r WHERE id = $1::uuid",
+      req.id)[1].t
+    as_runtime([[INSERT INTO request_approvals (request_id, principal, decision, approval_digest, signature)
+                 SELECT id, 'operator:ivan', 'approve', approval_digest, $2 FROM movement_requests
+                  WHERE id = $1::uuid]], req.id, sup.host.approver_sign(key.ivan, st))
+    as_runtime("UPDATE movement_requests SET request_state = 'APPROVED' WHERE id = $1::uuid", req.id)
+    local node = engine.nodes(s, req.id).transfer
+    if node.node_state ~= "READY" then
+      as_runtime("UPDATE movement_request_nodes SET node_state = 'READY' WHERE id = $1::uuid", node.id)
+    end
+    local p = payload({ to = dest, nonce = 960 })
+    reserve(node.id, DEV[1].address, 960, p.signing_hash)
+    start_local_signer(keys, { MG_SIGNER_APPROVERS = path })
+    local sig, err = qtg.signer.sign("sa", { request_id = req.id, request_node_id = node.id,
+      attempt_no = 1, payload = p.payload, payload_hash = p.signing_hash })
+    os.execute("rm -rf " .. common.quote(kd))
+    assert.is_nil(sig, "the initiator's own signature moved the money alone")
+    assert.equal("APPROVALS_INCOMPLETE", err.code, tostring(err.message))
+  end)
+
   -- One signer serves every qtgd instance on its host; MG_SIGNER_KEY_CLASSES
   -- binds each key to the network classes it signs for, so a request of a
   -- class with laxer approval rules cannot get a mainnet key's signature.
