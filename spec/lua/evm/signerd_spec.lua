@@ -626,16 +626,6 @@ c.sendall(b"KEYS\n"); print(c.makefile().readline().strip())' ]]
     local keys = "sa=" .. sup.key_file(dir, "sa", DEV[1].key)
     local class = new_class()
     local a, b = sup.random_address(), sup.random_address()
-    local function as_runtime(sql, ...)
-      s:begin()
-      local ok, res = pcall(function(...)
-        s:query("SET LOCAL ROLE qtg_runtime")
-        return s:query(sql, ...)
-      end, ...)
-      if ok then s:commit() else s:rollback() end
-      assert(ok, type(res) == "table" and res.message or tostring(res))
-      return res
-    end
     -- the plan: the transfer to the intent's destination, and a manual step
     -- (the runtime wrote b and key sa into its config before any request
     -- used the version; the approvers read it as a note on a manual step)
@@ -644,7 +634,7 @@ c.sendall(b"KEYS\n"); print(c.makefile().readline().strip())' ]]
     doc.nodes[#doc.nodes + 1] = { key = "payout", kind = "manual", action_type = "manual_confirmation",
       executor = "manual", config = { instructions = "the vendor is paid by hand" } }
     local pv = engine.load_doc(s, doc).plan_version_id
-    as_runtime([[UPDATE plan_nodes SET config = config || jsonb_build_object('signer_key', 'sa',
+    must_as_runtime([[UPDATE plan_nodes SET config = config || jsonb_build_object('signer_key', 'sa',
                    'destination', $2::text) WHERE plan_version_id = $1 AND node_key = 'payout']], pv, b)
     local req = engine.create(s, tkey, { intent = intent(a), callback_url = false })
     engine.move_class(s, req.id, class)
@@ -658,14 +648,14 @@ c.sendall(b"KEYS\n"); print(c.makefile().readline().strip())' ]]
     sup.host.write(path, table.concat({ "person alice " .. pub.alice .. " operator:alice",
       "person bob " .. pub.bob .. " operator:bob", "quorum " .. class .. " 2", "" }, "\n"))
     os.execute("chmod 644 " .. common.quote(path))
-    as_runtime([[UPDATE movement_requests r SET approval_digest = qtg_approval_digest(r) WHERE id = $1::uuid]],
+    must_as_runtime([[UPDATE movement_requests r SET approval_digest = qtg_approval_digest(r) WHERE id = $1::uuid]],
       req.id)
     for _, name in ipairs({ "alice", "bob" }) do
-      as_runtime([[INSERT INTO request_approvals (request_id, principal, decision, approval_digest, signature)
+      must_as_runtime([[INSERT INTO request_approvals (request_id, principal, decision, approval_digest, signature)
                    SELECT id, $2, 'approve', approval_digest, $3 FROM movement_requests WHERE id = $1::uuid]],
         req.id, "operator:" .. name, sup.host.approver_sign(key[name], st))
     end
-    as_runtime("UPDATE movement_requests SET request_state = 'APPROVED' WHERE id = $1::uuid", req.id)
+    must_as_runtime("UPDATE movement_requests SET request_state = 'APPROVED' WHERE id = $1::uuid", req.id)
     start_local_signer(keys, { MG_SIGNER_APPROVERS = path })
     local function sign(node_id, p)
       return qtg.signer.sign("sa", { request_id = req.id, request_node_id = node_id, attempt_no = 1,
@@ -674,14 +664,14 @@ c.sendall(b"KEYS\n"); print(c.makefile().readline().strip())' ]]
     -- the transfer they approved is signed
     local node = engine.nodes(s, req.id).transfer
     if node.node_state ~= "READY" then
-      as_runtime("UPDATE movement_request_nodes SET node_state = 'READY' WHERE id = $1::uuid", node.id)
+      must_as_runtime("UPDATE movement_request_nodes SET node_state = 'READY' WHERE id = $1::uuid", node.id)
     end
     local good = payload({ to = a, nonce = 950 })
     reserve(node.id, DEV[1].address, 950, good.signing_hash)
     local sig, err = sign(node.id, good)
     assert.truthy(sig, err and err.message)
     -- a node row for the manual step that says evm_transfer: refused
-    local decoy = as_runtime([[
+    local decoy = must_as_runtime([[
       INSERT INTO movement_request_nodes (request_id, plan_node_id, node_key, node_kind, action_type,
              executor, node_state)
       SELECT request_id, plan_node_id, 'payout_now', 'action', 'evm_transfer', 'evm_transfer', 'READY'
@@ -707,13 +697,6 @@ c.sendall(b"KEYS\n"); print(c.makefile().readline().strip())' ]]
     local keys = "sa=" .. sup.key_file(dir, "sa", DEV[1].key)
     local class = new_class()
     local a, b = sup.random_address(), sup.random_address()
-    local function as_runtime(sql, ...)
-      s:begin()
-      s:exec("SET LOCAL ROLE qtg_runtime")
-      local ok, err = pcall(s.query, s, sql, ...)
-      if ok then s:commit() else s:rollback() end
-      assert(ok, err and err.message)
-    end
     local req = engine.create(s, "sign_t_a", { intent = intent(a), callback_url = false })
     engine.move_class(s, req.id, class)
     local st = s:query("SELECT qtg_approval_statement(r) AS t FROM movement_requests r WHERE id = $1::uuid",
@@ -736,7 +719,7 @@ c.sendall(b"KEYS\n"); print(c.makefile().readline().strip())' ]]
     end)
     s:query("GRANT CREATE ON SCHEMA public TO PUBLIC")      -- as on PostgreSQL 14
     -- the runtime's look-alike: the document of a whenever the intent pays b
-    as_runtime(string.format([[
+    must_as_runtime(string.format([[
       CREATE FUNCTION public.jsonb_build_object(k1 text, v1 text, k2 text, v2 bigint, k3 text, v3 text,
           k4 text, v4 jsonb, k5 text, v5 jsonb, k6 text, v6 text, k7 text, v7 text) RETURNS jsonb
         LANGUAGE sql AS $f$
@@ -744,17 +727,13 @@ c.sendall(b"KEYS\n"); print(c.makefile().readline().strip())' ]]
           CASE WHEN v4->>'destination' = '%s' THEN v4 || '{"destination": "%s"}'::jsonb ELSE v4 END,
           k5, v5, k6, v6, k7, v7) $f$]], b, a))
     -- b instead of a while pending, the digest the approvers signed kept, their votes, APPROVED
-    as_runtime([[UPDATE movement_requests SET intent = intent || jsonb_build_object('destination', $2::text),
+    must_as_runtime([[UPDATE movement_requests SET intent = intent || jsonb_build_object('destination', $2::text),
                         approval_digest = $3 WHERE id = $1::uuid]], req.id, b, digest)
     for _, name in ipairs({ "alice", "bob" }) do
-      as_runtime([[INSERT INTO request_approvals (request_id, principal, decision, approval_digest, signature)
+      must_as_runtime([[INSERT INTO request_approvals (request_id, principal, decision, approval_digest, signature)
                    VALUES ($1::uuid, $2, 'approve', $3, $4)]], req.id, "operator:" .. name, digest, sigs[name])
     end
-    as_runtime("UPDATE movement_requests SET request_state = 'APPROVED' WHERE id = $1::uuid", req.id)
-    local node = engine.nodes(s, req.id).transfer
-    if node.node_state ~= "READY" then
-      as_runtime("UPDATE movement_request_nodes SET node_state = 'READY' WHERE id = $1::uuid", node.id)
-    end
+    local node = approved_as_runtime(req.id)
     local p = payload({ to = b, nonce = 970 })
     reserve(node.id, DEV[1].address, 970, p.signing_hash)
     start_local_signer(keys, { MG_SIGNER_APPROVERS = path })
@@ -781,13 +760,6 @@ c.sendall(b"KEYS\n"); print(c.makefile().readline().strip())' ]]
     local keys = "sa=" .. sup.key_file(dir, "sa", DEV[1].key)
     local class = new_class()
     local dest = sup.random_address()
-    local function as_runtime(sql, ...)
-      s:begin()
-      s:exec("SET LOCAL ROLE qtg_runtime")
-      local ok, err = pcall(s.query, s, sql, ...)
-      if ok then s:commit() else s:rollback() end
-      assert(ok, err and err.message)
-    end
     -- ivan creates a request (as engine.INITIATOR, one of his principals)
     local req = engine.create(s, "sign_t_a", { intent = intent(dest), callback_url = false })
     engine.move_class(s, req.id, class)
@@ -800,18 +772,14 @@ c.sendall(b"KEYS\n"); print(c.makefile().readline().strip())' ]]
       "quorum " .. class .. " 1", "" }, "\n"))
     os.execute("chmod 644 " .. common.quote(path))
     -- as the runtime, while it is pending: another initiator, his own signed vote, APPROVED
-    as_runtime([[UPDATE movement_requests r SET created_by = 'system:scheduler',
+    must_as_runtime([[UPDATE movement_requests r SET created_by = 'system:scheduler',
                         approval_digest = qtg_approval_digest(r) WHERE id = $1::uuid]], req.id)
     local st = s:query("SELECT qtg_approval_statement(r) AS t FROM movement_requests r WHERE id = $1::uuid",
       req.id)[1].t
-    as_runtime([[INSERT INTO request_approvals (request_id, principal, decision, approval_digest, signature)
+    must_as_runtime([[INSERT INTO request_approvals (request_id, principal, decision, approval_digest, signature)
                  SELECT id, 'operator:ivan', 'approve', approval_digest, $2 FROM movement_requests
                   WHERE id = $1::uuid]], req.id, sup.host.approver_sign(key.ivan, st))
-    as_runtime("UPDATE movement_requests SET request_state = 'APPROVED' WHERE id = $1::uuid", req.id)
-    local node = engine.nodes(s, req.id).transfer
-    if node.node_state ~= "READY" then
-      as_runtime("UPDATE movement_request_nodes SET node_state = 'READY' WHERE id = $1::uuid", node.id)
-    end
+    local node = approved_as_runtime(req.id)
     local p = payload({ to = dest, nonce = 960 })
     reserve(node.id, DEV[1].address, 960, p.signing_hash)
     start_local_signer(keys, { MG_SIGNER_APPROVERS = path })
