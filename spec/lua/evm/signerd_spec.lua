@@ -94,6 +94,40 @@ local function approved_as_runtime(request_id)
   return node
 end
 
+-- Approvers with keys of their own (`qtgd approver key`) in a fresh
+-- directory, and their enrolment file: people = { {NAME, "PRINCIPAL,..."} }
+-- (the principals default to operator:NAME), quorums = { CLASS = N }.
+-- Returns { dir=, key = {NAME = key file}, path=, write = fn(quorums) }
+-- (write rewrites the file with the same people and other quorums).
+local function approvers(people, quorums)
+  local e = { dir = sup.host.tmpdir(), key = {}, pub = {} }
+  for _, p in ipairs(people) do e.key[p[1]], e.pub[p[1]] = sup.host.approver_key(e.dir, p[1]) end
+  e.path = e.dir .. "/approvers"
+  function e.write(q)
+    local lines = { "# approvers (signerd_spec)" }
+    for _, p in ipairs(people) do
+      lines[#lines + 1] = ("person %s %s %s"):format(p[1], e.pub[p[1]], p[2] or ("operator:" .. p[1]))
+    end
+    for class, n in pairs(q) do lines[#lines + 1] = ("quorum %s %d"):format(class, n) end
+    sup.host.write(e.path, table.concat(lines, "\n") .. "\n")
+    os.execute("chmod 644 " .. common.quote(e.path))
+    return e.path
+  end
+  e.write(quorums)
+  return e
+end
+
+local function statement(id)
+  return s:query("SELECT qtg_approval_statement(r) AS t FROM movement_requests r WHERE id = $1::uuid", id)[1].t
+end
+
+-- a vote of principal for the request's stored digest, as the daemon's role
+local function signed_vote(request_id, principal, signature)
+  must_as_runtime([[INSERT INTO request_approvals (request_id, principal, decision, approval_digest, signature)
+               SELECT id, $2, 'approve', approval_digest, $3 FROM movement_requests WHERE id = $1::uuid]],
+    request_id, principal, signature)
+end
+
 describe("qtgd signer", function()
   setup(function()
     sup = require "spec.lua.support.evm"
@@ -310,13 +344,8 @@ describe("qtgd signer", function()
   it("moves the ETH once two enrolled persons signed; one signature where the enrolment asks two moves nothing", function()
     local class = new_class()
     local a, b = sup.random_address(), sup.random_address()
-    local kd = sup.host.tmpdir()
-    local key, pub = {}, {}
-    for _, name in ipairs({ "alice", "bob" }) do key[name], pub[name] = sup.host.approver_key(kd, name) end
-    local path = kd .. "/approvers"
-    sup.host.write(path, table.concat({ "person alice " .. pub.alice .. " console:spec-alice",
-      "person bob " .. pub.bob .. " console:spec-bob", "quorum " .. class .. " 2", "" }, "\n"))
-    os.execute("chmod 644 " .. common.quote(path))
+    local e = approvers({ { "alice", "console:spec-alice" }, { "bob", "console:spec-bob" } }, { [class] = 2 })
+    local key, path = e.key, e.path
     local requests = require "qtg.requests"
     -- this process has no enrolment: its approvals stand for a runtime that
     -- moves a request to APPROVED on one signed vote (the policy asks one)
@@ -336,8 +365,7 @@ describe("qtgd signer", function()
           req.id, "console:spec-" .. voters[i], sup.host.approver_sign(key[voters[i]], st))
       end
       engine.move_class(s, req.id, class)
-      assert.equal(st, s:query("SELECT qtg_approval_statement(r) AS t FROM movement_requests r WHERE id = $1::uuid",
-        req.id)[1].t)
+      assert.equal(st, statement(req.id))
       return req
     end
     local one = approved(a, { "alice" })
@@ -541,37 +569,20 @@ c.sendall(b"KEYS\n"); print(c.makefile().readline().strip())' ]]
     engine.move_class(s, req.id, class)
     local twin = engine.create(s, "sign_t_a", { intent = intent(dest), callback_url = false })
     engine.move_class(s, twin.id, class)
-    local function statement(id)
-      return s:query("SELECT qtg_approval_statement(r) AS t FROM movement_requests r WHERE id = $1::uuid", id)[1].t
-    end
     local st = statement(req.id)
     assert.not_equal(st, statement(twin.id))
     assert.equal(s:query("SELECT qtg_approval_digest(r) AS d FROM movement_requests r WHERE id = $1::uuid",
       req.id)[1].d, statement(twin.id):match("digest (%x+)"))
-    local kd = sup.host.tmpdir()
-    local key, pub = {}, {}
-    for _, name in ipairs({ "alice", "bob", "ivan", "mallory" }) do
-      key[name], pub[name] = sup.host.approver_key(kd, name)
-    end
-    local function enrol(quorum_class)
-      local path = kd .. "/approvers"
-      sup.host.write(path, table.concat({
-        "# approvers (signerd_spec)",
-        "person alice " .. pub.alice .. " operator:alice,api:alice-bot",
-        "person bob " .. pub.bob .. " operator:bob,api:bob-laptop",
-        "person ivan " .. pub.ivan .. " " .. engine.INITIATOR .. ",operator:ivan",
-        "quorum " .. quorum_class .. " 2", "" }, "\n"))
-      os.execute("chmod 644 " .. common.quote(path))
-      return path
-    end
+    -- mallory signs too, but is not enrolled
+    local e = approvers({ { "alice", "operator:alice,api:alice-bot" }, { "bob", "operator:bob,api:bob-laptop" },
+                          { "ivan", engine.INITIATOR .. ",operator:ivan" } }, { [class] = 2 })
+    local key, kd = e.key, e.dir
+    key.mallory = sup.host.approver_key(kd, "mallory")
+    local function enrol(quorum_class) return e.write({ [quorum_class] = 2 }) end
     -- the quorum row says 1; the enrolment says 2 for this class
     must_as_runtime([[UPDATE movement_requests r SET approval_digest = qtg_approval_digest(r),
                         approvals_required = 1 WHERE id = $1::uuid]], req.id)
-    local function vote(principal, signature)
-      must_as_runtime([[INSERT INTO request_approvals (request_id, principal, decision, approval_digest, signature)
-                   SELECT id, $2, 'approve', approval_digest, $3 FROM movement_requests WHERE id = $1::uuid]],
-        req.id, principal, signature)
-    end
+    local function vote(principal, signature) signed_vote(req.id, principal, signature) end
     -- ghosts: votes of nobody enrolled, an enrolled principal without a signature
     vote("operator:ghost1")
     vote("operator:ghost2", sup.host.approver_sign(key.mallory, st))
@@ -638,22 +649,14 @@ c.sendall(b"KEYS\n"); print(c.makefile().readline().strip())' ]]
                    'destination', $2::text) WHERE plan_version_id = $1 AND node_key = 'payout']], pv, b)
     local req = engine.create(s, tkey, { intent = intent(a), callback_url = false })
     engine.move_class(s, req.id, class)
-    local st = s:query("SELECT qtg_approval_statement(r) AS t FROM movement_requests r WHERE id = $1::uuid",
-      req.id)[1].t
+    local st = statement(req.id)
     -- two enrolled persons sign it: a quorum
-    local kd = sup.host.tmpdir()
-    local key, pub = {}, {}
-    for _, name in ipairs({ "alice", "bob" }) do key[name], pub[name] = sup.host.approver_key(kd, name) end
-    local path = kd .. "/approvers"
-    sup.host.write(path, table.concat({ "person alice " .. pub.alice .. " operator:alice",
-      "person bob " .. pub.bob .. " operator:bob", "quorum " .. class .. " 2", "" }, "\n"))
-    os.execute("chmod 644 " .. common.quote(path))
+    local e = approvers({ { "alice" }, { "bob" } }, { [class] = 2 })
+    local key, kd, path = e.key, e.dir, e.path
     must_as_runtime([[UPDATE movement_requests r SET approval_digest = qtg_approval_digest(r) WHERE id = $1::uuid]],
       req.id)
     for _, name in ipairs({ "alice", "bob" }) do
-      must_as_runtime([[INSERT INTO request_approvals (request_id, principal, decision, approval_digest, signature)
-                   SELECT id, $2, 'approve', approval_digest, $3 FROM movement_requests WHERE id = $1::uuid]],
-        req.id, "operator:" .. name, sup.host.approver_sign(key[name], st))
+      signed_vote(req.id, "operator:" .. name, sup.host.approver_sign(key[name], st))
     end
     must_as_runtime("UPDATE movement_requests SET request_state = 'APPROVED' WHERE id = $1::uuid", req.id)
     start_local_signer(keys, { MG_SIGNER_APPROVERS = path })
@@ -699,16 +702,10 @@ c.sendall(b"KEYS\n"); print(c.makefile().readline().strip())' ]]
     local a, b = sup.random_address(), sup.random_address()
     local req = engine.create(s, "sign_t_a", { intent = intent(a), callback_url = false })
     engine.move_class(s, req.id, class)
-    local st = s:query("SELECT qtg_approval_statement(r) AS t FROM movement_requests r WHERE id = $1::uuid",
-      req.id)[1].t
+    local st = statement(req.id)
     local digest = st:match("\ndigest (%x+)\n")
-    local kd = sup.host.tmpdir()
-    local key, pub = {}, {}
-    for _, name in ipairs({ "alice", "bob" }) do key[name], pub[name] = sup.host.approver_key(kd, name) end
-    local path = kd .. "/approvers"
-    sup.host.write(path, table.concat({ "person alice " .. pub.alice .. " operator:alice",
-      "person bob " .. pub.bob .. " operator:bob", "quorum " .. class .. " 2", "" }, "\n"))
-    os.execute("chmod 644 " .. common.quote(path))
+    local e = approvers({ { "alice" }, { "bob" } }, { [class] = 2 })
+    local key, kd, path = e.key, e.dir, e.path
     -- alice and bob sign the statement of 0.25 ETH to a
     local sigs = { alice = sup.host.approver_sign(key.alice, st), bob = sup.host.approver_sign(key.bob, st) }
     finally(function()
@@ -753,7 +750,7 @@ c.sendall(b"KEYS\n"); print(c.makefile().readline().strip())' ]]
   -- initiator's own signature of the request (not done); the spec runs with
   -- QTG_SPEC_KNOWN_GAPS=1 and fails until then.
   it("counts no signature of the initiator's person when the runtime rewrites created_by (known gap)", function()
-    if not os.getenv("QTG_SPEC_KNOWN_GAPS") then
+    if (os.getenv("QTG_SPEC_KNOWN_GAPS") or "") == "" then
       pending("known gap: created_by is not in the statement (QTG_SPEC_KNOWN_GAPS=1 runs it)")
       return
     end
@@ -763,22 +760,12 @@ c.sendall(b"KEYS\n"); print(c.makefile().readline().strip())' ]]
     -- ivan creates a request (as engine.INITIATOR, one of his principals)
     local req = engine.create(s, "sign_t_a", { intent = intent(dest), callback_url = false })
     engine.move_class(s, req.id, class)
-    local kd = sup.host.tmpdir()
-    local key, pub = {}, {}
-    for _, name in ipairs({ "alice", "ivan" }) do key[name], pub[name] = sup.host.approver_key(kd, name) end
-    local path = kd .. "/approvers"
-    sup.host.write(path, table.concat({ "person alice " .. pub.alice .. " operator:alice",
-      "person ivan " .. pub.ivan .. " " .. engine.INITIATOR .. ",operator:ivan",
-      "quorum " .. class .. " 1", "" }, "\n"))
-    os.execute("chmod 644 " .. common.quote(path))
+    local e = approvers({ { "alice" }, { "ivan", engine.INITIATOR .. ",operator:ivan" } }, { [class] = 1 })
+    local key, kd, path = e.key, e.dir, e.path
     -- as the runtime, while it is pending: another initiator, his own signed vote, APPROVED
     must_as_runtime([[UPDATE movement_requests r SET created_by = 'system:scheduler',
                         approval_digest = qtg_approval_digest(r) WHERE id = $1::uuid]], req.id)
-    local st = s:query("SELECT qtg_approval_statement(r) AS t FROM movement_requests r WHERE id = $1::uuid",
-      req.id)[1].t
-    must_as_runtime([[INSERT INTO request_approvals (request_id, principal, decision, approval_digest, signature)
-                 SELECT id, 'operator:ivan', 'approve', approval_digest, $2 FROM movement_requests
-                  WHERE id = $1::uuid]], req.id, sup.host.approver_sign(key.ivan, st))
+    signed_vote(req.id, "operator:ivan", sup.host.approver_sign(key.ivan, statement(req.id)))
     local node = approved_as_runtime(req.id)
     local p = payload({ to = dest, nonce = 960 })
     reserve(node.id, DEV[1].address, 960, p.signing_hash)
