@@ -331,6 +331,16 @@ function M.check_role(report, s)
   else
     add(report, "ok", "db role", user .. " is a member of qtg_runtime and owns nothing")
   end
+  -- A role that may create in public can shadow a built-in there (an
+  -- overload with exact argument types wins), in the functions that run
+  -- with the owner's rights (qtg_audit_promote) as in any other session:
+  -- PostgreSQL 15 no longer lets PUBLIC create there; a cluster upgraded
+  -- from 14 or older keeps the old grant.
+  if s:query("SELECT has_schema_privilege($1, 'public', 'CREATE') AS c", user)[1].c then
+    add(report, level, "db role", ("%s may create objects in schema public: it could shadow a"
+      .. " built-in function there; REVOKE CREATE ON SCHEMA public FROM PUBLIC (and from %s)"
+      .. " as the schema's owner"):format(user, user))
+  end
 end
 
 -- ---- migrations ------------------------------------------------------------------

@@ -304,6 +304,17 @@ describe("qtgd check on the daemon's role", function()
     assert.is_nil(line(out, "FAIL"), out)
   end)
 
+  it("FAILs a role that may create in schema public (it could shadow a built-in there)", function()
+    s = qtg.db.acquire()
+    s:exec("GRANT CREATE ON SCHEMA public TO " .. LOGIN)
+    local ok, rc, out = pcall(check, { MG_DATABASE_URL = url_as(LOGIN), MG_NETWORK_CLASS = "mainnet" })
+    s:exec("REVOKE CREATE ON SCHEMA public FROM " .. LOGIN)
+    s:release()
+    assert(ok, rc)
+    assert.equals(1, rc, out)
+    assert.matches(LOGIN .. " may create objects in schema public", line(out, "FAIL"), 1, true)
+  end)
+
   it("FAILs a role that owns tables", function()
     s = qtg.db.acquire()
     s:exec([[DO $$ BEGIN
