@@ -31,6 +31,7 @@ struct qtg_keys {
   qtg_signer_key *signers;
   size_t nsigners;
   secp256k1_context *ctx;
+  long refused_owner;          /* signer key files owned by this uid are refused; -1: none */
 };
 
 /* A signer key file: optional 0x, 64 hex digits, optional newline. */
@@ -49,12 +50,14 @@ static int qtg_keys_valid_name(const char *s, size_t len) {
 }
 
 /* Read a whole key file into buf (at most cap bytes) after checking that it
- * is a regular file that group and others can neither read nor write.  The
- * mode is checked on the open descriptor, so a symlink (as in mounted
- * secrets) is judged by its target and the check cannot race the read. */
+ * is a regular file that group and others can neither read nor write, and
+ * not owned by refused_owner (>= 0: the daemon's uid, for the signer's
+ * keys).  Mode and owner are checked on the open descriptor, so a symlink
+ * (as in mounted secrets) is judged by its target and the check cannot race
+ * the read. */
 static int qtg_keys_read_file(const char *setting, const char *path,
                               uint8_t *buf, size_t cap, size_t *len,
-                              char *err, size_t errlen) {
+                              long refused_owner, char *err, size_t errlen) {
   struct stat st;
   size_t got = 0;
   int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
@@ -71,6 +74,14 @@ static int qtg_keys_read_file(const char *setting, const char *path,
   }
   if (!S_ISREG(st.st_mode)) {
     snprintf(err, errlen, "%s: key file %s is not a regular file", setting, path);
+    close(fd);
+    return -1;
+  }
+  if (refused_owner >= 0 && (long)st.st_uid == refused_owner) {
+    snprintf(err, errlen,
+             "%s: key file %s is owned by uid %ld, the daemon's (MG_SIGNER_ALLOWED_UID), "
+             "which can read it; give it to the signer's user",
+             setting, path, refused_owner);
     close(fd);
     return -1;
   }
@@ -155,7 +166,7 @@ static int qtg_keys_load_callback(qtg_keys *k, const qtg_keys_config *cfg,
     uint8_t buf[QTG_CALLBACK_KEY_MAX];
     size_t len = 0;
     int rc;
-    if (qtg_keys_read_file("MG_CALLBACK_KEY_FILE", file, buf, sizeof buf, &len,
+    if (qtg_keys_read_file("MG_CALLBACK_KEY_FILE", file, buf, sizeof buf, &len, -1,
                            err, errlen) != 0)
       return -1;
     len = qtg_keys_strip_newline(buf, len);
@@ -189,14 +200,14 @@ static int qtg_keys_load_callback(qtg_keys *k, const qtg_keys_config *cfg,
 
 /* A 32-byte secret from a key file of its own: 64 hex digits, optionally
  * 0x-prefixed and followed by one newline (signer keys, approver keys). */
-int qtg_keys_read_secret(const char *setting, const char *path, uint8_t out[32], char *err,
-                         size_t errlen) {
+static int qtg_keys_read_secret_file(const char *setting, const char *path, uint8_t out[32],
+                                     long refused_owner, char *err, size_t errlen) {
   uint8_t buf[QTG_SIGNER_FILE_MAX];
   size_t len = 0;
   const char *hex;
   int ok;
 
-  if (qtg_keys_read_file(setting, path, buf, sizeof buf, &len, err, errlen) != 0)
+  if (qtg_keys_read_file(setting, path, buf, sizeof buf, &len, refused_owner, err, errlen) != 0)
     return -1;
   len = qtg_keys_strip_newline(buf, len);
   hex = (const char *)buf;
@@ -216,13 +227,18 @@ int qtg_keys_read_secret(const char *setting, const char *path, uint8_t out[32],
   return 0;
 }
 
+int qtg_keys_read_secret(const char *setting, const char *path, uint8_t out[32], char *err,
+                         size_t errlen) {
+  return qtg_keys_read_secret_file(setting, path, out, -1, err, errlen);
+}
+
 /* Load one signer key file into key->seckey and derive its address. */
 static int qtg_keys_load_signer_file(qtg_keys *k, qtg_signer_key *key,
                                      const char *path, char *err,
                                      size_t errlen) {
   char setting[QTG_KEY_NAME_MAX + 32];
   snprintf(setting, sizeof setting, "MG_SIGNER_KEYS (key %s)", key->name);
-  if (qtg_keys_read_secret(setting, path, key->seckey, err, errlen) != 0)
+  if (qtg_keys_read_secret_file(setting, path, key->seckey, k->refused_owner, err, errlen) != 0)
     return -1;
   if (!qtg_signer_seckey_valid(k->ctx, key->seckey)) {
     snprintf(err, errlen,
@@ -322,6 +338,7 @@ int qtg_keys_load(const qtg_keys_config *cfg, qtg_keys **out, char *err,
     snprintf(err, errlen, "keys: out of memory");
     return -1;
   }
+  k->refused_owner = cfg->refuse_signer_key_owner ? cfg->signer_key_refused_uid : -1;
   k->ctx = qtg_signer_context_new();
   if (k->ctx == NULL) {
     snprintf(err, errlen, "keys: cannot create a randomized secp256k1 context");
@@ -354,6 +371,7 @@ void qtg_keys_free(qtg_keys *k) {
 
 int qtg_keys_open(qtg_host *h, char *err, size_t errlen) {
   qtg_keys_config cfg;
+  memset(&cfg, 0, sizeof cfg);
   cfg.callback_key_file = qtg_settings_str(h->settings, QTG_S_CALLBACK_KEY_FILE);
   cfg.callback_key = qtg_settings_str(h->settings, QTG_S_CALLBACK_KEY);
   cfg.callback_key_id = qtg_settings_str(h->settings, QTG_S_CALLBACK_KEY_ID);

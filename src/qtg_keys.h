@@ -33,6 +33,8 @@ typedef struct {
   const char *callback_key;        /* MG_CALLBACK_KEY */
   const char *callback_key_id;     /* MG_CALLBACK_KEY_ID */
   const char *signer_keys;         /* MG_SIGNER_KEYS */
+  int refuse_signer_key_owner;     /* set: signer key files owned by signer_key_refused_uid */
+  long signer_key_refused_uid;     /* (the daemon's uid, when not the signer's) are refused */
 } qtg_keys_config;
 
 /* Load every key the config names.  On error returns -1 with a message

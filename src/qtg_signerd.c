@@ -776,6 +776,9 @@ int qtg_signerd_main(const qtg_settings *s, const char *db_url, const char *root
   d.allowed_uid = (long)qtg_settings_num(s, QTG_S_SIGNER_ALLOWED_UID);
   if (d.allowed_uid < 0) d.allowed_uid = (long)getuid();
   cfg.signer_keys = qtg_settings_str(s, QTG_S_SIGNER_KEYS);
+  /* a key file the daemon's uid owns is a key the daemon can read */
+  cfg.refuse_signer_key_owner = d.allowed_uid != (long)getuid();
+  cfg.signer_key_refused_uid = d.allowed_uid;
   d.key_classes = qtg_settings_str(s, QTG_S_SIGNER_KEY_CLASSES);
   const char *approvers = qtg_settings_str(s, QTG_S_SIGNER_APPROVERS);
   /* the daemon's uid must not own the enrolment (when it is another uid than ours) */

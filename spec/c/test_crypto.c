@@ -129,7 +129,7 @@ static void write_file(const char *path, const char *content, size_t len, mode_t
 
 static int load(const char *file, const char *inline_key, const char *id, qtg_keys **k,
                 char *err, size_t errlen) {
-  qtg_keys_config cfg = {file, inline_key, id, NULL};
+  qtg_keys_config cfg = {file, inline_key, id, NULL, 0, 0};
   err[0] = '\0';
   return qtg_keys_load(&cfg, k, err, errlen);
 }

@@ -186,7 +186,7 @@ static char *key_path(const char *name) {
 }
 
 static int load_signers(const char *spec, qtg_keys **k, char *err, size_t errlen) {
-  qtg_keys_config cfg = {NULL, NULL, NULL, spec};
+  qtg_keys_config cfg = {NULL, NULL, NULL, spec, 0, 0};
   err[0] = '\0';
   return qtg_keys_load(&cfg, k, err, errlen);
 }
@@ -216,6 +216,17 @@ static void test_key_files(void) {
   if (k == NULL) {
     fprintf(stderr, "%s\n", err);
     return;
+  }
+  /* the signer refuses a key file the daemon's uid owns (here: ours) */
+  {
+    qtg_keys *owned = NULL;
+    qtg_keys_config guarded = {NULL, NULL, NULL, spec, 1, (long)getuid()};
+    err[0] = '\0';
+    CHECK(&tc, qtg_keys_load(&guarded, &owned, err, sizeof err) == -1 && owned == NULL &&
+                   strstr(err, "is owned by uid") != NULL);
+    guarded.signer_key_refused_uid = (long)getuid() + 1;
+    CHECK(&tc, qtg_keys_load(&guarded, &owned, err, sizeof err) == 0 && owned != NULL);
+    qtg_keys_free(owned);
   }
   CHECK(&tc, qtg_keys_signer_count(k) == 3);
   CHECK_STR(&tc, qtg_keys_signer_name(k, 0), "hot");
