@@ -72,7 +72,8 @@ static int fuzz_key_classes(const uint8_t *p, size_t n) {
 }
 
 /* The input as an enrolment: refused with a reason, or accepted with its
- * persons findable by name and a quorum in range; and as a statement:
+ * persons findable by name, a quorum in range and a deployment that a
+ * statement can name; and as a statement:
  * accepted only in its one form (ending in a newline, short). */
 static int fuzz_approvers(const uint8_t *p, size_t n) {
   qtg_approvers *a = NULL;
@@ -89,6 +90,15 @@ static int fuzz_approvers(const uint8_t *p, size_t n) {
     if (q < -1 || q > QTG_APPROVER_QUORUM_MAX) rc = -1;
     for (size_t i = 0; i < qtg_approvers_count(a); i++)
       if (qtg_approvers_person_name(a, (int)i) == NULL) rc = -1;
+    /* an accepted enrolment names a deployment a statement can carry */
+    const char *d = qtg_approvers_deployment(a);
+    char st[QTG_APPROVAL_STATEMENT_MAX];
+    if (d == NULL || qtg_approval_statement(st, sizeof st, d, "0b6d1c2e-1111-4222-8333-944455556666",
+                                            "mainnet",
+                                            "00000000000000000000000000000000000000000000000000000000000000aa",
+                                            "00000000000000000000000000000000000000000000000000000000000000bb") != 0 ||
+        qtg_approval_statement_check(st, strlen(st)) != 0)
+      rc = -1;
     if (qtg_approvers_verify(a, 0, (const char *)p, n, "00") != 0) rc = -1;
     if (rc != 0) fprintf(stderr, "signer: an accepted enrolment answers out of range\n");
     qtg_approvers_free(a);

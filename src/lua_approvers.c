@@ -8,6 +8,7 @@
  *   e:quorum(class)          -> the class's quorum | nil (none named)
  *   e:verify(principal, statement, signature_hex) -> true | false
  *   e:count()                -> number of persons
+ *   e:deployment()           -> the deployment every statement names
  *   qtg.approvers.statement_ok(text) -> true when text is one statement
  *
  * The daemon's copy only decides early (refusing a vote that will not
@@ -74,6 +75,11 @@ static int qtg_lua_enrolment_count(lua_State *L) {
   return 1;
 }
 
+static int qtg_lua_enrolment_deployment(lua_State *L) {
+  lua_pushstring(L, qtg_approvers_deployment(qtg_check_enrolment(L)));
+  return 1;
+}
+
 static int qtg_lua_enrolment_gc(lua_State *L) {
   qtg_approvers **a = luaL_checkudata(L, 1, qtg_enrolment_meta);
   qtg_approvers_free(*a);
@@ -94,6 +100,7 @@ int luaopen_qtg_approvers(lua_State *L) {
       {"quorum", qtg_lua_enrolment_quorum},
       {"verify", qtg_lua_enrolment_verify},
       {"count", qtg_lua_enrolment_count},
+      {"deployment", qtg_lua_enrolment_deployment},
       {NULL, NULL},
   };
   static const luaL_Reg fns[] = {
@@ -102,7 +109,7 @@ int luaopen_qtg_approvers(lua_State *L) {
       {NULL, NULL},
   };
   if (luaL_newmetatable(L, qtg_enrolment_meta)) {
-    lua_createtable(L, 0, 4);
+    lua_createtable(L, 0, 5);
     luaL_register(L, NULL, methods);
     lua_setfield(L, -2, "__index");
     lua_pushcfunction(L, qtg_lua_enrolment_gc);

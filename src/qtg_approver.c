@@ -200,7 +200,7 @@ static int qtg_approver_sign_stdin(const uint8_t secret[QTG_APPROVER_SECRET_LEN]
   }
   if (qtg_approval_statement_check(text, len) != 0) {
     fprintf(stderr, "qtgd approver: stdin is not one approval statement "
-                    "(qtg-approval-v1, then request, class, digest and plan lines)\n");
+                    "(qtg-approval-v2, then deployment, request, class, digest and plan lines)\n");
     return 1;
   }
   text[len] = '\0';

@@ -37,6 +37,7 @@ typedef struct {
 } qtg_quorum;
 
 struct qtg_approvers {
+  char deployment[QTG_APPROVER_NAME_MAX + 1];   /* "" until its line is read */
   qtg_person *people;
   size_t npeople;
   qtg_quorum *quorums;
@@ -74,6 +75,13 @@ static int qtg_is_small_order(const uint8_t pub[QTG_APPROVER_PUBLIC_LEN]) {
 static int qtg_is_name_char(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
          c == '_' || c == '.' || c == '-';
+}
+
+static int qtg_is_name(const char *s, size_t len) {
+  if (len == 0 || len > QTG_APPROVER_NAME_MAX) return 0;
+  for (size_t i = 0; i < len; i++)
+    if (!qtg_is_name_char(s[i])) return 0;
+  return 1;
 }
 
 static int qtg_is_class(const char *s, size_t len) {
@@ -126,6 +134,8 @@ void qtg_approvers_free(qtg_approvers *a) {
 }
 
 size_t qtg_approvers_count(const qtg_approvers *a) { return a ? a->npeople : 0; }
+
+const char *qtg_approvers_deployment(const qtg_approvers *a) { return a ? a->deployment : NULL; }
 
 const char *qtg_approvers_person_name(const qtg_approvers *a, int person) {
   return a && person >= 0 && (size_t)person < a->npeople ? a->people[person].name : NULL;
@@ -290,12 +300,35 @@ static int qtg_parse_quorum(qtg_approvers *a, char **f, size_t *fl, int line, ch
   return 0;
 }
 
+/* deployment NAME: once; every statement signed for this deployment names
+ * it, so a signature given in another deployment does not count here. */
+static int qtg_parse_deployment(qtg_approvers *a, char **f, size_t *fl, int line, char *err,
+                                size_t errlen) {
+  if (a->deployment[0] != '\0') {
+    snprintf(err, errlen, "line %d: the deployment is named twice", line);
+    return -1;
+  }
+  if (!qtg_is_name(f[1], fl[1])) {
+    snprintf(err, errlen, "line %d: a deployment's name is [A-Za-z0-9_.-]{1,%d}", line,
+             QTG_APPROVER_NAME_MAX);
+    return -1;
+  }
+  memcpy(a->deployment, f[1], fl[1]);
+  a->deployment[fl[1]] = '\0';
+  return 0;
+}
+
 /* One line (without its newline, NUL-terminated in place). */
 static int qtg_parse_line(qtg_approvers *a, char *s, int line, char *err, size_t errlen) {
   char *f[QTG_FIELDS_MAX];
   size_t fl[QTG_FIELDS_MAX], n = 0;
-  char *hash = strchr(s, '#');
-  if (hash) *hash = '\0';
+  /* a comment starts at a '#' that begins the line or follows a blank; a
+   * '#' inside a field is a typo ("api:al#ice"), refused below */
+  for (char *h = s; (h = strchr(h, '#')) != NULL; h++)
+    if (h == s || h[-1] == ' ' || h[-1] == '\t') {
+      *h = '\0';
+      break;
+    }
   for (char *p = s; *p;) {
     while (*p == ' ' || *p == '\t' || *p == '\r') p++;
     if (*p == '\0') break;
@@ -314,12 +347,19 @@ static int qtg_parse_line(qtg_approvers *a, char *s, int line, char *err, size_t
       snprintf(err, errlen, "line %d: a control character", line);
       return -1;
     }
+  if (strchr(s, '#') != NULL) {
+    snprintf(err, errlen, "line %d: '#' inside a field (a comment starts at a '#' after a blank)", line);
+    return -1;
+  }
   if (fl[0] == 6 && strncmp(f[0], "person", 6) == 0 && n == 4)
     return qtg_parse_person(a, f, fl, line, err, errlen);
   if (fl[0] == 6 && strncmp(f[0], "quorum", 6) == 0 && n == 3)
     return qtg_parse_quorum(a, f, fl, line, err, errlen);
+  if (fl[0] == 10 && strncmp(f[0], "deployment", 10) == 0 && n == 2)
+    return qtg_parse_deployment(a, f, fl, line, err, errlen);
   snprintf(err, errlen,
-           "line %d: expected 'person NAME ed25519:HEX PRINCIPAL[,...]' or 'quorum CLASS|* N'", line);
+           "line %d: expected 'deployment NAME', 'person NAME ed25519:HEX PRINCIPAL[,...]' or "
+           "'quorum CLASS|* N'", line);
   return -1;
 }
 
@@ -353,6 +393,13 @@ int qtg_approvers_parse(const char *text, size_t len, qtg_approvers **out, char 
     start = end + 1;
   }
   free(buf);
+  if (a->deployment[0] == '\0') {
+    snprintf(err, errlen, "no deployment line: name this deployment ('deployment NAME'); every "
+                          "approval statement names it, so a signature given to another "
+                          "deployment does not count here");
+    qtg_approvers_free(a);
+    return -1;
+  }
   if (a->nquorums == 0) {
     snprintf(err, errlen, "no quorum line: name the approvals each network class needs "
                           "('quorum CLASS N' or 'quorum * N')");
@@ -442,25 +489,29 @@ int qtg_approvers_verify(const qtg_approvers *a, int person, const char *msg, si
   return ok ? 1 : 0;
 }
 
-int qtg_approval_statement(char *out, size_t outlen, const char *request, const char *klass,
-                           const char *digest, const char *plan) {
-  if (request == NULL || klass == NULL || digest == NULL || plan == NULL || !qtg_is_uuid(request) ||
+int qtg_approval_statement(char *out, size_t outlen, const char *deployment, const char *request,
+                           const char *klass, const char *digest, const char *plan) {
+  if (deployment == NULL || request == NULL || klass == NULL || digest == NULL || plan == NULL ||
+      !qtg_is_name(deployment, strlen(deployment)) || !qtg_is_uuid(request) ||
       !qtg_is_class(klass, strlen(klass)) || strlen(digest) != 64 || !qtg_is_lower_hex(digest, 64) ||
       strlen(plan) != 64 || !qtg_is_lower_hex(plan, 64))
     return -1;
-  int n = snprintf(out, outlen, "qtg-approval-v1\nrequest %s\nclass %s\ndigest %s\nplan %s\n",
-                   request, klass, digest, plan);
+  int n = snprintf(out, outlen,
+                   "qtg-approval-v2\ndeployment %s\nrequest %s\nclass %s\ndigest %s\nplan %s\n",
+                   deployment, request, klass, digest, plan);
   return n > 0 && (size_t)n < outlen ? 0 : -1;
 }
 
 int qtg_approval_statement_check(const char *text, size_t len) {
-  char req[37], klass[QTG_CLASS_MAX + 1], digest[65], plan[65], again[QTG_APPROVAL_STATEMENT_MAX];
+  char deployment[QTG_APPROVER_NAME_MAX + 1], req[37], klass[QTG_CLASS_MAX + 1], digest[65],
+      plan[65], again[QTG_APPROVAL_STATEMENT_MAX];
   const char *p = text, *end = text + len;
-  const char *prefix[] = {"qtg-approval-v1\nrequest ", "\nclass ", "\ndigest ", "\nplan "};
-  char *dst[] = {req, klass, digest, plan};
-  size_t cap[] = {sizeof req, sizeof klass, sizeof digest, sizeof plan};
+  const char *prefix[] = {"qtg-approval-v2\ndeployment ", "\nrequest ", "\nclass ", "\ndigest ",
+                          "\nplan "};
+  char *dst[] = {deployment, req, klass, digest, plan};
+  size_t cap[] = {sizeof deployment, sizeof req, sizeof klass, sizeof digest, sizeof plan};
   if (len >= sizeof again || memchr(text, '\0', len) != NULL) return -1;
-  for (int i = 0; i < 4; i++) {
+  for (int i = 0; i < 5; i++) {
     size_t pl = strlen(prefix[i]);
     if ((size_t)(end - p) < pl || memcmp(p, prefix[i], pl) != 0) return -1;
     p += pl;
@@ -471,7 +522,8 @@ int qtg_approval_statement_check(const char *text, size_t len) {
     p = stop;
   }
   /* the one form: rebuilt from its facts, it is byte for byte the same */
-  if (qtg_approval_statement(again, sizeof again, req, klass, digest, plan) != 0) return -1;
+  if (qtg_approval_statement(again, sizeof again, deployment, req, klass, digest, plan) != 0)
+    return -1;
   return strlen(again) == len && memcmp(again, text, len) == 0 ? 0 : -1;
 }
 

@@ -10,11 +10,16 @@
  * whatever the request row says.  The file is the signer's, read at start;
  * the daemon cannot change it.
  *
- * The enrolment file, one entry per line ('#' starts a comment):
+ * The enrolment file, one entry per line ('#' at the start of a line or
+ * after a blank starts a comment; inside a field it is refused):
  *
+ *   deployment NAME
  *   person NAME ed25519:HEX64 PRINCIPAL[,PRINCIPAL...]
  *   quorum CLASS|* N
  *
+ * `deployment NAME` (once, required) names this deployment: every statement
+ * signed for it says so, so that an approver who serves two deployments
+ * with one key gives a signature that counts in one of them only.
  * A person acts under one or more principals (operator:alice,
  * api:alice-laptop) and counts once however many of them approved.  NAME is
  * [A-Za-z0-9_.-]{1,64}; a principal is KIND:NAME without spaces or commas,
@@ -24,7 +29,8 @@
  *
  * The statement (text, every line ending in "\n"):
  *
- *   qtg-approval-v1
+ *   qtg-approval-v2
+ *   deployment NAME (the enrolment's)
  *   request UUID
  *   class NETWORK_CLASS
  *   digest APPROVAL_DIGEST (64 hex: the request's approval document)
@@ -50,7 +56,7 @@ enum {
   QTG_APPROVER_PUBLIC_LEN = 32,
   QTG_APPROVER_SECRET_LEN = 32,
   QTG_APPROVER_SIGNATURE_LEN = 64,
-  QTG_APPROVAL_STATEMENT_MAX = 256
+  QTG_APPROVAL_STATEMENT_MAX = 384
 };
 
 typedef struct qtg_approvers qtg_approvers;
@@ -73,6 +79,9 @@ void qtg_approvers_free(qtg_approvers *a);
 
 size_t qtg_approvers_count(const qtg_approvers *a);
 
+/* The enrolment's deployment name (never empty in a parsed enrolment). */
+const char *qtg_approvers_deployment(const qtg_approvers *a);
+
 /* The person principal acts for (an index below qtg_approvers_count), or
  * -1 when no enrolled person has it. */
 int qtg_approvers_person_of(const qtg_approvers *a, const char *principal);
@@ -94,10 +103,10 @@ int qtg_approvers_verify(const qtg_approvers *a, int person, const char *msg, si
                          const char *sig_hex);
 
 /* Write the statement for these facts into out; -1 when a fact is not of
- * its form (uuid, class [a-z0-9_-]{1,32}, 64 lowercase hex) or out is too
- * small. */
-int qtg_approval_statement(char *out, size_t outlen, const char *request, const char *klass,
-                           const char *digest, const char *plan);
+ * its form (deployment [A-Za-z0-9_.-]{1,64}, uuid, class [a-z0-9_-]{1,32},
+ * 64 lowercase hex) or out is too small. */
+int qtg_approval_statement(char *out, size_t outlen, const char *deployment, const char *request,
+                           const char *klass, const char *digest, const char *plan);
 
 /* 0 when text (len bytes) is exactly one statement. */
 int qtg_approval_statement_check(const char *text, size_t len);

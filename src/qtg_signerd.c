@@ -257,8 +257,9 @@ static int qtg_signerd_check_signed(qtg_decision *dec, const qtg_approvers *a, P
   long need = atol(qtg_field(r, F_REQUIRED));
   if (need < floor) need = floor;
   char statement[QTG_APPROVAL_STATEMENT_MAX];
-  if (qtg_approval_statement(statement, sizeof statement, qtg_field(r, F_ID), klass,
-                             qtg_field(r, F_DIGEST), qtg_field(r, F_PLAN_DIGEST)) != 0)
+  if (qtg_approval_statement(statement, sizeof statement, qtg_approvers_deployment(a),
+                             qtg_field(r, F_ID), klass, qtg_field(r, F_DIGEST),
+                             qtg_field(r, F_PLAN_DIGEST)) != 0)
     QTG_REFUSE(dec, "APPROVALS_INCOMPLETE", "no approval statement can be formed for network class %s",
                klass ? klass : "?");
   size_t n = qtg_approvers_count(a);
@@ -741,8 +742,9 @@ static void qtg_signerd_warn_unbound(const qtg_signerd *d) {
     qtg_log_warn("signer: MG_SIGNER_APPROVERS is not set: approvals count as the daemon's "
                  "database role wrote them, unsigned (docs/approvals.md)");
   else
-    qtg_log_info("signer: %zu approvers enrolled (MG_SIGNER_APPROVERS): only their signed "
-                 "approvals count", qtg_approvers_count(d->approvers));
+    qtg_log_info("signer: %zu approvers enrolled for deployment %s (MG_SIGNER_APPROVERS): only "
+                 "their signed approvals count", qtg_approvers_count(d->approvers),
+                 qtg_approvers_deployment(d->approvers));
   char zero[256];
   if (d->approvers != NULL && qtg_approvers_zero_quorums(d->approvers, zero, sizeof zero) > 0)
     qtg_log_warn("signer: MG_SIGNER_APPROVERS gives quorum 0 to %s: their transfers are signed with "

@@ -64,7 +64,7 @@ function M.run()
   end
   if enrolment then
     qtg.log.info("signed approvals: only votes signed by enrolled persons count",
-      {persons = enrolment:count(), file = settings.signer_approvers})
+      {persons = enrolment:count(), deployment = enrolment:deployment(), file = settings.signer_approvers})
   end
   if settings.console_enabled then qtg.console_server.start() end
   if settings.api_listen ~= "" then

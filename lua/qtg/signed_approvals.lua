@@ -10,7 +10,8 @@
 -- the same file and decides; this copy refuses early a vote that would
 -- not count and waits for the quorum the signer will ask.
 --   enrolment()                     -> the enrolment, or nil when unset
---   statement(s, id)                -> the request's approval statement
+--   deployment()                    -> the enrolment's deployment name, or nil
+--   statement(s, id)                -> the request's approval statement (nil: no enrolment)
 --   check_signature(sig)            -> sig, or raises invalid_input
 --   check_vote(s, req, actor, sig)  -> raises unless the vote will count
 --   floor(req)                      -> the enrolment's quorum for req's class
@@ -35,9 +36,18 @@ function M.enrolment()
 end
 
 
+-- The deployment every statement names (the enrolment's), or nil: with no
+-- enrolment nothing is signed by approvers, and there is no statement.
+function M.deployment()
+  local e = M.enrolment()
+  return e and e:deployment() or nil
+end
+
 function M.statement(s, id)
-  return s:query("SELECT qtg_approval_statement(r) AS t FROM movement_requests r WHERE id = $1::uuid",
-    id)[1].t
+  local deployment = M.deployment()
+  if not deployment then return nil end
+  return s:query("SELECT qtg_approval_statement(r, $2) AS t FROM movement_requests r WHERE id = $1::uuid",
+    id, deployment)[1].t
 end
 
 function M.check_signature(sig)

@@ -480,6 +480,9 @@ static void test_proto(void) {
   "e5564300c360ac729086e2cc806e828a84877f1eb8e5d974d873e065224901555fb8821590a33bacc61e39701cf9b46bd25bf5f0595bbe24655141438e7a100b"
 #define ED_OTHER "3d4017c3e843895a92b70aa74d1b7ebc9c982ccf2ec4968cc0cd55f12af4660c"
 
+/* the deployment line every enrolment needs, for the cases about others */
+#define DEPLOY "deployment desk-1\n"
+
 static qtg_approvers *enrolment(const char *text) {
   char err[512];
   qtg_approvers *a = NULL;
@@ -503,6 +506,7 @@ static void test_approvers(void) {
 
   qtg_approvers *a = enrolment(
       "# two people\n"
+      "deployment treasury-eu.1  # which deployment this file serves\n"
       "person alice ed25519:" ED_PUBLIC " operator:alice,api:alice-bot  # her laptop too\n"
       "\n"
       "  person\tbob ed25519:" ED_OTHER " operator:bob\r\n"
@@ -518,6 +522,7 @@ static void test_approvers(void) {
   CHECK(&tc, qtg_approvers_person_of(a, "operator:alicex") == -1);
   CHECK(&tc, qtg_approvers_person_of(a, "") == -1 && qtg_approvers_person_of(a, NULL) == -1);
   CHECK(&tc, qtg_approvers_quorum(a, "mainnet") == 2 && qtg_approvers_quorum(a, "dev") == 1);
+  CHECK_STR(&tc, qtg_approvers_deployment(a), "treasury-eu.1");
   /* the vector verifies for alice only, and nothing altered does */
   CHECK(&tc, qtg_approvers_verify(a, alice, "", 0, ED_SIG) == 1);
   CHECK(&tc, qtg_approvers_verify(a, 1 - alice, "", 0, ED_SIG) == 0);
@@ -532,44 +537,55 @@ static void test_approvers(void) {
   CHECK(&tc, qtg_approvers_verify(a, alice, "", 0, "e556") == 0);
   CHECK(&tc, qtg_approvers_verify(a, -1, "", 0, ED_SIG) == 0 && qtg_approvers_verify(a, 7, "", 0, ED_SIG) == 0);
   qtg_approvers_free(a);
-  a = enrolment("quorum mainnet 0\n");
+  a = enrolment(DEPLOY "quorum mainnet 0\n");
   CHECK(&tc, a != NULL && qtg_approvers_quorum(a, "mainnet") == 0 && qtg_approvers_quorum(a, "dev") == -1);
   qtg_approvers_free(a);
   /* the classes with quorum 0, for the signer's warning at start */
-  a = enrolment("quorum mainnet 2\nquorum dev 0\nquorum * 0\n");
+  a = enrolment(DEPLOY "quorum mainnet 2\nquorum dev 0\nquorum * 0\n");
   CHECK(&tc, a != NULL && qtg_approvers_zero_quorums(a, st, sizeof st) == 2);
   CHECK_STR(&tc, st, "dev,*");
   CHECK(&tc, qtg_approvers_zero_quorums(a, st, 4) == 2 && strcmp(st, "dev") == 0);
   qtg_approvers_free(a);
-  a = enrolment("quorum * 1\n");
+  a = enrolment(DEPLOY "quorum * 1\n");
   CHECK(&tc, a != NULL && qtg_approvers_zero_quorums(a, st, sizeof st) == 0 && st[0] == '\0');
   qtg_approvers_free(a);
 
   static const char *const bad[] = {
       "",                                                             /* no quorum */
       "# nothing\n",
-      "quorum mainnet 2\nperson alice ed25519:" ED_PUBLIC "\n",       /* no principal */
-      "quorum mainnet 2\nperson alice " ED_PUBLIC " operator:a\n",    /* no ed25519: */
-      "quorum mainnet 2\nperson alice ed25519:D75A980182B10AB7D54BFED3C964073A0EE172F3DAA62325AF021A68F707511A operator:a\n",
-      "quorum mainnet 2\nperson alice ed25519:d75a98 operator:a\n",
-      "quorum mainnet 2\nperson al/ce ed25519:" ED_PUBLIC " operator:a\n",
-      "quorum mainnet 2\nperson alice ed25519:" ED_PUBLIC " alice\n",
-      "quorum mainnet 2\nperson alice ed25519:" ED_PUBLIC " operator:\n",
-      "quorum mainnet 2\nperson alice ed25519:" ED_PUBLIC " :alice\n",
-      "quorum mainnet 2\nperson alice ed25519:" ED_PUBLIC " operator:a,\n",
-      "quorum mainnet 2\nperson alice ed25519:" ED_PUBLIC " operator:a,,api:b\n",
-      "quorum mainnet 2\nperson alice ed25519:" ED_PUBLIC " Operator:a\n",
-      "quorum mainnet 2\nperson alice ed25519:" ED_PUBLIC " operator:a extra\n",
-      "quorum mainnet 2\nperson alice ed25519:" ED_PUBLIC " operator:a\nperson alice ed25519:" ED_OTHER " operator:b\n",
-      "quorum mainnet 2\nperson alice ed25519:" ED_PUBLIC " operator:a\nperson bob ed25519:" ED_PUBLIC " operator:b\n",
-      "quorum mainnet 2\nperson alice ed25519:" ED_PUBLIC " operator:a\nperson bob ed25519:" ED_OTHER " operator:a\n",
-      "quorum mainnet 2\nperson alice ed25519:" ED_PUBLIC " operator:a,operator:a\n",
-      "quorum mainnet 2\nquorum mainnet 3\n",
-      "quorum mainnet 101\n", "quorum mainnet -1\n", "quorum mainnet 2x\n", "quorum mainnet\n",
-      "quorum Mainnet 2\n", "quorum main net 2\n", "quorum ** 2\n", "quorum mainnet 0002\n",
-      "quorum mainnet 2\napprover alice\n",
-      "quorum mainnet 2\nperson alice ed25519:" ED_PUBLIC " operator:a\x01\n",
-      "quorum mainnet 2\nperson aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa ed25519:" ED_PUBLIC " operator:a\n",
+      DEPLOY,                                                         /* no quorum */
+      "quorum mainnet 2\n",                                           /* no deployment */
+      "person alice ed25519:" ED_PUBLIC " operator:a\nquorum mainnet 2\n",
+      DEPLOY "deployment desk-2\nquorum mainnet 2\n",                  /* named twice */
+      DEPLOY "deployment desk-1\nquorum mainnet 2\n",
+      "deployment desk/1\nquorum mainnet 2\n",                        /* not a name */
+      "deployment\nquorum mainnet 2\n", "deployment a b\nquorum mainnet 2\n",
+      "deployment aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\nquorum mainnet 2\n",
+      /* a '#' inside a field is a typo, not a comment ("api:al" would be enrolled) */
+      DEPLOY "quorum mainnet 2\nperson alice ed25519:" ED_PUBLIC " operator:a,api:al#ice\n",
+      DEPLOY "quorum mainnet 2#\n", "deployment desk#1\nquorum mainnet 2\n",
+      DEPLOY "quorum mainnet 2\nperson alice ed25519:" ED_PUBLIC "\n",       /* no principal */
+      DEPLOY "quorum mainnet 2\nperson alice " ED_PUBLIC " operator:a\n",    /* no ed25519: */
+      DEPLOY "quorum mainnet 2\nperson alice ed25519:D75A980182B10AB7D54BFED3C964073A0EE172F3DAA62325AF021A68F707511A operator:a\n",
+      DEPLOY "quorum mainnet 2\nperson alice ed25519:d75a98 operator:a\n",
+      DEPLOY "quorum mainnet 2\nperson al/ce ed25519:" ED_PUBLIC " operator:a\n",
+      DEPLOY "quorum mainnet 2\nperson alice ed25519:" ED_PUBLIC " alice\n",
+      DEPLOY "quorum mainnet 2\nperson alice ed25519:" ED_PUBLIC " operator:\n",
+      DEPLOY "quorum mainnet 2\nperson alice ed25519:" ED_PUBLIC " :alice\n",
+      DEPLOY "quorum mainnet 2\nperson alice ed25519:" ED_PUBLIC " operator:a,\n",
+      DEPLOY "quorum mainnet 2\nperson alice ed25519:" ED_PUBLIC " operator:a,,api:b\n",
+      DEPLOY "quorum mainnet 2\nperson alice ed25519:" ED_PUBLIC " Operator:a\n",
+      DEPLOY "quorum mainnet 2\nperson alice ed25519:" ED_PUBLIC " operator:a extra\n",
+      DEPLOY "quorum mainnet 2\nperson alice ed25519:" ED_PUBLIC " operator:a\nperson alice ed25519:" ED_OTHER " operator:b\n",
+      DEPLOY "quorum mainnet 2\nperson alice ed25519:" ED_PUBLIC " operator:a\nperson bob ed25519:" ED_PUBLIC " operator:b\n",
+      DEPLOY "quorum mainnet 2\nperson alice ed25519:" ED_PUBLIC " operator:a\nperson bob ed25519:" ED_OTHER " operator:a\n",
+      DEPLOY "quorum mainnet 2\nperson alice ed25519:" ED_PUBLIC " operator:a,operator:a\n",
+      DEPLOY "quorum mainnet 2\nquorum mainnet 3\n",
+      DEPLOY "quorum mainnet 101\n", DEPLOY "quorum mainnet -1\n", DEPLOY "quorum mainnet 2x\n", DEPLOY "quorum mainnet\n",
+      DEPLOY "quorum Mainnet 2\n", DEPLOY "quorum main net 2\n", DEPLOY "quorum ** 2\n", DEPLOY "quorum mainnet 0002\n",
+      DEPLOY "quorum mainnet 2\napprover alice\n",
+      DEPLOY "quorum mainnet 2\nperson alice ed25519:" ED_PUBLIC " operator:a\x01\n",
+      DEPLOY "quorum mainnet 2\nperson aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa ed25519:" ED_PUBLIC " operator:a\n",
       NULL};
   for (int i = 0; bad[i]; i++) {
     err[0] = '\0';
@@ -596,13 +612,13 @@ static void test_approvers(void) {
     char text[300], forged[129];
     snprintf(forged, sizeof forged, "01%0126d", 0);
     for (int i = 0; small[i]; i++) {
-      snprintf(text, sizeof text, "person eve ed25519:%s operator:eve\nquorum * 1\n", small[i]);
+      snprintf(text, sizeof text, DEPLOY "person eve ed25519:%s operator:eve\nquorum * 1\n", small[i]);
       a = NULL;
       int rc = qtg_approvers_parse(text, strlen(text), &a, err, sizeof err);
       CHECK(&tc, rc == -1 && a == NULL && strstr(err, "small order"));
       if (rc == 0) {
         fprintf(stderr, "  accepted the small-order key %s (forged signature verifies: %d)\n", small[i],
-                qtg_approvers_verify(a, 0, "qtg-approval-v1\n", 16, forged));
+                qtg_approvers_verify(a, 0, "qtg-approval-v2\n", 16, forged));
         qtg_approvers_free(a);
       }
     }
@@ -623,20 +639,47 @@ static void test_approvers(void) {
   /* the statement: one form, rebuilt byte for byte */
   const char *req = "0b6d1c2e-1111-4222-8333-944455556666";
   const char *d64 = "00000000000000000000000000000000000000000000000000000000000000aa";
-  CHECK(&tc, qtg_approval_statement(st, sizeof st, req, "mainnet", d64, d64) == 0);
+  CHECK(&tc, qtg_approval_statement(st, sizeof st, "desk-1", req, "mainnet", d64, d64) == 0);
   CHECK(&tc, qtg_approval_statement_check(st, strlen(st)) == 0);
-  CHECK(&tc, strncmp(st, "qtg-approval-v1\nrequest 0b6d1c2e-", 33) == 0 && st[strlen(st) - 1] == '\n');
+  CHECK(&tc, strncmp(st, "qtg-approval-v2\ndeployment desk-1\nrequest 0b6d1c2e-", 51) == 0 &&
+                 st[strlen(st) - 1] == '\n');
   CHECK(&tc, qtg_approval_statement_check(st, strlen(st) - 1) == -1);
   char longer[QTG_APPROVAL_STATEMENT_MAX + 8];
   snprintf(longer, sizeof longer, "%sx", st);
   CHECK(&tc, qtg_approval_statement_check(longer, strlen(longer)) == -1);
-  CHECK(&tc, qtg_approval_statement(st, sizeof st, "0B6D1C2E-1111-4222-8333-944455556666", "mainnet", d64, d64) == -1);
-  CHECK(&tc, qtg_approval_statement(st, sizeof st, req, "Mainnet", d64, d64) == -1);
-  CHECK(&tc, qtg_approval_statement(st, sizeof st, req, "mainnet", "AA", d64) == -1);
-  CHECK(&tc, qtg_approval_statement(st, sizeof st, req, "mainnet", d64, NULL) == -1);
-  CHECK(&tc, qtg_approval_statement(st, 40, req, "mainnet", d64, d64) == -1);
-  const char *swapped = "qtg-approval-v1\nclass mainnet\nrequest 0b6d1c2e-1111-4222-8333-944455556666\n";
+  /* the longest facts fit */
+  char widest[QTG_APPROVAL_STATEMENT_MAX];
+  CHECK(&tc, qtg_approval_statement(widest, sizeof widest,
+                                    "dddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddd", req,
+                                    "cccccccccccccccccccccccccccccccc", d64, d64) == 0 &&
+                 qtg_approval_statement_check(widest, strlen(widest)) == 0);
+  CHECK(&tc, qtg_approval_statement(st, sizeof st, "desk-1", "0B6D1C2E-1111-4222-8333-944455556666", "mainnet", d64, d64) == -1);
+  CHECK(&tc, qtg_approval_statement(st, sizeof st, "desk-1", req, "Mainnet", d64, d64) == -1);
+  CHECK(&tc, qtg_approval_statement(st, sizeof st, "desk-1", req, "mainnet", "AA", d64) == -1);
+  CHECK(&tc, qtg_approval_statement(st, sizeof st, "desk-1", req, "mainnet", d64, NULL) == -1);
+  CHECK(&tc, qtg_approval_statement(st, sizeof st, "", req, "mainnet", d64, d64) == -1);
+  CHECK(&tc, qtg_approval_statement(st, sizeof st, NULL, req, "mainnet", d64, d64) == -1);
+  CHECK(&tc, qtg_approval_statement(st, sizeof st, "desk 1", req, "mainnet", d64, d64) == -1);
+  CHECK(&tc, qtg_approval_statement(st, 40, "desk-1", req, "mainnet", d64, d64) == -1);
+  const char *swapped = "qtg-approval-v2\nrequest 0b6d1c2e-1111-4222-8333-944455556666\ndeployment desk-1\n";
   CHECK(&tc, qtg_approval_statement_check(swapped, strlen(swapped)) == -1);
+  /* version 1 (no deployment) is not a statement any more */
+  const char *v1 = "qtg-approval-v1\nrequest 0b6d1c2e-1111-4222-8333-944455556666\nclass mainnet\n"
+                   "digest 00000000000000000000000000000000000000000000000000000000000000aa\n"
+                   "plan 00000000000000000000000000000000000000000000000000000000000000aa\n";
+  CHECK(&tc, qtg_approval_statement_check(v1, strlen(v1)) == -1);
+  /* one approver, one key, two deployments: the signature given in one
+   * does not verify for the same request's statement in the other */
+  {
+    char other[QTG_APPROVAL_STATEMENT_MAX];
+    a = enrolment("deployment desk-2\nperson alice ed25519:" ED_PUBLIC " operator:alice\nquorum * 1\n");
+    CHECK(&tc, a != NULL && qtg_approval_statement(other, sizeof other, "desk-2", req, "mainnet", d64, d64) == 0);
+    CHECK(&tc, qtg_approver_sign(secret, st, strlen(st), sig) == 0);
+    qtg_hex_encode(sig, 64, hex);
+    CHECK(&tc, a != NULL && qtg_approvers_verify(a, 0, st, strlen(st), hex) == 1);
+    CHECK(&tc, a != NULL && qtg_approvers_verify(a, 0, other, strlen(other), hex) == 0);
+    qtg_approvers_free(a);
+  }
   CHECK(&tc, qtg_approval_statement_check("", 0) == -1);
 
   /* the file: a regular file group and others cannot write */
@@ -645,7 +688,7 @@ static void test_approvers(void) {
   FILE *f = fopen(path, "w");
   CHECK(&tc, f != NULL);
   if (f == NULL) return;
-  fprintf(f, "person alice ed25519:%s operator:alice\nquorum * 1\n", ED_PUBLIC);
+  fprintf(f, DEPLOY "person alice ed25519:%s operator:alice\nquorum * 1\n", ED_PUBLIC);
   fclose(f);
   CHECK(&tc, chmod(path, 0644) == 0);
   CHECK(&tc, qtg_approvers_load(path, &a, err, sizeof err) == 0 && qtg_approvers_count(a) == 1);

@@ -38,11 +38,11 @@ function card(item, act) {
     h('p', {}, 'Digest (SHA-256): ', h('code', { class: 'digest' }, item.digest)),
     item.approved_digest && item.approved_digest !== item.digest
       ? h('p', { class: 'error' }, `Earlier approvals were for digest ${item.approved_digest}: the request changed.`) : null,
-    h('details', { class: 'statement' },
+    item.approval_statement ? h('details', { class: 'statement' },
       h('summary', {}, 'Approval statement (for signed approvals)'),
       h('pre', { class: 'mono statement' }, item.approval_statement),
       h('label', {}, 'Signature (qtgd approver sign) ',
-        signature)),
+        signature)) : null,
     h('div', { class: 'actions' },
       h('button', { type: 'button', class: 'primary', 'data-action': 'approve',
         onclick: () => act(APPROVE, item, signature.value.trim() ? { signature: signature.value.trim() } : undefined) }, 'Approve'),

@@ -198,8 +198,9 @@ local function request_detail(s, id)
   doc.approval_policy = { rule = st.rule or NULL, roles = arr(st.roles or {}),
                           still_needed = st.still_needed, error = st.error or NULL,
                           signed_approvals = st.signed }
-  -- what an approver signs (docs/approvals.md "Signed approvals")
-  doc.approval_statement = st.statement
+  -- what an approver signs (docs/approvals.md "Signed approvals"); null
+  -- when no approvers are enrolled
+  doc.approval_statement = st.statement or NULL
   return doc
 end
 
@@ -485,7 +486,7 @@ local function approvals_inbox(ctx)
            (SELECT count(*)::int FROM request_approvals a WHERE a.request_id = r.id
                AND a.decision = 'approve' AND a.approval_digest = r.approval_digest) AS approvals,
            qtg_approval_document(r) AS approval_document, qtg_approval_digest(r) AS digest,
-           r.approval_digest AS approved_digest, qtg_approval_statement(r) AS approval_statement,
+           r.approval_digest AS approved_digest, qtg_approval_statement(r, $7) AS approval_statement,
            qtg_approval_document(r)::text AS approval_document_text,
            qtg_approval_plan_document(r.plan_version_id)::text AS plan_document_text
       FROM movement_requests r
@@ -497,7 +498,7 @@ local function approvals_inbox(ctx)
             OR r.approval_policy->'roles' ?| $5::text[])
        AND ($3::timestamptz IS NULL OR (r.created_at, r.id) > ($3::timestamptz, $4::uuid))
      ORDER BY r.created_at, r.id LIMIT $6]], qtg.settings.network_class, p.actor, after_ts, after_id, roles,
-    limit + 1)
+    limit + 1, require("qtg.signed_approvals").deployment() or NULL)
   local items = canon.array()
   for i = 1, math.min(#rows, limit) do
     local row = rows[i]

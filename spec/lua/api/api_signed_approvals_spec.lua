@@ -6,8 +6,8 @@
 --     can check both hashes itself;
 --   * every vote that would not count is refused and leaves no row: no
 --     signature, a malformed one, another person's, the signature of a twin
---     request, the initiator under another principal, a principal nobody
---     enrolled;
+--     request or of this request in another deployment, the initiator
+--     under another principal, a principal nobody enrolled;
 --   * the enrolment's quorum (2) holds where the policy asks 1, and the
 --     daemon's count ignores a vote row forged as qtg_runtime;
 --   * the initiator's person cannot attest the request's manual step under
@@ -31,8 +31,12 @@ local function create(amount)
   return r.json.id
 end
 
-local function statement(id)
-  return rows("SELECT qtg_approval_statement(r) AS t FROM movement_requests r WHERE id = $1::uuid", id)[1].t
+-- the enrolment's deployment (setup writes it), which statements name
+local DEPLOYMENT = "spec-desk"
+
+local function statement(id, deployment)
+  return rows("SELECT qtg_approval_statement(r, $2) AS t FROM movement_requests r WHERE id = $1::uuid", id,
+    deployment or DEPLOYMENT)[1].t
 end
 
 local function approve(id, token, signature)
@@ -60,6 +64,7 @@ describe("signed approvals through the API", function()
     -- ivan creates requests under the operator token and approves under his own
     local path = keydir .. "/approvers"
     host.write(path, table.concat({
+      "deployment " .. DEPLOYMENT,
       "person alice " .. pub.alice .. " api:" .. names.alice,
       "person bob " .. pub.bob .. " api:" .. names.bob,
       "person ivan " .. pub.ivan .. " api:" .. names.operator .. ",api:" .. names.ivan,
@@ -95,8 +100,8 @@ describe("signed approvals through the API", function()
     assert.equal(item.digest, crypto.sha256_hex(item.approval_document_text))
     assert.equal(item.approval_statement:match("\nplan (%x+)\n$"), crypto.sha256_hex(item.plan_document_text))
     assert.equal("31", require("cjson").decode(item.approval_document_text).intent.amount)
-    assert.equal("qtg-approval-v1\nrequest " .. id .. "\nclass " .. d.class .. "\n",
-      item.approval_statement:match("^(.-\n.-\n.-\n)"))
+    assert.equal("qtg-approval-v2\ndeployment " .. DEPLOYMENT .. "\nrequest " .. id .. "\nclass " .. d.class .. "\n",
+      item.approval_statement:match("^(.-\n.-\n.-\n.-\n)"))
     local detail = api.call(d, "GET", "/v3/requests/" .. id, { token = alice }).json
     assert.equal(item.approval_statement, detail.approval_statement)
     assert.is_true(detail.approval_policy.signed_approvals)
@@ -123,7 +128,7 @@ describe("signed approvals through the API", function()
     local document = '{"intent": {"destination": "0x' .. string.rep("e", 40) .. '", "destination\226\128\139": "0x'
       .. string.rep("a", 40) .. '", "memo": "caf\195\169 \240\159\146\184"}}'
     local plan = '{"nodes": [], "risk_controls": {}}'
-    local st = "qtg-approval-v1\nrequest 0b6d1c2e-1111-4222-8333-944455556666\nclass spec\ndigest "
+    local st = "qtg-approval-v2\ndeployment spec-desk\nrequest 0b6d1c2e-1111-4222-8333-944455556666\nclass spec\ndigest "
       .. crypto.sha256_hex(document) .. "\nplan " .. crypto.sha256_hex(plan) .. "\n"
     assert.truthy(host.approver_sign(key.alice, st, document, plan))
     local shown = common.read(key.alice .. ".statement.err")
@@ -141,6 +146,8 @@ describe("signed approvals through the API", function()
       { alice, string.upper(host.approver_sign(key.alice, st)), 422, "128 lowercase hex" },
       { alice, host.approver_sign(key.bob, st), 403, "signature" },
       { alice, host.approver_sign(key.alice, statement(twin)), 403, "signature" },
+      -- her signature of this very request in another deployment she approves for
+      { alice, host.approver_sign(key.alice, statement(id, "other-desk")), 403, "signature" },
       { ivan, host.approver_sign(key.ivan, st), 403, "four eyes" },
       { mallory, host.approver_sign(key.mallory, st), 403, "not enrolled" },
     }
@@ -195,7 +202,10 @@ describe("signed approvals through the API", function()
 
   it("stops at start on an enrolment it cannot take, and creates nothing for a class without a quorum", function()
     local bad = keydir .. "/bad-approvers"
-    for _, text in ipairs({ "person x\n", "quorum * 2\nquorum * 3\n" }) do
+    -- a malformed line, a class twice, no deployment named (a statement
+    -- signed here must say which deployment it is for)
+    for _, text in ipairs({ "deployment spec-desk\nperson x\n", "deployment spec-desk\nquorum * 2\nquorum * 3\n",
+                            "quorum * 2\n" }) do
       host.write(bad, text)
       os.execute("chmod 644 " .. common.quote(bad))
       local h = host.start(host.base_env({ MG_API_LISTEN = "127.0.0.1:0", MG_SIGNER_APPROVERS = bad,
@@ -209,8 +219,9 @@ describe("signed approvals through the API", function()
     end
     local _, out = host.run(host.base_env({ MG_SIGNER_APPROVERS = keydir .. "/approvers",
       MG_NETWORK_CLASS = d.class }), { common.quote(host.bin), "check" })
-    assert.truthy(out:find("signed approvals: 3 persons enrolled, quorum 2 for " .. d.class, 1, true), out)
-    host.write(bad, "quorum mainnet 2\n")
+    assert.truthy(out:find("signed approvals: 3 persons enrolled, quorum 2 for " .. d.class
+      .. ", deployment " .. DEPLOYMENT, 1, true), out)
+    host.write(bad, "deployment spec-desk\nquorum mainnet 2\n")
     local other = api.start({ MG_SIGNER_APPROVERS = bad })
     local ok, err = pcall(function()
       local r = api.call(other, "POST", "/v3/requests", { token = operator, key = common.uid("k", 6),

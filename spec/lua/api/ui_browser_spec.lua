@@ -14,7 +14,9 @@ local api, common, host
 local d, report, plan
 local tokens = {}
 local ids = {}
-local keydir, statement
+local keydir, statement, approver_key
+-- the approvers' enrolment of this daemon names this deployment
+local DEPLOYMENT = "ui-desk"
 
 local function rows(sql, ...) return common.query(sql, ...) end
 
@@ -50,6 +52,16 @@ local function seed_many(from_id)
       FROM movement_requests r, generate_series(1, $2::int) g WHERE r.id = $1::uuid]], from_id, SEEDED)
 end
 
+-- the approver's signature of the request's statement (qtgd approver sign)
+local function statement_of(id)
+  return rows("SELECT qtg_approval_statement(r, $2) AS t FROM movement_requests r WHERE id = $1::uuid",
+    id, DEPLOYMENT)[1].t
+end
+
+local function signed(id)
+  return { signature = host.approver_sign(approver_key, statement_of(id)) }
+end
+
 local function scenario(name)
   local s = report[name]
   assert.truthy(s, "the driver reported nothing for " .. name)
@@ -67,11 +79,21 @@ describe("the web console in a browser", function()
     assert.equal(0, rc, "no chromium (tools/setup installs it): " .. chromium)
     rc = host.run({}, { common.quote(host.root .. "/tools/browser"), "install" })
     assert.equal(0, rc, "tools/browser install failed")
+    -- signed approvals: the approver is enrolled with a key of their own,
+    -- and every approval carries their signature of the request's statement
+    keydir = host.tmpdir()
+    local pub, approver_name
+    approver_key, pub = host.approver_key(keydir, "approver")
+    tokens.approver, approver_name = api.token("read,approve")
+    local enrolment = keydir .. "/approvers"
+    host.write(enrolment, ("deployment %s\nperson approver %s api:%s\nquorum * 1\n"):format(DEPLOYMENT, pub,
+      approver_name))
+    os.execute("chmod 644 " .. common.quote(enrolment))
     d = api.start({ MG_NODE_DISPATCH_INTERVAL_SECONDS = "0.2", MG_NODE_OBSERVE_INTERVAL_SECONDS = "0.2",
-                    MG_API_RATE_LIMIT_PER_SECOND = "1000", MG_API_RATE_LIMIT_BURST = "1000" })
+                    MG_API_RATE_LIMIT_PER_SECOND = "1000", MG_API_RATE_LIMIT_BURST = "1000",
+                    MG_SIGNER_APPROVERS = enrolment })
     tokens.reader = api.token("read")
     tokens.operator = api.token("read,operate")
-    tokens.approver = api.token("read,approve")
     -- a second operator attests the manual step (never the initiator: four eyes)
     tokens.desk = api.token("read,operate")
 
@@ -84,14 +106,16 @@ describe("the web console in a browser", function()
       { token = tokens.approver, json = { reason = "duplicate" } }).status)
     -- the DAG: a request run to its manual step
     ids.dag = create(intent{ amount = "11" })
-    assert.equal(200, api.call(d, "POST", "/v3/requests/" .. ids.dag .. "/approve", { token = tokens.approver }).status)
+    assert.equal(200, api.call(d, "POST", "/v3/requests/" .. ids.dag .. "/approve",
+      { token = tokens.approver, json = signed(ids.dag) }).status)
     common.wait_for(function()
       local st = rows("SELECT request_state FROM movement_requests WHERE id = $1::uuid", ids.dag)[1].request_state
       return st == "WAITING_MANUAL_ACTION", st
     end, 60, "the request to wait for its manual step")
     -- a second one, whose manual step the browser completes
     ids.complete = create(intent{ amount = "17" })
-    assert.equal(200, api.call(d, "POST", "/v3/requests/" .. ids.complete .. "/approve", { token = tokens.approver }).status)
+    assert.equal(200, api.call(d, "POST", "/v3/requests/" .. ids.complete .. "/approve",
+      { token = tokens.approver, json = signed(ids.complete) }).status)
     common.wait_for(function()
       local st = rows("SELECT request_state FROM movement_requests WHERE id = $1::uuid", ids.complete)[1].request_state
       return st == "WAITING_MANUAL_ACTION", st
@@ -108,12 +132,9 @@ describe("the web console in a browser", function()
     seed_many(ids.read_only)
 
     -- the approver pastes the signature of the statement the card shows
-    -- (no enrolment here: the vote is stored with it, unverified)
-    keydir = host.tmpdir()
-    local key = host.approver_key(keydir, "approver")
-    statement = rows("SELECT qtg_approval_statement(r) AS t FROM movement_requests r WHERE id = $1::uuid",
-      ids.approve)[1].t
-    local signature = host.approver_sign(key, statement)
+    -- (the daemon verifies it against the enrolment)
+    statement = statement_of(ids.approve)
+    local signature = host.approver_sign(approver_key, statement)
     local out = host.root .. "/var/ui-browser"
     os.execute("rm -rf " .. common.quote(out) .. " && mkdir -p " .. common.quote(out))
     plan = {

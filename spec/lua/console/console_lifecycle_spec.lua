@@ -229,7 +229,10 @@ describe("console lifecycle and signer commands", function()
       -- a signature (signed approvals) is 128 lowercase hex digits, sent with the vote
       has(fails(cmds.approve, id, nil, 42), "signature must be a string")
       has(fails(cmds.approve, id, nil, "AB" .. string.rep("ab", 63)), "128 lowercase hex")
-      has(shown(cmds.req(id)), "qtg-approval-v1")
+      -- no approvers are enrolled here: nothing is signed by them, no statement is shown
+      local detail = shown(cmds.req(id))
+      has(detail, "signed = false")
+      assert.is_nil(detail:find("qtg-approval", 1, true), detail)
       local out = shown(cmds.approve(id, nil, string.rep("ab", 64)))
       assert.equals(string.rep("ab", 64), s:query("SELECT signature FROM request_approvals WHERE request_id = $1::uuid",
         id)[1].signature)

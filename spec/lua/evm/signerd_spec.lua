@@ -98,13 +98,15 @@ end
 -- directory, and their enrolment file: people = { {NAME, "PRINCIPAL,..."} }
 -- (the principals default to operator:NAME), quorums = { CLASS = N }.
 -- Returns { dir=, key = {NAME = key file}, path=, write = fn(quorums) }
--- (write rewrites the file with the same people and other quorums).
+-- (write rewrites the file with the same people and other quorums).  The
+-- file names the deployment DEPLOYMENT, which statement() signs for.
+local DEPLOYMENT = "spec-desk"
 local function approvers(people, quorums)
   local e = { dir = sup.host.tmpdir(), key = {}, pub = {} }
   for _, p in ipairs(people) do e.key[p[1]], e.pub[p[1]] = sup.host.approver_key(e.dir, p[1]) end
   e.path = e.dir .. "/approvers"
   function e.write(q)
-    local lines = { "# approvers (signerd_spec)" }
+    local lines = { "# approvers (signerd_spec)", "deployment " .. DEPLOYMENT }
     for _, p in ipairs(people) do
       lines[#lines + 1] = ("person %s %s %s"):format(p[1], e.pub[p[1]], p[2] or ("operator:" .. p[1]))
     end
@@ -117,8 +119,10 @@ local function approvers(people, quorums)
   return e
 end
 
-local function statement(id)
-  return s:query("SELECT qtg_approval_statement(r) AS t FROM movement_requests r WHERE id = $1::uuid", id)[1].t
+-- the request's statement for a deployment (DEPLOYMENT unless named)
+local function statement(id, deployment)
+  return s:query("SELECT qtg_approval_statement(r, $2) AS t FROM movement_requests r WHERE id = $1::uuid", id,
+    deployment or DEPLOYMENT)[1].t
 end
 
 -- a vote of principal for the request's stored digest, as the daemon's role
@@ -353,8 +357,8 @@ describe("qtgd signer", function()
       local req = engine.create(s, "sign_t_b", { intent = intent(dest), callback_url = false })
       -- voted here (this process's class), signed as of `class`, then moved there
       local st = s:query([[SELECT qtg_approval_statement(jsonb_populate_record(r, jsonb_build_object(
-                             'network_class', $2::text))) AS t FROM movement_requests r WHERE id = $1::uuid]],
-        req.id, class)[1].t
+                             'network_class', $2::text)), $3) AS t FROM movement_requests r WHERE id = $1::uuid]],
+        req.id, class, DEPLOYMENT)[1].t
       -- the first vote approves it (the policy asks one); later ones are rows beside it
       local r = requests.approve(s, req.id, "console:spec-" .. voters[1], nil,
         sup.host.approver_sign(key[voters[1]], st))
@@ -574,7 +578,8 @@ c.sendall(b"KEYS\n"); print(c.makefile().readline().strip())' ]]
     assert.equal(s:query("SELECT qtg_approval_digest(r) AS d FROM movement_requests r WHERE id = $1::uuid",
       req.id)[1].d, statement(twin.id):match("digest (%x+)"))
     -- mallory signs too, but is not enrolled
-    local e = approvers({ { "alice", "operator:alice,api:alice-bot" }, { "bob", "operator:bob,api:bob-laptop" },
+    local e = approvers({ { "alice", "operator:alice,api:alice-bot" },
+                          { "bob", "operator:bob,api:bob-laptop,console:bob" },
                           { "ivan", engine.INITIATOR .. ",operator:ivan" } }, { [class] = 2 })
     local key, kd = e.key, e.dir
     key.mallory = sup.host.approver_key(kd, "mallory")
@@ -612,6 +617,9 @@ c.sendall(b"KEYS\n"); print(c.makefile().readline().strip())' ]]
     vote("operator:ivan", sup.host.approver_sign(key.ivan, st))
     vote("api:bob-laptop", sup.host.approver_sign(key.bob, statement(twin.id)))
     vote("operator:carol", string.rep("ab", 64))
+    -- bob's signature of this very request as another deployment's (one key,
+    -- two deployments: copied from the other, with the request's id)
+    vote("console:bob", sup.host.approver_sign(key.bob, statement(req.id, "other-desk")))
     refused("APPROVALS_INCOMPLETE", "1 of 2 enrolled approvers")
     -- bob's own signature of this request: the quorum of two distinct persons
     vote("operator:bob", sup.host.approver_sign(key.bob, st))
