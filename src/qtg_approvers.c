@@ -159,11 +159,11 @@ int qtg_approvers_quorum(const qtg_approvers *a, const char *klass) {
   return any;
 }
 
-size_t qtg_approvers_zero_quorums(const qtg_approvers *a, char *out, size_t outlen) {
+size_t qtg_approvers_classes_at(const qtg_approvers *a, int quorum, char *out, size_t outlen) {
   size_t n = 0, used = 0;
   if (outlen > 0) out[0] = '\0';
   for (size_t i = 0; a != NULL && i < a->nquorums; i++) {
-    if (a->quorums[i].n != 0) continue;
+    if (a->quorums[i].n != quorum) continue;
     if (outlen > used) {
       int w = snprintf(out + used, outlen - used, "%s%s", n ? "," : "", a->quorums[i].klass);
       used = w < 0 || (size_t)w >= outlen - used ? outlen : used + (size_t)w;

@@ -91,11 +91,14 @@ const char *qtg_approvers_person_name(const qtg_approvers *a, int person);
 /* The quorum for klass (its own line, else "*"), or -1 when neither. */
 int qtg_approvers_quorum(const qtg_approvers *a, const char *klass);
 
-/* The classes whose quorum is 0 ("*" among them when it is), comma-
- * separated into out (cut to fit); their count.  A quorum of 0 needs no
- * signed approval: the request's approvals_required, which the runtime
- * role writes, is then all there is. */
-size_t qtg_approvers_zero_quorums(const qtg_approvers *a, char *out, size_t outlen);
+/* The classes whose quorum is `quorum` ("*" among them when it is),
+ * comma-separated into out (cut to fit); their count.  For the signer's
+ * warnings at start: a quorum of 0 needs no signed approval (the request's
+ * approvals_required, which the runtime role writes, is then all there
+ * is); under a quorum of 1 an enrolled approver who can write the daemon's
+ * rows approves his own request alone (the initiator is not in the
+ * statement). */
+size_t qtg_approvers_classes_at(const qtg_approvers *a, int quorum, char *out, size_t outlen);
 
 /* 1 when sig_hex (128 hex digits) is person's Ed25519 signature of msg,
  * else 0 (any malformed input included). */

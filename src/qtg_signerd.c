@@ -745,8 +745,12 @@ static void qtg_signerd_warn_unbound(const qtg_signerd *d) {
     qtg_log_info("signer: %zu approvers enrolled for deployment %s (MG_SIGNER_APPROVERS): only "
                  "their signed approvals count", qtg_approvers_count(d->approvers),
                  qtg_approvers_deployment(d->approvers));
-  char zero[256];
-  if (d->approvers != NULL && qtg_approvers_zero_quorums(d->approvers, zero, sizeof zero) > 0)
+  char zero[256], one[256];
+  if (d->approvers != NULL && qtg_approvers_classes_at(d->approvers, 1, one, sizeof one) > 0)
+    qtg_log_warn("signer: MG_SIGNER_APPROVERS gives quorum 1 to %s: an enrolled approver who can "
+                 "write the daemon's rows (console, runtime login) approves his own request alone; "
+                 "where four eyes must hold against such a person, make it 2 (docs/approvals.md)", one);
+  if (d->approvers != NULL && qtg_approvers_classes_at(d->approvers, 0, zero, sizeof zero) > 0)
     qtg_log_warn("signer: MG_SIGNER_APPROVERS gives quorum 0 to %s: their transfers are signed with "
                  "no signed approval (the request's approvals_required, which the daemon's role "
                  "writes, is all there is)%s", zero,

@@ -540,14 +540,15 @@ static void test_approvers(void) {
   a = enrolment(DEPLOY "quorum mainnet 0\n");
   CHECK(&tc, a != NULL && qtg_approvers_quorum(a, "mainnet") == 0 && qtg_approvers_quorum(a, "dev") == -1);
   qtg_approvers_free(a);
-  /* the classes with quorum 0, for the signer's warning at start */
+  /* the classes at a quorum (0, 1), for the signer's warnings at start */
   a = enrolment(DEPLOY "quorum mainnet 2\nquorum dev 0\nquorum * 0\n");
-  CHECK(&tc, a != NULL && qtg_approvers_zero_quorums(a, st, sizeof st) == 2);
+  CHECK(&tc, a != NULL && qtg_approvers_classes_at(a, 0, st, sizeof st) == 2);
   CHECK_STR(&tc, st, "dev,*");
-  CHECK(&tc, qtg_approvers_zero_quorums(a, st, 4) == 2 && strcmp(st, "dev") == 0);
+  CHECK(&tc, qtg_approvers_classes_at(a, 0, st, 4) == 2 && strcmp(st, "dev") == 0);
   qtg_approvers_free(a);
   a = enrolment(DEPLOY "quorum * 1\n");
-  CHECK(&tc, a != NULL && qtg_approvers_zero_quorums(a, st, sizeof st) == 0 && st[0] == '\0');
+  CHECK(&tc, a != NULL && qtg_approvers_classes_at(a, 0, st, sizeof st) == 0 && st[0] == '\0');
+  CHECK(&tc, a != NULL && qtg_approvers_classes_at(a, 1, st, sizeof st) == 1 && strcmp(st, "*") == 0);
   qtg_approvers_free(a);
 
   static const char *const bad[] = {

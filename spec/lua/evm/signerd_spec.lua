@@ -633,6 +633,14 @@ c.sendall(b"KEYS\n"); print(c.makefile().readline().strip())' ]]
       assert.equal(1, sup.host.wait_exit(b, 30), bad)
       assert.truthy((sup.host.read(b.log) or ""):find("MG_SIGNER_APPROVERS", 1, true), bad)
     end
+    -- a quorum of 1 starts, with a warning that the initiator is not in the
+    -- statement (an enrolled approver writing the rows approves alone)
+    local one = sup.host.start(sup.run_env("unused", { MG_SIGNER_KEYS = keys,
+      MG_SIGNER_SOCKET = dir .. "/one.sock", MG_SIGNER_APPROVERS = e.write({ ["*"] = 1, [class] = 2 }) }), { "signer" })
+    common.wait_for(function() return sup.log_count(one, "gives quorum 1 to *") == 1 end, 30,
+      "the signer's warning about quorum 1")
+    sup.host.stop(one)
+    assert.equal(0, sup.log_count(h, "gives quorum 1"))
     os.execute("rm -rf " .. common.quote(kd))
   end)
 
