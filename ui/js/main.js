@@ -15,13 +15,14 @@ const who = document.getElementById('who');
 const banner = document.getElementById('banner');
 
 // The pages, by the first word of the hash; role: the role a token needs to
-// see the page at all (admin has every role).
+// see the page at all (admin has every role); classWide: about the whole
+// network class, which a token of scope own does not see.
 const PAGES = [
   { key: 'requests', title: 'Requests', page: requests, role: 'read' },
   { key: 'request', page: detail, role: 'read' },
   { key: 'approvals', title: 'Approvals', page: approvals, role: 'approve' },
   { key: 'dead-letters', title: 'Dead letters', page: deadletters, role: 'read' },
-  { key: 'health', title: 'Workers and health', page: health, role: 'read' },
+  { key: 'health', title: 'Workers and health', page: health, role: 'read', classWide: true },
 ];
 
 let me = null;
@@ -29,6 +30,10 @@ let cleanup = null;
 
 export function can(role) {
   return !!me && (me.roles.includes(role) || me.roles.includes('admin'));
+}
+
+function shows(page) {
+  return can(page.role) && !(page.classWide && me.scope === 'own');
 }
 
 export function showError(e) {
@@ -62,11 +67,11 @@ function signInForm(message) {
 function renderNav() {
   clear(nav);
   for (const p of PAGES) {
-    if (p.title && can(p.role)) nav.append(h('a', { href: `#/${p.key}`, 'data-page': p.key }, p.title));
+    if (p.title && shows(p)) nav.append(h('a', { href: `#/${p.key}`, 'data-page': p.key }, p.title));
   }
   nav.hidden = false;
   clear(who).append(
-    h('span', { id: 'principal' }, `${me.actor} (${me.roles.join(', ')}) · ${me.network_class}`),
+    h('span', { id: 'principal' }, `${me.actor} (${me.roles.join(', ')}${me.scope === 'own' ? '; its own requests' : ''}) · ${me.network_class}`),
     h('button', { type: 'button', id: 'signout', onclick: () => { api.forget(); me = null; signInForm(); } }, 'Sign out'));
 }
 
@@ -80,8 +85,10 @@ function route() {
   const entry = PAGES.find((p) => p.key === key) || PAGES[0];
   for (const a of nav.querySelectorAll('a')) a.classList.toggle('active', a.dataset.page === entry.key);
   clear(main);
-  if (!can(entry.role)) {
-    main.append(h('p', { class: 'error' }, `This token lacks the ${entry.role} role this page needs.`));
+  if (!shows(entry)) {
+    main.append(h('p', { class: 'error' }, can(entry.role)
+      ? 'This token sees its own requests only; this page is about the whole network class.'
+      : `This token lacks the ${entry.role} role this page needs.`));
     return;
   }
   const ctx = { me, can, showError, clearError, params: new URLSearchParams(qs || ''), args: rest };

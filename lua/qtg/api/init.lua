@@ -6,6 +6,7 @@
 --   route (qtg.api.routes: one table) -> 404 / 405
 --   authentication (Bearer token, qtg.api.tokens) -> 401, role -> 403
 --   the token's rate limit -> 429 with Retry-After
+--   a token of scope own: its own requests only (qtg.api.ownership) -> 403/404
 --   query parameters and JSON body checked against the route -> 400/415/422
 --   Idempotency-Key (qtg.api.idempotency) on mutating requests
 --   the route's handler, on one database session
@@ -17,6 +18,7 @@ local cjson = require "cjson.safe"
 local canon = require "qtg.canon_json"
 local problem = require "qtg.api.problem"
 local tokens = require "qtg.api.tokens"
+local ownership = require "qtg.api.ownership"
 local routes = require "qtg.api.routes"
 local idempotency = require "qtg.api.idempotency"
 local metrics = require "qtg.api.metrics"
@@ -150,6 +152,7 @@ local function run_route(route, params, req)
         route.role, route.method, route.path)
     end
     rate_limit(principal)
+    ownership.check(s, route, params, principal)
     local body = parse_body(route, req)
     local ctx = { s = s, principal = principal, params = params, query = query, body = body,
                   headers = req.headers, req = req }

@@ -3,6 +3,7 @@
 --   approve | admin; public routes have none), query = {param = {type=,
 --   description=}}, body = {fields = {name = {type=, required=}}},
 --   mutating (Idempotency-Key honoured), requires_idempotency_key,
+--   owned (what a token of scope own reaches: qtg.api.ownership),
 --   summary, response (schema name in qtg.api.openapi), handler(ctx) }.
 -- Handlers call the same lifecycle functions as the console
 -- (qtg.requests, qtg.callbacks, qtg.signers, qtg.balances) with the token's
@@ -11,6 +12,7 @@
 local qtg = require "qtg"
 local canon = require "qtg.canon_json"
 local problem = require "qtg.api.problem"
+local ownership = require "qtg.api.ownership"
 
 local M = {}
 
@@ -311,10 +313,12 @@ local function list_requests(ctx)
                                           THEN (intent->>'amount')::numeric END) <= $12::numeric)
        AND ($13::text IS NULL OR r.last_error_code = $13
             OR EXISTS (SELECT 1 FROM movement_request_nodes n WHERE n.request_id = r.id AND n.error_code = $13))
+       AND ($14::text IS NULL OR r.created_by = $14)
      ORDER BY created_at DESC, id DESC
      LIMIT $8]], qtg.settings.network_class, st, q.template_key,
     check_time("created_after", q.created_after), check_time("created_before", q.created_before),
-    after_ts, after_id, limit + 1, asset, destination, amount_min, amount_max, error_code)
+    after_ts, after_id, limit + 1, asset, destination, amount_min, amount_max, error_code,
+    ownership.owner(ctx.principal) or NULL)
   local items = canon.array()
   for i = 1, math.min(#rows, limit) do items[i] = request_doc(ctx.s, rows[i]) end
   local next_cursor = NULL
@@ -386,7 +390,9 @@ local function list_callbacks(ctx)
     SELECT ]] .. CALLBACK_COLUMNS .. [[ FROM movement_callback_outbox o
       JOIN movement_requests q ON q.id = o.request_id
      WHERE o.status = $1 AND q.network_class = $2 AND ($3::bigint IS NULL OR o.id < $3)
-     ORDER BY o.id DESC LIMIT $4]], status, qtg.settings.network_class, after, limit + 1)
+       AND ($5::text IS NULL OR q.created_by = $5)
+     ORDER BY o.id DESC LIMIT $4]], status, qtg.settings.network_class, after, limit + 1,
+    ownership.owner(ctx.principal) or NULL)
   return 200, id_page(rows, limit)
 end
 
@@ -418,9 +424,10 @@ local function bulk_redeliver(ctx)
        AND ($2::text IS NULL OR o.event_type = $2)
        AND ($3::uuid IS NULL OR o.request_id = $3::uuid)
        AND NOT EXISTS (SELECT 1 FROM movement_callback_outbox r WHERE r.redelivery_of = o.id)
+       AND ($5::text IS NULL OR q.created_by = $5)
      ORDER BY o.id LIMIT $4]], qtg.settings.network_class, b.event_type,
     b.request_id and (b.request_id:match(UUID) and b.request_id or problem.raise("invalid_input", "request_id must be a uuid")),
-    M.BULK_CAP + 1)
+    M.BULK_CAP + 1, ownership.owner(ctx.principal) or NULL)
   local capped = #rows > M.BULK_CAP
   local n = math.min(#rows, M.BULK_CAP)
   if b.dry_run ~= false then
@@ -464,7 +471,7 @@ end
 local function me(ctx)
   local p = ctx.principal
   return 200, { actor = p.actor, kind = p.kind, name = p.name, roles = arr(p.roles),
-                network_class = qtg.settings.network_class }
+                network_class = qtg.settings.network_class, scope = p.own and "own" or "class" }
 end
 
 -- The approvals inbox: PENDING_APPROVAL requests of this class that the
@@ -552,15 +559,15 @@ M.LIST = {
     response = "Ready" },
   { method = "GET", path = "/metrics", name = "metrics", role = "read", handler = metrics,
     summary = "Prometheus text format", response = "text" },
-  { method = "GET", path = "/v3/openapi.json", name = "openapi", role = "read", handler = openapi,
+  { method = "GET", path = "/v3/openapi.json", name = "openapi", owned = "self", role = "read", handler = openapi,
     summary = "this API's OpenAPI 3.1 document", response = "any" },
-  { method = "POST", path = "/v3/requests", name = "create_request", role = "operate", mutating = true,
+  { method = "POST", path = "/v3/requests", name = "create_request", owned = "filtered", role = "operate", mutating = true,
     requires_idempotency_key = true, handler = create_request,
     body = { fields = { template_key = { type = "string", required = true },
                         intent = { type = "object", required = true },
                         input_params = { type = "object" }, callback_url = { type = "string" } } },
     summary = "create a movement request (Idempotency-Key required)", response = "RequestDetail" },
-  { method = "GET", path = "/v3/requests", name = "list_requests", role = "read", handler = list_requests,
+  { method = "GET", path = "/v3/requests", name = "list_requests", owned = "filtered", role = "read", handler = list_requests,
     query = with_page{ state = { type = "string" }, template_key = { type = "string" },
                        created_after = { type = "string" }, created_before = { type = "string" },
                        asset = { type = "string", description = "the intent's asset" },
@@ -569,28 +576,28 @@ M.LIST = {
                        amount_max = { type = "string", description = "decimal; the intent's amount at most this" },
                        error_code = { type = "string", description = "the request's or any node's error code" } },
     summary = "requests, newest first, keyset-paginated", response = "RequestPage" },
-  { method = "GET", path = "/v3/requests/{id}", name = "get_request", role = "read",
+  { method = "GET", path = "/v3/requests/{id}", name = "get_request", owned = "request", role = "read",
     handler = function(ctx) return 200, request_detail(ctx.s, uuid_param(ctx, "id", "request")) end,
     summary = "a request with its nodes, frontier, approvals and errors", response = "RequestDetail" },
-  { method = "GET", path = "/v3/requests/{id}/events", name = "request_events", role = "read",
+  { method = "GET", path = "/v3/requests/{id}/events", name = "request_events", owned = "request", role = "read",
     handler = request_events, query = with_page(), summary = "the request's audit timeline",
     response = "EventPage" },
-  { method = "POST", path = "/v3/requests/{id}/approve", name = "approve_request", role = "approve",
+  { method = "POST", path = "/v3/requests/{id}/approve", name = "approve_request", owned = "request", role = "approve",
     mutating = true, body = APPROVAL, handler = lifecycle("approve", "request"),
     summary = "approve a PENDING_APPROVAL request", response = "RequestDetail" },
-  { method = "POST", path = "/v3/requests/{id}/reject", name = "reject_request", role = "approve",
+  { method = "POST", path = "/v3/requests/{id}/reject", name = "reject_request", owned = "request", role = "approve",
     mutating = true, body = REASON, handler = lifecycle("reject", "request", "reason"),
     summary = "reject a PENDING_APPROVAL request (reason required)", response = "RequestDetail" },
-  { method = "POST", path = "/v3/requests/{id}/cancel", name = "cancel_request", role = "operate",
+  { method = "POST", path = "/v3/requests/{id}/cancel", name = "cancel_request", owned = "request", role = "operate",
     mutating = true, body = REASON, handler = lifecycle("cancel", "request", "reason"),
     summary = "cancel a request with no node in flight (reason required)", response = "RequestDetail" },
-  { method = "POST", path = "/v3/requests/{id}/resume", name = "resume_request", role = "operate",
+  { method = "POST", path = "/v3/requests/{id}/resume", name = "resume_request", owned = "request", role = "operate",
     mutating = true, body = NONE, handler = lifecycle("resume", "request"),
     summary = "resume a MANUAL_INTERVENTION request", response = "RequestDetail" },
-  { method = "POST", path = "/v3/nodes/{id}/retry", name = "retry_node", role = "operate",
+  { method = "POST", path = "/v3/nodes/{id}/retry", name = "retry_node", owned = "node", role = "operate",
     mutating = true, body = NONE, handler = node_action("retry"),
     summary = "retry a FAILED or UNKNOWN node", response = "RequestDetail" },
-  { method = "POST", path = "/v3/nodes/{id}/complete", name = "complete_node", role = "operate",
+  { method = "POST", path = "/v3/nodes/{id}/complete", name = "complete_node", owned = "node", role = "operate",
     mutating = true, body = { optional = true, fields = { input = { type = "any" } } },
     handler = node_action("complete_manual_step"),
     summary = "complete a READY manual step with its input", response = "RequestDetail" },
@@ -603,13 +610,13 @@ M.LIST = {
     role = "admin", mutating = true, handler = set_expected_identity,
     body = { fields = { expected_signer_address = { type = "string", required = true } } },
     summary = "enroll the address a signer key must have", response = "Signer" },
-  { method = "GET", path = "/v3/callbacks", name = "list_callbacks", role = "read", handler = list_callbacks,
+  { method = "GET", path = "/v3/callbacks", name = "list_callbacks", owned = "filtered", role = "read", handler = list_callbacks,
     query = with_page{ status = { type = "string", description = "dlq (default), pending, delivered" } },
     summary = "callback rows by status", response = "CallbackPage" },
-  { method = "POST", path = "/v3/callbacks/{id}/redeliver", name = "redeliver_callback", role = "operate",
+  { method = "POST", path = "/v3/callbacks/{id}/redeliver", name = "redeliver_callback", owned = "callback", role = "operate",
     mutating = true, body = NONE, handler = redeliver,
     summary = "deliver a dead-lettered callback again (a new row)", response = "Redelivery" },
-  { method = "POST", path = "/v3/callbacks/redeliver", name = "bulk_redeliver", role = "operate",
+  { method = "POST", path = "/v3/callbacks/redeliver", name = "bulk_redeliver", owned = "filtered", role = "operate",
     mutating = true, handler = bulk_redeliver,
     body = { optional = true, fields = { dry_run = { type = "boolean" }, event_type = { type = "string" },
                                          request_id = { type = "string" } } },
@@ -620,13 +627,13 @@ M.LIST = {
   { method = "GET", path = "/v3/heartbeats", name = "heartbeats", role = "read", handler = heartbeats,
     summary = "every process's worker heartbeats for this network class, stale ones flagged",
     response = "HeartbeatList" },
-  { method = "GET", path = "/v3/me", name = "me", role = "any", handler = me,
+  { method = "GET", path = "/v3/me", name = "me", owned = "self", role = "any", handler = me,
     summary = "the token's principal: actor, name and roles", response = "Me" },
   { method = "GET", path = "/v3/approvals", name = "approvals_inbox", role = "approve", handler = approvals_inbox,
     query = with_page(),
     summary = "requests waiting for this token's approval, with the approval document and its digest",
     response = "ApprovalPage" },
-  { method = "GET", path = "/v3/templates", name = "templates", role = "read", handler = templates,
+  { method = "GET", path = "/v3/templates", name = "templates", owned = "self", role = "read", handler = templates,
     summary = "the latest plan version of each template", response = "ItemList" },
 }
 

@@ -4,8 +4,9 @@
 -- bits); only its SHA-256 is stored (api_tokens.token_hash), so the table
 -- leaking does not give anyone a usable token.  The token is shown once, at
 -- creation.  A token's principal is
---   { actor = "api:<name>", kind = "api_client", name = <name>, roles = {...} }
--- and its roles say which routes it may call (qtg.api.routes).
+--   { actor = "api:<name>", kind = "api_client", name = <name>, roles = {...}, own = bool }
+-- and its roles say which routes it may call (qtg.api.routes); own: the
+-- token's scope is its own requests (qtg.api.ownership).
 local qtg = require "qtg"
 local canon = require "qtg.canon_json"
 local problem = require "qtg.api.problem"
@@ -62,31 +63,54 @@ function M.check_name(name)
   return true
 end
 
--- create(s, {name=, roles=array, expires_in_seconds=, created_by=}) -> token text, row
+-- The scopes of a token: its whole network class, or its own requests
+-- (sql/0191), which read and operate only.
+M.SCOPES = { class = true, own = true }
+M.OWN_ROLES = { read = true, operate = true }
+
+-- check_scope(scope, roles) -> true, or nil, why
+function M.check_scope(scope, roles)
+  if not M.SCOPES[scope] then return nil, "a token's scope is class or own" end
+  if scope == "own" then
+    for _, r in ipairs(roles) do
+      if not M.OWN_ROLES[r] then
+        return nil, ("a token of scope own holds read and operate only (not %s): approving needs other "
+          .. "clients' requests, admin is everything"):format(r)
+      end
+    end
+  end
+  return true
+end
+
+-- create(s, {name=, roles=array, scope=, expires_in_seconds=, created_by=}) -> token text, row
 function M.create(s, args)
   local ok, why = M.check_name(args.name)
   if not ok then problem.raise("invalid_input", "%s", why) end
+  local scope = args.scope or "class"
+  ok, why = M.check_scope(scope, args.roles)
+  if not ok then problem.raise("invalid_input", "%s", why) end
   local secret = new_secret()
   local rows = s:query([[
-    INSERT INTO api_tokens (name, token_prefix, token_hash, roles, created_by, expires_at)
+    INSERT INTO api_tokens (name, token_prefix, token_hash, roles, created_by, expires_at, scope)
     VALUES ($1, $2, $3, $4::text[], $5,
-            CASE WHEN $6::float8 IS NULL THEN NULL ELSE clock_timestamp() + $6::float8 * interval '1 second' END)
+            CASE WHEN $6::float8 IS NULL THEN NULL ELSE clock_timestamp() + $6::float8 * interval '1 second' END,
+            $7)
     ON CONFLICT (name) WHERE revoked_at IS NULL DO NOTHING
-    RETURNING id, name, token_prefix, roles, created_at, expires_at]],
+    RETURNING id, name, token_prefix, roles, created_at, expires_at, scope]],
     args.name, secret:sub(1, M.PREFIX_LEN), M.hash(secret),
-    "{" .. table.concat(args.roles, ",") .. "}", args.created_by, args.expires_in_seconds)
+    "{" .. table.concat(args.roles, ",") .. "}", args.created_by, args.expires_in_seconds, scope)
   if not rows[1] then
     problem.raise("conflict", "a live token named %s exists; revoke it first", args.name)
   end
   require("qtg.api.clients").ensure(s, args.name)
   require("qtg.outbox").audit(s, args.created_by, "api_token.create", "api_token", rows[1].id, nil,
-    { name = args.name, roles = args.roles, expires_at = rows[1].expires_at })
+    { name = args.name, roles = args.roles, scope = scope, expires_at = rows[1].expires_at })
   return secret, rows[1]
 end
 
 function M.list(s)
   return s:query([[
-    SELECT id, name, token_prefix, array_to_string(roles, ',') AS roles, created_by, created_at,
+    SELECT id, name, token_prefix, array_to_string(roles, ',') AS roles, scope, created_by, created_at,
            expires_at, revoked_at,
            CASE WHEN revoked_at IS NOT NULL THEN 'revoked'
                 WHEN expires_at IS NOT NULL AND expires_at <= now() THEN 'expired'
@@ -117,7 +141,7 @@ function M.authenticate(s, header)
     problem.raise("unauthorized", "the Authorization header is not 'Bearer <token>'")
   end
   local row = s:query([[
-    SELECT id, name, roles, revoked_at IS NOT NULL AS revoked,
+    SELECT id, name, roles, scope, revoked_at IS NOT NULL AS revoked,
            expires_at IS NOT NULL AND expires_at <= now() AS expired
       FROM api_tokens WHERE token_hash = $1]], M.hash(token))[1]
   if not row then problem.raise("unauthorized", "the API token is not known") end
@@ -126,7 +150,7 @@ function M.authenticate(s, header)
   local roles = {}
   for r in tostring(row.roles):gmatch("[%w_]+") do roles[#roles + 1] = r end
   return { actor = "api:" .. row.name, kind = "api_client", name = row.name, roles = roles,
-           token_id = row.id }
+           token_id = row.id, own = row.scope == "own" }
 end
 
 -- has_role(principal, role): role "any" is every valid token's; admin has

@@ -1,5 +1,5 @@
 -- qtgd tokens: API tokens (lua/qtg/api/tokens.lua).
---   qtgd tokens create --name NAME --roles read,operate,approve,admin [--expires-in DURATION]
+--   qtgd tokens create --name NAME --roles read,operate,approve,admin [--expires-in DURATION] [--scope own]
 --   qtgd tokens list
 --   qtgd tokens revoke NAME
 --   qtgd tokens callback-key NAME [--next]
@@ -15,7 +15,7 @@ local M = {}
 
 local function usage(msg)
   io.stderr:write("qtgd tokens: ", msg, "\n",
-    "usage: qtgd tokens create --name NAME --roles read,operate,approve,admin [--expires-in 30d]\n",
+    "usage: qtgd tokens create --name NAME --roles read,operate,approve,admin [--expires-in 30d] [--scope own]\n",
     "       qtgd tokens list\n       qtgd tokens revoke NAME\n",
     "       qtgd tokens callback-key NAME [--next]\n       qtgd tokens rotate-callback-key NAME\n")
   return 2
@@ -60,13 +60,16 @@ function COMMANDS.create(args)
   local o, err = opts(args, 2)
   if not o then return usage(err) end
   for k in pairs(o) do
-    if k ~= "name" and k ~= "roles" and k ~= "expires-in" then return usage("unknown option --" .. k) end
+    if k ~= "name" and k ~= "roles" and k ~= "expires-in" and k ~= "scope" then return usage("unknown option --" .. k) end
   end
   local ok, why = tokens.check_name(o.name)
   if not o.name then return usage("--name is required") end
   if not ok then return usage(why) end
   local roles, rwhy = tokens.parse_roles(o.roles)
   if not roles then return usage(rwhy) end
+  local scope = o.scope or "class"
+  local sok, swhy = tokens.check_scope(scope, roles)
+  if not sok then return usage(swhy) end
   local expires
   if o["expires-in"] then
     expires = duration(o["expires-in"])
@@ -74,14 +77,16 @@ function COMMANDS.create(args)
   end
   local cok, secret, row = pcall(qtg.db.with_session, function(s)
     return s:transaction(function()
-      return tokens.create(s, { name = o.name, roles = roles, expires_in_seconds = expires, created_by = whoami() })
+      return tokens.create(s, { name = o.name, roles = roles, scope = scope, expires_in_seconds = expires,
+                                created_by = whoami() })
     end)
   end)
   if not cok then
     io.stderr:write("qtgd tokens create: ", db_error(secret), "\n")
     return 1
   end
-  io.stdout:write(("token %s created: roles %s, expires %s\n"):format(row.name, table.concat(roles, ","),
+  io.stdout:write(("token %s created: roles %s, scope %s, expires %s\n"):format(row.name, table.concat(roles, ","),
+    scope == "own" and "its own requests" or "the network class",
     row.expires_at ~= qtg.db.NULL and tostring(row.expires_at) or "never"))
   local kok, key_id, key, kerr = pcall(qtg.db.with_session, clients.key, row.name)
   if kok and key then
@@ -102,9 +107,10 @@ function COMMANDS.list(args)
     io.stderr:write("qtgd tokens list: ", db_error(rows), "\n")
     return 1
   end
-  io.stdout:write(("%-24s %-8s %-12s %-28s %-28s %s\n"):format("NAME", "STATUS", "PREFIX", "ROLES", "EXPIRES", "CREATED BY"))
+  io.stdout:write(("%-24s %-8s %-12s %-28s %-6s %-28s %s\n"):format("NAME", "STATUS", "PREFIX", "ROLES", "SCOPE",
+    "EXPIRES", "CREATED BY"))
   for _, r in ipairs(rows) do
-    io.stdout:write(("%-24s %-8s %-12s %-28s %-28s %s\n"):format(r.name, r.status, r.token_prefix, r.roles,
+    io.stdout:write(("%-24s %-8s %-12s %-28s %-6s %-28s %s\n"):format(r.name, r.status, r.token_prefix, r.roles, r.scope,
       r.expires_at ~= qtg.db.NULL and tostring(r.expires_at) or "never", r.created_by))
   end
   return 0

@@ -47,12 +47,13 @@ function M.stop(d)
   assert(rc == 0, "qtgd exited with " .. tostring(rc) .. ": " .. log:sub(-2000))
 end
 
--- token(roles, opts) -> token text, name
+-- token(roles, opts) -> token text, name; opts: name, expires_in, scope (own), env
 function M.token(roles, opts)
   opts = opts or {}
   local name = opts.name or common.uid("tok", 4)
   local args = { common.quote(host.bin), "tokens", "create", "--name", name, "--roles", roles }
   if opts.expires_in then args[#args + 1] = "--expires-in"; args[#args + 1] = opts.expires_in end
+  if opts.scope then args[#args + 1] = "--scope"; args[#args + 1] = opts.scope end
   local rc, out = host.run(host.base_env(opts.env), args)
   assert(rc == 0, out)
   local last = out:match("([^\n]+)\n?$")
