@@ -54,6 +54,9 @@ typedef struct {
   long allowed_uid;
   const char *key_classes;      /* MG_SIGNER_KEY_CLASSES, checked at start */
   qtg_approvers *approvers;     /* MG_SIGNER_APPROVERS, NULL when unset */
+  const char *approvers_path;   /* "" when unset */
+  long approvers_writer;        /* the uid that must not own it, -1 none */
+  int approvers_broken;         /* a reload failed: nothing is signed */
   int listen_fd;
 } qtg_signerd;
 
@@ -69,11 +72,13 @@ typedef struct {
   char plan_node[24], chain[24], nonce[24];   /* what a grant is for ("" unknown) */
 } qtg_decision;
 
-static volatile sig_atomic_t qtg_signerd_stop;
+/* Set by signal handlers, read by the accept loop (one signer per
+ * process: the handlers have no other way to reach it). */
+static volatile sig_atomic_t qtg_signerd_stop, qtg_signerd_hup;
 
 static void qtg_signerd_on_signal(int sig) {
-  (void)sig;
-  qtg_signerd_stop = 1;
+  if (sig == SIGHUP) qtg_signerd_hup = 1;
+  else qtg_signerd_stop = 1;
 }
 
 int qtg_signer_socket_path(const qtg_settings *s, const char *root_dir, char *buf,
@@ -403,6 +408,9 @@ static int qtg_signerd_decide_sign(qtg_signerd *d, const qtg_signer_line *l, qtg
   qtg_keccak256(l->payload, l->payload_len, hash);
   dec->payload_hash[0] = '0', dec->payload_hash[1] = 'x';
   qtg_hex_encode(hash, 32, dec->payload_hash + 2);
+  if (d->approvers_broken)
+    QTG_REFUSE(dec, "APPROVERS_UNREADABLE", "MG_SIGNER_APPROVERS %s could not be read at the last "
+               "reload: nothing is signed until it is fixed and reloaded", d->approvers_path);
   if (qtg_keys_signer_address(d->keys, l->key, key_addr) != 0)
     QTG_REFUSE(dec, "SIGNER_NOT_FOUND", "no signer key %s is loaded", l->key);
   qtg_signer_address_hex(key_addr, dec->address);
@@ -771,6 +779,31 @@ static void qtg_signerd_warn_unbound(const qtg_signerd *d) {
   }
 }
 
+/* SIGHUP: read the enrolment again, so a revoked approver stops counting
+ * without a restart.  A file that cannot be taken now fails closed: the
+ * old enrolment is dropped (it may count the person being revoked) and
+ * nothing is signed until a reload succeeds. */
+static void qtg_signerd_reload_approvers(qtg_signerd *d) {
+  char err[512];
+  qtg_approvers *fresh = NULL;
+  if (d->approvers_path[0] == '\0') {
+    qtg_log_info("signer: reload: MG_SIGNER_APPROVERS is not set; nothing to read");
+    return;
+  }
+  if (qtg_approvers_load_guarded(d->approvers_path, d->approvers_writer, &fresh, err, sizeof err) != 0) {
+    qtg_approvers_free(d->approvers);
+    d->approvers = NULL;
+    d->approvers_broken = 1;
+    qtg_log_error("signer: reload: %s: nothing is signed until the file is fixed and reloaded", err);
+    return;
+  }
+  qtg_approvers_free(d->approvers);
+  d->approvers = fresh;
+  d->approvers_broken = 0;
+  qtg_log_info("signer: reload: the enrolment was read again");
+  qtg_signerd_warn_unbound(d);
+}
+
 int qtg_signerd_main(const qtg_settings *s, const char *db_url, const char *root_dir) {
   qtg_signerd d;
   char path[sizeof(((struct sockaddr_un *)0)->sun_path)], err[512];
@@ -789,6 +822,8 @@ int qtg_signerd_main(const qtg_settings *s, const char *db_url, const char *root
   const char *approvers = qtg_settings_str(s, QTG_S_SIGNER_APPROVERS);
   /* the daemon's uid must not own the enrolment (when it is another uid than ours) */
   long writer = d.allowed_uid != (long)getuid() ? d.allowed_uid : -1;
+  d.approvers_path = approvers;
+  d.approvers_writer = writer;
   if ((approvers[0] && qtg_approvers_load_guarded(approvers, writer, &d.approvers, err, sizeof err) != 0) ||
       qtg_signer_classes_check(d.key_classes, err, sizeof err) != 0 ||
       qtg_keys_load(&cfg, &d.keys, err, sizeof err) != 0 ||
@@ -820,6 +855,7 @@ int qtg_signerd_main(const qtg_settings *s, const char *db_url, const char *root
   sa.sa_handler = qtg_signerd_on_signal;   /* no SA_RESTART: poll returns EINTR */
   sigaction(SIGTERM, &sa, NULL);
   sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGHUP, &sa, NULL);
   signal(SIGPIPE, SIG_IGN);
   char uid[24];
   snprintf(uid, sizeof uid, "%ld", d.allowed_uid);
@@ -827,6 +863,10 @@ int qtg_signerd_main(const qtg_settings *s, const char *db_url, const char *root
   qtg_log_fields(QTG_LOG_INFO, "signer: listening", f);
   qtg_notify_send("READY=1", 7, err, sizeof err);
   while (!qtg_signerd_stop) {
+    if (qtg_signerd_hup) {
+      qtg_signerd_hup = 0;
+      qtg_signerd_reload_approvers(&d);
+    }
     struct pollfd p = {d.listen_fd, POLLIN, 0};
     int n = poll(&p, 1, 1000);
     if (n <= 0) continue;

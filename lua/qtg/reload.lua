@@ -414,7 +414,8 @@ local function audit(report)
 end
 
 -- reload(who) -> report {ok, actor, modules, started, stopped, updated,
--- interval_changed, errors}.  Never raises for a broken script: the report
+-- interval_changed, errors, approvers_error (the enrolment of signed
+-- approvals could not be read again)}.  Never raises for a broken script: the report
 -- says what failed.  who: "console:<uid>" or a reason such as "sighup".
 -- opts.watch: seconds to watch the touched core workers' first passes
 -- (M.watch; the console and SIGHUP use M.WATCH_SECONDS).
@@ -456,6 +457,17 @@ function M.reload(who, opts)
     qtg.log.error("policy reload failed; the old code keeps running", { actor = report.actor,
       file = first.file and tostring(first.file) or "", line = first.line and tostring(first.line) or "",
       error = first.message })
+  end
+  if report.ok then
+    -- signed approvals: the new modules read the enrolment again (a revoked
+    -- approver stops counting); one they cannot take refuses every vote
+    -- until it is fixed and reloaded (qtg.signed_approvals raises)
+    local eok, eerr = pcall(function() return require("qtg.signed_approvals").enrolment() end)
+    if not eok then
+      report.approvers_error = message_of(eerr)
+      qtg.log.error("reload: the approvers' enrolment cannot be read: no vote is taken until it is fixed "
+        .. "and reloaded", { actor = report.actor, error = report.approvers_error })
+    end
   end
   if report.ok and opts and opts.watch and opts.watch > 0 then
     local ok, err = pcall(M.watch, report, opts.watch)

@@ -18,6 +18,7 @@ local d, doc, keydir
 local operator, alice, bob, ivan, mallory
 local names = {}
 local key = {}
+local enrolment   -- enrolment([without]): (re)write the file, without one person
 
 local function rows(sql, ...) return common.query(sql, ...) end
 
@@ -63,13 +64,17 @@ describe("signed approvals through the API", function()
     names.operator = common.uid("op", 4)
     -- ivan creates requests under the operator token and approves under his own
     local path = keydir .. "/approvers"
-    host.write(path, table.concat({
-      "deployment " .. DEPLOYMENT,
-      "person alice " .. pub.alice .. " api:" .. names.alice,
-      "person bob " .. pub.bob .. " api:" .. names.bob,
-      "person ivan " .. pub.ivan .. " api:" .. names.operator .. ",api:" .. names.ivan,
-      "quorum * 2", "" }, "\n"))
-    os.execute("chmod 644 " .. common.quote(path))
+    enrolment = function(without)
+      local lines = { "deployment " .. DEPLOYMENT }
+      for _, p in ipairs({ { "alice", "api:" .. names.alice }, { "bob", "api:" .. names.bob },
+                           { "ivan", "api:" .. names.operator .. ",api:" .. names.ivan } }) do
+        if p[1] ~= without then lines[#lines + 1] = ("person %s %s %s"):format(p[1], pub[p[1]], p[2]) end
+      end
+      lines[#lines + 1] = "quorum * 2"
+      host.write(path, table.concat(lines, "\n") .. "\n")
+      os.execute("chmod 644 " .. common.quote(path))
+    end
+    enrolment()
     operator = api.token("read,operate", { name = names.operator })
     alice = api.token("read,approve", { name = names.alice })
     bob = api.token("read,approve", { name = names.bob })
@@ -198,6 +203,36 @@ describe("signed approvals through the API", function()
       { token = ivan, key = common.uid("k", 4), json = { input = { desk_reference = "D-9" } } })
     assert.equal(403, r.status, r.body)
     assert.truthy(r.body:find("four eyes", 1, true), r.body)
+  end)
+
+  -- Revoking an approver: the file without them and a reload (SIGHUP), no
+  -- restart.  Their vote is refused from then on; a file the reload cannot
+  -- take refuses every vote until it is fixed.
+  it("takes a revocation at a reload, and refuses every vote while the file is unreadable", function()
+    local function reload()
+      local before = select(2, (host.read(d.h.log) or ""):gsub("policy reloaded", ""))
+      assert.is_true(common.signal(d.h, "HUP"))
+      common.wait_for(function()
+        return select(2, (host.read(d.h.log) or ""):gsub("policy reloaded", "")) > before
+      end, 30, "the daemon's reload")
+    end
+    local id = create("33")
+    finally(function() enrolment(); reload() end)
+    enrolment("bob")
+    reload()
+    local r = approve(id, bob, host.approver_sign(key.bob, statement(id)))
+    assert.equal(403, r.status, r.body)
+    assert.truthy(r.body:find("not enrolled", 1, true), r.body)
+    host.write(keydir .. "/approvers", "person bob\n")
+    reload()
+    assert.truthy((host.read(d.h.log) or ""):find("the approvers' enrolment cannot be read", 1, true))
+    r = approve(id, alice, host.approver_sign(key.alice, statement(id)))
+    assert.equal(503, r.status, r.body)
+    assert.same({}, votes(id))
+    enrolment()
+    reload()
+    r = approve(id, alice, host.approver_sign(key.alice, statement(id)))
+    assert.equal(200, r.status, r.body)
   end)
 
   it("stops at start on an enrolment it cannot take, and creates nothing for a class without a quorum", function()

@@ -97,18 +97,21 @@ end
 -- Approvers with keys of their own (`qtgd approver key`) in a fresh
 -- directory, and their enrolment file: people = { {NAME, "PRINCIPAL,..."} }
 -- (the principals default to operator:NAME), quorums = { CLASS = N }.
--- Returns { dir=, key = {NAME = key file}, path=, write = fn(quorums) }
--- (write rewrites the file with the same people and other quorums).  The
+-- Returns { dir=, key = {NAME = key file}, path=, write = fn(quorums[, without]) }
+-- (write rewrites the file with the same people, but the one named
+-- `without`, and other quorums).  The
 -- file names the deployment DEPLOYMENT, which statement() signs for.
 local DEPLOYMENT = "spec-desk"
 local function approvers(people, quorums)
   local e = { dir = sup.host.tmpdir(), key = {}, pub = {} }
   for _, p in ipairs(people) do e.key[p[1]], e.pub[p[1]] = sup.host.approver_key(e.dir, p[1]) end
   e.path = e.dir .. "/approvers"
-  function e.write(q)
+  function e.write(q, without)
     local lines = { "# approvers (signerd_spec)", "deployment " .. DEPLOYMENT }
     for _, p in ipairs(people) do
-      lines[#lines + 1] = ("person %s %s %s"):format(p[1], e.pub[p[1]], p[2] or ("operator:" .. p[1]))
+      if p[1] ~= without then
+        lines[#lines + 1] = ("person %s %s %s"):format(p[1], e.pub[p[1]], p[2] or ("operator:" .. p[1]))
+      end
     end
     for class, n in pairs(q) do lines[#lines + 1] = ("quorum %s %d"):format(class, n) end
     sup.host.write(e.path, table.concat(lines, "\n") .. "\n")
@@ -609,7 +612,7 @@ c.sendall(b"KEYS\n"); print(c.makefile().readline().strip())' ]]
     local h = start_local_signer(keys, { MG_SIGNER_APPROVERS = enrol("mainnet") })
     refused("QUORUM_NOT_ENROLLED", class)
     sup.host.stop(h)
-    start_local_signer(keys, { MG_SIGNER_APPROVERS = enrol(class) })
+    h = start_local_signer(keys, { MG_SIGNER_APPROVERS = enrol(class) })
     refused("APPROVALS_INCOMPLETE", "0 of 2 enrolled approvers")
     -- alice signs (under her second principal); the initiator's person signs
     -- under another principal of his; bob's signature of the twin; a forged one
@@ -623,6 +626,24 @@ c.sendall(b"KEYS\n"); print(c.makefile().readline().strip())' ]]
     refused("APPROVALS_INCOMPLETE", "1 of 2 enrolled approvers")
     -- bob's own signature of this request: the quorum of two distinct persons
     vote("operator:bob", sup.host.approver_sign(key.bob, st))
+    assert.truthy(sign())
+    -- bob is revoked: the file without him, and a reload (SIGHUP), not a
+    -- restart; his signature stops counting at once
+    local function reload(path)
+      local before = sup.log_count(h, "signer: reload")
+      assert.is_true(common.signal(h, "HUP"))
+      common.wait_for(function() return sup.log_count(h, "signer: reload") > before end, 30, "the signer's reload")
+      return path
+    end
+    reload(e.write({ [class] = 2 }, "bob"))
+    refused("APPROVALS_INCOMPLETE", "1 of 2 enrolled approvers")
+    -- a file it cannot take at a reload: nothing is signed (not the last
+    -- good enrolment, which may count the person being revoked)
+    sup.host.write(e.path, "person bob\n")
+    reload()
+    refused("APPROVERS_UNREADABLE", "could not be read at the last reload")
+    assert.equal(1, sup.log_count(h, "nothing is signed until the file is fixed"))
+    reload(e.write({ [class] = 2 }))
     assert.truthy(sign())
     -- an enrolment group or others may write, or one it cannot read: the signer does not start
     for _, bad in ipairs({ "chmod 666", "printf 'person x\\n' >" }) do
