@@ -11,7 +11,7 @@
  * a raw payload, so the decoder sees every byte string, read as
  * MG_SIGNER_KEY_CLASSES (qtg_signer_classes_check, key_serves_class), as
  * an MG_SIGNER_APPROVERS enrolment (qtg_approvers_parse) and as an approval
- * statement (qtg_approval_statement_check). */
+ * statement (qtg_request_statement_check). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,17 +93,17 @@ static int fuzz_approvers(const uint8_t *p, size_t n) {
     /* an accepted enrolment names a deployment a statement can carry */
     const char *d = qtg_approvers_deployment(a);
     char st[QTG_APPROVAL_STATEMENT_MAX];
-    if (d == NULL || qtg_approval_statement(st, sizeof st, d, "0b6d1c2e-1111-4222-8333-944455556666",
+    if (d == NULL || qtg_request_statement(st, sizeof st, QTG_STATEMENT_APPROVAL, d, "0b6d1c2e-1111-4222-8333-944455556666",
                                             "mainnet",
                                             "00000000000000000000000000000000000000000000000000000000000000aa",
                                             "00000000000000000000000000000000000000000000000000000000000000bb") != 0 ||
-        qtg_approval_statement_check(st, strlen(st)) != 0)
+        qtg_request_statement_check(st, strlen(st)) != 0)
       rc = -1;
     if (qtg_approvers_verify(a, 0, (const char *)p, n, "00") != 0) rc = -1;
     if (rc != 0) fprintf(stderr, "signer: an accepted enrolment answers out of range\n");
     qtg_approvers_free(a);
   }
-  if (qtg_approval_statement_check((const char *)p, n) == 0 &&
+  if (qtg_request_statement_check((const char *)p, n) >= 0 &&
       (n == 0 || n >= QTG_APPROVAL_STATEMENT_MAX || p[n - 1] != '\n')) {
     fprintf(stderr, "signer: a statement out of its form was accepted\n");
     rc = -1;

@@ -7,7 +7,11 @@
  *   e:person(principal)      -> the person's name | nil
  *   e:quorum(class)          -> the class's quorum | nil (none named)
  *   e:verify(principal, statement, signature_hex) -> true | false
- *   e:count()                -> number of persons
+ *   e:verify_initiation(principal, statement, signature_hex) -> true | false
+ *                               (principal's person or initiator signed it)
+ *   e:initiator(principal)   -> the person's or initiator's name | nil
+ *   e:initiation_signed()    -> true when requests need their maker's signature
+ *   e:count()                -> number of persons (approvers)
  *   e:deployment()           -> the deployment every statement names
  *   qtg.approvers.statement_ok(text) -> true when text is one statement
  *
@@ -70,8 +74,32 @@ static int qtg_lua_enrolment_verify(lua_State *L) {
   return 1;
 }
 
+static int qtg_lua_enrolment_verify_initiation(lua_State *L) {
+  qtg_approvers *a = qtg_check_enrolment(L);
+  size_t len;
+  const char *principal = luaL_checkstring(L, 2);
+  const char *statement = luaL_checklstring(L, 3, &len);
+  const char *sig = luaL_checkstring(L, 4);
+  int who = qtg_approvers_initiator_of(a, principal);
+  lua_pushboolean(L, who >= 0 && qtg_approvers_verify(a, who, statement, len, sig));
+  return 1;
+}
+
+static int qtg_lua_enrolment_initiator(lua_State *L) {
+  qtg_approvers *a = qtg_check_enrolment(L);
+  int who = qtg_approvers_initiator_of(a, luaL_checkstring(L, 2));
+  if (who < 0) lua_pushnil(L);
+  else lua_pushstring(L, qtg_approvers_person_name(a, who));
+  return 1;
+}
+
+static int qtg_lua_enrolment_initiation_signed(lua_State *L) {
+  lua_pushboolean(L, qtg_approvers_initiation_signed(qtg_check_enrolment(L)));
+  return 1;
+}
+
 static int qtg_lua_enrolment_count(lua_State *L) {
-  lua_pushinteger(L, (lua_Integer)qtg_approvers_count(qtg_check_enrolment(L)));
+  lua_pushinteger(L, (lua_Integer)qtg_approvers_count_persons(qtg_check_enrolment(L)));
   return 1;
 }
 
@@ -90,7 +118,7 @@ static int qtg_lua_enrolment_gc(lua_State *L) {
 static int qtg_lua_statement_ok(lua_State *L) {
   size_t len;
   const char *text = luaL_checklstring(L, 1, &len);
-  lua_pushboolean(L, qtg_approval_statement_check(text, len) == 0);
+  lua_pushboolean(L, qtg_request_statement_check(text, len) >= 0);
   return 1;
 }
 
@@ -99,6 +127,9 @@ int luaopen_qtg_approvers(lua_State *L) {
       {"person", qtg_lua_enrolment_person},
       {"quorum", qtg_lua_enrolment_quorum},
       {"verify", qtg_lua_enrolment_verify},
+      {"verify_initiation", qtg_lua_enrolment_verify_initiation},
+      {"initiator", qtg_lua_enrolment_initiator},
+      {"initiation_signed", qtg_lua_enrolment_initiation_signed},
       {"count", qtg_lua_enrolment_count},
       {"deployment", qtg_lua_enrolment_deployment},
       {NULL, NULL},
@@ -109,7 +140,7 @@ int luaopen_qtg_approvers(lua_State *L) {
       {NULL, NULL},
   };
   if (luaL_newmetatable(L, qtg_enrolment_meta)) {
-    lua_createtable(L, 0, 5);
+    lua_createtable(L, 0, 8);
     luaL_register(L, NULL, methods);
     lua_setfield(L, -2, "__index");
     lua_pushcfunction(L, qtg_lua_enrolment_gc);

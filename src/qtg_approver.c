@@ -5,7 +5,8 @@
  *                              public key for the signer's enrolment
  *   qtgd approver public FILE  print FILE's public key again
  *   qtgd approver sign FILE [DOCUMENT PLAN]
- *                              read one approval statement on stdin, show
+ *                              read one approval (or initiation) statement
+ *                              on stdin, show
  *                              it on stderr, print its signature (128 hex);
  *                              with DOCUMENT and PLAN (the API's
  *                              approval_document_text and plan_document_text
@@ -15,9 +16,10 @@
  *                              read, whatever the daemon displayed
  *
  * The statement comes from the request (the API's and the console's
- * approval_statement); docs/approvals.md says how to check it before
- * signing.  A statement of any other shape is refused, so the key signs
- * approval statements only.
+ * approval_statement, or the initiation_statement its maker signs: a
+ * client system's key is used the same way); docs/approvals.md says how to
+ * check it before signing.  A statement of any other shape is refused, so
+ * the key signs these statements only.
  */
 #include "qtg_approver.h"
 
@@ -198,9 +200,10 @@ static int qtg_approver_sign_stdin(const uint8_t secret[QTG_APPROVER_SECRET_LEN]
     if (n == 0) break;
     len += (size_t)n;
   }
-  if (qtg_approval_statement_check(text, len) != 0) {
-    fprintf(stderr, "qtgd approver: stdin is not one approval statement "
-                    "(qtg-approval-v2, then deployment, request, class, digest and plan lines)\n");
+  if (qtg_request_statement_check(text, len) < 0) {
+    fprintf(stderr, "qtgd approver: stdin is not one approval or initiation statement "
+                    "(qtg-approval-v2 or qtg-initiation-v1, then deployment, request, class, digest "
+                    "and plan lines)\n");
     return 1;
   }
   text[len] = '\0';

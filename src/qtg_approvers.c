@@ -24,11 +24,15 @@
 enum { QTG_APPROVERS_MAX = 1024, QTG_APPROVERS_LINE_MAX = 4096, QTG_APPROVERS_FILE_MAX = 1 << 20,
        QTG_CLASS_MAX = 32, QTG_FIELDS_MAX = 5 };
 
+/* An enrolled key: a person (approves; may initiate too) or an
+ * initiator (a client system that signs the requests it creates and
+ * never counts as an approver). */
 typedef struct {
   char name[QTG_APPROVER_NAME_MAX + 1];
   uint8_t pub[QTG_APPROVER_PUBLIC_LEN];
   char **principals;
   size_t nprincipals;
+  int approves;
 } qtg_person;
 
 typedef struct {
@@ -38,6 +42,7 @@ typedef struct {
 
 struct qtg_approvers {
   char deployment[QTG_APPROVER_NAME_MAX + 1];   /* "" until its line is read */
+  int initiation_signed;                        /* 'initiation signed' */
   qtg_person *people;
   size_t npeople;
   qtg_quorum *quorums;
@@ -141,13 +146,26 @@ const char *qtg_approvers_person_name(const qtg_approvers *a, int person) {
   return a && person >= 0 && (size_t)person < a->npeople ? a->people[person].name : NULL;
 }
 
-int qtg_approvers_person_of(const qtg_approvers *a, const char *principal) {
+int qtg_approvers_initiator_of(const qtg_approvers *a, const char *principal) {
   if (a == NULL || principal == NULL) return -1;
   for (size_t i = 0; i < a->npeople; i++)
     for (size_t j = 0; j < a->people[i].nprincipals; j++)
       if (strcmp(a->people[i].principals[j], principal) == 0) return (int)i;
   return -1;
 }
+
+int qtg_approvers_person_of(const qtg_approvers *a, const char *principal) {
+  int who = qtg_approvers_initiator_of(a, principal);
+  return who >= 0 && a->people[who].approves ? who : -1;
+}
+
+size_t qtg_approvers_count_persons(const qtg_approvers *a) {
+  size_t n = 0;
+  for (size_t i = 0; a != NULL && i < a->npeople; i++) n += a->people[i].approves ? 1 : 0;
+  return n;
+}
+
+int qtg_approvers_initiation_signed(const qtg_approvers *a) { return a ? a->initiation_signed : 0; }
 
 int qtg_approvers_quorum(const qtg_approvers *a, const char *klass) {
   int any = -1;
@@ -190,7 +208,7 @@ static int qtg_add_principals(qtg_approvers *a, qtg_person *p, const char *list,
       snprintf(err, errlen, "out of memory");
       return -1;
     }
-    if (qtg_approvers_person_of(a, one) >= 0) {   /* p is in a already */
+    if (qtg_approvers_initiator_of(a, one) >= 0) {   /* p is in a already */
       snprintf(err, errlen, "line %d: principal %s is enrolled twice", line, one);
       free(one);
       return -1;
@@ -208,45 +226,48 @@ static int qtg_add_principals(qtg_approvers *a, qtg_person *p, const char *list,
   return 0;
 }
 
-/* person NAME ed25519:HEX PRINCIPALS */
-static int qtg_parse_person(qtg_approvers *a, char **f, size_t *fl, int line, char *err,
-                            size_t errlen) {
+/* person NAME ed25519:HEX PRINCIPALS (approves), or
+ * initiator NAME ed25519:HEX PRINCIPALS (signs its own requests only) */
+static int qtg_parse_person(qtg_approvers *a, char **f, size_t *fl, int line, int approves,
+                            char *err, size_t errlen) {
+  const char *what = approves ? "person" : "initiator";
   if (a->npeople == QTG_APPROVERS_MAX) {
-    snprintf(err, errlen, "line %d: more than %d persons", line, QTG_APPROVERS_MAX);
+    snprintf(err, errlen, "line %d: more than %d persons and initiators", line, QTG_APPROVERS_MAX);
     return -1;
   }
   if (fl[1] > QTG_APPROVER_NAME_MAX) {
-    snprintf(err, errlen, "line %d: a person's name has at most %d characters", line,
+    snprintf(err, errlen, "line %d: a %s's name has at most %d characters", line, what,
              QTG_APPROVER_NAME_MAX);
     return -1;
   }
   for (size_t i = 0; i < fl[1]; i++)
     if (!qtg_is_name_char(f[1][i])) {
-      snprintf(err, errlen, "line %d: a person's name is [A-Za-z0-9_.-]", line);
+      snprintf(err, errlen, "line %d: a %s's name is [A-Za-z0-9_.-]", line, what);
       return -1;
     }
   qtg_person p;
   memset(&p, 0, sizeof p);
   memcpy(p.name, f[1], fl[1]);
+  p.approves = approves;
   if (fl[2] != 8 + 2 * QTG_APPROVER_PUBLIC_LEN || strncmp(f[2], "ed25519:", 8) != 0 ||
       !qtg_is_lower_hex(f[2] + 8, 2 * QTG_APPROVER_PUBLIC_LEN) ||
       qtg_hex_decode(f[2] + 8, 2 * QTG_APPROVER_PUBLIC_LEN, p.pub) != 0) {
-    snprintf(err, errlen, "line %d: person %s: the key is ed25519: and 64 lowercase hex digits",
-             line, p.name);
+    snprintf(err, errlen, "line %d: %s %s: the key is ed25519: and 64 lowercase hex digits",
+             line, what, p.name);
     return -1;
   }
   if (qtg_is_small_order(p.pub)) {
-    snprintf(err, errlen, "line %d: person %s: the key is a point of small order, whose "
-             "signatures anyone can forge: not a key from qtgd approver key", line, p.name);
+    snprintf(err, errlen, "line %d: %s %s: the key is a point of small order, whose "
+             "signatures anyone can forge: not a key from qtgd approver key", line, what, p.name);
     return -1;
   }
   for (size_t i = 0; i < a->npeople; i++) {
     if (strcmp(a->people[i].name, p.name) == 0) {
-      snprintf(err, errlen, "line %d: person %s is enrolled twice", line, p.name);
+      snprintf(err, errlen, "line %d: %s %s is enrolled twice", line, what, p.name);
       return -1;
     }
     if (memcmp(a->people[i].pub, p.pub, sizeof p.pub) == 0) {
-      snprintf(err, errlen, "line %d: person %s has the key of person %s", line, p.name,
+      snprintf(err, errlen, "line %d: %s %s has the key of %s", line, what, p.name,
                a->people[i].name);
       return -1;
     }
@@ -352,14 +373,26 @@ static int qtg_parse_line(qtg_approvers *a, char *s, int line, char *err, size_t
     return -1;
   }
   if (fl[0] == 6 && strncmp(f[0], "person", 6) == 0 && n == 4)
-    return qtg_parse_person(a, f, fl, line, err, errlen);
+    return qtg_parse_person(a, f, fl, line, 1, err, errlen);
+  if (fl[0] == 9 && strncmp(f[0], "initiator", 9) == 0 && n == 4)
+    return qtg_parse_person(a, f, fl, line, 0, err, errlen);
+  if (fl[0] == 10 && strncmp(f[0], "initiation", 10) == 0 && n == 2 && fl[1] == 6 &&
+      strncmp(f[1], "signed", 6) == 0) {
+    if (a->initiation_signed) {
+      snprintf(err, errlen, "line %d: 'initiation signed' is given twice", line);
+      return -1;
+    }
+    a->initiation_signed = 1;
+    return 0;
+  }
   if (fl[0] == 6 && strncmp(f[0], "quorum", 6) == 0 && n == 3)
     return qtg_parse_quorum(a, f, fl, line, err, errlen);
   if (fl[0] == 10 && strncmp(f[0], "deployment", 10) == 0 && n == 2)
     return qtg_parse_deployment(a, f, fl, line, err, errlen);
   snprintf(err, errlen,
-           "line %d: expected 'deployment NAME', 'person NAME ed25519:HEX PRINCIPAL[,...]' or "
-           "'quorum CLASS|* N'", line);
+           "line %d: expected 'deployment NAME', 'person NAME ed25519:HEX PRINCIPAL[,...]', "
+           "'initiator NAME ed25519:HEX PRINCIPAL[,...]', 'initiation signed' or 'quorum CLASS|* N'",
+           line);
   return -1;
 }
 
@@ -489,28 +522,39 @@ int qtg_approvers_verify(const qtg_approvers *a, int person, const char *msg, si
   return ok ? 1 : 0;
 }
 
-int qtg_approval_statement(char *out, size_t outlen, const char *deployment, const char *request,
-                           const char *klass, const char *digest, const char *plan) {
-  if (deployment == NULL || request == NULL || klass == NULL || digest == NULL || plan == NULL ||
+static const char *const qtg_statement_header[] = {"qtg-approval-v2", "qtg-initiation-v1"};
+
+int qtg_request_statement(char *out, size_t outlen, qtg_statement_kind kind, const char *deployment,
+                          const char *request, const char *klass, const char *digest,
+                          const char *plan) {
+  if ((kind != QTG_STATEMENT_APPROVAL && kind != QTG_STATEMENT_INITIATION) || deployment == NULL ||
+      request == NULL || klass == NULL || digest == NULL || plan == NULL ||
       !qtg_is_name(deployment, strlen(deployment)) || !qtg_is_uuid(request) ||
       !qtg_is_class(klass, strlen(klass)) || strlen(digest) != 64 || !qtg_is_lower_hex(digest, 64) ||
       strlen(plan) != 64 || !qtg_is_lower_hex(plan, 64))
     return -1;
-  int n = snprintf(out, outlen,
-                   "qtg-approval-v2\ndeployment %s\nrequest %s\nclass %s\ndigest %s\nplan %s\n",
-                   deployment, request, klass, digest, plan);
+  int n = snprintf(out, outlen, "%s\ndeployment %s\nrequest %s\nclass %s\ndigest %s\nplan %s\n",
+                   qtg_statement_header[kind], deployment, request, klass, digest, plan);
   return n > 0 && (size_t)n < outlen ? 0 : -1;
 }
 
-int qtg_approval_statement_check(const char *text, size_t len) {
+int qtg_request_statement_check(const char *text, size_t len) {
   char deployment[QTG_APPROVER_NAME_MAX + 1], req[37], klass[QTG_CLASS_MAX + 1], digest[65],
       plan[65], again[QTG_APPROVAL_STATEMENT_MAX];
   const char *p = text, *end = text + len;
-  const char *prefix[] = {"qtg-approval-v2\ndeployment ", "\nrequest ", "\nclass ", "\ndigest ",
-                          "\nplan "};
+  const char *prefix[] = {"\ndeployment ", "\nrequest ", "\nclass ", "\ndigest ", "\nplan "};
   char *dst[] = {deployment, req, klass, digest, plan};
   size_t cap[] = {sizeof deployment, sizeof req, sizeof klass, sizeof digest, sizeof plan};
   if (len >= sizeof again || memchr(text, '\0', len) != NULL) return -1;
+  int kind = -1;
+  for (int k = QTG_STATEMENT_APPROVAL; k <= QTG_STATEMENT_INITIATION; k++) {
+    size_t hl = strlen(qtg_statement_header[k]);
+    if (len > hl && memcmp(text, qtg_statement_header[k], hl) == 0 && text[hl] == '\n') {
+      kind = k;
+      p = text + hl;
+    }
+  }
+  if (kind < 0) return -1;
   for (int i = 0; i < 5; i++) {
     size_t pl = strlen(prefix[i]);
     if ((size_t)(end - p) < pl || memcmp(p, prefix[i], pl) != 0) return -1;
@@ -522,9 +566,10 @@ int qtg_approval_statement_check(const char *text, size_t len) {
     p = stop;
   }
   /* the one form: rebuilt from its facts, it is byte for byte the same */
-  if (qtg_approval_statement(again, sizeof again, deployment, req, klass, digest, plan) != 0)
+  if (qtg_request_statement(again, sizeof again, (qtg_statement_kind)kind, deployment, req, klass,
+                            digest, plan) != 0)
     return -1;
-  return strlen(again) == len && memcmp(again, text, len) == 0 ? 0 : -1;
+  return strlen(again) == len && memcmp(again, text, len) == 0 ? kind : -1;
 }
 
 int qtg_approver_public_key(const uint8_t secret[QTG_APPROVER_SECRET_LEN],

@@ -15,8 +15,16 @@
  *
  *   deployment NAME
  *   person NAME ed25519:HEX64 PRINCIPAL[,PRINCIPAL...]
+ *   initiator NAME ed25519:HEX64 PRINCIPAL[,PRINCIPAL...]
+ *   initiation signed
  *   quorum CLASS|* N
  *
+ * An initiator is a client system that creates requests: it signs the
+ * initiation statement of each request it creates and never counts as an
+ * approver.  With `initiation signed`, a request is signed for only when
+ * the person or initiator its created_by principal belongs to signed its
+ * initiation statement: the maker is then known by a key, not by a row the
+ * daemon writes, and never counts as one of its checkers.
  * `deployment NAME` (once, required) names this deployment: every statement
  * signed for it says so, so that an approver who serves two deployments
  * with one key gives a signature that counts in one of them only.
@@ -27,9 +35,9 @@
  * `quorum CLASS N` (0..100) is the floor for that network class, `quorum *
  * N` for the classes not named; a class with neither is never signed for.
  *
- * The statement (text, every line ending in "\n"):
+ * The statements (text, every line ending in "\n"):
  *
- *   qtg-approval-v2
+ *   qtg-approval-v2     (an approver's)   or   qtg-initiation-v1 (the maker's)
  *   deployment NAME (the enrolment's)
  *   request UUID
  *   class NETWORK_CLASS
@@ -61,6 +69,8 @@ enum {
 
 typedef struct qtg_approvers qtg_approvers;
 
+typedef enum { QTG_STATEMENT_APPROVAL = 0, QTG_STATEMENT_INITIATION = 1 } qtg_statement_kind;
+
 /* Parse an enrolment file's text. */
 int qtg_approvers_parse(const char *text, size_t len, qtg_approvers **out, char *err,
                         size_t errlen);
@@ -77,14 +87,25 @@ int qtg_approvers_load_guarded(const char *path, long writer_uid, qtg_approvers 
 
 void qtg_approvers_free(qtg_approvers *a);
 
+/* Every enrolled key, persons and initiators (an index below it is an entry). */
 size_t qtg_approvers_count(const qtg_approvers *a);
+
+/* The persons alone (those who approve). */
+size_t qtg_approvers_count_persons(const qtg_approvers *a);
+
+/* 1 when the file says 'initiation signed'. */
+int qtg_approvers_initiation_signed(const qtg_approvers *a);
 
 /* The enrolment's deployment name (never empty in a parsed enrolment). */
 const char *qtg_approvers_deployment(const qtg_approvers *a);
 
 /* The person principal acts for (an index below qtg_approvers_count), or
- * -1 when no enrolled person has it. */
+ * -1 when no enrolled person has it (an initiator's principal included). */
 int qtg_approvers_person_of(const qtg_approvers *a, const char *principal);
+
+/* The entry, person or initiator, that principal belongs to, or -1: who
+ * signs the initiation of the requests principal creates. */
+int qtg_approvers_initiator_of(const qtg_approvers *a, const char *principal);
 
 const char *qtg_approvers_person_name(const qtg_approvers *a, int person);
 
@@ -100,19 +121,22 @@ int qtg_approvers_quorum(const qtg_approvers *a, const char *klass);
  * statement). */
 size_t qtg_approvers_classes_at(const qtg_approvers *a, int quorum, char *out, size_t outlen);
 
-/* 1 when sig_hex (128 hex digits) is person's Ed25519 signature of msg,
- * else 0 (any malformed input included). */
+/* 1 when sig_hex (128 hex digits) is the Ed25519 signature of msg by entry
+ * `person` (a person or an initiator), else 0 (any malformed input
+ * included). */
 int qtg_approvers_verify(const qtg_approvers *a, int person, const char *msg, size_t len,
                          const char *sig_hex);
 
-/* Write the statement for these facts into out; -1 when a fact is not of
- * its form (deployment [A-Za-z0-9_.-]{1,64}, uuid, class [a-z0-9_-]{1,32},
- * 64 lowercase hex) or out is too small. */
-int qtg_approval_statement(char *out, size_t outlen, const char *deployment, const char *request,
-                           const char *klass, const char *digest, const char *plan);
+/* Write the statement of this kind for these facts into out; -1 when a
+ * fact is not of its form (deployment [A-Za-z0-9_.-]{1,64}, uuid, class
+ * [a-z0-9_-]{1,32}, 64 lowercase hex) or out is too small. */
+int qtg_request_statement(char *out, size_t outlen, qtg_statement_kind kind, const char *deployment,
+                          const char *request, const char *klass, const char *digest,
+                          const char *plan);
 
-/* 0 when text (len bytes) is exactly one statement. */
-int qtg_approval_statement_check(const char *text, size_t len);
+/* The kind of statement text (len bytes) is exactly, or -1 when it is
+ * not one statement. */
+int qtg_request_statement_check(const char *text, size_t len);
 
 /* Ed25519 for an approver's own key (`qtgd approver`): the public key of
  * a 32-byte secret, and a signature of msg. */

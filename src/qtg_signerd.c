@@ -180,7 +180,7 @@ static const char qtg_signerd_facts_sql[] =
     "     'config', p2.config) ORDER BY p2.node_key)"
     "    FROM public.plan_nodes p2 WHERE p2.plan_version_id = pv.id), '[]'::jsonb))::text, 'UTF8')),"
     "   'hex') AS plan_digest,"
-    "  pn.executor AS plan_executor, pn.action_type AS plan_action_type"
+    "  pn.executor AS plan_executor, pn.action_type AS plan_action_type, r.initiation_signature"
     " FROM r"
     " JOIN public.plan_versions pv ON pv.id = r.plan_version_id"
     " LEFT JOIN public.movement_request_nodes n ON n.id = $2::uuid"
@@ -192,7 +192,7 @@ enum {
   F_DESTINATION, F_CHAIN_ID, F_NODE_OF_REQUEST, F_NODE_STATE, F_ATTEMPT_NO, F_EXECUTOR,
   F_ACTION_TYPE, F_PLANNED_KEY, F_PLAN_NODE, F_MAX_FEE, F_MAX_TIP, F_GAS_LIMIT, F_ALLOWED_CHAINS,
   F_EXPECTED, F_CLASS, F_ID, F_CREATED_BY, F_PLAN_DIGEST, F_PLAN_EXECUTOR, F_PLAN_ACTION_TYPE,
-  F__COUNT
+  F_INITIATION, F__COUNT
 };
 
 /* The approvals given for a digest, with their signatures (MG_SIGNER_APPROVERS). */
@@ -248,6 +248,28 @@ static int qtg_u256_bigint(const qtg_u256 *v, char *out, size_t outlen) {
   return 0;
 }
 
+/* With MG_SIGNER_APPROVERS and 'initiation signed': the request's maker
+ * (the person or initiator its created_by belongs to) signed its
+ * initiation statement.  The maker is then known by a key, not by the row
+ * the daemon's role writes. */
+static int qtg_signerd_check_initiation(qtg_decision *dec, const qtg_approvers *a, PGresult *r) {
+  const char *created_by = qtg_field(r, F_CREATED_BY), *sig = qtg_field(r, F_INITIATION);
+  int maker = qtg_approvers_initiator_of(a, created_by);
+  if (maker < 0)
+    QTG_REFUSE(dec, "INITIATOR_NOT_ENROLLED",
+               "the request's maker %s is not enrolled (MG_SIGNER_APPROVERS: initiation signed)",
+               created_by ? created_by : "?");
+  char statement[QTG_APPROVAL_STATEMENT_MAX];
+  if (qtg_request_statement(statement, sizeof statement, QTG_STATEMENT_INITIATION,
+                            qtg_approvers_deployment(a), qtg_field(r, F_ID), qtg_field(r, F_CLASS),
+                            qtg_field(r, F_DIGEST), qtg_field(r, F_PLAN_DIGEST)) != 0 ||
+      sig == NULL || !qtg_approvers_verify(a, maker, statement, strlen(statement), sig))
+    QTG_REFUSE(dec, "INITIATION_UNSIGNED",
+               "%s (%s) did not sign this request's initiation statement (MG_SIGNER_APPROVERS: "
+               "initiation signed)", qtg_approvers_person_name(a, maker), created_by);
+  return 0;
+}
+
 /* With MG_SIGNER_APPROVERS: count the enrolled persons whose signature of
  * the request's statement verifies, under any of their principals (each
  * person once; the initiator's person never), against the larger of the
@@ -259,12 +281,13 @@ static int qtg_signerd_check_signed(qtg_decision *dec, const qtg_approvers *a, P
   if (floor < 0)
     QTG_REFUSE(dec, "QUORUM_NOT_ENROLLED",
                "MG_SIGNER_APPROVERS names no quorum for network class %s (nor *)", klass ? klass : "?");
+  if (qtg_approvers_initiation_signed(a) && qtg_signerd_check_initiation(dec, a, r) != 0) return -1;
   long need = atol(qtg_field(r, F_REQUIRED));
   if (need < floor) need = floor;
   char statement[QTG_APPROVAL_STATEMENT_MAX];
-  if (qtg_approval_statement(statement, sizeof statement, qtg_approvers_deployment(a),
-                             qtg_field(r, F_ID), klass, qtg_field(r, F_DIGEST),
-                             qtg_field(r, F_PLAN_DIGEST)) != 0)
+  if (qtg_request_statement(statement, sizeof statement, QTG_STATEMENT_APPROVAL,
+                            qtg_approvers_deployment(a), qtg_field(r, F_ID), klass,
+                            qtg_field(r, F_DIGEST), qtg_field(r, F_PLAN_DIGEST)) != 0)
     QTG_REFUSE(dec, "APPROVALS_INCOMPLETE", "no approval statement can be formed for network class %s",
                klass ? klass : "?");
   size_t n = qtg_approvers_count(a);
@@ -751,8 +774,10 @@ static void qtg_signerd_warn_unbound(const qtg_signerd *d) {
                  "database role wrote them, unsigned (docs/approvals.md)");
   else
     qtg_log_info("signer: %zu approvers enrolled for deployment %s (MG_SIGNER_APPROVERS): only "
-                 "their signed approvals count", qtg_approvers_count(d->approvers),
-                 qtg_approvers_deployment(d->approvers));
+                 "their signed approvals count%s", qtg_approvers_count_persons(d->approvers),
+                 qtg_approvers_deployment(d->approvers),
+                 qtg_approvers_initiation_signed(d->approvers)
+                     ? ", of requests their enrolled maker signed (initiation signed)" : "");
   char zero[256], one[256];
   if (d->approvers != NULL && qtg_approvers_classes_at(d->approvers, 1, one, sizeof one) > 0)
     qtg_log_warn("signer: MG_SIGNER_APPROVERS gives quorum 1 to %s: an enrolled approver who can "

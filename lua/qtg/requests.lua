@@ -258,6 +258,7 @@ end
 function M.create(s, args, who)
   local initiator, actor = acting(who, "operate", "create requests")
   check_create_args(args)
+  signed.check_maker(actor)
   local network_class = settings().network_class
   return in_tx(s, function()
     local existing = find_existing(s, network_class, args.idempotency_key)
@@ -359,6 +360,10 @@ local function approve(s, id, p, comment, signature)
       id, actor)[1] then
     refuse("illegal_transition", "%s already decided on request %s", actor, id)
   end
+  if not signed.initiated(s, req) then
+    refuse("illegal_transition", "request %s is not initiated yet: its maker %s signs its initiation "
+      .. "statement first (initiation signed)", id, tostring(req.created_by))
+  end
   local digest = s:query([[
     SELECT qtg_approval_digest(r) AS d FROM movement_requests r WHERE id = $1::uuid]], id)[1].d
   if req.approval_digest ~= nil and req.approval_digest ~= NULL and req.approval_digest ~= digest then
@@ -437,6 +442,26 @@ function M.approve(s, id, who, comment, signature)
   return req
 end
 
+-- initiate(s, id, who, signature): the maker's signature of its request's
+-- initiation statement (MG_SIGNER_APPROVERS with 'initiation signed';
+-- qtg.signed_approvals), stored once; approvals are taken after it.
+function M.initiate(s, id, who, signature)
+  local p = acting(who, "operate", "initiate requests")
+  signed.check_signature(signature)
+  return in_tx(s, function()
+    local req = lock_request(s, id)
+    expect_state(req, { "PENDING_APPROVAL" }, "initiate")
+    if signed.initiated(s, req) and req.initiation_signature ~= NULL and req.initiation_signature ~= nil then
+      refuse("illegal_transition", "request %s is initiated already", id)
+    end
+    signed.check_initiation(s, req, p.actor, signature)
+    s:query("UPDATE movement_requests SET initiation_signature = $2 WHERE id = $1::uuid", id, signature)
+    outbox.audit(s, p.actor, "request.initiate", "movement_request", id, id, { signature = signature })
+    req.initiation_signature = signature
+    return req
+  end)
+end
+
 -- status(s, id) -> {approvals_required=, approved_by={...}, rejected_by=,
 -- still_needed=, rule=, roles=, error=}: who approved, who is still needed
 -- and why (req() in the console, the API).
@@ -445,7 +470,9 @@ function M.approval_status(s, id)
   local pol = type(req.approval_policy) == "table" and req.approval_policy or {}
   local out = { approvals_required = req.approvals_required, approved_by = {}, rejected_by = {},
                 rule = pol.rule, roles = pol.roles, error = pol.error, digest = req.approval_digest,
-                statement = signed.statement(s, req.id), signed = signed.enrolment() ~= nil }
+                statement = signed.statement(s, req.id), signed = signed.enrolment() ~= nil,
+                initiation_statement = signed.initiation_statement(s, req.id),
+                initiated = signed.initiated(s, req) }
   local valid = {}
   for _, v in ipairs(counted(s, req, req.approval_digest, type(pol.roles) == "table" and pol.roles or nil)) do
     valid[v.principal] = true

@@ -17,6 +17,16 @@
 --   floor(req)                      -> the enrolment's quorum for req's class
 --   count(s, req, votes)            -> the votes that count (one per person)
 --   same_person(a, b)               -> true when two principals are one enrolled person
+--   initiation_required()           -> true when the enrolment says 'initiation signed'
+--   initiation_statement(s, id)     -> what the request's maker signs (nil: not required)
+--   check_maker(actor)              -> raises unless actor may make requests here
+--   check_initiation(s, req, actor, sig) -> raises unless sig is the maker's
+--   initiated(s, req)               -> true when the stored maker's signature verifies
+-- With 'initiation signed' the maker of each request (an enrolled person,
+-- or an enrolled initiator: a client system's key) signs its initiation
+-- statement before anyone may approve it, and the signer signs nothing of
+-- a request whose maker did not: created_by, which the daemon's role
+-- writes, is then backed by a key (sql/0192).
 local qtg = require "qtg"
 local errors = require "qtg.errors"
 
@@ -48,6 +58,48 @@ function M.statement(s, id)
   if not deployment then return nil end
   return s:query("SELECT qtg_approval_statement(r, $2) AS t FROM movement_requests r WHERE id = $1::uuid",
     id, deployment)[1].t
+end
+
+function M.initiation_required()
+  local e = M.enrolment()
+  return e ~= nil and e:initiation_signed()
+end
+
+function M.initiation_statement(s, id)
+  if not M.initiation_required() then return nil end
+  return s:query("SELECT qtg_initiation_statement(r, $2) AS t FROM movement_requests r WHERE id = $1::uuid",
+    id, M.deployment())[1].t
+end
+
+function M.check_maker(actor)
+  local e = M.enrolment()
+  if e and e:initiation_signed() and not e:initiator(actor) then
+    errors.raise("forbidden", "%s is not enrolled as a person or an initiator (MG_SIGNER_APPROVERS: "
+      .. "initiation signed): the requests it makes could never be signed for", actor)
+  end
+end
+
+function M.check_initiation(s, req, actor, sig)
+  local e = M.enrolment()
+  if not (e and e:initiation_signed()) then
+    errors.raise("illegal_transition", "request %s needs no initiation (MG_SIGNER_APPROVERS does not say "
+      .. "'initiation signed')", req.id)
+  end
+  if actor ~= req.created_by then
+    errors.raise("forbidden", "%s did not make request %s: only its maker %s signs its initiation",
+      actor, req.id, tostring(req.created_by))
+  end
+  if sig == nil or not e:verify_initiation(actor, M.initiation_statement(s, req.id), sig) then
+    errors.raise("forbidden", "%s: the initiation needs %s's signature of request %s's initiation statement "
+      .. "(initiation_statement; qtgd approver sign)", actor, tostring(e:initiator(actor)), req.id)
+  end
+end
+
+function M.initiated(s, req)
+  local e = M.enrolment()
+  if not (e and e:initiation_signed()) then return true end
+  local sig = req.initiation_signature
+  return type(sig) == "string" and e:verify_initiation(req.created_by, M.initiation_statement(s, req.id), sig)
 end
 
 function M.check_signature(sig)

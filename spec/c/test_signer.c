@@ -523,6 +523,7 @@ static void test_approvers(void) {
   CHECK(&tc, qtg_approvers_person_of(a, "") == -1 && qtg_approvers_person_of(a, NULL) == -1);
   CHECK(&tc, qtg_approvers_quorum(a, "mainnet") == 2 && qtg_approvers_quorum(a, "dev") == 1);
   CHECK_STR(&tc, qtg_approvers_deployment(a), "treasury-eu.1");
+  CHECK(&tc, qtg_approvers_initiation_signed(a) == 0 && qtg_approvers_count_persons(a) == 2);
   /* the vector verifies for alice only, and nothing altered does */
   CHECK(&tc, qtg_approvers_verify(a, alice, "", 0, ED_SIG) == 1);
   CHECK(&tc, qtg_approvers_verify(a, 1 - alice, "", 0, ED_SIG) == 0);
@@ -565,6 +566,13 @@ static void test_approvers(void) {
       /* a '#' inside a field is a typo, not a comment ("api:al" would be enrolled) */
       DEPLOY "quorum mainnet 2\nperson alice ed25519:" ED_PUBLIC " operator:a,api:al#ice\n",
       DEPLOY "quorum mainnet 2#\n", "deployment desk#1\nquorum mainnet 2\n",
+      /* initiators: the key and the principals are one entry's, like a person's */
+      DEPLOY "quorum mainnet 2\ninitiator bot ed25519:" ED_PUBLIC " api:bot\nperson alice ed25519:" ED_PUBLIC " operator:a\n",
+      DEPLOY "quorum mainnet 2\ninitiator bot ed25519:" ED_OTHER " api:bot\nperson alice ed25519:" ED_PUBLIC " api:bot\n",
+      DEPLOY "quorum mainnet 2\ninitiator alice ed25519:" ED_OTHER " api:bot\nperson alice ed25519:" ED_PUBLIC " operator:a\n",
+      DEPLOY "quorum mainnet 2\ninitiator bot ed25519:" ED_OTHER "\n",
+      DEPLOY "quorum mainnet 2\ninitiation signed\ninitiation signed\n",
+      DEPLOY "quorum mainnet 2\ninitiation unsigned\n", DEPLOY "quorum mainnet 2\ninitiation\n",
       DEPLOY "quorum mainnet 2\nperson alice ed25519:" ED_PUBLIC "\n",       /* no principal */
       DEPLOY "quorum mainnet 2\nperson alice " ED_PUBLIC " operator:a\n",    /* no ed25519: */
       DEPLOY "quorum mainnet 2\nperson alice ed25519:D75A980182B10AB7D54BFED3C964073A0EE172F3DAA62325AF021A68F707511A operator:a\n",
@@ -640,48 +648,85 @@ static void test_approvers(void) {
   /* the statement: one form, rebuilt byte for byte */
   const char *req = "0b6d1c2e-1111-4222-8333-944455556666";
   const char *d64 = "00000000000000000000000000000000000000000000000000000000000000aa";
-  CHECK(&tc, qtg_approval_statement(st, sizeof st, "desk-1", req, "mainnet", d64, d64) == 0);
-  CHECK(&tc, qtg_approval_statement_check(st, strlen(st)) == 0);
+  CHECK(&tc, qtg_request_statement(st, sizeof st, QTG_STATEMENT_APPROVAL, "desk-1", req, "mainnet", d64, d64) == 0);
+  CHECK(&tc, qtg_request_statement_check(st, strlen(st)) == 0);
   CHECK(&tc, strncmp(st, "qtg-approval-v2\ndeployment desk-1\nrequest 0b6d1c2e-", 51) == 0 &&
                  st[strlen(st) - 1] == '\n');
-  CHECK(&tc, qtg_approval_statement_check(st, strlen(st) - 1) == -1);
+  CHECK(&tc, qtg_request_statement_check(st, strlen(st) - 1) == -1);
   char longer[QTG_APPROVAL_STATEMENT_MAX + 8];
   snprintf(longer, sizeof longer, "%sx", st);
-  CHECK(&tc, qtg_approval_statement_check(longer, strlen(longer)) == -1);
+  CHECK(&tc, qtg_request_statement_check(longer, strlen(longer)) == -1);
   /* the longest facts fit */
   char widest[QTG_APPROVAL_STATEMENT_MAX];
-  CHECK(&tc, qtg_approval_statement(widest, sizeof widest,
+  CHECK(&tc, qtg_request_statement(widest, sizeof widest, QTG_STATEMENT_APPROVAL,
                                     "dddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddd", req,
                                     "cccccccccccccccccccccccccccccccc", d64, d64) == 0 &&
-                 qtg_approval_statement_check(widest, strlen(widest)) == 0);
-  CHECK(&tc, qtg_approval_statement(st, sizeof st, "desk-1", "0B6D1C2E-1111-4222-8333-944455556666", "mainnet", d64, d64) == -1);
-  CHECK(&tc, qtg_approval_statement(st, sizeof st, "desk-1", req, "Mainnet", d64, d64) == -1);
-  CHECK(&tc, qtg_approval_statement(st, sizeof st, "desk-1", req, "mainnet", "AA", d64) == -1);
-  CHECK(&tc, qtg_approval_statement(st, sizeof st, "desk-1", req, "mainnet", d64, NULL) == -1);
-  CHECK(&tc, qtg_approval_statement(st, sizeof st, "", req, "mainnet", d64, d64) == -1);
-  CHECK(&tc, qtg_approval_statement(st, sizeof st, NULL, req, "mainnet", d64, d64) == -1);
-  CHECK(&tc, qtg_approval_statement(st, sizeof st, "desk 1", req, "mainnet", d64, d64) == -1);
-  CHECK(&tc, qtg_approval_statement(st, 40, "desk-1", req, "mainnet", d64, d64) == -1);
+                 qtg_request_statement_check(widest, strlen(widest)) == 0);
+  CHECK(&tc, qtg_request_statement(st, sizeof st, QTG_STATEMENT_APPROVAL, "desk-1", "0B6D1C2E-1111-4222-8333-944455556666", "mainnet", d64, d64) == -1);
+  CHECK(&tc, qtg_request_statement(st, sizeof st, QTG_STATEMENT_APPROVAL, "desk-1", req, "Mainnet", d64, d64) == -1);
+  CHECK(&tc, qtg_request_statement(st, sizeof st, QTG_STATEMENT_APPROVAL, "desk-1", req, "mainnet", "AA", d64) == -1);
+  CHECK(&tc, qtg_request_statement(st, sizeof st, QTG_STATEMENT_APPROVAL, "desk-1", req, "mainnet", d64, NULL) == -1);
+  CHECK(&tc, qtg_request_statement(st, sizeof st, QTG_STATEMENT_APPROVAL, "", req, "mainnet", d64, d64) == -1);
+  CHECK(&tc, qtg_request_statement(st, sizeof st, QTG_STATEMENT_APPROVAL, NULL, req, "mainnet", d64, d64) == -1);
+  CHECK(&tc, qtg_request_statement(st, sizeof st, QTG_STATEMENT_APPROVAL, "desk 1", req, "mainnet", d64, d64) == -1);
+  CHECK(&tc, qtg_request_statement(st, 40, QTG_STATEMENT_APPROVAL, "desk-1", req, "mainnet", d64, d64) == -1);
   const char *swapped = "qtg-approval-v2\nrequest 0b6d1c2e-1111-4222-8333-944455556666\ndeployment desk-1\n";
-  CHECK(&tc, qtg_approval_statement_check(swapped, strlen(swapped)) == -1);
+  CHECK(&tc, qtg_request_statement_check(swapped, strlen(swapped)) == -1);
+  /* the maker's statement: the same facts under its own first line; a
+   * signature of one is never a signature of the other */
+  {
+    char init[QTG_APPROVAL_STATEMENT_MAX];
+    CHECK(&tc, qtg_request_statement(st, sizeof st, QTG_STATEMENT_APPROVAL, "desk-1", req, "mainnet",
+                                     d64, d64) == 0);
+    CHECK(&tc, qtg_request_statement(init, sizeof init, QTG_STATEMENT_INITIATION, "desk-1", req, "mainnet",
+                                     d64, d64) == 0);
+    CHECK(&tc, strncmp(init, "qtg-initiation-v1\ndeployment desk-1\n", 36) == 0);
+    CHECK(&tc, strcmp(strchr(init, '\n'), strchr(st, '\n')) == 0);
+    CHECK(&tc, qtg_request_statement_check(init, strlen(init)) == QTG_STATEMENT_INITIATION);
+    CHECK(&tc, qtg_request_statement_check(st, strlen(st)) == QTG_STATEMENT_APPROVAL);
+    CHECK(&tc, qtg_request_statement(init, sizeof init, (qtg_statement_kind)2, "desk-1", req, "mainnet",
+                                     d64, d64) == -1);
+    const char *mixed = "qtg-initiation-v2\ndeployment desk-1\n";
+    CHECK(&tc, qtg_request_statement_check(mixed, strlen(mixed)) == -1);
+    a = enrolment(DEPLOY "initiation signed\nquorum * 2\n"
+                  "person alice ed25519:" ED_PUBLIC " operator:alice\n"
+                  "initiator treasury-bot ed25519:" ED_OTHER " api:treasury-bot,api:treasury-bot-2\n");
+    CHECK(&tc, a != NULL);
+    if (a != NULL) {
+      CHECK(&tc, qtg_approvers_initiation_signed(a) == 1);
+      CHECK(&tc, qtg_approvers_count(a) == 2 && qtg_approvers_count_persons(a) == 1);
+      /* an initiator makes requests, never approves them */
+      int bot = qtg_approvers_initiator_of(a, "api:treasury-bot-2");
+      CHECK(&tc, bot >= 0 && qtg_approvers_person_of(a, "api:treasury-bot-2") == -1);
+      CHECK_STR(&tc, qtg_approvers_person_name(a, bot), "treasury-bot");
+      int alice = qtg_approvers_person_of(a, "operator:alice");
+      CHECK(&tc, alice >= 0 && qtg_approvers_initiator_of(a, "operator:alice") == alice);
+      CHECK(&tc, qtg_approver_sign(secret, init, strlen(init), sig) == 0);
+      qtg_hex_encode(sig, 64, hex);
+      CHECK(&tc, qtg_approvers_verify(a, alice, init, strlen(init), hex) == 1);
+      CHECK(&tc, qtg_approvers_verify(a, alice, st, strlen(st), hex) == 0);
+      CHECK(&tc, qtg_approvers_verify(a, bot, init, strlen(init), hex) == 0);
+      qtg_approvers_free(a);
+    }
+  }
   /* version 1 (no deployment) is not a statement any more */
   const char *v1 = "qtg-approval-v1\nrequest 0b6d1c2e-1111-4222-8333-944455556666\nclass mainnet\n"
                    "digest 00000000000000000000000000000000000000000000000000000000000000aa\n"
                    "plan 00000000000000000000000000000000000000000000000000000000000000aa\n";
-  CHECK(&tc, qtg_approval_statement_check(v1, strlen(v1)) == -1);
+  CHECK(&tc, qtg_request_statement_check(v1, strlen(v1)) == -1);
   /* one approver, one key, two deployments: the signature given in one
    * does not verify for the same request's statement in the other */
   {
     char other[QTG_APPROVAL_STATEMENT_MAX];
     a = enrolment("deployment desk-2\nperson alice ed25519:" ED_PUBLIC " operator:alice\nquorum * 1\n");
-    CHECK(&tc, a != NULL && qtg_approval_statement(other, sizeof other, "desk-2", req, "mainnet", d64, d64) == 0);
+    CHECK(&tc, a != NULL && qtg_request_statement(other, sizeof other, QTG_STATEMENT_APPROVAL, "desk-2", req, "mainnet", d64, d64) == 0);
     CHECK(&tc, qtg_approver_sign(secret, st, strlen(st), sig) == 0);
     qtg_hex_encode(sig, 64, hex);
     CHECK(&tc, a != NULL && qtg_approvers_verify(a, 0, st, strlen(st), hex) == 1);
     CHECK(&tc, a != NULL && qtg_approvers_verify(a, 0, other, strlen(other), hex) == 0);
     qtg_approvers_free(a);
   }
-  CHECK(&tc, qtg_approval_statement_check("", 0) == -1);
+  CHECK(&tc, qtg_request_statement_check("", 0) == -1);
 
   /* the file: a regular file group and others cannot write */
   char path[400];

@@ -203,6 +203,10 @@ local function request_detail(s, id)
   -- what an approver signs (docs/approvals.md "Signed approvals"); null
   -- when no approvers are enrolled
   doc.approval_statement = st.statement or NULL
+  -- what the request's maker signs first, with 'initiation signed' (null
+  -- otherwise), and whether it did
+  doc.initiation_statement = st.initiation_statement or NULL
+  doc.initiated = st.initiated
   return doc
 end
 
@@ -218,6 +222,12 @@ local function lifecycle(fn_name, target_kind, extra)
       fn_name == "approve" and body.signature or nil)
     return 200, request_detail(ctx.s, req.id or req.request_id or id)
   end
+end
+
+local function initiate(ctx)
+  local id = uuid_param(ctx, "id", "request")
+  local req = require("qtg.requests").initiate(ctx.s, id, principal(ctx), (ctx.body or {}).signature)
+  return 200, request_detail(ctx.s, req.id)
 end
 
 local function node_action(fn_name)
@@ -504,8 +514,10 @@ local function approvals_inbox(ctx)
             OR jsonb_array_length(r.approval_policy->'roles') = 0
             OR r.approval_policy->'roles' ?| $5::text[])
        AND ($3::timestamptz IS NULL OR (r.created_at, r.id) > ($3::timestamptz, $4::uuid))
+       AND (NOT $8::bool OR r.initiation_signature IS NOT NULL)
      ORDER BY r.created_at, r.id LIMIT $6]], qtg.settings.network_class, p.actor, after_ts, after_id, roles,
-    limit + 1, require("qtg.signed_approvals").deployment() or NULL)
+    limit + 1, require("qtg.signed_approvals").deployment() or NULL,
+    require("qtg.signed_approvals").initiation_required())
   local items = canon.array()
   for i = 1, math.min(#rows, limit) do
     local row = rows[i]
@@ -582,6 +594,11 @@ M.LIST = {
   { method = "GET", path = "/v3/requests/{id}/events", name = "request_events", owned = "request", role = "read",
     handler = request_events, query = with_page(), summary = "the request's audit timeline",
     response = "EventPage" },
+  { method = "POST", path = "/v3/requests/{id}/initiate", name = "initiate_request", owned = "request",
+    role = "operate", mutating = true, body = { fields = { signature = { type = "string", required = true } } },
+    handler = initiate,
+    summary = "the maker's signature of its request's initiation statement (initiation signed)",
+    response = "RequestDetail" },
   { method = "POST", path = "/v3/requests/{id}/approve", name = "approve_request", owned = "request", role = "approve",
     mutating = true, body = APPROVAL, handler = lifecycle("approve", "request"),
     summary = "approve a PENDING_APPROVAL request", response = "RequestDetail" },

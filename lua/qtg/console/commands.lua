@@ -33,6 +33,8 @@ M.LIST = {
   { "approve", "(id)", "PENDING_APPROVAL (within its approval window): your vote; -> APPROVED once "
     .. "the policy's quorum is met (approve(id, comment) adds a comment; approve(id, comment, signature) "
     .. "with signed approvals: qtgd approver sign of req(id).approvals.statement)" },
+  { "initiate", "(id, signature)", "the maker's signature of its request's initiation statement, with "
+    .. "'initiation signed' (qtgd approver sign of req(id).approvals.initiation_statement)" },
   { "reject", "(id, reason)", "PENDING_APPROVAL -> REJECTED (any rejection ends it)" },
   { "approvals", "{pending=true}", "requests waiting for approval that you may still approve (your inbox)" },
   { "whoami", "()", "your principal: actor and roles" },
@@ -261,6 +263,7 @@ local function request_detail(s, id)
   r.approvals = {
     rule = pol.rule, error = pol.error, required = r.approvals_required, roles = pol.roles,
     still_needed = st.still_needed, signed = st.signed, statement = st.statement,
+    initiation_statement = st.initiation_statement, initiated = st.initiated,
     votes = view.rows(votes, { "principal", "decision", "comment", "created_at", "current", "signed", "counts" }),
   }
   return view.record(r, REQUEST_ORDER)
@@ -538,6 +541,14 @@ function M.bind(ctx)
       usage("approve(id, comment, signature): signature must be a string (qtgd approver sign)")
     end
     return lifecycle(function(mod, s) mod.approve(s, id, me(s), comment, signature) return id end)
+  end
+
+  function c.initiate(id, signature)
+    id = resolve_id("request", id)
+    if type(signature) ~= "string" then
+      usage("initiate(id, signature): signature must be a string (qtgd approver sign)")
+    end
+    return lifecycle(function(mod, s) mod.initiate(s, id, me(s), signature) return id end)
   end
 
   function c.reject(id, reason)

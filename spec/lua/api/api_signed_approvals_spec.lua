@@ -21,6 +21,7 @@ local key = {}
 local enrolment   -- enrolment([without]): (re)write the file, without one person
 
 local function rows(sql, ...) return common.query(sql, ...) end
+local NULL_TEXT = tostring(require("cjson").null)
 
 local function create(amount)
   local intent = {}
@@ -233,6 +234,78 @@ describe("signed approvals through the API", function()
     reload()
     r = approve(id, alice, host.approver_sign(key.alice, statement(id)))
     assert.equal(200, r.status, r.body)
+  end)
+
+  -- 'initiation signed': the maker of each request signs it first.  A
+  -- client system is enrolled as an initiator (its key signs the requests
+  -- it makes; it never approves); a maker nobody enrolled makes nothing.
+  it("takes approvals only once the request's enrolled maker signed it (initiation signed)", function()
+    names.bot = common.uid("bot", 4)
+    local bot_key, bot_pub = host.approver_key(keydir, "bot")
+    local path = keydir .. "/approvers-initiation"
+    host.write(path, table.concat({ "deployment " .. DEPLOYMENT, "initiation signed",
+      "person alice " .. select(2, host.run({}, { common.quote(host.bin), "approver", "public",
+        common.quote(key.alice) })):match("ed25519:%x+") .. " api:" .. names.alice,
+      "initiator bot " .. bot_pub .. " api:" .. names.bot, "quorum * 1", "" }, "\n"))
+    os.execute("chmod 644 " .. common.quote(path))
+    local bot = api.token("read,operate", { name = names.bot })
+    local other = api.start({ MG_SIGNER_APPROVERS = path, MG_API_RATE_LIMIT_PER_SECOND = "1000",
+                              MG_API_RATE_LIMIT_BURST = "1000" })
+    local ok, err = pcall(function()
+      local function call(token, method, route, json)
+        return api.check(doc, api.call(other, method, route:gsub("{id}", json and json.id or ""),
+          { token = token, key = method == "POST" and common.uid("k", 6) or nil, json = json and json.body }),
+          method, route)
+      end
+      local body = { template_key = "otc_settlement_manual", intent = api.OTC_INTENT }
+      -- a maker nobody enrolled
+      local r = call(operator, "POST", "/v3/requests", { body = body })
+      assert.equal(403, r.status, r.body)
+      assert.truthy(r.body:find("not enrolled as a person or an initiator", 1, true), r.body)
+      r = call(bot, "POST", "/v3/requests", { body = body })
+      assert.equal(201, r.status, r.body)
+      local id = r.json.id
+      assert.is_false(r.json.initiated)
+      local initiation = r.json.initiation_statement
+      assert.equal("qtg-initiation-v1\ndeployment " .. DEPLOYMENT .. "\nrequest " .. id .. "\n",
+        initiation:match("^(.-\n.-\n.-\n)"))
+      assert.equal(r.json.approval_statement:gsub("^[^\n]*", ""), (initiation:gsub("^[^\n]*", "")))
+      -- not initiated: no approval taken, not in the inbox
+      r = call(alice, "POST", "/v3/requests/{id}/approve",
+        { id = id, body = { signature = host.approver_sign(key.alice, r.json.approval_statement) } })
+      assert.equal(409, r.status, r.body)
+      assert.truthy(r.body:find("not initiated yet", 1, true), r.body)
+      for _, item in ipairs(call(alice, "GET", "/v3/approvals").json.items) do assert.not_equal(id, item.id) end
+      -- initiated by another client, with the approval statement's
+      -- signature, with a malformed one: refused, nothing stored
+      local good = host.approver_sign(bot_key, initiation)
+      r = call(ivan, "POST", "/v3/requests/{id}/initiate", { id = id, body = { signature = good } })
+      assert.equal(403, r.status, r.body)
+      assert.truthy(r.body:find("only its maker", 1, true), r.body)
+      r = call(bot, "POST", "/v3/requests/{id}/initiate",
+        { id = id, body = { signature = host.approver_sign(bot_key, statement(id)) } })
+      assert.equal(403, r.status, r.body)
+      r = call(bot, "POST", "/v3/requests/{id}/initiate", { id = id, body = { signature = "abc" } })
+      assert.equal(422, r.status, r.body)
+      assert.equal(NULL_TEXT, tostring(rows("SELECT initiation_signature FROM movement_requests WHERE id = $1::uuid",
+        id)[1].initiation_signature))
+      -- the maker's own signature: initiated, once
+      r = call(bot, "POST", "/v3/requests/{id}/initiate", { id = id, body = { signature = good } })
+      assert.equal(200, r.status, r.body)
+      assert.is_true(r.json.initiated)
+      r = call(bot, "POST", "/v3/requests/{id}/initiate", { id = id, body = { signature = good } })
+      assert.equal(409, r.status, r.body)
+      -- now in alice's inbox, and her signed vote approves it
+      local listed = false
+      for _, item in ipairs(call(alice, "GET", "/v3/approvals").json.items) do listed = listed or item.id == id end
+      assert.is_true(listed)
+      r = call(alice, "POST", "/v3/requests/{id}/approve",
+        { id = id, body = { signature = host.approver_sign(key.alice, statement(id)) } })
+      assert.equal(200, r.status, r.body)
+      assert.not_equal("PENDING_APPROVAL", r.json.request_state)
+    end)
+    api.stop(other)
+    assert(ok, err)
   end)
 
   it("stops at start on an enrolment it cannot take, and creates nothing for a class without a quorum", function()
