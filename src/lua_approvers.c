@@ -63,26 +63,25 @@ static int qtg_lua_enrolment_quorum(lua_State *L) {
   return 1;
 }
 
-static int qtg_lua_enrolment_verify(lua_State *L) {
+/* e:verify / e:verify_initiation: whether the entry `lookup` finds for
+ * the principal (its person; its person or initiator) signed statement. */
+static int qtg_lua_verify_by(lua_State *L, int (*lookup)(const qtg_approvers *, const char *)) {
   qtg_approvers *a = qtg_check_enrolment(L);
   size_t len;
   const char *principal = luaL_checkstring(L, 2);
   const char *statement = luaL_checklstring(L, 3, &len);
   const char *sig = luaL_checkstring(L, 4);
-  int who = qtg_approvers_person_of(a, principal);
+  int who = lookup(a, principal);
   lua_pushboolean(L, who >= 0 && qtg_approvers_verify(a, who, statement, len, sig));
   return 1;
 }
 
+static int qtg_lua_enrolment_verify(lua_State *L) {
+  return qtg_lua_verify_by(L, qtg_approvers_person_of);
+}
+
 static int qtg_lua_enrolment_verify_initiation(lua_State *L) {
-  qtg_approvers *a = qtg_check_enrolment(L);
-  size_t len;
-  const char *principal = luaL_checkstring(L, 2);
-  const char *statement = luaL_checklstring(L, 3, &len);
-  const char *sig = luaL_checkstring(L, 4);
-  int who = qtg_approvers_initiator_of(a, principal);
-  lua_pushboolean(L, who >= 0 && qtg_approvers_verify(a, who, statement, len, sig));
-  return 1;
+  return qtg_lua_verify_by(L, qtg_approvers_initiator_of);
 }
 
 static int qtg_lua_enrolment_initiator(lua_State *L) {
