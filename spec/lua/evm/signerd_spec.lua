@@ -832,7 +832,7 @@ c.sendall(b"KEYS\n"); print(c.makefile().readline().strip())' ]]
                         { "initiation signed" })
     local key, kd, path = e.key, e.dir, e.path
     local h = start_local_signer(keys, { MG_SIGNER_APPROVERS = path })
-    local nonce = 980   -- 981..987, a range of its own
+    local nonce = 980   -- 981..988, a range of its own
     -- a request ivan made, then as the runtime while it is pending: the
     -- maker named `maker`, the initiation signature by `init_key`, signed
     -- votes {principal, key}; APPROVED; then asked to sign
@@ -869,8 +869,10 @@ c.sendall(b"KEYS\n"); print(c.makefile().readline().strip())' ]]
     refused("INITIATION_UNSIGNED", nil, "api:treasury-bot", "treasury-bot", "approval", ivan_votes)
     -- ivan as the maker, with his own signature: his approval never counts
     refused("APPROVALS_INCOMPLETE", "0 of 1 enrolled approvers", "operator:ivan", "ivan", "initiation", ivan_votes)
-    -- the bot made it: its own approval counts for nothing (an initiator
-    -- approves nothing); ivan's counts
+    -- an initiator approves nothing: the bot's signed vote on ivan's request
+    refused("APPROVALS_INCOMPLETE", "0 of 1 enrolled approvers", "operator:ivan", "ivan", "initiation",
+      { { "api:treasury-bot", "treasury-bot" } })
+    -- the bot made it: its own approval counts for nothing; ivan's counts
     refused("APPROVALS_INCOMPLETE", "0 of 1 enrolled approvers", "api:treasury-bot", "treasury-bot", "initiation",
       { { "api:treasury-bot", "treasury-bot" } })
     local sig, err = try("api:treasury-bot", "treasury-bot", "initiation",
