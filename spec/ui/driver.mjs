@@ -182,6 +182,54 @@ const SCENARIOS = {
     return { workers, checks };
   },
 
+  // initiation signed: no approval is offered before the maker signs; the
+  // maker signs from the detail page, pasting its signature
+  async initiate(page) {
+    const actionsOf = () => page.$$eval('#request-actions button', (bs) => bs.map((b) => b.dataset.action));
+    await signIn(page, plan.tokens.approver);
+    await page.goto(`${plan.base}/ui/#/request/${plan.initiate.id}`);
+    await page.waitForSelector('#request-actions', { timeout: TIMEOUT });
+    const approverBefore = (await actionsOf()).filter((a) => a === 'approve');
+    await page.evaluate(() => sessionStorage.clear());   // signed out
+    await signIn(page, plan.tokens.operator);
+    await page.goto(`${plan.base}/ui/#/request/${plan.initiate.id}`);
+    await page.waitForSelector('#request-actions button[data-action=initiate]', { timeout: TIMEOUT });
+    const whyBefore = await texts(page, '#why li');
+    await page.click('#request-actions button[data-action=initiate]');
+    await page.waitForSelector('dialog[open] pre.statement', { timeout: TIMEOUT });
+    const statement = await page.$eval('dialog[open] pre.statement', (p) => p.textContent);
+    await page.type('dialog[open] input[data-field=signature]', plan.initiate.signature);
+    await page.screenshot({ path: `${plan.out}/initiate-dialog.png` });
+    await page.click('#confirm-ok');
+    await page.waitForFunction(() => !document.querySelector('#request-actions button[data-action=initiate]')
+      && document.querySelector('#request-actions'), { timeout: TIMEOUT });
+    const offeredAfter = (await actionsOf()).filter((a) => a === 'initiate').length;
+    await page.evaluate(() => sessionStorage.clear());
+    await signIn(page, plan.tokens.approver);
+    await page.goto(`${plan.base}/ui/#/request/${plan.initiate.id}`);
+    await page.waitForSelector('#request-actions button[data-action=approve]', { timeout: TIMEOUT });
+    const approverAfter = await actionsOf();
+    return { approverBefore, whyBefore, statement, offeredAfter, approverAfter };
+  },
+
+  // a token of scope own: its requests only, no workers and health page
+  async ownScope(page) {
+    await signIn(page, plan.tokens.own);
+    const nav = await texts(page, '#nav a');
+    await page.goto(`${plan.base}/ui/#/requests`);
+    await page.waitForSelector('#requests-table a[data-id], #no-rows', { timeout: TIMEOUT });
+    const ids = await page.$$eval('#requests-table a[data-id]', (as) => as.map((a) => a.dataset.id));
+    await page.screenshot({ path: `${plan.out}/own-requests.png`, fullPage: true });
+    await page.goto(`${plan.base}/ui/#/health`);
+    await page.waitForSelector('#main p.error', { timeout: TIMEOUT });
+    const healthText = await page.$eval('#main p.error', (p) => p.textContent);
+    await page.goto(`${plan.base}/ui/#/request/${plan.ownScope.id}`);
+    await page.waitForSelector('#request-id', { timeout: TIMEOUT });
+    await page.waitForSelector('#timeline li', { timeout: TIMEOUT });
+    const detailId = await page.$eval('#request-id', (e) => e.textContent);
+    return { nav, ids, healthText, detailId };
+  },
+
   // many rows: one page at a time, forward and back by cursor
   async paging(page) {
     await signIn(page, plan.tokens.reader);

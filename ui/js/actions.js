@@ -1,15 +1,23 @@
 // actions.js -- the lifecycle actions the console offers, one table: which
 // role each needs (as the API's route table says), in which states it is
-// legal, what the API requires (a reason, an input), and its route.  A
+// legal, what the API requires (a reason, an input, named fields such as
+// a signature, sent as they are), and its route.  A
 // page offers an action only when the signed-in token holds its role and
 // the request (or node) is in one of its states; the API decides again.
 import * as api from './api.js';
-import { confirmAction } from './dom.js';
+import { confirmAction, h } from './dom.js';
 
 export const REQUEST_ACTIONS = [
+  // the maker's signature first, where the signer asks for it (initiation signed)
+  { key: 'initiate', label: 'Sign as its maker', role: 'operate', states: ['PENDING_APPROVAL'], reason: 'none',
+    fields: ['signature'], path: (r) => `/v3/requests/${r.id}/initiate`,
+    lines: (r) => ['Sign this initiation statement with your own key (qtgd approver sign) and paste the signature.',
+      h('pre', { class: 'mono statement' }, r.initiation_statement)],
+    legal: (r, me) => !!r.initiation_statement && !r.initiated && r.created_by === me.actor },
   { key: 'approve', label: 'Approve', role: 'approve', states: ['PENDING_APPROVAL'], reason: 'optional',
     field: 'comment', path: (r) => `/v3/requests/${r.id}/approve`,
-    legal: (r, me) => r.created_by !== me.actor && !(r.approvals || []).some((a) => a.principal === me.actor) },
+    legal: (r, me) => r.created_by !== me.actor && r.initiated !== false
+      && !(r.approvals || []).some((a) => a.principal === me.actor) },
   { key: 'reject', label: 'Reject', role: 'approve', states: ['PENDING_APPROVAL'], reason: 'required',
     field: 'reason', path: (r) => `/v3/requests/${r.id}/reject`,
     legal: (r, me) => !(r.approvals || []).some((a) => a.principal === me.actor) },
@@ -42,18 +50,21 @@ export function nodeActions(req, node, ctx) {
 
 // run(action, target, what[, extra]) -> the API's answer, or null when not
 // confirmed.  A manual step's dialog shows its instructions and asks for
-// its required inputs one field each; extra fields (an approval's
-// signature) go into the body as given.
+// its required inputs one field each; an action's own fields (a maker's
+// signature) are asked the same way and sent as body fields; extra fields
+// (an approval's signature) go into the body as given.
 export async function run(action, target, what, extra) {
   const manual = action.input && target.manual ? target.manual : null;
+  const lines = typeof action.lines === 'function' ? action.lines(target) : action.lines;
   const answer = await confirmAction({ title: `${action.label} ${what}?`,
-    lines: manual && manual.instructions ? [manual.instructions] : action.lines,
-    reason: action.reason, input: action.input, fields: manual ? manual.required_inputs : undefined,
+    lines: manual && manual.instructions ? [manual.instructions] : lines,
+    reason: action.reason, input: action.input, fields: manual ? manual.required_inputs : action.fields,
     confirm: action.label });
   if (!answer) return null;
   const body = {};
   if (action.field && answer.reason) body[action.field] = answer.reason;
   if (action.input) body.input = answer.input;
+  else if (action.fields) Object.assign(body, answer.input);
   Object.assign(body, extra || {});
   return api.post(action.path(target), body);
 }

@@ -20,6 +20,9 @@ export function whyWaiting(req, workers) {
     lines.push(`Finished: ${st}${req.finished_at ? ` at ${when(req.finished_at)}` : ''}.`);
     return lines;
   }
+  if (st === 'PENDING_APPROVAL' && req.initiation_statement && !req.initiated) {
+    lines.push(`Waits for its maker ${req.created_by} to sign its initiation statement; no approval is taken before.`);
+  }
   if (st === 'PENDING_APPROVAL') {
     const approved = (req.approvals || []).filter((a) => a.decision === 'approve').map((a) => a.principal);
     lines.push(`Waits for ${pol.still_needed} more approval(s) of ${req.approvals_required}`
@@ -109,7 +112,8 @@ export function render(main, ctx) {
     let req; let workers = [];
     try {
       req = await api.get(`/v3/requests/${id}`);
-      workers = (await api.get('/v3/workers')).items;
+      // a token of scope own does not see the class's workers
+      if (ctx.me.scope !== 'own') workers = (await api.get('/v3/workers')).items;
     } catch (e) {
       if (!stopped) { ctx.showError(e); if (!req) return; }
     }
@@ -118,7 +122,7 @@ export function render(main, ctx) {
     clear(main).append(
       h('h1', {}, 'Request ', h('span', { class: 'mono', id: 'request-id' }, req.id), ' ', badge(req.request_state)),
       h('div', { class: 'actions', id: 'request-actions' },
-        actions.map((a) => h('button', { type: 'button', class: a.key === 'approve' ? 'primary' : 'danger',
+        actions.map((a) => h('button', { type: 'button', class: a.key === 'approve' || a.key === 'initiate' ? 'primary' : 'danger',
           'data-action': a.key, onclick: () => act(a, req, `request ${req.id.slice(0, 8)}`) }, a.label)),
         actions.length === 0 ? h('span', { class: 'muted' }, 'No action is open to this token in this state.') : null),
       h('section', { class: 'card', id: 'why' }, h('h2', {}, 'Why is it waiting?'),

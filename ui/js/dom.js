@@ -69,7 +69,7 @@ export function table(columns, rows, attrs) {
 }
 function c0(columns, r) { return columns.rowAttrs ? columns.rowAttrs(r) : {}; }
 
-// confirmAction({title, lines, reason: 'required'|'optional'|'none',
+// confirmAction({title, lines (text, or elements shown as they are), reason: 'required'|'optional'|'none',
 // reasonLabel, input: bool, fields: [name...], confirm})
 //   -> Promise<{reason, input}|null>.
 // A modal <dialog>: Confirm stays disabled while a required reason is
@@ -89,7 +89,7 @@ export function confirmAction(opts) {
     const cancel = h('button', { type: 'button', id: 'confirm-cancel' }, 'Cancel');
     const dlg = h('dialog', { class: 'confirm' },
       h('h2', {}, opts.title),
-      (opts.lines || []).map((l) => h('p', {}, l)),
+      (opts.lines || []).map((l) => (typeof l === 'string' ? h('p', {}, l) : l)),
       area && h('label', { for: 'confirm-reason' }, opts.reasonLabel || (reason === 'required' ? 'Reason (required)' : 'Comment (optional)')),
       area,
       boxes.map((b, i) => [h('label', { for: `confirm-field-${i}` }, `${names[i]} (required)`), b]),

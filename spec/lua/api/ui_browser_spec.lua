@@ -6,8 +6,10 @@
 -- states, an approval by a second principal, a rejection with its reason,
 -- a redelivered dead letter, a read-only token offered nothing it may not
 -- do (and its forged call refused by the API), paging through 10,000 rows,
--- no browser console error anywhere, and a screenshot of each page in
--- var/ui-browser/.
+-- a maker signing its request (initiation signed) before anyone may
+-- approve it, a token of scope own seeing its own requests and no
+-- class-wide page, no browser console error anywhere, and a screenshot of
+-- each page in var/ui-browser/.
 local cjson = require "cjson"
 
 local api, common, host
@@ -20,11 +22,22 @@ local DEPLOYMENT = "ui-desk"
 
 local function rows(sql, ...) return common.query(sql, ...) end
 
-local function create(intent, extra)
+local maker_key   -- the client system's key that signs what it makes (initiation signed)
+
+-- create(intent[, extra[, opts]]) -> id: made by the operator token (or
+-- opts.token) and signed by its maker's key, unless opts.unsigned
+local function create(intent, extra, opts)
+  opts = opts or {}
   local body = { template_key = "otc_settlement_manual", intent = intent }
   for k, v in pairs(extra or {}) do body[k] = v end
-  local r = api.call(d, "POST", "/v3/requests", { token = tokens.operator, key = common.uid("k", 6), json = body })
+  local token = opts.token or tokens.operator
+  local r = api.call(d, "POST", "/v3/requests", { token = token, key = common.uid("k", 6), json = body })
   assert.equal(201, r.status, r.body)
+  if not opts.unsigned then
+    local i = api.call(d, "POST", "/v3/requests/" .. r.json.id .. "/initiate", { token = token,
+      key = common.uid("k", 6), json = { signature = host.approver_sign(maker_key, r.json.initiation_statement) } })
+    assert.equal(200, i.status, i.body)
+  end
   return r.json.id
 end
 
@@ -80,20 +93,25 @@ describe("the web console in a browser", function()
     rc = host.run({}, { common.quote(host.root .. "/tools/browser"), "install" })
     assert.equal(0, rc, "tools/browser install failed")
     -- signed approvals: the approver is enrolled with a key of their own,
-    -- and every approval carries their signature of the request's statement
+    -- and every approval carries their signature of the request's statement;
+    -- the requests' maker (the operator's and the own-scope client's
+    -- system) signs each request it makes first (initiation signed)
     keydir = host.tmpdir()
-    local pub, approver_name
+    local pub, maker_pub, approver_name, operator_name, own_name
     approver_key, pub = host.approver_key(keydir, "approver")
+    maker_key, maker_pub = host.approver_key(keydir, "desk-system")
     tokens.approver, approver_name = api.token("read,approve")
+    tokens.operator, operator_name = api.token("read,operate")
+    tokens.own, own_name = api.token("read,operate", { scope = "own" })
     local enrolment = keydir .. "/approvers"
-    host.write(enrolment, ("deployment %s\nperson approver %s api:%s\nquorum * 1\n"):format(DEPLOYMENT, pub,
-      approver_name))
+    host.write(enrolment, ("deployment %s\ninitiation signed\nperson approver %s api:%s\n"
+      .. "initiator desk-system %s api:%s,api:%s\nquorum * 1\n"):format(DEPLOYMENT, pub, approver_name, maker_pub,
+      operator_name, own_name))
     os.execute("chmod 644 " .. common.quote(enrolment))
     d = api.start({ MG_NODE_DISPATCH_INTERVAL_SECONDS = "0.2", MG_NODE_OBSERVE_INTERVAL_SECONDS = "0.2",
                     MG_API_RATE_LIMIT_PER_SECOND = "1000", MG_API_RATE_LIMIT_BURST = "1000",
                     MG_SIGNER_APPROVERS = enrolment })
     tokens.reader = api.token("read")
-    tokens.operator = api.token("read,operate")
     -- a second operator attests the manual step (never the initiator: four eyes)
     tokens.desk = api.token("read,operate")
 
@@ -130,6 +148,9 @@ describe("the web console in a browser", function()
     dead_letter(ids.bulk_request)
     -- paging: 10,000 more rows of this class
     seed_many(ids.read_only)
+    -- one its maker has not signed yet; one the own-scope client made
+    ids.initiate = create(intent{ amount = "18" }, nil, { unsigned = true })
+    ids.own = create(intent{ amount = "19" }, nil, { token = tokens.own })
 
     -- the approver pastes the signature of the statement the card shows
     -- (the daemon verifies it against the enrolment)
@@ -140,7 +161,8 @@ describe("the web console in a browser", function()
     plan = {
       base = d.base, chromium = chromium:match("[^\n]+"), out = out, report = out .. "/report.json",
       tokens = tokens,
-      scenarios = { "filter", "dag", "approve", "reject", "complete", "deadLetters", "readOnly", "health", "paging" },
+      scenarios = { "filter", "dag", "approve", "reject", "complete", "deadLetters", "readOnly", "health", "paging",
+                    "initiate", "ownScope" },
       filter = { destination = dest:upper():gsub("^0X", "0x"), state = "PENDING_APPROVAL", expect = 1 },
       dag = { id = ids.dag },
       approve = { id = ids.approve, signature = signature },
@@ -149,6 +171,10 @@ describe("the web console in a browser", function()
       dlq = { id = ids.dlq, bulkRequest = ids.bulk_request },
       readOnly = { id = ids.read_only },
       paging = { template = "otc_settlement_manual", state = "EXPIRED", pages = 3 },
+      initiate = { id = ids.initiate, signature = host.approver_sign(maker_key, rows(
+        "SELECT qtg_initiation_statement(r, $2) AS t FROM movement_requests r WHERE id = $1::uuid",
+        ids.initiate, DEPLOYMENT)[1].t) },
+      ownScope = { id = ids.own },
     }
     host.write(out .. "/plan.json", cjson.encode(plan))
     local _, node_path = host.run({}, { common.quote(host.root .. "/tools/browser"), "node-path" })
@@ -311,9 +337,31 @@ describe("the web console in a browser", function()
       > SEEDED)
   end)
 
+  it("lets the maker sign its request (initiation signed) before anyone is offered to approve it", function()
+    local s = scenario("initiate")
+    assert.same({}, s.approverBefore)
+    assert.truthy(table.concat(s.whyBefore, "\n"):find("sign its initiation statement", 1, true),
+      cjson.encode(s.whyBefore))
+    -- the statement shown is the request's, and the pasted signature is the one stored
+    assert.equal(rows("SELECT qtg_initiation_statement(r, $2) AS t FROM movement_requests r WHERE id = $1::uuid",
+      ids.initiate, DEPLOYMENT)[1].t, s.statement)
+    assert.equal(0, s.offeredAfter)
+    assert.equal(plan.initiate.signature, rows("SELECT initiation_signature FROM movement_requests WHERE id = $1::uuid",
+      ids.initiate)[1].initiation_signature)
+    assert.same({ "approve", "reject" }, s.approverAfter)
+  end)
+
+  it("shows a token of scope own its own requests and no page about the whole class", function()
+    local s = scenario("ownScope")
+    assert.same({ "Requests", "Dead letters" }, s.nav)
+    assert.truthy(s.healthText:find("its own requests only", 1, true), s.healthText)
+    assert.same({ ids.own }, s.ids)
+    assert.equal(ids.own, s.detailId)
+  end)
+
   it("saved a screenshot of each page", function()
     for _, f in ipairs({ "requests", "request-detail", "approvals", "reject-dialog", "complete-dialog", "dead-letters",
-                         "health" }) do
+                         "health", "initiate-dialog", "own-requests" }) do
       local png = host.read(plan.out .. "/" .. f .. ".png")
       assert.truthy(png and #png > 1000, f .. ".png")
       assert.equal("\137PNG", png:sub(1, 4), f .. ".png")
