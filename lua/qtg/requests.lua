@@ -451,7 +451,7 @@ function M.initiate(s, id, who, signature)
   return in_tx(s, function()
     local req = lock_request(s, id)
     expect_state(req, { "PENDING_APPROVAL" }, "initiate")
-    if signed.initiated(s, req) and req.initiation_signature ~= NULL and req.initiation_signature ~= nil then
+    if signed.initiation_required() and signed.initiated(s, req) then
       refuse("illegal_transition", "request %s is initiated already", id)
     end
     signed.check_initiation(s, req, p.actor, signature)
@@ -468,11 +468,11 @@ end
 function M.approval_status(s, id)
   local req = own_request(s, id, false)
   local pol = type(req.approval_policy) == "table" and req.approval_policy or {}
+  local initiation = signed.initiation_statement(s, req.id)
   local out = { approvals_required = req.approvals_required, approved_by = {}, rejected_by = {},
                 rule = pol.rule, roles = pol.roles, error = pol.error, digest = req.approval_digest,
                 statement = signed.statement(s, req.id), signed = signed.enrolment() ~= nil,
-                initiation_statement = signed.initiation_statement(s, req.id),
-                initiated = signed.initiated(s, req) }
+                initiation_statement = initiation, initiated = signed.initiated(s, req, initiation) }
   local valid = {}
   for _, v in ipairs(counted(s, req, req.approval_digest, type(pol.roles) == "table" and pol.roles or nil)) do
     valid[v.principal] = true

@@ -21,7 +21,8 @@
 --   initiation_statement(s, id)     -> what the request's maker signs (nil: not required)
 --   check_maker(actor)              -> raises unless actor may make requests here
 --   check_initiation(s, req, actor, sig) -> raises unless sig is the maker's
---   initiated(s, req)               -> true when the stored maker's signature verifies
+--   initiated(s, req[, statement])  -> true when the stored maker's signature verifies
+--                                      (statement: its initiation statement, if read already)
 -- With 'initiation signed' the maker of each request (an enrolled person,
 -- or an enrolled initiator: a client system's key) signs its initiation
 -- statement before anyone may approve it, and the signer signs nothing of
@@ -95,11 +96,12 @@ function M.check_initiation(s, req, actor, sig)
   end
 end
 
-function M.initiated(s, req)
+function M.initiated(s, req, statement)
   local e = M.enrolment()
   if not (e and e:initiation_signed()) then return true end
   local sig = req.initiation_signature
-  return type(sig) == "string" and e:verify_initiation(req.created_by, M.initiation_statement(s, req.id), sig)
+  return type(sig) == "string"
+    and e:verify_initiation(req.created_by, statement or M.initiation_statement(s, req.id), sig)
 end
 
 function M.check_signature(sig)

@@ -37,8 +37,7 @@ end
 local DEPLOYMENT = "spec-desk"
 
 local function statement(id, deployment)
-  return rows("SELECT qtg_approval_statement(r, $2) AS t FROM movement_requests r WHERE id = $1::uuid", id,
-    deployment or DEPLOYMENT)[1].t
+  return common.statement(id, deployment or DEPLOYMENT)
 end
 
 local function approve(id, token, signature)

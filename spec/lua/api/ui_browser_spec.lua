@@ -66,9 +66,8 @@ local function seed_many(from_id)
 end
 
 -- the approver's signature of the request's statement (qtgd approver sign)
-local function statement_of(id)
-  return rows("SELECT qtg_approval_statement(r, $2) AS t FROM movement_requests r WHERE id = $1::uuid",
-    id, DEPLOYMENT)[1].t
+local function statement_of(id, kind)
+  return common.statement(id, DEPLOYMENT, kind)
 end
 
 local function signed(id)
@@ -171,9 +170,8 @@ describe("the web console in a browser", function()
       dlq = { id = ids.dlq, bulkRequest = ids.bulk_request },
       readOnly = { id = ids.read_only },
       paging = { template = "otc_settlement_manual", state = "EXPIRED", pages = 3 },
-      initiate = { id = ids.initiate, signature = host.approver_sign(maker_key, rows(
-        "SELECT qtg_initiation_statement(r, $2) AS t FROM movement_requests r WHERE id = $1::uuid",
-        ids.initiate, DEPLOYMENT)[1].t) },
+      initiate = { id = ids.initiate, signature = host.approver_sign(maker_key,
+        statement_of(ids.initiate, "initiation")) },
       ownScope = { id = ids.own },
     }
     host.write(out .. "/plan.json", cjson.encode(plan))
@@ -343,8 +341,7 @@ describe("the web console in a browser", function()
     assert.truthy(table.concat(s.whyBefore, "\n"):find("sign its initiation statement", 1, true),
       cjson.encode(s.whyBefore))
     -- the statement shown is the request's, and the pasted signature is the one stored
-    assert.equal(rows("SELECT qtg_initiation_statement(r, $2) AS t FROM movement_requests r WHERE id = $1::uuid",
-      ids.initiate, DEPLOYMENT)[1].t, s.statement)
+    assert.equal(statement_of(ids.initiate, "initiation"), s.statement)
     assert.equal(0, s.offeredAfter)
     assert.equal(plan.initiate.signature, rows("SELECT initiation_signature FROM movement_requests WHERE id = $1::uuid",
       ids.initiate)[1].initiation_signature)

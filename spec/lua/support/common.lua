@@ -197,6 +197,15 @@ local function query(sql, ...)
 end
 M.query = query
 
+-- statement(id, deployment[, kind]) -> the text a key signs for request id
+-- in that deployment: its approval statement, or with kind "initiation"
+-- its maker's (sql/0190, sql/0192).
+local STATEMENT_FUNCTION = { approval = "qtg_approval_statement", initiation = "qtg_initiation_statement" }
+function M.statement(id, deployment, kind)
+  local fn = assert(STATEMENT_FUNCTION[kind or "approval"], "kind is approval or initiation")
+  return query("SELECT " .. fn .. "(r, $2) AS t FROM movement_requests r WHERE id = $1::uuid", id, deployment)[1].t
+end
+
 -- unfrozen(s, sql, ...): one statement with triggers off (a superuser's
 -- session_replication_role = replica), for a spec moving a request that
 -- left PENDING_APPROVAL to another network class: the freeze trigger
