@@ -765,14 +765,35 @@ static int qtg_signerd_self_test(const qtg_keys *k, char *err, size_t errlen) {
   return 0;
 }
 
+/* Keys without an enrolment would sign on approval rows that anyone holding
+ * the runtime's database login can write: the signer starts so only when
+ * MG_SIGNER_TRUST_APPROVAL_ROWS says that is meant.  Both set is a
+ * contradiction, refused rather than guessed at. */
+static int qtg_signerd_check_approvals(const qtg_signerd *d, int trust_rows, char *err,
+                                       size_t errlen) {
+  if (d->approvers != NULL && trust_rows) {
+    snprintf(err, errlen, "MG_SIGNER_APPROVERS and MG_SIGNER_TRUST_APPROVAL_ROWS=true are both set: "
+                          "with an enrolment only signed approvals count; unset one of them");
+    return -1;
+  }
+  if (d->approvers == NULL && !trust_rows && qtg_keys_signer_count(d->keys) > 0) {
+    snprintf(err, errlen, "MG_SIGNER_APPROVERS is not set: enrol the approvers (docs/approvals.md, "
+                          "\"Signed approvals\"), or set MG_SIGNER_TRUST_APPROVAL_ROWS=true to count the "
+                          "approval rows as the daemon's database role writes them (whoever holds that "
+                          "login can then approve any transfer)");
+    return -1;
+  }
+  return 0;
+}
+
 /* Say at start which keys sign for every class (no MG_SIGNER_KEY_CLASSES)
  * or for none (a key it does not name). */
 static void qtg_signerd_warn_unbound(const qtg_signerd *d) {
   size_t n = qtg_keys_signer_count(d->keys);
-  if (d->approvers == NULL)
-    qtg_log_warn("signer: MG_SIGNER_APPROVERS is not set: approvals count as the daemon's "
+  if (d->approvers == NULL && n > 0)
+    qtg_log_warn("signer: MG_SIGNER_TRUST_APPROVAL_ROWS=true: approvals count as the daemon's "
                  "database role wrote them, unsigned (docs/approvals.md)");
-  else
+  else if (d->approvers != NULL)
     qtg_log_info("signer: %zu approvers enrolled for deployment %s (MG_SIGNER_APPROVERS): only "
                  "their signed approvals count%s", qtg_approvers_count_persons(d->approvers),
                  qtg_approvers_deployment(d->approvers),
@@ -853,6 +874,8 @@ int qtg_signerd_main(const qtg_settings *s, const char *db_url, const char *root
       qtg_signer_classes_check(d.key_classes, err, sizeof err) != 0 ||
       qtg_keys_load(&cfg, &d.keys, err, sizeof err) != 0 ||
       qtg_signerd_self_test(d.keys, err, sizeof err) != 0 ||
+      qtg_signerd_check_approvals(&d, qtg_settings_bool(s, QTG_S_SIGNER_TRUST_APPROVAL_ROWS), err,
+                                  sizeof err) != 0 ||
       qtg_signer_socket_path(s, root_dir, path, sizeof path, err, sizeof err) != 0) {
     qtg_log_error("signer: %s", err);
     qtg_keys_free(d.keys);

@@ -109,7 +109,8 @@ function M.run(lib)
   local socket = lib.work .. "/signer.sock"
   local signer_env = { MG_DATABASE_URL = os.getenv("MG_DATABASE_URL"), QTG_ROOT = lib.root,
     MG_NETWORK_CLASS = qtg.settings.network_class, MG_LOG_LEVEL = "info",
-    MG_SIGNER_KEYS = "evm_hot=" .. key_path, MG_SIGNER_SOCKET = socket }
+    MG_SIGNER_KEYS = "evm_hot=" .. key_path, MG_SIGNER_SOCKET = socket,
+    MG_SIGNER_TRUST_APPROVAL_ROWS = "true" }   -- the scenario approves unsigned
   local extra = { MG_SIGNER_SOCKET = socket, MG_EVM_RPC_URLS = CHAIN .. "=" .. anvil.url,
                   MG_NODE_DISPATCH_INTERVAL_SECONDS = "0.3", MG_NODE_OBSERVE_INTERVAL_SECONDS = "0.3" }
   load_template(lib)

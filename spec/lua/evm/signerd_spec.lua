@@ -883,6 +883,45 @@ c.sendall(b"KEYS\n"); print(c.makefile().readline().strip())' ]]
   -- One signer serves every qtgd instance on its host; MG_SIGNER_KEY_CLASSES
   -- binds each key to the network classes it signs for, so a request of a
   -- class with laxer approval rules cannot get a mainnet key's signature.
+  it("starts with keys only under an enrolment, or where trusting the approval rows is said", function()
+    local keys = "sa=" .. sup.key_file(dir, "sa", DEV[1].key)
+    local n = 0
+    local function start(extra)
+      n = n + 1
+      local env = sup.run_env("unused", { MG_SIGNER_SOCKET = dir .. "/trust-" .. n .. ".sock" })
+      for k, v in pairs(extra) do env[k] = v end
+      return sup.host.start(env, { "signer" })
+    end
+    local function refused(extra, needle, why)
+      local h = start(extra)
+      assert.equal(1, sup.host.wait_exit(h, 30), why)
+      local log = sup.host.read(h.log) or ""
+      assert.truthy(log:find(needle, 1, true), why .. ": " .. log)
+      assert.falsy(log:find('"signer: listening"', 1, true), why)
+    end
+    -- keys and no enrolment (the file forgotten, the line dropped from a
+    -- unit): whoever writes the runtime's rows would approve; refused
+    refused({ MG_SIGNER_KEYS = keys }, "MG_SIGNER_APPROVERS is not set", "keys alone")
+    refused({ MG_SIGNER_KEYS = keys, MG_SIGNER_TRUST_APPROVAL_ROWS = "false" },
+      "MG_SIGNER_APPROVERS is not set", "keys, trust said false")
+    -- an enrolment and the trust flag: a contradiction, refused
+    local e = approvers({ { "alice" }, { "bob" } }, { ["*"] = 2 })
+    refused({ MG_SIGNER_KEYS = keys, MG_SIGNER_APPROVERS = e.path, MG_SIGNER_TRUST_APPROVAL_ROWS = "true" },
+      "are both set", "both")
+    -- no key: nothing to sign, it starts (a package's first start)
+    local none = start({})
+    common.wait_log(none, '"signer: listening"', 30, "the keyless signer listening")
+    assert.equal(0, sup.log_count(none, "MG_SIGNER_TRUST_APPROVAL_ROWS=true"))
+    -- said: it starts, and says at start what it trusts
+    local trusting = start({ MG_SIGNER_KEYS = keys, MG_SIGNER_TRUST_APPROVAL_ROWS = "true" })
+    common.wait_log(trusting, '"signer: listening"', 30, "the trusting signer listening")
+    assert.equal(1, sup.log_count(trusting, "MG_SIGNER_TRUST_APPROVAL_ROWS=true: approvals count"))
+    -- an enrolment alone: it starts
+    local enrolled = start({ MG_SIGNER_KEYS = keys, MG_SIGNER_APPROVERS = e.path })
+    common.wait_log(enrolled, '"signer: listening"', 30, "the enrolled signer listening")
+    os.execute("rm -rf " .. common.quote(e.dir))
+  end)
+
   it("signs with a key only for the network classes MG_SIGNER_KEY_CLASSES gives it", function()
     local keys = "sa=" .. sup.key_file(dir, "sa", DEV[1].key)
     local class = new_class()

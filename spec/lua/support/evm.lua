@@ -140,10 +140,16 @@ function M.start_run(env)
 end
 
 -- start_signer(env) -> the handle of a `qtgd signer` with env's keys and
--- socket (MG_SIGNER_SOCKET), once it listens.
+-- socket (MG_SIGNER_SOCKET), once it listens.  Without an enrolment
+-- (MG_SIGNER_APPROVERS) it counts the approval rows as written
+-- (MG_SIGNER_TRUST_APPROVAL_ROWS=true, unless env says otherwise): the
+-- specs of signing itself approve as the daemon does, unsigned.
 function M.start_signer(env)
   local senv = {}
   for k, v in pairs(env) do senv[k] = v end
+  if (senv.MG_SIGNER_APPROVERS or "") == "" and senv.MG_SIGNER_TRUST_APPROVAL_ROWS == nil then
+    senv.MG_SIGNER_TRUST_APPROVAL_ROWS = "true"
+  end
   local h = host.start(senv, { "signer" })
   common.wait_log(h, '"signer: listening"', 30, "the signer listening")
   h.socket = env.MG_SIGNER_SOCKET

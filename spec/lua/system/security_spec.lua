@@ -106,7 +106,8 @@ describe("security", function()
     assert(with_password ~= url, "cannot put a password in " .. url)
     local signer_env = support.base_env{
       MG_DATABASE_URL = with_password, MG_LOG_LEVEL = "debug",
-      MG_SIGNER_KEYS = "ops=" .. dir .. "/ops.key", MG_SIGNER_SOCKET = dir .. "/signer/signer.sock" }
+      MG_SIGNER_KEYS = "ops=" .. dir .. "/ops.key", MG_SIGNER_SOCKET = dir .. "/signer/signer.sock",
+      MG_SIGNER_TRUST_APPROVAL_ROWS = "true" }
     local signer = support.start(signer_env, { "signer" })
     support.eventually(function()
       return (support.read(signer.log) or ""):find('"signer: listening"', 1, true)
