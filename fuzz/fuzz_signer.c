@@ -88,6 +88,11 @@ static int fuzz_approvers(const uint8_t *p, size_t n) {
   } else {
     int q = qtg_approvers_quorum(a, "mainnet");
     if (q < -1 || q > QTG_APPROVER_QUORUM_MAX) rc = -1;
+    /* every class's quorum lies in the file's range (what unbound keys need) */
+    int lowest, highest;
+    if (qtg_approvers_quorum_range(a, &lowest, &highest) == 0 || lowest < 0 || lowest > highest ||
+        highest > QTG_APPROVER_QUORUM_MAX || (q != -1 && (q < lowest || q > highest)))
+      rc = -1;
     for (size_t i = 0; i < qtg_approvers_count(a); i++)
       if (qtg_approvers_person_name(a, (int)i) == NULL) rc = -1;
     /* an accepted enrolment names a deployment a statement can carry */

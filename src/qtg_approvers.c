@@ -177,6 +177,16 @@ int qtg_approvers_quorum(const qtg_approvers *a, const char *klass) {
   return any;
 }
 
+size_t qtg_approvers_quorum_range(const qtg_approvers *a, int *lowest, int *highest) {
+  *lowest = *highest = -1;
+  for (size_t i = 0; a != NULL && i < a->nquorums; i++) {
+    int n = a->quorums[i].n;
+    if (i == 0 || n < *lowest) *lowest = n;
+    if (i == 0 || n > *highest) *highest = n;
+  }
+  return a != NULL ? a->nquorums : 0;
+}
+
 size_t qtg_approvers_classes_at(const qtg_approvers *a, int quorum, char *out, size_t outlen) {
   size_t n = 0, used = 0;
   if (outlen > 0) out[0] = '\0';

@@ -112,6 +112,10 @@ const char *qtg_approvers_person_name(const qtg_approvers *a, int person);
 /* The quorum for klass (its own line, else "*"), or -1 when neither. */
 int qtg_approvers_quorum(const qtg_approvers *a, const char *klass);
 
+/* The lowest and the highest quorum the file gives (its quorum lines, "*"
+ * among them); the number of quorum lines (never 0 in a parsed file). */
+size_t qtg_approvers_quorum_range(const qtg_approvers *a, int *lowest, int *highest);
+
 /* The classes whose quorum is `quorum` ("*" among them when it is),
  * comma-separated into out (cut to fit); their count.  For the signer's
  * warnings at start: a quorum of 0 needs no signed approval (the request's

@@ -765,6 +765,26 @@ static int qtg_signerd_self_test(const qtg_keys *k, char *err, size_t errlen) {
   return 0;
 }
 
+/* Keys that sign for every class (MG_SIGNER_KEY_CLASSES unset) make the
+ * enrolment's lowest quorum the only one that holds: the approvers of a
+ * request given the class with the fewest sign a statement the same keys
+ * sign for.  Such a file is refused, at start and at a reload; keys bound
+ * to their classes are the operator's own choice of what each key risks. */
+static int qtg_signerd_check_unbound(const qtg_approvers *a, const char *key_classes, size_t nkeys,
+                                     char *err, size_t errlen) {
+  int lowest, highest;
+  char low[96], high[96];
+  if (a == NULL || nkeys == 0 || (key_classes != NULL && key_classes[0] != '\0')) return 0;
+  if (qtg_approvers_quorum_range(a, &lowest, &highest) == 0 || lowest == highest) return 0;
+  qtg_approvers_classes_at(a, lowest, low, sizeof low);
+  qtg_approvers_classes_at(a, highest, high, sizeof high);
+  snprintf(err, errlen, "MG_SIGNER_APPROVERS asks %d approvals for %s but %d for %s, and with "
+                        "MG_SIGNER_KEY_CLASSES unset every key signs for every class: a request of "
+                        "the class asking fewer gets the same keys; bind each key to its classes",
+           highest, high, lowest, low);
+  return -1;
+}
+
 /* Keys without an enrolment would sign on approval rows that anyone holding
  * the runtime's database login can write: the signer starts so only when
  * MG_SIGNER_TRUST_APPROVAL_ROWS says that is meant.  Both set is a
@@ -783,7 +803,8 @@ static int qtg_signerd_check_approvals(const qtg_signerd *d, int trust_rows, cha
                           "login can then approve any transfer)");
     return -1;
   }
-  return 0;
+  return qtg_signerd_check_unbound(d->approvers, d->key_classes, qtg_keys_signer_count(d->keys),
+                                   err, errlen);
 }
 
 /* Say at start which keys sign for every class (no MG_SIGNER_KEY_CLASSES)
@@ -836,7 +857,10 @@ static void qtg_signerd_reload_approvers(qtg_signerd *d) {
     qtg_log_info("signer: reload: MG_SIGNER_APPROVERS is not set; nothing to read");
     return;
   }
-  if (qtg_approvers_load_guarded(d->approvers_path, d->approvers_writer, &fresh, err, sizeof err) != 0) {
+  if (qtg_approvers_load_guarded(d->approvers_path, d->approvers_writer, &fresh, err, sizeof err) != 0 ||
+      qtg_signerd_check_unbound(fresh, d->key_classes, qtg_keys_signer_count(d->keys), err,
+                                sizeof err) != 0) {
+    qtg_approvers_free(fresh);
     qtg_approvers_free(d->approvers);
     d->approvers = NULL;
     d->approvers_broken = 1;

@@ -546,8 +546,13 @@ static void test_approvers(void) {
   CHECK(&tc, a != NULL && qtg_approvers_classes_at(a, 0, st, sizeof st) == 2);
   CHECK_STR(&tc, st, "dev,*");
   CHECK(&tc, qtg_approvers_classes_at(a, 0, st, 4) == 2 && strcmp(st, "dev") == 0);
+  /* the range of its quorums: unbound keys need one quorum for all */
+  int lowest = 7, highest = 7;
+  CHECK(&tc, qtg_approvers_quorum_range(a, &lowest, &highest) == 3 && lowest == 0 && highest == 2);
   qtg_approvers_free(a);
+  CHECK(&tc, qtg_approvers_quorum_range(NULL, &lowest, &highest) == 0 && lowest == -1 && highest == -1);
   a = enrolment(DEPLOY "quorum * 1\n");
+  CHECK(&tc, a != NULL && qtg_approvers_quorum_range(a, &lowest, &highest) == 1 && lowest == 1 && highest == 1);
   CHECK(&tc, a != NULL && qtg_approvers_classes_at(a, 0, st, sizeof st) == 0 && st[0] == '\0');
   CHECK(&tc, a != NULL && qtg_approvers_classes_at(a, 1, st, sizeof st) == 1 && strcmp(st, "*") == 0);
   qtg_approvers_free(a);

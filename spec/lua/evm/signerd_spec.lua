@@ -648,6 +648,14 @@ c.sendall(b"KEYS\n"); print(c.makefile().readline().strip())' ]]
     assert.equal(1, sup.log_count(h, "nothing is signed until the file is fixed"))
     reload(e.write({ [class] = 2 }))
     assert.truthy(sign())
+    -- a file that asks fewer for other classes while this signer's keys sign
+    -- for every class: a request moved to such a class would get the same
+    -- key for fewer approvals; the reload fails closed, and mending it signs
+    reload(e.write({ [class] = 2, ["*"] = 1 }))
+    refused("APPROVERS_UNREADABLE", "could not be read at the last reload")
+    assert.equal(1, sup.log_count(h, "but 1 for *, and with MG_SIGNER_KEY_CLASSES unset"))
+    reload(e.write({ [class] = 2, ["*"] = 2 }))
+    assert.truthy(sign())
     -- an enrolment group or others may write, or one it cannot read: the signer does not start
     for _, bad in ipairs({ "chmod 666", "printf 'person x\\n' >" }) do
       local path = enrol(class)
@@ -660,7 +668,8 @@ c.sendall(b"KEYS\n"); print(c.makefile().readline().strip())' ]]
     -- a quorum of 1 starts, with a warning that the initiator is not in the
     -- statement (an enrolled approver writing the rows approves alone)
     local one = sup.host.start(sup.run_env("unused", { MG_SIGNER_KEYS = keys,
-      MG_SIGNER_SOCKET = dir .. "/one.sock", MG_SIGNER_APPROVERS = e.write({ ["*"] = 1, [class] = 2 }) }), { "signer" })
+      MG_SIGNER_SOCKET = dir .. "/one.sock", MG_SIGNER_KEY_CLASSES = "sa=" .. class,
+      MG_SIGNER_APPROVERS = e.write({ ["*"] = 1, [class] = 2 }) }), { "signer" })
     common.wait_for(function() return sup.log_count(one, "gives quorum 1 to *") == 1 end, 30,
       "the signer's warning about quorum 1")
     sup.host.stop(one)
@@ -908,6 +917,15 @@ c.sendall(b"KEYS\n"); print(c.makefile().readline().strip())' ]]
     local e = approvers({ { "alice" }, { "bob" } }, { ["*"] = 2 })
     refused({ MG_SIGNER_KEYS = keys, MG_SIGNER_APPROVERS = e.path, MG_SIGNER_TRUST_APPROVAL_ROWS = "true" },
       "are both set", "both")
+    -- keys for every class (MG_SIGNER_KEY_CLASSES unset) under quorums that
+    -- differ by class: the lowest would hold for all; refused.  Bound, it starts.
+    local mixed = approvers({ { "alice" }, { "bob" } }, { mainnet = 2, ["*"] = 1 })
+    refused({ MG_SIGNER_KEYS = keys, MG_SIGNER_APPROVERS = mixed.path },
+      "asks 2 approvals for mainnet but 1 for *", "unbound keys, mixed quorums")
+    local bound = start({ MG_SIGNER_KEYS = keys, MG_SIGNER_APPROVERS = mixed.path,
+      MG_SIGNER_KEY_CLASSES = "sa=mainnet" })
+    common.wait_log(bound, '"signer: listening"', 30, "the bound signer listening")
+    os.execute("rm -rf " .. common.quote(mixed.dir))
     -- no key: nothing to sign, it starts (a package's first start)
     local none = start({})
     common.wait_log(none, '"signer: listening"', 30, "the keyless signer listening")
