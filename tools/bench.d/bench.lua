@@ -509,8 +509,9 @@ end
 -- (pg_stat_wal: wal_sync counts the WAL flushes that reached the disk, 0 on
 -- a --fast cluster), the WAL insert position, and the sim provider's own
 -- ledger writes (one autocommit statement per submit and per observe, on
--- its own session: not the engine's commits), and the updates of the work
--- tables with how many of them were HOT (no index entry written).
+-- its own session: not the engine's commits), and the rows every table
+-- had inserted, updated (how many of them HOT: no index entry written) and
+-- deleted.
 function B.counters()
   return B.q([[
     SELECT d.xact_commit::float8 AS xact_commit, d.xact_rollback::float8 AS xact_rollback,
@@ -519,12 +520,25 @@ function B.counters()
            pg_current_wal_insert_lsn()::text AS lsn,
            (SELECT coalesce(sum(submit_count + observe_count), 0)::float8 FROM sim_ledger) AS sim_writes,
            (SELECT jsonb_object_agg(t.relname, jsonb_build_object(
-                     'updates', t.n_tup_upd, 'hot', t.n_tup_hot_upd))
-              FROM pg_stat_user_tables t
-             WHERE t.relname IN ('movement_requests', 'movement_request_nodes',
-                                 'movement_callback_outbox')) AS tables
+                     'inserts', t.n_tup_ins, 'updates', t.n_tup_upd, 'hot', t.n_tup_hot_upd,
+                     'deletes', t.n_tup_del))
+              FROM pg_stat_user_tables t) AS tables
       FROM pg_stat_database d, pg_stat_wal w
      WHERE d.datname = current_database() /* bench-probe */]])[1]
+end
+
+-- Make every session of this process's pool flush its table counters now:
+-- a backend sends them at most once a second, or after 10 s idle, so the
+-- rows the bench itself wrote just before a burn-down (the raw phase's
+-- clean-up, the requests created) would otherwise land in its window.
+function B.flush_stats()
+  local held = {}
+  for i = 1, tonumber(qtg.settings.db_pool_size) or 8 do
+    held[i] = qtg.db.acquire()
+    held[i]:query("SELECT pg_stat_force_next_flush() /* bench-probe */")
+  end
+  for _, s in ipairs(held) do s:release() end
+  qtg.sleep(0.1)
 end
 
 -- Commit records in the WAL between two positions (pg_waldump --stats):
@@ -551,13 +565,26 @@ function B.per_node(a, b, nodes)
     wal_write = d("wal_write"), wal_sync = d("wal_sync"), sim_writes = d("sim_writes"),
     wal_commits = B.wal_commits(a.lsn, b.lsn),
   }
-  r.hot_updates = {}
+  -- the rows each table wrote per node (inserted, updated, deleted: each a
+  -- heap tuple and, unless a HOT update, an entry in every index), and
+  -- their sum without the sim provider's ledger (the venue's books)
+  r.hot_updates, r.row_writes = {}, {}
+  local all, sim = 0, 0
   for name, t in pairs(b.tables or {}) do
-    local t0 = (a.tables or {})[name] or { updates = 0, hot = 0 }
+    local t0 = (a.tables or {})[name] or { inserts = 0, updates = 0, hot = 0, deletes = 0 }
     local updates = t.updates - t0.updates
     r.hot_updates[name] = { updates_per_node = updates / nodes,
                             hot_share = updates > 0 and (t.hot - t0.hot) / updates or nil }
+    local w = { inserts = (t.inserts - t0.inserts) / nodes, updates = updates / nodes,
+                deletes = (t.deletes - t0.deletes) / nodes }
+    w.total = w.inserts + w.updates + w.deletes
+    if w.total > 0 then
+      r.row_writes[name] = w
+      all = all + w.total
+      if name == "sim_ledger" then sim = w.total end
+    end
   end
+  r.row_writes_per_node, r.engine_row_writes_per_node = all, all - sim
   r.commits_per_node = r.xact_commit / nodes
   r.wal_flushes_per_node = r.wal_sync / nodes
   if r.wal_commits then
@@ -589,6 +616,7 @@ function B.burn_down(o, label, procs, prefix, n, counted)
   local log = counted and B.server_log() or nil
   if counted then B.log_statements(true) end
   local l0 = file_size(log)
+  B.flush_stats()
   local c0 = B.counters()
   local snap = B.stmt_snapshot()
   local pg0 = B.pg_cpu()
@@ -970,6 +998,17 @@ function B.print_table(R)
       line("  updates per node (HOT share): requests / nodes",
         ("%s (%s) / %s (%s)"):format(fmt(req.updates_per_node, "%.2f"), fmt(req.hot_share, "%.2f"),
           fmt(nod.updates_per_node, "%.2f"), fmt(nod.hot_share, "%.2f")))
+      local largest = {}
+      for name, w in pairs(k.row_writes or {}) do
+        if name ~= "sim_ledger" then largest[#largest + 1] = { name = name, w = w } end
+      end
+      table.sort(largest, function(x, y) return x.w.total > y.w.total end)
+      local parts = {}
+      for i = 1, math.min(4, #largest) do
+        parts[i] = ("%s %.1f"):format(largest[i].name, largest[i].w.total)
+      end
+      line("  row writes per node (without the sim's)", fmt(k.engine_row_writes_per_node, "%.1f"),
+        table.concat(parts, ", "))
       line("  CPU per node, ms: postgres / qtgd",
         ("%s / %s"):format(fmt(t.cpu.postgres_ms_per_node, "%.2f"), fmt(t.cpu.qtgd_ms_per_node, "%.2f")),
         "target <= 1.0 each")
