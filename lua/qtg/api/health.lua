@@ -2,9 +2,8 @@
 -- a new dependency adds a row.  Each returns status ("ok", "failing",
 -- "not_configured") and a detail; the route answers 200 when none fails.
 --
--- The signer check is pluggable (M.set_signer_check(fn)): the separate
--- signer process registers how to reach it; until a signer socket is
--- configured (MG_SIGNER_SOCKET) it reports not_configured.
+-- The signer check asks `qtgd signer` for its keys over the configured
+-- socket (MG_SIGNER_SOCKET; unset: not_configured, which is not a failure).
 local qtg = require "qtg"
 local canon = require "qtg.canon_json"
 
@@ -46,23 +45,22 @@ local function core_workers()
   return "ok", n .. " core workers running"
 end
 
-local function default_signer_check()
-  -- the setting exists only in builds with the separate signer process
-  local has, socket = pcall(function() return qtg.settings.signer_socket end)
-  if not has then socket = nil end
-  if socket == nil or socket == "" then return "not_configured", "no signer socket is configured" end
-  return "failing", "a signer socket is configured but this build has no check for it"
+-- Reachable: it answers KEYS within MG_SIGNER_TIMEOUT_SECONDS.  A signer
+-- that is down leaves EVM nodes READY rather than failing them, so this is
+-- where an operator learns of it.
+local function signer()
+  local socket = qtg.settings.signer_socket
+  if socket == nil or socket == "" then return "not_configured", "no signer socket is configured (MG_SIGNER_SOCKET)" end
+  local keys, err = qtg.signer.keys()
+  if err then return "failing", ("the signer at %s cannot be asked: %s"):format(socket, tostring(err.message)) end
+  return "ok", ("answers at %s with %d key%s"):format(socket, #keys, #keys == 1 and "" or "s")
 end
-
-local signer_check = default_signer_check
-
-function M.set_signer_check(fn) signer_check = fn or default_signer_check end
 
 M.CHECKS = {
   { name = "database", fn = database },
   { name = "migrations", fn = migrations },
   { name = "core_workers", fn = core_workers },
-  { name = "signer", fn = function() return signer_check() end },
+  { name = "signer", fn = signer },
 }
 
 function M.readyz(s)

@@ -477,6 +477,39 @@ describe("HTTP API", function()
       assert.same({ database = "ok", migrations = "ok", core_workers = "ok", signer = "not_configured" }, by)
     end)
 
+    it("/readyz fails while the configured signer cannot be asked, and passes once it answers", function()
+      local evm = require "spec.lua.support.evm"
+      local dir = common.tmpdir("qtg-readyz")
+      local socket = dir .. "/signer.sock"
+      local sd = api.start({ MG_SIGNER_SOCKET = socket, MG_SIGNER_TIMEOUT_SECONDS = "2" })
+      local function signer_check()
+        local r = api.check(doc, api.call(sd, "GET", "/readyz", { token = reader }), "GET", "/readyz")
+        for _, c in ipairs(r.json.checks) do
+          if c.name == "signer" then return r, c end
+        end
+        error("no signer check in " .. r.body)
+      end
+      local ok, err = pcall(function()
+        local r, c = signer_check()
+        assert.equal(503, r.status, r.body)
+        assert.is_false(r.json.ready)
+        assert.equal("failing", c.status)
+        assert.truthy(c.detail:find(socket, 1, true), c.detail)
+        local signer = evm.start_signer(evm.run_env("unused", { MG_SIGNER_SOCKET = socket }))
+        r, c = signer_check()
+        assert.equal(200, r.status, r.body)
+        assert.equal("ok", c.status)
+        assert.truthy(c.detail:find("with 0 keys", 1, true), c.detail)
+        evm.host.stop(signer)
+        r, c = signer_check()
+        assert.equal(503, r.status, r.body)
+        assert.equal("failing", c.status)
+      end)
+      api.stop(sd)
+      os.execute("rm -rf " .. common.quote(dir))
+      assert(ok, err)
+    end)
+
     it("/metrics is Prometheus text with the table gauges and the HTTP counters", function()
       create(operator, common.uid("m", 4))
       local r = common.wait_for(function()
