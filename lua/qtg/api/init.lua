@@ -53,8 +53,6 @@ local function rate_limit(principal)
   b.level = b.level - 1
 end
 
-function M.reset_rate_limits() buckets = {} end
-
 -- ------------------------------------------------------------------ inputs
 local function check_query(route, query, repeated)
   local allowed = route.query or {}
