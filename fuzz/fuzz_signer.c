@@ -142,6 +142,10 @@ int qtg_fuzz_signer(const uint8_t *data, size_t size) {
     qtg_signer_line_free(&l);
     return rc;
   }
+  if ((l.verb == QTG_SIGNER_VERB_KEYS && size != 4) || (l.verb == QTG_SIGNER_VERB_APPROVALS && size != 9)) {
+    fprintf(stderr, "signer: a KEYS or APPROVALS line was accepted with more than its verb\n");
+    return -1;
+  }
   if (l.verb == QTG_SIGNER_VERB_ADDRESS && (strlen(l.key) == 0 || strlen(l.key) > 64)) {
     fprintf(stderr, "signer: an ADDRESS line was accepted with a bad key name\n");
     return -1;

@@ -13,6 +13,7 @@
  *   e:initiation_signed()    -> true when requests need their maker's signature
  *   e:count()                -> number of persons (approvers)
  *   e:deployment()           -> the deployment every statement names
+ *   e:digest()               -> the SHA-256 of the file's text (64 hex)
  *   qtg.approvers.statement_ok(text) -> true when text is one statement
  *
  * The daemon's copy only decides early (refusing a vote that will not
@@ -107,6 +108,11 @@ static int qtg_lua_enrolment_deployment(lua_State *L) {
   return 1;
 }
 
+static int qtg_lua_enrolment_digest(lua_State *L) {
+  lua_pushstring(L, qtg_approvers_digest(qtg_check_enrolment(L)));
+  return 1;
+}
+
 static int qtg_lua_enrolment_gc(lua_State *L) {
   qtg_approvers **a = luaL_checkudata(L, 1, qtg_enrolment_meta);
   qtg_approvers_free(*a);
@@ -131,6 +137,7 @@ int luaopen_qtg_approvers(lua_State *L) {
       {"initiation_signed", qtg_lua_enrolment_initiation_signed},
       {"count", qtg_lua_enrolment_count},
       {"deployment", qtg_lua_enrolment_deployment},
+      {"digest", qtg_lua_enrolment_digest},
       {NULL, NULL},
   };
   static const luaL_Reg fns[] = {

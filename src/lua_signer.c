@@ -2,6 +2,9 @@
  * EVM address helpers.
  *
  *   keys()                   names of the keys the signer holds ({}, err when down)
+ *   approvals()              how it counts approvals: {mode = "enrolled",
+ *                            deployment=, digest=} | {mode = "trusting-rows"}
+ *                            | {mode = "none"}, or nil, err
  *   address(name)            lowercase 0x address, or nil, err
  *   health(name)             {ok=true, signer_address=} or {ok=false, error=, code=}
  *   sign(name, sign_request) {signature=, r=, s=, recid=, address=} or nil, err

@@ -47,6 +47,7 @@ struct qtg_approvers {
   size_t npeople;
   qtg_quorum *quorums;
   size_t nquorums;
+  char digest[2 * QTG_SHA256_LEN + 1];          /* sha256 of the file's bytes, hex */
 };
 
 /* The y of every point of small order on edwards25519 (1, 2, 4 or 8:
@@ -141,6 +142,8 @@ void qtg_approvers_free(qtg_approvers *a) {
 size_t qtg_approvers_count(const qtg_approvers *a) { return a ? a->npeople : 0; }
 
 const char *qtg_approvers_deployment(const qtg_approvers *a) { return a ? a->deployment : NULL; }
+
+const char *qtg_approvers_digest(const qtg_approvers *a) { return a ? a->digest : NULL; }
 
 const char *qtg_approvers_person_name(const qtg_approvers *a, int person) {
   return a && person >= 0 && (size_t)person < a->npeople ? a->people[person].name : NULL;
@@ -449,6 +452,13 @@ int qtg_approvers_parse(const char *text, size_t len, qtg_approvers **out, char 
     qtg_approvers_free(a);
     return -1;
   }
+  uint8_t sum[QTG_SHA256_LEN];
+  if (qtg_sha256(text, len, sum) != 0) {
+    snprintf(err, errlen, "cannot hash the enrolment");
+    qtg_approvers_free(a);
+    return -1;
+  }
+  qtg_hex_encode(sum, sizeof sum, a->digest);
   *out = a;
   return 0;
 fail:

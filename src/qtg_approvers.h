@@ -99,6 +99,11 @@ int qtg_approvers_initiation_signed(const qtg_approvers *a);
 /* The enrolment's deployment name (never empty in a parsed enrolment). */
 const char *qtg_approvers_deployment(const qtg_approvers *a);
 
+/* The SHA-256 of the enrolment's text, 64 lowercase hex digits: two
+ * processes that read the same file give the same digest (the daemon's
+ * /readyz compares its own with the signer's). */
+const char *qtg_approvers_digest(const qtg_approvers *a);
+
 /* The person principal acts for (an index below qtg_approvers_count), or
  * -1 when no enrolled person has it (an initiator's principal included). */
 int qtg_approvers_person_of(const qtg_approvers *a, const char *principal);

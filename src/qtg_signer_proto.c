@@ -72,6 +72,11 @@ int qtg_signer_line_parse(const char *s, size_t len, qtg_signer_line *out,
     out->verb = QTG_SIGNER_VERB_KEYS;
     return 0;
   }
+  if (tl[0] == 9 && memcmp(tok[0], "APPROVALS", 9) == 0) {
+    if (n != 1) QTG_FAIL("APPROVALS takes no argument");
+    out->verb = QTG_SIGNER_VERB_APPROVALS;
+    return 0;
+  }
   if (tl[0] == 7 && memcmp(tok[0], "ADDRESS", 7) == 0) {
     if (n != 2) QTG_FAIL("ADDRESS takes one key name");
     if (!qtg_is_key_name(tok[1], tl[1])) QTG_FAIL("key name must be 1-64 of [A-Za-z0-9_.-]");
@@ -79,7 +84,7 @@ int qtg_signer_line_parse(const char *s, size_t len, qtg_signer_line *out,
     memcpy(out->key, tok[1], tl[1]);
     return 0;
   }
-  if (!(tl[0] == 4 && memcmp(tok[0], "SIGN", 4) == 0)) QTG_FAIL("unknown verb (SIGN, ADDRESS, KEYS)");
+  if (!(tl[0] == 4 && memcmp(tok[0], "SIGN", 4) == 0)) QTG_FAIL("unknown verb (SIGN, ADDRESS, KEYS, APPROVALS)");
   if (n != 6) QTG_FAIL("SIGN takes request id, node id, attempt, key name and payload");
   if (!qtg_is_uuid(tok[1], tl[1])) QTG_FAIL("request id must be a lowercase uuid");
   if (!qtg_is_uuid(tok[2], tl[2])) QTG_FAIL("node id must be a lowercase uuid");

@@ -9,11 +9,15 @@
  *   SIGN <request uuid> <node uuid> <attempt> <key name> 0x<payload hex>
  *   ADDRESS <key name>
  *   KEYS
+ *   APPROVALS
  *
  * answered by
  *
  *   OK <words...>                 SIGN: 0x<r s v hex> 0x<address>
  *                                 ADDRESS: 0x<address>; KEYS: the names
+ *                                 APPROVALS: how approvals are checked:
+ *                                 "enrolled <deployment> <sha256 of the
+ *                                 enrolment>", "trusting-rows" or "none"
  *   REFUSED <CODE> <reason text>
  *
  * uuids are lowercase 8-4-4-4-12 hex, attempt a decimal 1..2147483647
@@ -40,7 +44,12 @@ enum {
   QTG_SIGNER_UUID_LEN = 36
 };
 
-typedef enum { QTG_SIGNER_VERB_SIGN, QTG_SIGNER_VERB_ADDRESS, QTG_SIGNER_VERB_KEYS } qtg_signer_verb;
+typedef enum {
+  QTG_SIGNER_VERB_SIGN,
+  QTG_SIGNER_VERB_ADDRESS,
+  QTG_SIGNER_VERB_KEYS,
+  QTG_SIGNER_VERB_APPROVALS
+} qtg_signer_verb;
 
 typedef struct {
   qtg_signer_verb verb;

@@ -655,6 +655,16 @@ static void qtg_signerd_serve(qtg_signerd *d, int fd) {
     }
     qtg_signerd_answer(fd, "OK%s", names);
     return;
+  } else if (line.verb == QTG_SIGNER_VERB_APPROVALS) {
+    if (d->approvers_broken)
+      qtg_signerd_answer(fd, "REFUSED APPROVERS_UNREADABLE %s could not be read at the last reload: "
+                             "nothing is signed until it is fixed and reloaded", d->approvers_path);
+    else if (d->approvers != NULL)
+      qtg_signerd_answer(fd, "OK enrolled %s %s", qtg_approvers_deployment(d->approvers),
+                         qtg_approvers_digest(d->approvers));
+    else
+      qtg_signerd_answer(fd, "OK %s", qtg_keys_signer_count(d->keys) > 0 ? "trusting-rows" : "none");
+    return;
   } else if (line.verb == QTG_SIGNER_VERB_ADDRESS) {
     uint8_t addr[20];
     char hex[QTG_ADDRESS_HEX_LEN + 1];

@@ -436,6 +436,8 @@ static void test_proto(void) {
   }
   CHECK(&tc, parse("KEYS", &l) == 0 && l.verb == QTG_SIGNER_VERB_KEYS);
   CHECK(&tc, parse("ADDRESS evm.hot-1", &l) == 0 && l.verb == QTG_SIGNER_VERB_ADDRESS);
+  CHECK(&tc, parse("APPROVALS", &l) == 0 && l.verb == QTG_SIGNER_VERB_APPROVALS);
+  CHECK(&tc, parse("APPROVALS x", &l) == -1 && parse("APPROVALS ", &l) == -1 && parse("APPROVAL", &l) == -1);
   /* exact decimal amounts */
   CHECK(&tc, qtg_amount_to_units("0.25", 4, 18, &v) == 0);
   qtg_u256_decimal(&v, dec, sizeof dec);
@@ -553,6 +555,15 @@ static void test_approvers(void) {
   CHECK(&tc, qtg_approvers_quorum_range(NULL, &lowest, &highest) == 0 && lowest == -1 && highest == -1);
   a = enrolment(DEPLOY "quorum * 1\n");
   CHECK(&tc, a != NULL && qtg_approvers_quorum_range(a, &lowest, &highest) == 1 && lowest == 1 && highest == 1);
+  /* the digest is the text's: the same file gives the same, any edit another */
+  qtg_approvers *same = enrolment(DEPLOY "quorum * 1\n"), *other = enrolment(DEPLOY "quorum * 1\n\n");
+  const char *dg = qtg_approvers_digest(a);
+  CHECK(&tc, dg != NULL && strlen(dg) == 64 && strspn(dg, "0123456789abcdef") == 64);
+  CHECK(&tc, same != NULL && other != NULL && strcmp(dg, qtg_approvers_digest(same)) == 0 &&
+                 strcmp(dg, qtg_approvers_digest(other)) != 0);
+  CHECK(&tc, qtg_approvers_digest(NULL) == NULL);
+  qtg_approvers_free(same);
+  qtg_approvers_free(other);
   CHECK(&tc, a != NULL && qtg_approvers_classes_at(a, 0, st, sizeof st) == 0 && st[0] == '\0');
   CHECK(&tc, a != NULL && qtg_approvers_classes_at(a, 1, st, sizeof st) == 1 && strcmp(st, "*") == 0);
   qtg_approvers_free(a);

@@ -25,6 +25,19 @@ function signer.keys()
   for w in (s or ''):gmatch('%S+') do out[#out + 1] = w end
   return out, err
 end
+-- approvals() -> how the signer counts approvals: {mode = "enrolled",
+-- deployment =, digest =} (its enrolment's name and SHA-256), {mode =
+-- "trusting-rows"} (MG_SIGNER_TRUST_APPROVAL_ROWS) or {mode = "none"} (no
+-- key, nothing to sign); nil, err when it cannot be asked or its enrolment
+-- broke at a reload (code APPROVERS_UNREADABLE).
+function signer.approvals()
+  local s, err = call('APPROVALS')
+  if not s then return nil, err end
+  local deployment, digest = s:match('^enrolled ([A-Za-z0-9_.-]+) (%x+)$')
+  if deployment and #digest == 64 then return { mode = 'enrolled', deployment = deployment, digest = digest } end
+  if s == 'trusting-rows' or s == 'none' then return { mode = s } end
+  return nil, setmetatable({ kind = 'signer_unavailable', message = 'the signer answered garbage' }, signer.error_mt)
+end
 function signer.address(name)
   if not key_ok(name) then return bad('key name must be 1-64 of [A-Za-z0-9_.-]') end
   return call('ADDRESS ' .. name)

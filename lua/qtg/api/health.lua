@@ -45,15 +45,39 @@ local function core_workers()
   return "ok", n .. " core workers running"
 end
 
--- Reachable: it answers KEYS within MG_SIGNER_TIMEOUT_SECONDS.  A signer
--- that is down leaves EVM nodes READY rather than failing them, so this is
--- where an operator learns of it.
+-- Reachable: it answers within MG_SIGNER_TIMEOUT_SECONDS (a signer that
+-- is down leaves EVM nodes READY rather than failing them, so this is where
+-- an operator learns of it); and it counts approvals as this daemon asks
+-- them: both read the same enrolment (its SHA-256), or neither has one.
+-- A signer still counting a person this daemon's file revoked (one of the
+-- two reloaded), or counting unsigned rows while this daemon asks for
+-- signatures, fails the check.
+local function approvals_disagree(mine, theirs)
+  if theirs.mode == "enrolled" and mine and theirs.digest == mine:digest() then return nil end
+  if theirs.mode ~= "enrolled" and not mine then return nil end
+  local function say(who, e, mode)
+    if e then return ("%s reads the enrolment of deployment %s (sha256 %s)"):format(who, e.deployment, e.digest:sub(1, 12)) end
+    return ("%s has no enrolment%s"):format(who, mode == "trusting-rows" and " and counts the approval rows as written" or "")
+  end
+  return ("%s, %s: give both the same MG_SIGNER_APPROVERS file, then `systemctl reload qtg-signer qtgd`"):format(
+    say("the signer", theirs.mode == "enrolled" and theirs, theirs.mode),
+    say("this daemon", mine and { deployment = mine:deployment(), digest = mine:digest() }))
+end
+
 local function signer()
   local socket = qtg.settings.signer_socket
   if socket == nil or socket == "" then return "not_configured", "no signer socket is configured (MG_SIGNER_SOCKET)" end
   local keys, err = qtg.signer.keys()
   if err then return "failing", ("the signer at %s cannot be asked: %s"):format(socket, tostring(err.message)) end
-  return "ok", ("answers at %s with %d key%s"):format(socket, #keys, #keys == 1 and "" or "s")
+  local theirs, aerr = qtg.signer.approvals()
+  if not theirs then return "failing", ("the signer at %s: %s"):format(socket, tostring(aerr.message)) end
+  local ok, mine = pcall(require("qtg.signed_approvals").enrolment)
+  if not ok then return "failing", tostring(type(mine) == "table" and mine.message or mine) end
+  local why = approvals_disagree(mine, theirs)
+  if why then return "failing", why end
+  local how = theirs.mode == "enrolled" and ("the enrolment of deployment %s"):format(theirs.deployment)
+    or theirs.mode == "trusting-rows" and "approval rows as written (MG_SIGNER_TRUST_APPROVAL_ROWS)" or "nothing (no key)"
+  return "ok", ("answers at %s with %d key%s, counting %s"):format(socket, #keys, #keys == 1 and "" or "s", how)
 end
 
 M.CHECKS = {

@@ -341,4 +341,57 @@ describe("signed approvals through the API", function()
     api.stop(other)
     assert(ok, err)
   end)
+
+  it("/readyz fails while the signer counts approvals otherwise than this daemon asks them", function()
+    local evm = require "spec.lua.support.evm"
+    local dir = host.tmpdir()
+    local mine, edited = dir .. "/approvers", dir .. "/approvers-edited"
+    local text = host.read(keydir .. "/approvers")
+    host.write(mine, text)
+    host.write(edited, text .. "# bob revoked here, but only the signer was reloaded\n")
+    os.execute("chmod 644 " .. common.quote(mine) .. " " .. common.quote(edited))
+    local socket = dir .. "/signer.sock"
+    local sd = api.start({ MG_SIGNER_APPROVERS = mine, MG_SIGNER_SOCKET = socket, MG_SIGNER_TIMEOUT_SECONDS = "2" })
+    local function signer_check()
+      local r = api.check(doc, api.call(sd, "GET", "/readyz", { token = alice }), "GET", "/readyz")
+      for _, c in ipairs(r.json.checks) do
+        if c.name == "signer" then return r, c end
+      end
+      error("no signer check in " .. r.body)
+    end
+    local function with_signer(env, check)
+      env.MG_SIGNER_SOCKET = socket
+      local h = evm.start_signer(evm.run_env("unused", env))
+      local ok, err = pcall(check)
+      evm.host.stop(h)
+      assert(ok, err)
+    end
+    local ok, err = pcall(function()
+      -- the same file: ready
+      with_signer({ MG_SIGNER_APPROVERS = mine }, function()
+        local r, c = signer_check()
+        assert.equal(200, r.status, r.body)
+        assert.equal("ok", c.status)
+        assert.truthy(c.detail:find("counting the enrolment of deployment " .. DEPLOYMENT, 1, true), c.detail)
+      end)
+      -- another text (one of the two reloaded after an edit): not ready
+      with_signer({ MG_SIGNER_APPROVERS = edited }, function()
+        local r, c = signer_check()
+        assert.equal(503, r.status, r.body)
+        assert.equal("failing", c.status)
+        assert.truthy(c.detail:find("give both the same MG_SIGNER_APPROVERS file", 1, true), c.detail)
+      end)
+      -- a signer counting unsigned rows under a daemon that asks signatures: not ready
+      with_signer({ MG_SIGNER_KEYS = "sa=" .. evm.key_file(dir, "sa", evm.DEV[1].key),
+                    MG_SIGNER_TRUST_APPROVAL_ROWS = "true" }, function()
+        local r, c = signer_check()
+        assert.equal(503, r.status, r.body)
+        assert.truthy(c.detail:find("the signer has no enrolment and counts the approval rows as written", 1, true),
+          c.detail)
+      end)
+    end)
+    api.stop(sd)
+    os.execute("rm -rf " .. common.quote(dir))
+    assert(ok, err)
+  end)
 end)

@@ -646,8 +646,13 @@ c.sendall(b"KEYS\n"); print(c.makefile().readline().strip())' ]]
     reload()
     refused("APPROVERS_UNREADABLE", "could not be read at the last reload")
     assert.equal(1, sup.log_count(h, "nothing is signed until the file is fixed"))
+    local how, herr = qtg.signer.approvals()   -- what /readyz asks: it says so too
+    assert.is_nil(how)
+    assert.equal("APPROVERS_UNREADABLE", herr.code)
     reload(e.write({ [class] = 2 }))
     assert.truthy(sign())
+    assert.same({ mode = "enrolled", deployment = DEPLOYMENT, digest = qtg.crypto.sha256_hex(sup.host.read(e.path)) },
+      qtg.signer.approvals())
     -- a file that asks fewer for other classes while this signer's keys sign
     -- for every class: a request moved to such a class would get the same
     -- key for fewer approvals; the reload fails closed, and mending it signs
