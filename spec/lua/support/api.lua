@@ -191,4 +191,14 @@ function M.check(doc, resp, method, template)
   return resp
 end
 
+-- readyz(d, doc, token, name) -> the /readyz response (checked against the
+-- document), and its check called name
+function M.readyz(d, doc, token, name)
+  local r = M.check(doc, M.call(d, "GET", "/readyz", { token = token }), "GET", "/readyz")
+  for _, c in ipairs(r.json.checks) do
+    if c.name == name then return r, c end
+  end
+  error("no " .. name .. " check in " .. r.body, 2)
+end
+
 return M
