@@ -91,6 +91,30 @@ function M.encode(v)
   return encode(v, 0)
 end
 
+-- The length of the valid UTF-8 character at s[i], or nil: no NUL, no
+-- overlong form, no surrogate, nothing past U+10FFFF.
+local function char_len(s, i, n)
+  local c = s:byte(i)
+  if c == 0 then return nil end
+  if c < 0x80 then return 1 end
+  local len
+  if c >= 0xC2 and c <= 0xDF then len = 2
+  elseif c >= 0xE0 and c <= 0xEF then len = 3
+  elseif c >= 0xF0 and c <= 0xF4 then len = 4
+  else return nil end
+  if i + len - 1 > n then return nil end
+  local c2 = s:byte(i + 1)
+  if (c == 0xE0 and c2 < 0xA0) or (c == 0xED and c2 > 0x9F)
+      or (c == 0xF0 and c2 < 0x90) or (c == 0xF4 and c2 > 0x8F) then
+    return nil
+  end
+  for j = i + 1, i + len - 1 do
+    local b = s:byte(j)
+    if b < 0x80 or b > 0xBF then return nil end
+  end
+  return len
+end
+
 -- text_ok(s): s can be stored as PostgreSQL text or inside jsonb: valid
 -- UTF-8 (no overlong forms, surrogates or code points past U+10FFFF) and no
 -- NUL byte (text cannot hold one, jsonb refuses \u0000).
@@ -98,30 +122,26 @@ function M.text_ok(s)
   if not s:find("[%z\128-\255]") then return true end
   local i, n = 1, #s
   while i <= n do
-    local c = s:byte(i)
-    if c == 0 then return false end
-    if c < 0x80 then
-      i = i + 1
-    else
-      local len
-      if c >= 0xC2 and c <= 0xDF then len = 2
-      elseif c >= 0xE0 and c <= 0xEF then len = 3
-      elseif c >= 0xF0 and c <= 0xF4 then len = 4
-      else return false end
-      if i + len - 1 > n then return false end
-      local c2 = s:byte(i + 1)
-      if (c == 0xE0 and c2 < 0xA0) or (c == 0xED and c2 > 0x9F)
-          or (c == 0xF0 and c2 < 0x90) or (c == 0xF4 and c2 > 0x8F) then
-        return false
-      end
-      for j = i + 1, i + len - 1 do
-        local b = s:byte(j)
-        if b < 0x80 or b > 0xBF then return false end
-      end
-      i = i + len
-    end
+    local len = char_len(s, i, n)
+    if not len then return false end
+    i = i + len
   end
   return true
+end
+
+-- text_repaired(s) -> s when M.text_ok(s), else s with each byte that
+-- starts no valid character (a NUL included) replaced by U+FFFD: for
+-- messages that repeat what a client sent (a path, a header), which must
+-- stay valid JSON text.
+function M.text_repaired(s)
+  if M.text_ok(s) then return s end
+  local out, i, n = {}, 1, #s
+  while i <= n do
+    local len = char_len(s, i, n)
+    if len then out[#out + 1] = s:sub(i, i + len - 1); i = i + len
+    else out[#out + 1] = "\239\191\189"; i = i + 1 end
+  end
+  return table.concat(out)
 end
 
 -- bad_text_path(v, path) -> where in v (path, then ".key" / "[i]" steps)

@@ -43,6 +43,10 @@ local errors = require "qtg.errors"
 
 local M = {}
 
+-- A key of the console's own or the API's "api:<token name>:<key>"
+-- (sql/0193).
+M.MAX_IDEMPOTENCY_KEY = 256
+
 local NULL = require("cjson").null
 
 local refuse = errors.raise
@@ -217,8 +221,8 @@ local function check_create_args(args)
     refuse("invalid_input", "template_key is required")
   end
   if type(args.idempotency_key) ~= "string" or args.idempotency_key == ""
-      or #args.idempotency_key > 200 then
-    refuse("invalid_input", "idempotency_key is required (1 to 200 characters)")
+      or #args.idempotency_key > M.MAX_IDEMPOTENCY_KEY then
+    refuse("invalid_input", "idempotency_key is required (1 to %d characters)", M.MAX_IDEMPOTENCY_KEY)
   end
   -- text PostgreSQL cannot hold is refused here, not by a failing write
   if not canon.text_ok(args.idempotency_key) then
@@ -251,6 +255,29 @@ local function find_existing(s, network_class, key)
     network_class, key)[1]
 end
 
+local function callback_url_of(args)
+  return type(args.callback_url) == "string" and require("qtg.callbacks").normalize_url(args.callback_url) or nil
+end
+
+-- The request a repeated idempotency key names, when the repeat asks for
+-- the same thing: the template, the intent, the input_params, the callback
+-- URL and the maker.  Anything else is idempotency_mismatch, naming no
+-- request: a key never answers a different request with the first one,
+-- nor hands one maker's request to another.
+local function same_as_existing(s, existing, args, actor)
+  if not existing then refuse("conflict", "idempotency_key %s changed hands; retry", args.idempotency_key) end
+  local same = s:query([[
+    SELECT template_key = $2 AND intent = $3::jsonb AND input_params = $4::jsonb
+           AND callback_url IS NOT DISTINCT FROM $5 AND created_by = $6 AS same
+      FROM movement_requests WHERE id = $1]], existing.id, args.template_key, canon.encode(args.intent),
+    canon.encode(args.input_params or {}), callback_url_of(args), actor)[1]
+  if not (same and same.same == true) then
+    refuse("idempotency_mismatch", "idempotency_key %s was already used for a different request "
+      .. "(template, intent, input_params, callback_url or maker); use a new key", args.idempotency_key)
+  end
+  return existing, false
+end
+
 -- create(s, {template_key=, intent=, idempotency_key=, input_params=,
 --            callback_url=}, actor) -> request, created
 -- The latest plan version of the template is used.  A repeated
@@ -262,7 +289,7 @@ function M.create(s, args, who)
   local network_class = settings().network_class
   return in_tx(s, function()
     local existing = find_existing(s, network_class, args.idempotency_key)
-    if existing then return existing, false end
+    if existing then return same_as_existing(s, existing, args, actor) end
     local pv = s:query([[
       SELECT pv.*, t.template_key FROM plan_versions pv
         JOIN movement_templates t ON t.id = pv.template_id
@@ -305,12 +332,11 @@ function M.create(s, args, who)
       RETURNING *]], network_class, args.template_key, pv.id, pv.compiled_plan_hash,
       canon.encode(args.intent), canon.encode(args.input_params or {}),
       canon.encode(canon.array(frontier)), args.idempotency_key,
-      type(args.callback_url) == "string" and require("qtg.callbacks").normalize_url(args.callback_url) or nil,
-      settings().approval_ttl_seconds, actor, required,
+      callback_url_of(args), settings().approval_ttl_seconds, actor, required,
       canon.encode(policy_record(decision, policy_error, initiator)))[1]
     if not req then
       -- a concurrent create with the same key won the race
-      return find_existing(s, network_class, args.idempotency_key), false
+      return same_as_existing(s, find_existing(s, network_class, args.idempotency_key), args, actor)
     end
     s:query([[
       INSERT INTO movement_request_nodes (request_id, plan_node_id, node_key, node_kind,

@@ -15,7 +15,8 @@ const who = document.getElementById('who');
 const banner = document.getElementById('banner');
 
 // The pages, by the first word of the hash; role: the role a token needs to
-// see the page at all (admin has every role); classWide: about the whole
+// see the page at all (each role by name: admin is not also the others, as
+// the daemon checks it); classWide: about the whole
 // network class, which a token of scope own does not see.
 const PAGES = [
   { key: 'requests', title: 'Requests', page: requests, role: 'read' },
@@ -29,7 +30,7 @@ let me = null;
 let cleanup = null;
 
 export function can(role) {
-  return !!me && (me.roles.includes(role) || me.roles.includes('admin'));
+  return !!me && me.roles.includes(role);
 }
 
 function shows(page) {

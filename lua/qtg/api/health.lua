@@ -66,11 +66,20 @@ end
 
 local function signer()
   local socket = qtg.settings.signer_socket
-  if socket == nil or socket == "" then return "not_configured", "no signer socket is configured (MG_SIGNER_SOCKET)" end
+  if socket == nil or socket == "" then
+    return "not_configured", "MG_SIGNER_SOCKET is not set, so readiness asks no signer (a signature, if one is "
+      .. "asked for, goes to the default socket under the run directory); set it where this daemon signs"
+  end
+  -- an unreachable signer's message names the socket already; a refusal
+  -- is the signer's own words
+  local function why(e)
+    if e.kind == "signer_unavailable" then return tostring(e.message) end
+    return ("the signer at %s: %s"):format(socket, tostring(e.message))
+  end
   local keys, err = qtg.signer.keys()
-  if err then return "failing", ("the signer at %s cannot be asked: %s"):format(socket, tostring(err.message)) end
+  if err then return "failing", why(err) end
   local theirs, aerr = qtg.signer.approvals()
-  if not theirs then return "failing", ("the signer at %s: %s"):format(socket, tostring(aerr.message)) end
+  if not theirs then return "failing", why(aerr) end
   local ok, mine = pcall(require("qtg.signed_approvals").enrolment)
   if not ok then return "failing", tostring(type(mine) == "table" and mine.message or mine) end
   local why = approvals_disagree(mine, theirs)

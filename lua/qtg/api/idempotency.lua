@@ -7,12 +7,16 @@
 --   same key, another request  -> 422 idempotency_mismatch
 --   same key while the first is still running -> 409 idempotency_in_flight
 --   no key where the route requires one (POST /v3/requests) -> 400
--- Keys are per client (the token's name): two clients never see each
--- other's responses.  "Same request" is the method, the path and the
--- canonical JSON of the body (so spacing and key order do not matter).  A
+-- Keys are per client (the token's name) and network class (this
+-- daemon's): two clients never see each other's responses, and a daemon
+-- of another class never answers with this class's.  "Same request" is
+-- the method, the path and the canonical JSON of the body (so spacing and
+-- key order do not matter); a replayed 201 keeps its Location.  A
 -- first request that died without an answer (its row still has no status
 -- after MG_API_REQUEST_TIMEOUT_SECONDS twice over) is taken over by the
 -- next repeat.  A 5xx answer is not stored: the key is freed for a retry.
+-- Refusals before the route runs (authentication, role, rate limit,
+-- ownership, a malformed body) are not stored either: nothing was done.
 local qtg = require "qtg"
 local canon = require "qtg.canon_json"
 local problem = require "qtg.api.problem"
@@ -22,9 +26,9 @@ local M = {}
 M.MAX_KEY = 200
 
 local CLAIM_SQL = [[
-INSERT INTO api_idempotency_keys (client, idempotency_key, method, path, request_hash)
-VALUES ($1, $2, $3, $4, $5)
-ON CONFLICT (client, idempotency_key) DO UPDATE
+INSERT INTO api_idempotency_keys (client, network_class, idempotency_key, method, path, request_hash)
+VALUES ($1, $7, $2, $3, $4, $5)
+ON CONFLICT (client, network_class, idempotency_key) DO UPDATE
    SET method = EXCLUDED.method, path = EXCLUDED.path, request_hash = EXCLUDED.request_hash,
        created_at = clock_timestamp()
  WHERE api_idempotency_keys.status IS NULL
@@ -53,12 +57,13 @@ function M.wrap(s, principal, route, req, body, call)
   end
   M.check_key(key)
   local hash = M.request_hash(req.method, req.path, body)
+  local class = qtg.settings.network_class
   local claimed = s:query(CLAIM_SQL, principal.name, key, req.method, req.path, hash,
-    qtg.settings.api_request_timeout_seconds * 2)[1]
+    qtg.settings.api_request_timeout_seconds * 2, class)[1]
   if not claimed then
     local row = s:query([[
-      SELECT request_hash, status, response_body, content_type FROM api_idempotency_keys
-       WHERE client = $1 AND idempotency_key = $2]], principal.name, key)[1]
+      SELECT request_hash, status, response_body, content_type, location FROM api_idempotency_keys
+       WHERE client = $1 AND network_class = $2 AND idempotency_key = $3]], principal.name, class, key)[1]
     if not row then problem.raise("conflict", "Idempotency-Key %s changed hands; retry", key) end
     if row.request_hash ~= hash then
       problem.raise("idempotency_mismatch",
@@ -68,8 +73,13 @@ function M.wrap(s, principal, route, req, body, call)
       problem.raise_with("idempotency_in_flight", { retry_after = 1 },
         "the first request with Idempotency-Key %s is still running; retry later", key)
     end
-    return row.status, { ["Content-Type"] = row.content_type, ["Idempotent-Replayed"] = "true" },
-      row.response_body
+    local headers = { ["Content-Type"] = row.content_type, ["Idempotent-Replayed"] = "true" }
+    if row.location ~= nil and row.location ~= qtg.db.NULL then headers.Location = row.location end
+    return row.status, headers, row.response_body
+  end
+  local function forget()
+    s:query("DELETE FROM api_idempotency_keys WHERE client = $1 AND network_class = $2 AND idempotency_key = $3",
+      principal.name, class, key)
   end
   local ok, status, headers, text = pcall(call)
   if not ok then
@@ -77,18 +87,18 @@ function M.wrap(s, principal, route, req, body, call)
       local st, h, b = problem.response(status)
       status, headers, text = st, h, b
     else
-      s:query("DELETE FROM api_idempotency_keys WHERE client = $1 AND idempotency_key = $2", principal.name, key)
+      forget()
       error(status, 0)
     end
   end
   if status >= 500 then
-    s:query("DELETE FROM api_idempotency_keys WHERE client = $1 AND idempotency_key = $2", principal.name, key)
+    forget()
   else
     s:query([[
-      UPDATE api_idempotency_keys SET status = $3, response_body = $4, content_type = $5,
+      UPDATE api_idempotency_keys SET status = $4, response_body = $5, content_type = $6, location = $7,
              completed_at = clock_timestamp()
-       WHERE client = $1 AND idempotency_key = $2]], principal.name, key, status, text,
-      headers["Content-Type"] or "application/json")
+       WHERE client = $1 AND network_class = $2 AND idempotency_key = $3]], principal.name, class, key, status,
+      text, headers["Content-Type"] or "application/json", headers.Location)
   end
   return status, headers, text
 end

@@ -189,6 +189,12 @@ local function failure(e, route, req)
   return problem.response({ kind = "internal", message = "internal error; the daemon's log has the details" })
 end
 
+-- The metrics' method label: a client may send any token as its method,
+-- and a label of each would grow /metrics and this process's memory
+-- without bound.
+local METHOD_LABELS = { GET = "GET", HEAD = "HEAD", POST = "POST", PUT = "PUT", PATCH = "PATCH",
+                        DELETE = "DELETE", OPTIONS = "OPTIONS" }
+
 -- handle(req) -> status, headers, body
 function M.handle(req)
   local started = qtg.monotonic()
@@ -217,7 +223,8 @@ function M.handle(req)
   end
   headers["Cache-Control"] = headers["Cache-Control"] or "no-store"
   headers["X-Content-Type-Options"] = "nosniff"
-  metrics.observe_http(route and route.name or "unmatched", req.method, status, qtg.monotonic() - started)
+  metrics.observe_http(route and route.name or "unmatched", METHOD_LABELS[req.method] or "other", status,
+    qtg.monotonic() - started)
   return status, headers, body
 end
 

@@ -52,7 +52,9 @@ function M.document(e)
   local def = M.KINDS[e.kind] or M.KINDS.internal
   local doc = { type = "urn:qtg:problem:" .. (M.KINDS[e.kind] and e.kind or "internal"),
                 title = def[2], status = def[1], kind = M.KINDS[e.kind] and e.kind or "internal",
-                detail = tostring(e.message or def[2]) }
+                -- a detail may repeat what the client sent (a path, a
+                -- header): the body stays valid UTF-8 whatever it was
+                detail = canon.text_repaired(tostring(e.message or def[2])) }
   for k, v in pairs(e) do
     if not RESERVED[k] and doc[k] == nil and type(k) == "string" then doc[k] = v end
   end

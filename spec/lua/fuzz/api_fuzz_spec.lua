@@ -8,6 +8,7 @@
 -- serves /healthz.  QTG_FUZZ_SEED / QTG_FUZZ_SCALE as in fuzz_support.
 local qtg = require "qtg"
 local cjson = require "cjson"
+local canon = require "qtg.canon_json"
 local fuzz = require "spec.lua.support.fuzz"
 
 local api, common, host
@@ -138,6 +139,9 @@ describe("API boundary under generated input", function()
         local ok, doc = pcall(cjson.decode, resp.body)
         if not ok or doc.status ~= resp.status or type(doc.detail) ~= "string" then
           return false, "bad problem document " .. resp.body
+        end
+        if not canon.text_ok(resp.body) then
+          return false, method .. " " .. path .. ": the problem document is not valid UTF-8"
         end
       end
       return true
