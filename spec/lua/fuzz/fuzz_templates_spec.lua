@@ -282,6 +282,23 @@ describe("fuzz: template compilation", function()
     end)
   end)
 
+  it("text_repaired makes any bytes text PostgreSQL stores, and leaves valid text as it is", function()
+    local s = qtg.db.acquire()
+    local ok, err = pcall(function()
+      F.check("canon.text_repaired", 300, function(g)
+        local raw = g:chance(0.3) and g:pick(F.SQL) or g:bytes(g:int(0, 40))
+        local fixed = canon.text_repaired(raw)
+        if not canon.text_ok(fixed) then return false, "not text: " .. F.show(fixed) end
+        if canon.text_ok(raw) and fixed ~= raw then return false, "changed valid text " .. F.show(raw) end
+        local back = s:query("SELECT ($1::text::jsonb #>> '{}') AS t", cjson.encode(fixed))[1].t
+        if back ~= fixed then return false, "PostgreSQL read back " .. F.show(back) .. " for " .. F.show(fixed) end
+        return true
+      end)
+    end)
+    s:release()
+    assert(ok, err)
+  end)
+
   it("SQL-looking names, descriptions and config values are stored and read back byte for byte", function()
     local s = qtg.db.acquire()
     local before = s:query([[SELECT (SELECT count(*) FROM movement_templates)::int AS t,
