@@ -8,12 +8,13 @@
 #                                         templates (qtgd's root directory:
 #                                         QTG_INSTALL_DATADIR in the binary)
 #   /usr/share/qtg/ui                     the web console's static files
-#   /etc/qtg/qtg.env                      settings (a conffile)
-#   /lib/systemd/system/qtgd.service, qtgd@.service
+#   /etc/qtg/qtg.env, signer.env          settings of the daemon and of the
+#                                         signer (conffiles)
+#   /lib/systemd/system/qtgd.service, qtgd@.service, qtg-signer.service
 #   /usr/lib/tmpfiles.d/qtg.conf          /run/qtg, the console's directory
 #   /usr/share/doc/qtg/                   the operator's guide, changelog,
 #                                         copyright; /usr/share/man/man8/qtgd.8.gz
-# The qtg system user is made by the postinst (packaging/).
+# The qtg and qtg-signer system users are made by the postinst (packaging/).
 #
 # Why /lib/systemd/system: Debian 12's lintian requires units there.
 # Why the prefix matters: qtgd looks for its root in <prefix>/share/qtg, a
@@ -84,8 +85,10 @@ string(CONCAT CPACK_DEBIAN_PACKAGE_DESCRIPTION
   "policies hold the workers, executors and state rules.  Several daemons\n"
   "share one PostgreSQL database safely.\n"
   ".\n"
-  "This package ships qtgd, its policy scripts, migrations and templates,\n"
-  "and systemd units (qtgd.service, qtgd@.service).")
+  "This package ships qtgd, its policy scripts, migrations, templates and\n"
+  "web console, and systemd units: qtgd.service and qtgd@.service (the\n"
+  "daemon), qtg-signer.service (the signer, the only process holding the\n"
+  "signer keys).")
 # shared libraries from dpkg-shlibdeps; the Lua C modules qtgd loads at run
 # time; adduser for the postinst
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
