@@ -154,15 +154,14 @@ static int qtg_find_root(char *out, size_t cap) {
 }
 
 /* The embedded default: `tools/pg ensure` starts the private cluster if
- * needed and prints its URL. */
-static int qtg_resolve_database(qtg_settings *s, const char *root) {
+ * needed and prints its URL.  hint says where the setting goes. */
+static int qtg_resolve_database(qtg_settings *s, const char *root, const char *hint) {
   if (qtg_settings_str(s, QTG_S_DATABASE_URL)[0]) return 0;
   char tool[PATH_MAX + 16];
   snprintf(tool, sizeof tool, "%s/tools/pg", root);
   if (access(tool, X_OK) != 0) {
-    fprintf(stderr, "qtgd: MG_DATABASE_URL is not set and there is no embedded cluster tool (%s).\n"
-                    "Set MG_DATABASE_URL to a PostgreSQL URL (the packaged daemon reads /etc/qtg/qtg.env).\n",
-            tool);
+    fprintf(stderr, "qtgd: MG_DATABASE_URL is not set and there is no embedded cluster tool (%s).\n%s\n",
+            tool, hint);
     return -1;
   }
   char cmd[PATH_MAX + 64];
@@ -404,8 +403,12 @@ int main(int argc, char **argv) {
     return rc;
   }
   signal(SIGPIPE, SIG_IGN);
-  int own_db = strcmp(cmd, "signer") == 0 && qtg_settings_str(&s, QTG_S_SIGNER_DATABASE_URL)[0];
-  if (c->needs_db && !own_db && qtg_resolve_database(&s, root) != 0) {
+  /* the signer: its own URL, or none at all when it holds no key */
+  int signer = strcmp(cmd, "signer") == 0;
+  int own_db = signer && (qtg_settings_str(&s, QTG_S_SIGNER_DATABASE_URL)[0] || !qtg_signerd_needs_database(&s));
+  const char *hint = signer ? QTG_SIGNERD_DATABASE_HINT
+                            : "Set MG_DATABASE_URL to a PostgreSQL URL (the packaged daemon reads /etc/qtg/qtg.env).";
+  if (c->needs_db && !own_db && qtg_resolve_database(&s, root, hint) != 0) {
     qtg_settings_free(&s);
     return 1;
   }

@@ -2,11 +2,19 @@
  * request against the database rows, sign or refuse, log every decision in
  * signer_events.  See qtg_signerd.h for why it is its own process.
  *
- * One connection at a time, one request per connection, blocking I/O: the
- * signer does nothing else, a decision is a few milliseconds, and a
- * sequential server has no shared state to get wrong.  A client that has
- * not sent its whole request QTG_SIGNERD_IO_SECONDS after it was accepted
- * (silent or trickling) is cut off, so no peer holds the signer longer.
+ * One request per connection, one decision at a time: the signer does
+ * nothing else, a decision is a few milliseconds, and a sequential server
+ * has no shared state to get wrong.  The request lines are read from up to
+ * QTG_SIGNERD_MAX_CONNS accepted connections at once (one poll(2) loop, no
+ * threads), so a peer that connects and says nothing delays no other: a
+ * connection is decided as soon as its whole line is in.  One whose line
+ * has not arrived QTG_SIGNERD_IO_SECONDS after it was accepted (silent or
+ * trickling) is cut off, and so is the oldest one when the table is full;
+ * the cut-offs are logged, counted, at most once a second.
+ *
+ * A signer holding no key has nothing to sign and nothing to read: it
+ * answers KEYS, ADDRESS and APPROVALS, refuses SIGN (SIGNER_NOT_FOUND), and
+ * never connects to the database (a package's first start has none).
  *
  * What it reads is the last committed state: the dispatcher asks while its
  * own transaction (holding the node and request row locks) is open, and a
@@ -44,12 +52,26 @@
 #include "qtg_signer.h"
 #include "qtg_signer_proto.h"
 
-enum { QTG_SIGNERD_IO_SECONDS = 5, QTG_SIGNERD_STATEMENT_MS = 5000 };
+enum {
+  QTG_SIGNERD_IO_SECONDS = 5,       /* a connection's whole request line */
+  QTG_SIGNERD_STATEMENT_MS = 5000,
+  QTG_SIGNERD_MAX_CONNS = 64,       /* connections whose line is being read */
+  QTG_SIGNERD_CUT_LOG_MS = 1000     /* at most one cut-off log line per second */
+};
+
+/* An accepted connection whose request line is still arriving. */
+typedef struct {
+  int fd;                 /* -1: a free slot */
+  struct ucred peer;
+  int64_t deadline_ms;    /* accepted + QTG_SIGNERD_IO_SECONDS (qtg_signerd_now_ms) */
+  size_t len;
+  char *buf;              /* QTG_SIGNER_LINE_MAX + 2 bytes */
+} qtg_signerd_conn;
 
 typedef struct {
   qtg_keys *keys;
   PGconn *db;
-  const char *db_url;
+  const char *db_url;           /* NULL: no key, no database */
   const char *db_user;
   long allowed_uid;
   const char *key_classes;      /* MG_SIGNER_KEY_CLASSES, checked at start */
@@ -58,6 +80,10 @@ typedef struct {
   long approvers_writer;        /* the uid that must not own it, -1 none */
   int approvers_broken;         /* a reload failed: nothing is signed */
   int listen_fd;
+  qtg_signerd_conn conns[QTG_SIGNERD_MAX_CONNS];
+  unsigned long cut, evicted;   /* cut off since the last log line (evicted: the table was full) */
+  struct ucred cut_peer;        /* the last one cut off */
+  int64_t cut_logged_ms;
 } qtg_signerd;
 
 /* A decision: what is answered and what signer_events records. */
@@ -111,6 +137,7 @@ static void qtg_signerd_db_drop(qtg_signerd *d) {
 static PGconn *qtg_signerd_db(qtg_signerd *d) {
   if (d->db && PQstatus(d->db) == CONNECTION_OK) return d->db;
   qtg_signerd_db_drop(d);
+  if (d->db_url == NULL) return NULL;
   const char *keys[4], *vals[4];
   int n = 0;
   keys[n] = "dbname", vals[n++] = d->db_url;
@@ -520,9 +547,12 @@ static int qtg_signerd_decide_sign(qtg_signerd *d, const qtg_signer_line *l, qtg
   return 0;
 }
 
-/* Append the decision; -1 when it could not be recorded. */
+/* Append the decision; -1 when it could not be recorded.  A signer holding
+ * no key has no database: it grants nothing, and its log line (which the
+ * caller writes) is the only record of a refusal. */
 static int qtg_signerd_record(qtg_signerd *d, const qtg_decision *dec, const qtg_signer_line *l,
                               int parsed, const struct ucred *peer) {
+  if (d->db_url == NULL) return 0;
   PGconn *db = qtg_signerd_db(d);
   if (db == NULL) return -1;
   char attempt[16], uid[24], pid[24];
@@ -580,68 +610,17 @@ static int64_t qtg_signerd_now_ms(void) {
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* Read one LF-terminated line into buf (without the LF) before deadline_ms
- * (qtg_signerd_now_ms); -1 on EOF, error, the deadline, or a line longer
- * than cap - 1.  The deadline is the whole line's: a peer that trickles a
- * byte at a time is cut off as surely as a silent one, and the next
- * connection waits at most that long. */
-static int qtg_signerd_read_line(int fd, char *buf, size_t cap, size_t *len, int64_t deadline_ms) {
-  size_t n = 0;
-  while (n < cap - 1) {
-    int64_t left = deadline_ms - qtg_signerd_now_ms();
-    if (left <= 0) return -1;
-    struct pollfd p = {.fd = fd, .events = POLLIN};
-    int ready = poll(&p, 1, (int)left);
-    if (ready < 0 && errno == EINTR) continue;
-    if (ready <= 0) return -1;
-    ssize_t got = read(fd, buf + n, cap - 1 - n);
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) return -1;
-    char *lf = memchr(buf + n, '\n', (size_t)got);
-    n += (size_t)got;
-    if (lf) {
-      *len = (size_t)(lf - buf);
-      return 0;
-    }
-  }
-  return -1;
-}
-
-static void qtg_signerd_serve(qtg_signerd *d, int fd) {
-  struct ucred peer;
-  socklen_t plen = sizeof peer;
-  struct timeval tv = {QTG_SIGNERD_IO_SECONDS, 0};
-  int64_t deadline_ms = qtg_signerd_now_ms() + QTG_SIGNERD_IO_SECONDS * 1000;
+/* Decide one whole request line (buf, len, without the LF) of an allowed
+ * peer, record the decision and answer it. */
+static void qtg_signerd_serve(qtg_signerd *d, int fd, const struct ucred *peer,
+                              const char *buf, size_t len) {
   qtg_decision dec;
   qtg_signer_line line;
   char err[160];
   int parsed = 0;
   memset(&dec, 0, sizeof dec);
   memset(&line, 0, sizeof line);
-  if (setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) != 0 ||
-      setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) != 0 ||
-      getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &plen) != 0) {
-    qtg_log_warn("signer: cannot set up a connection: %s", strerror(errno));
-    return;
-  }
-  if ((long)peer.uid != d->allowed_uid) {
-    snprintf(dec.code, sizeof dec.code, "PEER_NOT_ALLOWED");
-    snprintf(dec.reason, sizeof dec.reason, "uid %lu may not use this signer",
-             (unsigned long)peer.uid);
-    qtg_logf(QTG_LOG_WARN, "code", dec.code, "signer: refused a peer: %s", dec.reason);
-    qtg_signerd_record(d, &dec, &line, 0, &peer);
-    qtg_signerd_answer(fd, "REFUSED %s %s", dec.code, dec.reason);
-    return;
-  }
-  char *buf = malloc(QTG_SIGNER_LINE_MAX + 2);
-  size_t len = 0;
-  if (buf == NULL) return;
-  if (qtg_signerd_read_line(fd, buf, QTG_SIGNER_LINE_MAX + 2, &len, deadline_ms) != 0) {
-    free(buf);
-    return;     /* nothing was asked: nothing to decide */
-  }
   int rc = qtg_signer_line_parse(buf, len, &line, err, sizeof err);
-  free(buf);
   if (rc != 0) {
     snprintf(dec.code, sizeof dec.code, rc == -2 ? "SIGNER_INTERNAL" : "SIGNER_BAD_REQUEST");
     snprintf(dec.reason, sizeof dec.reason, "%s", err);
@@ -684,7 +663,7 @@ static void qtg_signerd_serve(qtg_signerd *d, int fd) {
       return;
     }
   }
-  if (qtg_signerd_record(d, &dec, &line, parsed, &peer) != 0) {
+  if (qtg_signerd_record(d, &dec, &line, parsed, peer) != 0) {
     qtg_signer_line_free(&line);
     qtg_signerd_answer(fd, "REFUSED SIGNER_DB_UNAVAILABLE the signer cannot record its decision");
     return;
@@ -696,6 +675,172 @@ static void qtg_signerd_serve(qtg_signerd *d, int fd) {
   if (dec.granted) qtg_signerd_answer(fd, "OK %s %s", dec.signature, dec.address);
   else qtg_signerd_answer(fd, "REFUSED %s %s", dec.code, dec.reason);
   qtg_signer_line_free(&line);
+}
+
+/* ---- the connection table ------------------------------------------------------- */
+
+/* A peer of another uid: answered, recorded and logged at once, before it
+ * can send anything. */
+static void qtg_signerd_refuse_peer(qtg_signerd *d, int fd, const struct ucred *peer) {
+  qtg_decision dec;
+  qtg_signer_line line;
+  memset(&dec, 0, sizeof dec);
+  memset(&line, 0, sizeof line);
+  snprintf(dec.code, sizeof dec.code, "PEER_NOT_ALLOWED");
+  snprintf(dec.reason, sizeof dec.reason, "uid %lu may not use this signer", (unsigned long)peer->uid);
+  qtg_logf(QTG_LOG_WARN, "code", dec.code, "signer: refused a peer: %s", dec.reason);
+  qtg_signerd_record(d, &dec, &line, 0, peer);
+  qtg_signerd_answer(fd, "REFUSED %s %s", dec.code, dec.reason);
+}
+
+static void qtg_signerd_conn_close(qtg_signerd_conn *c) {
+  if (c->fd >= 0) close(c->fd);
+  free(c->buf);
+  c->fd = -1;
+  c->buf = NULL;
+  c->len = 0;
+}
+
+/* Close a connection that sent no whole request line in time (evicted: the
+ * table was full and it was the oldest), counted for qtg_signerd_log_cuts. */
+static void qtg_signerd_cut(qtg_signerd *d, qtg_signerd_conn *c, int evicted) {
+  d->cut++;
+  if (evicted) d->evicted++;
+  d->cut_peer = c->peer;
+  qtg_signerd_conn_close(c);
+}
+
+/* One log line for the cut-offs since the last one, at most one a second
+ * (force: now, at stop): a flood of silent connections shows in the log
+ * without filling the disk. */
+static void qtg_signerd_log_cuts(qtg_signerd *d, int64_t now, int force) {
+  if (d->cut == 0 || (!force && now - d->cut_logged_ms < QTG_SIGNERD_CUT_LOG_MS)) return;
+  char count[24], evicted[24], secs[16], uid[24], pid[24];
+  snprintf(count, sizeof count, "%lu", d->cut);
+  snprintf(evicted, sizeof evicted, "%lu", d->evicted);
+  snprintf(secs, sizeof secs, "%d", QTG_SIGNERD_IO_SECONDS);
+  snprintf(uid, sizeof uid, "%lu", (unsigned long)d->cut_peer.uid);
+  snprintf(pid, sizeof pid, "%ld", (long)d->cut_peer.pid);
+  const char *f[] = {"count", count, "evicted", evicted, "deadline_seconds", secs,
+                     "last_peer_uid", uid, "last_peer_pid", pid, NULL};
+  qtg_log_fields(QTG_LOG_WARN, "signer: cut off connections that sent no whole request in time", f);
+  d->cut = d->evicted = 0;
+  d->cut_logged_ms = now;
+}
+
+/* A free slot, else the oldest connection's, cut off to make room: a peer
+ * that fills the table loses its own oldest connections, not the signer. */
+static qtg_signerd_conn *qtg_signerd_slot(qtg_signerd *d) {
+  qtg_signerd_conn *oldest = &d->conns[0];
+  for (int i = 0; i < QTG_SIGNERD_MAX_CONNS; i++) {
+    if (d->conns[i].fd < 0) return &d->conns[i];
+    if (d->conns[i].deadline_ms < oldest->deadline_ms) oldest = &d->conns[i];
+  }
+  qtg_signerd_cut(d, oldest, 1);
+  return oldest;
+}
+
+/* Accept one pending connection (the listening socket does not block): a
+ * refused peer is answered at once, an allowed one gets a slot and its
+ * deadline.  -1 when none is pending. */
+static int qtg_signerd_accept(qtg_signerd *d) {
+  int fd = accept4(d->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+  if (fd < 0) return errno == EINTR || errno == ECONNABORTED ? 0 : -1;
+  struct ucred peer;
+  socklen_t plen = sizeof peer;
+  struct timeval tv = {QTG_SIGNERD_IO_SECONDS, 0};
+  if (setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) != 0 ||
+      getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &plen) != 0) {
+    qtg_log_warn("signer: cannot set up a connection: %s", strerror(errno));
+    close(fd);
+    return 0;
+  }
+  if ((long)peer.uid != d->allowed_uid) {
+    qtg_signerd_refuse_peer(d, fd, &peer);
+    close(fd);
+    return 0;
+  }
+  qtg_signerd_conn *c = qtg_signerd_slot(d);
+  c->buf = malloc(QTG_SIGNER_LINE_MAX + 2);
+  if (c->buf == NULL) {
+    qtg_log_warn("signer: out of memory for a connection");
+    close(fd);
+    return 0;
+  }
+  c->fd = fd;
+  c->peer = peer;
+  c->len = 0;
+  c->deadline_ms = qtg_signerd_now_ms() + QTG_SIGNERD_IO_SECONDS * 1000;
+  return 0;
+}
+
+/* Accept what is pending, as many as there are free slots (at least one:
+ * the oldest makes room). */
+static void qtg_signerd_accept_some(qtg_signerd *d) {
+  int room = 0;
+  for (int i = 0; i < QTG_SIGNERD_MAX_CONNS; i++)
+    if (d->conns[i].fd < 0) room++;
+  if (room == 0) room = 1;
+  while (room-- > 0 && qtg_signerd_accept(d) == 0) {}
+}
+
+/* Read what has arrived on c (poll said it is readable, so one read does
+ * not block).  1 its whole line is in (c->len, without the LF), 0 more is
+ * to come, -1 the peer closed or failed, -2 the line is longer than a
+ * request can be. */
+static int qtg_signerd_conn_read(qtg_signerd_conn *c) {
+  size_t cap = QTG_SIGNER_LINE_MAX + 2;
+  ssize_t got = read(c->fd, c->buf + c->len, cap - 1 - c->len);
+  if (got < 0 && (errno == EINTR || errno == EAGAIN)) return 0;
+  if (got <= 0) return -1;
+  char *lf = memchr(c->buf + c->len, '\n', (size_t)got);
+  c->len += (size_t)got;
+  if (lf) {
+    c->len = (size_t)(lf - c->buf);
+    return 1;
+  }
+  return c->len < cap - 1 ? 0 : -2;
+}
+
+/* The poll timeout: the nearest deadline, the next cut-off log line, or a
+ * second (the loop looks at its signal flags). */
+static int qtg_signerd_wait_ms(const qtg_signerd *d, int64_t now) {
+  int64_t wait = 1000;
+  for (int i = 0; i < QTG_SIGNERD_MAX_CONNS; i++)
+    if (d->conns[i].fd >= 0 && d->conns[i].deadline_ms - now < wait) wait = d->conns[i].deadline_ms - now;
+  if (d->cut > 0 && d->cut_logged_ms + QTG_SIGNERD_CUT_LOG_MS - now < wait)
+    wait = d->cut_logged_ms + QTG_SIGNERD_CUT_LOG_MS - now;
+  return wait < 0 ? 0 : (int)wait;
+}
+
+/* One turn of the loop: wait for a connection, a request line or the next
+ * deadline; read what arrived and decide each whole line, one at a time;
+ * cut off the connections past their deadline; accept the pending ones. */
+static void qtg_signerd_turn(qtg_signerd *d) {
+  struct pollfd p[QTG_SIGNERD_MAX_CONNS + 1];
+  int slot[QTG_SIGNERD_MAX_CONNS + 1];
+  nfds_t n = 0;
+  p[n] = (struct pollfd){.fd = d->listen_fd, .events = POLLIN};
+  slot[n++] = -1;
+  for (int i = 0; i < QTG_SIGNERD_MAX_CONNS; i++) {
+    if (d->conns[i].fd < 0) continue;
+    p[n] = (struct pollfd){.fd = d->conns[i].fd, .events = POLLIN};
+    slot[n++] = i;
+  }
+  int ready = poll(p, n, qtg_signerd_wait_ms(d, qtg_signerd_now_ms()));
+  int64_t now = qtg_signerd_now_ms();   /* a line in before this is in time */
+  for (nfds_t i = 1; ready > 0 && i < n; i++) {
+    qtg_signerd_conn *c = &d->conns[slot[i]];
+    if (p[i].revents == 0) continue;
+    int rc = qtg_signerd_conn_read(c);
+    if (rc == 1) qtg_signerd_serve(d, c->fd, &c->peer, c->buf, c->len);
+    if (rc == 1 || rc == -1) qtg_signerd_conn_close(c);
+    else if (rc == -2) qtg_signerd_cut(d, c, 0);
+  }
+  for (int i = 0; i < QTG_SIGNERD_MAX_CONNS; i++)
+    if (d->conns[i].fd >= 0 && d->conns[i].deadline_ms <= now) qtg_signerd_cut(d, &d->conns[i], 0);
+  if (ready > 0 && (p[0].revents & POLLIN)) qtg_signerd_accept_some(d);
+  qtg_signerd_log_cuts(d, qtg_signerd_now_ms(), 0);
 }
 
 /* ---- start-up --------------------------------------------------------------------- */
@@ -737,7 +882,7 @@ static int qtg_signerd_listen(const char *path, char *err, size_t errlen) {
     }
     unlink(path);
   }
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);   /* accept never waits */
   if (fd < 0) {
     snprintf(err, errlen, "socket: %s", strerror(errno));
     return -1;
@@ -884,13 +1029,34 @@ static void qtg_signerd_reload_approvers(qtg_signerd *d) {
   qtg_signerd_warn_unbound(d);
 }
 
+int qtg_signerd_needs_database(const qtg_settings *s) {
+  const char *keys = qtg_settings_str(s, QTG_S_SIGNER_KEYS);
+  return keys != NULL && keys[0] != '\0';
+}
+
+/* A signer holding keys reads the approval record: without a database URL
+ * it does not start.  One holding none never connects (d->db_url NULL). */
+static int qtg_signerd_attach_db(qtg_signerd *d) {
+  if (qtg_keys_signer_count(d->keys) == 0) {
+    d->db_url = NULL;
+    qtg_log_info("signer: no key (MG_SIGNER_KEYS is not set): nothing to sign; it answers KEYS and "
+                 "APPROVALS, refuses SIGN and does not connect to the database");
+    return 0;
+  }
+  if (d->db_url != NULL) return 0;
+  qtg_log_error("signer: MG_SIGNER_DATABASE_URL and MG_DATABASE_URL are not set. %s",
+                QTG_SIGNERD_DATABASE_HINT);
+  return -1;
+}
+
 int qtg_signerd_main(const qtg_settings *s, const char *db_url, const char *root_dir) {
   qtg_signerd d;
   char path[sizeof(((struct sockaddr_un *)0)->sun_path)], err[512];
   qtg_keys_config cfg;
   memset(&d, 0, sizeof d);
   memset(&cfg, 0, sizeof cfg);
-  d.db_url = db_url;
+  for (int i = 0; i < QTG_SIGNERD_MAX_CONNS; i++) d.conns[i].fd = -1;
+  d.db_url = db_url && db_url[0] ? db_url : NULL;
   d.db_user = qtg_settings_str(s, QTG_S_SIGNER_DATABASE_USER);
   d.allowed_uid = (long)qtg_settings_num(s, QTG_S_SIGNER_ALLOWED_UID);
   if (d.allowed_uid < 0) d.allowed_uid = (long)getuid();
@@ -917,7 +1083,12 @@ int qtg_signerd_main(const qtg_settings *s, const char *db_url, const char *root
     return 1;
   }
   qtg_signerd_warn_unbound(&d);
-  if (qtg_signerd_db(&d) == NULL) {
+  if (qtg_signerd_attach_db(&d) != 0) {
+    qtg_keys_free(d.keys);
+    qtg_approvers_free(d.approvers);
+    return 1;
+  }
+  if (d.db_url != NULL && qtg_signerd_db(&d) == NULL) {
     qtg_log_error("signer: cannot connect to the database as %s",
                   d.db_user && d.db_user[0] ? d.db_user : "the URL's user");
     qtg_keys_free(d.keys);
@@ -949,14 +1120,10 @@ int qtg_signerd_main(const qtg_settings *s, const char *db_url, const char *root
       qtg_signerd_hup = 0;
       qtg_signerd_reload_approvers(&d);
     }
-    struct pollfd p = {d.listen_fd, POLLIN, 0};
-    int n = poll(&p, 1, 1000);
-    if (n <= 0) continue;
-    int fd = accept4(d.listen_fd, NULL, NULL, SOCK_CLOEXEC);
-    if (fd < 0) continue;
-    qtg_signerd_serve(&d, fd);
-    close(fd);
+    qtg_signerd_turn(&d);
   }
+  for (int i = 0; i < QTG_SIGNERD_MAX_CONNS; i++) qtg_signerd_conn_close(&d.conns[i]);
+  qtg_signerd_log_cuts(&d, qtg_signerd_now_ms(), 1);
   qtg_log_info("signer: stopping");
   close(d.listen_fd);
   unlink(path);

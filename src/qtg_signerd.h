@@ -12,10 +12,21 @@
 #include "qtg_settings.h"
 
 /* Run the signer until SIGTERM/SIGINT.  db_url is the resolved database
- * URL (MG_SIGNER_DATABASE_URL, else MG_DATABASE_URL); root_dir locates the
- * default run directory.  Returns the process exit code (0 after a signal,
+ * URL (MG_SIGNER_DATABASE_URL, else MG_DATABASE_URL; NULL or "" when
+ * neither is set, which only a signer holding no key accepts, and then it
+ * never connects); root_dir locates the default run directory.  Returns the process exit code (0 after a signal,
  * 1 when it cannot start). */
 int qtg_signerd_main(const qtg_settings *s, const char *db_url, const char *root_dir);
+
+/* Where a signer holding keys gets its database, said when it has none. */
+#define QTG_SIGNERD_DATABASE_HINT                                                          \
+  "A signer holding keys (MG_SIGNER_KEYS) reads the approval record from the database: "  \
+  "set MG_SIGNER_DATABASE_URL (or MG_DATABASE_URL) to a PostgreSQL URL; the packaged "    \
+  "signer reads /etc/qtg/signer.env."
+
+/* 1 when `qtgd signer` needs a database: it is given keys (MG_SIGNER_KEYS).
+ * A signer holding none has nothing to sign and starts without one. */
+int qtg_signerd_needs_database(const qtg_settings *s);
 
 /* The socket path both sides use: MG_SIGNER_SOCKET, else <run dir>/signer.sock
  * (MG_RUN_DIR, $RUNTIME_DIRECTORY, or <root>/var/run).  0 or -1 with err. */

@@ -18,6 +18,10 @@
 --   * the signer down (kill -9): the node stays READY at its attempt, and
 --     completes once a signer is back;
 --   * a peer of another uid (nobody) is refused, even with the socket open;
+--   * connections of the allowed uid that say nothing hold up no other
+--     (the signer reads them all at once), and are cut off and logged;
+--   * a signer holding no key starts without any database (a package's
+--     first start); one holding a key and given no URL names the setting;
 --   * signed approvals (MG_SIGNER_APPROVERS): every vote row a runtime-role
 --     forger could write is not counted, the enrolment's quorum holds over
 --     the request's, and end to end one signed vote where two are enrolled
@@ -48,6 +52,22 @@ local function start_local_signer(keys_env, extra)
     MG_SIGNER_SOCKET = qtg.signer.socket_path() })
   for k, v in pairs(extra or {}) do env[k] = v end
   return sup.start_signer(env)
+end
+
+-- the answer to each line, each asked on a connection of its own of the
+-- allowed uid (this process's) at the socket sock
+local function ask_raw(sock, lines)
+  local client = [[/usr/bin/python3 -c 'import socket,sys
+for line in sys.argv[2:]:
+  c=socket.socket(socket.AF_UNIX); c.settimeout(20); c.connect(sys.argv[1])
+  c.sendall(line.encode()+b"\n"); print(c.makefile().readline().strip()); c.close()' ]]
+  local words = { common.quote(sock) }
+  for _, l in ipairs(lines) do words[#words + 1] = common.quote(l) end
+  local p = io.popen(client .. table.concat(words, " ") .. " 2>&1")
+  local out = {}
+  for l in p:lines() do out[#out + 1] = l end
+  p:close()
+  return out
 end
 
 -- an unsigned EIP-1559 transfer: fields over the approved ones
@@ -1020,5 +1040,158 @@ print("OPEN")' ]]
     assert.truthy(after, "the trickling peer was never cut off: " .. out)
     assert.is_true(after < 15, out)
     assert.same({ "sa" }, qtg.signer.keys())
+  end)
+
+  -- One signer serves every qtgd on its host, and any Lua running as the
+  -- daemon's uid can connect to it.  Before, it served one connection at a
+  -- time, each for up to 5 s: six silent connections held KEYS for 30 s,
+  -- and went unlogged.  It reads every accepted connection at once (up to
+  -- 64, the oldest cut off beyond), decides each whole line as it comes,
+  -- cuts the silent ones off at their deadline, and logs the cut-offs,
+  -- counted, one line a second at most.
+  it("answers while connections of the allowed uid stay silent, and logs those it cuts off", function()
+    local h = start_local_signer("sa=" .. sup.key_file(dir, "sa", DEV[1].key))
+    local sock = qtg.signer.socket_path()
+    local dest = sup.random_address()
+    local req = sup.create(s, "sign_t_a", new_class(), intent(dest))
+    local node = engine.nodes(s, req.id).transfer
+    local good = payload({ to = dest, nonce = 990 })
+    reserve(node.id, DEV[1].address, 990, good.signing_hash)
+    -- n silent connections, then KEYS on another; the silent ones are held
+    -- until the signer closes them.  Both outcomes are written to a file.
+    local script = dir .. "/silent.py"
+    sup.host.write(script, [[
+import select, socket, sys, time
+path, n, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+def say(text):
+    with open(out, "a") as f:
+        f.write(text + "\n")
+silent = []
+for _ in range(n):
+    c = socket.socket(socket.AF_UNIX)
+    c.connect(path)
+    silent.append(c)
+time.sleep(0.3)
+k = socket.socket(socket.AF_UNIX)
+k.settimeout(25)
+k.connect(path)
+k.sendall(b"KEYS\n")
+try:
+    line = k.makefile().readline().strip() or "EOF"
+except OSError:
+    line = "NO ANSWER in 25 s"
+closed = len(select.select(silent, [], [], 0)[0])
+say("ANSWER %s|%d of %d silent open" % (line, n - closed, n))
+left, t0 = list(silent), time.monotonic()
+while left and time.monotonic() - t0 < 30:
+    for c in select.select(left, [], [], 1.0)[0]:
+        try:
+            data = c.recv(100)
+        except OSError:
+            data = b""
+        if not data:
+            left.remove(c)
+say("CLOSED %d of %d" % (n - len(left), n))
+]])
+    local function silent(n, tag)
+      local out = dir .. "/silent-" .. tag .. ".out"
+      os.remove(out)
+      os.execute(("/usr/bin/python3 %s %s %d %s >%s 2>&1 &"):format(common.quote(script), common.quote(sock), n,
+        common.quote(out), common.quote(out .. ".err")))
+      return out, common.wait_for(function()
+        local text = sup.host.read(out)
+        return text and text:match("ANSWER ([^\n]*)"), sup.host.read(out .. ".err")
+      end, 40, "the KEYS answer beside " .. n .. " silent connections")
+    end
+    -- the cut-off log lines: how many, and the counts they give
+    local function cuts()
+      local lines, count, evicted = 0, 0, 0
+      for line in (sup.host.read(h.log) or ""):gmatch("[^\n]+") do
+        if line:find("signer: cut off connections", 1, true) then
+          local ok, e = pcall(cjson.decode, line)
+          if ok then
+            lines, count, evicted = lines + 1, count + tonumber(e.count), evicted + tonumber(e.evicted)
+          end
+        end
+      end
+      return lines, count, evicted
+    end
+    -- eight silent connections: KEYS is answered while all eight are open
+    local out, answer = silent(8, "a")
+    assert.equal("OK sa|8 of 8 silent open", answer)
+    -- and a SIGN on a connection of its own is granted, still while they are
+    local sig, err = qtg.signer.sign("sa", { request_id = req.id, request_node_id = node.id, attempt_no = 1,
+      payload = good.payload, payload_hash = good.signing_hash })
+    assert.truthy(sig, err and err.code .. ": " .. tostring(err.message))
+    assert.is_nil((sup.host.read(out) or ""):find("CLOSED", 1, true), "the silent ones were closed first")
+    assert.equal("granted", events_of(req.id)[1].decision)
+    -- then they are cut off at their deadline, and the log says so, counted
+    common.wait_for(function() return (sup.host.read(out) or ""):match("CLOSED 8 of 8") end, 40,
+      "the silent connections cut off", 0.2)
+    common.wait_for(function() return select(2, cuts()) == 8 end, 10, "8 cut-offs in the log")
+    assert.equal(0, select(3, cuts()))
+    local before = cuts()
+    -- a flood of 150 (more than the 64 read at once): KEYS is still
+    -- answered (the oldest silent ones make room), and every cut-off is
+    -- logged, in a few lines (one a second at most), not one each
+    out, answer = silent(150, "b")
+    assert.truthy(answer:find("^OK sa|"), answer)
+    common.wait_for(function() return (sup.host.read(out) or ""):match("CLOSED 150 of 150") end, 40,
+      "the flood cut off", 0.2)
+    common.wait_for(function()
+      local _, count = cuts()
+      return count == 158, count
+    end, 10, "158 cut-offs in the log")
+    local lines, _, evicted = cuts()
+    assert.is_true(evicted >= 150 - 64, "evicted: " .. evicted)
+    assert.is_true(lines - before <= 10, (lines - before) .. " log lines for 150 cut-offs")
+    assert.same({ "sa" }, qtg.signer.keys())
+  end)
+
+  -- A package's first start: signer.env ships without a database URL and
+  -- without keys, and qtgd.service wants the signer (its /readyz asks it).
+  -- Holding no key it has nothing to read: it starts without a database,
+  -- answers KEYS and APPROVALS, refuses SIGN.  Holding one and given no
+  -- URL, it does not start, and says which setting, where.
+  it("starts without a database when it holds no key; with a key and no URL it names the setting", function()
+    -- no database anywhere: no URL, a root without tools/pg (no embedded
+    -- cluster to start), libpq's own defaults pointing at nothing
+    local root = sup.host.tmpdir()
+    local function env(extra)
+      local e = { MG_DATABASE_URL = "", MG_SIGNER_DATABASE_URL = "", QTG_ROOT = root, QTG_PG_DIR = root .. "/pg",
+        PGHOST = root .. "/no-pg", PGPORT = "1", PGDATABASE = "none", MG_LOG_LEVEL = "info",
+        MG_CONSOLE_ENABLED = "false" }
+      for k, v in pairs(extra) do e[k] = v end
+      return e
+    end
+    local sock = dir .. "/nodb.sock"
+    local h = sup.host.start(env({ MG_SIGNER_SOCKET = sock }), { "signer" })
+    common.wait_log(h, '"signer: listening"', 30, "the keyless signer listening without a database")
+    local p = payload({ to = sup.random_address() })
+    local uuid = "00000000-0000-4000-8000-000000000001"
+    assert.same({ "OK", "OK none", "REFUSED SIGNER_NOT_FOUND no signer key sa is loaded" },
+      ask_raw(sock, { "KEYS", "APPROVALS", ("SIGN %s %s 1 sa %s"):format(uuid, uuid, p.payload) }))
+    assert.equal(1, sup.log_count(h, "SIGNER_NOT_FOUND"))   -- its log is its record
+    assert.equal(1, sup.log_count(h, "does not connect to the database"))
+    assert.equal(0, sup.log_count(h, "cannot connect"), sup.host.read(h.log))
+    assert.is_true(os.execute("test -e " .. common.quote(root .. "/pg")) ~= 0, "no embedded cluster was made")
+    assert.is_true(common.alive(h), "the keyless signer is still running")
+    -- enrolled, it says its enrolment (what /readyz compares with its own)
+    local e = approvers({ { "alice" }, { "bob" } }, { ["*"] = 2 })
+    local enrolled = sup.host.start(env({ MG_SIGNER_SOCKET = dir .. "/nodb-e.sock", MG_SIGNER_APPROVERS = e.path }),
+      { "signer" })
+    common.wait_log(enrolled, '"signer: listening"', 30, "the keyless enrolled signer listening")
+    assert.same({ "OK enrolled " .. DEPLOYMENT .. " " .. qtg.crypto.sha256_hex(sup.host.read(e.path)) },
+      ask_raw(dir .. "/nodb-e.sock", { "APPROVALS" }))
+    -- a key and no URL: refused at start, naming the setting and the file
+    local keyed = sup.host.start(env({ MG_SIGNER_SOCKET = dir .. "/nodb-k.sock", MG_SIGNER_TRUST_APPROVAL_ROWS = "true",
+      MG_SIGNER_KEYS = "sa=" .. sup.key_file(dir, "sa", DEV[1].key) }), { "signer" })
+    assert.equal(1, sup.host.wait_exit(keyed, 30))
+    local log = sup.host.read(keyed.log) or ""
+    assert.truthy(log:find("MG_SIGNER_DATABASE_URL", 1, true), log)
+    assert.truthy(log:find("/etc/qtg/signer.env", 1, true), log)
+    assert.falsy(log:find("/etc/qtg/qtg.env", 1, true), log)
+    assert.falsy(log:find('"signer: listening"', 1, true), log)
+    os.execute("rm -rf " .. common.quote(root) .. " " .. common.quote(e.dir))
   end)
 end)
