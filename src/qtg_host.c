@@ -366,6 +366,24 @@ static const qtg_subsystem qtg_subsystems[] = {
 /* Module search path: the operator's override directory first, then the
  * packaged lua/, then Debian's Lua 5.1 directories (cjson, lfs, busted; the
  * C modules' directory is the build machine's multiarch one, from CMake). */
+/* jit.on() would undo the engine's LUAJIT_MODE_OFF below, and under the
+ * units' MemoryDenyWriteExecute LuaJIT then aborts the whole process when
+ * it first makes code ("runtime code generation failed").  A policy or a
+ * console line that calls it gets this error instead. */
+static int qtg_host_jit_on_refused(lua_State *L) {
+  return qtg_raise(L, "usage", "jit.on: LuaJIT's compiler stays off in qtgd (the interpreter is the one "
+                   "found correct, and the units forbid run-time code: MemoryDenyWriteExecute)");
+}
+
+static void qtg_host_refuse_jit_on(lua_State *L) {
+  lua_getglobal(L, "jit");
+  if (lua_istable(L, -1)) {
+    lua_pushcfunction(L, qtg_host_jit_on_refused);
+    lua_setfield(L, -2, "on");
+  }
+  lua_pop(L, 1);
+}
+
 static void qtg_host_set_paths(qtg_host *h) {
   lua_State *L = h->L;
   const char *over = qtg_settings_str(h->settings, QTG_S_LUA_PATH);
@@ -413,6 +431,7 @@ int qtg_host_init(qtg_host *h, qtg_settings *s, const char *root_dir) {
    * runs in short steps between C calls, which traces do not cross
    * (docs/performance.md, "Where qtgd's CPU goes"). */
   luaJIT_setmode(h->L, 0, LUAJIT_MODE_ENGINE | LUAJIT_MODE_OFF);
+  qtg_host_refuse_jit_on(h->L);
   lua_pushlightuserdata(h->L, (void *)&qtg_host_key);
   lua_pushlightuserdata(h->L, h);
   lua_rawset(h->L, LUA_REGISTRYINDEX);

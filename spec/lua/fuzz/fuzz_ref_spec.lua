@@ -100,6 +100,15 @@ describe("fuzz: $ref resolution", function()
     -- counts, hangs, segfaults; docs/reliability.md): qtg_host_init turns
     -- the JIT off, and this spec's scan property found it when it was on.
     assert.is_false((jit.status()))
+    -- and Lua cannot turn it back on: under the units'
+    -- MemoryDenyWriteExecute that would abort the daemon
+    for _, args in ipairs({ {}, { function() end } }) do
+      local ok, e = pcall(jit.on, unpack(args))
+      assert.is_false(ok)
+      assert.equal("usage", e.kind)
+      assert.truthy(tostring(e.message):find("compiler stays off", 1, true), tostring(e.message))
+    end
+    assert.is_false((jit.status()))
   end)
 
   it("parse never raises and agrees with an independent reading of the grammar", function()
