@@ -23,9 +23,13 @@
  * whose handler is still running (MG_API_REQUEST_TIMEOUT_SECONDS: 503, the
  * task is interrupted, which rolls back its open transaction).
  *
- * Also refused here: a request with both Content-Length and
- * Transfer-Encoding (400, connection closed: request smuggling behind a
- * proxy).  The request line's path is passed as sent (raw_path, from the
+ * Also refused here, 400 and the connection closed, is any framing a
+ * proxy in front could read otherwise than libmicrohttpd (request
+ * smuggling): both Content-Length and Transfer-Encoding, Content-Length
+ * twice or not all digits, Transfer-Encoding twice or not just chunked, a
+ * header name that is not a token (`Transfer-Encoding : chunked`), and a
+ * framing header continued on a second line (qtg_api_framing_refusal).
+ * The request line's path is passed as sent (raw_path, from the
  * URI log callback) beside libmicrohttpd's decoded one; the router matches
  * the raw one (lua/qtg/api/routes.lua).
  *
@@ -47,6 +51,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -421,6 +426,95 @@ static void *qtg_api_uri(void *cls, const char *uri, struct MHD_Connection *conn
   return r;
 }
 
+/* ---- framing ---------------------------------------------------------- */
+
+/* What a request's headers say about where its body ends, counted over
+ * every header: MHD_lookup_connection_value finds only the first of a
+ * name, and libmicrohttpd frames the body by that first one. */
+typedef struct {
+  unsigned lengths;             /* Content-Length headers */
+  unsigned codings;             /* Transfer-Encoding headers */
+  int bad_length;               /* a Content-Length that is not all digits */
+  int bad_coding;               /* a Transfer-Encoding that is not just chunked */
+  int bad_name;                 /* a name that is not a token */
+  int run_on;                   /* a name that starts as a framing one and runs on */
+} qtg_api_framing;
+
+/* A byte of a token (RFC 9110 5.6.2), which a field name must be. */
+static int qtg_api_tchar(unsigned char ch) {
+  if ((ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z')) return 1;
+  return ch != 0 && strchr("!#$%&'*+-.^_`|~", ch) != NULL;
+}
+
+/* s (n bytes) is want, in any case. */
+static int qtg_api_is(const char *s, size_t n, const char *want) {
+  size_t w = strlen(want);
+  return n == w && strncasecmp(s, want, w) == 0;
+}
+
+/* s (n bytes) starts with want, in any case, and goes on. */
+static int qtg_api_runs_on(const char *s, size_t n, const char *want) {
+  size_t w = strlen(want);
+  return n > w && strncasecmp(s, want, w) == 0;
+}
+
+static int qtg_api_all_digits(const char *s, size_t n) {
+  if (!s || n == 0) return 0;
+  for (size_t i = 0; i < n; i++)
+    if (s[i] < '0' || s[i] > '9') return 0;
+  return 1;
+}
+
+/* MHD_get_connection_values_n's iterator: counts one header into the
+ * qtg_api_framing at cls.  A name that runs on past a framing one is how
+ * libmicrohttpd 0.9.75 keeps a header continued on a second line
+ * (obs-fold): `Content-Length: 2` then ` 40` reaches us as
+ * `Content-Length40: 2`, which it does not frame by and a proxy may read
+ * as a length. */
+static enum MHD_Result qtg_api_count_framing(void *cls, enum MHD_ValueKind kind, const char *key,
+                                             size_t key_size, const char *value, size_t value_size) {
+  qtg_api_framing *f = cls;
+  (void)kind;
+  for (size_t i = 0; i < key_size; i++)
+    if (!qtg_api_tchar((unsigned char)key[i])) f->bad_name = 1;
+  if (qtg_api_is(key, key_size, MHD_HTTP_HEADER_CONTENT_LENGTH)) {
+    f->lengths++;
+    if (!qtg_api_all_digits(value, value_size)) f->bad_length = 1;
+  } else if (qtg_api_is(key, key_size, MHD_HTTP_HEADER_TRANSFER_ENCODING)) {
+    f->codings++;
+    if (!value || !qtg_api_is(value, value_size, "chunked")) f->bad_coding = 1;
+  } else if (qtg_api_runs_on(key, key_size, MHD_HTTP_HEADER_CONTENT_LENGTH) ||
+             qtg_api_runs_on(key, key_size, MHD_HTTP_HEADER_TRANSFER_ENCODING)) {
+    f->run_on = 1;
+  }
+  return MHD_YES;
+}
+
+/* Why a request's framing is refused, or NULL.  qtgd takes a body framed
+ * by one Content-Length of digits or by one Transfer-Encoding: chunked, or
+ * no body; anything else (RFC 9112 6.1, 6.3) a proxy in front may frame
+ * otherwise than libmicrohttpd, which takes the first Content-Length and
+ * ignores a name it does not know, and the rest of the bytes would be
+ * served as another request (request smuggling). */
+static const char *qtg_api_framing_refusal(struct MHD_Connection *conn) {
+  qtg_api_framing f;
+  memset(&f, 0, sizeof f);
+  if (MHD_get_connection_values_n(conn, MHD_HEADER_KIND, qtg_api_count_framing, &f) < 0)
+    return "the request's headers cannot be read";
+  if (f.bad_name)
+    return "a header name that is not a token (whitespace before the colon, a control byte) is refused";
+  if (f.run_on)
+    return "a Content-Length or Transfer-Encoding continued on a second line (obs-fold), or a header "
+           "name that runs on past one, is refused";
+  if (f.lengths && f.codings)
+    return "a request with both Content-Length and Transfer-Encoding is refused";
+  if (f.lengths > 1) return "a request with more than one Content-Length is refused";
+  if (f.bad_length) return "a Content-Length that is not all digits is refused";
+  if (f.codings > 1 || f.bad_coding)
+    return "a Transfer-Encoding is refused unless it is given once and is only 'chunked'";
+  return NULL;
+}
+
 static enum MHD_Result qtg_api_access(void *cls, struct MHD_Connection *conn, const char *url,
                                       const char *method, const char *version,
                                       const char *upload_data, size_t *upload_data_size,
@@ -450,16 +544,16 @@ static enum MHD_Result qtg_api_access(void *cls, struct MHD_Connection *conn, co
       qtg_api_set_problem(r, 503, "unavailable", "Service Unavailable", "out of memory");
       return qtg_api_queue(r);
     }
-    const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-    /* Both framings at once: a proxy in front may read the body by one and
-     * qtgd by the other, and the rest would be taken for another request
-     * (request smuggling).  Refused, and the connection closed. */
-    if (cl && MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING)) {
+    /* Framing a proxy may read otherwise (qtg_api_framing_refusal): refused
+     * before any body is read, and the connection closed, so nothing after
+     * these headers is taken for another request. */
+    const char *why = qtg_api_framing_refusal(conn);
+    if (why) {
       r->close = 1;
-      qtg_api_set_problem(r, 400, "bad_request", "Bad Request",
-                          "a request with both Content-Length and Transfer-Encoding is refused");
+      qtg_api_set_problem(r, 400, "bad_request", "Bad Request", why);
       return qtg_api_queue(r);
     }
+    const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
     /* A declared body over the cap is refused before it is read when it is
      * absurdly large; a modestly large one is read and discarded, so the
      * client, still sending, gets the 413 instead of a reset connection. */

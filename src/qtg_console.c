@@ -1,9 +1,21 @@
 /* qtg_console.c -- the console server's socket and its place in the host:
- * where the socket lives, binding it safely (0600 in a 0700 run directory,
- * stale sockets cleared, a live one refused), the subsystem's open/close,
- * and the Lua module qtg.console_server (start, stop, write, sessions,
- * guard).  One connection's life is in qtg_console_session.c; the wire
- * format is in qtg_console.h and docs/console.md.
+ * where the socket lives, binding it safely (0600 in a run directory of at
+ * most 0750, stale sockets cleared, a live one refused), the subsystem's
+ * open/close, and the Lua module qtg.console_server (start, stop, write,
+ * sessions, guard).  One connection's life is in qtg_console_session.c; the
+ * wire format is in qtg_console.h and docs/console.md.
+ *
+ * Who reaches the console: root and the daemon's own uid.  Three things
+ * hold it: the socket file is 0600 (connect needs write on it), every
+ * peer's uid is read with SO_PEERCRED and any other is refused
+ * (qtg_console_accept), and no one else may write in its directory (a
+ * root-owned sticky one aside), so no one can put their own socket in its
+ * place.  The run directory is not narrowed below 0750 (qtgd.service's
+ * RuntimeDirectoryMode): the API's Unix socket may live there too
+ * (MG_API_LISTEN=unix:/run/qtg/api.sock, 0660), and the daemon's group
+ * must reach it.  Search on the directory gives the group nothing of the
+ * console: its socket's mode and the uid check keep it out.  A directory
+ * qtgd makes itself is made 0700; give it 0750 to share it with the API.
  *
  * qtg_console_close runs while Lua still exists: it drops every Lua
  * reference at once; the handles' close callbacks free the C memory later
@@ -71,7 +83,8 @@ void qtg_console_frame_header(unsigned char hdr[5], int type, size_t len) {
 /* ---- binding the socket ----------------------------------------------------- */
 
 /* Create missing directories of path's parent (0700 for the ones we make)
- * and, when it is the run directory, make that directory 0700. */
+ * and, when it is the run directory, narrow it to at most 0750 (see the
+ * header comment). */
 static int qtg_console_prepare_dir(const char *path, int is_run_dir, char *err, size_t errlen) {
   char dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
   snprintf(dir, sizeof dir, "%s", path);
@@ -110,14 +123,21 @@ static int qtg_console_prepare_dir(const char *path, int is_run_dir, char *err, 
              dir, (unsigned)(st.st_mode & 07777));
     return -1;
   }
-  if (is_run_dir && (st.st_mode & 077)) {
+  /* The run directory: group write (anyone of the group could replace the
+   * socket) and every bit for others are taken away when it is ours, and
+   * refused when it is not; group read and search stay, for the API's
+   * socket beside ours.  A set-group-ID bit stays too: it gives that socket
+   * the directory's group. */
+  if (is_run_dir && (st.st_mode & 027)) {
     if (st.st_uid != geteuid()) {
-      snprintf(err, errlen, "run directory %s is open to others and not ours to restrict (mode %03o)",
+      snprintf(err, errlen, "run directory %s is writable by its group or open to others, and not "
+               "ours to restrict (mode %03o)",
                dir, (unsigned)(st.st_mode & 0777));
       return -1;
     }
-    if (chmod(dir, 0700) != 0) {
-      snprintf(err, errlen, "cannot make %s mode 0700: %s", dir, strerror(errno));
+    mode_t narrowed = st.st_mode & (S_ISGID | 0750);
+    if (chmod(dir, narrowed) != 0) {
+      snprintf(err, errlen, "cannot make %s mode %04o: %s", dir, (unsigned)narrowed, strerror(errno));
       return -1;
     }
   }

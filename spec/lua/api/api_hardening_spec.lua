@@ -7,7 +7,10 @@
 --     text (socket path, host, port, role), which goes to the log;
 --   * bad cursors and times are 400, not a 500 from PostgreSQL;
 --   * a request with both Content-Length and Transfer-Encoding is refused
---     and its connection closed (request smuggling behind a proxy);
+--     and its connection closed (request smuggling behind a proxy), and so
+--     is one with Content-Length twice, a header name with whitespace before
+--     its colon, a framing header continued on a second line (obs-fold), or
+--     a Transfer-Encoding other than one 'chunked': one 400, nothing after;
 --   * a path with an empty segment or a percent-encoding matches no route;
 --   * slow clients: trickled headers and trickled bodies are cut off at
 --     their deadlines, one address holds at most its share of connections.
@@ -183,6 +186,61 @@ describe("HTTP API hardening", function()
     assert.equal(1, n, out)
     assert.equal(before, count_requests(d.class))
     assert.equal(200, api.call(d, "GET", "/healthz").status)
+  end)
+
+  -- Each case is framed one way by libmicrohttpd (the first Content-Length,
+  -- a name it does not recognise) and may be framed another way by a proxy;
+  -- the bytes after the first framing carry a GET /healthz that must never
+  -- be answered.  Without the check, the first case got a 401 and then the
+  -- healthz 200 on one connection.
+  it("refuses ambiguous framing (Content-Length twice, bad names, obs-fold, codings) with one 400", function()
+    local smuggled = "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    local body = "{}" .. smuggled
+    local head = "POST /v3/requests HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " .. operator
+      .. "\r\nContent-Type: application/json\r\n"
+    local cases = {
+      { "Content-Length: 2\r\nContent-Length: " .. #body .. "\r\n", "more than one Content-Length" },
+      { "Content-Length: " .. #body .. "\r\nContent-Length: 2\r\n", "more than one Content-Length" },
+      { "Content-Length: 2\r\nContent-Length: 2\r\n", "more than one Content-Length" },
+      { "Content-Length: 2\r\ncontent-length: 2\r\n", "more than one Content-Length" },
+      { "Content-Length: 2\r\nTransfer-Encoding : chunked\r\n", "not a token" },
+      { "Content-Length: 2\r\nTransfer-Encoding\t: chunked\r\n", "not a token" },
+      { "Content-Length : " .. #body .. "\r\n", "not a token" },
+      { "Content-Length: 2\r\n " .. #body .. "\r\n", "continued on a second line" },
+      { "Transfer-Encoding: chunked\r\n gzip\r\n", "continued on a second line" },
+      { "Transfer-Encoding: gzip, chunked\r\n", "only 'chunked'" },
+      { "Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n", "only 'chunked'" },
+    }
+    local before = count_requests(d.class)
+    local wrong = {}   -- every case is tried; the failures are reported together
+    for _, c in ipairs(cases) do
+      local out = raw(d, head .. "Idempotency-Key: " .. common.uid("k", 4) .. "\r\n" .. c[1] .. "\r\n" .. body)
+      local n = 0
+      for _ in out:gmatch("HTTP/1%.1 %d%d%d") do n = n + 1 end
+      if not (out:match("^HTTP/1%.1 400") and out:find(c[2], 1, true) and n == 1
+              and not out:find("TIMEOUT", 1, true) and not out:find('"status":"ok"', 1, true)) then
+        local statuses = {}
+        for st in out:gmatch("HTTP/1%.1 (%d%d%d)") do statuses[#statuses + 1] = st end
+        wrong[#wrong + 1] = ("%s -> %s%s"):format(c[1]:gsub("\r\n", "|"), table.concat(statuses, ","),
+          out:find("TIMEOUT", 1, true) and ",left open" or "")
+      end
+    end
+    assert.equal("", table.concat(wrong, "\n"))
+    -- A Content-Length that is not all digits: libmicrohttpd answers these
+    -- 400 itself (its page, its headers twice), before qtgd's check; either
+    -- way the connection ends and nothing after it is served.
+    for _, v in ipairs({ "+2", "2 ", "2, 2", "-0", "0x2", "" }) do
+      local out = raw(d, head .. "Content-Length: " .. v .. "\r\n\r\n" .. body)
+      assert.truthy(out:match("^HTTP/1%.1 400"), v .. " -> " .. out)
+      assert.falsy(out:find("TIMEOUT", 1, true), v .. " -> " .. out)
+      assert.falsy(out:find('"status":"ok"', 1, true), v .. " -> " .. out)
+    end
+    assert.equal(before, count_requests(d.class))
+    -- one Content-Length of digits, and one Transfer-Encoding: chunked, still work
+    local ok = raw(d, "GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+    assert.truthy(ok:match("^HTTP/1%.1 200"), ok)
+    ok = raw(d, "POST /healthz HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n0\r\n\r\n")
+    assert.truthy(ok:match("^HTTP/1%.1 405"), ok)
   end)
 end)
 
