@@ -67,6 +67,12 @@ describe("the runtime role", function()
     { "move a chain's head", "UPDATE audit_chain_heads SET chain_seq = 0" },
     { "update an audit outbox row", "UPDATE audit_outbox SET actor = 'operator:mallory'" },
     { "delete audit outbox rows", "DELETE FROM audit_outbox" },
+    -- sql/0194: an id already promoted stopped every later promotion (a
+    -- unique outbox_id), an id taken ahead failed a real writer's insert
+    { "give an audit outbox row its own id", [[INSERT INTO audit_outbox (id, actor, action, entity_type,
+        entity_id, detail) VALUES (1, 'system:x', 'forged.reuse', 'x', 'x', '{}')]] },
+    { "backdate an audit outbox row", [[INSERT INTO audit_outbox (actor, action, entity_type, entity_id,
+        detail, created_at) VALUES ('system:x', 'forged.time', 'x', 'x', '{}', now() - interval '400 days')]] },
     { "disable the audit triggers", "ALTER TABLE audit_events DISABLE TRIGGER USER" },
     { "drop an audit trigger", "DROP TRIGGER audit_events_no_update ON audit_events" },
     { "alter a table", "ALTER TABLE movement_requests ADD COLUMN mallory text" },
@@ -102,6 +108,38 @@ describe("the runtime role", function()
     local n = s:query("SELECT count(*)::int AS n FROM audit_events WHERE action = 'spec.roles'")[1].n
     s:rollback()
     assert.equals(1, n)
+  end)
+
+  it("may not hand the promotion a made-up end of a chain (sql/0194)", function()
+    -- the chain's end is carried in transaction-local settings while rows
+    -- are promoted; a caller that set them before the call made the row
+    -- link to a hash of its choosing (verify: broken for good)
+    s:begin()
+    s:exec("SET LOCAL ROLE qtg_runtime")
+    local ok, err = pcall(function()
+      s:query([[INSERT INTO audit_outbox (actor, action, entity_type, entity_id, detail)
+                VALUES ('system:spec', 'spec.forged_end', 'spec', '1', '{}')]])
+      local head = s:query("SELECT chain_seq, row_hash FROM audit_chain_heads WHERE network_class = ''")[1]
+      local forged = "2:" .. string.rep("e", 64)
+      for _, tok in ipairs({ "", "x" }) do
+        s:query("SELECT set_config('qtg_chain.token', $1, true)", tok)
+        s:query("SELECT set_config('qtg_chain.h' || $1 || md5(''), $2, true)", tok, forged)
+        s:query("SELECT set_config('qtg_chain.dirty' || $1, '[]', true)", tok)
+      end
+      assert.equals(1, promoter.promote(s, 500))
+      local row = s:query([[SELECT chain_seq, prev_hash FROM audit_events
+                             WHERE action = 'spec.forged_end']])[1]
+      local now = s:query("SELECT chain_seq, row_hash FROM audit_chain_heads WHERE network_class = ''")[1]
+      if head then
+        assert.equals(head.row_hash, row.prev_hash)
+        assert.equals(tonumber(head.chain_seq) + 1, tonumber(row.chain_seq))
+      else
+        assert.equals(string.rep("0", 64), row.prev_hash)
+      end
+      assert.equals(tonumber(row.chain_seq), tonumber(now.chain_seq))
+    end)
+    s:rollback()
+    assert(ok, err)
   end)
 
   -- What an approval covers, against the runtime role (sql/0170).  A
