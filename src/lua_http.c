@@ -291,7 +291,9 @@ int luaopen_qtg_http(lua_State *L) {
       {"target", qtg_lua_http_target},
       {NULL, NULL},
   };
-  lua_createtable(L, 0, 2);
+  lua_createtable(L, 0, 3);
   luaL_register(L, NULL, fns);
+  lua_pushinteger(L, QTG_HTTP_MAX_PIN);   /* how many addresses request's pin takes */
+  lua_setfield(L, -2, "MAX_PIN");
   return 1;
 }

@@ -163,6 +163,9 @@ end
 -- pin(url) -> addresses | nil, why (yields).  The addresses curl may
 -- connect to for url, each checked; with MG_API_CALLBACK_ALLOW_PRIVATE
 -- nothing is refused, but the addresses are still resolved and returned.
+-- Every address a name resolves to is checked, and the first
+-- qtg.http.MAX_PIN of them are pinned: a name of more would otherwise be
+-- refused by qtg.http.request at every attempt.
 function M.pin(url)
   local host, port = qtg.http.target(url)
   if not host then return nil, "no host curl can read in the URL (" .. tostring(port.message) .. ")" end
@@ -182,6 +185,11 @@ function M.pin(url)
         return nil, refusal(name, a == host and why or ("a name resolving to %s, %s"):format(a, why))
       end
     end
+  end
+  if #addrs > qtg.http.MAX_PIN then
+    local first = {}
+    for i = 1, qtg.http.MAX_PIN do first[i] = addrs[i] end
+    addrs = first
   end
   return addrs
 end

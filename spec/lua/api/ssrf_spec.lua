@@ -77,3 +77,29 @@ describe("qtg.api.ssrf.address_refused", function()
     end
   end)
 end)
+
+describe("qtg.api.ssrf.pin", function()
+  it("checks every address a name resolves to and pins at most what qtg.http takes", function()
+    local qtg = require "qtg"
+    local real = qtg.api_net.resolve
+    local many = {}
+    for i = 1, qtg.http.MAX_PIN + 4 do many[i] = "198.51.100." .. i end
+    local ok, err = pcall(function()
+      -- a stand-in resolver: a name of more addresses than a pin takes
+      qtg.api_net.resolve = function() return many end
+      local addrs = assert(ssrf.pin("https://many.example.org/hook"))
+      assert.equals(qtg.http.MAX_PIN, #addrs)
+      for i = 1, #addrs do assert.equals(many[i], addrs[i]) end
+      -- qtg.http.request takes the pin (it refuses one longer)
+      local resp, e = qtg.http.request{ url = "http://many.example.org:9/", pin = addrs, timeout = 1 }
+      assert.truthy(resp or e.kind ~= "usage", e and e.message)
+      -- one refused address anywhere in the answer refuses the name
+      many[#many] = "10.0.0.1"
+      local none, why = ssrf.pin("https://many.example.org/hook")
+      assert.is_nil(none)
+      assert.truthy(why:find("10.0.0.1", 1, true), why)
+    end)
+    qtg.api_net.resolve = real
+    assert(ok, err)
+  end)
+end)
