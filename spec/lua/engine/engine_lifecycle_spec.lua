@@ -59,14 +59,16 @@ describe("request lifecycle", function()
       assert.equal(1, #sup.audit(s, req.id))
     end)
 
-    it("returns the first request for a repeated idempotency key", function()
+    it("returns the first request for a repeated idempotency key, and refuses the key for another request", function()
       local key = sup.uid("idem")
       local first = sup.create(s, CHAIN, { idempotency_key = key })
-      local again, created = sup.create(s, CHAIN, { idempotency_key = key,
-        intent = { asset = "USDT", amount = "999" } })
+      local again, created = sup.create(s, CHAIN, { idempotency_key = key })
       assert.is_false(created)
       assert.equal(first.id, again.id)
-      assert.equal("USDC", again.intent.asset)
+      local ok, err = pcall(sup.create, s, CHAIN, { idempotency_key = key,
+        intent = { asset = "USDT", amount = "999" } })
+      assert.is_false(ok)
+      assert.equal("idempotency_mismatch", err.kind, tostring(err.message))
       local n = s:query("SELECT count(*)::int AS n FROM movement_requests WHERE idempotency_key = $1", key)[1].n
       assert.equal(1, n)
     end)
