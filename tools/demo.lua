@@ -3,7 +3,9 @@
 --                            --daemon-log FILE --templates DIR [--evm-rpc URL]
 --                            [--ids-file FILE] [--plain] [--timeout SECONDS]
 -- while a `qtgd run` (the daemon, started by tools/demo) works the same
--- database and network class.  The driver plays the operator: it creates
+-- database and network class.  The driver plays the operator: it books the
+-- destination the shipped templates' allow-lists need in the address book
+-- (proposed and approved by admins), creates
 -- and approves one movement per shipped template plus the demo's own
 -- UNKNOWN case, completes the manual step when one waits for it, shows the
 -- movements' progress live, and ends with a summary that it checks:
@@ -76,7 +78,7 @@ local SAMPLES = {
                destination = DEST } },
   otc_settlement_manual = { role = "two approvers (from 100000), then the desk's confirmation (manual step)",
     intent = { asset = "USDT", amount = "150000", venue = "kraken", destination = DEST,
-               counterparty = "desk-17" } },
+               destination_chain = "ethereum", counterparty = "desk-17" } },
   dual_venue_funding = { role = "two venues in parallel, then a join",
     intent = { asset = "USDC", amount = "40000", primary_venue = "binance", secondary_venue = "okx",
                destination = DEST } },
@@ -225,6 +227,54 @@ end
 
 local function with_session(fn, ...)
   return qtg.db.with_session(fn, ...)
+end
+
+-- ---- the address book ------------------------------------------------------------------
+-- The shipped templates' allow-lists (docs/approvals.md, "risk_controls"):
+-- cex_withdrawal_to_wallet pays only a destination in the address book,
+-- otc_settlement_manual only its counterparty's wallet there (the entry's
+-- label is the counterparty).  The demo books DEST as an operator would: one
+-- admin proposes each entry, others approve it until the policy's
+-- address_book quorum is met (qtg.address_book, the console's
+-- propose_address / vote_address).  An entry already there is kept.
+local BOOK = {
+  { asset = "USDC", chain = "ethereum", address = DEST, label = "demo treasury wallet" },
+  { asset = "USDT", chain = "ethereum", address = DEST, label = "desk-17" },
+}
+local BOOK_PROPOSER = "console:demo-custodian"
+local BOOK_APPROVERS = { ACTOR, SECOND, "console:demo-auditor", "console:demo-controller" }
+
+local function book_destinations()
+  local book = require "qtg.address_book"
+  with_session(function(s)
+    for _, e in ipairs(BOOK) do
+      local have = s:query([[SELECT label FROM address_book WHERE asset = $1 AND chain = $2
+                               AND lower(address) = lower($3)]], e.asset, e.chain, e.address)[1]
+      if have and have.label ~= e.label then
+        error(("demo: %s on %s is in the address book for %s as %q, not %q"):format(e.address, e.chain,
+          e.asset, have.label, e.label), 0)
+      elseif not have then
+        -- a change an interrupted run left pending is approved, not proposed again
+        local c = s:query([[SELECT * FROM address_book_changes WHERE state = 'PENDING' AND action = 'add'
+                              AND asset = $1 AND chain = $2 AND lower(address) = lower($3)]],
+          e.asset, e.chain, e.address)[1]
+          or book.propose(s, { action = "add", asset = e.asset, chain = e.chain, address = e.address,
+                               label = e.label }, BOOK_PROPOSER)
+        for _, who in ipairs(BOOK_APPROVERS) do
+          if c.state ~= "PENDING" then break end
+          if who ~= c.proposed_by and not s:query([[SELECT 1 FROM address_book_votes
+                                                      WHERE change_id = $1 AND principal = $2]], c.id, who)[1] then
+            c = book.vote(s, c.id, who, "approve", "demo set-up")
+          end
+        end
+        if c.state ~= "APPLIED" then
+          error(("demo: address book change %d (%s for %s) is %s"):format(c.id, e.address, e.asset, c.state), 0)
+        end
+        out(string.format("   address book: %s on %s for %s as %q (change %d, proposed by %s, approved by %d)\n",
+          e.address, e.chain, e.asset, e.label, c.id, BOOK_PROPOSER, c.approvals))
+      end
+    end
+  end)
 end
 
 local SNAPSHOT_SQL = [[
@@ -549,6 +599,7 @@ local function run(argv)
   out(string.format("== creating and approving the sample movements (network class %s, %s)\n",
     qtg.settings.network_class, API and ("through the HTTP API at " .. API.base)
       or ("initiator " .. INITIATOR .. ", approver " .. ACTOR)))
+  book_destinations()
   local made = create_all(opts, run_id)
   if opts.ids_file then
     local lines = {}

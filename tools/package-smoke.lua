@@ -41,6 +41,10 @@ local function run(argv)
   if qtg.root ~= "/usr/share/qtg" then error("this is not the installed qtgd: its root is " .. qtg.root, 0) end
   local key = "pkg-smoke-" .. qtg.crypto.hex(qtg.crypto.random_bytes(6))
   local req = qtg.db.with_session(function(s)
+    -- the template pays only a destination in the address book
+    -- (destination_allowlist_required): booked by admins first
+    require("spec.lua.support.book").ensure(s, { asset = "USDC", chain = "ethereum",
+      address = "0x8ba1f109551bd432803012645ac136ddd64dba72" })
     local r = requests.create(s, {
       template_key = "cex_withdrawal_to_wallet", idempotency_key = key,
       intent = { asset = "USDC", amount = "125.50", venue = "binance", destination_chain = "ethereum",

@@ -11,12 +11,16 @@
 --     raises when no valid policy was ever loaded
 --   evaluate(s, req) -> decision {rule=, action=, approvals=, roles=,
 --     reason=, inputs=}; raises when a rule raises while matching
---   target(s, req) -> {chain=, destination=}: where the request moves to,
---     as its executor reads it; raises invalid_intent when its chains conflict
+--   target(s, req) -> {chain=, destination=, destinations=, unresolved=}:
+--     where the request moves money to, as its executors read it: EVERY
+--     destination it pays; raises invalid_intent when its chains conflict
+--   book_entries(s, asset, target) -> {lower(address) = {label, ...}}
 --   lock_velocity(s, req): the lock every approving decision takes first
 local risk = require "qtg.risk_controls"
 local principals = require "qtg.principals"
 local errors = require "qtg.errors"
+local canon = require "qtg.canon_json"
+local NULL = require("cjson").null
 
 local M = {}
 
@@ -165,11 +169,13 @@ local function one_of(v, x, canon)
 end
 
 -- ---- where a request moves to ---------------------------------------------
--- The address book is looked up on the chain and destination the executor
+-- The address book is looked up on the chain and destinations the executors
 -- will use, not on whichever intent field names one first.  Each executor
 -- that reads them from its node's config says so here (the signer reads
--- the same: the config's chain_id, else the intent's); any other plan moves
--- to the intent's destination on its chain_id / destination_chain.
+-- the same: the config's chain_id and destination, else the intent's; every
+-- such node pays, so every one's destination counts); the intent's
+-- destination on its chain_id / destination_chain always counts too.
+-- PAYS_SQL below says the same in SQL: keep the two in step.
 
 local function is_ref(v) return type(v) == "string" and v:match("^%$ref:") ~= nil end
 
@@ -214,14 +220,26 @@ local function refuse_chain(code, fmt, ...)
   errors.raise_with("invalid_intent", { code = code }, fmt, ...)
 end
 
--- target(s, req) -> {chain=, destination=}: where the request moves to, by
--- the chain every source names (the intent's chain fields, the nodes'
--- configs); raises invalid_intent (code INTENT_CHAIN_INVALID or
--- INTENT_CHAIN_CONFLICT) when one is malformed or two disagree.  chain is
--- nil when nothing names one: such a destination is in no address book.
+-- target(s, req) -> {chain=, destination=, destinations=, unresolved=}:
+-- where the request moves money to, by the chain every source names (the
+-- intent's chain fields, the nodes' configs); raises invalid_intent (code
+-- INTENT_CHAIN_INVALID or INTENT_CHAIN_CONFLICT) when one is malformed or
+-- two disagree.  chain is nil when nothing names one: such a destination
+-- is in no address book.
+--   destinations: EVERY address the plan pays, each once (first spelling
+--     kept, compared case-insensitively): the intent's destination, and
+--     each paying node's (an evm_transfer node pays its config's
+--     destination, else the intent's -- as the signer reads it).  Every
+--     check of where money goes (the address-book rules, velocity
+--     per_destination, risk_controls' allowed_destinations and allow-lists)
+--     reasons over this one list.
+--   unresolved: the paying nodes whose destination is not a literal address
+--     now (a $ref, a non-string): no such request is in the book or on a list.
+--   destination: the intent's destination (what the request names).
 function M.target(s, req)
   local intent = req.intent
-  local named, first, destination = {}, nil, intent.destination
+  local named, first = {}, nil
+  local dests, seen, unresolved = {}, {}, {}
   local function add(where, v)
     local c = M.chain(v)
     if c == false then
@@ -234,7 +252,13 @@ function M.target(s, req)
       refuse_chain("INTENT_CHAIN_CONFLICT", "the request names two chains: %s", table.concat(named, ", "))
     end
   end
+  local function pays(d)
+    if type(d) ~= "string" or d == "" then return end
+    local k = d:lower()
+    if not seen[k] then seen[k] = true; dests[#dests + 1] = d end
+  end
   for _, k in ipairs(INTENT_CHAINS) do add("intent." .. k, intent[k]) end
+  pays(intent.destination)
   local nodes = req.plan_version_id and s:query([[
     SELECT node_key, executor, action_type, config FROM plan_nodes
      WHERE plan_version_id = $1 ORDER BY node_key]], req.plan_version_id) or {}
@@ -245,42 +269,99 @@ function M.target(s, req)
       local c = t.chain(cfg, intent)
       if not is_ref(c) then add(string.format("node %s's chain_id", n.node_key), c) end
       local d = t.destination(cfg, intent)
-      if type(d) == "string" and not is_ref(d) then destination = d end
+      if type(d) == "string" and d ~= "" and not is_ref(d) then pays(d)
+      else unresolved[#unresolved + 1] = n.node_key end
     end
   end
-  return { chain = first, destination = destination }
+  return { chain = first, destination = intent.destination, destinations = dests, unresolved = unresolved }
 end
 
+-- book_entries(s, asset, t) -> {lower(address) = {label, ...}}: the address
+-- book's entries for the asset (canonical) on t.chain among t.destinations
+-- (empty when t names no chain or no destination).
+function M.book_entries(s, asset, t)
+  local found = {}
+  if not t.chain or #t.destinations == 0 or risk.asset(asset) == nil then return found end
+  local rows = s:query([[
+    SELECT lower(address) AS address, label FROM address_book
+     WHERE ]] .. risk.asset_sql("asset") .. [[ = $1 AND ]] .. BOOK_CHAIN .. [[ = $2
+       AND lower(address) IN (SELECT lower(x) FROM jsonb_array_elements_text($3::jsonb) AS d(x))
+     ORDER BY label]], risk.asset(asset), t.chain, canon.encode(canon.array(t.destinations)))
+  for _, r in ipairs(rows) do
+    found[r.address] = found[r.address] or {}
+    table.insert(found[r.address], r.label)
+  end
+  return found
+end
+
+-- in_book: every destination the request pays is in the address book (for
+-- its asset, on its chain); a request paying nothing known, or through an
+-- unresolved node, or naming no chain, is not.
 local function in_book(s, req, inputs)
   if inputs.in_address_book == nil then
     local t = req.target or M.target(s, req)
-    local dest = type(t.destination) == "string" and t.destination or nil
-    local row = t.chain and dest and s:query([[
-      SELECT label FROM address_book
-       WHERE ]] .. risk.asset_sql("asset") .. [[ = $1 AND lower(address) = lower($2)
-         AND ]] .. BOOK_CHAIN .. [[ = $3
-       LIMIT 1]], risk.asset(req.intent.asset), dest, t.chain)[1]
-    inputs.in_address_book = row ~= nil
-    inputs.address_label = row and row.label or nil
+    local found = M.book_entries(s, req.intent.asset, t)
+    local all = t.chain ~= nil and #t.destinations > 0 and #t.unresolved == 0
+    local labels = canon.array()
+    for i, d in ipairs(t.destinations) do
+      local e = found[d:lower()]
+      labels[i] = e and e[1] or NULL    -- null: not in the book
+      if not e then all = false end
+    end
+    inputs.in_address_book = all
+    inputs.address_label = found[tostring(t.destinations[1]):lower()] and labels[1] or nil
     inputs.destination_chain = t.chain
+    if #t.destinations > 1 or #t.unresolved > 0 then
+      inputs.destinations = t.destinations
+      inputs.address_labels = labels
+      inputs.unresolved_destinations = #t.unresolved > 0 and t.unresolved or nil
+    end
   end
   return inputs.in_address_book
 end
 
+-- PAYS_SQL: the same list as target()'s destinations, for a stored request
+-- r (the velocity sums): r pays d when d is its intent's destination or
+-- an evm_transfer node of its plan pays d (config destination, else the
+-- intent's).
+local PAYS_SQL = [[(lower(r.intent->>'destination') = lower(d.x)
+   OR EXISTS (SELECT 1 FROM plan_nodes pn
+               WHERE pn.plan_version_id = r.plan_version_id
+                 AND pn.executor = 'evm_transfer' AND pn.action_type = 'evm_transfer'
+                 AND lower(CASE WHEN jsonb_typeof(pn.config->'destination') IS NULL THEN r.intent->>'destination'
+                                WHEN jsonb_typeof(pn.config->'destination') = 'string' THEN pn.config->>'destination'
+                           END) = lower(d.x)))]]
+
+-- velocity_total(s, req, v) -> total, over.  Without per_destination: the
+-- asset's approved amounts in the window.  With it: per destination the
+-- request pays (target().destinations), the approved amounts of the
+-- requests paying that destination; the largest is the total, and the rule
+-- holds when any destination's crosses `over` (a request paying no
+-- literal destination counts as crossing: nothing to sum it by).
 local function velocity_total(s, req, v)
   local intent = req.intent
+  -- $1 network class, $2 asset (canonical), $3 window, $4 this request's id
+  local window = [[
+      FROM movement_requests r
+     WHERE r.network_class = $1 AND ]] .. risk.asset_sql("r.intent->>'asset'") .. [[ = $2
+       AND r.approved_at > now() - $3::int * interval '1 second'
+       AND r.request_state NOT IN ('CANCELLED', 'REJECTED', 'EXPIRED')
+       AND r.intent->>'amount' ~ '^[0-9]+(\.[0-9]+)?$'
+       AND ($4::uuid IS NULL OR r.id <> $4::uuid)]]
+  local sum = "COALESCE(sum((r.intent->>'amount')::numeric), 0)"
+  if not v.per_destination then
+    local row = s:query("SELECT " .. sum .. "::text AS total, " .. sum .. " + $5::numeric > $6::numeric AS over"
+      .. window, req.network_class, risk.asset(intent.asset), v.window_seconds, req.id, intent.amount, v.over)[1]
+    return row.total, row.over
+  end
+  local t = req.target or M.target(s, req)
+  if #t.destinations == 0 or #t.unresolved > 0 then return "0", true end
   local row = s:query([[
-    SELECT COALESCE(sum((intent->>'amount')::numeric), 0)::text AS total,
-           COALESCE(sum((intent->>'amount')::numeric), 0) + $4::numeric > $5::numeric AS over
-      FROM movement_requests
-     WHERE network_class = $1 AND ]] .. risk.asset_sql("intent->>'asset'") .. [[ = $2
-       AND approved_at > now() - $3::int * interval '1 second'
-       AND request_state NOT IN ('CANCELLED', 'REJECTED', 'EXPIRED')
-       AND intent->>'amount' ~ '^[0-9]+(\.[0-9]+)?$'
-       AND ($6::uuid IS NULL OR id <> $6::uuid)
-       AND ($7::text IS NULL OR lower(intent->>'destination') = lower($7))]],
-    req.network_class, risk.asset(intent.asset), v.window_seconds, intent.amount, v.over,
-    req.id, v.per_destination and tostring(intent.destination) or nil)[1]
+    WITH per AS (SELECT (SELECT ]] .. sum .. window .. " AND " .. PAYS_SQL .. [[) AS total
+                   FROM jsonb_array_elements_text($7::jsonb) AS d(x))
+    SELECT max(total)::text AS total, bool_or(total + $5::numeric > $6::numeric) AS over FROM per]],
+    req.network_class, risk.asset(intent.asset), v.window_seconds, req.id, intent.amount, v.over,
+    canon.encode(canon.array(t.destinations)))[1]
   return row.total, row.over
 end
 

@@ -297,7 +297,7 @@ function M.create(s, args, who)
     if not pv then refuse("not_found", "template %s is not loaded", args.template_key) end
     local ok, why = templates.validate_intent(pv.intent_schema, args.intent)
     if not ok then refuse("invalid_intent", "template %s: %s", args.template_key, why) end
-    local rc_ok, rc_why = risk.check(pv.risk_controls, args.intent)
+    local rc_ok, rc_why = risk.check(pv.risk_controls, args.intent, s, pv.id)
     if not rc_ok then refuse("invalid_intent", "template %s: %s", args.template_key, rc_why) end
     local target = approvals.target(s, { intent = args.intent, plan_version_id = pv.id })
     -- the velocity windows of this asset serialised, as at approval: a
@@ -397,7 +397,7 @@ local function approve(s, id, p, comment, signature)
       id)
   end
   local rc = s:query("SELECT risk_controls FROM plan_versions WHERE id = $1", req.plan_version_id)[1]
-  local rc_ok, rc_why = risk.check(rc and rc.risk_controls, req.intent)
+  local rc_ok, rc_why = risk.check(rc and rc.risk_controls, req.intent, s, req.plan_version_id)
   if not rc_ok then refuse("invalid_intent", "request %s: %s", id, rc_why) end
   local target = approvals.target(s, req)
   -- the policy again, with the velocity windows of this asset serialised

@@ -3,11 +3,18 @@
 --
 --   validate(rc) -> array of errors (empty when the table is well formed):
 --     called when templates load; an unknown key or a malformed value is
---     refused there, so a typo never silently disables a limit.
---   check(rc, intent) -> true | nil, reason: the intent against the
---     limits; the reason names the key that refused ("risk_controls.max_amount
---     refuses: ...").  A wrong intent is an answer, not an error: the caller
---     refuses the request with it (invalid_intent).
+--     refused there, so a typo never silently disables a limit, and so is a
+--     key qtg cannot enforce (max_fee_usd: docs/approvals.md).
+--   check(rc, intent[, s, plan_version_id]) -> true | nil, reason: the
+--     intent against the limits; the reason names the key that refused
+--     ("risk_controls.max_amount refuses: ...").  A wrong intent is an
+--     answer, not an error: the caller refuses the request with it
+--     (invalid_intent).  The keys about where money goes
+--     (allowed_destinations, destination_allowlist_required,
+--     counterparty_allowlist_required) reason over every destination the
+--     plan pays (qtg.approvals.target) and the address book, so they need
+--     the session and the plan version: without them they refuse (fail
+--     closed), never pass.
 --
 -- Amounts are compared as exact decimals (decimal text, never floats).
 local M = {}
@@ -89,7 +96,61 @@ local function chain_id(x) return type(x) == "number" and x >= 1 and x == math.f
 
 local function amount_of(intent) return intent.amount end
 
--- check(limit, intent) -> nil when allowed, else the refusal's message.
+-- where(ctx) -> the request's target (qtg.approvals.target: chain,
+-- destinations, unresolved), computed once per check; nil when the check
+-- was given no session and plan version.
+local function where(ctx)
+  if ctx.target == nil and ctx.s ~= nil and ctx.plan_version_id ~= nil then
+    ctx.target = require("qtg.approvals").target(ctx.s, { intent = ctx.intent, plan_version_id = ctx.plan_version_id })
+  end
+  return ctx.target
+end
+
+local NO_PLAN = "it needs the plan's destinations and this check was given no session and plan version"
+
+-- paid(ctx) -> target | nil, why: every destination must be known.
+local function paid(ctx)
+  local t = where(ctx)
+  if not t then return nil, NO_PLAN end
+  if #t.unresolved > 0 then
+    return nil, string.format("node %s pays a destination that is not a literal address", t.unresolved[1])
+  end
+  if #t.destinations == 0 then return nil, "the request names no destination" end
+  return t
+end
+
+-- in_book(ctx, label) -> nil | why: every destination the plan pays is in
+-- the address book for the intent's asset on its chain (with `label`, when
+-- given: the counterparty register).
+local function in_book(ctx, label)
+  local t, why = paid(ctx)
+  if not t then return why end
+  if t.chain == nil then
+    return string.format("destination %s: the request names no chain, so it is in no address book",
+      t.destinations[1])
+  end
+  local found = require("qtg.approvals").book_entries(ctx.s, ctx.intent.asset, t)
+  for _, d in ipairs(t.destinations) do
+    local labels = found[d:lower()]
+    if not labels then
+      return string.format("destination %s is not in the address book for %s on %s", d,
+        tostring(M.asset(ctx.intent.asset)), t.chain)
+    end
+    if label ~= nil then
+      local ok = false
+      for _, l in ipairs(labels) do if l == label then ok = true end end
+      if not ok then
+        return string.format("destination %s is in the address book for %s on %s as %s, not as counterparty %s",
+          d, tostring(M.asset(ctx.intent.asset)), t.chain, table.concat(labels, ", "), label)
+      end
+    end
+  end
+end
+
+-- The shape each key takes, and the check each one makes:
+-- check(limit, intent, ctx) -> nil when allowed, else the refusal's message.
+-- ctx = {s=, plan_version_id=, intent=} (where(ctx) is the plan's target).
+-- A key without a check is enforced by an executor (named in its comment).
 M.KEYS = {
   max_amount = { shape = decimal, check = function(limit, intent)
     local c = M.cmp(amount_of(intent), limit)
@@ -111,16 +172,46 @@ M.KEYS = {
     for _, c in ipairs(list) do if c == intent.chain_id then return end end
     return string.format("chain_id %s is not in allowed_chain_ids", tostring(intent.chain_id))
   end },
-  allowed_destinations = { shape = array_of(nonempty_string, "addresses"), check = function(list, intent)
-    local d = type(intent.destination) == "string" and intent.destination:lower() or nil
-    for _, a in ipairs(list) do if a:lower() == d then return end end
-    return string.format("destination %s is not in allowed_destinations", tostring(intent.destination))
+  -- every destination the plan pays (not only the intent's) is on the list
+  allowed_destinations = { shape = array_of(nonempty_string, "addresses"), check = function(list, _, ctx)
+    local t, why = paid(ctx)
+    if not t then return why end
+    local ok = {}
+    for _, a in ipairs(list) do ok[a:lower()] = true end
+    for _, d in ipairs(t.destinations) do
+      if not ok[d:lower()] then return string.format("destination %s is not in allowed_destinations", d) end
+    end
   end },
-  -- shapes only: enforced elsewhere (the approval policy's address-book
-  -- rules, the executors' fee caps)
-  destination_allowlist_required = { shape = boolean },
-  counterparty_allowlist_required = { shape = boolean },
-  max_fee_usd = { shape = decimal },
+  -- true: every destination the plan pays is in the address book for the
+  -- intent's asset on its chain (a request naming no chain is in no book)
+  destination_allowlist_required = { shape = boolean, check = function(on, _, ctx)
+    if on then return in_book(ctx) end
+  end },
+  -- true: the address book is the counterparty register (qtg has no other):
+  -- the intent names a counterparty, and every destination the plan pays is
+  -- in the address book for its asset on its chain with that counterparty as
+  -- its label (exactly).  A counterparty nobody registered, or paid at
+  -- another counterparty's address, is refused.
+  counterparty_allowlist_required = { shape = boolean, check = function(on, intent, ctx)
+    if not on then return nil end
+    if type(intent.counterparty) ~= "string" or intent.counterparty == "" then
+      return "the intent names no counterparty (a non-empty string)"
+    end
+    return in_book(ctx, intent.counterparty)
+  end },
+  -- not enforceable: qtg has no USD price source and no executor reports a
+  -- fee in USD, so a template setting it is refused when it loads (and a
+  -- plan version stored before this refusal existed refuses every request)
+  -- rather than look like a fee cap.  The enforced fee caps are the EVM
+  -- executor's (and the signer's) wei limits below.
+  max_fee_usd = { shape = function(v)
+    return decimal(v) or "is not enforced: qtg has no USD price source and no executor reports a fee in USD; "
+      .. "remove it (EVM fees are capped by max_fee_per_gas_wei, max_priority_fee_per_gas_wei and gas_limit)"
+  end, check = function()
+    return "max_fee_usd cannot be enforced (qtg has no USD price source): this plan version is refused"
+  end },
+  -- shapes only here: the EVM executor and the signer enforce them
+  -- (qtg.evm_tx.controls, qtgd-signerd)
   max_fee_per_gas_wei = { shape = wei },
   max_priority_fee_per_gas_wei = { shape = wei },
   gas_limit = { shape = integer },
@@ -153,13 +244,14 @@ end
 
 local function refuses(k, why) return nil, string.format("risk_controls.%s refuses: %s", k, why) end
 
-function M.check(rc, intent)
+function M.check(rc, intent, s, plan_version_id)
   if type(rc) ~= "table" then return true end
   if type(intent) ~= "table" then return refuses("intent", "the intent is not an object") end
+  local ctx = { s = s, plan_version_id = plan_version_id, intent = intent }
   for _, k in ipairs(ORDER) do
     local key = M.KEYS[k]
     if rc[k] ~= nil and key.check then
-      local why = key.check(rc[k], intent)
+      local why = key.check(rc[k], intent, ctx)
       if why then return refuses(k, why) end
     end
   end

@@ -274,7 +274,17 @@ local INTENT_VALUES = {
 M.kinds = {}   -- every (template, variant) loaded: {key, template, variant, expect, intent}
 
 -- Load every variant as its own template (chaos_<template>__<variant>).
+-- The destination is booked first, as the shipped templates' allow-lists
+-- need (docs/approvals.md, "risk_controls"): under desk-7's name, the
+-- OTC settlement's counterparty.
 function M.load_workload()
+  local book = require "spec.lua.support.book"
+  for _, asset in ipairs({ "USDC", "USDT" }) do
+    M.with_retry(function(s)
+      book.ensure(s, { asset = asset, chain = INTENT_VALUES.destination_chain,
+                       address = INTENT_VALUES.destination, label = INTENT_VALUES.counterparty })
+    end)
+  end
   for template, t in pairs(M.SHIPPED) do
     local text = assert(M.read(M.root .. "/templates/" .. template .. ".json"))
     for _, v in ipairs(M.VARIANTS) do

@@ -12,9 +12,12 @@
 --             velocity = { window_seconds =, over = "decimal", per_destination = bool },
 --             when = function(request, inputs) -> boolean   (any other test, in Lua) }
 --   action = P.allow() | P.require{ approvals = N, roles = { ... } } | P.block{ reason = "..." }
--- The velocity clause holds when the amounts of this asset (and destination)
--- approved in the window and not cancelled, rejected or expired, plus this
--- request's amount, exceed `over`.
+-- destination_in holds when EVERY destination the plan pays is in the
+-- address book (for the asset, on the request's chain), destination_not_in
+-- when one is not.  The velocity clause holds when the amounts of this
+-- asset approved in the window and not cancelled, rejected or expired, plus
+-- this request's amount, exceed `over` (per_destination: summed for each
+-- destination the plan pays; any one crossing holds it).
 local P = require "qtg.approvals"
 
 return {

@@ -165,6 +165,8 @@ describe("the web console's needs", function()
   describe("GET /v3/requests filters", function()
     it("filters by asset, amount range, destination and error code", function()
       local dest = "0x3c44cdddb6a900fa2b585dd299e03d12fa4293bc"
+      -- acme's second wallet (otc_settlement_manual's counterparty_allowlist_required)
+      require("spec.lua.support.book").ensure_all({ { asset = "USDC", chain = "ethereum", address = dest, label = "acme" } })
       local small = create(with{ amount = "5" })
       local big = create(with{ amount = "2500.50", destination = dest })
       local eth = create(with{ asset = "USDT", amount = "1.25" })

@@ -86,7 +86,7 @@ describe("HTTP API hardening", function()
 
   it("refuses a body with a key given twice, at any depth, and writes nothing", function()
     local before = count_requests(d.class)
-    local intent = '"asset":"USDC","venue":"otc-desk","destination":"0x70997970c51812dc3a010c7d01b50e0d17dc79c8",'
+    local intent = '"asset":"USDC","venue":"otc-desk","destination":"0x70997970c51812dc3a010c7d01b50e0d17dc79c8","destination_chain":"ethereum",'
       .. '"counterparty":"acme"'
     local bodies = {
       -- the review's case: the amount given twice inside the intent

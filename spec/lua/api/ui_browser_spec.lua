@@ -117,6 +117,8 @@ describe("the web console in a browser", function()
     -- the filter: two requests to one fresh destination, one of them rejected
     local dest = "0x" .. common.uid("", 20):gsub("[^%x]", ""):sub(1, 40)
     dest = dest .. string.rep("0", 42 - #dest)
+    -- acme's (otc_settlement_manual's counterparty_allowlist_required)
+    require("spec.lua.support.book").ensure_all({ { asset = "USDC", chain = "ethereum", address = dest, label = "acme" } })
     ids.filtered = create(intent{ destination = dest })
     ids.filtered_other = create(intent{ destination = dest })
     assert.equal(200, api.call(d, "POST", "/v3/requests/" .. ids.filtered_other .. "/reject",

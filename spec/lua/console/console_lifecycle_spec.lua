@@ -83,7 +83,7 @@ end
 local function create_otc(key)
   return cmds.create({ template_key = "otc_settlement_manual", idempotency_key = key,
     intent = { asset = "USDC", amount = "125.50", venue = "sim", destination = "0x" .. string.rep("1", 40),
-               counterparty = "desk-a" } })
+               destination_chain = "ethereum", counterparty = "desk-a" } })
 end
 
 describe("console lifecycle and signer commands", function()
@@ -91,6 +91,9 @@ describe("console lifecycle and signer commands", function()
     sup = require("spec.lua.support.engine")
     s = qtg.db.acquire()
     assert(templates.load_dir(s, sup.repo_root() .. "/templates"))
+    -- desk-a's wallet (otc_settlement_manual's counterparty_allowlist_required)
+    require("spec.lua.support.book").ensure(s, { asset = "USDC", chain = "ethereum",
+      address = "0x" .. string.rep("1", 40), label = "desk-a" })
     cmds = require("qtg.console.commands").bind({ actor = ACTOR, print = function() end })
   end)
   teardown(function()
@@ -195,7 +198,9 @@ describe("console lifecycle and signer commands", function()
       id, ACTOR))
     assert.equals(1, audit_count("request.create", id))
     assert.equals(id, create_otc(key).id)
-    assert.is_false(cmds.create({ template_key = "otc_settlement_manual", idempotency_key = key, intent = {} }).created)
+    -- the key names that request only: another intent under it is refused
+    has(fails(cmds.create, { template_key = "otc_settlement_manual", idempotency_key = key, intent = {} }),
+      "idempotency_mismatch")
     has(fails(cmds.create, { template_key = "otc_settlement_manual", intent = { asset = "USDC" } }), "invalid_intent")
     has(fails(cmds.create, "x"), "takes a table")
     leftover[#leftover + 1] = id

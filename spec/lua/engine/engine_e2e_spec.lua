@@ -27,7 +27,7 @@ local TEMPLATES = {
                "frontier_advanced", "frontier_advanced", "request_completed" } },
   { key = "otc_settlement_manual",
     intent = { asset = "USDT", amount = "2000000", venue = "okx", destination = ADDRESS,
-               counterparty = "desk-7" },
+               destination_chain = "ethereum", counterparty = "desk-7" },
     events = { "request_created", "request_approved", "request_executing", "frontier_advanced",
                "frontier_advanced", "request_attention", "manual_step_completed", "request_completed" } },
   { key = "dual_venue_funding",
@@ -81,6 +81,11 @@ describe("two qtgd processes, 200 requests", function()
   it("completes every request, one submit per (node, attempt), callbacks in order", function()
     sup.park_others(s)
     assert(templates.load_dir(s, sup.repo_root() .. "/templates"))
+    -- the shipped templates' allow-lists: the CEX withdrawal's destination,
+    -- and desk-7's wallet for the OTC settlement (docs/approvals.md)
+    local book = require "spec.lua.support.book"
+    book.ensure(s, book.for_intent(TEMPLATES[1].intent))
+    book.ensure(s, book.for_intent(TEMPLATES[3].intent))
     local ids, kind_of = {}, {}
     for i = 1, N do
       local t = TEMPLATES[(i - 1) % #TEMPLATES + 1]

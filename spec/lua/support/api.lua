@@ -12,7 +12,8 @@ local common = require "spec.lua.support.common"
 local M = {}
 
 M.OTC_INTENT = { asset = "USDC", amount = "10", venue = "otc-desk",
-                 destination = "0x70997970c51812dc3a010c7d01b50e0d17dc79c8", counterparty = "acme" }
+                 destination = "0x70997970c51812dc3a010c7d01b50e0d17dc79c8", destination_chain = "ethereum",
+                 counterparty = "acme" }
 
 local templates_loaded = false
 local function load_templates()
@@ -20,6 +21,11 @@ local function load_templates()
   local rc, out = host.run(host.base_env(), { common.quote(host.bin), "templates", "load",
     common.quote(host.root .. "/templates") })
   assert(rc == 0, out)
+  -- otc_settlement_manual's counterparty_allowlist_required: OTC_INTENT's
+  -- destination is acme's, in the address book for both its assets
+  local book = require "spec.lua.support.book"
+  book.ensure_all({ book.for_intent(M.OTC_INTENT),
+                    book.for_intent(setmetatable({ asset = "USDT" }, { __index = M.OTC_INTENT })) })
   templates_loaded = true
 end
 
