@@ -13,7 +13,6 @@ local sup, s
 
 local T = "spec_appr_sim"
 local LIMITED = "spec_appr_limited"
-local POLICY = "qtg.policies.approval"
 
 local function who(name, roles)
   return { actor = "operator:" .. name, kind = "operator", name = name, roles = roles }
@@ -34,27 +33,9 @@ local function enrol(p)
     p.name, "{" .. table.concat(p.roles, ",") .. "}")
 end
 
-local function refused(kind, fn, ...)
-  local ok, err = pcall(fn, ...)
-  assert.is_false(ok, "expected a refusal")
-  assert.equal(kind, err.kind, tostring(err))
-  return err
-end
-
 local function create(template, intent, initiator)
   return requests.create(s, { template_key = template or T, intent = intent or sup.INTENT,
     idempotency_key = sup.uid("idem") }, initiator or ALICE)
-end
-
--- Run fn with `policy` as the loaded approval policy (as reload() swaps a
--- module), then put the shipped one back.
-local function with_policy(policy, fn)
-  local old = package.loaded[POLICY]
-  package.loaded[POLICY] = policy
-  local ok, err = pcall(fn)
-  package.loaded[POLICY] = old
-  approvals.policy()
-  if not ok then error(err, 0) end
 end
 
 local function state(id) return sup.request(s, id).request_state end
@@ -137,11 +118,11 @@ describe("approvals", function()
 
   describe("risk_controls", function()
     it("refuses at create with invalid_intent naming the rule, comparing exact decimals", function()
-      local e = refused("invalid_intent", create, LIMITED, { asset = "USDC", amount = "1000.000000000000000001" })
+      local e = sup.refused("invalid_intent", create, LIMITED, { asset = "USDC", amount = "1000.000000000000000001" })
       assert.matches("risk_controls.max_amount", e.message, 1, true)
-      e = refused("invalid_intent", create, LIMITED, { asset = "DOGE", amount = "1" })
+      e = sup.refused("invalid_intent", create, LIMITED, { asset = "DOGE", amount = "1" })
       assert.matches("risk_controls.allowed_assets", e.message, 1, true)
-      e = refused("invalid_intent", create, LIMITED, { asset = "USDC", amount = "0.4999" })
+      e = sup.refused("invalid_intent", create, LIMITED, { asset = "USDC", amount = "0.4999" })
       assert.matches("risk_controls.min_amount", e.message, 1, true)
       assert.equal("PENDING_APPROVAL", create(LIMITED, { asset = "USDT", amount = "1000.000" }).request_state)
       assert.equal("PENDING_APPROVAL", create(LIMITED, { asset = "USDT", amount = "0.50" }).request_state)
@@ -151,7 +132,7 @@ describe("approvals", function()
       local req = create(LIMITED, { asset = "USDC", amount = "10" })
       s:query([[UPDATE movement_requests SET intent = jsonb_set(intent, '{amount}', '"999999999"')
                  WHERE id = $1::uuid]], req.id)
-      local e = refused("invalid_intent", requests.approve, s, req.id, BOB)
+      local e = sup.refused("invalid_intent", requests.approve, s, req.id, BOB)
       assert.matches("risk_controls.max_amount", e.message, 1, true)
       assert.equal("PENDING_APPROVAL", state(req.id))
     end)
@@ -178,20 +159,20 @@ describe("approvals", function()
   describe("principals and quorum", function()
     it("never lets the initiator approve, nor a principal without the role", function()
       local req = create()
-      local e = refused("forbidden", requests.approve, s, req.id, ALICE)
+      local e = sup.refused("forbidden", requests.approve, s, req.id, ALICE)
       assert.matches("four eyes", e.message, 1, true)
-      refused("forbidden", requests.approve, s, req.id, ERIN)
-      refused("forbidden", requests.approve, s, req.id, READER)
-      refused("forbidden", requests.create, s, { template_key = T, intent = sup.INTENT,
+      sup.refused("forbidden", requests.approve, s, req.id, ERIN)
+      sup.refused("forbidden", requests.approve, s, req.id, READER)
+      sup.refused("forbidden", requests.create, s, { template_key = T, intent = sup.INTENT,
         idempotency_key = sup.uid("i") }, READER)
-      refused("forbidden", requests.cancel, s, req.id, READER, "no")
-      refused("invalid_input", requests.approve, s, req.id, { actor = "operator:x", roles = { "root" } })
+      sup.refused("forbidden", requests.cancel, s, req.id, READER, "no")
+      sup.refused("invalid_input", requests.approve, s, req.id, { actor = "operator:x", roles = { "root" } })
       assert.equal("PENDING_APPROVAL", state(req.id))
       assert.equal(0, #s:query("SELECT 1 FROM request_approvals WHERE request_id = $1::uuid", req.id))
       -- an unmapped console uid reads only
       local p = require("qtg.principals").resolve_uid(s, 4242)
       assert.equal("console:4242", p.actor)
-      refused("forbidden", requests.approve, s, req.id, p)
+      sup.refused("forbidden", requests.approve, s, req.id, p)
     end)
 
     it("needs 2 distinct approvers from 100000, refuses a second vote by the same one", function()
@@ -199,7 +180,7 @@ describe("approvals", function()
       assert.equal(2, req.approvals_required)
       requests.approve(s, req.id, BOB)
       assert.equal("PENDING_APPROVAL", state(req.id))
-      local e = refused("illegal_transition", requests.approve, s, req.id, BOB)
+      local e = sup.refused("illegal_transition", requests.approve, s, req.id, BOB)
       assert.matches("already decided", e.message, 1, true)
       local st = requests.approval_status(s, req.id)
       assert.equal(1, st.still_needed)
@@ -220,9 +201,9 @@ describe("approvals", function()
     end)
 
     it("refuses an approver without a role the rule names", function()
-      with_policy({ rules = { { name = "admins_only", match = {}, action = P.require{ approvals = 1, roles = { "admin" } } } } }, function()
+      sup.with_policy({ rules = { { name = "admins_only", match = {}, action = P.require{ approvals = 1, roles = { "admin" } } } } }, function()
         local req = create()
-        local e = refused("forbidden", requests.approve, s, req.id, BOB)
+        local e = sup.refused("forbidden", requests.approve, s, req.id, BOB)
         assert.matches("admins_only", e.message, 1, true)
         requests.approve(s, req.id, DAVE)
         assert.equal("APPROVED", state(req.id))
@@ -234,7 +215,7 @@ describe("approvals", function()
       requests.approve(s, req.id, BOB)
       requests.reject(s, req.id, CAROL, "unknown beneficiary")
       assert.equal("REJECTED", state(req.id))
-      refused("illegal_transition", requests.approve, s, req.id, DAVE)
+      sup.refused("illegal_transition", requests.approve, s, req.id, DAVE)
       local rows = s:query("SELECT principal, decision, comment FROM request_approvals WHERE request_id = $1::uuid ORDER BY id", req.id)
       assert.equal(2, #rows)
       assert.equal("reject", rows[2].decision)
@@ -245,7 +226,7 @@ describe("approvals", function()
       local req = create(T, { asset = "USDC", amount = "500000" })
       requests.approve(s, req.id, BOB)
       s:query("UPDATE movement_requests SET expires_at = now() - interval '1 second' WHERE id = $1::uuid", req.id)
-      refused("illegal_transition", requests.approve, s, req.id, CAROL)
+      sup.refused("illegal_transition", requests.approve, s, req.id, CAROL)
       assert.is_true(sup.tick("expiration_checker") >= 1)
       assert.equal("EXPIRED", state(req.id))
       assert.equal(1, #s:query("SELECT 1 FROM request_approvals WHERE request_id = $1::uuid", req.id))
@@ -256,7 +237,7 @@ describe("approvals", function()
       requests.approve(s, req.id, BOB)
       s:query([[UPDATE movement_requests SET intent = jsonb_set(intent, '{amount}', '"600000"')
                  WHERE id = $1::uuid]], req.id)
-      local e = refused("illegal_transition", requests.approve, s, req.id, CAROL)
+      local e = sup.refused("illegal_transition", requests.approve, s, req.id, CAROL)
       assert.matches("changed since its first approval", e.message, 1, true)
       assert.equal("PENDING_APPROVAL", state(req.id))
     end)
@@ -269,7 +250,7 @@ describe("approvals", function()
     end)
 
     it("allow: approved by the policy itself, recorded as such", function()
-      with_policy({ rules = { { name = "petty_cash", match = { amount_below = "10" }, action = P.allow() },
+      sup.with_policy({ rules = { { name = "petty_cash", match = { amount_below = "10" }, action = P.allow() },
                               { name = "rest", match = {}, action = P.require{ approvals = 1, roles = { "approve" } } } } }, function()
         local req = create(T, { asset = "USDC", amount = "9.99" })
         assert.equal("APPROVED", req.request_state)
@@ -282,19 +263,19 @@ describe("approvals", function()
     end)
 
     it("block and default deny refuse at create, naming the rule", function()
-      with_policy({ rules = { { name = "no_doge", match = { asset = "DOGE" }, action = P.block{ reason = "not a treasury asset" } },
+      sup.with_policy({ rules = { { name = "no_doge", match = { asset = "DOGE" }, action = P.block{ reason = "not a treasury asset" } },
                               { name = "usdc_only", match = { asset = "USDC" }, action = P.require{ approvals = 1, roles = { "approve" } } } } }, function()
-        local e = refused("invalid_intent", create, T, { asset = "DOGE", amount = "1" })
+        local e = sup.refused("invalid_intent", create, T, { asset = "DOGE", amount = "1" })
         assert.matches("no_doge", e.message, 1, true)
         assert.matches("not a treasury asset", e.message, 1, true)
-        e = refused("invalid_intent", create, T, { asset = "USDT", amount = "1" })
+        e = sup.refused("invalid_intent", create, T, { asset = "USDT", amount = "1" })
         assert.matches("default_deny", e.message, 1, true)
         assert.equal("PENDING_APPROVAL", create(T, { asset = "USDC", amount = "1" }).request_state)
       end)
     end)
 
     it("initiator and its role", function()
-      with_policy({ rules = { { name = "erin_needs_two", match = { initiator = "operator:erin" }, action = P.require{ approvals = 2, roles = { "approve" } } },
+      sup.with_policy({ rules = { { name = "erin_needs_two", match = { initiator = "operator:erin" }, action = P.require{ approvals = 2, roles = { "approve" } } },
                               { name = "admins_alone", match = { initiator_role = "admin" }, action = P.allow() },
                               { name = "rest", match = {}, action = P.require{ approvals = 1, roles = { "approve" } } } } }, function()
         assert.equal(2, create(T, nil, ERIN).approvals_required)
@@ -310,7 +291,7 @@ describe("approvals", function()
         who("adm1", { "admin" }))
       book.vote(s, c.id, who("adm2", { "admin" }), "approve")
       book.vote(s, c.id, who("adm3", { "admin" }), "approve")
-      with_policy({ rules = { { name = "known", match = { destination_in = "address_book" }, action = P.require{ approvals = 1, roles = { "approve" } } },
+      sup.with_policy({ rules = { { name = "known", match = { destination_in = "address_book" }, action = P.require{ approvals = 1, roles = { "approve" } } },
                               { name = "unknown", match = { destination_not_in = "address_book" }, action = P.require{ approvals = 3, roles = { "approve" } } } } }, function()
         local a = create(T, { asset = "USDC", amount = "5", destination = dest_in:upper():gsub("^0X", "0x"), destination_chain = "ethereum" })
         assert.equal(1, a.approvals_required)
@@ -323,7 +304,7 @@ describe("approvals", function()
 
     it("velocity: a request that would now cross the window waits, refused at approval", function()
       local asset = "V" .. sup.uid("a"):upper():gsub("[^%w]", "")
-      with_policy({ rules = { { name = "day_cap", match = { velocity = { window_seconds = 86400, over = "1000" } },
+      sup.with_policy({ rules = { { name = "day_cap", match = { velocity = { window_seconds = 86400, over = "1000" } },
                                 action = P.block{ reason = "over 1000 a day" } },
                               { name = "rest", match = {}, action = P.require{ approvals = 1, roles = { "approve" } } } } }, function()
         local r1 = create(T, { asset = asset, amount = "600" })
@@ -331,7 +312,7 @@ describe("approvals", function()
         assert.equal("rest", r2.approval_policy.rule)
         requests.approve(s, r1.id, BOB)
         assert.equal("APPROVED", state(r1.id))
-        local e = refused("invalid_intent", requests.approve, s, r2.id, BOB)
+        local e = sup.refused("invalid_intent", requests.approve, s, r2.id, BOB)
         assert.matches("day_cap", e.message, 1, true)
         local r = sup.request(s, r2.id)
         assert.equal("PENDING_APPROVAL", r.request_state)
@@ -339,7 +320,7 @@ describe("approvals", function()
         assert.equal("600", r.approval_policy.inputs.velocity.day_cap.approved_in_window)
         assert.equal(1, #s:query("SELECT 1 FROM audit_outbox WHERE request_id = $1::uuid AND action = 'request.approval_refused'", r2.id))
         -- a new request crossing it is refused at create
-        refused("invalid_intent", create, T, { asset = asset, amount = "401" })
+        sup.refused("invalid_intent", create, T, { asset = asset, amount = "401" })
         assert.equal("PENDING_APPROVAL", create(T, { asset = asset, amount = "400" }).request_state)
       end)
     end)
@@ -349,7 +330,7 @@ describe("approvals", function()
       local dir = common.tmpdir("approvals")
       local asset = "W" .. sup.uid("a"):upper():gsub("[^%w]", "")
       local ids = {}
-      with_policy({ rules = { { name = "day_cap", match = { velocity = { window_seconds = 86400, over = "1000" } },
+      sup.with_policy({ rules = { { name = "day_cap", match = { velocity = { window_seconds = 86400, over = "1000" } },
                                 action = P.block{ reason = "over 1000 a day" } },
                               { name = "rest", match = {}, action = P.require{ approvals = 1, roles = { "approve" } } } } }, function()
         ids[1] = create(T, { asset = asset, amount = "600" }).id
@@ -380,11 +361,11 @@ describe("approvals", function()
     end)
 
     it("a rule that raises leaves the request waiting with the error recorded, never approved", function()
-      with_policy({ rules = { { name = "buggy", match = { when = function() error("nil index") end }, action = P.allow() } } }, function()
+      sup.with_policy({ rules = { { name = "buggy", match = { when = function() error("nil index") end }, action = P.allow() } } }, function()
         local req = create()
         assert.equal("PENDING_APPROVAL", req.request_state)
         assert.matches("buggy raised while matching", req.approval_policy.error, 1, true)
-        local e = refused("illegal_transition", requests.approve, s, req.id, BOB)
+        local e = sup.refused("illegal_transition", requests.approve, s, req.id, BOB)
         assert.matches("approval policy failed", e.message, 1, true)
         assert.equal("PENDING_APPROVAL", state(req.id))
         assert.equal(0, #s:query("SELECT 1 FROM request_approvals WHERE request_id = $1::uuid", req.id))
@@ -400,7 +381,7 @@ describe("approvals", function()
         { rules = { { name = "x", match = { amount_below = 5 }, action = P.allow() } } },
         { rules = { { name = "x", match = {}, action = "allow" } } },
       }) do
-        with_policy(bad, function()
+        sup.with_policy(bad, function()
           local p, err = approvals.load()
           assert.is_nil(p)
           assert.matches("malformed", err, 1, true)
@@ -414,7 +395,7 @@ describe("approvals", function()
       local before = create()
       requests.approve(s, before.id, BOB)
       local pending = create()
-      with_policy({ rules = { { name = "three_now", match = {}, action = P.require{ approvals = 3, roles = { "approve" } } } } }, function()
+      sup.with_policy({ rules = { { name = "three_now", match = {}, action = P.require{ approvals = 3, roles = { "approve" } } } } }, function()
         local after = create()
         assert.equal(3, after.approvals_required)
         local r = sup.request(s, before.id)
@@ -503,17 +484,17 @@ describe("approvals", function()
       local book = require "qtg.address_book"
       local addr = "0x" .. string.rep("c3", 20)
       local a1, a2, a3 = who("ab1", { "admin" }), who("ab2", { "admin" }), who("ab3", { "admin" })
-      refused("forbidden", book.propose, s, { action = "add", asset = "USDT", chain = "1", address = addr, label = "x" }, BOB)
+      sup.refused("forbidden", book.propose, s, { action = "add", asset = "USDT", chain = "1", address = addr, label = "x" }, BOB)
       local c = book.propose(s, { action = "add", asset = "USDT", chain = "1", address = addr, label = "ops" }, a1)
       assert.equal(2, c.approvals_required)
-      refused("illegal_transition", book.propose, s, { action = "add", asset = "USDT", chain = "1", address = addr, label = "y" }, a2)
-      refused("forbidden", book.vote, s, c.id, a1, "approve")
+      sup.refused("illegal_transition", book.propose, s, { action = "add", asset = "USDT", chain = "1", address = addr, label = "y" }, a2)
+      sup.refused("forbidden", book.vote, s, c.id, a1, "approve")
       local function present()
         return #s:query("SELECT 1 FROM address_book WHERE asset = 'USDT' AND chain = '1' AND address = $1", addr) == 1
       end
       book.vote(s, c.id, a2, "approve")
       assert.is_false(present())
-      refused("illegal_transition", book.vote, s, c.id, a2, "approve")
+      sup.refused("illegal_transition", book.vote, s, c.id, a2, "approve")
       local done = book.vote(s, c.id, a3, "approve")
       assert.equal("APPLIED", done.state)
       assert.is_true(present())
@@ -529,7 +510,7 @@ describe("approvals", function()
   -- The security review's findings, each with its attacker's variants.
   describe("the security review", function()
     local function three_ways(fn)
-      with_policy({ rules = {
+      sup.with_policy({ rules = {
         { name = "eth_three", match = { asset = "ETH", amount_at_least = "10" }, action = P.require{ approvals = 3, roles = { "approve" } } },
         { name = "usdt_two", match = { asset = { "usdt" }, amount_at_least = "10" }, action = P.require{ approvals = 2, roles = { "approve" } } },
         { name = "rest", match = {}, action = P.require{ approvals = 1, roles = { "approve" } } } } }, fn)
@@ -548,22 +529,22 @@ describe("approvals", function()
         assert.equal("eth", create(T, { asset = "eth", amount = "1" }).intent.asset)
       end)
       assert.equal("PENDING_APPROVAL", create(LIMITED, { asset = "usdc", amount = "5" }).request_state)
-      local e = refused("invalid_intent", create, LIMITED, { asset = "doge", amount = "5" })
+      local e = sup.refused("invalid_intent", create, LIMITED, { asset = "doge", amount = "5" })
       assert.matches("risk_controls.allowed_assets", e.message, 1, true)
     end)
 
     it("asset case: one velocity window for every spelling", function()
       local base = "VC" .. sup.uid("a"):upper():gsub("[^%w]", "")
-      with_policy({ rules = { { name = "day_cap", match = { velocity = { window_seconds = 86400, over = "1000" } },
+      sup.with_policy({ rules = { { name = "day_cap", match = { velocity = { window_seconds = 86400, over = "1000" } },
                                 action = P.block{ reason = "over 1000 a day" } },
                               { name = "rest", match = {}, action = P.require{ approvals = 1, roles = { "approve" } } } } }, function()
         local r1 = create(T, { asset = base, amount = "600" })
         local r2 = create(T, { asset = base:lower(), amount = "600" })
         requests.approve(s, r1.id, BOB)
-        local e = refused("invalid_intent", requests.approve, s, r2.id, BOB)
+        local e = sup.refused("invalid_intent", requests.approve, s, r2.id, BOB)
         assert.matches("day_cap", e.message, 1, true)
         assert.equal("600", sup.request(s, r2.id).approval_policy.inputs.velocity.day_cap.approved_in_window)
-        e = refused("invalid_intent", create, T, { asset = base:sub(1, 3):lower() .. base:sub(4), amount = "401" })
+        e = sup.refused("invalid_intent", create, T, { asset = base:sub(1, 3):lower() .. base:sub(4), amount = "401" })
         assert.matches("day_cap", e.message, 1, true)
       end)
     end)
@@ -594,7 +575,7 @@ describe("approvals", function()
     it("asset case: two approvals in two processes share one velocity lock whatever the spelling", function()
       local base = "WC" .. sup.uid("a"):upper():gsub("[^%w]", "")
       local ids = {}
-      with_policy({ rules = { { name = "day_cap", match = { velocity = { window_seconds = 86400, over = "1000" } },
+      sup.with_policy({ rules = { { name = "day_cap", match = { velocity = { window_seconds = 86400, over = "1000" } },
                                 action = P.block{ reason = "over 1000 a day" } },
                               { name = "rest", match = {}, action = P.require{ approvals = 1, roles = { "approve" } } } } }, function()
         ids[1] = create(T, { asset = base, amount = "600" }).id
@@ -634,11 +615,11 @@ describe("approvals", function()
 
     it("quorum: a rule tightened since the first vote counts only voters holding its roles now", function()
       local req
-      with_policy({ rules = { { name = "two", match = {}, action = P.require{ approvals = 2, roles = { "approve" } } } } }, function()
+      sup.with_policy({ rules = { { name = "two", match = {}, action = P.require{ approvals = 2, roles = { "approve" } } } } }, function()
         req = create()
         requests.approve(s, req.id, BOB)
       end)
-      with_policy({ rules = { { name = "two_admins", match = {}, action = P.require{ approvals = 2, roles = { "admin" } } } } }, function()
+      sup.with_policy({ rules = { { name = "two_admins", match = {}, action = P.require{ approvals = 2, roles = { "admin" } } } } }, function()
         requests.approve(s, req.id, DAVE)
         assert.equal("PENDING_APPROVAL", state(req.id))
         local st = requests.approval_status(s, req.id)
@@ -664,7 +645,7 @@ describe("approvals", function()
         assert.equal("PENDING_APPROVAL", state(req.id))
         -- the removed operator's session cannot vote either
         local other = create(T, { asset = "USDC", amount = "100000" })
-        local e = refused("forbidden", requests.approve, s, other.id, BOB)
+        local e = sup.refused("forbidden", requests.approve, s, other.id, BOB)
         assert.matches("no enrolled operator", e.message, 1, true)
         requests.approve(s, req.id, DAVE)
         assert.equal("APPROVED", state(req.id))
@@ -722,11 +703,11 @@ describe("approvals", function()
       local EVM, EVM137 = "spec_appr_evm", "spec_appr_evm137"
       sup.load_doc(s, sup.doc(EVM, { { "transfer", "action", "evm_transfer", { signer_key = "evm_hot" }, executor = "evm_transfer" } }))
       sup.load_doc(s, sup.doc(EVM137, { { "transfer", "action", "evm_transfer", { signer_key = "evm_hot", chain_id = 137 }, executor = "evm_transfer" } }))
-      with_policy({ rules = { { name = "known", match = { destination_in = "address_book" }, action = P.require{ approvals = 1, roles = { "approve" } } },
+      sup.with_policy({ rules = { { name = "known", match = { destination_in = "address_book" }, action = P.require{ approvals = 1, roles = { "approve" } } },
                               { name = "unknown", match = { destination_not_in = "address_book" }, action = P.require{ approvals = 3, roles = { "approve" } } } } }, function()
         local function need(template, intent) return create(template, intent).approvals_required end
         local function conflict(template, intent, code)
-          local e = refused("invalid_intent", create, template, intent)
+          local e = sup.refused("invalid_intent", create, template, intent)
           assert.equal(code or "INTENT_CHAIN_CONFLICT", e.code, tostring(e))
         end
         assert.equal(1, need(EVM, { asset = "ETH", amount = "1", destination = dest, chain_id = 1 }))

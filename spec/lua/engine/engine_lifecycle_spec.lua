@@ -12,14 +12,6 @@ local CHAIN = "spec_lc_chain"
 local MANUAL = "spec_lc_manual"
 local SE_THEN_UNKNOWN = "spec_lc_se_unknown"
 
-local function refused(kind, fn, ...)
-  local ok, err = pcall(fn, ...)
-  assert.is_false(ok, "expected a refusal")
-  assert.equal(kind, err.kind, tostring(err))
-  assert.is_string(err.message)
-  return err
-end
-
 describe("request lifecycle", function()
   setup(function()
     sup = require("spec.lua.support.engine")
@@ -75,7 +67,7 @@ describe("request lifecycle", function()
 
     it("refuses an intent missing required fields, and writes nothing", function()
       local key = sup.uid("idem")
-      local err = refused("invalid_intent", sup.create, s, CHAIN,
+      local err = sup.refused("invalid_intent", sup.create, s, CHAIN,
         { idempotency_key = key, intent = { asset = "USDC" } })
       assert.matches("amount", err.message)
       local n = s:query("SELECT count(*)::int AS n FROM movement_requests WHERE idempotency_key = $1", key)[1].n
@@ -87,26 +79,26 @@ describe("request lifecycle", function()
         { intent = { required = { "amount", "destination" },
                      types = { amount = "decimal", destination = "evm_address" } } })
       sup.load_doc(s, doc)
-      local err = refused("invalid_intent", sup.create, s, "spec_lc_typed",
+      local err = sup.refused("invalid_intent", sup.create, s, "spec_lc_typed",
         { intent = { amount = "-5", destination = "0x" .. string.rep("a", 40) } })
       assert.matches("amount", err.message)
       -- an amount as a JSON number is refused too: it may already have lost digits
       for _, n in ipairs({ 5, 125.5, 1e14 }) do
-        err = refused("invalid_intent", sup.create, s, "spec_lc_typed",
+        err = sup.refused("invalid_intent", sup.create, s, "spec_lc_typed",
           { intent = { amount = n, destination = "0x" .. string.rep("a", 40) } })
         assert.matches("amount.*decimal string", err.message)
       end
-      err = refused("invalid_intent", sup.create, s, "spec_lc_typed",
+      err = sup.refused("invalid_intent", sup.create, s, "spec_lc_typed",
         { intent = { amount = "5", destination = "bob" } })
       assert.matches("destination", err.message)
     end)
 
     it("refuses an unknown template, a missing key and a bad callback URL", function()
-      refused("not_found", sup.create, s, "no_such_template")
-      refused("invalid_input", requests.create, s, { template_key = CHAIN, intent = sup.INTENT }, sup.ACTOR)
-      refused("invalid_input", sup.create, s, CHAIN, { callback_url = "ftp://x" })
-      refused("invalid_input", sup.create, s, CHAIN, { callback_url = "https://user:pw@example.com/cb" })
-      refused("invalid_input", requests.create, s, { template_key = CHAIN, intent = sup.INTENT,
+      sup.refused("not_found", sup.create, s, "no_such_template")
+      sup.refused("invalid_input", requests.create, s, { template_key = CHAIN, intent = sup.INTENT }, sup.ACTOR)
+      sup.refused("invalid_input", sup.create, s, CHAIN, { callback_url = "ftp://x" })
+      sup.refused("invalid_input", sup.create, s, CHAIN, { callback_url = "https://user:pw@example.com/cb" })
+      sup.refused("invalid_input", requests.create, s, { template_key = CHAIN, intent = sup.INTENT,
         idempotency_key = sup.uid() }, "nobody")
       -- a scheme in capitals is the same URL: stored in lower case, not an SQL error
       local req = sup.create(s, CHAIN, { callback_url = "HTTPS://Example.com/CB" })
@@ -146,23 +138,23 @@ describe("request lifecycle", function()
     it("refuses to approve twice, to approve an expired request, or an unknown one", function()
       local req = sup.create(s, CHAIN)
       requests.approve(s, req.id, sup.ACTOR)
-      refused("illegal_transition", requests.approve, s, req.id, sup.ACTOR)
+      sup.refused("illegal_transition", requests.approve, s, req.id, sup.ACTOR)
       local late = sup.create(s, CHAIN)
       s:query("UPDATE movement_requests SET expires_at = now() - interval '1 second' WHERE id = $1::uuid", late.id)
-      local err = refused("illegal_transition", requests.approve, s, late.id, sup.ACTOR)
+      local err = sup.refused("illegal_transition", requests.approve, s, late.id, sup.ACTOR)
       assert.matches("approval window", err.message)
       assert.equal("PENDING_APPROVAL", sup.request(s, late.id).request_state)
-      refused("not_found", requests.approve, s, "00000000-0000-0000-0000-000000000000", sup.ACTOR)
-      refused("not_found", requests.approve, s, "not-a-uuid", sup.ACTOR)
+      sup.refused("not_found", requests.approve, s, "00000000-0000-0000-0000-000000000000", sup.ACTOR)
+      sup.refused("not_found", requests.approve, s, "not-a-uuid", sup.ACTOR)
       -- a request of another network class is not this process's
       local other = sup.create(s, CHAIN)
       s:query("UPDATE movement_requests SET network_class = 'spec-other' WHERE id = $1::uuid", other.id)
-      local e = refused("not_found", requests.approve, s, other.id, sup.ACTOR)
+      local e = sup.refused("not_found", requests.approve, s, other.id, sup.ACTOR)
       assert.matches("network class spec-other", e.message, 1, true)
-      e = refused("not_found", requests.get, s, other.id) -- not even shown
+      e = sup.refused("not_found", requests.get, s, other.id) -- not even shown
       assert.matches("network class spec-other", e.message, 1, true)
       assert.equal(req.id, (requests.get(s, req.id)).id)
-      refused("invalid_input", sup.create, s, CHAIN, { network_class = "spec-other" })
+      sup.refused("invalid_input", sup.create, s, CHAIN, { network_class = "spec-other" })
     end)
 
     it("reject closes a pending request and cancels its nodes", function()
@@ -173,8 +165,8 @@ describe("request lifecycle", function()
       local cbs = sup.callbacks(s, req.id)
       assert.equal("request_rejected", cbs[#cbs].body.event_type)
       assert.equal("wrong venue", cbs[#cbs].body.data.reason)
-      refused("illegal_transition", requests.reject, s, req.id, sup.ACTOR)
-      refused("illegal_transition", requests.approve, s, req.id, sup.ACTOR)
+      sup.refused("illegal_transition", requests.reject, s, req.id, sup.ACTOR)
+      sup.refused("illegal_transition", requests.approve, s, req.id, sup.ACTOR)
     end)
 
     it("cancel works before anything is in flight and is refused while a node is in flight", function()
@@ -182,12 +174,12 @@ describe("request lifecycle", function()
       req = requests.cancel(s, req.id, sup.ACTOR, "not needed")
       assert.equal("CANCELLED", req.request_state)
       assert.equal("CANCELLED", sup.nodes(s, req.id).a.node_state)
-      refused("illegal_transition", requests.cancel, s, req.id, sup.ACTOR)
+      sup.refused("illegal_transition", requests.cancel, s, req.id, sup.ACTOR)
 
       local busy = sup.create_approved(s, MANUAL)
       s:query([[UPDATE movement_request_nodes SET node_state = 'SUBMITTED' WHERE request_id = $1::uuid
                  AND node_key = 'a']], busy.id)
-      local err = refused("illegal_transition", requests.cancel, s, busy.id, sup.ACTOR)
+      local err = sup.refused("illegal_transition", requests.cancel, s, busy.id, sup.ACTOR)
       assert.matches("in flight", err.message)
     end)
   end)
@@ -203,9 +195,9 @@ describe("request lifecycle", function()
       assert.equal("waiting_manual_action", cbs[#cbs].body.data.reason)
       -- the dispatcher never takes a manual step
       assert.equal(0, sup.tick("node_dispatcher"))
-      local err = refused("invalid_input", requests.complete_manual_step, s, m.id, sup.ACTOR, {})
+      local err = sup.refused("invalid_input", requests.complete_manual_step, s, m.id, sup.ACTOR, {})
       assert.matches("desk_reference", err.message)
-      refused("illegal_transition", requests.complete_manual_step, s, sup.nodes(s, req.id).a.id,
+      sup.refused("illegal_transition", requests.complete_manual_step, s, sup.nodes(s, req.id).a.id,
         sup.ACTOR, { desk_reference = "x" })
       requests.complete_manual_step(s, m.id, sup.ACTOR, { desk_reference = "DESK-42" })
       assert.equal("COMPLETED", sup.request(s, req.id).request_state)
@@ -219,7 +211,7 @@ describe("request lifecycle", function()
       m = sup.nodes(s, req.id).m
       assert.equal("COMPLETED", m.node_state)
       assert.equal("DESK-42", m.provider_refs.desk_reference)
-      refused("illegal_transition", requests.complete_manual_step, s, m.id, sup.ACTOR,
+      sup.refused("illegal_transition", requests.complete_manual_step, s, m.id, sup.ACTOR,
         { desk_reference = "again" })
     end)
   end)
@@ -229,10 +221,10 @@ describe("request lifecycle", function()
       local req = sup.create_approved(s, SE_THEN_UNKNOWN)
       assert.is_true(sup.drive(s, sup.state_is(req.id, "MANUAL_INTERVENTION"), 20,
         { "node_dispatcher", "node_observer" }))
-      refused("illegal_transition", requests.approve, s, req.id, sup.ACTOR)
+      sup.refused("illegal_transition", requests.approve, s, req.id, sup.ACTOR)
       req = requests.resume(s, req.id, sup.ACTOR)
       assert.equal("EXECUTING", req.request_state)
-      refused("illegal_transition", requests.resume, s, req.id, sup.ACTOR)
+      sup.refused("illegal_transition", requests.resume, s, req.id, sup.ACTOR)
     end)
 
     it("resume refuses a request whose node is FAILED, naming it and the way out (retry)", function()
@@ -244,7 +236,7 @@ describe("request lifecycle", function()
       assert.is_true(sup.drive(s, sup.state_is(req.id, "MANUAL_INTERVENTION"), 20))
       local c = sup.nodes(s, req.id).c
       assert.equal("FAILED", c.node_state)
-      local err = refused("illegal_transition", requests.resume, s, req.id, sup.ACTOR)
+      local err = sup.refused("illegal_transition", requests.resume, s, req.id, sup.ACTOR)
       assert.matches("node c (" .. c.id .. ", SIM_SUBMIT_REJECTED) is FAILED", err.message, 1, true)
       assert.matches("retry(node_id)", err.message, 1, true)
       -- nothing changed: still listed as needing intervention, no audit row
@@ -267,7 +259,7 @@ describe("request lifecycle", function()
       assert.equal("FAILED", a.node_state)
       assert.equal("SIM_SUBMIT_REJECTED", a.error_code)
       assert.equal(1, a.attempt_no)
-      refused("invalid_input", requests.retry, s, a.id, "bad actor")
+      sup.refused("invalid_input", requests.retry, s, a.id, "bad actor")
       local r2, node = requests.retry(s, a.id, sup.ACTOR)
       assert.equal("EXECUTING", r2.request_state)
       local back = s:query([[SELECT actor, detail FROM audit_outbox WHERE request_id = $1::uuid
@@ -277,7 +269,7 @@ describe("request lifecycle", function()
       assert.equal("FAILED", back[1].detail.from_state)
       assert.equal("READY", node.node_state)
       assert.equal(qtg.db.NULL, node.error_code)
-      refused("illegal_transition", requests.retry, s, a.id, sup.ACTOR) -- READY now
+      sup.refused("illegal_transition", requests.retry, s, a.id, sup.ACTOR) -- READY now
       sup.tick("node_dispatcher")
       a = sup.nodes(s, req.id).a
       assert.equal(2, a.attempt_no)

@@ -20,7 +20,6 @@ local P = approvals
 
 local sup, s, book
 
-local POLICY = "qtg.policies.approval"
 local DAL = "spec_rc_dest_allowlist"       -- sim withdrawal, destination_allowlist_required
 local CPL = "spec_rc_counterparty"         -- sim withdrawal, counterparty_allowlist_required
 local TWO = "spec_rc_two_nodes"            -- a_pay (the intent's destination), z_fee (FEE)
@@ -31,22 +30,6 @@ local ONE = "spec_rc_one"                  -- a sim withdrawal to the intent's d
 local function addr(tag) return "0x" .. string.rep(tag, 20) end
 local IN, OUT, FEE = addr("a7"), addr("b8"), addr("c9")
 local DEAD = "0x000000000000000000000000000000000000dEaD"
-
-local function refused(kind, fn, ...)
-  local ok, err = pcall(fn, ...)
-  assert.is_false(ok, "expected a refusal")
-  assert.equal(kind, err.kind, tostring(err))
-  return err
-end
-
-local function with_policy(policy, fn)
-  local old = package.loaded[POLICY]
-  package.loaded[POLICY] = policy
-  local ok, err = pcall(fn)
-  package.loaded[POLICY] = old
-  approvals.policy()
-  if not ok then error(err, 0) end
-end
 
 local function create(template, intent) return sup.create(s, template, { intent = intent }) end
 
@@ -91,17 +74,17 @@ describe("risk_controls enforced on every paid destination", function()
 
   describe("destination_allowlist_required", function()
     it("refuses at create a destination not in the book, naming the key and the address", function()
-      local e = refused("invalid_intent", create, DAL,
+      local e = sup.refused("invalid_intent", create, DAL,
         { asset = "USDC", amount = "5", destination = OUT, destination_chain = "ethereum" })
       assert.matches("risk_controls.destination_allowlist_required refuses", e.message, 1, true)
       assert.matches(OUT, e.message, 1, true)
       -- in the book on another chain only: not in the book
-      refused("invalid_intent", create, DAL, { asset = "USDC", amount = "5", destination = IN, destination_chain = "base" })
+      sup.refused("invalid_intent", create, DAL, { asset = "USDC", amount = "5", destination = IN, destination_chain = "base" })
       -- no chain named: in no book
-      e = refused("invalid_intent", create, DAL, { asset = "USDC", amount = "5", destination = IN })
+      e = sup.refused("invalid_intent", create, DAL, { asset = "USDC", amount = "5", destination = IN })
       assert.matches("names no chain", e.message, 1, true)
       -- no destination at all
-      e = refused("invalid_intent", create, DAL, { asset = "USDC", amount = "5", destination_chain = "ethereum" })
+      e = sup.refused("invalid_intent", create, DAL, { asset = "USDC", amount = "5", destination_chain = "ethereum" })
       assert.matches("names no destination", e.message, 1, true)
       -- in the book (any spelling of the address and the asset)
       local r = create(DAL, { asset = "usdc", amount = "5", destination = IN:upper():gsub("^0X", "0x"),
@@ -114,7 +97,7 @@ describe("risk_controls enforced on every paid destination", function()
       book.ensure(s, entry)
       local r = create(DAL, { asset = "USDT", amount = "5", destination = entry.address, destination_chain = "ethereum" })
       book.remove(s, entry)
-      local e = refused("invalid_intent", requests.approve, s, r.id, sup.ACTOR)
+      local e = sup.refused("invalid_intent", requests.approve, s, r.id, sup.ACTOR)
       assert.matches("risk_controls.destination_allowlist_required refuses", e.message, 1, true)
       assert.matches(entry.address, e.message, 1, true)
       assert.equal("PENDING_APPROVAL", sup.request(s, r.id).request_state)
@@ -125,7 +108,7 @@ describe("risk_controls enforced on every paid destination", function()
 
     it("the shipped cex_withdrawal_to_wallet refuses a destination outside the book (the reproduction)", function()
       shipped("cex_withdrawal_to_wallet")
-      local e = refused("invalid_intent", create, "cex_withdrawal_to_wallet",
+      local e = sup.refused("invalid_intent", create, "cex_withdrawal_to_wallet",
         { asset = "USDC", amount = "100", venue = "binance", destination = DEAD, destination_chain = "ethereum" })
       assert.matches("risk_controls.destination_allowlist_required refuses: destination " .. DEAD, e.message, 1, true)
       local r = create("cex_withdrawal_to_wallet",
@@ -140,11 +123,11 @@ describe("risk_controls enforced on every paid destination", function()
         { "z_fee", "action", "evm_transfer", { signer_key = "evm_hot", chain_id = 1, destination = fee2 }, executor = "evm_transfer" } },
         { { "a_pay", "z_fee" } }, { risk_controls = { destination_allowlist_required = true } })
       sup.load_doc(s, doc)
-      local e = refused("invalid_intent", create, "spec_rc_two_nodes_dal2", { asset = "ETH", amount = "1", destination = IN })
+      local e = sup.refused("invalid_intent", create, "spec_rc_two_nodes_dal2", { asset = "ETH", amount = "1", destination = IN })
       assert.matches(fee2, e.message, 1, true)
       -- both in the book: created; the intent's destination outside it: refused
       assert.equal("PENDING_APPROVAL", create(TWO_DAL, { asset = "ETH", amount = "1", destination = IN }).request_state)
-      e = refused("invalid_intent", create, TWO_DAL, { asset = "ETH", amount = "1", destination = OUT })
+      e = sup.refused("invalid_intent", create, TWO_DAL, { asset = "ETH", amount = "1", destination = OUT })
       assert.matches(OUT, e.message, 1, true)
     end)
   end)
@@ -158,7 +141,7 @@ describe("risk_controls enforced on every paid destination", function()
         for k, v in pairs(ok) do intent[k] = v end
         for k, v in pairs(over) do intent[k] = v end
         if over.counterparty == false then intent.counterparty = nil end
-        local e = refused("invalid_intent", create, CPL, intent)
+        local e = sup.refused("invalid_intent", create, CPL, intent)
         assert.matches("risk_controls.counterparty_allowlist_required refuses", e.message, 1, true)
         assert.matches(text, e.message, 1, true)
       end
@@ -174,9 +157,9 @@ describe("risk_controls enforced on every paid destination", function()
                        destination_chain = "ethereum", counterparty = "desk-in" }
       assert.equal("PENDING_APPROVAL", create("otc_settlement_manual", intent).request_state)
       intent.counterparty = "desk-17"
-      refused("invalid_intent", create, "otc_settlement_manual", intent)
+      sup.refused("invalid_intent", create, "otc_settlement_manual", intent)
       intent.counterparty, intent.destination_chain = "desk-in", nil
-      refused("invalid_intent", create, "otc_settlement_manual", intent)
+      sup.refused("invalid_intent", create, "otc_settlement_manual", intent)
     end)
   end)
 
@@ -208,7 +191,7 @@ describe("risk_controls enforced on every paid destination", function()
 
   describe("a plan paying two destinations", function()
     it("destination_in holds only when every paid destination is in the book", function()
-      with_policy(BOOK_RULES, function()
+      sup.with_policy(BOOK_RULES, function()
         -- a_pay pays OUT (not in the book), z_fee pays FEE (in it): the weaker rule is not granted
         local r = create(TWO, { asset = "ETH", amount = "1", destination = OUT })
         assert.equal(3, r.approvals_required)
@@ -222,13 +205,13 @@ describe("risk_controls enforced on every paid destination", function()
     end)
 
     it("allowed_destinations: a fixed second destination outside the list is refused", function()
-      local e = refused("invalid_intent", create, TWO_LIST, { asset = "ETH", amount = "1", destination = IN })
+      local e = sup.refused("invalid_intent", create, TWO_LIST, { asset = "ETH", amount = "1", destination = IN })
       assert.matches("risk_controls.allowed_destinations refuses: destination " .. FEE, e.message, 1, true)
     end)
 
     it("velocity per_destination sums what each paid destination received", function()
       local asset = "VD" .. sup.uid("a"):upper():gsub("[^%w]", "")
-      with_policy({ rules = {
+      sup.with_policy({ rules = {
         { name = "per_dest_cap", match = { velocity = { window_seconds = 86400, over = "1000", per_destination = true } },
           action = P.block{ reason = "over 1000 a day to one destination" } },
         { name = "rest", match = {}, action = P.require{ approvals = 1, roles = { "approve" } } } } }, function()
@@ -236,12 +219,12 @@ describe("risk_controls enforced on every paid destination", function()
         local r1 = create(TWO, { asset = asset, amount = "600", destination = addr("11") })
         assert.equal("APPROVED", sup.approve(s, r1.id).request_state)
         -- another destination, but FEE again: FEE would receive 1200
-        local e = refused("invalid_intent", create, TWO, { asset = asset, amount = "600", destination = addr("22") })
+        local e = sup.refused("invalid_intent", create, TWO, { asset = asset, amount = "600", destination = addr("22") })
         assert.matches("per_dest_cap", e.message, 1, true)
         -- a one-destination plan paying FEE: FEE received 600 through r1's fee node
-        refused("invalid_intent", create, ONE, { asset = asset, amount = "600", destination = FEE })
+        sup.refused("invalid_intent", create, ONE, { asset = asset, amount = "600", destination = FEE })
         -- ... and paying X: X received 600 as r1's intent destination
-        refused("invalid_intent", create, ONE, { asset = asset, amount = "600", destination = addr("11") })
+        sup.refused("invalid_intent", create, ONE, { asset = asset, amount = "600", destination = addr("11") })
         -- a destination nobody paid: allowed, and the inputs show the largest sum
         local r = create(ONE, { asset = asset, amount = "600", destination = addr("33") })
         assert.equal("rest", r.approval_policy.rule)

@@ -15,6 +15,30 @@ M.INITIATOR = "console:spec-initiator"
 
 function M.uid(prefix) return common.uid(prefix or "k", 8) end
 
+-- refused(kind, fn, ...) -> the error fn raised: it must raise, with that
+-- kind and a message.
+function M.refused(kind, fn, ...)
+  local ok, err = pcall(fn, ...)
+  assert(not ok, "expected a refusal")
+  assert(type(err) == "table" and err.kind == kind,
+    ("expected a refusal of kind %s, got %s"):format(kind, type(err) == "table" and tostring(err.kind) .. ": "
+      .. tostring(err.message) or tostring(err)))
+  assert(type(err.message) == "string", "a refusal without a message")
+  return err
+end
+
+-- with_policy(policy, fn): run fn with `policy` as the loaded approval
+-- policy (as a reload swaps the module), then put the shipped one back.
+function M.with_policy(policy, fn)
+  local name = "qtg.policies.approval"
+  local old = package.loaded[name]
+  package.loaded[name] = policy
+  local ok, err = pcall(fn)
+  package.loaded[name] = old
+  require("qtg.approvals").policy()
+  if not ok then error(err, 0) end
+end
+
 -- Move every request of this process's network class out of the way, so a
 -- spec's ticks only see the requests it made.
 function M.park_others(s)
