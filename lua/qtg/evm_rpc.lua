@@ -85,11 +85,14 @@ local function check_data(d, what)
   return d:lower()
 end
 
--- quantity("0x1a") -> 26; nil for anything else.  Values above 2^53 are
--- refused (nonces, block numbers and chain ids are far below it).
+-- quantity("0x1a") -> 26; nil for anything else.  Values from 2^53 on
+-- are refused (nonces, block numbers and chain ids are far below it): a
+-- double holds every integer below 2^53 exactly, and rounds past it.
+-- 2^53 is 0x20000000000000, 14 hex digits.
 function M.quantity(q)
   if type(q) ~= "string" or not q:match("^0x%x+$") or #q > 16 then return nil end
   if #q > 3 and q:sub(3, 3) == "0" then return nil end -- no leading zeros in a quantity
+  if #q == 16 and q:sub(3, 3) ~= "1" then return nil end -- 2^53 or more
   return tonumber(q:sub(3), 16)
 end
 
@@ -153,7 +156,9 @@ function M.request(url, method, params, opts)
     if type(e) ~= "table" then return fail("garbage", "error member is not an object", ctx) end
     ctx.code = tonumber(e.code)
     ctx.data = e.data ~= cjson.null and e.data or nil
-    return fail("rpc", tostring(e.message), ctx)
+    local message = type(e.message) == "string" and e.message:sub(1, 300):gsub("[%c]", " ")
+      or "(an error without a text message)"
+    return fail("rpc", message, ctx)
   end
   if doc.result == nil then return fail("garbage", "response has neither result nor error", ctx) end
   if doc.result == cjson.null then return false end

@@ -68,8 +68,10 @@ function M.mul(a, b)
 end
 
 -- hex_to_dec("0x1bc16d674ec80000") -> "2000000000000000000", or nil.
+-- At most 64 hex digits (a uint256): the conversion is quadratic in the
+-- length, and an RPC answer of megabytes of digits would hold the loop.
 function M.hex_to_dec(h)
-  if type(h) ~= "string" or not h:match("^0x%x+$") then return nil end
+  if type(h) ~= "string" or #h > 66 or not h:match("^0x%x+$") then return nil end
   local digits = { 0 }            -- little-endian base 10^7 limbs
   for c in h:sub(3):gmatch(".") do
     local carry = tonumber(c, 16)

@@ -259,6 +259,12 @@ end
 -- or nil, err when the chain could not be asked.
 function M.chain_status(url, row)
   local function from_receipt(r)
+    -- a receipt is ours only when it names the hash we signed: an RPC that
+    -- answers another transaction's receipt proves nothing of ours
+    if type(r.transactionHash) ~= "string" or r.transactionHash:lower() ~= tostring(row.tx_hash):lower() then
+      return nil, fail("EVM_RPC_BAD_RESPONSE", ("a receipt for %s answered the lookup of %s")
+        :format(tostring(r.transactionHash):sub(1, 80), tostring(row.tx_hash)))
+    end
     if not receipt_block(r) then return nil, fail("EVM_RPC_BAD_RESPONSE", "receipt without a block number") end
     if r.status == "0x1" then return { state = "mined", receipt = r } end
     if r.status == "0x0" then return { state = "reverted", receipt = r } end
@@ -270,7 +276,13 @@ function M.chain_status(url, row)
   local tx
   tx, err = rpc.get_transaction_by_hash(url, row.tx_hash)
   if tx == nil then return nil, rpc_error(err, url) end
-  if tx then return { state = "pending" } end
+  if tx then
+    if type(tx.hash) ~= "string" or tx.hash:lower() ~= tostring(row.tx_hash):lower() then
+      return nil, fail("EVM_RPC_BAD_RESPONSE", ("a transaction %s answered the lookup of %s")
+        :format(tostring(tx.hash):sub(1, 80), tostring(row.tx_hash)))
+    end
+    return { state = "pending" }
+  end
   local count
   count, err = rpc.get_transaction_count(url, row.address, "latest")
   if not count then return nil, rpc_error(err, url) end
@@ -568,7 +580,9 @@ local function observe_transfer(octx, pending_status)
     return { status = "UNKNOWN", error_code = "EVM_NOT_BROADCAST",
              error_detail = "the node's reservation holds no signed transaction" }
   end
-  local url, uerr = M.endpoint(row.chain_id)
+  -- the endpoint must still serve the transfer's chain: judged against
+  -- another chain, a live transaction could look dead (settle)
+  local url, uerr = M.connect(row.chain_id)
   if not url then return answer("UNKNOWN", uerr) end
   return settle(url, row, pending_status, octx.node_config)
 end
@@ -577,7 +591,7 @@ local function observe_chain(octx, recovering)
   local cfg = octx.node_config or {}
   local chain_id, tx_hash = observe_target(cfg, octx.intent)
   if not chain_id then return answer("FAILED", tx_hash) end   -- tx_hash: the error
-  local url, uerr = M.endpoint(chain_id)
+  local url, uerr = M.connect(chain_id)
   if not url then return answer("UNKNOWN", uerr) end
   local r, err = rpc.get_transaction_receipt(url, tx_hash)
   if r == nil then return answer("UNKNOWN", rpc_error(err, url)) end
@@ -586,6 +600,10 @@ local function observe_chain(octx, recovering)
   local block = receipt_block(r)
   if not block or (r.status ~= "0x1" and r.status ~= "0x0") then
     return { status = "UNKNOWN", error_code = "EVM_RPC_BAD_RESPONSE", error_detail = "malformed receipt for " .. tx_hash }
+  end
+  if type(r.transactionHash) ~= "string" or r.transactionHash:lower() ~= tx_hash:lower() then
+    return { status = "UNKNOWN", error_code = "EVM_RPC_BAD_RESPONSE", error_detail = ("a receipt for %s answered "
+      .. "the lookup of %s"):format(tostring(r.transactionHash):sub(1, 80), tx_hash) }
   end
   if r.status == "0x0" then
     return { status = "FAILED", error_code = "EVM_TX_REVERTED",
@@ -599,6 +617,10 @@ local function observe_chain(octx, recovering)
       if not tx then
         return answer("UNKNOWN", tx == nil and rpc_error(err, url)
           or fail("EVM_RPC_BAD_RESPONSE", "receipt without transaction"))
+      end
+      if type(tx.hash) ~= "string" or tx.hash:lower() ~= tx_hash:lower() then
+        return answer("UNKNOWN", fail("EVM_RPC_BAD_RESPONSE", ("a transaction %s answered the lookup of %s")
+          :format(tostring(tx.hash):sub(1, 80), tx_hash)))
       end
       local want_to = rpc.check_address(intent.destination)
       local want_value = evm_tx.to_wei(intent.amount)

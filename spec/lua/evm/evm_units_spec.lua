@@ -239,3 +239,83 @@ describe("evm_transfer executor: checks without a chain", function()
     assert.matches("MG_EVM_RPC_URLS", h.detail)
   end)
 end)
+
+-- An RPC that lies cannot be made of anvil: these stand in for one, as a
+-- provider that cannot be reached from here is stood in for.
+describe("evm_transfer executor: an RPC that answers for another transaction", function()
+  local rpc = require "qtg.evm_rpc"
+  local nonces = require "qtg.evm_nonces"
+  local OURS, OTHER = "0x" .. string.rep("a", 64), "0x" .. string.rep("b", 64)
+  local row = { id = 7, chain_id = 31337, address = "0x" .. string.rep("1", 40), nonce = 5, tx_hash = OURS,
+                signed_raw_tx = "0x02aa", to_address = "0x" .. string.rep("2", 40), value_wei = "1" }
+  local saved, calls = {}, {}
+  local function stub(t, k, f) saved[#saved + 1] = { t, k, t[k] }; t[k] = f end
+  before_each(function()
+    calls = {}
+    stub(exe, "endpoint", function() return "http://rpc.invalid" end)
+    stub(rpc, "chain_id", function() return 31337 end)
+    stub(nonces, "read", function() return row end)
+    for _, k in ipairs({ "mark_mined", "surface", "mark_broadcast", "note" }) do
+      stub(nonces, k, function() calls[#calls + 1] = k end)
+    end
+  end)
+  after_each(function()
+    for i = #saved, 1, -1 do local x = saved[i]; x[1][x[2]] = x[3] end
+    saved = {}
+  end)
+
+  it("never completes a transfer on a receipt or a transaction of another hash", function()
+    stub(rpc, "get_transaction_receipt", function()
+      return { transactionHash = OTHER, blockNumber = "0x10", status = "0x1", blockHash = OTHER, gasUsed = "0x5208" }
+    end)
+    local a = exe.observe({ action_type = exe.TRANSFER, request_node_id = "n", provider_refs = { tx_hash = OURS } })
+    assert.equal("UNKNOWN", a.status)
+    assert.equal("EVM_RPC_BAD_RESPONSE", a.error_code)
+    assert.matches("answered the lookup of " .. OURS, a.error_detail, 1, true)
+    assert.same({}, calls)
+    -- no receipt, and a "pending" transaction of another hash
+    stub(rpc, "get_transaction_receipt", function() return false end)
+    stub(rpc, "get_transaction_by_hash", function() return { hash = OTHER } end)
+    a = exe.observe({ action_type = exe.TRANSFER, request_node_id = "n", provider_refs = { tx_hash = OURS } })
+    assert.equal("UNKNOWN", a.status)
+    assert.equal("EVM_RPC_BAD_RESPONSE", a.error_code)
+    assert.same({}, calls)
+    -- the receive and finality nodes: the same
+    stub(rpc, "get_transaction_receipt", function()
+      return { transactionHash = OTHER, blockNumber = "0x10", status = "0x1" }
+    end)
+    for _, action in ipairs({ exe.RECEIVE, exe.FINALITY }) do
+      a = exe.observe({ action_type = action, request_node_id = "n", intent = {},
+                        node_config = { tx_hash = OURS, chain_id = 31337, confirmations = 1 } })
+      assert.equal("UNKNOWN", a.status, action)
+      assert.equal("EVM_RPC_BAD_RESPONSE", a.error_code, action)
+    end
+  end)
+
+  it("judges nothing against an endpoint that now serves another chain", function()
+    stub(rpc, "chain_id", function() return 1 end)
+    stub(rpc, "get_transaction_receipt", function() return false end)
+    stub(rpc, "get_transaction_by_hash", function() return false end)
+    stub(rpc, "get_transaction_count", function() return 99 end)   -- "taken", on the wrong chain
+    for _, call in ipairs({ exe.observe, exe.recover }) do
+      local a = call({ action_type = exe.TRANSFER, request_node_id = "n", provider_refs = { tx_hash = OURS } })
+      assert.equal("UNKNOWN", a.status)
+      assert.equal("EVM_CHAIN_ID_MISMATCH", a.error_code)
+    end
+    local a = exe.observe({ action_type = exe.FINALITY, request_node_id = "n", intent = {},
+                            node_config = { tx_hash = OURS, chain_id = 31337, confirmations = 1 } })
+    assert.equal("EVM_CHAIN_ID_MISMATCH", a.error_code)
+    assert.same({}, calls)
+  end)
+
+  it("refuses quantities it cannot hold exactly and hex it would take too long to convert", function()
+    assert.equal(2 ^ 53 - 1, rpc.quantity("0x1fffffffffffff"))
+    assert.is_nil(rpc.quantity("0x20000000000000"))      -- 2^53
+    assert.is_nil(rpc.quantity("0x20000000000001"))      -- rounds to 2^53 as a double
+    assert.is_nil(rpc.quantity("0xffffffffffffff"))
+    assert.equal(evm_tx.hex_to_dec("0x" .. string.rep("f", 64)),
+      "115792089237316195423570985008687907853269984665640564039457584007913129639935")
+    assert.is_nil(evm_tx.hex_to_dec("0x" .. string.rep("f", 65)))
+    assert.is_nil(evm_tx.hex_to_dec("0x" .. string.rep("f", 4000000)))
+  end)
+end)
