@@ -93,6 +93,7 @@ QTG_SETTING(VERIFY_DRIFT_LANE_TIMEOUT_SECONDS, "MG_VERIFY_DRIFT_LANE_TIMEOUT_SEC
 /* Conditional workers: provider clients and policies (docs/conditional-workers.md) */
 QTG_SETTING(EVM_RPC_TIMEOUT_SECONDS, "MG_EVM_RPC_TIMEOUT_SECONDS", QTG_SET_NUM, "10", 0.1, 600, "timeout of one EVM JSON-RPC call")
 QTG_SETTING(EVM_NONCE_REAPER_MAX_REBROADCASTS, "MG_EVM_NONCE_REAPER_MAX_REBROADCASTS", QTG_SET_INT, "3", 1, 100, "failed rebroadcasts of a signed reservation before it is surfaced to operators")
+QTG_SETTING(EVM_NONCE_TAKEN_CONFIRM_SECONDS, "MG_EVM_NONCE_TAKEN_CONFIRM_SECONDS", QTG_SET_INT, "300", 0, 86400, "how long (over at least three looks) the RPC must keep saying a transfer's nonce was taken by another transaction before the transfer is FAILED or its reservation surfaced; 0: at the first look")
 QTG_SETTING(PROVIDER_TIMEOUT_SECONDS, "MG_PROVIDER_TIMEOUT_SECONDS", QTG_SET_NUM, "10", 0.1, 600, "timeout of one call to the Gateway API, the CCIP sidecar or a CEX venue API")
 QTG_SETTING(CAPITAL_TRANSFER_STALE_SECONDS, "MG_CAPITAL_TRANSFER_STALE_SECONDS", QTG_SET_INT, "900", 1, 31536000, "a pending capital transfer untouched this long is followed up")
 QTG_SETTING(NOTIFY_MAX_ATTEMPTS, "MG_NOTIFY_MAX_ATTEMPTS", QTG_SET_INT, "5", 1, 100, "delivery attempts before a notification moves to dlq")

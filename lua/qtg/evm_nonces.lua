@@ -62,7 +62,7 @@ end
 M.ROW_SQL = [[
 SELECT r.id, r.chain_id, r.address, r.nonce, r.status, r.request_node_id::text AS request_node_id,
        r.payload_hash, r.signed_raw_tx, r.tx_hash, r.consumed_block, r.surfaced_reason,
-       r.last_error, r.reserved_at, r.updated_at,
+       r.last_error, r.reserved_at, r.updated_at, r.nonce_taken_since, r.nonce_taken_looks,
        t.attempt_no, t.from_address, t.to_address, t.value_wei::text AS value_wei, t.fields,
        t.payload, t.outcome, t.outcome_detail, t.receipt_block
   FROM evm_nonce_reservation r
@@ -229,7 +229,7 @@ end
 function M.mark_mined(id, block, succeeded)
   M.with_tx(function(s)
     s:query([[UPDATE evm_nonce_reservation SET status = 'consumed', consumed_block = $2,
-                     last_checked_at = clock_timestamp()
+                     last_checked_at = clock_timestamp(), nonce_taken_since = NULL, nonce_taken_looks = 0
                WHERE id = $1 AND status IN ('signed', 'broadcast', 'surfaced')]], id, block)
     s:query([[UPDATE evm_transfer_tx SET outcome = $2, receipt_block = $3, outcome_detail = NULL
                WHERE reservation_id = $1]], id, succeeded and "mined" or "reverted", block)
@@ -259,6 +259,59 @@ function M.release(id, why)
       id, why or "released by evm_transfer")
     return n == 1
   end)
+end
+
+-- ---- the "nonce taken" verdict ------------------------------------------------
+-- An RPC says a signed transaction's nonce was taken by another one when it
+-- has no receipt and no transaction for the hash while the sender's count
+-- has passed the nonce.  A lagging or load-balanced node says the same of a
+-- transaction mined a moment ago, so the verdict is final only once it has
+-- held for MG_EVM_NONCE_TAKEN_CONFIRM_SECONDS over at least TAKEN_LOOKS
+-- looks in a row (0 seconds: at the first look).  The executor's observe
+-- and recover and the evm_nonce_reaper all decide here (docs/evm.md).
+
+M.TAKEN_LOOKS = 3
+
+M.LOOK_TAKEN_SQL = [[
+UPDATE evm_nonce_reservation
+   SET nonce_taken_since = coalesce(nonce_taken_since, clock_timestamp()),
+       nonce_taken_looks = nonce_taken_looks + 1, last_checked_at = clock_timestamp()
+ WHERE id = $1
+RETURNING nonce_taken_looks AS looks,
+          extract(epoch FROM clock_timestamp() - nonce_taken_since)::float8 AS seconds]]
+
+M.CLEAR_TAKEN_SQL = [[
+UPDATE evm_nonce_reservation SET nonce_taken_since = NULL, nonce_taken_looks = 0
+ WHERE id = $1 AND nonce_taken_since IS NOT NULL]]
+
+-- taken_verdict(looks, seconds[, confirm_seconds]) -> final, how: pure;
+-- how says what was seen ("seen 2 times over 41 s; final once ...").
+function M.taken_verdict(looks, seconds, confirm)
+  confirm = confirm or qtg.settings.evm_nonce_taken_confirm_seconds
+  local seen = string.format("seen %d time%s over %d s", looks, looks == 1 and "" or "s", math.floor(seconds))
+  if confirm == 0 or (looks >= M.TAKEN_LOOKS and seconds >= confirm) then return true, seen end
+  return false, string.format("%s; final once seen %d times over %d s (MG_EVM_NONCE_TAKEN_CONFIRM_SECONDS)",
+    seen, M.TAKEN_LOOKS, confirm)
+end
+
+-- look_taken(id[, s]) -> final, how: record one "taken" look (on s, in
+-- the caller's transaction, or on an own committed one) and judge the run.
+function M.look_taken(id, s)
+  local function look(x)
+    local r = x:query(M.LOOK_TAKEN_SQL, id)[1]
+    if not r then error("evm_nonces.look_taken: no reservation " .. tostring(id), 0) end
+    return r
+  end
+  local r = s and look(s) or M.with_tx(look)
+  return M.taken_verdict(r.looks, r.seconds)
+end
+
+-- clear_taken(row[, s]): a look that found the transaction, or the nonce
+-- free, ends the run (a no-op for a row with none).
+function M.clear_taken(row, s)
+  if row.nonce_taken_since == nil or row.nonce_taken_since == NULL then return end
+  if s then return s:query(M.CLEAR_TAKEN_SQL, row.id) end
+  M.with_tx(function(x) x:query(M.CLEAR_TAKEN_SQL, row.id) end)
 end
 
 function M.note(id, text)

@@ -297,7 +297,8 @@ end
 -- ---- broadcasting --------------------------------------------------------------------
 
 -- broadcast(url, row[, again]) -> status[, err]   (status: "sent",
--- "failed", "unknown"; err says why it is not "sent").  Sends the row's signed bytes; "already known" and
+-- "failed", "unknown", or "taken" with the chain's status when `again`
+-- and the nonce reads as taken; err says why it is not "sent").  Sends the row's signed bytes; "already known" and
 -- "nonce too low" are looked up by hash.  again: the bytes may already be
 -- out (a rebroadcast of a dropped transaction): another node's mempool can
 -- still hold and mine them, so a refusal of this send proves nothing about
@@ -329,6 +330,8 @@ function M.broadcast(url, row, again)
       local st, serr = M.chain_status(url, row)
       if not st then return "unknown", serr end
       if st.state ~= "taken" then return "sent" end
+      -- bytes that may be out already: only a verdict that holds (taken())
+      if again then return "taken", st end
       local why = string.format("nonce %d of %s on chain %d was used by another transaction; %s can never be mined",
         row.nonce, row.address, row.chain_id, row.tx_hash)
       nonces.surface(row.id, why, "nonce_taken")
@@ -503,6 +506,8 @@ function M.submit(ctx, submission)
   if st == "sent" then
     return { status = "SUBMITTED", provider_refs = refs, side_effect = true,
              retry_after_seconds = poll(cfg) }
+  elseif st == "taken" then
+    return taken(row, berr, "SUBMITTED", cfg)
   elseif st == "failed" then
     return answer("FAILED", berr, { provider_refs = refs })
   end
@@ -517,6 +522,26 @@ local function transfer_row(octx)
     local row = type(refs.tx_hash) == "string" and nonces.by_tx_hash(s, refs.tx_hash) or nil
     return row or nonces.for_node(s, octx.request_node_id)
   end)
+end
+
+-- taken(row, st, waiting, cfg) -> the answer to a look that reads the
+-- row's nonce as taken (st: chain_status's): FAILED EVM_NONCE_TAKEN once the
+-- verdict holds (qtg.evm_nonces.look_taken), else the node waits in
+-- `waiting`, its side effect kept, and is looked at again.
+local function taken(row, st, waiting, cfg)
+  local final, how = nonces.look_taken(row.id)
+  local what = string.format("nonce %d of %s on chain %d was used by another transaction (chain count %d) "
+    .. "and the RPC has no trace of %s", row.nonce, row.address, row.chain_id, st.count, row.tx_hash)
+  if final then
+    local why = string.format("%s: it can never be mined (%s)", what, how)
+    nonces.surface(row.id, why, "nonce_taken")
+    return { status = "FAILED", provider_refs = transfer_refs(row), error_code = "EVM_NONCE_TAKEN",
+             error_detail = why }
+  end
+  return { status = waiting, side_effect = true, provider_refs = transfer_refs(row),
+           error_code = "EVM_NONCE_TAKEN_UNCONFIRMED", error_detail = string.format(
+             "as the RPC reads it, %s; not final: a lagging node answers the same for a mined transaction (%s)",
+             what, how), retry_after_seconds = poll(cfg) }
 end
 
 -- settle(url, row, pending_status) -> an observe/recover answer from the
@@ -539,15 +564,13 @@ local function settle(url, row, pending_status, cfg)
                "transaction %s was mined in block %d with status 0 (reverted): no value moved, gas %s was paid",
                row.tx_hash, r.block_number, tostring(r.gas_used)) }
   elseif st.state == "pending" then
+    nonces.clear_taken(row)
     return { status = pending_status, side_effect = true, provider_refs = transfer_refs(row),
              retry_after_seconds = poll(cfg) }
   elseif st.state == "taken" then
-    local why = string.format("nonce %d of %s on chain %d was used by another transaction (chain count %d); %s can never be mined",
-      row.nonce, row.address, row.chain_id, st.count, row.tx_hash)
-    nonces.surface(row.id, why, "nonce_taken")
-    return { status = "FAILED", provider_refs = transfer_refs(row), error_code = "EVM_NONCE_TAKEN",
-             error_detail = why }
+    return taken(row, st, pending_status, cfg)
   end
+  nonces.clear_taken(row)
   -- dropped: the node forgot it and the nonce is free: the same bytes again.
   -- They were handed to an RPC before (a row holds bytes only once submit
   -- was about to send them), so they may sit in another node's mempool and
@@ -558,8 +581,8 @@ local function settle(url, row, pending_status, cfg)
   if b == "sent" then
     return { status = pending_status, side_effect = true, provider_refs = transfer_refs(row),
              retry_after_seconds = poll(cfg) }
-  elseif b == "failed" and berr.code == "EVM_NONCE_TAKEN" then
-    return answer("FAILED", berr, { provider_refs = transfer_refs(row) })
+  elseif b == "taken" then
+    return taken(row, berr, pending_status, cfg)
   end
   return answer("UNKNOWN", berr, { side_effect = true, provider_refs = transfer_refs(row) })
 end

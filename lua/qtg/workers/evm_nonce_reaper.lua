@@ -18,7 +18,9 @@
 --      reserved,  nonce <  latest            -> surfaced (used outside qtg)
 --      signed/broadcast, its hash mined       -> consumed
 --      signed/broadcast, nonce < latest, its hash not mined
---                                            -> surfaced (another tx won)
+--                                            -> surfaced (another tx won),
+--             once that has held over MG_EVM_NONCE_TAKEN_CONFIRM_SECONDS
+--             (qtg.evm_nonces.look_taken; a lagging node reads the same)
 --      signed/broadcast, not mined, node knows the hash -> broadcast, wait
 --      signed/broadcast, node does not know it -> rebroadcast the SAME bytes
 --             (never new ones); after MG_EVM_NONCE_REAPER_MAX_REBROADCASTS
@@ -35,6 +37,7 @@
 -- last_error and the lease is dropped: the row is tried again next pass.
 local qtg = require("qtg")
 local evm_rpc = require("qtg.evm_rpc")
+local nonces = require("qtg.evm_nonces")
 local outbox = require("qtg.outbox")
 local notify = require("qtg.notifications")
 local heartbeats = require("qtg.heartbeats")
@@ -167,9 +170,16 @@ local function reconcile_signed(s, row, owner, url, latest)
   if receipt == nil then return note(s, row, owner, "eth_getTransactionReceipt: " .. tostring(rerr)) end
   if receipt then return mined(s, row, owner, url, receipt, latest) end
   if row.nonce < latest then
+    local final, how = nonces.look_taken(row.id, s)
+    if not final then
+      return note(s, row, owner, "the chain's count (" .. latest .. ") has passed this nonce and the node has no "
+        .. "receipt for " .. row.tx_hash .. ": " .. how)
+    end
     return settle(s, row, owner, "surfaced", { latest = latest,
-      reason = "the chain used this nonce for another transaction; " .. row.tx_hash .. " will never be mined" })
+      reason = "the chain used this nonce for another transaction; " .. row.tx_hash .. " will never be mined ("
+        .. how .. ")" })
   end
+  nonces.clear_taken(row, s)
   local known, kerr = evm_rpc.get_transaction_by_hash(url, row.tx_hash)
   if known == nil then return note(s, row, owner, "eth_getTransactionByHash: " .. tostring(kerr)) end
   if known then

@@ -156,13 +156,14 @@ describe("evm_transfer on a real anvil chain", function()
     s:query("DELETE FROM evm_transfer_tx WHERE chain_id = $1", CHAIN)
     s:query("DELETE FROM evm_nonce_reservation WHERE chain_id = $1", CHAIN)
     local k = {}
-    for i, name in ipairs({ "main", "crash", "errs", "rec", "poor", "stale", "flaky" }) do
-      local hex = name == "poor" and sup.random_key() or DEV[name == "stale" and 5 or name == "flaky" and 6 or i].key
+    for i, name in ipairs({ "main", "crash", "errs", "rec", "poor", "stale", "flaky", "taken" }) do
+      local dev = ({ stale = 5, flaky = 6, taken = 7 })[name] or i
+      local hex = name == "poor" and sup.random_key() or DEV[dev].key
       k[#k + 1] = name .. "=" .. sup.key_file(dir, name, hex)
     end
     keys_env = table.concat(k, ",")
     local rc = { allowed_chain_ids = { CHAIN, 5, 7, 8 }, max_amount = "5" }
-    for _, name in ipairs({ "main", "crash", "errs", "rec", "poor", "stale", "flaky" }) do
+    for _, name in ipairs({ "main", "crash", "errs", "rec", "poor", "stale", "flaky", "taken" }) do
       sup.engine.load_doc(s, sup.template("evm_t_" .. name, name, rc))
     end
     -- a key the signer does not hold (not in keys_env)
@@ -477,6 +478,97 @@ describe("evm_transfer on a real anvil chain", function()
       sup.rpc(anvil.url, "anvil_setBalance", { sender, funds })
       completes_once(h, req, tx_hash, dest, sender, n0)
     end, function() sup.rpc(anvil.url, "anvil_setBalance", { sender, funds }) end)
+    stop(h)
+  end)
+
+  -- take(sender, nonce): another transaction from sender takes `nonce`
+  -- (anvil signs it for the impersonated sender), mined in a block of its own
+  local function take(sender, nonce)
+    sup.rpc(anvil.url, "anvil_impersonateAccount", { sender })
+    local other = sup.rpc(anvil.url, "eth_sendTransaction", { { from = sender, to = sup.random_address(),
+      value = "0x1", nonce = string.format("0x%x", nonce) } })
+    sup.rpc(anvil.url, "anvil_stopImpersonatingAccount", { sender })
+    sup.rpc(anvil.url, "evm_mine", {})
+    assert.equal("0x1", sup.receipt(anvil.url, other).status)
+    assert.equal(nonce + 1, sup.nonce(anvil.url, sender))
+    return other
+  end
+
+  local function taken_run(node_id)
+    return s:query([[SELECT r.status, r.nonce_taken_looks AS looks, r.nonce_taken_since, t.outcome, r.surfaced_reason,
+                            extract(epoch FROM n.updated_at - r.nonce_taken_since)::float8 AS held
+                       FROM evm_nonce_reservation r JOIN evm_transfer_tx t ON t.reservation_id = r.id
+                       JOIN movement_request_nodes n ON n.id = r.request_node_id
+                      WHERE r.request_node_id = $1::uuid]], node_id)[1]
+  end
+
+  it("fails a transfer whose nonce another transaction took only once that has held (MG_EVM_NONCE_TAKEN_CONFIRM_SECONDS)", function()
+    local class, sender, dest = new_class(), DEV[7].address, sup.random_address()
+    local h = sup.start_run(env_for(class, CHAIN .. "=" .. anvil.url, {
+      MG_EVM_NONCE_REAPER_ENABLED = "false", MG_EVM_NONCE_TAKEN_CONFIRM_SECONDS = "4" }))
+    local n0 = sup.nonce(anvil.url, sender)
+    without_blocks(function()
+      local req = sup.create(s, "evm_t_taken", class, intent(dest))
+      local node = node_when(req.id, in_flight, "the transfer to be broadcast")
+      local tx_hash = node.provider_refs.tx_hash
+      -- the node forgets ours, and another transaction takes its nonce
+      sup.rpc(anvil.url, "anvil_dropTransaction", { tx_hash })
+      take(sender, n0)
+      -- the first looks do not decide: the node waits, its side effect kept
+      node = node_when(req.id, function(n) return n.error_code == "EVM_NONCE_TAKEN_UNCONFIRMED" or n.node_state == "FAILED" end,
+        "the observer to read the nonce as taken")
+      assert.are_not.equal("FAILED", node.node_state, sup.detail(s, req.id))
+      assert.is_true(node.side_effect)
+      assert.matches("final once seen 3 times over 4 s", node.error_detail, 1, true)
+      assert.equal("broadcast", taken_run(node.id).status)
+      -- once it has held for 4 s over 3 looks or more: FAILED, surfaced
+      sup.wait_states(s, { req.id }, { COMPLETED = true, FAILED = true, MANUAL_INTERVENTION = true }, 60, { h })
+      node = transfer_node(req.id)
+      assert.equal("FAILED", node.node_state, sup.detail(s, req.id))
+      assert.equal("EVM_NONCE_TAKEN", node.error_code)
+      local run = taken_run(node.id)
+      assert.equal("surfaced", run.status)
+      assert.equal("nonce_taken", run.outcome)
+      assert.is_true(run.looks >= 3, "looks " .. run.looks)
+      assert.is_true(run.held >= 4, "held " .. run.held)
+      assert.matches("can never be mined", run.surfaced_reason)
+      assert.equal("0", sup.balance(anvil.url, dest))   -- nothing moved to the destination
+    end)
+    stop(h)
+  end)
+
+  it("completes a transfer the RPC read as taken when the chain shows it again (a reorg), never FAILED", function()
+    local class, sender, dest = new_class(), DEV[7].address, sup.random_address()
+    local h = sup.start_run(env_for(class, CHAIN .. "=" .. anvil.url, { MG_EVM_NONCE_REAPER_ENABLED = "false" }))
+    local n0 = sup.nonce(anvil.url, sender)
+    without_blocks(function()
+      local req = sup.create(s, "evm_t_taken", class, intent(dest))
+      local node = node_when(req.id, in_flight, "the transfer to be broadcast")
+      local tx_hash = node.provider_refs.tx_hash
+      -- the chain as it was, with ours pending
+      local snap = sup.rpc(anvil.url, "evm_snapshot", {})
+      sup.rpc(anvil.url, "anvil_dropTransaction", { tx_hash })
+      take(sender, n0)
+      -- read as taken over several looks (the default 300 s window): the
+      -- node waits, the reservation keeps its bytes and its status
+      sup.wait_for(function() return (taken_run(node.id).looks or 0) >= 3 end, 30, "three looks at the taken nonce")
+      node = transfer_node(req.id)
+      assert.equal("EVM_NONCE_TAKEN_UNCONFIRMED", node.error_code, sup.detail(s, req.id))
+      assert.are_not.equal("FAILED", node.node_state)
+      assert.equal("broadcast", taken_run(node.id).status)
+      -- the other transaction goes with a reorg: the nonce is free again,
+      -- the run of looks ends, the same bytes go out and are mined
+      sup.rpc(anvil.url, "evm_revert", { snap })
+      assert.equal(n0, sup.nonce(anvil.url, sender))
+      completes_once(h, req, tx_hash, dest, sender, n0)
+      local run = taken_run(transfer_node(req.id).id)
+      assert.equal(0, run.looks)
+      assert.equal(qtg.db.NULL, run.nonce_taken_since)
+      local path = {}
+      for _, a in ipairs(audit_actions(node.id)) do path[#path + 1] = a.action end
+      assert.is_nil(table.concat(path, " "):find("node.failed", 1, true), table.concat(path, " "))
+      assert.equal("node.completed", path[#path])
+    end)
     stop(h)
   end)
 

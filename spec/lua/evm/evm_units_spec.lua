@@ -319,3 +319,70 @@ describe("evm_transfer executor: an RPC that answers for another transaction", f
     assert.is_nil(evm_tx.hex_to_dec("0x" .. string.rep("f", 4000000)))
   end)
 end)
+
+describe("evm_transfer executor: a nonce the RPC reads as taken", function()
+  local rpc = require "qtg.evm_rpc"
+  local nonces = require "qtg.evm_nonces"
+  local HASH = "0x" .. string.rep("c", 64)
+  local saved, s, id = {}, nil, nil
+  local function stub(t, k, f) saved[#saved + 1] = { t, k, t[k] }; t[k] = f end
+  setup(function()
+    s = qtg.db.acquire()
+    -- a broadcast reservation of its own address (no chain: the RPC answers
+    -- below are the stand-in for a node that no longer finds the transaction)
+    local address = "0x" .. qtg.crypto.hex(qtg.crypto.random_bytes(20))
+    id = s:query([[INSERT INTO evm_nonce_reservation (chain_id, address, nonce, status, payload_hash, signed_raw_tx, tx_hash)
+                   VALUES (31337, $1, 4, 'broadcast', $2, '0x02aa', $3) RETURNING id]],
+      address, "0x" .. string.rep("d", 64), HASH)[1].id
+  end)
+  teardown(function()
+    s:query("DELETE FROM evm_nonce_reservation WHERE id = $1", id)
+    s:release()
+  end)
+  after_each(function()
+    for i = #saved, 1, -1 do local x = saved[i]; x[1][x[2]] = x[3] end
+    saved = {}
+  end)
+
+  it("decides only after the window and three looks; 0 seconds decides at once", function()
+    assert.is_false((nonces.taken_verdict(1, 0, 300)))
+    assert.is_false((nonces.taken_verdict(2, 900, 300)))     -- long, but two looks only
+    assert.is_false((nonces.taken_verdict(50, 299.9, 300)))  -- many looks, too soon
+    assert.is_true((nonces.taken_verdict(3, 300, 300)))
+    assert.is_true((nonces.taken_verdict(1, 0, 0)))
+    local final, how = nonces.taken_verdict(2, 41.7, 300)
+    assert.is_false(final)
+    assert.equal("seen 2 times over 41 s; final once seen 3 times over 300 s (MG_EVM_NONCE_TAKEN_CONFIRM_SECONDS)", how)
+  end)
+
+  it("a re-sent transaction answered 'nonce too low' waits for the verdict; a free nonce ends the run", function()
+    stub(rpc, "send_raw_transaction", function() return rpc.fail("rpc", "nonce too low") end)
+    stub(rpc, "get_transaction_receipt", function() return false end)
+    stub(rpc, "get_transaction_by_hash", function() return false end)
+    stub(rpc, "get_transaction_count", function() return 9 end)
+    local row = nonces.read(function(x) return nonces.by_id(x, id) end)
+    for look = 1, 2 do
+      local st, taken = exe.broadcast("http://rpc.invalid", row, true)
+      assert.equal("taken", st)
+      assert.equal(9, taken.count)
+      local r = s:query("SELECT status, nonce_taken_looks FROM evm_nonce_reservation WHERE id = $1", id)[1]
+      assert.equal("broadcast", r.status, "nothing is surfaced while bytes sent before may be out")
+      assert.equal(look - 1, r.nonce_taken_looks, "broadcast leaves the look to its caller")
+      -- its callers (settle, submit) record the look and judge it
+      assert.is_false((nonces.look_taken(id)))
+      assert.equal(look, s:query("SELECT nonce_taken_looks AS n FROM evm_nonce_reservation WHERE id = $1", id)[1].n)
+    end
+    -- a first send (bytes never out before) is judged at once
+    local st, err = exe.broadcast("http://rpc.invalid", row, false)
+    assert.equal("failed", st)
+    assert.equal("EVM_NONCE_TAKEN", err.code)
+    assert.equal("surfaced", s:query("SELECT status FROM evm_nonce_reservation WHERE id = $1", id)[1].status)
+    -- the run ends at a look that finds the nonce free
+    row = nonces.read(function(x) return nonces.by_id(x, id) end)
+    assert.is_not_nil(row.nonce_taken_since)
+    nonces.clear_taken(row)
+    local r = s:query("SELECT nonce_taken_since, nonce_taken_looks FROM evm_nonce_reservation WHERE id = $1", id)[1]
+    assert.equal(0, r.nonce_taken_looks)
+    assert.equal(qtg.db.NULL, r.nonce_taken_since)
+  end)
+end)

@@ -146,7 +146,8 @@ describe("evm_nonce_reaper", function()
     -- chain is new each run, its dev accounts are not)
     s:query([[DELETE FROM evm_nonce_reservation WHERE chain_id IN (1, 999, 31337, 31338)
                AND address = ANY($1::text[])]],
-      "{" .. sup.DEV[1].address .. "," .. sup.DEV[2].address .. "," .. sup.DEV[3].address .. "}")
+      "{" .. sup.DEV[1].address .. "," .. sup.DEV[2].address .. "," .. sup.DEV[3].address .. ","
+        .. sup.DEV[4].address .. "}")
     local side = require "spec.lua.support.sidecar"
     local T = side.template(s, "spec_nonce_" .. sup.uid("t"):gsub("-", "_"))
     local r = side.request(s, T, qtg.settings.network_class, "http://127.0.0.1:9/cb")
@@ -187,9 +188,11 @@ describe("evm_nonce_reaper", function()
     local elsewhere = reservation{ chain = 999, address = A, nonce = 0 }
     local ids = { consumed, replaced, lost, unsigned, external, refused, fresh, elsewhere }
 
+    -- The "nonce taken" verdict at the first look here (confirm 0 s); the
+    -- next case holds it over time, as the default does.
     -- Mining on demand from here, so the rebroadcast waits in the pool.
     sup.rpc(chain.url, "evm_setAutomine", { false })
-    local n = sup.tick("evm_nonce_reaper", over{ evm_nonce_reaper_max_rebroadcasts = 1 })
+    local n = sup.tick("evm_nonce_reaper", over{ evm_nonce_reaper_max_rebroadcasts = 1, evm_nonce_taken_confirm_seconds = 0 })
     assert.equals(6, n)
 
     local r = row(consumed)
@@ -248,14 +251,59 @@ describe("evm_nonce_reaper", function()
                   nonce_reservation_surfaced = 3 }, by)
 
     -- the next pass sees it mined; the one after that changes nothing more
-    assert.equals(1, sup.tick("evm_nonce_reaper", over{ evm_nonce_reaper_max_rebroadcasts = 1 }))
+    assert.equals(1, sup.tick("evm_nonce_reaper", over{ evm_nonce_reaper_max_rebroadcasts = 1, evm_nonce_taken_confirm_seconds = 0 }))
     r = row(lost)
     assert.equals("consumed", r.status)
     assert.equals(qtg.db.NULL, r.last_error)
     assert.equals(raw2, r.signed_raw_tx)
     local before = snapshot(ids)
-    assert.equals(0, sup.tick("evm_nonce_reaper", over{ evm_nonce_reaper_max_rebroadcasts = 1 }))
+    assert.equals(0, sup.tick("evm_nonce_reaper", over{ evm_nonce_reaper_max_rebroadcasts = 1, evm_nonce_taken_confirm_seconds = 0 }))
     assert.same(before, snapshot(ids))
+  end)
+
+  it("surfaces a nonce another transaction took only once that has held over three looks; a free nonce ends the run", function()
+    local E = sup.DEV[4].address
+    local k = rpc.get_transaction_count(chain.url, E)
+    local raw, hash = sign(chain.url, E, k, "0x1")
+    sup.rpc(chain.url, "eth_sendTransaction", { { from = E, to = A, value = "0x2", nonce = hexq(k) } })
+    sup.wait_for(function() return rpc.get_transaction_count(chain.url, E) == k + 1 end, 10, "the other transaction")
+    local lost = reservation{ address = E, nonce = k, status = "broadcast", raw = raw, hash = hash }
+    local function pass() return sup.tick("evm_nonce_reaper", over{ evm_nonce_taken_confirm_seconds = 2 }) end
+    -- the first two looks do not decide, whatever the time between them
+    for look = 1, 2 do
+      pass()
+      local r = row(lost)
+      assert.equals("broadcast", r.status)
+      assert.equals(look, r.nonce_taken_looks)
+      assert.matches(("seen %d times? over %%d s; final once seen 3 times over 2 s"):format(look), r.last_error)
+      assert.equals(qtg.db.NULL, r.reap_lease_owner)
+    end
+    local since = row(lost).nonce_taken_since
+    sup.wait_for(function()
+      return sup.query("SELECT now() - $1::timestamptz > interval '2 s' AS ok", since)[1].ok
+    end, 10, "the window to pass")
+    pass()
+    local r = row(lost)
+    assert.equals("surfaced", r.status)
+    assert.equals(3, r.nonce_taken_looks)
+    assert.matches("will never be mined %(seen 3 times over 2 s%)", r.surfaced_reason)
+    assert.equals(raw, r.signed_raw_tx, "the signed bytes stay with their nonce")
+    -- a run on a row whose nonce the chain has not used (a lagging node's
+    -- earlier answers) ends at the next look
+    local raw2, hash2 = sign(chain.url, E, k + 1, "0x3")
+    local free = reservation{ address = E, nonce = k + 1, status = "broadcast", raw = raw2, hash = hash2 }
+    sup.query([[UPDATE evm_nonce_reservation SET nonce_taken_since = now() - interval '1 hour', nonce_taken_looks = 2
+                 WHERE id = $1]], free)
+    sup.rpc(chain.url, "evm_setAutomine", { false })
+    local ok, err = pcall(pass)
+    sup.rpc(chain.url, "evm_setAutomine", { true })
+    assert(ok, err)
+    r = row(free)
+    assert.equals("broadcast", r.status)
+    assert.equals(0, r.nonce_taken_looks)
+    assert.equals(qtg.db.NULL, r.nonce_taken_since)
+    sup.wait_for(function() return rpc.get_transaction_count(chain.url, E) == k + 2 end, 10, "the rebroadcast")
+    sup.query("DELETE FROM evm_nonce_reservation WHERE id = ANY($1::bigint[])", "{" .. lost .. "," .. free .. "}")
   end)
 
   it("never lets a signed nonce go back to the pool, nor its bytes change (database guard)", function()

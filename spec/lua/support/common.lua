@@ -543,6 +543,7 @@ M.DEV = {
   { address = "0x90f79bf6eb2c4f870365e785982e1f101e93b906", key = "7c852118294e51e653712a81e05800f419141751be58f605c371e15141b007a6" },
   { address = "0x15d34aaf54267db7d7c367839aaf71a00a2c6a65", key = "47e179ec197488593b187f80a00eb0da91f1b9d0b13f8733639f19c30a34926a" },
   { address = "0x9965507d1a55bcc2695c58ba16fb37d819b0a4dc", key = "8b3a350cf5c34c9194ca85829a2df0ec3153be0318b5e2d3348e872092edffba" },
+  { address = "0x976ea74026e726554db657fa54763abd0c3a0aa9", key = "92db14e403b83dfe3df233f83dfa3a0d7096f21ca9b0d6d6b8d88b2b4ec1564e" },
 }
 
 -- rpc(url, method, params) -> result; raises on any error.
