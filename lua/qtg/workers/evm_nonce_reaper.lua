@@ -7,8 +7,10 @@
 --   1. claim (one short transaction) up to BATCH unsettled rows (reserved,
 --      signed, broadcast) untouched for MG_EVM_NONCE_REAPER_AGE_SECONDS, of
 --      the chains this process has an endpoint for, longest idle first, FOR
---      UPDATE SKIP LOCKED, and stamp a lease on them: no lock is held across
---      the RPC calls, and another process skips leased rows;
+--      UPDATE SKIP LOCKED, and up to BATCH surfaced rows with signed bytes
+--      not yet dead (the watched arm, below) untouched as long; stamp a
+--      lease on them: no lock is held across the RPC calls, and another
+--      process skips leased rows;
 --   2. per chain: eth_chainId must be the row's chain id (a mismatch is an
 --      impossible state: fatal); per address one eth_getTransactionCount
 --      (address, "latest") -- never "pending", which a load-balanced RPC
@@ -29,6 +31,13 @@
 --      sender or nonce differ from the row, a node that answers another hash
 --      for our bytes -> impossible: the row's last_error is written, then
 --      qtg.fatal (the core group stops the process).
+--      surfaced with signed bytes, untouched for the same age (watched:
+--             their transfer was reported FAILED, but whoever holds the
+--             bytes can still have them mined while the nonce is free)
+--             mined -> consumed, operators alerted (surfaced_transaction_mined);
+--             nonce free -> noted, looked at again; nonce used by another
+--             transaction, as that verdict holds -> bytes_dead_at, not
+--             looked at again
 --   4. each outcome is written in its own transaction, compare-and-set on
 --      the status and lease read at the claim (an executor that moved the
 --      row meanwhile wins), with an audit row; surfaced rows also get an
@@ -62,6 +71,31 @@ UPDATE evm_nonce_reservation r
   FROM c
  WHERE r.id = c.id
 RETURNING r.*, (SELECT n.request_id FROM movement_request_nodes n WHERE n.id = r.request_node_id) AS request_id]]
+
+-- The watched arm: surfaced rows whose signed bytes may still be mined
+-- (their nonce not used for good by another transaction: bytes_dead_at),
+-- looked at again once untouched for the same age, least recently first.
+M.WATCH_SQL = [[
+WITH c AS (
+  SELECT id FROM evm_nonce_reservation
+   WHERE status = 'surfaced' AND signed_raw_tx IS NOT NULL AND bytes_dead_at IS NULL
+     AND coalesce(last_checked_at, updated_at) < now() - make_interval(secs => $1)
+     AND chain_id = ANY($2::bigint[])
+     AND (reap_lease_until IS NULL OR reap_lease_until < now())
+   ORDER BY coalesce(last_checked_at, updated_at) ASC, id ASC
+   LIMIT $3
+   FOR UPDATE SKIP LOCKED)
+UPDATE evm_nonce_reservation r
+   SET reap_lease_until = now() + make_interval(secs => $4), reap_lease_owner = $5
+  FROM c
+ WHERE r.id = c.id
+RETURNING r.*, (SELECT n.request_id FROM movement_request_nodes n WHERE n.id = r.request_node_id) AS request_id]]
+
+M.DEAD_SQL = [[
+UPDATE evm_nonce_reservation
+   SET bytes_dead_at = clock_timestamp(), last_error = $2, last_checked_at = clock_timestamp(),
+       reap_lease_until = NULL, reap_lease_owner = NULL
+ WHERE id = $1 AND status = 'surfaced' AND reap_lease_owner = $3]]
 
 -- Compare-and-set: only while the row is as claimed and still ours.
 M.SETTLE_SQL = [[
@@ -105,8 +139,17 @@ local function impossible(s, row, owner, message)
     tostring(row.id), tostring(row.chain_id), row.address, tostring(row.nonce), message))
 end
 
--- settle(s, row, owner, to, t): the status change, its audit row and, for
--- 'surfaced', the operators' notification and callback; one transaction.
+-- The changes operators hear of (a critical notification and the request's
+-- request_attention callback) instead of an audit row alone: a row
+-- surfaced, and a surfaced row's bytes mined after all (its transfer was
+-- reported FAILED and moved money).
+local ALERTS = {
+  [">surfaced"] = "nonce_reservation_surfaced",
+  ["surfaced>consumed"] = "surfaced_transaction_mined",
+}
+
+-- settle(s, row, owner, to, t): the status change, its audit row or (ALERTS)
+-- the operators' notification and callback; one transaction.
 local function settle(s, row, owner, to, t)
   t = t or {}
   s:transaction(function()
@@ -117,9 +160,14 @@ local function settle(s, row, owner, to, t)
                      from_status = row.status, to_status = to, tx_hash = row.tx_hash,
                      reason = t.reason, block = t.block, latest_nonce = t.latest }
     local request_id = row.request_id ~= qtg.db.NULL and row.request_id or nil
-    if to == "surfaced" then
-      notify.surface(s, { worker = M.WORKER, kind = "nonce_reservation_surfaced",
-        dedupe_key = "nonce_reservation_surfaced:" .. tostring(row.id),
+    local kind = ALERTS[row.status .. ">" .. to] or ALERTS[">" .. to]
+    if row.status == "surfaced" then
+      -- the transfer was reported FAILED: its record says what the chain did
+      s:query([[UPDATE evm_transfer_tx SET outcome = $2, receipt_block = $3, outcome_detail = $4
+                 WHERE reservation_id = $1]], row.id, t.reverted and "reverted" or "mined", t.block, t.reason)
+    end
+    if kind then
+      notify.surface(s, { worker = M.WORKER, kind = kind, dedupe_key = kind .. ":" .. tostring(row.id),
         entity_type = "evm_nonce_reservation", entity_id = row.id, request_id = request_id,
         data = detail, severity = "critical" })
     else
@@ -160,9 +208,35 @@ local function mined(s, row, owner, url, receipt, latest)
       "mined transaction %s is from %s with nonce %s, the reservation is %s nonce %s",
       row.tx_hash, tx.from, tostring(tx.nonce), row.address, tostring(row.nonce)))
   end
-  local st = receipt.status == "0x1" and "succeeded" or "reverted"
+  local reverted = receipt.status ~= "0x1"
+  local reason = reverted and "mined but reverted (the nonce is used all the same)" or nil
+  if row.status == "surfaced" then
+    reason = string.format("%s was mined after its transfer was reported FAILED%s: reconcile the request by hand",
+      row.tx_hash, reverted and " (reverted: no value moved, gas paid)" or " (the value moved)")
+  end
   settle(s, row, owner, "consumed", { block = evm_rpc.quantity(receipt.blockNumber), latest = latest,
-    reason = st == "reverted" and "mined but reverted (the nonce is used all the same)" or nil })
+    reason = reason, reverted = reverted })
+end
+
+-- A surfaced row's signed bytes (docs/evm.md "Surfaced bytes are watched"):
+-- while their nonce is free anyone holding them can have them mined, so
+-- they are looked at until the chain has used the nonce for another
+-- transaction and that verdict holds (qtg.evm_nonces.look_taken).
+local function watch(s, row, owner, url, latest)
+  local receipt, rerr = evm_rpc.get_transaction_receipt(url, row.tx_hash)
+  if receipt == nil then return note(s, row, owner, "eth_getTransactionReceipt: " .. tostring(rerr)) end
+  if receipt then return mined(s, row, owner, url, receipt, latest) end
+  if row.nonce >= latest then
+    nonces.clear_taken(row, s)
+    return note(s, row, owner, string.format("surfaced, and nonce %d is still free: the signed bytes of %s can "
+      .. "still be mined by whoever holds them; fill the nonce (docs/evm.md)", row.nonce, row.tx_hash))
+  end
+  local final, how = nonces.look_taken(row.id, s)
+  local what = string.format("the chain's count (%d) has passed nonce %d and the node has no receipt for %s",
+    latest, row.nonce, row.tx_hash)
+  if not final then return note(s, row, owner, what .. ": " .. how) end
+  s:query(M.DEAD_SQL, row.id, clip(what .. ": these bytes can never be mined (" .. how .. ")"), owner)
+  qtg.log.info("surfaced reservation's bytes dead", log_fields(row, { how = how }))
 end
 
 local function reconcile_signed(s, row, owner, url, latest)
@@ -219,6 +293,7 @@ end
 local function reconcile(s, row, owner, url, latest)
   local ok, why = check_record(row)
   if not ok then return impossible(s, row, owner, why) end
+  if row.status == "surfaced" then return watch(s, row, owner, url, latest) end
   if row.status == "reserved" then
     if row.nonce >= latest then return settle(s, row, owner, "released", { latest = latest }) end
     return settle(s, row, owner, "surfaced", { latest = latest,
@@ -228,10 +303,18 @@ local function reconcile(s, row, owner, url, latest)
   return reconcile_signed(s, row, owner, url, latest)
 end
 
+-- claim(...) -> the stale rows, then the watched ones (each arm BATCH at
+-- most), leased in one short transaction.
 local function claim(s, settings, chains, owner)
-  local lease = M.BATCH * 5 * settings.evm_rpc_timeout_seconds + 30
-  return (s:transaction(s.query, s, M.CLAIM_SQL, settings.evm_nonce_reaper_age_seconds,
-    "{" .. table.concat(chains, ",") .. "}", M.BATCH, lease, owner))
+  local lease = 2 * M.BATCH * 5 * settings.evm_rpc_timeout_seconds + 30
+  local list = "{" .. table.concat(chains, ",") .. "}"
+  return s:transaction(function()
+    local rows = s:query(M.CLAIM_SQL, settings.evm_nonce_reaper_age_seconds, list, M.BATCH, lease, owner)
+    for _, r in ipairs(s:query(M.WATCH_SQL, settings.evm_nonce_reaper_age_seconds, list, M.BATCH, lease, owner)) do
+      rows[#rows + 1] = r
+    end
+    return rows
+  end)
 end
 
 function M.tick(s)

@@ -306,6 +306,75 @@ describe("evm_nonce_reaper", function()
     sup.query("DELETE FROM evm_nonce_reservation WHERE id = ANY($1::bigint[])", "{" .. lost .. "," .. free .. "}")
   end)
 
+  it("watches a surfaced row's signed bytes: mined after all -> consumed and operators alerted; dead for good -> no more looks", function()
+    local E = sup.DEV[4].address
+    local k = rpc.get_transaction_count(chain.url, E)
+    -- two transfers reported FAILED: one whose bytes an RPC refused (its
+    -- nonce still free), one whose nonce another transaction took
+    local raw1, h1 = sign(chain.url, E, k, "0x5")
+    local raw2, h2 = sign(chain.url, E, k + 1, "0x6")
+    local refused = reservation{ address = E, nonce = k, status = "signed", raw = raw1, hash = h1, node = node_id }
+    local taken = reservation{ address = E, nonce = k + 1, status = "signed", raw = raw2, hash = h2 }
+    for _, id in ipairs({ refused, taken }) do
+      sup.query([[UPDATE evm_nonce_reservation SET status = 'surfaced', surfaced_reason = 'spec: reported FAILED',
+                         last_checked_at = now() - interval '1 hour' WHERE id = $1]], id)
+    end
+    local watch = over{ evm_nonce_reaper_age_seconds = 1, evm_nonce_taken_confirm_seconds = 1 }
+    local function pass() return sup.tick("evm_nonce_reaper", watch) end
+    local function later() sup.wait_for(function()
+      return sup.query("SELECT bool_and(last_checked_at < now() - interval '1.1 s') AS ok FROM evm_nonce_reservation "
+        .. "WHERE id = ANY($1::bigint[]) AND bytes_dead_at IS NULL AND status = 'surfaced'",
+        "{" .. refused .. "," .. taken .. "}")[1].ok ~= false
+    end, 10, "the rows to be untouched for the age") end
+    -- first look: both nonces free, both watched, nothing changes but the
+    -- note (other surfaced rows of this spec are watched too: the
+    -- assertions are on these two)
+    assert.is_true(pass() >= 2)
+    for _, id in ipairs({ refused, taken }) do
+      local r = row(id)
+      assert.equals("surfaced", r.status)
+      assert.matches("can still be mined by whoever holds them", r.last_error)
+      assert.equals(qtg.db.NULL, r.reap_lease_owner)
+    end
+    -- whoever held the refused bytes has them mined; another transaction
+    -- takes the next nonce
+    sup.rpc(chain.url, "evm_setAutomine", { false })
+    send(chain.url, raw1)
+    sup.rpc(chain.url, "eth_sendTransaction", { { from = E, to = A, value = "0x7", nonce = hexq(k + 1) } })
+    sup.rpc(chain.url, "evm_mine", {})
+    sup.rpc(chain.url, "evm_setAutomine", { true })
+    assert.equals(k + 2, rpc.get_transaction_count(chain.url, E))
+    later()
+    pass()
+    local r = row(refused)
+    assert.equals("consumed", r.status)
+    assert.is_number(r.consumed_block)
+    assert.matches("mined after its transfer was reported FAILED %(the value moved%)", r.surfaced_reason)
+    local note = sup.query([[SELECT severity FROM notification_outbox WHERE dedupe_key = $1]],
+      "surfaced_transaction_mined:" .. refused)
+    assert.equals(1, #note)
+    assert.equals("critical", note[1].severity)
+    local cb = sup.query([[SELECT payload FROM movement_callback_outbox
+                            WHERE request_id = $1::uuid AND event_type = 'request_attention'
+                            ORDER BY created_at DESC LIMIT 1]], req_id)
+    assert.equals("surfaced_transaction_mined", cjson.decode(cb[1].payload).data.reason)
+    -- the taken one: a run of looks, dead once it has held
+    r = row(taken)
+    assert.equals("surfaced", r.status)
+    assert.equals(1, r.nonce_taken_looks)
+    for _ = 1, 2 do later(); pass() end
+    sup.wait_for(function() later(); pass(); return row(taken).bytes_dead_at ~= qtg.db.NULL end, 20, "the verdict to hold")
+    r = row(taken)
+    assert.is_true(r.nonce_taken_looks >= 3)
+    assert.matches("these bytes can never be mined", r.last_error)
+    -- neither is looked at again
+    local seen = { row(refused).last_checked_at, row(taken).last_checked_at }
+    later()
+    pass()
+    assert.same(seen, { row(refused).last_checked_at, row(taken).last_checked_at })
+    sup.query("DELETE FROM evm_nonce_reservation WHERE id = ANY($1::bigint[])", "{" .. refused .. "," .. taken .. "}")
+  end)
+
   it("never lets a signed nonce go back to the pool, nor its bytes change (database guard)", function()
     local raw, hash = sign(chain.url, A, 50)
     local id = reservation{ address = A, nonce = 50, status = "signed", raw = raw, hash = hash, age = 1 }
@@ -360,6 +429,9 @@ describe("evm_nonce_reaper", function()
     local C = sup.DEV[3].address
     local ids = {}
     for i = 1, 8 do ids[i] = reservation{ address = C, nonce = 100 + i } end
+    -- the surfaced rows the cases before left are watched once untouched
+    -- for the age: just looked at, they are not this case's
+    sup.query("UPDATE evm_nonce_reservation SET last_checked_at = now() WHERE status = 'surfaced'")
     local go = dir .. "/go-nonce"
     local env = sup.base_env{ MG_EVM_RPC_URLS = CHAIN .. "=" .. chain.url, MG_EVM_NONCE_REAPER_AGE_SECONDS = "60" }
     local c1 = sup.start_child(dir, "nonce1", env, "evm_nonce_reaper", 2, go)
