@@ -89,15 +89,16 @@ end
 
 -- The request of this process's network class (locked with `lock`), or
 -- not_found: another class's request is not this process's to touch, nor to
--- show.
+-- show.  The operator is told whose it is; a client outside (the API's
+-- public_message) is told only that it does not exist here.
 local function own_request(s, id, lock)
   check_uuid(id, "request")
   local req = nodes_db.load_request(s, id, lock)
   if not req then refuse("not_found", "request %s does not exist", id) end
   local class = settings().network_class
   if req.network_class ~= class then
-    refuse("not_found", "request %s belongs to network class %s; this process serves %s",
-      id, req.network_class, class)
+    errors.raise_with("not_found", { public_message = ("request %s does not exist"):format(id) },
+      "request %s belongs to network class %s; this process serves %s", id, req.network_class, class)
   end
   return req
 end

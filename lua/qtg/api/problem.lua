@@ -4,7 +4,9 @@
 -- (qtg.errors); the kind decides the status (one table, KINDS), the message
 -- becomes `detail`, and the extra fields go into the document as they are
 -- (allowed_states, retry_after...).  qtg's lifecycle errors (qtg.requests'
--- refuse) have the same shape, so they map without translation.
+-- refuse) have the same shape, so they map without translation.  An error
+-- whose message is for operators only (another network class's name)
+-- carries public_message, which the client gets instead.
 local canon = require "qtg.canon_json"
 local errors = require "qtg.errors"
 
@@ -45,7 +47,7 @@ function M.known(e)
 end
 
 local RESERVED = { kind = true, message = true, sqlstate = true, detail = true, constraint = true,
-                   traceback = true }
+                   traceback = true, public_message = true }
 
 -- document(e) -> status, document table
 function M.document(e)
@@ -54,7 +56,7 @@ function M.document(e)
                 title = def[2], status = def[1], kind = M.KINDS[e.kind] and e.kind or "internal",
                 -- a detail may repeat what the client sent (a path, a
                 -- header): the body stays valid UTF-8 whatever it was
-                detail = canon.text_repaired(tostring(e.message or def[2])) }
+                detail = canon.text_repaired(tostring(e.public_message or e.message or def[2])) }
   for k, v in pairs(e) do
     if not RESERVED[k] and doc[k] == nil and type(k) == "string" then doc[k] = v end
   end

@@ -7,6 +7,7 @@
 --     is still valid UTF-8 JSON;
 --   * a role is held only when given by name: an admin-only token is not
 --     also an operator or an approver, at the route and in the inbox.
+local qtg = require "qtg"
 local cjson = require "cjson"
 local canon = require "qtg.canon_json"
 
@@ -90,5 +91,29 @@ describe("HTTP API boundary", function()
     local me = api.call(d, "GET", "/v3/me", { token = admin_only })
     assert.equal(200, me.status)
     assert.same({ "admin" }, me.json.roles)
+  end)
+
+  it("answers another network class's request as one that does not exist, naming no class", function()
+    local approver = api.token("read,approve")
+    local made = api.call(d, "POST", "/v3/requests", { token = operator, key = common.uid("c", 4),
+      json = { template_key = "otc_settlement_manual", intent = api.OTC_INTENT } })
+    assert.equal(201, made.status, made.body)
+    local id, elsewhere = made.json.id, "spec-hidden-" .. common.uid("", 4)
+    local s = qtg.db.acquire()
+    require("spec.lua.support.engine").move_class(s, id, elsewhere)
+    s:release()
+    for _, call in ipairs({ { "GET", "/v3/requests/" .. id, reader },
+                            { "GET", "/v3/requests/" .. id .. "/events", reader },
+                            { "POST", "/v3/requests/" .. id .. "/approve", approver, {} },
+                            { "POST", "/v3/requests/" .. id .. "/cancel", operator, { reason = "spec" } } }) do
+      local r = api.call(d, call[1], call[2], { token = call[3], json = call[4] })
+      assert.equal(404, r.status, call[2] .. ": " .. r.body)
+      assert.equal("request " .. id .. " does not exist", r.json.detail, call[2])
+      assert.falsy(r.body:find(elsewhere, 1, true), call[2] .. " names the other class: " .. r.body)
+    end
+    -- the operator at the console is still told whose it is
+    local ok, e = pcall(require("qtg.requests").get, qtg.db.acquire(), id)
+    assert.is_false(ok)
+    assert.truthy(tostring(e.message):find("belongs to network class " .. elsewhere, 1, true), tostring(e.message))
   end)
 end)
