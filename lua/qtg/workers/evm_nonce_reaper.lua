@@ -56,14 +56,18 @@ local M = {}
 M.BATCH = 10
 M.WORKER = "evm_nonce_reaper"
 
-M.CLAIM_SQL = [[
+-- leased(arm) -> the claim of one arm: the rows its WHERE picks
+-- ($1 age in seconds, $2 chain ids), in its ORDER, at most $3, leased for
+-- $4 seconds to owner $5, FOR UPDATE SKIP LOCKED, with their request's id.
+local function leased(arm)
+  return [[
 WITH c AS (
   SELECT id FROM evm_nonce_reservation
-   WHERE status IN ('reserved', 'signed', 'broadcast')
-     AND updated_at < now() - make_interval(secs => $1)
+   WHERE ]] .. arm.where .. [[
+
      AND chain_id = ANY($2::bigint[])
      AND (reap_lease_until IS NULL OR reap_lease_until < now())
-   ORDER BY updated_at ASC, id ASC
+   ORDER BY ]] .. arm.order .. [[, id ASC
    LIMIT $3
    FOR UPDATE SKIP LOCKED)
 UPDATE evm_nonce_reservation r
@@ -71,25 +75,21 @@ UPDATE evm_nonce_reservation r
   FROM c
  WHERE r.id = c.id
 RETURNING r.*, (SELECT n.request_id FROM movement_request_nodes n WHERE n.id = r.request_node_id) AS request_id]]
+end
+
+-- The stale arm: unsettled rows untouched for the age, longest idle first.
+M.CLAIM_SQL = leased{
+  where = "status IN ('reserved', 'signed', 'broadcast') AND updated_at < now() - make_interval(secs => $1)",
+  order = "updated_at ASC" }
 
 -- The watched arm: surfaced rows whose signed bytes may still be mined
 -- (their nonce not used for good by another transaction: bytes_dead_at),
--- looked at again once untouched for the same age, least recently first.
-M.WATCH_SQL = [[
-WITH c AS (
-  SELECT id FROM evm_nonce_reservation
-   WHERE status = 'surfaced' AND signed_raw_tx IS NOT NULL AND bytes_dead_at IS NULL
-     AND coalesce(last_checked_at, updated_at) < now() - make_interval(secs => $1)
-     AND chain_id = ANY($2::bigint[])
-     AND (reap_lease_until IS NULL OR reap_lease_until < now())
-   ORDER BY coalesce(last_checked_at, updated_at) ASC, id ASC
-   LIMIT $3
-   FOR UPDATE SKIP LOCKED)
-UPDATE evm_nonce_reservation r
-   SET reap_lease_until = now() + make_interval(secs => $4), reap_lease_owner = $5
-  FROM c
- WHERE r.id = c.id
-RETURNING r.*, (SELECT n.request_id FROM movement_request_nodes n WHERE n.id = r.request_node_id) AS request_id]]
+-- looked at again once untouched for the same age, least recently first
+-- (the expression of sql/0196's partial index).
+M.WATCH_SQL = leased{
+  where = "status = 'surfaced' AND signed_raw_tx IS NOT NULL AND bytes_dead_at IS NULL"
+    .. " AND coalesce(last_checked_at, updated_at) < now() - make_interval(secs => $1)",
+  order = "coalesce(last_checked_at, updated_at) ASC" }
 
 M.DEAD_SQL = [[
 UPDATE evm_nonce_reservation
