@@ -242,14 +242,26 @@ end)
 
 -- An RPC that lies cannot be made of anvil: these stand in for one, as a
 -- provider that cannot be reached from here is stood in for.
+-- stubs() -> stub(t, k, f), unstub(): stand-ins for RPC answers a real
+-- node never gives; unstub puts every original back, last first.
+local function stubs()
+  local saved = {}
+  local function stub(t, k, f) saved[#saved + 1] = { t, k, t[k] }; t[k] = f end
+  local function unstub()
+    for i = #saved, 1, -1 do local x = saved[i]; x[1][x[2]] = x[3] end
+    saved = {}
+  end
+  return stub, unstub
+end
+
 describe("evm_transfer executor: an RPC that answers for another transaction", function()
   local rpc = require "qtg.evm_rpc"
   local nonces = require "qtg.evm_nonces"
   local OURS, OTHER = "0x" .. string.rep("a", 64), "0x" .. string.rep("b", 64)
   local row = { id = 7, chain_id = 31337, address = "0x" .. string.rep("1", 40), nonce = 5, tx_hash = OURS,
                 signed_raw_tx = "0x02aa", to_address = "0x" .. string.rep("2", 40), value_wei = "1" }
-  local saved, calls = {}, {}
-  local function stub(t, k, f) saved[#saved + 1] = { t, k, t[k] }; t[k] = f end
+  local stub, unstub = stubs()
+  local calls = {}
   before_each(function()
     calls = {}
     stub(exe, "endpoint", function() return "http://rpc.invalid" end)
@@ -259,10 +271,7 @@ describe("evm_transfer executor: an RPC that answers for another transaction", f
       stub(nonces, k, function() calls[#calls + 1] = k end)
     end
   end)
-  after_each(function()
-    for i = #saved, 1, -1 do local x = saved[i]; x[1][x[2]] = x[3] end
-    saved = {}
-  end)
+  after_each(unstub)
 
   it("never completes a transfer on a receipt or a transaction of another hash", function()
     stub(rpc, "get_transaction_receipt", function()
@@ -324,8 +333,8 @@ describe("evm_transfer executor: a nonce the RPC reads as taken", function()
   local rpc = require "qtg.evm_rpc"
   local nonces = require "qtg.evm_nonces"
   local HASH = "0x" .. string.rep("c", 64)
-  local saved, s, id = {}, nil, nil
-  local function stub(t, k, f) saved[#saved + 1] = { t, k, t[k] }; t[k] = f end
+  local stub, unstub = stubs()
+  local s, id
   setup(function()
     s = qtg.db.acquire()
     -- a broadcast reservation of its own address (no chain: the RPC answers
@@ -339,10 +348,7 @@ describe("evm_transfer executor: a nonce the RPC reads as taken", function()
     s:query("DELETE FROM evm_nonce_reservation WHERE id = $1", id)
     s:release()
   end)
-  after_each(function()
-    for i = #saved, 1, -1 do local x = saved[i]; x[1][x[2]] = x[3] end
-    saved = {}
-  end)
+  after_each(unstub)
 
   it("decides only after the window and three looks; 0 seconds decides at once", function()
     assert.is_false((nonces.taken_verdict(1, 0, 300)))
