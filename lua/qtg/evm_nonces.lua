@@ -102,7 +102,9 @@ end
 -- nonces wait behind every one of them), the lowest of them, and the next
 -- nonce the books would give (max + 1 over all rows; -1 for none), and
 -- how many rows the books call mined at or above the chain's count (none on
--- a live chain: a reset devnet, or another chain under this id).
+-- a live chain: a reset devnet, or another chain under this id), and the
+-- lowest surfaced row at or above the count (`gap`, -1 for none): a nonce
+-- nothing in qtg will send again, which every later nonce waits behind.
 function M.backlog(s, chain_id, address, latest_count)
   return s:query([[
     SELECT count(*) FILTER (WHERE nonce >= $3
@@ -111,7 +113,8 @@ function M.backlog(s, chain_id, address, latest_count)
                               AND status IN ('reserved', 'signed', 'broadcast', 'surfaced')), -1)::int8 AS lowest,
            COALESCE(max(nonce) + 1, -1)::int8 AS top,
            count(*) FILTER (WHERE nonce >= $3 AND status = 'consumed')::int AS ahead,
-           COALESCE(min(nonce) FILTER (WHERE nonce >= $3 AND status = 'consumed'), -1)::int8 AS ahead_nonce
+           COALESCE(min(nonce) FILTER (WHERE nonce >= $3 AND status = 'consumed'), -1)::int8 AS ahead_nonce,
+           COALESCE(min(nonce) FILTER (WHERE nonce >= $3 AND status = 'surfaced'), -1)::int8 AS gap
       FROM evm_nonce_reservation
      WHERE chain_id = $1 AND address = $2]],
     chain_id, address, latest_count)[1]

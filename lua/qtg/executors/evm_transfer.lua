@@ -395,6 +395,14 @@ function M.preflight(ctx)
       "%d transactions of %s on chain %d are in flight from nonce %d (chain count %d, limit %d): later ones would queue behind them",
       backlog.n, p.from, p.chain_id, backlog.lowest, count, p.controls.max_pending)))
   end
+  if backlog.gap >= 0 then
+    -- a surfaced nonce the chain has not used: nothing in qtg sends it
+    -- again, so a new transfer's nonce would wait behind it for ever
+    return refuse(fail("EVM_NONCE_GAP", string.format(
+      "nonce %d of %s on chain %d is surfaced and not used on the chain (count %d): a new transfer would wait "
+        .. "behind it for ever; fill that nonce (docs/evm.md, EVM_TX_REJECTED), then retry",
+      backlog.gap, p.from, p.chain_id, count)))
+  end
   if backlog.ahead > 0 then
     return refuse(fail("EVM_NONCE_BOOKS_MISMATCH", string.format(
       "qtg's books say nonce %d of %s on chain %d was mined, but the chain's count is %d (a reset or different chain under this id?); reconcile evm_nonce_reservation before sending",

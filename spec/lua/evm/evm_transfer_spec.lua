@@ -572,6 +572,41 @@ describe("evm_transfer on a real anvil chain", function()
     stop(h)
   end)
 
+  it("refuses a transfer that would wait for ever behind a surfaced nonce the chain never used (EVM_NONCE_GAP)", function()
+    local class, sender, dest = new_class(), DEV[7].address, sup.random_address()
+    local n0 = sup.nonce(anvil.url, sender)
+    -- the books as a first send the RPC refused leaves them (EVM_TX_REJECTED):
+    -- the nonce surfaced with its bytes, unused on the chain
+    local gap = s:query([[INSERT INTO evm_nonce_reservation (chain_id, address, nonce, status, payload_hash,
+                                       signed_raw_tx, tx_hash, surfaced_reason)
+                          VALUES ($1, $2, $3, 'surfaced', $4, '0x02aa', $5, 'spec: the RPC refused the bytes')
+                          RETURNING id]], CHAIN, sender, n0, "0x" .. string.rep("e", 64),
+      "0x" .. qtg.crypto.hex(qtg.crypto.random_bytes(32)))[1].id
+    local h = sup.start_run(env_for(class, CHAIN .. "=" .. anvil.url, { MG_EVM_NONCE_REAPER_ENABLED = "false" }))
+    local req = sup.create(s, "evm_t_taken", class, intent(dest))
+    sup.wait_states(s, { req.id }, { COMPLETED = true, FAILED = true, MANUAL_INTERVENTION = true }, 60, { h })
+    local node = transfer_node(req.id)
+    assert.equal("FAILED", node.node_state, sup.detail(s, req.id))
+    assert.equal("PREFLIGHT_REJECTED", node.error_code)
+    assert.equal("EVM_NONCE_GAP", node.error_detail:match("^([A-Z_]+):"), node.error_detail)
+    assert.truthy(node.error_detail:find("nonce " .. n0 .. " of " .. sender, 1, true), node.error_detail)
+    assert.equal(0, #sup.reservations(s, node.id), "nothing reserved behind the gap")
+    assert.equal(n0, sup.nonce(anvil.url, sender))
+    -- the operator fills the nonce; the retry goes out at the next one
+    take(sender, n0)
+    sup.engine.unfrozen(s, "UPDATE movement_requests SET network_class = $2 WHERE id = $1::uuid",
+      req.id, qtg.settings.network_class)
+    local rok, rerr = pcall(require("qtg.requests").retry, s, node.id, ACTOR)
+    engine.move_class(s, req.id, class)
+    assert(rok, tostring(rerr))
+    sup.wait_states(s, { req.id }, { COMPLETED = true, FAILED = true, MANUAL_INTERVENTION = true }, 60, { h })
+    assert.equal("COMPLETED", sup.request(s, req.id).request_state, sup.detail(s, req.id))
+    assert.equal(n0 + 1, sup.reservations(s, transfer_node(req.id).id)[1].nonce)
+    assert.equal(AMOUNT_WEI, sup.balance(anvil.url, dest))
+    stop(h)
+    s:query("DELETE FROM evm_nonce_reservation WHERE id = $1", gap)
+  end)
+
   it("gives each bad input a clear code and a state an operator can act on", function()
     local class = new_class()
     local garbage = sup.start_garbage_server()
