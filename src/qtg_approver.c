@@ -4,22 +4,34 @@
  *   qtgd approver key FILE     make a key (FILE, mode 0600, new); print the
  *                              public key for the signer's enrolment
  *   qtgd approver public FILE  print FILE's public key again
- *   qtgd approver sign FILE [DOCUMENT PLAN]
+ *   qtgd approver sign FILE [DOCUMENT PLAN] [--request UUID]
+ *                      [--deployment NAME] [--class NAME]
  *                              read one approval (or initiation) statement
- *                              on stdin, show
- *                              it on stderr, print its signature (128 hex);
+ *                              on stdin, show it on stderr, print its
+ *                              signature (128 hex);
  *                              with DOCUMENT and PLAN (the API's
  *                              approval_document_text and plan_document_text
  *                              saved to files), sign only when their SHA-256
  *                              are the statement's digest and plan lines, and
  *                              show them: what is signed is then what was
- *                              read, whatever the daemon displayed
+ *                              read, whatever the daemon displayed;
+ *                              with --request (--deployment, --class), sign
+ *                              only when the statement's request
+ *                              (deployment, class) line is that value, which
+ *                              the approver takes from their own records: a
+ *                              twin request (the same intent, so the same
+ *                              digest) is refused.  Without --request it
+ *                              signs, and warns that the request id was not
+ *                              confirmed.  The flags go anywhere after
+ *                              `sign`; a usage error exits 2, a refusal 1,
+ *                              neither printing a signature.
  *
  * The statement comes from the request (the API's and the console's
  * approval_statement, or the initiation_statement its maker signs: a
  * client system's key is used the same way); docs/approvals.md says how to
  * check it before signing.  A statement of any other shape is refused, so
- * the key signs these statements only.
+ * the key signs these statements only.  Both kinds have the same
+ * deployment, request and class lines, and the flags confirm them alike.
  */
 #include "qtg_approver.h"
 
@@ -37,7 +49,13 @@
 #include "qtg_keys.h"
 
 static const char qtg_approver_usage[] =
-    "usage: qtgd approver key FILE | public FILE | sign FILE [DOCUMENT PLAN] < statement\n";
+    "usage: qtgd approver key FILE | public FILE\n"
+    "       qtgd approver sign FILE [DOCUMENT PLAN] [--request UUID] [--deployment NAME]\n"
+    "                          [--class NAME] < statement\n"
+    "  --request UUID    sign only if the statement is for this request (the id from\n"
+    "                    your own records: a lowercase uuid)\n"
+    "  --deployment NAME, --class NAME\n"
+    "                    sign only if the statement names this deployment, this class\n";
 
 enum { QTG_APPROVER_TEXT_MAX = 1 << 20 };
 
@@ -80,18 +98,19 @@ static size_t qtg_utf8_next(const unsigned char *p, size_t n, unsigned long *cp)
   return len;
 }
 
-/* Show text on stderr as it would be read, nothing hidden: printable ASCII,
- * newlines and tabs as they are, every other character as a JSON escape
- * (\uXXXX, a surrogate pair above U+FFFF: a zero-width space or a
- * look-alike letter in a key shows as what it is), a byte that is no UTF-8
- * as \xNN.  jsonb text escapes control characters itself, not the rest. */
-static void qtg_approver_show(const char *text, size_t len) {
+/* Write text to stderr as it would be read, nothing hidden: printable
+ * ASCII (and, unless inline, newlines and tabs) as they are, every other
+ * character as a JSON escape (\uXXXX, a surrogate pair above U+FFFF: a
+ * zero-width space or a look-alike letter in a key shows as what it is), a
+ * byte that is no UTF-8 as \xNN.  jsonb text escapes control characters
+ * itself, not the rest.  Returns how many characters it escaped. */
+static size_t qtg_approver_escape(const char *text, size_t len, int inline_text) {
   const unsigned char *p = (const unsigned char *)text;
   size_t escaped = 0;
   for (size_t i = 0; i < len;) {
     unsigned long c;
     size_t n;
-    if ((p[i] >= 0x20 && p[i] < 0x7f) || p[i] == '\n' || p[i] == '\t') {
+    if ((p[i] >= 0x20 && p[i] < 0x7f) || (!inline_text && (p[i] == '\n' || p[i] == '\t'))) {
       fputc(p[i], stderr);
       i++;
       continue;
@@ -108,6 +127,12 @@ static void qtg_approver_show(const char *text, size_t len) {
       i++;
     }
   }
+  return escaped;
+}
+
+/* Show a text (a document) on stderr, escaped, and say so when it was. */
+static void qtg_approver_show(const char *text, size_t len) {
+  size_t escaped = qtg_approver_escape(text, len, 0);
   fputc('\n', stderr);
   if (escaped > 0)
     fprintf(stderr, "(%zu characters outside printable ASCII are shown escaped, as above)\n", escaped);
@@ -181,8 +206,146 @@ static int qtg_approver_new_key(const char *path) {
   return rc;
 }
 
-static int qtg_approver_sign_stdin(const uint8_t secret[QTG_APPROVER_SECRET_LEN], const char *document,
-                                   const char *plan) {
+/* The statement's lines an approver can confirm with a flag of the same
+ * name (--deployment, --request, --class): the same in both kinds. */
+enum { QTG_CONFIRM_DEPLOYMENT, QTG_CONFIRM_REQUEST, QTG_CONFIRM_CLASS, QTG_CONFIRM_LINES };
+static const char *const qtg_confirm_word[QTG_CONFIRM_LINES] = {"deployment", "request", "class"};
+static const char *const qtg_statement_kind_name[] = {"approval", "initiation"};
+static const char *const qtg_confirm_form[QTG_CONFIRM_LINES] = {
+    "--deployment takes a name ([A-Za-z0-9_.-], at most 64), not",
+    "--request takes a lowercase uuid (8-4-4-4-12 hex digits), not",
+    "--class takes a network class ([a-z0-9_-], at most 32), not"};
+
+/* What `sign` was given: the key, the two texts (or NULL), and the value
+ * of each confirming flag (NULL when not given). */
+typedef struct {
+  const char *key, *document, *plan;
+  const char *expect[QTG_CONFIRM_LINES];
+} qtg_approver_sign_args;
+
+/* 0 when value is of the form of line `which` in a statement (a uuid in
+ * lowercase for the request): qtg_request_statement builds one with value
+ * there and a well-formed placeholder everywhere else. */
+static int qtg_confirm_value_ok(int which, const char *value) {
+  static const char zero_uuid[] = "00000000-0000-0000-0000-000000000000";
+  char hex[65], out[QTG_APPROVAL_STATEMENT_MAX];
+  memset(hex, '0', 64);
+  hex[64] = '\0';
+  return qtg_request_statement(out, sizeof out, QTG_STATEMENT_APPROVAL,
+                               which == QTG_CONFIRM_DEPLOYMENT ? value : "x",
+                               which == QTG_CONFIRM_REQUEST ? value : zero_uuid,
+                               which == QTG_CONFIRM_CLASS ? value : "x", hex, hex);
+}
+
+static int qtg_approver_usage_error(const char *what, const char *arg) {
+  fprintf(stderr, "qtgd approver: %s", what);
+  if (arg != NULL) {
+    fputs(" '", stderr);
+    qtg_approver_escape(arg, strlen(arg), 1);
+    fputc('\'', stderr);
+  }
+  fputc('\n', stderr);
+  fputs(qtg_approver_usage, stderr);
+  return -1;
+}
+
+/* One --WORD VALUE at argv[*i] into args; -1 (usage said) when WORD is
+ * none of the lines, or the value is missing, given twice or malformed. */
+static int qtg_approver_sign_flag(int argc, char **argv, int *i, qtg_approver_sign_args *args) {
+  const char *flag = argv[*i];
+  int which = -1;
+  for (int w = 0; w < QTG_CONFIRM_LINES; w++)
+    if (strncmp(flag, "--", 2) == 0 && strcmp(flag + 2, qtg_confirm_word[w]) == 0) which = w;
+  if (which < 0) return qtg_approver_usage_error("unknown option", flag);
+  if (*i + 1 >= argc || strncmp(argv[*i + 1], "--", 2) == 0)
+    return qtg_approver_usage_error("a value is missing after", flag);
+  if (args->expect[which] != NULL) return qtg_approver_usage_error("given twice:", flag);
+  const char *value = argv[++*i];
+  if (qtg_confirm_value_ok(which, value) != 0) return qtg_approver_usage_error(qtg_confirm_form[which], value);
+  args->expect[which] = value;
+  return 0;
+}
+
+/* Parse `sign`'s arguments (argv[0] is "sign"): FILE [DOCUMENT PLAN] and
+ * the flags, in any order.  -1 (usage said) on anything else. */
+static int qtg_approver_sign_parse(int argc, char **argv, qtg_approver_sign_args *args) {
+  const char *pos[3];
+  int npos = 0;
+  memset(args, 0, sizeof *args);
+  for (int i = 1; i < argc; i++) {
+    if (argv[i][0] == '-' && argv[i][1] != '\0') {
+      if (qtg_approver_sign_flag(argc, argv, &i, args) != 0) return -1;
+    } else if (npos == 3) {
+      return qtg_approver_usage_error("too many arguments at", argv[i]);
+    } else {
+      pos[npos++] = argv[i];
+    }
+  }
+  if (npos != 1 && npos != 3)
+    return qtg_approver_usage_error(npos == 0 ? "sign needs a key FILE" : "DOCUMENT needs its PLAN", NULL);
+  args->key = pos[0];
+  args->document = npos == 3 ? pos[1] : NULL;
+  args->plan = npos == 3 ? pos[2] : NULL;
+  return 0;
+}
+
+/* The value of the statement's "WORD " line and its length (text: one
+ * checked statement, NUL-terminated, so the line is there). */
+static const char *qtg_statement_line(const char *text, const char *word, size_t *len) {
+  char want[32];
+  int n = snprintf(want, sizeof want, "\n%s ", word);
+  const char *at = n > 0 && (size_t)n < sizeof want ? strstr(text, want) : NULL;
+  if (at == NULL) {
+    *len = 0;
+    return "";
+  }
+  at += n;
+  *len = strcspn(at, "\n");
+  return at;
+}
+
+/* 0 when every line a flag confirms is that flag's value; otherwise say on
+ * stderr each line that differs (both values, escaped) and -1. */
+static int qtg_approver_confirm(const char *text, const char *const expect[QTG_CONFIRM_LINES]) {
+  int differs = 0;
+  for (int w = 0; w < QTG_CONFIRM_LINES; w++) {
+    size_t len;
+    const char *got = qtg_statement_line(text, qtg_confirm_word[w], &len);
+    if (expect[w] == NULL || (strlen(expect[w]) == len && memcmp(got, expect[w], len) == 0)) continue;
+    fprintf(stderr, "qtgd approver: the statement's %s line is not the one given with --%s\n"
+                    "  statement: %s ", qtg_confirm_word[w], qtg_confirm_word[w], qtg_confirm_word[w]);
+    qtg_approver_escape(got, len, 1);
+    fprintf(stderr, "\n  expected:  %s ", qtg_confirm_word[w]);
+    qtg_approver_escape(expect[w], strlen(expect[w]), 1);
+    fputc('\n', stderr);
+    differs++;
+  }
+  if (differs == 0) return 0;
+  fputs("qtgd approver: not signed: this statement is not for the request you confirmed "
+        "(a twin request has the same digest and another request line)\n", stderr);
+  return -1;
+}
+
+/* The last lines on stderr: which request the signature is for, and
+ * whether its id was confirmed (--request) or is the daemon's word. */
+static void qtg_approver_summary(const char *text, int kind, const char *const expect[QTG_CONFIRM_LINES]) {
+  static const int order[QTG_CONFIRM_LINES] = {QTG_CONFIRM_REQUEST, QTG_CONFIRM_CLASS, QTG_CONFIRM_DEPLOYMENT};
+  fprintf(stderr, "==> %s statement for", qtg_statement_kind_name[kind]);
+  for (int i = 0; i < QTG_CONFIRM_LINES; i++) {
+    size_t len;
+    const char *got = qtg_statement_line(text, qtg_confirm_word[order[i]], &len);
+    fprintf(stderr, "%s %s ", i == 0 ? "" : ",", qtg_confirm_word[order[i]]);
+    qtg_approver_escape(got, len, 1);
+    if (expect[order[i]] != NULL) fputs(" (confirmed)", stderr);
+  }
+  fputc('\n', stderr);
+  if (expect[QTG_CONFIRM_REQUEST] == NULL)
+    fputs("qtgd approver: WARNING: the request id was not confirmed: check the request and "
+          "class above against your own records, or sign with --request UUID\n", stderr);
+}
+
+static int qtg_approver_sign_stdin(const uint8_t secret[QTG_APPROVER_SECRET_LEN],
+                                   const qtg_approver_sign_args *args) {
   char text[QTG_APPROVAL_STATEMENT_MAX + 1];
   size_t len = 0;
   for (;;) {
@@ -200,15 +363,17 @@ static int qtg_approver_sign_stdin(const uint8_t secret[QTG_APPROVER_SECRET_LEN]
     if (n == 0) break;
     len += (size_t)n;
   }
-  if (qtg_request_statement_check(text, len) < 0) {
+  int kind = qtg_request_statement_check(text, len);
+  if (kind < 0) {
     fprintf(stderr, "qtgd approver: stdin is not one approval or initiation statement "
                     "(qtg-approval-v2 or qtg-initiation-v1, then deployment, request, class, digest "
                     "and plan lines)\n");
     return 1;
   }
   text[len] = '\0';
-  if (document != NULL && (qtg_approver_check_text(text, "digest", document) != 0 ||
-                           qtg_approver_check_text(text, "plan", plan) != 0))
+  if (qtg_approver_confirm(text, args->expect) != 0) return 1;
+  if (args->document != NULL && (qtg_approver_check_text(text, "digest", args->document) != 0 ||
+                                 qtg_approver_check_text(text, "plan", args->plan) != 0))
     return 1;
   uint8_t sig[QTG_APPROVER_SIGNATURE_LEN];
   char hex[2 * QTG_APPROVER_SIGNATURE_LEN + 1];
@@ -218,14 +383,31 @@ static int qtg_approver_sign_stdin(const uint8_t secret[QTG_APPROVER_SECRET_LEN]
   }
   qtg_hex_encode(sig, sizeof sig, hex);
   fprintf(stderr, "signed:\n%.*s", (int)len, text);
-  printf("%s\n", hex);
+  qtg_approver_summary(text, kind, args->expect);
+  if (printf("%s\n", hex) < 0 || fflush(stdout) != 0) {
+    fprintf(stderr, "qtgd approver: cannot write the signature: %s\n", strerror(errno));
+    return 1;
+  }
   return 0;
 }
 
+static int qtg_approver_sign_main(int argc, char **argv) {
+  qtg_approver_sign_args args;
+  if (qtg_approver_sign_parse(argc, argv, &args) != 0) return 2;
+  uint8_t secret[QTG_APPROVER_SECRET_LEN];
+  char err[512];
+  if (qtg_keys_read_secret("qtgd approver", args.key, secret, err, sizeof err) != 0) {
+    fprintf(stderr, "%s\n", err);
+    return 1;
+  }
+  int rc = qtg_approver_sign_stdin(secret, &args);
+  OPENSSL_cleanse(secret, sizeof secret);
+  return rc;
+}
+
 int qtg_approver_main(int argc, char **argv) {
-  int sign = argc >= 1 && strcmp(argv[0], "sign") == 0;
-  if (!(argc == 2 || (sign && argc == 4)) ||
-      (strcmp(argv[0], "key") != 0 && strcmp(argv[0], "public") != 0 && !sign)) {
+  if (argc >= 1 && strcmp(argv[0], "sign") == 0) return qtg_approver_sign_main(argc, argv);
+  if (argc != 2 || (strcmp(argv[0], "key") != 0 && strcmp(argv[0], "public") != 0)) {
     fputs(qtg_approver_usage, stderr);
     return 2;
   }
@@ -236,8 +418,7 @@ int qtg_approver_main(int argc, char **argv) {
     fprintf(stderr, "%s\n", err);
     return 1;
   }
-  int rc = !sign ? qtg_approver_print_public(secret)
-                 : qtg_approver_sign_stdin(secret, argc == 4 ? argv[2] : NULL, argc == 4 ? argv[3] : NULL);
+  int rc = qtg_approver_print_public(secret);
   OPENSSL_cleanse(secret, sizeof secret);
   return rc;
 }

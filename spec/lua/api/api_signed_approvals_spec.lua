@@ -12,6 +12,11 @@
 --     daemon's count ignores a vote row forged as qtg_runtime;
 --   * the initiator's person cannot attest the request's manual step under
 --     another principal either.
+--   * `qtgd approver sign --request ID` (the id from the approver's own
+--     records) signs only that request's statement: a twin's (the same
+--     digest, the same texts) is refused, as is another deployment or
+--     class given with --deployment, --class; bad flags are usage errors;
+--     without --request it signs and warns that the id was not confirmed.
 -- `qtgd signer` applies the same rule to the same file: signerd_spec.
 local api, common, host
 local d, doc, keydir
@@ -44,6 +49,18 @@ local function approve(id, token, signature)
   return api.check(doc, api.call(d, "POST", "/v3/requests/" .. id .. "/approve",
     { token = token, json = { comment = "signed spec", signature = signature } }),
     "POST", "/v3/requests/{id}/approve")
+end
+
+-- `qtgd approver sign WORDS...` (each word quoted here) with statement on
+-- stdin: its exit code, its stdout (the signature alone) and its stderr.
+local function sign_with(statement, words)
+  local file = keydir .. "/confirm.statement"
+  common.write(file, statement)
+  local quoted = {}
+  for i, w in ipairs(words) do quoted[i] = common.quote(w) end
+  local rc, out = host.run({}, { "sh", "-c", common.quote(common.quote(host.bin) .. " approver sign "
+    .. table.concat(quoted, " ") .. " < " .. common.quote(file) .. " 2>" .. common.quote(file .. ".err")) })
+  return rc, out, common.read(file .. ".err")
 end
 
 local function votes(id)
@@ -140,6 +157,99 @@ describe("signed approvals through the API", function()
     assert.truthy(shown:find('"destination\\u200b": "0x' .. string.rep("a", 40), 1, true), shown)
     assert.truthy(shown:find('"caf\\u00e9 \\ud83d\\udcb8"', 1, true), shown)
     assert.is_nil(shown:find("[\128-\255]"), shown)
+  end)
+
+  -- Two requests with the same intent have the same digest and the same
+  -- plan: only the request line tells their statements apart.  With the id
+  -- from the approver's own records (--request), a daemon that shows one
+  -- request and hands over its twin's statement gets no signature, even
+  -- when the texts the approver checks are right for both.
+  it("signs only the request the approver confirms with --request, --deployment and --class", function()
+    local id, twin = create("34"), create("34")
+    local st, twin_st = statement(id), statement(twin)
+    assert.equal(st:match("\ndigest (%x+)\n"), twin_st:match("\ndigest (%x+)\n"))
+    assert.equal(st:match("\nplan (%x+)\n"), twin_st:match("\nplan (%x+)\n"))
+    local item
+    for _, x in ipairs(api.call(d, "GET", "/v3/approvals?limit=200", { token = alice }).json.items) do
+      if x.id == id then item = x end
+    end
+    assert.truthy(item, "the request is in alice's inbox")
+    local document, plan = keydir .. "/confirm.document", keydir .. "/confirm.plan"
+    host.write(document, item.approval_document_text)
+    host.write(plan, item.plan_document_text)
+    local unconfirmed = host.approver_sign(key.alice, st)
+    -- the right id (and deployment, class), the flags anywhere after `sign`
+    local rc, out, err = sign_with(st, { "--request", id, key.alice, document, "--class", d.class, plan,
+      "--deployment", DEPLOYMENT })
+    assert.equal(0, rc, err)
+    assert.equal(unconfirmed .. "\n", out)
+    assert.truthy(err:find("==> approval statement for request " .. id .. " (confirmed), class " .. d.class
+      .. " (confirmed), deployment " .. DEPLOYMENT .. " (confirmed)\n", 1, true), err)
+    assert.is_nil(err:find("not confirmed", 1, true), err)
+    -- and it verifies as before: the daemon takes it as alice's vote
+    local r = approve(id, alice, unconfirmed)
+    assert.equal(200, r.status, r.body)
+    assert.is_true(r.json.approvals[1].signed)
+    -- the twin's statement under this request's id: refused, though its
+    -- digest and plan lines are what the texts hash
+    rc, out, err = sign_with(twin_st, { key.alice, document, plan, "--request", id })
+    assert.equal(1, rc, err)
+    assert.equal("", out)
+    assert.truthy(err:find("the statement's request line is not the one given with --request\n"
+      .. "  statement: request " .. twin .. "\n  expected:  request " .. id .. "\n", 1, true), err)
+    assert.truthy(err:find("not signed", 1, true), err)
+    -- another deployment's statement, another class
+    rc, out, err = sign_with(statement(id, "other-desk"), { key.alice, "--request", id, "--deployment", DEPLOYMENT })
+    assert.equal(1, rc, err)
+    assert.equal("", out)
+    assert.truthy(err:find("statement: deployment other-desk\n  expected:  deployment " .. DEPLOYMENT, 1, true), err)
+    rc, out, err = sign_with(st, { key.alice, "--class", "other" .. d.class, "--request", id })
+    assert.equal(1, rc, err)
+    assert.equal("", out)
+    assert.truthy(err:find("statement's class line", 1, true), err)
+    assert.truthy(err:find("expected:  class other" .. d.class, 1, true), err)
+    assert.is_nil(err:find("statement's request line", 1, true), err)
+    -- the maker's initiation statement has the same lines, checked alike
+    local initiation = common.statement(id, DEPLOYMENT, "initiation")
+    rc, out, err = sign_with(initiation, { key.alice, "--request", id })
+    assert.equal(0, rc, err)
+    assert.equal(host.approver_sign(key.alice, initiation) .. "\n", out)
+    assert.truthy(err:find("==> initiation statement for request " .. id .. " (confirmed)", 1, true), err)
+    rc, out, err = sign_with(initiation, { key.alice, "--request", twin })
+    assert.equal(1, rc, err)
+    assert.equal("", out)
+    -- usage errors (exit 2, no signature): unknown flags, a missing value,
+    -- a flag twice, a request id that is not a lowercase uuid
+    for _, c in ipairs({
+      { { "--bogus", key.alice }, "unknown option '--bogus'" },
+      { { key.alice, "-r", id }, "unknown option '-r'" },
+      { { key.alice, "--request=" .. id }, "unknown option" },
+      { { key.alice, "--request" }, "a value is missing after '--request'" },
+      { { key.alice, "--request", "--class", d.class }, "a value is missing after '--request'" },
+      { { key.alice, "--request", id, "--request", id }, "given twice: '--request'" },
+      { { key.alice, "--class", d.class, "--class", d.class }, "given twice: '--class'" },
+      { { key.alice, "--request", id:upper() }, "--request takes a lowercase uuid" },
+      { { key.alice, "--request", id:sub(1, 35) }, "--request takes a lowercase uuid" },
+      { { key.alice, "--request", (id:gsub("-", "")) }, "--request takes a lowercase uuid" },
+      { { key.alice, "--request", "{" .. id .. "}" }, "--request takes a lowercase uuid" },
+      { { key.alice, "--deployment", "spec desk" }, "--deployment takes a name" },
+      { { key.alice, "--class", "Main" }, "--class takes a network class" },
+      { { key.alice, document, "--request", id }, "DOCUMENT needs its PLAN" },
+      { { "--request", id }, "needs a key FILE" },
+    }) do
+      rc, out, err = sign_with(st, c[1])
+      assert.equal(2, rc, c[2] .. ": " .. err)
+      assert.equal("", out, c[2])
+      assert.truthy(err:find(c[2], 1, true), c[2] .. ": " .. err)
+      assert.truthy(err:find("usage: qtgd approver", 1, true), err)
+    end
+    -- without --request: signed as before, with a warning and the request
+    -- id and class shown last
+    rc, out, err = sign_with(st, { key.alice, document, plan })
+    assert.equal(0, rc, err)
+    assert.equal(unconfirmed .. "\n", out)
+    assert.truthy(err:find("==> approval statement for request " .. id .. ", class " .. d.class .. ", deployment "
+      .. DEPLOYMENT .. "\nqtgd approver: WARNING: the request id was not confirmed", 1, true), err)
   end)
 
   it("refuses every vote that would not count, and takes a quorum of two signed ones", function()
