@@ -37,6 +37,7 @@ struct qtg_keys;
 struct qtg_console;
 struct qtg_api;
 struct qtg_watchdog;
+struct qtg_resolve_req;
 
 /* Called once when a task ends.  ok=1: the task's function returned; its
  * results are on qtg_task_thread(t)'s stack (nres of them).  ok=0: it raised;
@@ -67,6 +68,8 @@ struct qtg_host {
   lua_Hook saved_hook;          /* hook in place before an interrupt's */
   int saved_hook_mask, saved_hook_count;
   void *sleeps;                 /* pending qtg.sleep timers (lua_core.c) */
+  struct qtg_resolve_req *resolves; /* name lookups a task waits on
+                                 * (lua_api_net.c; dropped at close) */
   int opened;                   /* subsystems opened so far */
   int stopping;                 /* qtg_host_stop was called */
   int live_refs;                /* registry refs taken through qtg_ref */

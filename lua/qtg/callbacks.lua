@@ -246,19 +246,44 @@ function M.from_api_client(row)
   return type(origin) == "string" and origin:sub(1, 4) == "api:"
 end
 
--- guard(url) -> pin | nil, outcome (yields): the delivery-time check of an
--- API client's callback_url (qtg.api.ssrf.pin).  The name is resolved now
--- and every address checked (refused unless MG_API_CALLBACK_ALLOW_PRIVATE);
+-- guard(url, timeout) -> pin | nil, outcome (yields): the delivery-time
+-- check of an API client's callback_url (qtg.api.ssrf.pin).  The name is
+-- resolved now, within the delivery's timeout (a lookup that takes longer
+-- is a failed attempt: "... does not resolve (name lookup of HOST took
+-- longer than N s)"), and every address checked (refused unless
+-- MG_API_CALLBACK_ALLOW_PRIVATE);
 -- the POST is then pinned to those addresses, so curl connects to exactly
 -- what was checked and never looks the name up again: a DNS answer that
 -- changes between the check and the connection (rebinding) cannot lead
 -- into the operator's network.  A refusal is a failed attempt (retried,
 -- then dlq), since a name's answer may change back.
-function M.guard(url)
-  local ok, pin, why = pcall(require("qtg.api.ssrf").pin, url)
+function M.guard(url, timeout)
+  local ok, pin, why = pcall(require("qtg.api.ssrf").pin, url, timeout)
   if ok and pin then return pin end
   if not ok then why = tostring(pin) end
   return nil, { delivered = false, error = clip("forbidden_address: " .. why), duration_ms = 0 }
+end
+
+-- guard_all(urls, timeout) -> {url = {pin=} or {refused=outcome}} (yields):
+-- M.guard of each distinct URL, all at once, so names that do not answer
+-- cost a batch one timeout, not one each.
+function M.guard_all(urls, timeout)
+  local tasks, order = {}, {}
+  for _, url in ipairs(urls) do
+    if not tasks[url] then
+      tasks[url] = qtg.spawn(M.guard, url, timeout)
+      order[#order + 1] = url
+    end
+  end
+  local by_url = {}
+  for _, url in ipairs(order) do
+    local ok, pin, refused = qtg.join(tasks[url])
+    if not ok then
+      pin, refused = nil, { delivered = false, error = clip("forbidden_address: " .. tostring(pin)), duration_ms = 0 }
+    end
+    by_url[url] = { pin = pin, refused = refused }
+  end
+  return by_url
 end
 
 -- send_batch(rows, t) -> writes: the middle of a delivery pass, shared by
@@ -270,7 +295,7 @@ end
 -- dispatcher's write (`attempted` false for a refusal).  Every header is
 -- made before anything is sent: a missing callback key raises with nothing
 -- sent and no attempt spent.  The URLs of API clients' rows are guarded
--- (M.guard), once per URL in the batch.
+-- (M.guard), once per URL in the batch, all at once (M.guard_all).
 function M.send_batch(rows, t)
   local writes, headers = {}, {}
   for i, row in ipairs(rows) do
@@ -282,16 +307,14 @@ function M.send_batch(rows, t)
       headers[i] = M.headers(row.callback_timestamp, row.callback_nonce, row.payload, row.signing_key_id)
     end
   end
-  local guards, by_url = {}, {}   -- row i -> {pin=} or {refused=outcome}
+  local urls = {}
   for i, row in ipairs(rows) do
-    if headers[i] and M.from_api_client(row) then
-      local url = t.url(row)
-      if not by_url[url] then
-        local pin, refused = M.guard(url)
-        by_url[url] = { pin = pin, refused = refused }
-      end
-      guards[i] = by_url[url]
-    end
+    if headers[i] and M.from_api_client(row) then urls[#urls + 1] = t.url(row) end
+  end
+  local by_url = M.guard_all(urls, t.timeout)
+  local guards = {}   -- row i -> {pin=} or {refused=outcome}
+  for i, row in ipairs(rows) do
+    if headers[i] and M.from_api_client(row) then guards[i] = by_url[t.url(row)] end
   end
   local tasks = {}
   for i, row in ipairs(rows) do

@@ -24,9 +24,18 @@
 -- resolves it (qtg.api_net.resolve, yields), refuses when any address is
 -- refused, and returns the addresses, which the delivery pins
 -- (qtg.http.request's pin: curl connects to one of them, looks up nothing).
+-- The lookup has a deadline (glibc's resolver has none a caller can give:
+-- a DNS server that does not answer holds it for tens of seconds): the
+-- delivery's timeout (MG_CALLBACK_TIMEOUT_SECONDS) at delivery,
+-- CHECK_RESOLVE_SECONDS at creation.  A lookup past it does not resolve,
+-- like a name without an answer: the attempt fails (retried), the
+-- creation is refused.
 local qtg = require "qtg"
 
 local M = {}
+
+-- Seconds the name lookup of check (at the request's creation) may take.
+M.CHECK_RESOLVE_SECONDS = 10
 
 -- Dotted decimal only: four numbers 0-255 without leading zeros (which
 -- some parsers, curl's among them, read as octal).
@@ -160,13 +169,16 @@ local function refusal(host, reason)
     :format(host, reason)
 end
 
--- pin(url) -> addresses | nil, why (yields).  The addresses curl may
--- connect to for url, each checked; with MG_API_CALLBACK_ALLOW_PRIVATE
--- nothing is refused, but the addresses are still resolved and returned.
--- Every address a name resolves to is checked, and the first
--- qtg.http.MAX_PIN of them are pinned: a name of more would otherwise be
--- refused by qtg.http.request at every attempt.
-function M.pin(url)
+-- pin(url[, seconds]) -> addresses | nil, why (yields).  The addresses
+-- curl may connect to for url, each checked; with
+-- MG_API_CALLBACK_ALLOW_PRIVATE nothing is refused, but the addresses are
+-- still resolved and returned.  Every address a name resolves to is
+-- checked, and the first qtg.http.MAX_PIN of them are pinned: a name of
+-- more would otherwise be refused by qtg.http.request at every attempt.
+-- seconds: how long the name lookup may take (qtg.api_net.resolve's
+-- default, 10, when nil); one that takes longer does not resolve, why
+-- naming the timeout.
+function M.pin(url, seconds)
   local host, port = qtg.http.target(url)
   if not host then return nil, "no host curl can read in the URL (" .. tostring(port.message) .. ")" end
   local allow = qtg.settings.api_callback_allow_private
@@ -174,7 +186,7 @@ function M.pin(url)
   if not allow and (NAMES[name] or name:match("%.localhost$") or name:match("%.internal$")) then
     return nil, refusal(name, "a local name")
   end
-  local addrs, err = qtg.api_net.resolve(host)
+  local addrs, err = qtg.api_net.resolve(host, seconds)
   if not addrs or #addrs == 0 then
     return nil, ("%s does not resolve (%s)"):format(host, tostring(err and err.message or "no address"))
   end
@@ -206,7 +218,7 @@ function M.check(url)
     return nil, refusal(host, "an address in a form other than dotted decimal")
   end
   local addrs
-  addrs, why = M.pin(url)
+  addrs, why = M.pin(url, M.CHECK_RESOLVE_SECONDS)
   if not addrs then return nil, why end
   return true
 end

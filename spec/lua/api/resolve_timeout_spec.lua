@@ -1,0 +1,317 @@
+-- resolve_timeout_spec: qtg.api_net.resolve(host[, seconds]) has a
+-- deadline of its own (src/lua_api_net.c).  glibc's resolver has none a
+-- caller can give: with a DNS server that never answers, a lookup takes
+-- timeout x attempts x servers (here 5 s x 2), and before the deadline the
+-- task waited all of it -- at every callback delivery to the name and at
+-- the API's check of a callback_url (lua/qtg/api/ssrf.lua).
+--
+-- Played for real: a child `qtgd exec` runs in mount and network
+-- namespaces of its own (`unshare --mount --net`, root only), where
+-- /etc/resolv.conf is a private bind mount naming 127.0.0.77 (`options
+-- timeout:5 attempts:2`) and a UDP socket on 127.0.0.77:53 (python3) reads
+-- the queries and answers none.  The machine's own resolv.conf and port 53
+-- are left alone.  The child asks, and writes what it saw:
+--   * a lookup with a deadline of 1 s: {kind="timeout"} after about 1 s
+--     (the old code waited the resolver's 10 s and said "dns");
+--   * localhost (/etc/hosts, no DNS) with no deadline given: its address;
+--   * the API's check of a callback_url and a delivery's guard, given short
+--     deadlines: the refusal a name without an answer gets, naming the
+--     timeout ("forbidden_address: ..." for the delivery: a failed attempt,
+--     retried);
+--   * a batch's guards of four such names (callbacks.guard_all): all at
+--     once, so about one deadline for the batch, not four;
+--   * a console command waiting in a lookup, interrupted by its operator
+--     (the child serves a console on a Unix socket the spec reaches from
+--     outside the namespace): the wait is abandoned at once, and the
+--     command raises "interrupted" when resumed;
+--   * a lookup queued behind a thread pool whose threads all hang in the
+--     resolver: it times out at its own deadline all the same;
+--   * two lookups still pending when the child's host closes (one running,
+--     one queued): dropped, their memory freed (the child exits 0; on the
+--     ASan build its leak check at exit would fail it).
+-- The memory of a lookup is freed once in every order (completion first,
+-- deadline first, interrupt first, host close first) -- the ASan pass of
+-- this spec checks it.  In this process: the validation of `seconds`.
+local qtg = require "qtg"
+local cjson = require "cjson"
+
+local common, dir
+local q
+
+-- The DNS server that never answers.  Arguments: the ready file, the
+-- file it appends one line per query to.  In a new network namespace lo
+-- is down: it brings it up first (SIOCGIFFLAGS, then SIOCSIFFLAGS with
+-- IFF_UP; no iproute2 needed).  It ends by itself after 5 minutes.
+local BLACK_HOLE = [=[
+import fcntl, os, socket, struct, sys, time
+ready, log = sys.argv[1], sys.argv[2]
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+flags = struct.unpack("16sH", fcntl.ioctl(s, 0x8913, struct.pack("16sH", b"lo", 0)))[1]
+fcntl.ioctl(s, 0x8914, struct.pack("16sH", b"lo", flags | 1))
+s.close()
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+u.bind(("127.0.0.77", 53))
+u.settimeout(1)
+with open(ready + ".tmp", "w") as f:
+    f.write("%d\n" % os.getpid())
+os.rename(ready + ".tmp", ready)
+end = time.monotonic() + 300
+while time.monotonic() < end:
+    try:
+        data, peer = u.recvfrom(4096)
+    except socket.timeout:
+        continue
+    with open(log, "a") as f:
+        f.write("%d bytes from %s\n" % (len(data), peer[0]))
+]=]
+
+-- Runs inside the namespaces: the black hole, the bind mount, the child.
+-- Arguments: the directory, the qtgd binary.
+local RUN = [=[
+dir=$1; bin=$2
+python3 "$dir/hole.py" "$dir/hole.ready" "$dir/queries" >"$dir/hole.log" 2>&1 & hole=$!
+i=0
+while [ ! -e "$dir/hole.ready" ]; do
+  if ! kill -0 "$hole" 2>/dev/null || [ "$i" -ge 400 ]; then
+    echo "the DNS stand-in did not start:"; cat "$dir/hole.log"; kill "$hole" 2>/dev/null; exit 97
+  fi
+  i=$((i + 1)); sleep 0.05
+done
+if ! mount --bind "$dir/resolv.conf" /etc/resolv.conf; then kill "$hole"; exit 98; fi
+"$bin" exec "$dir/child.lua" "$dir/result.json"; rc=$?
+kill "$hole"
+exit "$rc"
+]=]
+
+-- The child: `qtgd exec child.lua RESULT_FILE`; writes its observations as
+-- JSON (by rename), exits 0 once it wrote them.  In the middle it serves
+-- the console (MG_RUN_DIR/console.sock) until the file RESULT_FILE.go
+-- exists.
+local CHILD = [=[
+local out = ...
+local qtg = require "qtg"
+local cjson = require "cjson"
+local ssrf = require "qtg.api.ssrf"
+local callbacks = require "qtg.callbacks"
+local NAME = "resolve-timeout.example"
+local res = {}
+
+local function timed(fn, ...)
+  local t0 = qtg.monotonic()
+  local a, b = fn(...)
+  return qtg.monotonic() - t0, a, b
+end
+
+local function lookup(name, seconds)
+  local elapsed, addrs, err = timed(qtg.api_net.resolve, name, seconds)
+  return { elapsed = elapsed, addrs = addrs or cjson.null,
+           kind = err and err.kind or cjson.null, message = err and err.message or cjson.null }
+end
+
+-- the resolver's own give-up is 10 s away: the deadline comes first
+res.timeout = lookup(NAME, 1)
+-- /etc/hosts answers at once, with the default deadline
+res.hosts = lookup("localhost")
+-- the API's check at creation, with its bound made short
+ssrf.CHECK_RESOLVE_SECONDS = 1
+local elapsed, ok, why = timed(ssrf.check, "https://" .. NAME .. "/cb")
+res.check = { elapsed = elapsed, ok = ok or cjson.null, why = why or cjson.null }
+-- a delivery's guard, given the delivery's timeout
+local pin, outcome
+elapsed, pin, outcome = timed(callbacks.guard, "https://" .. NAME .. ":8443/cb", 0.5)
+res.guard = { elapsed = elapsed, pin = pin or cjson.null, outcome = outcome or cjson.null }
+-- a batch's guards run at once: four names that never answer cost the
+-- batch one deadline, not four
+local urls = {}
+for i = 1, 4 do urls[i] = "https://batch-" .. i .. ".example/cb" end
+local guarded
+elapsed, guarded = timed(callbacks.guard_all, urls, 1)
+res.batch = { elapsed = elapsed, errors = {} }
+for i, url in ipairs(urls) do res.batch.errors[i] = guarded[url].refused.error end
+-- the console, for the spec to interrupt a command waiting in a lookup
+qtg.console_server.start()
+local function go()
+  local f = io.open(out .. ".go")
+  if f then f:close() end
+  return f ~= nil
+end
+local deadline = qtg.monotonic() + 120
+while not go() and qtg.monotonic() < deadline do qtg.sleep(0.05) end
+-- Four lookups hang in the resolver now; a fifth takes the pool's last
+-- thread and is still waiting when the host closes (UV_THREADPOOL_SIZE=5).
+qtg.spawn(function() qtg.api_net.resolve("running-at-close.example", 60) end)
+-- queued behind five hanging threads: its deadline holds all the same
+res.queued = lookup("queued.example", 0.5)
+-- queued, and still waiting when the host closes
+qtg.spawn(function() qtg.api_net.resolve("queued-at-close.example", 60) end)
+
+local f = assert(io.open(out .. ".tmp", "w"))
+f:write(cjson.encode(res))
+f:close()
+assert(os.rename(out .. ".tmp", out))
+return 0
+]=]
+
+-- A console client (the frames of src/qtg_console.h): sends the command
+-- argv[2], interrupts it once its first output line came, prints every
+-- frame ("<type> <text>": the hello, outputs, the final one) until the
+-- command's final one.
+local CONSOLE_CLIENT = [=[
+import socket, struct, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.settimeout(60)
+s.connect(sys.argv[1])
+def send(t, body):
+    body = body.encode()
+    s.sendall(struct.pack(">I", len(body) + 1) + t.encode() + body)
+buf = b""
+def frame():
+    global buf
+    while True:
+        if len(buf) >= 4:
+            n = struct.unpack(">I", buf[:4])[0]
+            if len(buf) >= 4 + n:
+                t, body = chr(buf[4]), buf[5:4 + n].decode("utf-8", "replace")
+                buf = buf[4 + n:]
+                return t, body
+        chunk = s.recv(65536)
+        if not chunk:
+            sys.exit("the console closed")
+        buf += chunk
+send("e", sys.argv[2])
+while True:
+    t, body = frame()
+    print(t, body.rstrip("\n").replace("\n", " | "), flush=True)
+    if t == "o":
+        send("i", "")
+    if t in "rxmk":
+        break
+]=]
+
+local function has(list, value)
+  for _, v in ipairs(type(list) == "table" and list or {}) do
+    if v == value then return true end
+  end
+  return false
+end
+
+describe("qtg.api_net.resolve's deadline", function()
+  setup(function()
+    common = require "spec.lua.support.common"
+    q = common.quote
+    dir = common.tmpdir("qtg-resolve-spec")
+  end)
+  teardown(function()
+    if dir then
+      common.write(dir .. "/result.json.go", "")   -- a child left waiting goes on and ends
+      os.execute("rm -rf " .. q(dir))
+    end
+  end)
+
+  it("refuses a deadline that is not a number in (0, 600] with a usage error", function()
+    for _, bad in ipairs({ 0, -1, 601, 1e9, 0 / 0, math.huge, -math.huge, "5", true, {} }) do
+      local ok, err = pcall(qtg.api_net.resolve, "localhost", bad)
+      assert.is_false(ok, tostring(bad))
+      assert.equal("usage", type(err) == "table" and err.kind, tostring(bad) .. ": " .. tostring(err))
+      assert.truthy(tostring(err.message):find("qtg.api_net.resolve: seconds must be", 1, true), err.message)
+    end
+    local ok, err = pcall(qtg.api_net.resolve, "localhost", 601)
+    assert.is_false(ok)
+    assert.equal("qtg.api_net.resolve: seconds must be > 0 and <= 600", err.message)
+    ok, err = pcall(qtg.api_net.resolve, "localhost", "5")
+    assert.is_false(ok)
+    assert.equal("qtg.api_net.resolve: seconds must be a number, not a string", err.message)
+    -- the upper bound, a fraction and nil (the default, 10 s) are deadlines
+    for _, good in ipairs({ 600, 2.5 }) do
+      local addrs, e = qtg.api_net.resolve("localhost", good)
+      assert.is_nil(e, tostring(good))
+      assert.truthy(has(addrs, "127.0.0.1") or has(addrs, "::1"), tostring(good))
+    end
+    local addrs = assert(qtg.api_net.resolve("localhost", nil))
+    assert.truthy(has(addrs, "127.0.0.1") or has(addrs, "::1"))
+  end)
+
+  it("gives up at the deadline when the DNS server never answers, not at the resolver's 10 s", function()
+    if io.popen("id -u"):read("*l") ~= "0" then
+      pending("needs root: the DNS server that never answers is played in namespaces of its own (unshare)")
+      return
+    end
+    local probe, prc = common.sh("unshare --mount --net true")
+    if prc ~= 0 then
+      pending("unshare --mount --net is not permitted here: " .. probe)
+      return
+    end
+    common.write(dir .. "/hole.py", BLACK_HOLE)
+    common.write(dir .. "/run.sh", RUN)
+    common.write(dir .. "/child.lua", CHILD)
+    common.write(dir .. "/console.py", CONSOLE_CLIENT)
+    common.write(dir .. "/resolv.conf", "nameserver 127.0.0.77\noptions timeout:5 attempts:2\n")
+    os.execute("mkdir -m 700 " .. q(dir .. "/run"))
+    local env = common.base_env({ UV_THREADPOOL_SIZE = "5", MG_API_CALLBACK_ALLOW_PRIVATE = "false",
+                                  MG_CONSOLE_ENABLED = "true", MG_RUN_DIR = dir .. "/run" })
+    local h = common.spawn(dir .. "/child", env,
+      ("unshare --mount --net sh %s %s %s"):format(q(dir .. "/run.sh"), q(dir), q(common.bin())))
+    -- an operator interrupts a console command waiting in a lookup
+    local sock = dir .. "/run/console.sock"
+    common.wait_for(function() return os.execute("test -S " .. q(sock)) == 0 or not common.alive(h) end, 60,
+      function() return "the child's console (log: " .. tostring(common.read(h.log)) .. ")" end)
+    local t0 = qtg.monotonic()
+    local said, crc = common.sh(("python3 %s %s %s"):format(q(dir .. "/console.py"), q(sock),
+      q("print('asking') local a, e = qtg.api_net.resolve('interrupted.example', 60) return a, e.kind, e.message")))
+    local interrupt_took = qtg.monotonic() - t0
+    common.write(dir .. "/result.json.go", "")
+    -- the host's close waits for the threads still in the resolver (10 s)
+    local rc = common.exit_code(h, 90)
+    local log = tostring(common.read(h.log))
+    assert.equal(0, rc, "child exit " .. tostring(rc) .. "; log: " .. log)
+    local text = common.read(dir .. "/result.json")
+    assert.truthy(text, "no result; log: " .. log)
+    local res = cjson.decode(text)
+
+    -- the lookups reached the stand-in, which never answered
+    assert.truthy((common.read(dir .. "/queries") or ""):find("from 127.0.0.1", 1, true), "no query seen")
+    -- the machine's own resolv.conf is untouched
+    assert.is_falsy((common.read("/etc/resolv.conf") or ""):find("127.0.0.77", 1, true))
+
+    -- the wait is abandoned at once (not after the resolver's 10 s nor the
+    -- lookup's 60), and the console's command raises once resumed
+    assert.equal(0, crc, said)
+    assert.truthy(said:find("\no asking\nx interrupted: stopped by the operator\n", 1, true), said)
+    assert.truthy(interrupt_took < 5, "took " .. interrupt_took .. " s")
+
+    local t = res.timeout
+    assert.equal("timeout", t.kind, tostring(t.message))
+    assert.equal("name lookup of resolve-timeout.example took longer than 1 s", t.message)
+    assert.truthy(t.elapsed >= 0.9 and t.elapsed < 5, "took " .. t.elapsed .. " s")
+
+    assert.equal(cjson.null, res.hosts.kind, tostring(res.hosts.message))
+    assert.truthy(has(res.hosts.addrs, "127.0.0.1"), cjson.encode(res.hosts))
+    assert.truthy(res.hosts.elapsed < 5, "took " .. res.hosts.elapsed .. " s")
+
+    -- the API refuses the callback_url as a name that does not resolve, naming the timeout
+    assert.equal(cjson.null, res.check.ok)
+    assert.equal("resolve-timeout.example does not resolve (name lookup of resolve-timeout.example "
+      .. "took longer than 1 s)", res.check.why)
+    assert.truthy(res.check.elapsed < 5, "took " .. res.check.elapsed .. " s")
+
+    -- a delivery's attempt fails (then retried, per docs/callbacks.md)
+    local out = res.guard.outcome
+    assert.equal(cjson.null, res.guard.pin)
+    assert.is_false(out.delivered)
+    assert.equal("forbidden_address: resolve-timeout.example does not resolve (name lookup of "
+      .. "resolve-timeout.example took longer than 0.5 s)", out.error)
+    assert.truthy(res.guard.elapsed < 5, "took " .. res.guard.elapsed .. " s")
+
+    -- a batch of four such names: each refused, together in about one
+    -- deadline (one after another, they took four)
+    for i, e in ipairs(res.batch.errors) do
+      assert.equal(("forbidden_address: batch-%d.example does not resolve (name lookup of batch-%d.example "
+        .. "took longer than 1 s)"):format(i, i), e)
+    end
+    assert.truthy(res.batch.elapsed >= 0.9 and res.batch.elapsed < 3, "took " .. res.batch.elapsed .. " s")
+
+    assert.equal("timeout", res.queued.kind, tostring(res.queued.message))
+    assert.equal("name lookup of queued.example took longer than 0.5 s", res.queued.message)
+    assert.truthy(res.queued.elapsed >= 0.4 and res.queued.elapsed < 5, "took " .. res.queued.elapsed .. " s")
+  end)
+end)
