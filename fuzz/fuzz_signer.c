@@ -10,7 +10,8 @@
  * same bytes (only canonical RLP is accepted).  The input is also decoded as
  * a raw payload, so the decoder sees every byte string, read as
  * MG_SIGNER_KEY_CLASSES (qtg_signer_classes_check, key_serves_class), as
- * an MG_SIGNER_APPROVERS enrolment (qtg_approvers_parse) and as an approval
+ * an MG_SIGNER_APPROVERS enrolment (qtg_approvers_parse; its tiered count,
+ * qtg_approvers_quorum_for, and qtg_approvers_uneven) and as an approval
  * statement (qtg_request_statement_check). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -72,8 +73,9 @@ static int fuzz_key_classes(const uint8_t *p, size_t n) {
 }
 
 /* The input as an enrolment: refused with a reason, or accepted with its
- * persons findable by name, a quorum in range and a deployment that a
- * statement can name; and as a statement:
+ * persons findable by name, a quorum in range, a tiered count between the
+ * base and the highest, and a deployment that a statement can name; and
+ * as a statement:
  * accepted only in its one form (ending in a newline, short). */
 static int fuzz_approvers(const uint8_t *p, size_t n) {
   qtg_approvers *a = NULL;
@@ -93,6 +95,19 @@ static int fuzz_approvers(const uint8_t *p, size_t n) {
     if (qtg_approvers_quorum_range(a, &lowest, &highest) == 0 || lowest < 0 || lowest > highest ||
         highest > QTG_APPROVER_QUORUM_MAX || (q != -1 && (q < lowest || q > highest)))
       rc = -1;
+    /* a tiered count is at least the base, at most the file's highest,
+     * or -1 (no quorum, an amount a tier cannot read) with a reason */
+    static const char *const amounts[] = {"0", "1", "100.5", "100.500000000000000001", "1e3", NULL};
+    char why[300];
+    for (int i = 0; i < 6; i++) {
+      why[0] = '\0';
+      int t = qtg_approvers_quorum_for(a, "mainnet", "ETH", amounts[i], why, sizeof why);
+      if ((t == -1 && why[0] == '\0') || (t != -1 && (t < q || q < 0 || t > highest)))
+        rc = -1;
+    }
+    why[0] = '\0';
+    int uneven = qtg_approvers_uneven(a, why, sizeof why);
+    if (uneven != 0 && (uneven != 1 || why[0] == '\0')) rc = -1;
     for (size_t i = 0; i < qtg_approvers_count(a); i++)
       if (qtg_approvers_person_name(a, (int)i) == NULL) rc = -1;
     /* an accepted enrolment names a deployment a statement can carry */

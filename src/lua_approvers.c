@@ -6,6 +6,11 @@
  *   qtg.approvers.load(path) -> enrolment | nil, err
  *   e:person(principal)      -> the person's name | nil
  *   e:quorum(class)          -> the class's quorum | nil (none named)
+ *   e:quorum_for(class, asset, amount) -> n, why | nil, why: what the
+ *                               signer asks of such a request (its class's
+ *                               quorum raised by the tiers that hold:
+ *                               qtg_approvers_quorum_for; asset and amount
+ *                               the intent's text, nil when absent)
  *   e:verify(principal, statement, signature_hex) -> true | false
  *   e:verify_initiation(principal, statement, signature_hex) -> true | false
  *                               (principal's person or initiator signed it)
@@ -62,6 +67,22 @@ static int qtg_lua_enrolment_quorum(lua_State *L) {
   if (n < 0) lua_pushnil(L);
   else lua_pushinteger(L, n);
   return 1;
+}
+
+/* A string argument, or NULL when it is absent or not a string (a SQL NULL). */
+static const char *qtg_opt_text(lua_State *L, int i) {
+  return lua_type(L, i) == LUA_TSTRING ? lua_tostring(L, i) : NULL;
+}
+
+static int qtg_lua_enrolment_quorum_for(lua_State *L) {
+  qtg_approvers *a = qtg_check_enrolment(L);
+  char why[300];
+  int n = qtg_approvers_quorum_for(a, luaL_checkstring(L, 2), qtg_opt_text(L, 3), qtg_opt_text(L, 4),
+                                   why, sizeof why);
+  if (n < 0) lua_pushnil(L);
+  else lua_pushinteger(L, n);
+  lua_pushstring(L, why);
+  return 2;
 }
 
 /* e:verify / e:verify_initiation: whether the entry `lookup` finds for
@@ -131,6 +152,7 @@ int luaopen_qtg_approvers(lua_State *L) {
   static const luaL_Reg methods[] = {
       {"person", qtg_lua_enrolment_person},
       {"quorum", qtg_lua_enrolment_quorum},
+      {"quorum_for", qtg_lua_enrolment_quorum_for},
       {"verify", qtg_lua_enrolment_verify},
       {"verify_initiation", qtg_lua_enrolment_verify_initiation},
       {"initiator", qtg_lua_enrolment_initiator},
@@ -146,7 +168,7 @@ int luaopen_qtg_approvers(lua_State *L) {
       {NULL, NULL},
   };
   if (luaL_newmetatable(L, qtg_enrolment_meta)) {
-    lua_createtable(L, 0, 8);
+    lua_createtable(L, 0, 10);
     luaL_register(L, NULL, methods);
     lua_setfield(L, -2, "__index");
     lua_pushcfunction(L, qtg_lua_enrolment_gc);

@@ -20,9 +20,12 @@
 #include <openssl/evp.h>
 
 #include "qtg_crypto.h"
+#include "qtg_rlp.h"
+#include "qtg_signer_proto.h"
 
 enum { QTG_APPROVERS_MAX = 1024, QTG_APPROVERS_LINE_MAX = 4096, QTG_APPROVERS_FILE_MAX = 1 << 20,
-       QTG_CLASS_MAX = 32, QTG_FIELDS_MAX = 5 };
+       QTG_CLASS_MAX = 32, QTG_FIELDS_MAX = 6, QTG_TIERS_MAX = 256, QTG_TIER_ASSET_MAX = 16,
+       QTG_TIER_AMOUNT_MAX = 96, QTG_TIER_DECIMALS = 18 };
 
 /* An enrolled key: a person (approves; may initiate too) or an
  * initiator (a client system that signs the requests it creates and
@@ -40,6 +43,17 @@ typedef struct {
   int n;
 } qtg_quorum;
 
+/* quorum CLASS|* N above AMOUNT ASSET: n for a request of klass (any, for
+ * "*") moving more than `above` of asset. */
+typedef struct {
+  char klass[QTG_CLASS_MAX + 1];
+  int n;
+  char asset[QTG_TIER_ASSET_MAX + 1];      /* upper case */
+  char amount[QTG_TIER_AMOUNT_MAX + 1];    /* as written, for messages */
+  qtg_u256 above;                          /* AMOUNT in units of 10^-18 */
+  int line;
+} qtg_tier;
+
 struct qtg_approvers {
   char deployment[QTG_APPROVER_NAME_MAX + 1];   /* "" until its line is read */
   int initiation_signed;                        /* 'initiation signed' */
@@ -47,6 +61,8 @@ struct qtg_approvers {
   size_t npeople;
   qtg_quorum *quorums;
   size_t nquorums;
+  qtg_tier *tiers;
+  size_t ntiers;
   char digest[2 * QTG_SHA256_LEN + 1];          /* sha256 of the file's bytes, hex */
 };
 
@@ -136,6 +152,7 @@ void qtg_approvers_free(qtg_approvers *a) {
   }
   free(a->people);
   free(a->quorums);
+  free(a->tiers);
   free(a);
 }
 
@@ -170,6 +187,13 @@ size_t qtg_approvers_count_persons(const qtg_approvers *a) {
 
 int qtg_approvers_initiation_signed(const qtg_approvers *a) { return a ? a->initiation_signed : 0; }
 
+/* 1 when klass has a quorum line of its own (not "*"'s). */
+static int qtg_approvers_quorum_of_own(const qtg_approvers *a, const char *klass) {
+  for (size_t i = 0; a != NULL && klass != NULL && i < a->nquorums; i++)
+    if (strcmp(a->quorums[i].klass, klass) == 0) return 1;
+  return 0;
+}
+
 int qtg_approvers_quorum(const qtg_approvers *a, const char *klass) {
   int any = -1;
   if (a == NULL || klass == NULL) return -1;
@@ -180,14 +204,118 @@ int qtg_approvers_quorum(const qtg_approvers *a, const char *klass) {
   return any;
 }
 
-size_t qtg_approvers_quorum_range(const qtg_approvers *a, int *lowest, int *highest) {
+/* The lowest and highest of the base quorum lines alone. */
+static void qtg_base_range(const qtg_approvers *a, int *lowest, int *highest) {
   *lowest = *highest = -1;
   for (size_t i = 0; a != NULL && i < a->nquorums; i++) {
     int n = a->quorums[i].n;
     if (i == 0 || n < *lowest) *lowest = n;
     if (i == 0 || n > *highest) *highest = n;
   }
-  return a != NULL ? a->nquorums : 0;
+}
+
+size_t qtg_approvers_quorum_range(const qtg_approvers *a, int *lowest, int *highest) {
+  qtg_base_range(a, lowest, highest);
+  for (size_t i = 0; a != NULL && i < a->ntiers; i++)
+    if (a->tiers[i].n > *highest) *highest = a->tiers[i].n;
+  return a != NULL ? a->nquorums + a->ntiers : 0;
+}
+
+static int qtg_ascii_caseeq(const char *x, const char *y) {
+  for (; *x && *y; x++, y++) {
+    char cx = *x >= 'a' && *x <= 'z' ? (char)(*x - 32) : *x;
+    char cy = *y >= 'a' && *y <= 'z' ? (char)(*y - 32) : *y;
+    if (cx != cy) return 0;
+  }
+  return *x == *y;
+}
+
+/* Whether tier t can apply to a request of klass moving asset (its amount
+ * aside): its class is klass or "*", its asset the same, any case. */
+static int qtg_tier_could_apply(const qtg_tier *t, const char *klass, const char *asset) {
+  return asset != NULL && (strcmp(t->klass, "*") == 0 || strcmp(t->klass, klass) == 0) &&
+         qtg_ascii_caseeq(t->asset, asset);
+}
+
+/* "quorum 3 for more than 100 ETH on mainnet" (on any class, for "*") */
+static void qtg_tier_describe(const qtg_tier *t, char *out, size_t outlen) {
+  int star = strcmp(t->klass, "*") == 0;
+  snprintf(out, outlen, "quorum %d for more than %s %s on %s", t->n, t->amount, t->asset,
+           star ? "any class" : t->klass);
+}
+
+int qtg_approvers_quorum_for(const qtg_approvers *a, const char *klass, const char *asset,
+                             const char *amount, char *why, size_t whylen) {
+  const qtg_tier *by = NULL;
+  qtg_u256 units = {{0}};
+  int parsed = 0;   /* 1: amount read into units, -1: it does not parse */
+  int need = qtg_approvers_quorum(a, klass);
+  if (need < 0) {
+    snprintf(why, whylen, "MG_SIGNER_APPROVERS names no quorum for network class %s (nor *)",
+             klass ? klass : "?");
+    return -1;
+  }
+  for (size_t i = 0; i < a->ntiers; i++) {
+    const qtg_tier *t = &a->tiers[i];
+    if (!qtg_tier_could_apply(t, klass, asset)) continue;
+    if (parsed == 0)
+      parsed = amount != NULL &&
+               qtg_amount_to_units(amount, strlen(amount), QTG_TIER_DECIMALS, &units) == 0 ? 1 : -1;
+    if (parsed < 0) {
+      char tier[200];
+      qtg_tier_describe(t, tier, sizeof tier);
+      snprintf(why, whylen, "the request's amount is not a plain decimal of at most %d decimals, "
+               "and MG_SIGNER_APPROVERS has %s", QTG_TIER_DECIMALS, tier);
+      return -1;
+    }
+    if (qtg_u256_cmp(&units, &t->above) > 0 && t->n > need) {
+      need = t->n;
+      by = t;
+    }
+  }
+  if (by != NULL) qtg_tier_describe(by, why, whylen);
+  else snprintf(why, whylen, "quorum %d for %s", need,
+                qtg_approvers_quorum_of_own(a, klass) ? klass : "*");
+  return need;
+}
+
+/* The most a request of klass needs just above tier t's amount of its
+ * asset: klass's base quorum n, or a tier of klass or "*" for that asset
+ * from an amount no higher than t's. */
+static int qtg_level_above(const qtg_approvers *a, const char *klass, int n, const qtg_tier *t) {
+  for (size_t i = 0; i < a->ntiers; i++) {
+    const qtg_tier *u = &a->tiers[i];
+    if (u->n > n && qtg_tier_could_apply(u, klass, t->asset) && qtg_u256_cmp(&u->above, &t->above) <= 0)
+      n = u->n;
+  }
+  return n;
+}
+
+int qtg_approvers_uneven(const qtg_approvers *a, char *why, size_t whylen) {
+  int lowest, highest;
+  char low[96], high[96];
+  if (a == NULL) return 0;
+  qtg_base_range(a, &lowest, &highest);
+  if (lowest != highest) {
+    qtg_approvers_classes_at(a, lowest, low, sizeof low);
+    qtg_approvers_classes_at(a, highest, high, sizeof high);
+    snprintf(why, whylen, "asks %d approvals for %s but %d for %s", highest, high, lowest, low);
+    return 1;
+  }
+  for (size_t i = 0; i < a->ntiers; i++) {
+    const qtg_tier *t = &a->tiers[i];
+    if (strcmp(t->klass, "*") == 0) continue;   /* the same for every class */
+    for (size_t j = 0; j < a->nquorums; j++) {
+      const qtg_quorum *q = &a->quorums[j];
+      if (strcmp(q->klass, t->klass) == 0) continue;
+      int other = qtg_level_above(a, q->klass, q->n, t);
+      if (other >= t->n) continue;
+      snprintf(why, whylen, "asks %d approvals for more than %s %s on %s (line %d) but %d for %s",
+               t->n, t->amount, t->asset, t->klass, t->line, other, q->klass);
+      return 1;
+    }
+  }
+  return 0;
 }
 
 size_t qtg_approvers_classes_at(const qtg_approvers *a, int quorum, char *out, size_t outlen) {
@@ -295,29 +423,37 @@ static int qtg_parse_person(qtg_approvers *a, char **f, size_t *fl, int line, in
   return qtg_add_principals(a, &a->people[a->npeople - 1], f[3], fl[3], line, err, errlen);
 }
 
-/* quorum CLASS|* N */
-static int qtg_parse_quorum(qtg_approvers *a, char **f, size_t *fl, int line, char *err,
-                            size_t errlen) {
-  qtg_quorum q;
-  memset(&q, 0, sizeof q);
+/* The CLASS|* and N of a quorum line into klass and *n. */
+static int qtg_parse_quorum_head(char **f, size_t *fl, int line, char klass[QTG_CLASS_MAX + 1],
+                                 int *n, char *err, size_t errlen) {
   if (!(fl[1] == 1 && f[1][0] == '*') && !qtg_is_class(f[1], fl[1])) {
     snprintf(err, errlen, "line %d: quorum's class is [a-z0-9_-]{1,32} or *", line);
     return -1;
   }
-  memcpy(q.klass, f[1], fl[1]);
-  int n = 0;
+  memcpy(klass, f[1], fl[1]);
+  klass[fl[1]] = '\0';
+  *n = 0;
   for (size_t i = 0; i < fl[2]; i++) {
     if (f[2][i] < '0' || f[2][i] > '9' || fl[2] > 3) {
-      n = -1;
+      *n = -1;
       break;
     }
-    n = n * 10 + (f[2][i] - '0');
+    *n = *n * 10 + (f[2][i] - '0');
   }
-  if (n < 0 || n > QTG_APPROVER_QUORUM_MAX) {
-    snprintf(err, errlen, "line %d: quorum for %s is a whole number from 0 to %d", line, q.klass,
+  if (*n < 0 || *n > QTG_APPROVER_QUORUM_MAX) {
+    snprintf(err, errlen, "line %d: quorum for %s is a whole number from 0 to %d", line, klass,
              QTG_APPROVER_QUORUM_MAX);
     return -1;
   }
+  return 0;
+}
+
+/* quorum CLASS|* N */
+static int qtg_parse_quorum_base(qtg_approvers *a, const char *klass, int n, int line, char *err,
+                                 size_t errlen) {
+  qtg_quorum q;
+  memset(&q, 0, sizeof q);
+  snprintf(q.klass, sizeof q.klass, "%s", klass);
   q.n = n;
   for (size_t i = 0; i < a->nquorums; i++)
     if (strcmp(a->quorums[i].klass, q.klass) == 0) {
@@ -331,6 +467,101 @@ static int qtg_parse_quorum(qtg_approvers *a, char **f, size_t *fl, int line, ch
   }
   a->quorums = grown;
   a->quorums[a->nquorums++] = q;
+  return 0;
+}
+
+/* A tier's AMOUNT ASSET (f[4], f[5]) into t. */
+static int qtg_parse_tier_amount(qtg_tier *t, char **f, size_t *fl, int line, char *err,
+                                 size_t errlen) {
+  if (fl[4] > QTG_TIER_AMOUNT_MAX ||
+      qtg_amount_to_units(f[4], fl[4], QTG_TIER_DECIMALS, &t->above) != 0) {
+    snprintf(err, errlen, "line %d: a tier's amount is a plain decimal (digits, one '.' between "
+             "digits at most, at most %d decimals, no sign or exponent)", line, QTG_TIER_DECIMALS);
+    return -1;
+  }
+  memcpy(t->amount, f[4], fl[4]);
+  t->amount[fl[4]] = '\0';
+  if (fl[5] == 5 && qtg_ascii_caseeq(f[5], "above")) {
+    snprintf(err, errlen, "line %d: 'above' is given twice (quorum CLASS|* N above AMOUNT ASSET)", line);
+    return -1;
+  }
+  int ok = fl[5] >= 1 && fl[5] <= QTG_TIER_ASSET_MAX;
+  for (size_t i = 0; ok && i < fl[5]; i++) {
+    char c = f[5][i];
+    ok = (c >= '0' && c <= '9') || (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z');
+    t->asset[i] = c >= 'a' && c <= 'z' ? (char)(c - 32) : c;
+  }
+  if (!ok) {
+    snprintf(err, errlen, "line %d: a tier's asset is [A-Za-z0-9]{1,%d}", line, QTG_TIER_ASSET_MAX);
+    return -1;
+  }
+  t->asset[fl[5]] = '\0';
+  return 0;
+}
+
+/* quorum CLASS|* N above AMOUNT ASSET */
+static int qtg_parse_quorum_tier(qtg_approvers *a, char **f, size_t *fl, const char *klass, int n,
+                                 int line, char *err, size_t errlen) {
+  qtg_tier t;
+  memset(&t, 0, sizeof t);
+  snprintf(t.klass, sizeof t.klass, "%s", klass);
+  t.n = n;
+  t.line = line;
+  if (qtg_parse_tier_amount(&t, f, fl, line, err, errlen) != 0) return -1;
+  if (a->ntiers == QTG_TIERS_MAX) {
+    snprintf(err, errlen, "line %d: more than %d quorum tiers", line, QTG_TIERS_MAX);
+    return -1;
+  }
+  for (size_t i = 0; i < a->ntiers; i++) {
+    const qtg_tier *u = &a->tiers[i];
+    if (strcmp(u->klass, t.klass) == 0 && strcmp(u->asset, t.asset) == 0 &&
+        qtg_u256_cmp(&u->above, &t.above) == 0) {
+      snprintf(err, errlen, "line %d: the quorum for more than %s %s on %s is given twice (line %d)",
+               line, t.amount, t.asset, t.klass, u->line);
+      return -1;
+    }
+  }
+  qtg_tier *grown = realloc(a->tiers, (a->ntiers + 1) * sizeof *grown);
+  if (grown == NULL) {
+    snprintf(err, errlen, "out of memory");
+    return -1;
+  }
+  a->tiers = grown;
+  a->tiers[a->ntiers++] = t;
+  return 0;
+}
+
+/* quorum CLASS|* N, or quorum CLASS|* N above AMOUNT ASSET (n fields) */
+static int qtg_parse_quorum(qtg_approvers *a, char **f, size_t *fl, size_t n, int line, char *err,
+                            size_t errlen) {
+  char klass[QTG_CLASS_MAX + 1];
+  int quorum;
+  int above = n >= 4 && fl[3] == 5 && strncmp(f[3], "above", 5) == 0;
+  if (n == 3 || (above && n == 6)) {
+    if (qtg_parse_quorum_head(f, fl, line, klass, &quorum, err, errlen) != 0) return -1;
+    return n == 3 ? qtg_parse_quorum_base(a, klass, quorum, line, err, errlen)
+                  : qtg_parse_quorum_tier(a, f, fl, klass, quorum, line, err, errlen);
+  }
+  if (!above)
+    snprintf(err, errlen, "line %d: a quorum line is 'quorum CLASS|* N' or 'quorum CLASS|* N above "
+             "AMOUNT ASSET'", line);
+  else
+    snprintf(err, errlen, "line %d: a tier names its %s ('quorum CLASS|* N above AMOUNT ASSET')",
+             line, n == 4 ? "amount and asset" : "asset");
+  return -1;
+}
+
+/* Every tier's class has a quorum (its own or "*"): a tier raises a class
+ * that is signed for, never makes one signed for.  A tier of "*" raises
+ * every class with a quorum, whether or not there is a `quorum *` line. */
+static int qtg_check_tiers(const qtg_approvers *a, char *err, size_t errlen) {
+  for (size_t i = 0; i < a->ntiers; i++) {
+    const qtg_tier *t = &a->tiers[i];
+    if (strcmp(t->klass, "*") == 0 || qtg_approvers_quorum(a, t->klass) >= 0) continue;
+    snprintf(err, errlen, "line %d: a tier for %s, which has no quorum line (nor *): give it its "
+             "base quorum ('quorum %s N')", t->line, t->klass, t->klass);
+    return -1;
+  }
   return 0;
 }
 
@@ -398,13 +629,14 @@ static int qtg_parse_line(qtg_approvers *a, char *s, int line, char *err, size_t
     a->initiation_signed = 1;
     return 0;
   }
-  if (fl[0] == 6 && strncmp(f[0], "quorum", 6) == 0 && n == 3)
-    return qtg_parse_quorum(a, f, fl, line, err, errlen);
+  if (fl[0] == 6 && strncmp(f[0], "quorum", 6) == 0 && n >= 3)
+    return qtg_parse_quorum(a, f, fl, n, line, err, errlen);
   if (fl[0] == 10 && strncmp(f[0], "deployment", 10) == 0 && n == 2)
     return qtg_parse_deployment(a, f, fl, line, err, errlen);
   snprintf(err, errlen,
            "line %d: expected 'deployment NAME', 'person NAME ed25519:HEX PRINCIPAL[,...]', "
-           "'initiator NAME ed25519:HEX PRINCIPAL[,...]', 'initiation signed' or 'quorum CLASS|* N'",
+           "'initiator NAME ed25519:HEX PRINCIPAL[,...]', 'initiation signed', 'quorum CLASS|* N' "
+           "or 'quorum CLASS|* N above AMOUNT ASSET'",
            line);
   return -1;
 }
@@ -449,6 +681,10 @@ int qtg_approvers_parse(const char *text, size_t len, qtg_approvers **out, char 
   if (a->nquorums == 0) {
     snprintf(err, errlen, "no quorum line: name the approvals each network class needs "
                           "('quorum CLASS N' or 'quorum * N')");
+    qtg_approvers_free(a);
+    return -1;
+  }
+  if (qtg_check_tiers(a, err, errlen) != 0) {
     qtg_approvers_free(a);
     return -1;
   }

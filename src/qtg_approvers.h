@@ -7,8 +7,9 @@
  * signer counts an approval only when it carries an Ed25519 signature, by a
  * person enrolled in that file, of the request's approval statement; and it
  * asks for at least the file's quorum for the request's network class,
- * whatever the request row says.  The file is the signer's, read at start;
- * the daemon cannot change it.
+ * whatever the request row says, raised by the file's amount tiers for
+ * large amounts.  The file is the signer's, read at start; the daemon
+ * cannot change it.
  *
  * The enrolment file, one entry per line ('#' at the start of a line or
  * after a blank starts a comment; inside a field it is refused):
@@ -18,6 +19,7 @@
  *   initiator NAME ed25519:HEX64 PRINCIPAL[,PRINCIPAL...]
  *   initiation signed
  *   quorum CLASS|* N
+ *   quorum CLASS|* N above AMOUNT ASSET
  *
  * An initiator is a client system that creates requests: it signs the
  * initiation statement of each request it creates and never counts as an
@@ -34,6 +36,20 @@
  * at most 128 bytes; a principal or a key belongs to one person only.
  * `quorum CLASS N` (0..100) is the floor for that network class, `quorum *
  * N` for the classes not named; a class with neither is never signed for.
+ *
+ * A tier, `quorum CLASS|* N above AMOUNT ASSET`, raises the floor to N for
+ * a request of that class (any, for *) whose intent's asset is ASSET
+ * ([A-Za-z0-9]{1,16}, any case) and whose intent's amount is strictly
+ * greater than AMOUNT (a plain decimal: digits, at most one '.' between
+ * digits, at most 18 decimals, no sign or exponent; compared exactly, as
+ * units of 10^-18).  A request then needs the largest of its class's base
+ * quorum, every tier that holds for it, and its approvals_required row.
+ * The tiers are the signer's, like the rest of the file: a rule of the
+ * daemon's policy that asks more for large amounts binds a compromised
+ * daemon only when a tier says it too.  A tier for a class with no quorum
+ * (its own or *) is refused, as is a tier given twice (the same class,
+ * asset and amount).  A request whose asset a tier of its class names and
+ * whose amount does not parse is refused (it may be above).
  *
  * The statements (text, every line ending in "\n"):
  *
@@ -117,12 +133,38 @@ const char *qtg_approvers_person_name(const qtg_approvers *a, int person);
 /* The quorum for klass (its own line, else "*"), or -1 when neither. */
 int qtg_approvers_quorum(const qtg_approvers *a, const char *klass);
 
-/* The lowest and the highest quorum the file gives (its quorum lines, "*"
- * among them); the number of quorum lines (never 0 in a parsed file). */
+/* The approvals a request of klass moving amount of asset (the intent's
+ * values, as text; NULL when absent) needs at least: the largest of
+ * klass's quorum and every tier of klass or "*" for asset whose amount the
+ * request's exceeds.  why names what decides ("quorum 3 for more than 100
+ * ETH on mainnet", "quorum 2 for mainnet", "quorum 2 for *").  -1 with why
+ * when klass has no quorum, or when a tier names the class and asset and
+ * amount is not a plain decimal of at most 18 decimals (it may be above).
+ * The one rule, for the signer and for the daemon (qtg.approvers). */
+int qtg_approvers_quorum_for(const qtg_approvers *a, const char *klass, const char *asset,
+                             const char *amount, char *why, size_t whylen);
+
+/* The lowest base quorum and the highest quorum the file gives (its
+ * quorum lines, "*" among them; a tier's N counts in the highest, never in
+ * the lowest, since it only raises); the number of quorum lines, tiers
+ * among them (never 0 in a parsed file). */
 size_t qtg_approvers_quorum_range(const qtg_approvers *a, int *lowest, int *highest);
 
-/* The classes whose quorum is `quorum` ("*" among them when it is),
- * comma-separated into out (cut to fit); their count.  For the signer's
+/* 1 when one request would need fewer approvals under another class than
+ * its own, with why ("asks 2 approvals for mainnet but 1 for *", or "asks
+ * 3 approvals for more than 1 ETH on mainnet (line 7) but 2 for *"); else
+ * 0.  Keys that sign for every class (MG_SIGNER_KEY_CLASSES unset) make
+ * the lowest such count the only one that holds, as the daemon names the
+ * class.  The base quorums differ, or a tier of a class (not "*") raises
+ * it above another class with a quorum line (or *) for some amount: one
+ * whose base and tiers for the asset from an amount no higher than the
+ * tier's ask fewer.  Tiers of "*" raise every class alike, and differ in
+ * nothing. */
+int qtg_approvers_uneven(const qtg_approvers *a, char *why, size_t whylen);
+
+/* The classes whose base quorum is `quorum` ("*" among them when it is;
+ * tiers aside: they only raise it for large amounts), comma-separated into
+ * out (cut to fit); their count.  For the signer's
  * warnings at start: a quorum of 0 needs no signed approval (the request's
  * approvals_required, which the runtime role writes, is then all there
  * is); under a quorum of 1 an enrolled approver who can write the daemon's

@@ -299,18 +299,23 @@ static int qtg_signerd_check_initiation(qtg_decision *dec, const qtg_approvers *
 
 /* With MG_SIGNER_APPROVERS: count the enrolled persons whose signature of
  * the request's statement verifies, under any of their principals (each
- * person once; the initiator's person never), against the larger of the
- * request's quorum and the enrolment's for its network class. */
+ * person once; the initiator's person never), against the largest of the
+ * request's quorum, the enrolment's for its network class and the
+ * enrolment's tiers that hold for its intent's asset and amount. */
 static int qtg_signerd_check_signed(qtg_decision *dec, const qtg_approvers *a, PGresult *r,
                                     PGresult *votes) {
   const char *klass = qtg_field(r, F_CLASS);
-  int floor = qtg_approvers_quorum(a, klass ? klass : "");
-  if (floor < 0)
+  char rule[200];
+  if (qtg_approvers_quorum(a, klass ? klass : "") < 0)
     QTG_REFUSE(dec, "QUORUM_NOT_ENROLLED",
                "MG_SIGNER_APPROVERS names no quorum for network class %s (nor *)", klass ? klass : "?");
   if (qtg_approvers_initiation_signed(a) && qtg_signerd_check_initiation(dec, a, r) != 0) return -1;
+  int floor = qtg_approvers_quorum_for(a, klass ? klass : "", qtg_field(r, F_ASSET), qtg_field(r, F_AMOUNT),
+                                       rule, sizeof rule);
+  if (floor < 0) QTG_REFUSE(dec, "APPROVALS_INCOMPLETE", "%s", rule);
   long need = atol(qtg_field(r, F_REQUIRED));
   if (need < floor) need = floor;
+  else if (need > floor) snprintf(rule, sizeof rule, "the request's approvals_required");
   char statement[QTG_APPROVAL_STATEMENT_MAX];
   if (qtg_request_statement(statement, sizeof statement, QTG_STATEMENT_APPROVAL,
                             qtg_approvers_deployment(a), qtg_field(r, F_ID), klass,
@@ -332,8 +337,8 @@ static int qtg_signerd_check_signed(qtg_decision *dec, const qtg_approvers *a, P
   free(seen);
   if (count < need)
     QTG_REFUSE(dec, "APPROVALS_INCOMPLETE",
-               "%ld of %ld enrolled approvers signed this request's statement (MG_SIGNER_APPROVERS)",
-               count, need);
+               "%ld of %ld enrolled approvers signed this request's statement (MG_SIGNER_APPROVERS: %.130s)",
+               count, need, rule);
   return 0;
 }
 
@@ -923,20 +928,18 @@ static int qtg_signerd_self_test(const qtg_keys *k, char *err, size_t errlen) {
 /* Keys that sign for every class (MG_SIGNER_KEY_CLASSES unset) make the
  * enrolment's lowest quorum the only one that holds: the approvers of a
  * request given the class with the fewest sign a statement the same keys
- * sign for.  Such a file is refused, at start and at a reload; keys bound
- * to their classes are the operator's own choice of what each key risks. */
+ * sign for.  So does a tier of one class (not *) that another class does
+ * not match for the same amounts (qtg_approvers_uneven).  Such a file is
+ * refused, at start and at a reload; keys bound to their classes are the
+ * operator's own choice of what each key risks. */
 static int qtg_signerd_check_unbound(const qtg_approvers *a, const char *key_classes, size_t nkeys,
                                      char *err, size_t errlen) {
-  int lowest, highest;
-  char low[96], high[96];
+  char why[300];
   if (a == NULL || nkeys == 0 || (key_classes != NULL && key_classes[0] != '\0')) return 0;
-  if (qtg_approvers_quorum_range(a, &lowest, &highest) == 0 || lowest == highest) return 0;
-  qtg_approvers_classes_at(a, lowest, low, sizeof low);
-  qtg_approvers_classes_at(a, highest, high, sizeof high);
-  snprintf(err, errlen, "MG_SIGNER_APPROVERS asks %d approvals for %s but %d for %s, and with "
-                        "MG_SIGNER_KEY_CLASSES unset every key signs for every class: a request of "
-                        "the class asking fewer gets the same keys; bind each key to its classes",
-           highest, high, lowest, low);
+  if (!qtg_approvers_uneven(a, why, sizeof why)) return 0;
+  snprintf(err, errlen, "MG_SIGNER_APPROVERS %s, and with MG_SIGNER_KEY_CLASSES unset every key "
+                        "signs for every class: a request of the class asking fewer gets the same "
+                        "keys; bind each key to its classes", why);
   return -1;
 }
 

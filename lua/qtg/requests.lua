@@ -318,7 +318,8 @@ function M.create(s, args, who)
     local frontier = state.roots(keys, nodes_db.load_graph(s, pv.id))
     -- signed approvals: at least the enrolment's quorum, whatever the policy allows
     local required = decision and decision.approvals or 1
-    required = math.max(required, signed.floor({ id = "(new)", network_class = network_class }))
+    required = math.max(required, (signed.floor(s, { id = "(new)", network_class = network_class,
+                                                     intent_json = canon.encode(args.intent) })))
     -- created_at and expires_at from one clock reading: the approval
     -- window is exactly MG_APPROVAL_TTL_SECONDS long
     local req = s:query([[
@@ -438,7 +439,7 @@ local function approve(s, id, p, comment, signature)
       now and "without the approve role or one of the rule's roles now" or "no enrolled operator or live API token")
   end
   signed.check_vote(s, req, actor, signature)
-  local required = math.max(tonumber(req.approvals_required) or 1, decision.approvals, signed.floor(req))
+  local required = math.max(tonumber(req.approvals_required) or 1, decision.approvals, (signed.floor(s, req)))
   s:query([[
     INSERT INTO request_approvals (request_id, principal, decision, comment, approval_digest, signature)
     VALUES ($1::uuid, $2, 'approve', $3, $4, $5)]], id, actor, type(comment) == "string" and comment or nil,

@@ -14,7 +14,9 @@
 --   statement(s, id)                -> the request's approval statement (nil: no enrolment)
 --   check_signature(sig)            -> sig, or raises invalid_input
 --   check_vote(s, req, actor, sig)  -> raises unless the vote will count
---   floor(req)                      -> the enrolment's quorum for req's class
+--   floor(s, req)                   -> the approvals the signer will ask of req at
+--                                      least: the enrolment's quorum for its class,
+--                                      raised by the tiers for its asset and amount
 --   count(s, req, votes)            -> the votes that count (one per person)
 --   same_person(a, b)               -> true when two principals are one enrolled person
 --   initiation_required()           -> true when the enrolment says 'initiation signed'
@@ -112,15 +114,36 @@ function M.check_signature(sig)
   return sig
 end
 
-function M.floor(req)
+-- The intent's asset and amount as the signer reads them (upper(intent->>
+-- 'asset'), intent->>'amount'): of the stored row, or of req.intent_json
+-- (the text a new request's row will hold).
+local function intent_facts(s, req)
+  local row
+  if req.intent_json then
+    row = s:query("SELECT upper($1::jsonb->>'asset') AS asset, $1::jsonb->>'amount' AS amount",
+      req.intent_json)[1]
+  else
+    row = s:query([[SELECT upper(intent->>'asset') AS asset, intent->>'amount' AS amount
+                      FROM movement_requests WHERE id = $1::uuid]], req.id)[1]
+  end
+  if not row then return nil, nil end
+  return type(row.asset) == "string" and row.asset or nil, type(row.amount) == "string" and row.amount or nil
+end
+
+-- floor(s, req): req = { id=, network_class= [, intent_json=] }; the count
+-- qtgd signer asks (qtg_approvers_quorum_for, one rule for both), and why.
+function M.floor(s, req)
   local e = M.enrolment()
   if not e then return 0 end
-  local n = e:quorum(req.network_class)
-  if n == nil then
+  if e:quorum(req.network_class) == nil then
     errors.raise("forbidden", "request %s: MG_SIGNER_APPROVERS names no quorum for network class %s: "
       .. "the signer signs nothing of it", req.id, tostring(req.network_class))
   end
-  return n
+  local n, why = e:quorum_for(req.network_class, intent_facts(s, req))
+  if n == nil then
+    errors.raise("forbidden", "request %s: %s: the signer signs nothing of it", req.id, why)
+  end
+  return n, why
 end
 
 function M.check_vote(s, req, actor, sig)

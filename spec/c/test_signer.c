@@ -768,6 +768,167 @@ static void test_approvers(void) {
   CHECK(&tc, qtg_approvers_load(path, &a, err, sizeof err) == -1 && strstr(err, "MG_SIGNER_APPROVERS"));
 }
 
+/* quorum CLASS|* N above AMOUNT ASSET: the count qtg_approvers_quorum_for
+ * gives (the one rule of the signer and the daemon), a malformed tier
+ * refused with its line, and what unbound keys make of a class's tier. */
+static int quorum_for(const qtg_approvers *a, const char *klass, const char *asset,
+                      const char *amount, char *why, size_t whylen) {
+  return qtg_approvers_quorum_for(a, klass, asset, amount, why, whylen);
+}
+
+static void test_approver_tiers(void) {
+  char why[300], err[512];
+  int lowest, highest;
+  qtg_approvers *a = enrolment(DEPLOY
+      "quorum mainnet 2\n"
+      "quorum * 1\n"
+      "quorum mainnet 3 above 1 ETH   # a tier\n"
+      "quorum mainnet 5 above 100.5 eth\n"
+      "quorum * 4 above 0.000000000000000001 wbtc\n");
+  CHECK(&tc, a != NULL);
+  if (a == NULL) return;
+  /* the base quorum stays the class's line */
+  CHECK(&tc, qtg_approvers_quorum(a, "mainnet") == 2 && qtg_approvers_quorum(a, "dev") == 1);
+  CHECK(&tc, quorum_for(a, "mainnet", "ETH", "0.5", why, sizeof why) == 2);
+  CHECK_STR(&tc, why, "quorum 2 for mainnet");
+  CHECK(&tc, quorum_for(a, "mainnet", "ETH", "1", why, sizeof why) == 2);           /* not above */
+  CHECK(&tc, quorum_for(a, "mainnet", "ETH", "1.000000000000000000", why, sizeof why) == 2);
+  CHECK(&tc, quorum_for(a, "mainnet", "ETH", "001", why, sizeof why) == 2);
+  CHECK(&tc, quorum_for(a, "mainnet", "ETH", "1.000000000000000001", why, sizeof why) == 3);
+  CHECK_STR(&tc, why, "quorum 3 for more than 1 ETH on mainnet");
+  CHECK(&tc, quorum_for(a, "mainnet", "eth", "2", why, sizeof why) == 3);           /* any case */
+  CHECK(&tc, quorum_for(a, "mainnet", "ETH", "100.5", why, sizeof why) == 3);
+  CHECK(&tc, quorum_for(a, "mainnet", "ETH", "100.51", why, sizeof why) == 5);
+  CHECK_STR(&tc, why, "quorum 5 for more than 100.5 ETH on mainnet");
+  CHECK(&tc, quorum_for(a, "dev", "ETH", "1000", why, sizeof why) == 1);            /* another class */
+  CHECK_STR(&tc, why, "quorum 1 for *");
+  CHECK(&tc, quorum_for(a, "mainnet", "USDC", "1000", why, sizeof why) == 2);       /* another asset */
+  CHECK(&tc, quorum_for(a, "mainnet", "ETHX", "1000", why, sizeof why) == 2);
+  CHECK(&tc, quorum_for(a, "mainnet", NULL, "1000", why, sizeof why) == 2);
+  CHECK(&tc, quorum_for(a, "dev", "WBTC", "0", why, sizeof why) == 1);
+  CHECK(&tc, quorum_for(a, "dev", "WBTC", "0.000000000000000002", why, sizeof why) == 4);
+  CHECK_STR(&tc, why, "quorum 4 for more than 0.000000000000000001 WBTC on any class");
+  CHECK(&tc, quorum_for(a, "mainnet", "WBTC", "7", why, sizeof why) == 4);
+  /* an amount that does not parse, where a tier could apply: refused (it
+   * may be above); where none could, the base quorum */
+  static const char *const unparsable[] = {"1e3", "-1", "+2", "2.", ".5", "1.0000000000000000001",
+                                           "", " 2", "2 ", "0x10", "1,5", "NaN", NULL};
+  for (int i = 0; unparsable[i]; i++) {
+    why[0] = '\0';
+    CHECK(&tc, quorum_for(a, "mainnet", "ETH", unparsable[i], why, sizeof why) == -1 &&
+                   strstr(why, "not a plain decimal") && strstr(why, "more than 1 ETH on mainnet"));
+    CHECK(&tc, quorum_for(a, "dev", "ETH", unparsable[i], why, sizeof why) == 1);
+  }
+  CHECK(&tc, quorum_for(a, "mainnet", "ETH", NULL, why, sizeof why) == -1);
+  /* 10^60 ETH: beyond 2^256 units of 10^-18 */
+  CHECK(&tc, quorum_for(a, "mainnet", "ETH", "1000000000000000000000000000000000000000000000000000000000000",
+                        why, sizeof why) == -1);
+  /* a class without a quorum */
+  qtg_approvers *only = enrolment(DEPLOY "quorum mainnet 2\nquorum mainnet 3 above 1 ETH\n");
+  CHECK(&tc, only != NULL && quorum_for(only, "dev", "ETH", "5", why, sizeof why) == -1 &&
+                 strstr(why, "no quorum for network class dev"));
+  CHECK(&tc, quorum_for(NULL, "dev", "ETH", "5", why, sizeof why) == -1);
+  /* the range: tiers count in the highest, never in the lowest */
+  CHECK(&tc, qtg_approvers_quorum_range(a, &lowest, &highest) == 5 && lowest == 1 && highest == 5);
+  CHECK(&tc, qtg_approvers_classes_at(a, 5, why, sizeof why) == 0);
+  /* with one class only, a tier of it is no difference between classes */
+  CHECK(&tc, only != NULL && qtg_approvers_uneven(only, why, sizeof why) == 0);
+  qtg_approvers_free(only);
+  CHECK(&tc, qtg_approvers_uneven(a, why, sizeof why) == 1 && strstr(why, "but 1 for *"));
+  qtg_approvers_free(a);
+
+  /* under keys for every class: a class's tier another class does not
+   * match at the same amounts is a difference; a tier of * is none */
+  static const struct { const char *text; int uneven; const char *why; } unbound[] = {
+      {"quorum * 2\nquorum * 3 above 1 ETH\n", 0, NULL},
+      {"quorum mainnet 2\nquorum * 2\nquorum * 3 above 1 ETH\n", 0, NULL},
+      {"quorum * 2\nquorum mainnet 3 above 1 ETH\n",
+       1, "asks 3 approvals for more than 1 ETH on mainnet (line 3) but 2 for *"},
+      {"quorum mainnet 2\nquorum * 2\nquorum mainnet 3 above 1 ETH\n", 1, "but 2 for *"},
+      {"quorum mainnet 2\nquorum dev 2\nquorum mainnet 3 above 1 ETH\nquorum dev 3 above 1 ETH\n", 0, NULL},
+      /* dev matches from a lower amount: no difference; from a higher one: one */
+      {"quorum mainnet 2\nquorum dev 2\nquorum mainnet 3 above 1 ETH\nquorum dev 3 above 0.5 ETH\n",
+       1, "asks 3 approvals for more than 0.5 ETH on dev (line 5) but 2 for mainnet"},
+      {"quorum mainnet 2\nquorum dev 2\nquorum mainnet 3 above 0.5 ETH\nquorum dev 3 above 0.5 ETH\n", 0, NULL},
+      {"quorum mainnet 2\nquorum dev 2\nquorum mainnet 3 above 1 ETH\nquorum dev 4 above 0.5 ETH\n"
+       "quorum mainnet 4 above 0.5 ETH\n", 0, NULL},
+      {"quorum mainnet 2\nquorum dev 2\nquorum mainnet 3 above 1 ETH\nquorum dev 3 above 1.5 ETH\n",
+       1, "but 2 for dev"},
+      {"quorum mainnet 2\nquorum dev 2\nquorum mainnet 3 above 1 ETH\nquorum dev 2 above 0.5 ETH\n",
+       1, "but 2 for dev"},
+      {"quorum mainnet 2\nquorum dev 2\nquorum mainnet 3 above 1 ETH\nquorum dev 3 above 1 USDC\n",
+       1, "but 2 for dev"},
+      {"quorum mainnet 2\nquorum dev 2\nquorum mainnet 3 above 1 ETH\nquorum * 4 above 1 ETH\n", 0, NULL},
+      {"quorum mainnet 3\nquorum dev 3\nquorum mainnet 3 above 1 ETH\n", 0, NULL},    /* raises nothing */
+      {"quorum mainnet 2\nquorum * 1\n", 1, "asks 2 approvals for mainnet but 1 for *"},
+      {NULL, 0, NULL}};
+  for (int i = 0; unbound[i].text; i++) {
+    char text[400];
+    snprintf(text, sizeof text, DEPLOY "%s", unbound[i].text);
+    a = enrolment(text);
+    why[0] = '\0';
+    int got = a != NULL ? qtg_approvers_uneven(a, why, sizeof why) : -1;
+    CHECK(&tc, got == unbound[i].uneven && (unbound[i].why == NULL || strstr(why, unbound[i].why)));
+    if (got != unbound[i].uneven) fprintf(stderr, "  uneven %d (%s): %s\n", got, why, unbound[i].text);
+    qtg_approvers_free(a);
+  }
+
+  /* malformed tiers: refused, naming their line (line 3: after DEPLOY and
+   * the base quorum) */
+  static const char *const bad[] = {
+      "quorum mainnet 3 above 1\n",                                 /* no asset */
+      "quorum mainnet 3 above\n",                                   /* no amount nor asset */
+      "quorum mainnet 3 above 1e3 ETH\n",
+      "quorum mainnet 3 above -1 ETH\n",
+      "quorum mainnet 3 above +1 ETH\n",
+      "quorum mainnet 3 above 1.0000000000000000001 ETH\n",        /* 19 decimals */
+      "quorum mainnet 3 above 1. ETH\n",
+      "quorum mainnet 3 above .5 ETH\n",
+      "quorum mainnet 3 above 1.2.3 ETH\n",
+      "quorum mainnet 3 above 0x10 ETH\n",
+      "quorum mainnet 3 above 1 E-TH\n",                            /* not [A-Za-z0-9] */
+      "quorum mainnet 3 above 1 ABCDEFGHIJKLMNOPQ\n",               /* 17 characters */
+      "quorum mainnet 101 above 1 ETH\n",                           /* N out of 0..100 */
+      "quorum mainnet -1 above 1 ETH\n",
+      "quorum mainnet 2x above 1 ETH\n",
+      "quorum mainnet 3 above above 1 ETH\n",                       /* above twice */
+      "quorum mainnet 3 above 1 above\n",
+      "quorum mainnet 3 above 1 ETH extra\n",                       /* extra words */
+      "quorum mainnet 3 above 1 ETH extra words\n",
+      "quorum mainnet 3 over 1 ETH\n",
+      "quorum mainnet 3 ABOVE 1 ETH\n",
+      "quorum mainnet 3 1 ETH\n",
+      "quorum Mainnet 3 above 1 ETH\n",
+      "quorum mainnet 3 above 1 ETH\nquorum mainnet 4 above 1.0 eth\n", /* given twice: line 4 */
+      "quorum dev 3 above 1 ETH\n",                                 /* no quorum for dev nor * */
+      "quorum mainnet 3 above 1000000000000000000000000000000000000000000000000000000000000000 ETH\n",
+      NULL};
+  for (int i = 0; bad[i]; i++) {
+    char text[400], want[16];
+    snprintf(text, sizeof text, DEPLOY "quorum mainnet 2\n%s", bad[i]);
+    snprintf(want, sizeof want, "line %d:", strstr(bad[i], "\nquorum") ? 4 : 3);   /* the second line */
+    err[0] = '\0';
+    a = NULL;
+    int rc = qtg_approvers_parse(text, strlen(text), &a, err, sizeof err);
+    CHECK(&tc, rc == -1 && a == NULL && strncmp(err, want, strlen(want)) == 0);
+    if (rc == 0 || strncmp(err, want, strlen(want)) != 0)
+      fprintf(stderr, "  tier: %s -> %s\n", bad[i], rc ? err : "accepted");
+    qtg_approvers_free(a);
+  }
+  /* a tier of * raises every class with a quorum, a `quorum *` line or not */
+  a = enrolment(DEPLOY "quorum mainnet 2\nquorum dev 1\nquorum * 3 above 1 ETH\n");
+  CHECK(&tc, a != NULL && quorum_for(a, "mainnet", "ETH", "2", why, sizeof why) == 3 &&
+                 quorum_for(a, "dev", "ETH", "2", why, sizeof why) == 3 &&
+                 quorum_for(a, "other", "ETH", "2", why, sizeof why) == -1);
+  qtg_approvers_free(a);
+  /* the limits: 0 and 100, 18 decimals, 16 characters, a tier before its base line */
+  a = enrolment(DEPLOY "quorum mainnet 0 above 0 ETH\nquorum mainnet 100 above 0.123456789012345678 "
+                       "ABCDEFGHIJKLMNOP\nquorum mainnet 1\n");
+  CHECK(&tc, a != NULL && quorum_for(a, "mainnet", "abcdefghijklmnop", "1", why, sizeof why) == 100 &&
+                 quorum_for(a, "mainnet", "ETH", "1", why, sizeof why) == 1);
+  qtg_approvers_free(a);
+}
+
 int main(void) {
   secp256k1_context *ctx;
   snprintf(tmpdir, sizeof tmpdir, "%s/qtg-test-signer-XXXXXX",
@@ -782,6 +943,7 @@ int main(void) {
   test_lua();
   test_proto();
   test_approvers();
+  test_approver_tiers();
   qtg_signer_context_free(ctx);
   {
     char cmd[300];

@@ -25,7 +25,13 @@
 --   * signed approvals (MG_SIGNER_APPROVERS): every vote row a runtime-role
 --     forger could write is not counted, the enrolment's quorum holds over
 --     the request's, and end to end one signed vote where two are enrolled
---     moves nothing while two move the ETH.
+--     moves nothing while two move the ETH;
+--   * amount tiers (quorum CLASS N above AMOUNT ASSET): the signer asks a
+--     tier's count of a request above it whatever approvals_required (forged
+--     to 1 as qtg_runtime) says, never at or below the amount nor for
+--     another asset, refuses an amount it cannot compare, and refuses at
+--     start a class's tier under keys bound to no class; the daemon keeps
+--     such a request PENDING_APPROVAL until the tier's count.
 local qtg = require "qtg"
 local cjson = require "cjson"
 local common = require "spec.lua.support.common"
@@ -700,6 +706,147 @@ c.sendall(b"KEYS\n"); print(c.makefile().readline().strip())' ]]
     sup.host.stop(one)
     assert.equal(0, sup.log_count(h, "gives quorum 1"))
     os.execute("rm -rf " .. common.quote(kd))
+  end)
+
+  -- Amount tiers (`quorum CLASS N above AMOUNT ASSET`) are the signer's
+  -- own: approvals_required is a row the daemon's role writes, so a
+  -- policy that asks 3 above 1 ETH binds a compromised daemon only when
+  -- the enrolment says it too.  Each request here is forged as qtg_runtime
+  -- down to approvals_required = 1, then APPROVED with signed votes.
+  it("asks a tier's count above its amount itself, whatever approvals_required says", function()
+    local keys = "sa=" .. sup.key_file(dir, "sa", DEV[1].key)
+    local class = new_class()
+    local more = { ("quorum %s 3 above 1 ETH"):format(class) }
+    local e = approvers({ { "alice" }, { "bob" }, { "carol" } }, { [class] = 1 }, more)
+    local key = e.key
+    local nonce = 1100
+    -- a request of `amount` ETH (its intent's amount then rewritten to
+    -- `written`, when given), forged down to one approval, with the signed
+    -- votes of `voters`, APPROVED; the request, its sign() and vote(who)
+    local function forged(amount, voters, written)
+      local dest = sup.random_address()
+      local req = engine.create(s, "sign_t_a", { intent = intent(dest, amount), callback_url = false })
+      engine.move_class(s, req.id, class)
+      if written then
+        common.unfrozen(s, [[UPDATE movement_requests SET intent = jsonb_set(intent, '{amount}', to_jsonb($2::text))
+                              WHERE id = $1::uuid]], req.id, written)
+      end
+      must_as_runtime([[UPDATE movement_requests r SET approval_digest = qtg_approval_digest(r),
+                          approvals_required = 1 WHERE id = $1::uuid]], req.id)
+      assert.equal(1, engine.request(s, req.id).approvals_required)
+      local st = statement(req.id)
+      local function vote(who) signed_vote(req.id, "operator:" .. who, sup.host.approver_sign(key[who], st)) end
+      for _, who in ipairs(voters) do vote(who) end
+      local node = approved_as_runtime(req.id)
+      nonce = nonce + 1
+      local wei = s:query("SELECT ($1::numeric * 1000000000000000000)::numeric(78,0)::text AS w", amount)[1].w
+      local p = payload({ to = dest, nonce = nonce, value = wei })
+      reserve(node.id, DEV[1].address, nonce, p.signing_hash)
+      return req, function()
+        return qtg.signer.sign("sa", { request_id = req.id, request_node_id = node.id,
+          attempt_no = 1, payload = p.payload, payload_hash = p.signing_hash })
+      end, vote
+    end
+    local function refused(sign, code, text)
+      local sig, err = sign()
+      assert.is_nil(sig, code)
+      assert.equal(code, err.code, tostring(err.message))
+      assert.truthy(err.message:find(text, 1, true), err.message)
+    end
+    local function last_event(req)
+      local ev = events_of(req.id)
+      return ev[#ev]
+    end
+    -- unbound keys: a tier of one class that no other class matches would
+    -- hold for nothing (the daemon names the class); refused at start
+    local star = approvers({ { "alice" } }, { ["*"] = 1 }, more)
+    local refused_start = sup.host.start(sup.run_env("unused", { MG_SIGNER_KEYS = keys,
+      MG_SIGNER_SOCKET = dir .. "/tier-unbound.sock", MG_SIGNER_APPROVERS = star.path }), { "signer" })
+    assert.equal(1, sup.host.wait_exit(refused_start, 30))
+    local log = sup.host.read(refused_start.log) or ""
+    assert.truthy(log:find("asks 3 approvals for more than 1 ETH on " .. class, 1, true), log)
+    os.execute("rm -rf " .. common.quote(star.dir))
+    local h = start_local_signer(keys, { MG_SIGNER_APPROVERS = e.path })
+    -- 2 ETH, two signatures: the tier's 3, not the row's 1
+    local big, sign_big, vote_big = forged("2", { "alice", "bob" })
+    local rule = "quorum 3 for more than 1 ETH on " .. class
+    refused(sign_big, "APPROVALS_INCOMPLETE", "2 of 3 enrolled approvers")
+    local ev = last_event(big)
+    assert.same({ "refused", "APPROVALS_INCOMPLETE" }, { ev.decision, ev.code })
+    assert.truthy(ev.reason:find(rule, 1, true), ev.reason)
+    -- the third signature: signed
+    vote_big("carol")
+    local sig, err = sign_big()
+    assert.truthy(sig, err and err.message)
+    assert.same({ "granted", "GRANTED" }, { last_event(big).decision, last_event(big).code })
+    -- 0.5 ETH and exactly 1 ETH (not above it): the base quorum, one signature
+    for _, amount in ipairs({ "0.5", "1", "1.000000000000000000" }) do
+      local req, sign = forged(amount, { "alice" })
+      sig, err = sign()
+      assert.truthy(sig, amount .. ": " .. tostring(err and err.message))
+      assert.equal("granted", last_event(req).decision)
+    end
+    -- one wei above 1 ETH: the tier
+    local edge, sign_edge = forged("1.000000000000000001", { "alice", "bob" })
+    refused(sign_edge, "APPROVALS_INCOMPLETE", "2 of 3 enrolled approvers")
+    assert.equal("refused", last_event(edge).decision)
+    -- an amount the tier cannot be compared with: refused, whatever signed
+    local odd, sign_odd = forged("2", { "alice", "bob", "carol" }, "2e0")
+    refused(sign_odd, "APPROVALS_INCOMPLETE", "not a plain decimal")
+    assert.truthy(last_event(odd).reason:find(rule, 1, true), last_event(odd).reason)
+    -- a tier for another asset leaves ETH alone (a reload, not a restart)
+    more[1] = ("quorum %s 3 above 1 USDC"):format(class)
+    local before = sup.log_count(h, "signer: reload")
+    e.write({ [class] = 1 })
+    assert.is_true(common.signal(h, "HUP"))
+    common.wait_for(function() return sup.log_count(h, "signer: reload") > before end, 30, "the signer's reload")
+    assert.equal(0, sup.log_count(h, "nothing is signed until"))
+    local other, sign_other = forged("2", { "alice" })
+    sig, err = sign_other()
+    assert.truthy(sig, err and err.message)
+    assert.equal("granted", last_event(other).decision)
+    os.execute("rm -rf " .. common.quote(e.dir))
+  end)
+
+  -- The daemon asks the same count of the same file (qtg.approvers:
+  -- quorum_for, the signer's C function): a request above a tier is not
+  -- APPROVED before the signer would sign it.
+  it("keeps a request above a tier PENDING_APPROVAL until the tier's count of signed votes", function()
+    local requests = require "qtg.requests"
+    local class = qtg.settings.network_class
+    local e = approvers({ { "alice", "console:spec-tier-alice" }, { "bob", "console:spec-tier-bob" },
+                          { "carol", "console:spec-tier-carol" } }, { [class] = 1 },
+                        { ("quorum %s 3 above 1 eth"):format(class) })
+    local old = qtg.settings.signer_approvers
+    rawset(qtg.settings, "signer_approvers", e.path)
+    local ok, why = pcall(function()
+      local function approve(req, who)
+        return requests.approve(s, req.id, "console:spec-tier-" .. who, nil,
+          sup.host.approver_sign(e.key[who], statement(req.id)))
+      end
+      local big = engine.create(s, "sign_t_a", { intent = intent(sup.random_address(), "2"), callback_url = false })
+      assert.equal(3, big.approvals_required)    -- the policy asks 1; the tier 3
+      assert.equal("PENDING_APPROVAL", approve(big, "alice").request_state)
+      assert.equal("PENDING_APPROVAL", approve(big, "bob").request_state)
+      assert.equal(1, requests.approval_status(s, big.id).still_needed)
+      assert.equal("APPROVED", approve(big, "carol").request_state)
+      -- at the tier's amount, and of another asset: the base quorum
+      local small = engine.create(s, "sign_t_a", { intent = intent(sup.random_address(), "1"), callback_url = false })
+      assert.equal(1, small.approvals_required)
+      assert.equal("APPROVED", approve(small, "alice").request_state)
+      local usdc = intent(sup.random_address(), "2")
+      usdc.asset = "USDC"
+      local other = engine.create(s, "sign_t_a", { intent = usdc, callback_url = false })
+      assert.equal(1, other.approvals_required)
+      -- a row forged down to 1 while it waits: the next vote asks the tier again
+      local again = engine.create(s, "sign_t_a", { intent = intent(sup.random_address(), "5"), callback_url = false })
+      must_as_runtime("UPDATE movement_requests SET approvals_required = 1 WHERE id = $1::uuid", again.id)
+      local r = approve(again, "alice")
+      assert.same({ "PENDING_APPROVAL", 3 }, { r.request_state, r.approvals_required })
+    end)
+    rawset(qtg.settings, "signer_approvers", old)
+    os.execute("rm -rf " .. common.quote(e.dir))
+    assert(ok, why)
   end)
 
   -- What a plan node does is in the plan digest the approvers signed (its
