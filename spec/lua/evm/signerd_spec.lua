@@ -419,7 +419,7 @@ describe("qtgd signer", function()
     assert.equal(AMOUNT_WEI, sup.balance(anvil.url, b))
     assert.equal(n0 + 1, sup.nonce(anvil.url, DEV[2].address))
     assert.truthy((sup.host.read(h.signer.log) or ""):find("2 approvers enrolled", 1, true))
-    os.execute("rm -rf " .. common.quote(kd))
+    os.execute("rm -rf " .. common.quote(e.dir))
   end)
 
   -- every readable mapping of pid, as one string per region (nil when a
