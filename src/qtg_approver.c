@@ -6,6 +6,7 @@
  *   qtgd approver public FILE  print FILE's public key again
  *   qtgd approver sign FILE [DOCUMENT PLAN] [--request UUID]
  *                      [--deployment NAME] [--class NAME]
+ *                      [--kind approval|initiation]
  *                              read one approval (or initiation) statement
  *                              on stdin, show it on stderr, print its
  *                              signature (128 hex);
@@ -22,9 +23,13 @@
  *                              twin request (the same intent, so the same
  *                              digest) is refused.  Without --request it
  *                              signs, and warns that the request id was not
- *                              confirmed.  The flags go anywhere after
- *                              `sign`; a usage error exits 2, a refusal 1,
- *                              neither printing a signature.
+ *                              confirmed.  With --kind, sign only a
+ *                              statement of that kind: the same key signs
+ *                              a person's approvals and, as a request's
+ *                              maker, its initiation.  The flags go
+ *                              anywhere after `sign`; a usage error exits
+ *                              2, a refusal 1, neither printing a
+ *                              signature.
  *
  * The statement comes from the request (the API's and the console's
  * approval_statement, or the initiation_statement its maker signs: a
@@ -51,11 +56,13 @@
 static const char qtg_approver_usage[] =
     "usage: qtgd approver key FILE | public FILE\n"
     "       qtgd approver sign FILE [DOCUMENT PLAN] [--request UUID] [--deployment NAME]\n"
-    "                          [--class NAME] < statement\n"
+    "                          [--class NAME] [--kind approval|initiation] < statement\n"
     "  --request UUID    sign only if the statement is for this request (the id from\n"
     "                    your own records: a lowercase uuid)\n"
     "  --deployment NAME, --class NAME\n"
-    "                    sign only if the statement names this deployment, this class\n";
+    "                    sign only if the statement names this deployment, this class\n"
+    "  --kind approval|initiation\n"
+    "                    sign only a statement of this kind\n";
 
 enum { QTG_APPROVER_TEXT_MAX = 1 << 20 };
 
@@ -221,6 +228,7 @@ static const char *const qtg_confirm_form[QTG_CONFIRM_LINES] = {
 typedef struct {
   const char *key, *document, *plan;
   const char *expect[QTG_CONFIRM_LINES];
+  int kind;                     /* --kind: the statement kind, -1 when not given */
 } qtg_approver_sign_args;
 
 /* 0 when value is of the form of line `which` in a statement (a uuid in
@@ -251,9 +259,23 @@ static int qtg_approver_usage_error(const char *what, const char *arg) {
 
 /* One --WORD VALUE at argv[*i] into args; -1 (usage said) when WORD is
  * none of the lines, or the value is missing, given twice or malformed. */
+/* --kind approval|initiation into args->kind. */
+static int qtg_approver_kind_flag(const char *flag, const char *value, qtg_approver_sign_args *args) {
+  if (args->kind >= 0) return qtg_approver_usage_error("given twice:", flag);
+  for (int k = 0; k < 2; k++)
+    if (strcmp(value, qtg_statement_kind_name[k]) == 0) args->kind = k;
+  if (args->kind < 0) return qtg_approver_usage_error("--kind takes approval or initiation, not", value);
+  return 0;
+}
+
 static int qtg_approver_sign_flag(int argc, char **argv, int *i, qtg_approver_sign_args *args) {
   const char *flag = argv[*i];
   int which = -1;
+  if (strcmp(flag, "--kind") == 0) {
+    if (*i + 1 >= argc || strncmp(argv[*i + 1], "--", 2) == 0)
+      return qtg_approver_usage_error("a value is missing after", flag);
+    return qtg_approver_kind_flag(flag, argv[++*i], args);
+  }
   for (int w = 0; w < QTG_CONFIRM_LINES; w++)
     if (strncmp(flag, "--", 2) == 0 && strcmp(flag + 2, qtg_confirm_word[w]) == 0) which = w;
   if (which < 0) return qtg_approver_usage_error("unknown option", flag);
@@ -272,6 +294,7 @@ static int qtg_approver_sign_parse(int argc, char **argv, qtg_approver_sign_args
   const char *pos[3];
   int npos = 0;
   memset(args, 0, sizeof *args);
+  args->kind = -1;
   for (int i = 1; i < argc; i++) {
     if (argv[i][0] == '-' && argv[i][1] != '\0') {
       if (qtg_approver_sign_flag(argc, argv, &i, args) != 0) return -1;
@@ -328,9 +351,10 @@ static int qtg_approver_confirm(const char *text, const char *const expect[QTG_C
 
 /* The last lines on stderr: which request the signature is for, and
  * whether its id was confirmed (--request) or is the daemon's word. */
-static void qtg_approver_summary(const char *text, int kind, const char *const expect[QTG_CONFIRM_LINES]) {
+static void qtg_approver_summary(const char *text, int kind, const qtg_approver_sign_args *args) {
   static const int order[QTG_CONFIRM_LINES] = {QTG_CONFIRM_REQUEST, QTG_CONFIRM_CLASS, QTG_CONFIRM_DEPLOYMENT};
-  fprintf(stderr, "==> %s statement for", qtg_statement_kind_name[kind]);
+  const char *const *expect = args->expect;
+  fprintf(stderr, "==> %s statement%s for", qtg_statement_kind_name[kind], args->kind >= 0 ? " (confirmed)" : "");
   for (int i = 0; i < QTG_CONFIRM_LINES; i++) {
     size_t len;
     const char *got = qtg_statement_line(text, qtg_confirm_word[order[i]], &len);
@@ -371,6 +395,11 @@ static int qtg_approver_sign_stdin(const uint8_t secret[QTG_APPROVER_SECRET_LEN]
     return 1;
   }
   text[len] = '\0';
+  if (args->kind >= 0 && args->kind != kind) {
+    fprintf(stderr, "qtgd approver: not signed: this is an %s statement, and --kind says %s\n",
+            qtg_statement_kind_name[kind], qtg_statement_kind_name[args->kind]);
+    return 1;
+  }
   if (qtg_approver_confirm(text, args->expect) != 0) return 1;
   if (args->document != NULL && (qtg_approver_check_text(text, "digest", args->document) != 0 ||
                                  qtg_approver_check_text(text, "plan", args->plan) != 0))
@@ -383,7 +412,7 @@ static int qtg_approver_sign_stdin(const uint8_t secret[QTG_APPROVER_SECRET_LEN]
   }
   qtg_hex_encode(sig, sizeof sig, hex);
   fprintf(stderr, "signed:\n%.*s", (int)len, text);
-  qtg_approver_summary(text, kind, args->expect);
+  qtg_approver_summary(text, kind, args);
   if (printf("%s\n", hex) < 0 || fflush(stdout) != 0) {
     fprintf(stderr, "qtgd approver: cannot write the signature: %s\n", strerror(errno));
     return 1;

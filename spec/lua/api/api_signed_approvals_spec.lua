@@ -17,6 +17,8 @@
 --     digest, the same texts) is refused, as is another deployment or
 --     class given with --deployment, --class; bad flags are usage errors;
 --     without --request it signs and warns that the id was not confirmed.
+--     --kind approval refuses the request's initiation statement (the same
+--     key signs both).
 -- `qtgd signer` applies the same rule to the same file: signerd_spec.
 local api, common, host
 local d, doc, keydir
@@ -218,6 +220,18 @@ describe("signed approvals through the API", function()
     rc, out, err = sign_with(initiation, { key.alice, "--request", twin })
     assert.equal(1, rc, err)
     assert.equal("", out)
+    -- --kind: an approver who asks to sign an approval is not given the
+    -- request's initiation to sign (the same key makes them its maker)
+    rc, out, err = sign_with(initiation, { key.alice, "--kind", "approval", "--request", id })
+    assert.equal(1, rc, err)
+    assert.equal("", out)
+    assert.truthy(err:find("this is an initiation statement, and --kind says approval", 1, true), err)
+    rc, out, err = sign_with(st, { "--kind", "approval", key.alice, "--request", id })
+    assert.equal(0, rc, err)
+    assert.truthy(err:find("==> approval statement (confirmed) for request " .. id .. " (confirmed)", 1, true), err)
+    rc, out, err = sign_with(st, { key.alice, "--kind", "initiation" })
+    assert.equal(1, rc, err)
+    assert.equal("", out)
     -- usage errors (exit 2, no signature): unknown flags, a missing value,
     -- a flag twice, a request id that is not a lowercase uuid
     for _, c in ipairs({
@@ -236,6 +250,9 @@ describe("signed approvals through the API", function()
       { { key.alice, "--class", "Main" }, "--class takes a network class" },
       { { key.alice, document, "--request", id }, "DOCUMENT needs its PLAN" },
       { { "--request", id }, "needs a key FILE" },
+      { { key.alice, "--kind", "approvals" }, "--kind takes approval or initiation, not 'approvals'" },
+      { { key.alice, "--kind" }, "a value is missing after '--kind'" },
+      { { key.alice, "--kind", "approval", "--kind", "approval" }, "given twice: '--kind'" },
     }) do
       rc, out, err = sign_with(st, c[1])
       assert.equal(2, rc, c[2] .. ": " .. err)
