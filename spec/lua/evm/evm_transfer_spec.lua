@@ -108,6 +108,17 @@ end
 
 local function in_flight(n) return n.node_state == "SUBMITTED" or n.node_state == "OBSERVING" end
 
+-- retry_in(class, request_id, node_id): an operator of `class` retries the
+-- node (qtg.requests acts on this process's network class only: the
+-- request visits it for the retry, then goes back)
+local function retry_in(class, request_id, node_id)
+  sup.engine.unfrozen(s, "UPDATE movement_requests SET network_class = $2 WHERE id = $1::uuid",
+    request_id, qtg.settings.network_class)
+  local ok, err = pcall(require("qtg.requests").retry, s, node_id, ACTOR)
+  engine.move_class(s, request_id, class)
+  assert(ok, tostring(err))
+end
+
 -- fn() with anvil mining no blocks (transactions stay pending); blocks
 -- come again, and cleanup() runs, afterwards whatever fn did
 local function without_blocks(fn, cleanup)
@@ -594,11 +605,7 @@ describe("evm_transfer on a real anvil chain", function()
     assert.equal(n0, sup.nonce(anvil.url, sender))
     -- the operator fills the nonce; the retry goes out at the next one
     take(sender, n0)
-    sup.engine.unfrozen(s, "UPDATE movement_requests SET network_class = $2 WHERE id = $1::uuid",
-      req.id, qtg.settings.network_class)
-    local rok, rerr = pcall(require("qtg.requests").retry, s, node.id, ACTOR)
-    engine.move_class(s, req.id, class)
-    assert(rok, tostring(rerr))
+    retry_in(class, req.id, node.id)
     sup.wait_states(s, { req.id }, { COMPLETED = true, FAILED = true, MANUAL_INTERVENTION = true }, 60, { h })
     assert.equal("COMPLETED", sup.request(s, req.id).request_state, sup.detail(s, req.id))
     assert.equal(n0 + 1, sup.reservations(s, transfer_node(req.id).id)[1].nonce)
@@ -715,13 +722,7 @@ describe("evm_transfer on a real anvil chain", function()
     local poor_addr = poor.error_detail:match("(0x%x+) holds")
     assert.truthy(poor_addr, poor.error_detail)
     sup.rpc(anvil.url, "anvil_setBalance", { poor_addr, "0x8ac7230489e80000" })   -- 10 ETH
-    -- (qtg.requests acts on this process's network class only: the request
-    -- visits it for the retry, as if an operator of that class did it)
-    sup.engine.unfrozen(s, "UPDATE movement_requests SET network_class = $2 WHERE id = $1::uuid",
-      ids.unfunded, qtg.settings.network_class)
-    local rok, rerr = pcall(require("qtg.requests").retry, s, poor.id, ACTOR)
-    engine.move_class(s, ids.unfunded, class)
-    assert(rok, tostring(rerr))
+    retry_in(class, ids.unfunded, poor.id)
     sup.wait_states(s, { ids.unfunded }, { COMPLETED = true, FAILED = true, MANUAL_INTERVENTION = true }, 60, { h })
     assert.equal("COMPLETED", sup.request(s, ids.unfunded).request_state, sup.detail(s, ids.unfunded))
     assert.equal(2, transfer_node(ids.unfunded).attempt_no)
