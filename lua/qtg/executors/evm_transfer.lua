@@ -478,6 +478,26 @@ local function poll(config)
   return (config and config.poll_seconds) or M.POLL_SECONDS
 end
 
+-- taken(row, st, waiting, cfg) -> the answer to a look that reads the
+-- row's nonce as taken (st: chain_status's): FAILED EVM_NONCE_TAKEN once the
+-- verdict holds (qtg.evm_nonces.look_taken), else the node waits in
+-- `waiting`, its side effect kept, and is looked at again.
+local function taken(row, st, waiting, cfg)
+  local final, how = nonces.look_taken(row.id)
+  local what = string.format("nonce %d of %s on chain %d was used by another transaction (chain count %d) "
+    .. "and the RPC has no trace of %s", row.nonce, row.address, row.chain_id, st.count, row.tx_hash)
+  if final then
+    local why = string.format("%s: it can never be mined (%s)", what, how)
+    nonces.surface(row.id, why, "nonce_taken")
+    return { status = "FAILED", provider_refs = transfer_refs(row), error_code = "EVM_NONCE_TAKEN",
+             error_detail = why }
+  end
+  return { status = waiting, side_effect = true, provider_refs = transfer_refs(row),
+           error_code = "EVM_NONCE_TAKEN_UNCONFIRMED", error_detail = string.format(
+             "as the RPC reads it, %s; not final: a lagging node answers the same for a mined transaction (%s)",
+             what, how), retry_after_seconds = poll(cfg) }
+end
+
 function M.submit(ctx, submission)
   local cfg = ctx.node_config or {}
   if ctx.action_type ~= M.TRANSFER then
@@ -530,26 +550,6 @@ local function transfer_row(octx)
     local row = type(refs.tx_hash) == "string" and nonces.by_tx_hash(s, refs.tx_hash) or nil
     return row or nonces.for_node(s, octx.request_node_id)
   end)
-end
-
--- taken(row, st, waiting, cfg) -> the answer to a look that reads the
--- row's nonce as taken (st: chain_status's): FAILED EVM_NONCE_TAKEN once the
--- verdict holds (qtg.evm_nonces.look_taken), else the node waits in
--- `waiting`, its side effect kept, and is looked at again.
-local function taken(row, st, waiting, cfg)
-  local final, how = nonces.look_taken(row.id)
-  local what = string.format("nonce %d of %s on chain %d was used by another transaction (chain count %d) "
-    .. "and the RPC has no trace of %s", row.nonce, row.address, row.chain_id, st.count, row.tx_hash)
-  if final then
-    local why = string.format("%s: it can never be mined (%s)", what, how)
-    nonces.surface(row.id, why, "nonce_taken")
-    return { status = "FAILED", provider_refs = transfer_refs(row), error_code = "EVM_NONCE_TAKEN",
-             error_detail = why }
-  end
-  return { status = waiting, side_effect = true, provider_refs = transfer_refs(row),
-           error_code = "EVM_NONCE_TAKEN_UNCONFIRMED", error_detail = string.format(
-             "as the RPC reads it, %s; not final: a lagging node answers the same for a mined transaction (%s)",
-             what, how), retry_after_seconds = poll(cfg) }
 end
 
 -- settle(url, row, pending_status) -> an observe/recover answer from the
