@@ -218,6 +218,21 @@ local function mined(s, row, owner, url, receipt, latest)
     reason = reason, reverted = reverted })
 end
 
+-- taken_held(s, row, owner, latest) -> what, how once the row's nonce has
+-- read as taken (the chain's count past it, no receipt for its hash) long
+-- enough (qtg.evm_nonces.look_taken); before that the look is noted on the
+-- row (lease dropped) and nil returned.  The stale and watched arms share it.
+local function taken_held(s, row, owner, latest)
+  local final, how = nonces.look_taken(row.id, s)
+  local what = string.format("the chain's count (%d) has passed nonce %d and the node has no receipt for %s",
+    latest, row.nonce, row.tx_hash)
+  if not final then
+    note(s, row, owner, what .. ": " .. how)
+    return nil
+  end
+  return what, how
+end
+
 -- A surfaced row's signed bytes (docs/evm.md "Surfaced bytes are watched"):
 -- while their nonce is free anyone holding them can have them mined, so
 -- they are looked at until the chain has used the nonce for another
@@ -231,10 +246,8 @@ local function watch(s, row, owner, url, latest)
     return note(s, row, owner, string.format("surfaced, and nonce %d is still free: the signed bytes of %s can "
       .. "still be mined by whoever holds them; fill the nonce (docs/evm.md)", row.nonce, row.tx_hash))
   end
-  local final, how = nonces.look_taken(row.id, s)
-  local what = string.format("the chain's count (%d) has passed nonce %d and the node has no receipt for %s",
-    latest, row.nonce, row.tx_hash)
-  if not final then return note(s, row, owner, what .. ": " .. how) end
+  local what, how = taken_held(s, row, owner, latest)
+  if not what then return end
   s:query(M.DEAD_SQL, row.id, clip(what .. ": these bytes can never be mined (" .. how .. ")"), owner)
   qtg.log.info("surfaced reservation's bytes dead", log_fields(row, { how = how }))
 end
@@ -244,11 +257,8 @@ local function reconcile_signed(s, row, owner, url, latest)
   if receipt == nil then return note(s, row, owner, "eth_getTransactionReceipt: " .. tostring(rerr)) end
   if receipt then return mined(s, row, owner, url, receipt, latest) end
   if row.nonce < latest then
-    local final, how = nonces.look_taken(row.id, s)
-    if not final then
-      return note(s, row, owner, "the chain's count (" .. latest .. ") has passed this nonce and the node has no "
-        .. "receipt for " .. row.tx_hash .. ": " .. how)
-    end
+    local what, how = taken_held(s, row, owner, latest)
+    if not what then return end
     return settle(s, row, owner, "surfaced", { latest = latest,
       reason = "the chain used this nonce for another transaction; " .. row.tx_hash .. " will never be mined ("
         .. how .. ")" })
