@@ -352,10 +352,12 @@ static const char lua_signer_spec[] =
     "return 'done'\n";
 
 static void test_lua(void) {
-  char keys_env[1200];
+  char keys_env[1200], socket_env[320];
+  /* a socket of its own, where nothing listens: a signer that another test
+   * runs at the default path must not answer this one */
   const char *env[] = {"MG_DATABASE_URL=postgresql://127.0.0.1:1/unused",
                        "MG_CONSOLE_ENABLED=false", "MG_WORKERS_ENABLED=false",
-                       "MG_LOG_LEVEL=error", keys_env, NULL};
+                       "MG_LOG_LEVEL=error", keys_env, socket_env, NULL};
   const char *root = getenv("QTG_ROOT");
   qtg_settings s;
   qtg_host h;
@@ -366,6 +368,7 @@ static void test_lua(void) {
   write_file(key_path("lua-k46.key"), KEY46, 0600);
   snprintf(keys_env, sizeof keys_env, "MG_SIGNER_KEYS=hot=%s,k46=%s", key_path("lua-hot.key"),
            key_path("lua-k46.key"));
+  snprintf(socket_env, sizeof socket_env, "MG_SIGNER_SOCKET=%s", key_path("signer.sock"));
   memset(&s, 0, sizeof s);
   if (qtg_settings_load(&s, qtg_test_env_lookup, env, err, sizeof err) != 0 ||
       qtg_host_init(&h, &s, root ? root : QTG_SOURCE_DIR) != 0) {
