@@ -27,15 +27,25 @@
 -- The lookup has a deadline (glibc's resolver has none a caller can give:
 -- a DNS server that does not answer holds it for tens of seconds): the
 -- delivery's timeout (MG_CALLBACK_TIMEOUT_SECONDS) at delivery,
--- CHECK_RESOLVE_SECONDS at creation.  A lookup past it does not resolve,
+-- CHECK_RESOLVE_SECONDS at creation, or half the API request's own
+-- timeout (MG_API_REQUEST_TIMEOUT_SECONDS) when that is shorter, so that
+-- the client gets the refusal rather than a 503.  A lookup past it does not resolve,
 -- like a name without an answer: the attempt fails (retried), the
 -- creation is refused.
 local qtg = require "qtg"
 
 local M = {}
 
--- Seconds the name lookup of check (at the request's creation) may take.
+-- Seconds the name lookup of check (at the request's creation) may take
+-- at most (check_seconds).
 M.CHECK_RESOLVE_SECONDS = 10
+
+-- check_seconds() -> the deadline of check's lookup: CHECK_RESOLVE_SECONDS,
+-- or half the API request's timeout when that is shorter (the other half
+-- is left to the rest of the request).
+function M.check_seconds()
+  return math.min(M.CHECK_RESOLVE_SECONDS, qtg.settings.api_request_timeout_seconds / 2)
+end
 
 -- Dotted decimal only: four numbers 0-255 without leading zeros (which
 -- some parsers, curl's among them, read as octal).
@@ -218,7 +228,7 @@ function M.check(url)
     return nil, refusal(host, "an address in a form other than dotted decimal")
   end
   local addrs
-  addrs, why = M.pin(url, M.CHECK_RESOLVE_SECONDS)
+  addrs, why = M.pin(url, M.check_seconds())
   if not addrs then return nil, why end
   return true
 end

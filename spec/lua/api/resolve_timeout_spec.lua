@@ -16,6 +16,7 @@
 --   * localhost (/etc/hosts, no DNS) with no deadline given: its address;
 --   * the API's check of a callback_url and a delivery's guard, given short
 --     deadlines: the refusal a name without an answer gets, naming the
+--     timeout; the check's default bound cut to half the API request's
 --     timeout ("forbidden_address: ..." for the delivery: a failed attempt,
 --     retried);
 --   * a batch's guards of four such names (callbacks.guard_all): all at
@@ -116,6 +117,10 @@ res.hosts = lookup("localhost")
 ssrf.CHECK_RESOLVE_SECONDS = 1
 local elapsed, ok, why = timed(ssrf.check, "https://" .. NAME .. "/cb")
 res.check = { elapsed = elapsed, ok = ok or cjson.null, why = why or cjson.null }
+-- at its default bound, cut to half the API request's timeout (3 s here)
+ssrf.CHECK_RESOLVE_SECONDS = 10
+elapsed, ok, why = timed(ssrf.check, "https://" .. NAME .. "/api-bound")
+res.check_api_bound = { elapsed = elapsed, ok = ok or cjson.null, why = why or cjson.null }
 -- a delivery's guard, given the delivery's timeout
 local pin, outcome
 elapsed, pin, outcome = timed(callbacks.guard, "https://" .. NAME .. ":8443/cb", 0.5)
@@ -248,7 +253,8 @@ describe("qtg.api_net.resolve's deadline", function()
     common.write(dir .. "/resolv.conf", "nameserver 127.0.0.77\noptions timeout:5 attempts:2\n")
     os.execute("mkdir -m 700 " .. q(dir .. "/run"))
     local env = common.base_env({ UV_THREADPOOL_SIZE = "5", MG_API_CALLBACK_ALLOW_PRIVATE = "false",
-                                  MG_CONSOLE_ENABLED = "true", MG_RUN_DIR = dir .. "/run" })
+                                  MG_CONSOLE_ENABLED = "true", MG_RUN_DIR = dir .. "/run",
+                                  MG_API_REQUEST_TIMEOUT_SECONDS = "3" })
     local h = common.spawn(dir .. "/child", env,
       ("unshare --mount --net sh %s %s %s"):format(q(dir .. "/run.sh"), q(dir), q(common.bin())))
     -- an operator interrupts a console command waiting in a lookup
@@ -293,6 +299,13 @@ describe("qtg.api_net.resolve's deadline", function()
     assert.equal("resolve-timeout.example does not resolve (name lookup of resolve-timeout.example "
       .. "took longer than 1 s)", res.check.why)
     assert.truthy(res.check.elapsed < 5, "took " .. res.check.elapsed .. " s")
+    -- the check's own 10 s would outlast the API request's 3 s (a 503 and
+    -- no reason): it gives up at half of them
+    assert.equal(cjson.null, res.check_api_bound.ok)
+    assert.equal("resolve-timeout.example does not resolve (name lookup of resolve-timeout.example "
+      .. "took longer than 1.5 s)", res.check_api_bound.why)
+    assert.truthy(res.check_api_bound.elapsed >= 1.4 and res.check_api_bound.elapsed < 5,
+      "took " .. res.check_api_bound.elapsed .. " s")
 
     -- a delivery's attempt fails (then retried, per docs/callbacks.md)
     local out = res.guard.outcome
