@@ -11,6 +11,9 @@
  *                               quorum raised by the tiers that hold:
  *                               qtg_approvers_quorum_for; asset and amount
  *                               the intent's text, nil when absent)
+ *   e:tiers(class)           -> the amount tiers that can raise class's
+ *                               quorum, described and joined by "; " | nil
+ *                               (none)
  *   e:verify(principal, statement, signature_hex) -> true | false
  *   e:verify_initiation(principal, statement, signature_hex) -> true | false
  *                               (principal's person or initiator signed it)
@@ -85,6 +88,14 @@ static int qtg_lua_enrolment_quorum_for(lua_State *L) {
   return 2;
 }
 
+static int qtg_lua_enrolment_tiers(lua_State *L) {
+  qtg_approvers *a = qtg_check_enrolment(L);
+  char text[2048];
+  if (qtg_approvers_tiers_of(a, luaL_checkstring(L, 2), text, sizeof text) == 0) lua_pushnil(L);
+  else lua_pushstring(L, text);
+  return 1;
+}
+
 /* e:verify / e:verify_initiation: whether the entry `lookup` finds for
  * the principal (its person; its person or initiator) signed statement. */
 static int qtg_lua_verify_by(lua_State *L, int (*lookup)(const qtg_approvers *, const char *)) {
@@ -153,6 +164,7 @@ int luaopen_qtg_approvers(lua_State *L) {
       {"person", qtg_lua_enrolment_person},
       {"quorum", qtg_lua_enrolment_quorum},
       {"quorum_for", qtg_lua_enrolment_quorum_for},
+      {"tiers", qtg_lua_enrolment_tiers},
       {"verify", qtg_lua_enrolment_verify},
       {"verify_initiation", qtg_lua_enrolment_verify_initiation},
       {"initiator", qtg_lua_enrolment_initiator},

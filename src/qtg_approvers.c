@@ -244,6 +244,23 @@ static void qtg_tier_describe(const qtg_tier *t, char *out, size_t outlen) {
            star ? "any class" : t->klass);
 }
 
+size_t qtg_approvers_tiers_of(const qtg_approvers *a, const char *klass, char *out, size_t outlen) {
+  size_t count = 0, used = 0;
+  if (outlen > 0) out[0] = '\0';
+  for (size_t i = 0; a != NULL && klass != NULL && i < a->ntiers; i++) {
+    const qtg_tier *t = &a->tiers[i];
+    char one[200];
+    if (strcmp(t->klass, "*") != 0 && strcmp(t->klass, klass) != 0) continue;
+    qtg_tier_describe(t, one, sizeof one);
+    if (used < outlen) {
+      int n = snprintf(out + used, outlen - used, "%s%s", count > 0 ? "; " : "", one);
+      used = n < 0 ? outlen : used + (size_t)n;
+    }
+    count++;
+  }
+  return count;
+}
+
 int qtg_approvers_quorum_for(const qtg_approvers *a, const char *klass, const char *asset,
                              const char *amount, char *why, size_t whylen) {
   const qtg_tier *by = NULL;

@@ -150,6 +150,11 @@ int qtg_approvers_quorum_for(const qtg_approvers *a, const char *klass, const ch
  * among them (never 0 in a parsed file). */
 size_t qtg_approvers_quorum_range(const qtg_approvers *a, int *lowest, int *highest);
 
+/* The tiers that can raise klass's quorum (its own and those of "*"), each
+ * as "quorum 3 for more than 1 ETH on mainnet", joined by "; " into out
+ * (truncated to outlen, always terminated); returns how many there are. */
+size_t qtg_approvers_tiers_of(const qtg_approvers *a, const char *klass, char *out, size_t outlen);
+
 /* 1 when one request would need fewer approvals under another class than
  * its own, with why ("asks 2 approvals for mainnet but 1 for *", or "asks
  * 3 approvals for more than 1 ETH on mainnet (line 7) but 2 for *"); else

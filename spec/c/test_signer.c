@@ -924,6 +924,25 @@ static void test_approver_tiers(void) {
                  quorum_for(a, "dev", "ETH", "2", why, sizeof why) == 3 &&
                  quorum_for(a, "other", "ETH", "2", why, sizeof why) == -1);
   qtg_approvers_free(a);
+  /* the tiers a class can meet, as `qtgd check` names them: its own and *'s */
+  a = enrolment(DEPLOY "quorum mainnet 2\nquorum dev 1\nquorum * 3 above 1 ETH\n"
+                       "quorum dev 4 above 10 ETH\n");
+  {
+    char list[200], tiny[12];
+    CHECK(&tc, a != NULL && qtg_approvers_tiers_of(a, "dev", list, sizeof list) == 2);
+    CHECK_STR(&tc, list, "quorum 3 for more than 1 ETH on any class; quorum 4 for more than 10 ETH on dev");
+    CHECK(&tc, qtg_approvers_tiers_of(a, "mainnet", list, sizeof list) == 1);
+    CHECK_STR(&tc, list, "quorum 3 for more than 1 ETH on any class");
+    CHECK(&tc, qtg_approvers_tiers_of(a, "dev", tiny, sizeof tiny) == 2);
+    CHECK_STR(&tc, tiny, "quorum 3 fo");   /* cut, terminated */
+  }
+  qtg_approvers_free(a);
+  a = enrolment(DEPLOY "quorum mainnet 2\n");
+  {
+    char list[8] = "x";
+    CHECK(&tc, a != NULL && qtg_approvers_tiers_of(a, "mainnet", list, sizeof list) == 0 && list[0] == '\0');
+  }
+  qtg_approvers_free(a);
   /* the limits: 0 and 100, 18 decimals, 16 characters, a tier before its base line */
   a = enrolment(DEPLOY "quorum mainnet 0 above 0 ETH\nquorum mainnet 100 above 0.123456789012345678 "
                        "ABCDEFGHIJKLMNOP\nquorum mainnet 1\n");

@@ -210,9 +210,10 @@ function M.check_settings(report, opts)
         .. " no request of it can be created"):format(settings.network_class))
       ok = false
     else
-      add(report, "ok", "settings", ("signed approvals: %s enrolled, quorum %d for %s, deployment %s%s"):format(
+      local tiers = enrolment:tiers(settings.network_class)
+      add(report, "ok", "settings", ("signed approvals: %s enrolled, quorum %d for %s%s, deployment %s%s"):format(
         plural(enrolment:count(), "person", "persons"), enrolment:quorum(settings.network_class),
-        settings.network_class, enrolment:deployment(),
+        settings.network_class, tiers and " (" .. tiers .. ")" or "", enrolment:deployment(),
         enrolment:initiation_signed() and ", initiation signed" or ""))
     end
   end

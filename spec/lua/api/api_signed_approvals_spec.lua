@@ -455,6 +455,17 @@ describe("signed approvals through the API", function()
       MG_NETWORK_CLASS = d.class }), { common.quote(host.bin), "check" })
     assert.truthy(out:find("signed approvals: 3 persons enrolled, quorum 2 for " .. d.class
       .. ", deployment " .. DEPLOYMENT, 1, true), out)
+    -- the amount tiers that can raise this class's quorum are named; another class's are not
+    local tiered = keydir .. "/approvers-tiered"
+    host.write(tiered, host.read(keydir .. "/approvers") .. "quorum " .. d.class .. " 3 above 1 ETH\n"
+      .. "quorum * 4 above 1000000 USDC\nquorum elsewhere 2\nquorum elsewhere 5 above 2 ETH\n")
+    os.execute("chmod 644 " .. common.quote(tiered))
+    _, out = host.run(host.base_env({ MG_SIGNER_APPROVERS = tiered, MG_NETWORK_CLASS = d.class }),
+      { common.quote(host.bin), "check" })
+    assert.truthy(out:find("signed approvals: 3 persons enrolled, quorum 2 for " .. d.class .. " (quorum 3 for more"
+      .. " than 1 ETH on " .. d.class .. "; quorum 4 for more than 1000000 USDC on any class), deployment "
+      .. DEPLOYMENT, 1, true), out)
+    assert.is_falsy(out:find("on elsewhere", 1, true), out)
     host.write(bad, "deployment spec-desk\nquorum mainnet 2\n")
     local other = api.start({ MG_SIGNER_APPROVERS = bad })
     local ok, err = pcall(function()
