@@ -11,8 +11,8 @@
  * a raw payload, so the decoder sees every byte string, read as
  * MG_SIGNER_KEY_CLASSES (qtg_signer_classes_check, key_serves_class), as
  * an MG_SIGNER_APPROVERS enrolment (qtg_approvers_parse; its tiered count,
- * qtg_approvers_quorum_for, and qtg_approvers_uneven) and as an approval
- * statement (qtg_request_statement_check). */
+ * qtg_approvers_quorum_for, qtg_approvers_tiers_of and qtg_approvers_uneven)
+ * and as an approval statement (qtg_request_statement_check). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -105,6 +105,11 @@ static int fuzz_approvers(const uint8_t *p, size_t n) {
       if ((t == -1 && why[0] == '\0') || (t != -1 && (t < q || q < 0 || t > highest)))
         rc = -1;
     }
+    /* the tiers named for a class: terminated in any buffer, and none for
+     * a class whose quorum a tier can never raise */
+    char listed[64];
+    size_t tiers = qtg_approvers_tiers_of(a, "mainnet", listed, sizeof listed);
+    if (strnlen(listed, sizeof listed) == sizeof listed || (tiers == 0 && listed[0] != '\0')) rc = -1;
     why[0] = '\0';
     int uneven = qtg_approvers_uneven(a, why, sizeof why);
     if (uneven != 0 && (uneven != 1 || why[0] == '\0')) rc = -1;
