@@ -4,9 +4,9 @@
  *   qtgd approver key FILE     make a key (FILE, mode 0600, new); print the
  *                              public key for the signer's enrolment
  *   qtgd approver public FILE  print FILE's public key again
- *   qtgd approver sign FILE [DOCUMENT PLAN] [--request UUID]
+ *   qtgd approver sign FILE [DOCUMENT PLAN] --request UUID
+ *                      --kind approval|initiation
  *                      [--deployment NAME] [--class NAME]
- *                      [--kind approval|initiation]
  *                              read one approval (or initiation) statement
  *                              on stdin, show it on stderr, print its
  *                              signature (128 hex);
@@ -16,17 +16,17 @@
  *                              are the statement's digest and plan lines, and
  *                              show them: what is signed is then what was
  *                              read, whatever the daemon displayed;
- *                              with --request (--deployment, --class), sign
  *                              only when the statement's request
- *                              (deployment, class) line is that value, which
- *                              the approver takes from their own records: a
+ *                              (deployment, class) line is the value of
+ *                              --request (--deployment, --class), which the
+ *                              approver takes from their own records: a
  *                              twin request (the same intent, so the same
- *                              digest) is refused.  Without --request it
- *                              signs, and warns that the request id was not
- *                              confirmed.  With --kind, sign only a
- *                              statement of that kind: the same key signs
- *                              a person's approvals and, as a request's
- *                              maker, its initiation.  The flags go
+ *                              digest) is refused; and only a statement of
+ *                              the --kind asked: the same key signs a
+ *                              person's approvals and, as a request's
+ *                              maker, its initiation.  --request and
+ *                              --kind are required: a key never signs a
+ *                              request nobody named.  The flags go
  *                              anywhere after `sign`; a usage error exits
  *                              2, a refusal 1, neither printing a
  *                              signature.
@@ -55,14 +55,15 @@
 
 static const char qtg_approver_usage[] =
     "usage: qtgd approver key FILE | public FILE\n"
-    "       qtgd approver sign FILE [DOCUMENT PLAN] [--request UUID] [--deployment NAME]\n"
-    "                          [--class NAME] [--kind approval|initiation] < statement\n"
-    "  --request UUID    sign only if the statement is for this request (the id from\n"
-    "                    your own records: a lowercase uuid)\n"
-    "  --deployment NAME, --class NAME\n"
-    "                    sign only if the statement names this deployment, this class\n"
+    "       qtgd approver sign FILE [DOCUMENT PLAN] --request UUID --kind approval|initiation\n"
+    "                          [--deployment NAME] [--class NAME] < statement\n"
+    "  --request UUID    (required) sign only if the statement is for this request\n"
+    "                    (the id from your own records, not from the statement: a\n"
+    "                    lowercase uuid)\n"
     "  --kind approval|initiation\n"
-    "                    sign only a statement of this kind\n";
+    "                    (required) sign only a statement of this kind\n"
+    "  --deployment NAME, --class NAME\n"
+    "                    sign only if the statement names this deployment, this class\n";
 
 enum { QTG_APPROVER_TEXT_MAX = 1 << 20 };
 
@@ -257,8 +258,6 @@ static int qtg_approver_usage_error(const char *what, const char *arg) {
   return -1;
 }
 
-/* One --WORD VALUE at argv[*i] into args; -1 (usage said) when WORD is
- * none of the lines, or the value is missing, given twice or malformed. */
 /* --kind approval|initiation into args->kind. */
 static int qtg_approver_kind_flag(const char *flag, const char *value, qtg_approver_sign_args *args) {
   if (args->kind >= 0) return qtg_approver_usage_error("given twice:", flag);
@@ -268,6 +267,8 @@ static int qtg_approver_kind_flag(const char *flag, const char *value, qtg_appro
   return 0;
 }
 
+/* One --WORD VALUE at argv[*i] into args; -1 (usage said) when WORD is
+ * none of the lines, or the value is missing, given twice or malformed. */
 static int qtg_approver_sign_flag(int argc, char **argv, int *i, qtg_approver_sign_args *args) {
   const char *flag = argv[*i];
   int which = -1;
@@ -289,7 +290,8 @@ static int qtg_approver_sign_flag(int argc, char **argv, int *i, qtg_approver_si
 }
 
 /* Parse `sign`'s arguments (argv[0] is "sign"): FILE [DOCUMENT PLAN] and
- * the flags, in any order.  -1 (usage said) on anything else. */
+ * the flags, in any order, --request and --kind among them.  -1 (usage
+ * said) on anything else. */
 static int qtg_approver_sign_parse(int argc, char **argv, qtg_approver_sign_args *args) {
   const char *pos[3];
   int npos = 0;
@@ -306,6 +308,12 @@ static int qtg_approver_sign_parse(int argc, char **argv, qtg_approver_sign_args
   }
   if (npos != 1 && npos != 3)
     return qtg_approver_usage_error(npos == 0 ? "sign needs a key FILE" : "DOCUMENT needs its PLAN", NULL);
+  if (args->expect[QTG_CONFIRM_REQUEST] == NULL)
+    return qtg_approver_usage_error("sign needs --request UUID: the request's id from your own records "
+                                    "(its ticket), which the statement must name", NULL);
+  if (args->kind < 0)
+    return qtg_approver_usage_error("sign needs --kind approval or --kind initiation: which statement "
+                                    "you mean to sign", NULL);
   args->key = pos[0];
   args->document = npos == 3 ? pos[1] : NULL;
   args->plan = npos == 3 ? pos[2] : NULL;
@@ -349,12 +357,12 @@ static int qtg_approver_confirm(const char *text, const char *const expect[QTG_C
   return -1;
 }
 
-/* The last lines on stderr: which request the signature is for, and
- * whether its id was confirmed (--request) or is the daemon's word. */
+/* The last line on stderr: which request the signature is for, and which
+ * of its lines the flags confirmed. */
 static void qtg_approver_summary(const char *text, int kind, const qtg_approver_sign_args *args) {
   static const int order[QTG_CONFIRM_LINES] = {QTG_CONFIRM_REQUEST, QTG_CONFIRM_CLASS, QTG_CONFIRM_DEPLOYMENT};
   const char *const *expect = args->expect;
-  fprintf(stderr, "==> %s statement%s for", qtg_statement_kind_name[kind], args->kind >= 0 ? " (confirmed)" : "");
+  fprintf(stderr, "==> %s statement (confirmed) for", qtg_statement_kind_name[kind]);
   for (int i = 0; i < QTG_CONFIRM_LINES; i++) {
     size_t len;
     const char *got = qtg_statement_line(text, qtg_confirm_word[order[i]], &len);
@@ -363,9 +371,6 @@ static void qtg_approver_summary(const char *text, int kind, const qtg_approver_
     if (expect[order[i]] != NULL) fputs(" (confirmed)", stderr);
   }
   fputc('\n', stderr);
-  if (expect[QTG_CONFIRM_REQUEST] == NULL)
-    fputs("qtgd approver: WARNING: the request id was not confirmed: check the request and "
-          "class above against your own records, or sign with --request UUID\n", stderr);
 }
 
 static int qtg_approver_sign_stdin(const uint8_t secret[QTG_APPROVER_SECRET_LEN],
@@ -395,7 +400,7 @@ static int qtg_approver_sign_stdin(const uint8_t secret[QTG_APPROVER_SECRET_LEN]
     return 1;
   }
   text[len] = '\0';
-  if (args->kind >= 0 && args->kind != kind) {
+  if (args->kind != kind) {
     fprintf(stderr, "qtgd approver: not signed: this is an %s statement, and --kind says %s\n",
             qtg_statement_kind_name[kind], qtg_statement_kind_name[args->kind]);
     return 1;

@@ -15,10 +15,10 @@
 --   * `qtgd approver sign --request ID` (the id from the approver's own
 --     records) signs only that request's statement: a twin's (the same
 --     digest, the same texts) is refused, as is another deployment or
---     class given with --deployment, --class; bad flags are usage errors;
---     without --request it signs and warns that the id was not confirmed.
---     --kind approval refuses the request's initiation statement (the same
---     key signs both).
+--     class given with --deployment, --class; bad flags are usage errors,
+--     and so is a sign without --request or --kind (required).  --kind
+--     approval refuses the request's initiation statement (the same key
+--     signs both).
 -- `qtgd signer` applies the same rule to the same file: signerd_spec.
 local api, common, host
 local d, doc, keydir
@@ -166,7 +166,7 @@ describe("signed approvals through the API", function()
   -- from the approver's own records (--request), a daemon that shows one
   -- request and hands over its twin's statement gets no signature, even
   -- when the texts the approver checks are right for both.
-  it("signs only the request the approver confirms with --request, --deployment and --class", function()
+  it("signs only the request the approver names with --request and --kind, and checks --deployment and --class", function()
     local id, twin = create("34"), create("34")
     local st, twin_st = statement(id), statement(twin)
     assert.equal(st:match("\ndigest (%x+)\n"), twin_st:match("\ndigest (%x+)\n"))
@@ -179,33 +179,33 @@ describe("signed approvals through the API", function()
     local document, plan = keydir .. "/confirm.document", keydir .. "/confirm.plan"
     host.write(document, item.approval_document_text)
     host.write(plan, item.plan_document_text)
-    local unconfirmed = host.approver_sign(key.alice, st)
+    local signed = host.approver_sign(key.alice, st)
     -- the right id (and deployment, class), the flags anywhere after `sign`
     local rc, out, err = sign_with(st, { "--request", id, key.alice, document, "--class", d.class, plan,
-      "--deployment", DEPLOYMENT })
+      "--deployment", DEPLOYMENT, "--kind", "approval" })
     assert.equal(0, rc, err)
-    assert.equal(unconfirmed .. "\n", out)
-    assert.truthy(err:find("==> approval statement for request " .. id .. " (confirmed), class " .. d.class
-      .. " (confirmed), deployment " .. DEPLOYMENT .. " (confirmed)\n", 1, true), err)
-    assert.is_nil(err:find("not confirmed", 1, true), err)
+    assert.equal(signed .. "\n", out)
+    assert.truthy(err:find("==> approval statement (confirmed) for request " .. id .. " (confirmed), class "
+      .. d.class .. " (confirmed), deployment " .. DEPLOYMENT .. " (confirmed)\n", 1, true), err)
     -- and it verifies as before: the daemon takes it as alice's vote
-    local r = approve(id, alice, unconfirmed)
+    local r = approve(id, alice, signed)
     assert.equal(200, r.status, r.body)
     assert.is_true(r.json.approvals[1].signed)
     -- the twin's statement under this request's id: refused, though its
     -- digest and plan lines are what the texts hash
-    rc, out, err = sign_with(twin_st, { key.alice, document, plan, "--request", id })
+    rc, out, err = sign_with(twin_st, { key.alice, document, plan, "--request", id, "--kind", "approval" })
     assert.equal(1, rc, err)
     assert.equal("", out)
     assert.truthy(err:find("the statement's request line is not the one given with --request\n"
       .. "  statement: request " .. twin .. "\n  expected:  request " .. id .. "\n", 1, true), err)
     assert.truthy(err:find("not signed", 1, true), err)
     -- another deployment's statement, another class
-    rc, out, err = sign_with(statement(id, "other-desk"), { key.alice, "--request", id, "--deployment", DEPLOYMENT })
+    rc, out, err = sign_with(statement(id, "other-desk"), { key.alice, "--request", id, "--deployment", DEPLOYMENT,
+      "--kind", "approval" })
     assert.equal(1, rc, err)
     assert.equal("", out)
     assert.truthy(err:find("statement: deployment other-desk\n  expected:  deployment " .. DEPLOYMENT, 1, true), err)
-    rc, out, err = sign_with(st, { key.alice, "--class", "other" .. d.class, "--request", id })
+    rc, out, err = sign_with(st, { key.alice, "--class", "other" .. d.class, "--request", id, "--kind", "approval" })
     assert.equal(1, rc, err)
     assert.equal("", out)
     assert.truthy(err:find("statement's class line", 1, true), err)
@@ -213,11 +213,11 @@ describe("signed approvals through the API", function()
     assert.is_nil(err:find("statement's request line", 1, true), err)
     -- the maker's initiation statement has the same lines, checked alike
     local initiation = common.statement(id, DEPLOYMENT, "initiation")
-    rc, out, err = sign_with(initiation, { key.alice, "--request", id })
+    rc, out, err = sign_with(initiation, { key.alice, "--request", id, "--kind", "initiation" })
     assert.equal(0, rc, err)
     assert.equal(host.approver_sign(key.alice, initiation) .. "\n", out)
-    assert.truthy(err:find("==> initiation statement for request " .. id .. " (confirmed)", 1, true), err)
-    rc, out, err = sign_with(initiation, { key.alice, "--request", twin })
+    assert.truthy(err:find("==> initiation statement (confirmed) for request " .. id .. " (confirmed)", 1, true), err)
+    rc, out, err = sign_with(initiation, { key.alice, "--request", twin, "--kind", "initiation" })
     assert.equal(1, rc, err)
     assert.equal("", out)
     -- --kind: an approver who asks to sign an approval is not given the
@@ -229,9 +229,10 @@ describe("signed approvals through the API", function()
     rc, out, err = sign_with(st, { "--kind", "approval", key.alice, "--request", id })
     assert.equal(0, rc, err)
     assert.truthy(err:find("==> approval statement (confirmed) for request " .. id .. " (confirmed)", 1, true), err)
-    rc, out, err = sign_with(st, { key.alice, "--kind", "initiation" })
+    rc, out, err = sign_with(st, { key.alice, "--kind", "initiation", "--request", id })
     assert.equal(1, rc, err)
     assert.equal("", out)
+    assert.truthy(err:find("this is an approval statement, and --kind says initiation", 1, true), err)
     -- usage errors (exit 2, no signature): unknown flags, a missing value,
     -- a flag twice, a request id that is not a lowercase uuid
     for _, c in ipairs({
@@ -253,6 +254,10 @@ describe("signed approvals through the API", function()
       { { key.alice, "--kind", "approvals" }, "--kind takes approval or initiation, not 'approvals'" },
       { { key.alice, "--kind" }, "a value is missing after '--kind'" },
       { { key.alice, "--kind", "approval", "--kind", "approval" }, "given twice: '--kind'" },
+      -- a key never signs a request nobody named, nor a kind nobody asked
+      { { key.alice, document, plan, "--kind", "approval" }, "sign needs --request UUID" },
+      { { key.alice, "--request", id }, "sign needs --kind approval or --kind initiation" },
+      { { key.alice }, "sign needs --request UUID" },
     }) do
       rc, out, err = sign_with(st, c[1])
       assert.equal(2, rc, c[2] .. ": " .. err)
@@ -260,13 +265,12 @@ describe("signed approvals through the API", function()
       assert.truthy(err:find(c[2], 1, true), c[2] .. ": " .. err)
       assert.truthy(err:find("usage: qtgd approver", 1, true), err)
     end
-    -- without --request: signed as before, with a warning and the request
-    -- id and class shown last
-    rc, out, err = sign_with(st, { key.alice, document, plan })
+    -- without --deployment and --class: signed, those lines shown unconfirmed
+    rc, out, err = sign_with(st, { key.alice, document, plan, "--kind", "approval", "--request", id })
     assert.equal(0, rc, err)
-    assert.equal(unconfirmed .. "\n", out)
-    assert.truthy(err:find("==> approval statement for request " .. id .. ", class " .. d.class .. ", deployment "
-      .. DEPLOYMENT .. "\nqtgd approver: WARNING: the request id was not confirmed", 1, true), err)
+    assert.equal(signed .. "\n", out)
+    assert.truthy(err:find("==> approval statement (confirmed) for request " .. id .. " (confirmed), class "
+      .. d.class .. ", deployment " .. DEPLOYMENT .. "\n", 1, true), err)
   end)
 
   it("refuses every vote that would not count, and takes a quorum of two signed ones", function()

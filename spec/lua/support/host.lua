@@ -79,15 +79,19 @@ end
 
 -- The signature (128 hex) of statement with the key at path (`qtgd
 -- approver sign`); with document and plan (texts), signed only when they
--- are what the statement hashes: nil, the tool's message when not.
+-- are what the statement hashes: nil, the tool's message when not.  It
+-- confirms the request and kind the statement names (--request, --kind):
+-- the specs of what the flags refuse call the tool themselves.
 function M.approver_sign(path, statement, document, plan)
   local file = path .. ".statement"
   common.write(file, statement)
-  local extra = ""
+  local kind = statement:match("^qtg%-(%a+)%-v%d+\n") or "approval"
+  local extra = " --kind " .. common.quote(kind) .. " --request "
+    .. common.quote(statement:match("\nrequest ([^\n]*)\n") or "none")
   if document then
     common.write(file .. ".document", document)
     common.write(file .. ".plan", plan)
-    extra = " " .. common.quote(file .. ".document") .. " " .. common.quote(file .. ".plan")
+    extra = extra .. " " .. common.quote(file .. ".document") .. " " .. common.quote(file .. ".plan")
   end
   -- its stdout alone (what it shows on stderr is for the approver's eyes)
   local rc, out = M.run({}, { "sh", "-c", common.quote(common.quote(M.bin) .. " approver sign "

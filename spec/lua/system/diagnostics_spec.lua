@@ -259,22 +259,24 @@ describe("qtgd's command line", function()
     -- anything but one statement is not signed
     local st = "qtg-approval-v2\ndeployment desk-1\nrequest 0b6d1c2e-1111-4222-8333-944455556666\nclass mainnet\ndigest "
       .. string.rep("a", 64) .. "\nplan " .. string.rep("b", 64) .. "\n"
+    local sign = { "sign", key, "--request", "0b6d1c2e-1111-4222-8333-944455556666", "--kind", "approval" }
     for _, bad in ipairs({ "", "hello", st .. "x", st:gsub("mainnet", "Mainnet"), st:sub(1, -2),
                            (st:gsub("request ", "request  ")), (st:gsub("deployment desk%-1\n", "")),
                            (st:gsub("v2", "v1")) }) do
-      rc, out = approver({ "sign", key }, bad)
+      rc, out = approver(sign, bad)
       assert.equal(1, rc, out)
       assert.is_nil(out:match("%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x"
         .. "%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x"), out)
     end
-    rc, out = approver({ "sign", key }, st)
+    rc, out = approver(sign, st)
     assert.equal(0, rc, out)
     -- a key file others may read: refused; usage errors exit 2
     os.execute("chmod 644 " .. q(key))
-    rc, out = approver({ "sign", key }, st)
+    rc, out = approver(sign, st)
     assert.equal(1, rc, out)
     assert.matches("0644", out, 1, true)
-    for _, args in ipairs({ {}, { "sign" }, { "frob", key }, { "sign", key, "only-one" }, { "key", key, "x", "y" } }) do
+    for _, args in ipairs({ {}, { "sign" }, { "frob", key }, { "sign", key, "only-one" }, { "key", key, "x", "y" },
+                            { "sign", key } }) do
       rc, out = approver(args)
       assert.equal(2, rc, table.concat(args, " ") .. ": " .. out)
     end
