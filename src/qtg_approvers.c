@@ -349,6 +349,19 @@ size_t qtg_approvers_classes_at(const qtg_approvers *a, int quorum, char *out, s
   return n;
 }
 
+/* The array items of n elements of `size` bytes grown by one, the copy of
+ * item, for the caller to store with n + 1; NULL with "out of memory" in
+ * err (items untouched) when it cannot grow. */
+static void *qtg_append(void *items, size_t n, size_t size, const void *item, char *err, size_t errlen) {
+  char *grown = realloc(items, (n + 1) * size);
+  if (grown == NULL) {
+    snprintf(err, errlen, "out of memory");
+    return NULL;
+  }
+  memcpy(grown + n * size, item, size);
+  return grown;
+}
+
 /* Add "P1,P2,..." to person p; -1 with err on a bad or taken principal. */
 static int qtg_add_principals(qtg_approvers *a, qtg_person *p, const char *list, size_t len,
                               int line, char *err, size_t errlen) {
@@ -371,14 +384,13 @@ static int qtg_add_principals(qtg_approvers *a, qtg_person *p, const char *list,
       free(one);
       return -1;
     }
-    char **grown = realloc(p->principals, (p->nprincipals + 1) * sizeof *grown);
+    char **grown = qtg_append(p->principals, p->nprincipals, sizeof one, &one, err, errlen);
     if (grown == NULL) {
       free(one);
-      snprintf(err, errlen, "out of memory");
       return -1;
     }
     p->principals = grown;
-    p->principals[p->nprincipals++] = one;
+    p->nprincipals++;
     start = end + 1;
   }
   return 0;
@@ -430,13 +442,10 @@ static int qtg_parse_person(qtg_approvers *a, char **f, size_t *fl, int line, in
       return -1;
     }
   }
-  qtg_person *grown = realloc(a->people, (a->npeople + 1) * sizeof *grown);
-  if (grown == NULL) {
-    snprintf(err, errlen, "out of memory");
-    return -1;
-  }
-  a->people = grown;
-  a->people[a->npeople++] = p;
+  qtg_person *people = qtg_append(a->people, a->npeople, sizeof p, &p, err, errlen);
+  if (people == NULL) return -1;
+  a->people = people;
+  a->npeople++;
   return qtg_add_principals(a, &a->people[a->npeople - 1], f[3], fl[3], line, err, errlen);
 }
 
@@ -477,13 +486,10 @@ static int qtg_parse_quorum_base(qtg_approvers *a, const char *klass, int n, int
       snprintf(err, errlen, "line %d: quorum for %s is given twice", line, q.klass);
       return -1;
     }
-  qtg_quorum *grown = realloc(a->quorums, (a->nquorums + 1) * sizeof *grown);
-  if (grown == NULL) {
-    snprintf(err, errlen, "out of memory");
-    return -1;
-  }
-  a->quorums = grown;
-  a->quorums[a->nquorums++] = q;
+  qtg_quorum *quorums = qtg_append(a->quorums, a->nquorums, sizeof q, &q, err, errlen);
+  if (quorums == NULL) return -1;
+  a->quorums = quorums;
+  a->nquorums++;
   return 0;
 }
 
@@ -538,13 +544,10 @@ static int qtg_parse_quorum_tier(qtg_approvers *a, char **f, size_t *fl, const c
       return -1;
     }
   }
-  qtg_tier *grown = realloc(a->tiers, (a->ntiers + 1) * sizeof *grown);
-  if (grown == NULL) {
-    snprintf(err, errlen, "out of memory");
-    return -1;
-  }
-  a->tiers = grown;
-  a->tiers[a->ntiers++] = t;
+  qtg_tier *tiers = qtg_append(a->tiers, a->ntiers, sizeof t, &t, err, errlen);
+  if (tiers == NULL) return -1;
+  a->tiers = tiers;
+  a->ntiers++;
   return 0;
 }
 
