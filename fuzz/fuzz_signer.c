@@ -101,7 +101,7 @@ static int fuzz_approvers(const uint8_t *p, size_t n) {
     char why[300];
     for (int i = 0; i < 6; i++) {
       why[0] = '\0';
-      int t = qtg_approvers_quorum_for(a, "mainnet", "ETH", amounts[i], why, sizeof why);
+      int t = qtg_approvers_quorum_for(a, "mainnet", "ETH", amounts[i], (uint32_t)i * 1000, why, sizeof why);
       if ((t == -1 && why[0] == '\0') || (t != -1 && (t < q || q < 0 || t > highest)))
         rc = -1;
     }

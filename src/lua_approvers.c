@@ -6,11 +6,13 @@
  *   qtg.approvers.load(path) -> enrolment | nil, err
  *   e:person(principal)      -> the person's name | nil
  *   e:quorum(class)          -> the class's quorum | nil (none named)
- *   e:quorum_for(class, asset, amount) -> n, why | nil, why: what the
- *                               signer asks of such a request (its class's
- *                               quorum raised by the tiers that hold:
- *                               qtg_approvers_quorum_for; asset and amount
- *                               the intent's text, nil when absent)
+ *   e:quorum_for(class, asset, amount[, transfers]) -> n, why | nil, why:
+ *                               what the signer asks of such a request (its
+ *                               class's quorum raised by the tiers that
+ *                               hold: qtg_approvers_quorum_for; asset and
+ *                               amount the intent's text, nil when absent;
+ *                               transfers the plan's evm_transfer nodes,
+ *                               an integer 0-1000000, default 1)
  *   e:tiers(class)           -> the amount tiers that can raise class's
  *                               quorum, described and joined by "; " | nil
  *                               (none)
@@ -80,8 +82,11 @@ static const char *qtg_opt_text(lua_State *L, int i) {
 static int qtg_lua_enrolment_quorum_for(lua_State *L) {
   qtg_approvers *a = qtg_check_enrolment(L);
   char why[300];
+  lua_Number transfers = luaL_optnumber(L, 5, 1);
+  if (!(transfers >= 0 && transfers <= 1000000) || transfers != (lua_Number)(uint32_t)transfers)
+    return luaL_argerror(L, 5, "transfers must be an integer from 0 to 1000000");
   int n = qtg_approvers_quorum_for(a, luaL_checkstring(L, 2), qtg_opt_text(L, 3), qtg_opt_text(L, 4),
-                                   why, sizeof why);
+                                   (uint32_t)transfers, why, sizeof why);
   if (n < 0) lua_pushnil(L);
   else lua_pushinteger(L, n);
   lua_pushstring(L, why);

@@ -262,7 +262,7 @@ size_t qtg_approvers_tiers_of(const qtg_approvers *a, const char *klass, char *o
 }
 
 int qtg_approvers_quorum_for(const qtg_approvers *a, const char *klass, const char *asset,
-                             const char *amount, char *why, size_t whylen) {
+                             const char *amount, uint32_t transfers, char *why, size_t whylen) {
   const qtg_tier *by = NULL;
   qtg_u256 units = {{0}};
   int parsed = 0;   /* 1: amount read into units, -1: it does not parse */
@@ -275,9 +275,13 @@ int qtg_approvers_quorum_for(const qtg_approvers *a, const char *klass, const ch
   for (size_t i = 0; i < a->ntiers; i++) {
     const qtg_tier *t = &a->tiers[i];
     if (!qtg_tier_could_apply(t, klass, asset)) continue;
-    if (parsed == 0)
+    if (parsed == 0) {
       parsed = amount != NULL &&
                qtg_amount_to_units(amount, strlen(amount), QTG_TIER_DECIMALS, &units) == 0 ? 1 : -1;
+      /* a total of 2^256 or more is above every tier */
+      if (parsed == 1 && transfers > 1 && qtg_u256_mul_small(&units, transfers) != 0)
+        memset(units.be, 0xff, sizeof units.be);
+    }
     if (parsed < 0) {
       char tier[200];
       qtg_tier_describe(t, tier, sizeof tier);
@@ -290,8 +294,13 @@ int qtg_approvers_quorum_for(const qtg_approvers *a, const char *klass, const ch
       by = t;
     }
   }
-  if (by != NULL) qtg_tier_describe(by, why, whylen);
-  else snprintf(why, whylen, "quorum %d for %s", need,
+  if (by != NULL && transfers > 1) {
+    char tier[200];
+    qtg_tier_describe(by, tier, sizeof tier);
+    snprintf(why, whylen, "%s (the plan pays %s %s %u times)", tier, amount, by->asset, (unsigned)transfers);
+  } else if (by != NULL) {
+    qtg_tier_describe(by, why, whylen);
+  } else snprintf(why, whylen, "quorum %d for %s", need,
                 qtg_approvers_quorum_of_own(a, klass) ? klass : "*");
   return need;
 }

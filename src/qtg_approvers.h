@@ -136,13 +136,17 @@ int qtg_approvers_quorum(const qtg_approvers *a, const char *klass);
 /* The approvals a request of klass moving amount of asset (the intent's
  * values, as text; NULL when absent) needs at least: the largest of
  * klass's quorum and every tier of klass or "*" for asset whose amount the
- * request's exceeds.  why names what decides ("quorum 3 for more than 100
- * ETH on mainnet", "quorum 2 for mainnet", "quorum 2 for *").  -1 with why
- * when klass has no quorum, or when a tier names the class and asset and
- * amount is not a plain decimal of at most 18 decimals (it may be above).
- * The one rule, for the signer and for the daemon (qtg.approvers). */
+ * request's total exceeds.  The total is amount times `transfers`, the
+ * plan's evm_transfer nodes (each of which the signer signs for the
+ * intent's amount; 0 counts as 1): a plan that pays the amount twice is
+ * judged on twice the amount.  why names what decides ("quorum 3 for more
+ * than 100 ETH on mainnet", "quorum 2 for mainnet", "quorum 2 for *").  -1
+ * with why when klass has no quorum, or when a tier names the class and
+ * asset and amount is not a plain decimal of at most 18 decimals (it may
+ * be above).  The one rule, for the signer and for the daemon
+ * (qtg.approvers). */
 int qtg_approvers_quorum_for(const qtg_approvers *a, const char *klass, const char *asset,
-                             const char *amount, char *why, size_t whylen);
+                             const char *amount, uint32_t transfers, char *why, size_t whylen);
 
 /* The lowest base quorum and the highest quorum the file gives (its
  * quorum lines, "*" among them; a tier's N counts in the highest, never in

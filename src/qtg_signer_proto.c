@@ -248,6 +248,16 @@ int qtg_u256_cmp(const qtg_u256 *a, const qtg_u256 *b) {
   return c < 0 ? -1 : c > 0 ? 1 : 0;
 }
 
+int qtg_u256_mul_small(qtg_u256 *v, uint32_t k) {
+  uint64_t carry = 0;
+  for (int i = 31; i >= 0; i--) {
+    uint64_t x = (uint64_t)v->be[i] * k + carry;
+    v->be[i] = (uint8_t)(x & 0xff);
+    carry = x >> 8;
+  }
+  return carry == 0 ? 0 : -1;
+}
+
 void qtg_u256_decimal(const qtg_u256 *v, char *out, size_t outlen) {
   uint8_t x[32];
   char rev[80];

@@ -92,6 +92,9 @@ int qtg_signer_classes_name(const char *spec, const char *key);
 
 /* -1, 0, 1 as a < b, a == b, a > b. */
 int qtg_u256_cmp(const qtg_u256 *a, const qtg_u256 *b);
+
+/* v = v * k; -1 (v then undefined) when the product is 2^256 or more. */
+int qtg_u256_mul_small(qtg_u256 *v, uint32_t k);
 /* Decimal text of v (out: at least 79 bytes). */
 void qtg_u256_decimal(const qtg_u256 *v, char *out, size_t outlen);
 

@@ -207,7 +207,9 @@ static const char qtg_signerd_facts_sql[] =
     "     'config', p2.config) ORDER BY p2.node_key)"
     "    FROM public.plan_nodes p2 WHERE p2.plan_version_id = pv.id), '[]'::jsonb))::text, 'UTF8')),"
     "   'hex') AS plan_digest,"
-    "  pn.executor AS plan_executor, pn.action_type AS plan_action_type, r.initiation_signature"
+    "  pn.executor AS plan_executor, pn.action_type AS plan_action_type, r.initiation_signature,"
+    "  (SELECT count(*) FROM public.plan_nodes p3 WHERE p3.plan_version_id = pv.id"
+    "    AND p3.executor = 'evm_transfer' AND p3.action_type = 'evm_transfer') AS transfers"
     " FROM r"
     " JOIN public.plan_versions pv ON pv.id = r.plan_version_id"
     " LEFT JOIN public.movement_request_nodes n ON n.id = $2::uuid"
@@ -219,7 +221,7 @@ enum {
   F_DESTINATION, F_CHAIN_ID, F_NODE_OF_REQUEST, F_NODE_STATE, F_ATTEMPT_NO, F_EXECUTOR,
   F_ACTION_TYPE, F_PLANNED_KEY, F_PLAN_NODE, F_MAX_FEE, F_MAX_TIP, F_GAS_LIMIT, F_ALLOWED_CHAINS,
   F_EXPECTED, F_CLASS, F_ID, F_CREATED_BY, F_PLAN_DIGEST, F_PLAN_EXECUTOR, F_PLAN_ACTION_TYPE,
-  F_INITIATION, F__COUNT
+  F_INITIATION, F_TRANSFERS, F__COUNT
 };
 
 /* The approvals given for a digest, with their signatures (MG_SIGNER_APPROVERS). */
@@ -301,7 +303,8 @@ static int qtg_signerd_check_initiation(qtg_decision *dec, const qtg_approvers *
  * the request's statement verifies, under any of their principals (each
  * person once; the initiator's person never), against the largest of the
  * request's quorum, the enrolment's for its network class and the
- * enrolment's tiers that hold for its intent's asset and amount. */
+ * enrolment's tiers that hold for its intent's asset and amount times the
+ * plan's evm_transfer nodes (each signed for that amount). */
 static int qtg_signerd_check_signed(qtg_decision *dec, const qtg_approvers *a, PGresult *r,
                                     PGresult *votes) {
   const char *klass = qtg_field(r, F_CLASS);
@@ -310,7 +313,9 @@ static int qtg_signerd_check_signed(qtg_decision *dec, const qtg_approvers *a, P
     QTG_REFUSE(dec, "QUORUM_NOT_ENROLLED",
                "MG_SIGNER_APPROVERS names no quorum for network class %s (nor *)", klass ? klass : "?");
   if (qtg_approvers_initiation_signed(a) && qtg_signerd_check_initiation(dec, a, r) != 0) return -1;
+  long transfers = atol(qtg_field(r, F_TRANSFERS));
   int floor = qtg_approvers_quorum_for(a, klass ? klass : "", qtg_field(r, F_ASSET), qtg_field(r, F_AMOUNT),
+                                       transfers > 0 && transfers < 1000000 ? (uint32_t)transfers : 1000000,
                                        rule, sizeof rule);
   if (floor < 0) QTG_REFUSE(dec, "APPROVALS_INCOMPLETE", "%s", rule);
   long need = atol(qtg_field(r, F_REQUIRED));

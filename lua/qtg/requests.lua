@@ -319,7 +319,8 @@ function M.create(s, args, who)
     -- signed approvals: at least the enrolment's quorum, whatever the policy allows
     local required = decision and decision.approvals or 1
     required = math.max(required, (signed.floor(s, { id = "(new)", network_class = network_class,
-                                                     intent_json = canon.encode(args.intent) })))
+                                                     intent_json = canon.encode(args.intent),
+                                                     plan_version_id = pv.id })))
     -- created_at and expires_at from one clock reading: the approval
     -- window is exactly MG_APPROVAL_TTL_SECONDS long
     local req = s:query([[

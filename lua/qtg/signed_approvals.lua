@@ -117,21 +117,33 @@ end
 -- The intent's asset and amount as the signer reads them (upper(intent->>
 -- 'asset'), intent->>'amount'): of the stored row, or of req.intent_json
 -- (the text a new request's row will hold).
+-- The plan's nodes the signer signs a transfer of the intent's amount for,
+-- as qtgd signer counts them (src/qtg_signerd.c).
+local TRANSFERS = [[(SELECT count(*)::int FROM plan_nodes p WHERE p.plan_version_id = %s
+                       AND p.executor = 'evm_transfer' AND p.action_type = 'evm_transfer')]]
+
+-- The intent's asset and amount (text, nil when absent) and the plan's
+-- transfers: at creation from req.intent_json and req.plan_version_id,
+-- later from the request's row.
 local function intent_facts(s, req)
   local row
   if req.intent_json then
-    row = s:query("SELECT upper($1::jsonb->>'asset') AS asset, $1::jsonb->>'amount' AS amount",
-      req.intent_json)[1]
+    row = s:query("SELECT upper($1::jsonb->>'asset') AS asset, $1::jsonb->>'amount' AS amount, "
+      .. TRANSFERS:format("$2::bigint") .. " AS transfers", req.intent_json, req.plan_version_id)[1]
   else
-    row = s:query([[SELECT upper(intent->>'asset') AS asset, intent->>'amount' AS amount
-                      FROM movement_requests WHERE id = $1::uuid]], req.id)[1]
+    row = s:query("SELECT upper(r.intent->>'asset') AS asset, r.intent->>'amount' AS amount, "
+      .. TRANSFERS:format("r.plan_version_id") .. " AS transfers FROM movement_requests r WHERE r.id = $1::uuid",
+      req.id)[1]
   end
-  if not row then return nil, nil end
-  return type(row.asset) == "string" and row.asset or nil, type(row.amount) == "string" and row.amount or nil
+  if not row then return nil, nil, 1 end
+  return type(row.asset) == "string" and row.asset or nil, type(row.amount) == "string" and row.amount or nil,
+    math.min(row.transfers, 1000000)
 end
 
--- floor(s, req): req = { id=, network_class= [, intent_json=] }; the count
--- qtgd signer asks (qtg_approvers_quorum_for, one rule for both), and why.
+-- floor(s, req): req = { id=, network_class= [, intent_json=,
+-- plan_version_id=] }; the count qtgd signer asks (qtg_approvers_quorum_for,
+-- one rule for both: the tiers judge the intent's amount times the plan's
+-- transfers), and why.
 function M.floor(s, req)
   local e = M.enrolment()
   if not e then return 0 end

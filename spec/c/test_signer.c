@@ -776,7 +776,7 @@ static void test_approvers(void) {
  * refused with its line, and what unbound keys make of a class's tier. */
 static int quorum_for(const qtg_approvers *a, const char *klass, const char *asset,
                       const char *amount, char *why, size_t whylen) {
-  return qtg_approvers_quorum_for(a, klass, asset, amount, why, whylen);
+  return qtg_approvers_quorum_for(a, klass, asset, amount, 1, why, whylen);
 }
 
 static void test_approver_tiers(void) {
@@ -826,6 +826,31 @@ static void test_approver_tiers(void) {
   /* 10^60 ETH: beyond 2^256 units of 10^-18 */
   CHECK(&tc, quorum_for(a, "mainnet", "ETH", "1000000000000000000000000000000000000000000000000000000000000",
                         why, sizeof why) == -1);
+  /* a plan that pays the amount several times is judged on the total */
+  CHECK(&tc, qtg_approvers_quorum_for(a, "mainnet", "ETH", "0.6", 2, why, sizeof why) == 3);
+  CHECK_STR(&tc, why, "quorum 3 for more than 1 ETH on mainnet (the plan pays 0.6 ETH 2 times)");
+  CHECK(&tc, qtg_approvers_quorum_for(a, "mainnet", "ETH", "0.5", 2, why, sizeof why) == 2);   /* 1.0 */
+  CHECK(&tc, qtg_approvers_quorum_for(a, "mainnet", "ETH", "0.6", 1, why, sizeof why) == 2);
+  CHECK(&tc, qtg_approvers_quorum_for(a, "mainnet", "ETH", "0.6", 0, why, sizeof why) == 2);   /* as 1 */
+  CHECK(&tc, qtg_approvers_quorum_for(a, "mainnet", "ETH", "33.5", 3, why, sizeof why) == 3);   /* 100.5 */
+  CHECK(&tc, qtg_approvers_quorum_for(a, "mainnet", "ETH", "33.500000000000000001", 3, why, sizeof why) == 5);
+  CHECK(&tc, qtg_approvers_quorum_for(a, "mainnet", "USDC", "1000", 7, why, sizeof why) == 2);
+  /* a total past 2^256 units is above every tier, not wrapped below them */
+  CHECK(&tc, qtg_approvers_quorum_for(a, "mainnet", "ETH", "100000000000000000000000000000000000000000000000000000000",
+                                      1000000, why, sizeof why) == 5);
+  {
+    qtg_u256 v;
+    char text[80];
+    CHECK(&tc, qtg_u256_parse("123456789", 9, &v) == 0 && qtg_u256_mul_small(&v, 1000) == 0);
+    qtg_u256_decimal(&v, text, sizeof text);
+    CHECK_STR(&tc, text, "123456789000");
+    memset(v.be, 0, sizeof v.be);
+    v.be[0] = 0x80;                                   /* 2^255 */
+    CHECK(&tc, qtg_u256_mul_small(&v, 2) == -1);
+    memset(v.be, 0, sizeof v.be);
+    v.be[0] = 0x7f;
+    CHECK(&tc, qtg_u256_mul_small(&v, 2) == 0 && v.be[0] == 0xfe);
+  }
   /* a class without a quorum */
   qtg_approvers *only = enrolment(DEPLOY "quorum mainnet 2\nquorum mainnet 3 above 1 ETH\n");
   CHECK(&tc, only != NULL && quorum_for(only, "dev", "ETH", "5", why, sizeof why) == -1 &&

@@ -29,9 +29,10 @@
 --   * amount tiers (quorum CLASS N above AMOUNT ASSET): the signer asks a
 --     tier's count of a request above it whatever approvals_required (forged
 --     to 1 as qtg_runtime) says, never at or below the amount nor for
---     another asset, refuses an amount it cannot compare, and refuses at
---     start a class's tier under keys bound to no class; the daemon keeps
---     such a request PENDING_APPROVAL until the tier's count.
+--     another asset, refuses an amount it cannot compare, judges a plan
+--     that pays the amount twice on twice the amount, and refuses at start
+--     a class's tier under keys bound to no class; the daemon keeps such a
+--     request PENDING_APPROVAL until the tier's count.
 local qtg = require "qtg"
 local cjson = require "cjson"
 local common = require "spec.lua.support.common"
@@ -177,6 +178,13 @@ describe("qtgd signer", function()
     local rc = { allowed_chain_ids = { CHAIN }, max_amount = "25" }
     engine.load_doc(s, sup.template("sign_t_a", "sa", rc))
     engine.load_doc(s, sup.template("sign_t_b", "sb", rc))
+    -- a plan that pays the intent's amount twice (a second evm_transfer node)
+    local twice = sup.template("sign_t_twice", "sa", rc)
+    twice.nodes[#twice.nodes + 1] = { key = "transfer_again", kind = "action", action_type = "evm_transfer",
+      executor = "evm_transfer", config = { signer_key = "sa", poll_seconds = 1 },
+      timeout_policy = { submit_seconds = 60, observe_seconds = 1800 } }
+    twice.edges[#twice.edges + 1] = { from = "transfer", to = "transfer_again" }
+    engine.load_doc(s, twice)
   end)
 
   teardown(function()
@@ -723,9 +731,9 @@ c.sendall(b"KEYS\n"); print(c.makefile().readline().strip())' ]]
     -- a request of `amount` ETH (its intent's amount then rewritten to
     -- `written`, when given), forged down to one approval, with the signed
     -- votes of `voters`, APPROVED; the request, its sign() and vote(who)
-    local function forged(amount, voters, written)
+    local function forged(amount, voters, written, template)
       local dest = sup.random_address()
-      local req = engine.create(s, "sign_t_a", { intent = intent(dest, amount), callback_url = false })
+      local req = engine.create(s, template or "sign_t_a", { intent = intent(dest, amount), callback_url = false })
       engine.move_class(s, req.id, class)
       if written then
         common.unfrozen(s, [[UPDATE movement_requests SET intent = jsonb_set(intent, '{amount}', to_jsonb($2::text))
@@ -790,6 +798,19 @@ c.sendall(b"KEYS\n"); print(c.makefile().readline().strip())' ]]
     local edge, sign_edge = forged("1.000000000000000001", { "alice", "bob" })
     refused(sign_edge, "APPROVALS_INCOMPLETE", "2 of 3 enrolled approvers")
     assert.equal("refused", last_event(edge).decision)
+    -- a plan that pays 0.6 ETH twice moves 1.2: the tier's count, though
+    -- the intent's amount is under it (and 0.5 twice is not above 1)
+    local twice, sign_twice, vote_twice = forged("0.6", { "alice", "bob" }, nil, "sign_t_twice")
+    refused(sign_twice, "APPROVALS_INCOMPLETE", "2 of 3 enrolled approvers")
+    assert.truthy(last_event(twice).reason:find(rule .. " (the plan pays 0.6 ETH 2 times)", 1, true),
+      last_event(twice).reason)
+    vote_twice("carol")
+    sig, err = sign_twice()
+    assert.truthy(sig, err and err.message)
+    local half, sign_half = forged("0.5", { "alice" }, nil, "sign_t_twice")
+    sig, err = sign_half()
+    assert.truthy(sig, err and err.message)
+    assert.equal("granted", last_event(half).decision)
     -- an amount the tier cannot be compared with: refused, whatever signed
     local odd, sign_odd = forged("2", { "alice", "bob", "carol" }, "2e0")
     refused(sign_odd, "APPROVALS_INCOMPLETE", "not a plain decimal")
@@ -833,6 +854,15 @@ c.sendall(b"KEYS\n"); print(c.makefile().readline().strip())' ]]
       -- at the tier's amount, and of another asset: the base quorum
       local small = engine.create(s, "sign_t_a", { intent = intent(sup.random_address(), "1"), callback_url = false })
       assert.equal(1, small.approvals_required)
+      -- 0.6 ETH paid twice by the plan: the tier, as the signer counts it
+      local twice = engine.create(s, "sign_t_twice", { intent = intent(sup.random_address(), "0.6"),
+                                                       callback_url = false })
+      assert.equal(3, twice.approvals_required)
+      assert.equal("PENDING_APPROVAL", approve(twice, "alice").request_state)
+      assert.equal("PENDING_APPROVAL", approve(twice, "bob").request_state)
+      assert.equal("APPROVED", approve(twice, "carol").request_state)
+      assert.equal(1, engine.create(s, "sign_t_twice", { intent = intent(sup.random_address(), "0.5"),
+                                                         callback_url = false }).approvals_required)
       assert.equal("APPROVED", approve(small, "alice").request_state)
       local usdc = intent(sup.random_address(), "2")
       usdc.asset = "USDC"
