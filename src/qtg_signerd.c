@@ -195,6 +195,7 @@ static const char qtg_signerd_facts_sql[] =
     "  n.node_state, n.attempt_no, n.executor, n.action_type, pn.config->>'signer_key' AS planned_key,"
     "  pn.id AS plan_node_id,"
     "  pv.risk_controls->>'max_fee_per_gas_wei' AS max_fee,"
+    "  pv.risk_controls->>'max_amount' AS max_amount,"
     "  pv.risk_controls->>'max_priority_fee_per_gas_wei' AS max_tip,"
     "  COALESCE(pv.risk_controls->>'gas_limit', '21000') AS gas_limit,"
     "  CASE WHEN jsonb_typeof(pv.risk_controls->'allowed_chain_ids') = 'array' THEN"
@@ -219,7 +220,8 @@ static const char qtg_signerd_facts_sql[] =
 enum {
   F_STATE, F_STORED_DIGEST, F_DIGEST, F_REQUIRED, F_APPROVALS, F_REJECTS, F_ASSET, F_AMOUNT,
   F_DESTINATION, F_CHAIN_ID, F_NODE_OF_REQUEST, F_NODE_STATE, F_ATTEMPT_NO, F_EXECUTOR,
-  F_ACTION_TYPE, F_PLANNED_KEY, F_PLAN_NODE, F_MAX_FEE, F_MAX_TIP, F_GAS_LIMIT, F_ALLOWED_CHAINS,
+  F_ACTION_TYPE, F_PLANNED_KEY, F_PLAN_NODE, F_MAX_FEE, F_MAX_AMOUNT, F_MAX_TIP, F_GAS_LIMIT,
+  F_ALLOWED_CHAINS,
   F_EXPECTED, F_CLASS, F_ID, F_CREATED_BY, F_PLAN_DIGEST, F_PLAN_EXECUTOR, F_PLAN_ACTION_TYPE,
   F_INITIATION, F_TRANSFERS, F__COUNT
 };
@@ -445,6 +447,15 @@ static int qtg_signerd_check_facts(qtg_decision *dec, PGresult *r, const qtg_sig
     qtg_u256_decimal(&tx->value, got, sizeof got);
     QTG_REFUSE(dec, "VALUE_MISMATCH", "payload moves %s wei, the approved amount is %s ETH", got, amount);
   }
+  /* the template's per-transfer cap, which the approvers signed with the
+   * plan: a request created past the daemon's check is still refused */
+  const char *max_amount = qtg_field(r, F_MAX_AMOUNT);
+  if (max_amount != NULL && qtg_amount_to_units(max_amount, strlen(max_amount), 18, &cap) != 0)
+    QTG_REFUSE(dec, "AMOUNT_ABOVE_CAP",
+               "the template's max_amount is not a plain decimal of at most 18 decimals");
+  if (max_amount != NULL && qtg_u256_cmp(&tx->value, &cap) > 0)
+    QTG_REFUSE(dec, "AMOUNT_ABOVE_CAP", "the amount %s ETH exceeds the template's max_amount %s", amount,
+               max_amount);
   if (tx->data_len != 0) QTG_REFUSE(dec, "DATA_NOT_ALLOWED", "a plain transfer carries no call data");
   if (qtg_parse_u256(qtg_field(r, F_MAX_FEE), &cap) != 0)
     QTG_REFUSE(dec, "FEES_ABOVE_CAP", "the template sets no max_fee_per_gas_wei");

@@ -747,7 +747,8 @@ c.sendall(b"KEYS\n"); print(c.makefile().readline().strip())' ]]
       for _, who in ipairs(voters) do vote(who) end
       local node = approved_as_runtime(req.id)
       nonce = nonce + 1
-      local wei = s:query("SELECT ($1::numeric * 1000000000000000000)::numeric(78,0)::text AS w", amount)[1].w
+      local wei = s:query("SELECT ($1::numeric * 1000000000000000000)::numeric(78,0)::text AS w",
+        written or amount)[1].w
       local p = payload({ to = dest, nonce = nonce, value = wei })
       reserve(node.id, DEV[1].address, nonce, p.signing_hash)
       return req, function()
@@ -815,6 +816,16 @@ c.sendall(b"KEYS\n"); print(c.makefile().readline().strip())' ]]
     local odd, sign_odd = forged("2", { "alice", "bob", "carol" }, "2e0")
     refused(sign_odd, "APPROVALS_INCOMPLETE", "not a plain decimal")
     assert.truthy(last_event(odd).reason:find(rule, 1, true), last_event(odd).reason)
+    -- the template's max_amount (25) binds the signer too: an intent
+    -- rewritten past it before the approvals (the daemon's own check is
+    -- the runtime's) is refused, whatever signed; 25 itself is signed
+    local capped, sign_capped = forged("20", { "alice", "bob", "carol" }, "25.000000000000000001")
+    refused(sign_capped, "AMOUNT_ABOVE_CAP", "exceeds the template's max_amount 25")
+    assert.equal("refused", last_event(capped).decision)
+    local at_cap, sign_at_cap = forged("20", { "alice", "bob", "carol" }, "25")
+    sig, err = sign_at_cap()
+    assert.truthy(sig, err and err.message)
+    assert.equal("granted", last_event(at_cap).decision)
     -- a tier for another asset leaves ETH alone (a reload, not a restart)
     more[1] = ("quorum %s 3 above 1 USDC"):format(class)
     local before = sup.log_count(h, "signer: reload")
