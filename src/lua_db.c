@@ -745,7 +745,8 @@ static int qtg_db_listen(lua_State *L) {
     h->listen_ref = qtg_ref(L);
   }
   if (!h->listener &&
-      qtg_pg_listener_new(h->loop, qtg_settings_str(h->settings, QTG_S_DATABASE_URL), qtg_db_notified, h,
+      qtg_pg_listener_new(h->loop, qtg_settings_str(h->settings, QTG_S_DATABASE_URL),
+                          (int)qtg_settings_num(h->settings, QTG_S_DB_TCP_TIMEOUT_SECONDS), qtg_db_notified, h,
                           &h->listener) != 0)
     return luaL_error(L, "qtg.db.listen: cannot start the listener");
   lua_rawgeti(L, LUA_REGISTRYINDEX, h->listen_ref);
@@ -778,7 +779,8 @@ int qtg_pg_open(qtg_host *h, char *err, size_t errlen) {
     snprintf(err, errlen, "MG_DATABASE_URL is empty (qtgd resolves the embedded default before start-up)");
     return -1;
   }
-  if (qtg_pg_pool_new(h->loop, url, (int)qtg_settings_num(h->settings, QTG_S_DB_POOL_SIZE), qtg_db_drop,
+  if (qtg_pg_pool_new(h->loop, url, (int)qtg_settings_num(h->settings, QTG_S_DB_POOL_SIZE),
+                      (int)qtg_settings_num(h->settings, QTG_S_DB_TCP_TIMEOUT_SECONDS), qtg_db_drop,
                       &h->pool) != 0) {
     snprintf(err, errlen, "out of memory creating the PostgreSQL pool");
     return -1;

@@ -97,6 +97,7 @@ struct qtg_pg_conn {
 struct qtg_pg_pool {
   uv_loop_t *loop;
   char *conninfo;
+  int tcp_timeout;          /* MG_DB_TCP_TIMEOUT_SECONDS (qtg_pg_tcp_params) */
   int size, nconns, nconnecting, nidle, nwaiters, nin_use;
   qtg_pg_conn *conns;
   qtg_pg_waiter *whead, *wtail;
@@ -109,6 +110,7 @@ struct qtg_pg_pool {
 struct qtg_pg_listener {
   uv_loop_t *loop;
   char *conninfo;
+  int tcp_timeout;
   qtg_pg_conn *conn;
   uv_timer_t *retry;
   char **channels;
@@ -302,6 +304,19 @@ static void qtg_pg_notice(void *arg, const PGresult *res) {
   qtg_logf(QTG_LOG_DEBUG, "source", "postgresql", "%s", msg);
 }
 
+int qtg_pg_tcp_params(int tcp_timeout, qtg_pg_tcp_values *t, const char **keys, const char **vals) {
+  if (tcp_timeout <= 0) return 0;
+  snprintf(t->idle, sizeof t->idle, "%d", tcp_timeout / 3 > 0 ? tcp_timeout / 3 : 1);
+  snprintf(t->interval, sizeof t->interval, "%d", tcp_timeout / 6 > 0 ? tcp_timeout / 6 : 1);
+  snprintf(t->user_timeout, sizeof t->user_timeout, "%d", tcp_timeout * 1000);
+  keys[0] = "keepalives", vals[0] = "1";
+  keys[1] = "keepalives_idle", vals[1] = t->idle;
+  keys[2] = "keepalives_interval", vals[2] = t->interval;
+  keys[3] = "keepalives_count", vals[3] = "3";
+  keys[4] = "tcp_user_timeout", vals[4] = t->user_timeout;
+  return QTG_PG_TCP_PARAMS;
+}
+
 static qtg_pg_conn *qtg_pg_conn_start(uv_loop_t *loop, const char *conninfo, qtg_pg_pool *pool,
                                       qtg_pg_listener *listener, char *err, size_t errlen) {
   (void)loop;
@@ -320,10 +335,15 @@ static qtg_pg_conn *qtg_pg_conn_start(uv_loop_t *loop, const char *conninfo, qtg
    * afresh costs PostgreSQL CPU and buys nothing (docs/performance.md). */
   c->after_commit_tail = &c->after_commit;
   c->after_commit_asked = pool && pool->committed;
-  const char *keys[] = {"dbname", "application_name", "options", NULL};
-  const char *vals[] = {conninfo, "qtgd",
-                        c->after_commit_asked ? QTG_PG_SESSION_OPTIONS QTG_PG_POOL_OPTIONS : QTG_PG_SESSION_OPTIONS,
-                        NULL};
+  /* the TCP bounds first, so that the URL's own values override them */
+  const char *keys[QTG_PG_TCP_PARAMS + 4], *vals[QTG_PG_TCP_PARAMS + 4];
+  qtg_pg_tcp_values tcp;
+  int n = qtg_pg_tcp_params(pool ? pool->tcp_timeout : listener->tcp_timeout, &tcp, keys, vals);
+  keys[n] = "dbname", vals[n++] = conninfo;
+  keys[n] = "application_name", vals[n++] = "qtgd";
+  keys[n] = "options";
+  vals[n++] = c->after_commit_asked ? QTG_PG_SESSION_OPTIONS QTG_PG_POOL_OPTIONS : QTG_PG_SESSION_OPTIONS;
+  keys[n] = NULL, vals[n] = NULL;
   c->pg = PQconnectStartParams(keys, vals, 1);
   if (!c->pg || PQstatus(c->pg) == CONNECTION_BAD) {
     snprintf(err, errlen, "cannot connect to PostgreSQL: %s",
@@ -635,7 +655,11 @@ static void qtg_pg_on_poll(uv_poll_t *handle, int status, int events) {
     return;
   }
   if (status < 0) {
-    qtg_pg_conn_fail(c, uv_strerror(status));
+    /* libuv reports a socket error (POLLERR) as EBADF; libpq reads the
+     * socket's own ("Connection timed out" from tcp_user_timeout) */
+    const char *why = uv_strerror(status);
+    if (!PQconsumeInput(c->pg) && PQerrorMessage(c->pg)[0]) why = PQerrorMessage(c->pg);
+    qtg_pg_conn_fail(c, why);
     return;
   }
   switch (c->state) {
@@ -704,11 +728,12 @@ static void qtg_pg_conn_fail(qtg_pg_conn *c, const char *why) {
 
 /* ---- pool ------------------------------------------------------------------ */
 
-int qtg_pg_pool_new(uv_loop_t *loop, const char *conninfo, int size, void (*drop)(void *data),
-                    qtg_pg_pool **out) {
+int qtg_pg_pool_new(uv_loop_t *loop, const char *conninfo, int size, int tcp_timeout,
+                    void (*drop)(void *data), qtg_pg_pool **out) {
   qtg_pg_pool *p = calloc(1, sizeof *p);
   if (!p) return -1;
   p->loop = loop;
+  p->tcp_timeout = tcp_timeout;
   p->drop = drop;
   p->size = size > 0 ? size : 1;
   p->conninfo = strdup(conninfo);
@@ -1173,11 +1198,12 @@ static void qtg_pg_listener_drain(qtg_pg_listener *l) {
   qtg_pg_listener_deliver(l, held, &nheld);
 }
 
-int qtg_pg_listener_new(uv_loop_t *loop, const char *conninfo, qtg_pg_notify_cb cb, void *data,
-                        qtg_pg_listener **out) {
+int qtg_pg_listener_new(uv_loop_t *loop, const char *conninfo, int tcp_timeout, qtg_pg_notify_cb cb,
+                        void *data, qtg_pg_listener **out) {
   qtg_pg_listener *l = calloc(1, sizeof *l);
   if (!l) return -1;
   l->loop = loop;
+  l->tcp_timeout = tcp_timeout;
   l->cb = cb;
   l->data = data;
   l->conninfo = strdup(conninfo);

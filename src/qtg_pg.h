@@ -31,8 +31,8 @@ typedef void (*qtg_pg_notify_cb)(const char *channel, const char *payload, void 
  * while busy, e.g. its session collected at host close) and everything in
  * flight or queued when the pool is freed.  The pool keeps it so that no
  * path that discards a connection can leak its caller's data. */
-int qtg_pg_pool_new(uv_loop_t *loop, const char *conninfo, int size, void (*drop)(void *data),
-                    qtg_pg_pool **out);
+int qtg_pg_pool_new(uv_loop_t *loop, const char *conninfo, int size, int tcp_timeout,
+                    void (*drop)(void *data), qtg_pg_pool **out);
 /* Notifications a pool session's transaction raised for after its commit
  * (a NOTICE "qtg_after_commit <channel> <payload>", sql/0150): cb gets each
  * once the transaction has committed, before its caller gets the commit's
@@ -128,8 +128,24 @@ const char *qtg_pg_pool_last_error(const qtg_pg_pool *pool);
 
 /* LISTEN/NOTIFY on a dedicated connection kept out of the pool, re-opened
  * (with its channels) after it drops. */
-int qtg_pg_listener_new(uv_loop_t *loop, const char *conninfo, qtg_pg_notify_cb cb, void *data,
-                        qtg_pg_listener **out);
+int qtg_pg_listener_new(uv_loop_t *loop, const char *conninfo, int tcp_timeout, qtg_pg_notify_cb cb,
+                        void *data, qtg_pg_listener **out);
+
+/* The libpq keywords that bound a TCP connection to a peer that stops
+ * answering without a reset (a host down, a network partition): with
+ * tcp_timeout seconds (MG_DB_TCP_TIMEOUT_SECONDS) > 0, keepalives from
+ * tcp_timeout / 3 of silence and tcp_user_timeout = tcp_timeout, so a
+ * command in flight, an idle connection and a connect (its SYN) each fail
+ * after about tcp_timeout instead of the kernel's retransmission limits
+ * (up to 15 minutes).  Written into keys/vals from index 0, with their
+ * values in t; returns how many (0 when tcp_timeout <= 0).  Put them before
+ * "dbname" with expand_dbname set: the URL's own values then win.  Unix
+ * socket connections ignore them. */
+enum { QTG_PG_TCP_PARAMS = 5 };
+typedef struct {
+  char idle[12], interval[12], user_timeout[16];
+} qtg_pg_tcp_values;
+int qtg_pg_tcp_params(int tcp_timeout, qtg_pg_tcp_values *t, const char **keys, const char **vals);
 int qtg_pg_listener_add(qtg_pg_listener *l, const char *channel);
 int qtg_pg_listener_remove(qtg_pg_listener *l, const char *channel);
 void qtg_pg_listener_free(qtg_pg_listener *l);

@@ -48,6 +48,7 @@
 #include "qtg_crypto.h"
 #include "qtg_keys.h"
 #include "qtg_log.h"
+#include "qtg_pg.h"
 #include "qtg_notify.h"
 #include "qtg_signer.h"
 #include "qtg_signer_proto.h"
@@ -73,6 +74,7 @@ typedef struct {
   PGconn *db;
   const char *db_url;           /* NULL: no key, no database */
   const char *db_user;
+  int db_tcp_timeout;           /* MG_DB_TCP_TIMEOUT_SECONDS (qtg_pg_tcp_params) */
   long allowed_uid;
   const char *key_classes;      /* MG_SIGNER_KEY_CLASSES, checked at start */
   qtg_approvers *approvers;     /* MG_SIGNER_APPROVERS, NULL when unset */
@@ -138,8 +140,12 @@ static PGconn *qtg_signerd_db(qtg_signerd *d) {
   if (d->db && PQstatus(d->db) == CONNECTION_OK) return d->db;
   qtg_signerd_db_drop(d);
   if (d->db_url == NULL) return NULL;
-  const char *keys[4], *vals[4];
-  int n = 0;
+  /* the TCP bounds first, so that the URL's own values override them: a
+   * database host that stops answering fails a decision as unavailable
+   * instead of holding every request line for the kernel's 15 minutes */
+  const char *keys[QTG_PG_TCP_PARAMS + 4], *vals[QTG_PG_TCP_PARAMS + 4];
+  qtg_pg_tcp_values tcp;
+  int n = qtg_pg_tcp_params(d->db_tcp_timeout, &tcp, keys, vals);
   keys[n] = "dbname", vals[n++] = d->db_url;
   if (d->db_user && d->db_user[0]) keys[n] = "user", vals[n++] = d->db_user;
   keys[n] = "application_name", vals[n++] = "qtgd signer";
@@ -1077,6 +1083,7 @@ int qtg_signerd_main(const qtg_settings *s, const char *db_url, const char *root
   for (int i = 0; i < QTG_SIGNERD_MAX_CONNS; i++) d.conns[i].fd = -1;
   d.db_url = db_url && db_url[0] ? db_url : NULL;
   d.db_user = qtg_settings_str(s, QTG_S_SIGNER_DATABASE_USER);
+  d.db_tcp_timeout = (int)qtg_settings_num(s, QTG_S_DB_TCP_TIMEOUT_SECONDS);
   d.allowed_uid = (long)qtg_settings_num(s, QTG_S_SIGNER_ALLOWED_UID);
   if (d.allowed_uid < 0) d.allowed_uid = (long)getuid();
   cfg.signer_keys = qtg_settings_str(s, QTG_S_SIGNER_KEYS);
