@@ -5,7 +5,14 @@
  * on us, or NOTIFYs on the listener), BUSY (a command in flight: flush, then
  * consume results), BROKEN (waiting to be released and freed).
  * The pool hands IDLE connections to waiters in FIFO order and opens new
- * ones lazily up to its size. */
+ * ones lazily up to its size.
+ *
+ * The connecting steps (PQconnectStartParams and each PQconnectPoll) run in
+ * libuv's thread pool, one at a time per connection: libpq looks a host
+ * name up with a blocking getaddrinfo inside them (at the start, and at
+ * each next host of a multi-host URL), which on the loop would stop the
+ * whole daemon for as long as a DNS server that does not answer takes.
+ * A connection freed while a step runs is left to the step's completion. */
 #include "qtg_pg.h"
 
 #include <stdint.h>
@@ -51,9 +58,27 @@ typedef struct qtg_pg_waiter {
   struct qtg_pg_waiter *next;
 } qtg_pg_waiter;
 
+/* What a connecting step in the thread pool reads and writes: the
+ * keywords PQconnectStartParams takes (with their own copies of the
+ * values, since the pool or listener may be freed meanwhile), then the
+ * status the step's PQconnectPoll returned. */
+typedef struct {
+  uv_work_t work;                     /* first: the step's uv_work_t is the struct */
+  struct qtg_pg_conn *conn;
+  const char *keys[QTG_PG_TCP_PARAMS + 4], *vals[QTG_PG_TCP_PARAMS + 4];
+  qtg_pg_tcp_values tcp;
+  char *conninfo;
+  PGconn *pg;                         /* the step's own while it runs */
+  int running;                        /* in the thread pool now */
+  PostgresPollingStatusType polled;
+} qtg_pg_connecting;
+
 struct qtg_pg_conn {
   qtg_pg_pool *pool;          /* NULL for the listener's connection */
   qtg_pg_listener *listener;  /* set for the listener's connection */
+  uv_loop_t *loop;
+  qtg_pg_connecting *connecting; /* while CONNECTING: the steps' state */
+  int orphaned;               /* freed while a step runs: freed after it */
   PGconn *pg;
   uv_poll_t *poll;
   int fd, events;
@@ -152,10 +177,9 @@ static int qtg_pg_watch(qtg_pg_conn *c, int events) {
   if (fd < 0) return -1;
   if (c->poll && fd != c->fd) qtg_pg_unwatch(c); /* libpq may switch sockets while connecting */
   if (!c->poll) {
-    uv_loop_t *loop = c->pool ? c->pool->loop : c->listener->loop;
     c->poll = malloc(sizeof *c->poll);
     if (!c->poll) return -1;
-    if (uv_poll_init_socket(loop, c->poll, fd) != 0) {
+    if (uv_poll_init_socket(c->loop, c->poll, fd) != 0) {
       free(c->poll);
       c->poll = NULL;
       return -1;
@@ -199,6 +223,19 @@ static void qtg_pg_after_commit_end(qtg_pg_conn *c, int deliver) {
 }
 
 static void qtg_pg_conn_free(qtg_pg_conn *c) {
+  if (c->connecting && c->connecting->running) {   /* the thread pool has the PGconn: later */
+    qtg_pg_unwatch(c);
+    c->orphaned = 1;
+    c->pool = NULL;
+    c->listener = NULL;
+    c->has_cb = 0;
+    return;
+  }
+  if (c->connecting) {
+    free(c->connecting->conninfo);
+    free(c->connecting);
+    c->connecting = NULL;
+  }
   qtg_pg_after_commit_end(c, 0);
   qtg_pg_unwatch(c);
   if (c->pg) PQfinish(c->pg);
@@ -317,52 +354,50 @@ int qtg_pg_tcp_params(int tcp_timeout, qtg_pg_tcp_values *t, const char **keys, 
   return QTG_PG_TCP_PARAMS;
 }
 
-static qtg_pg_conn *qtg_pg_conn_start(uv_loop_t *loop, const char *conninfo, qtg_pg_pool *pool,
-                                      qtg_pg_listener *listener, char *err, size_t errlen) {
-  (void)loop;
-  qtg_pg_conn *c = calloc(1, sizeof *c);
-  if (!c) {
-    snprintf(err, errlen, "out of memory");
-    return NULL;
+/* In the thread pool: the first step starts the connection, each next
+ * one polls it.  Only the step's struct is touched here. */
+static void qtg_pg_connect_work(uv_work_t *w) {
+  qtg_pg_connecting *st = (qtg_pg_connecting *)w;
+  if (st->pg == NULL) {
+    st->pg = PQconnectStartParams(st->keys, st->vals, 1);
+    /* as libpq asks: start by polling as if it said "writing" */
+    st->polled = st->pg && PQstatus(st->pg) != CONNECTION_BAD ? PGRES_POLLING_WRITING : PGRES_POLLING_FAILED;
+  } else {
+    st->polled = PQconnectPoll(st->pg);
   }
-  c->pool = pool;
-  c->listener = listener;
-  c->fd = -1;
-  /* UTC and ISO dates on every session, so time values read the same
-   * whatever the server's defaults are.  Generic plans: every statement is
-   * prepared once per connection and the claims' state predicates are
-   * constants that match their partial indexes, so planning each execution
-   * afresh costs PostgreSQL CPU and buys nothing (docs/performance.md). */
-  c->after_commit_tail = &c->after_commit;
-  c->after_commit_asked = pool && pool->committed;
-  /* the TCP bounds first, so that the URL's own values override them */
-  const char *keys[QTG_PG_TCP_PARAMS + 4], *vals[QTG_PG_TCP_PARAMS + 4];
-  qtg_pg_tcp_values tcp;
-  int n = qtg_pg_tcp_params(pool ? pool->tcp_timeout : listener->tcp_timeout, &tcp, keys, vals);
-  keys[n] = "dbname", vals[n++] = conninfo;
-  keys[n] = "application_name", vals[n++] = "qtgd";
-  keys[n] = "options";
-  vals[n++] = c->after_commit_asked ? QTG_PG_SESSION_OPTIONS QTG_PG_POOL_OPTIONS : QTG_PG_SESSION_OPTIONS;
-  keys[n] = NULL, vals[n] = NULL;
-  c->pg = PQconnectStartParams(keys, vals, 1);
-  if (!c->pg || PQstatus(c->pg) == CONNECTION_BAD) {
-    snprintf(err, errlen, "cannot connect to PostgreSQL: %s",
-             c->pg ? PQerrorMessage(c->pg) : "out of memory");
-    qtg_pg_conn_free(c);
-    return NULL;
-  }
-  PQsetNoticeReceiver(c->pg, qtg_pg_notice, c);
-  c->state = QTG_PG_CONNECTING;
-  if (qtg_pg_watch(c, UV_WRITABLE) != 0) {
-    snprintf(err, errlen, "cannot watch the PostgreSQL socket");
-    qtg_pg_conn_free(c);
-    return NULL;
-  }
-  return c;
 }
 
-static void qtg_pg_connect_step(qtg_pg_conn *c) {
-  switch (PQconnectPoll(c->pg)) {
+static void qtg_pg_connect_done(uv_work_t *w, int status);
+
+/* Run the next connecting step in the thread pool, with the socket
+ * unwatched meanwhile (libpq may close it and open another). */
+static int qtg_pg_connect_queue(qtg_pg_conn *c) {
+  qtg_pg_connecting *st = c->connecting;
+  if (c->poll && uv_poll_stop(c->poll) == 0) c->events = 0;
+  st->pg = c->pg;
+  st->running = 1;
+  if (uv_queue_work(c->loop, &st->work, qtg_pg_connect_work, qtg_pg_connect_done) != 0) {
+    st->running = 0;
+    return -1;
+  }
+  return 0;
+}
+
+/* On the loop: what the step said. */
+static void qtg_pg_connect_done(uv_work_t *w, int status) {
+  qtg_pg_connecting *st = (qtg_pg_connecting *)w;
+  qtg_pg_conn *c = st->conn;
+  st->running = 0;
+  c->pg = st->pg;
+  if (c->orphaned) {
+    qtg_pg_conn_free(c);
+    return;
+  }
+  if (status != 0 || c->pg == NULL) {
+    qtg_pg_conn_fail(c, c->pg ? PQerrorMessage(c->pg) : "out of memory");
+    return;
+  }
+  switch (st->polled) {
   case PGRES_POLLING_READING:
     if (qtg_pg_watch(c, UV_READABLE) != 0) qtg_pg_conn_fail(c, "cannot watch the PostgreSQL socket");
     return;
@@ -370,6 +405,10 @@ static void qtg_pg_connect_step(qtg_pg_conn *c) {
     if (qtg_pg_watch(c, UV_WRITABLE) != 0) qtg_pg_conn_fail(c, "cannot watch the PostgreSQL socket");
     return;
   case PGRES_POLLING_OK:
+    PQsetNoticeReceiver(c->pg, qtg_pg_notice, c);
+    free(st->conninfo);
+    free(st);
+    c->connecting = NULL;
     if (PQsetnonblocking(c->pg, 1) != 0 || qtg_pg_watch(c, UV_READABLE) != 0) {
       qtg_pg_conn_fail(c, "cannot make the PostgreSQL connection non-blocking");
       return;
@@ -386,6 +425,48 @@ static void qtg_pg_connect_step(qtg_pg_conn *c) {
     qtg_pg_conn_fail(c, PQerrorMessage(c->pg));
     return;
   }
+}
+
+static qtg_pg_conn *qtg_pg_conn_start(uv_loop_t *loop, const char *conninfo, qtg_pg_pool *pool,
+                                      qtg_pg_listener *listener, char *err, size_t errlen) {
+  qtg_pg_conn *c = calloc(1, sizeof *c);
+  qtg_pg_connecting *st = calloc(1, sizeof *st);
+  char *own = strdup(conninfo);
+  if (!c || !st || !own) {
+    snprintf(err, errlen, "out of memory");
+    free(c);
+    free(st);
+    free(own);
+    return NULL;
+  }
+  c->pool = pool;
+  c->listener = listener;
+  c->loop = loop;
+  c->fd = -1;
+  c->after_commit_tail = &c->after_commit;
+  c->after_commit_asked = pool && pool->committed;
+  /* UTC and ISO dates on every session, so time values read the same
+   * whatever the server's defaults are.  Generic plans: every statement is
+   * prepared once per connection and the claims' state predicates are
+   * constants that match their partial indexes, so planning each execution
+   * afresh costs PostgreSQL CPU and buys nothing (docs/performance.md).
+   * The TCP bounds first, so that the URL's own values override them. */
+  int n = qtg_pg_tcp_params(pool ? pool->tcp_timeout : listener->tcp_timeout, &st->tcp, st->keys, st->vals);
+  st->conninfo = own;
+  st->keys[n] = "dbname", st->vals[n++] = own;
+  st->keys[n] = "application_name", st->vals[n++] = "qtgd";
+  st->keys[n] = "options";
+  st->vals[n++] = c->after_commit_asked ? QTG_PG_SESSION_OPTIONS QTG_PG_POOL_OPTIONS : QTG_PG_SESSION_OPTIONS;
+  st->keys[n] = NULL, st->vals[n] = NULL;
+  st->conn = c;
+  c->connecting = st;
+  c->state = QTG_PG_CONNECTING;
+  if (qtg_pg_connect_queue(c) != 0) {
+    snprintf(err, errlen, "cannot queue the connection to PostgreSQL");
+    qtg_pg_conn_free(c);
+    return NULL;
+  }
+  return c;
 }
 
 /* Hand the finished command's result to its owner.  The callback may use
@@ -648,10 +729,11 @@ static void qtg_pg_consume(qtg_pg_conn *c) {
 
 static void qtg_pg_on_poll(uv_poll_t *handle, int status, int events) {
   qtg_pg_conn *c = handle->data;
-  if (status < 0 && c->state == QTG_PG_CONNECTING) {
-    /* libpq knows why the connect failed ("Connection refused"); the
-     * poll's own error (often EBADF after libpq closed the socket) does not. */
-    qtg_pg_connect_step(c);
+  if (c->state == QTG_PG_CONNECTING) {
+    /* the next step, whatever the poll says: libpq knows why a connect
+     * failed ("Connection refused"); the poll's own error (often EBADF
+     * after libpq closed the socket) does not */
+    if (qtg_pg_connect_queue(c) != 0) qtg_pg_conn_fail(c, "cannot queue the connection to PostgreSQL");
     return;
   }
   if (status < 0) {
@@ -664,8 +746,7 @@ static void qtg_pg_on_poll(uv_poll_t *handle, int status, int events) {
   }
   switch (c->state) {
   case QTG_PG_CONNECTING:
-    qtg_pg_connect_step(c);
-    return;
+    return;   /* above */
   case QTG_PG_IDLE:
     if (!PQconsumeInput(c->pg) || PQstatus(c->pg) == CONNECTION_BAD) {
       qtg_pg_conn_fail(c, PQerrorMessage(c->pg));

@@ -67,9 +67,10 @@ while time.monotonic() < end:
 ]=]
 
 -- Runs inside the namespaces: the black hole, the bind mount, the child.
--- Arguments: the directory, the qtgd binary.
+-- Arguments: the directory, the qtgd binary, the child's script and its
+-- result file (in the directory).
 local RUN = [=[
-dir=$1; bin=$2
+dir=$1; bin=$2; script=$3; result=$4
 python3 "$dir/hole.py" "$dir/hole.ready" "$dir/queries" >"$dir/hole.log" 2>&1 & hole=$!
 i=0
 while [ ! -e "$dir/hole.ready" ]; do
@@ -79,7 +80,7 @@ while [ ! -e "$dir/hole.ready" ]; do
   i=$((i + 1)); sleep 0.05
 done
 if ! mount --bind "$dir/resolv.conf" /etc/resolv.conf; then kill "$hole"; exit 98; fi
-"$bin" exec "$dir/child.lua" "$dir/result.json"; rc=$?
+"$bin" exec "$dir/$script" "$dir/$result"; rc=$?
 kill "$hole"
 exit "$rc"
 ]=]
@@ -157,6 +158,39 @@ assert(os.rename(out .. ".tmp", out))
 return 0
 ]=]
 
+-- The database's host name never answers either: the pool's connect looks
+-- it up in libuv's thread pool (src/qtg_pg.c), so the loop goes on while
+-- the lookup waits.  Writes {gap=, acquire={elapsed=, err=}}: the longest
+-- gap between 50 ms sleeps of a task that ran while another waited for
+-- its session.
+local DB_CHILD = [=[
+local out = ...
+local qtg = require "qtg"
+local cjson = require "cjson"
+local res, done = {}, false
+qtg.spawn(function()
+  qtg.sleep(0.3)   -- the other task is sleeping by then
+  local t0 = qtg.monotonic()
+  local ok, err = pcall(qtg.db.acquire)
+  res.acquire = { elapsed = qtg.monotonic() - t0, ok = ok,
+                  err = not ok and (type(err) == "table" and tostring(err.message) or tostring(err)) or cjson.null }
+  done = true
+end)
+local last, gap, deadline = qtg.monotonic(), 0, qtg.monotonic() + 40
+while not done and qtg.monotonic() < deadline do
+  qtg.sleep(0.05)
+  local now = qtg.monotonic()
+  if now - last > gap then gap = now - last end
+  last = now
+end
+res.gap = gap
+local f = assert(io.open(out .. ".tmp", "w"))
+f:write(cjson.encode(res))
+f:close()
+assert(os.rename(out .. ".tmp", out))
+return 0
+]=]
+
 -- A console client (the frames of src/qtg_console.h): sends the command
 -- argv[2], interrupts it once its first output line came, prints every
 -- frame ("<type> <text>": the hello, outputs, the final one) until the
@@ -200,6 +234,15 @@ local function has(list, value)
   return false
 end
 
+local function namespaces_usable()
+  if io.popen("id -u"):read("*l") ~= "0" then
+    return nil, "needs root: the DNS server that never answers is played in namespaces of its own (unshare)"
+  end
+  local probe, prc = common.sh("unshare --mount --net true")
+  if prc ~= 0 then return nil, "unshare --mount --net is not permitted here: " .. probe end
+  return true
+end
+
 describe("qtg.api_net.resolve's deadline", function()
   setup(function()
     common = require "spec.lua.support.common"
@@ -237,13 +280,9 @@ describe("qtg.api_net.resolve's deadline", function()
   end)
 
   it("gives up at the deadline when the DNS server never answers, not at the resolver's 10 s", function()
-    if io.popen("id -u"):read("*l") ~= "0" then
-      pending("needs root: the DNS server that never answers is played in namespaces of its own (unshare)")
-      return
-    end
-    local probe, prc = common.sh("unshare --mount --net true")
-    if prc ~= 0 then
-      pending("unshare --mount --net is not permitted here: " .. probe)
+    local usable, why = namespaces_usable()
+    if not usable then
+      pending(why)
       return
     end
     common.write(dir .. "/hole.py", BLACK_HOLE)
@@ -256,7 +295,7 @@ describe("qtg.api_net.resolve's deadline", function()
                                   MG_CONSOLE_ENABLED = "true", MG_RUN_DIR = dir .. "/run",
                                   MG_API_REQUEST_TIMEOUT_SECONDS = "3" })
     local h = common.spawn(dir .. "/child", env,
-      ("unshare --mount --net sh %s %s %s"):format(q(dir .. "/run.sh"), q(dir), q(common.bin())))
+      ("unshare --mount --net sh %s %s %s child.lua result.json"):format(q(dir .. "/run.sh"), q(dir), q(common.bin())))
     -- an operator interrupts a console command waiting in a lookup
     local sock = dir .. "/run/console.sock"
     common.wait_for(function() return os.execute("test -S " .. q(sock)) == 0 or not common.alive(h) end, 60,
@@ -326,5 +365,36 @@ describe("qtg.api_net.resolve's deadline", function()
     assert.equal("timeout", res.queued.kind, tostring(res.queued.message))
     assert.equal("name lookup of queued.example took longer than 0.5 s", res.queued.message)
     assert.truthy(res.queued.elapsed >= 0.4 and res.queued.elapsed < 5, "took " .. res.queued.elapsed .. " s")
+  end)
+
+  -- libpq looks the database's host name up with a blocking getaddrinfo;
+  -- on the loop, a DNS server that does not answer stopped the whole
+  -- daemon for the resolver's 10 s at every connect (on the tree before:
+  -- a 10 s gap between the other task's 50 ms sleeps)
+  it("keeps the loop going while the database's host name does not resolve", function()
+    local usable, why = namespaces_usable()
+    if not usable then
+      pending(why)
+      return
+    end
+    common.write(dir .. "/hole.py", BLACK_HOLE)
+    common.write(dir .. "/run.sh", RUN)
+    common.write(dir .. "/db_child.lua", DB_CHILD)
+    common.write(dir .. "/resolv.conf", "nameserver 127.0.0.77\noptions timeout:5 attempts:2\n")
+    os.remove(dir .. "/hole.ready")
+    local env = common.base_env({ MG_DATABASE_URL = "postgresql://qtg@db.resolve-timeout.example:5432/qtg" })
+    local h = common.spawn(dir .. "/db_child", env,
+      ("unshare --mount --net sh %s %s %s db_child.lua db_result.json"):format(q(dir .. "/run.sh"), q(dir),
+        q(common.bin())))
+    local rc = common.exit_code(h, 90)
+    local log = tostring(common.read(h.log))
+    assert.equal(0, rc, "child exit " .. tostring(rc) .. "; log: " .. log)
+    local res = cjson.decode((assert(common.read(dir .. "/db_result.json"), "no result; log: " .. log)))
+    -- the acquire fails once the resolver gives up, naming the host
+    assert.is_false(res.acquire.ok)
+    assert.truthy(res.acquire.err:find("db.resolve-timeout.example", 1, true), res.acquire.err)
+    assert.truthy(res.acquire.elapsed >= 5, "took " .. res.acquire.elapsed .. " s")
+    -- and meanwhile the loop ran the other task every 50 ms or so
+    assert.truthy(res.gap < 1, "the loop stopped for " .. res.gap .. " s")
   end)
 end)
