@@ -11,9 +11,13 @@
 --     raises when no valid policy was ever loaded
 --   evaluate(s, req) -> decision {rule=, action=, approvals=, roles=,
 --     reason=, inputs=}; raises when a rule raises while matching
---   target(s, req) -> {chain=, destination=, destinations=, unresolved=}:
---     where the request moves money to, as its executors read it: EVERY
---     destination it pays; raises invalid_intent when its chains conflict
+--   target(s, req) -> {chain=, destination=, destinations=, unresolved=,
+--     paying=}: where the request moves money to, as its executors read
+--     it: EVERY destination it pays, and how many nodes pay; raises
+--     invalid_intent when its chains conflict
+--   moved(s, amount, paying) -> what a request moves: the amount times its
+--     paying nodes (the amount rules, the velocity sums and the signer's
+--     amount tiers all judge this)
 --   book_entries(s, asset, target) -> {lower(address) = {label, ...}}
 --   lock_velocity(s, req): the lock every approving decision takes first
 local risk = require "qtg.risk_controls"
@@ -180,6 +184,9 @@ end
 local function is_ref(v) return type(v) == "string" and v:match("^%$ref:") ~= nil end
 
 -- executor -> {action_type=, chain = fn(config, intent), destination = fn(config, intent)}
+-- The paying node kinds: each pays the intent's amount (the signer signs
+-- an evm_transfer for exactly that), so a plan with n of them moves n times
+-- the amount (moved()).
 local TARGETS = {
   evm_transfer = {
     action_type = "evm_transfer",
@@ -236,6 +243,8 @@ end
 --   unresolved: the paying nodes whose destination is not a literal address
 --     now (a $ref, a non-string): no such request is in the book or on a list.
 --   destination: the intent's destination (what the request names).
+--   paying: how many paying nodes the plan has (moved()).
+--   times: {lower(address) = n}: how many of them pay each destination.
 function M.target(s, req)
   local intent = req.intent
   local named, first = {}, nil
@@ -252,28 +261,48 @@ function M.target(s, req)
       refuse_chain("INTENT_CHAIN_CONFLICT", "the request names two chains: %s", table.concat(named, ", "))
     end
   end
-  local function pays(d)
+  local times = {}
+  local function pays(d, by_node)
     if type(d) ~= "string" or d == "" then return end
     local k = d:lower()
     if not seen[k] then seen[k] = true; dests[#dests + 1] = d end
+    if by_node then times[k] = (times[k] or 0) + 1 end
   end
   for _, k in ipairs(INTENT_CHAINS) do add("intent." .. k, intent[k]) end
   pays(intent.destination)
   local nodes = req.plan_version_id and s:query([[
     SELECT node_key, executor, action_type, config FROM plan_nodes
      WHERE plan_version_id = $1 ORDER BY node_key]], req.plan_version_id) or {}
+  local paying = 0
   for _, n in ipairs(nodes) do
     local t = TARGETS[n.executor]
     if t and n.action_type == t.action_type then
+      paying = paying + 1
       local cfg = type(n.config) == "table" and n.config or {}
       local c = t.chain(cfg, intent)
       if not is_ref(c) then add(string.format("node %s's chain_id", n.node_key), c) end
       local d = t.destination(cfg, intent)
-      if type(d) == "string" and d ~= "" and not is_ref(d) then pays(d)
+      if type(d) == "string" and d ~= "" and not is_ref(d) then pays(d, true)
       else unresolved[#unresolved + 1] = n.node_key end
     end
   end
-  return { chain = first, destination = intent.destination, destinations = dests, unresolved = unresolved }
+  return { chain = first, destination = intent.destination, destinations = dests, unresolved = unresolved,
+           paying = paying, times = times }
+end
+
+-- PAYING_SQL: target()'s paying count for a plan version (%s: an SQL
+-- expression of its id).  qtgd signer counts the same nodes
+-- (src/qtg_signerd.c), and so do the amount tiers (qtg.signed_approvals).
+M.PAYING_SQL = [[(SELECT count(*)::int FROM plan_nodes pn WHERE pn.plan_version_id = %s
+                    AND pn.executor = 'evm_transfer' AND pn.action_type = 'evm_transfer')]]
+
+-- moved(s, amount, paying) -> the amount a request moves, exact decimal
+-- text: the intent's amount times its plan's paying nodes (once when it has
+-- none); nil when amount is not a plain decimal.
+function M.moved(s, amount, paying)
+  if not risk.is_decimal(amount) then return nil end
+  if (paying or 0) <= 1 then return amount end
+  return s:query("SELECT ($1::numeric * $2::int)::text AS m", amount, paying)[1].m
 end
 
 -- book_entries(s, asset, t) -> {lower(address) = {label, ...}}: the address
@@ -320,25 +349,48 @@ local function in_book(s, req, inputs)
   return inputs.in_address_book
 end
 
--- PAYS_SQL: the same list as target()'s destinations, for a stored request
--- r (the velocity sums): r pays d when d is its intent's destination or
--- an evm_transfer node of its plan pays d (config destination, else the
--- intent's).
-local PAYS_SQL = [[(lower(r.intent->>'destination') = lower(d.x)
-   OR EXISTS (SELECT 1 FROM plan_nodes pn
-               WHERE pn.plan_version_id = r.plan_version_id
+-- NODE_PAYS_D: an evm_transfer node pn of a stored request r's plan pays
+-- d.x (its config's destination, else the intent's).
+local NODE_PAYS_D = [[pn.plan_version_id = r.plan_version_id
                  AND pn.executor = 'evm_transfer' AND pn.action_type = 'evm_transfer'
                  AND lower(CASE WHEN jsonb_typeof(pn.config->'destination') IS NULL THEN r.intent->>'destination'
                                 WHEN jsonb_typeof(pn.config->'destination') = 'string' THEN pn.config->>'destination'
-                           END) = lower(d.x)))]]
+                           END) = lower(d.x)]]
 
--- velocity_total(s, req, v) -> total, over.  Without per_destination: the
--- asset's approved amounts in the window.  With it: per destination the
+-- PAYS_SQL: the same list as target()'s destinations, for a stored request
+-- r (the velocity sums): r pays d when d is its intent's destination or
+-- an evm_transfer node of its plan pays d.
+local PAYS_SQL = [[(lower(r.intent->>'destination') = lower(d.x)
+   OR EXISTS (SELECT 1 FROM plan_nodes pn WHERE ]] .. NODE_PAYS_D .. [[))]]
+
+-- RECEIVED_SQL: what d.x receives from r: its amount times the nodes that
+-- pay d, and once when d is its intent's destination that no node pays
+-- (as own_times() counts for the request being decided).
+local RECEIVED_SQL = [[(r.intent->>'amount')::numeric * greatest(
+     (SELECT count(*) FROM plan_nodes pn WHERE ]] .. NODE_PAYS_D .. [[),
+     CASE WHEN lower(r.intent->>'destination') = lower(d.x) THEN 1 ELSE 0 END)]]
+
+-- own_times(t, intent) -> [{x = destination, n = times it receives the
+-- amount}], in t.destinations' order.
+local function own_times(t, intent)
+  local dest = type(intent.destination) == "string" and intent.destination:lower() or nil
+  local out = canon.array()
+  for i, d in ipairs(t.destinations) do
+    local n = t.times[d:lower()] or 0
+    if n == 0 and d:lower() == dest then n = 1 end
+    out[i] = { x = d, n = n }
+  end
+  return out
+end
+
+-- velocity_total(s, req, moved, v) -> total, over.  Amounts are what each
+-- request moves (moved(): a plan that pays twice counts twice).  Without
+-- per_destination: the asset's approved amounts in the window.  With it: per destination the
 -- request pays (target().destinations), the approved amounts of the
 -- requests paying that destination; the largest is the total, and the rule
 -- holds when any destination's crosses `over` (a request paying no
 -- literal destination counts as crossing: nothing to sum it by).
-local function velocity_total(s, req, v)
+local function velocity_total(s, req, moved, v)
   local intent = req.intent
   -- $1 network class, $2 asset (canonical), $3 window, $4 this request's id
   local window = [[
@@ -348,20 +400,23 @@ local function velocity_total(s, req, v)
        AND r.request_state NOT IN ('CANCELLED', 'REJECTED', 'EXPIRED')
        AND r.intent->>'amount' ~ '^[0-9]+(\.[0-9]+)?$'
        AND ($4::uuid IS NULL OR r.id <> $4::uuid)]]
-  local sum = "COALESCE(sum((r.intent->>'amount')::numeric), 0)"
+  local sum = "COALESCE(sum((r.intent->>'amount')::numeric * greatest(1, "
+    .. M.PAYING_SQL:format("r.plan_version_id") .. ")), 0)"
   if not v.per_destination then
     local row = s:query("SELECT " .. sum .. "::text AS total, " .. sum .. " + $5::numeric > $6::numeric AS over"
-      .. window, req.network_class, risk.asset(intent.asset), v.window_seconds, req.id, intent.amount, v.over)[1]
+      .. window, req.network_class, risk.asset(intent.asset), v.window_seconds, req.id, moved, v.over)[1]
     return row.total, row.over
   end
+  -- per destination: what each received, and what this request pays it
   local t = req.target or M.target(s, req)
   if #t.destinations == 0 or #t.unresolved > 0 then return "0", true end
   local row = s:query([[
-    WITH per AS (SELECT (SELECT ]] .. sum .. window .. " AND " .. PAYS_SQL .. [[) AS total
-                   FROM jsonb_array_elements_text($7::jsonb) AS d(x))
-    SELECT max(total)::text AS total, bool_or(total + $5::numeric > $6::numeric) AS over FROM per]],
+    WITH per AS (SELECT (SELECT COALESCE(sum(]] .. RECEIVED_SQL .. "), 0)" .. window .. " AND " .. PAYS_SQL
+      .. [[) AS total, d.n
+                   FROM jsonb_to_recordset($7::jsonb) AS d(x text, n int))
+    SELECT max(total)::text AS total, bool_or(total + $5::numeric * n > $6::numeric) AS over FROM per]],
     req.network_class, risk.asset(intent.asset), v.window_seconds, req.id, intent.amount, v.over,
-    canon.encode(canon.array(t.destinations)))[1]
+    canon.encode(own_times(t, intent)))[1]
   return row.total, row.over
 end
 
@@ -373,16 +428,16 @@ local function matches(s, req, rule, inputs)
   if m.initiator and not one_of(m.initiator, req.initiator.actor) then return false end
   if m.initiator_role and not principals.has_role(req.initiator, m.initiator_role) then return false end
   if m.amount_at_least or m.amount_below then
-    local a = intent.amount
-    if not risk.is_decimal(a) then return false end
+    local a = inputs.moved_amount
+    if a == nil then return false end
     if m.amount_at_least and risk.cmp(a, m.amount_at_least) < 0 then return false end
     if m.amount_below and risk.cmp(a, m.amount_below) >= 0 then return false end
   end
   if m.destination_in and not in_book(s, req, inputs) then return false end
   if m.destination_not_in and in_book(s, req, inputs) then return false end
   if m.velocity then
-    if not risk.is_decimal(intent.amount) then return false end
-    local total, over = velocity_total(s, req, m.velocity)
+    if inputs.moved_amount == nil then return false end
+    local total, over = velocity_total(s, req, inputs.moved_amount, m.velocity)
     inputs.velocity = inputs.velocity or {}
     inputs.velocity[rule.name] = { window_seconds = m.velocity.window_seconds, over = m.velocity.over,
                                    approved_in_window = total }
@@ -406,7 +461,9 @@ end
 -- initiator = principal}.
 function M.evaluate(s, req)
   local policy = M.policy()
+  local paying = (req.target or M.target(s, req)).paying
   local inputs = { amount = req.intent.amount, asset = req.intent.asset,
+                   moved_amount = M.moved(s, req.intent.amount, paying), paying_nodes = paying,
                    destination = req.intent.destination, initiator = req.initiator.actor }
   for _, rule in ipairs(policy.rules) do
     local ok, hit = pcall(matches, s, req, rule, inputs)

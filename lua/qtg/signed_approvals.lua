@@ -119,8 +119,7 @@ end
 -- (the text a new request's row will hold).
 -- The plan's nodes the signer signs a transfer of the intent's amount for,
 -- as qtgd signer counts them (src/qtg_signerd.c).
-local TRANSFERS = [[(SELECT count(*)::int FROM plan_nodes p WHERE p.plan_version_id = %s
-                       AND p.executor = 'evm_transfer' AND p.action_type = 'evm_transfer')]]
+local TRANSFERS = require("qtg.approvals").PAYING_SQL
 
 -- The intent's asset and amount (text, nil when absent) and the plan's
 -- transfers: at creation from req.intent_json and req.plan_version_id,

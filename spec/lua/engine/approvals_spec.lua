@@ -692,6 +692,62 @@ describe("approvals", function()
       assert.equal("APPROVED", state(req.id))
     end)
 
+    -- Each evm_transfer node pays the intent's amount (the signer signs it
+    -- for exactly that), so a plan with two moves twice the amount: the
+    -- amount rules and the velocity sums judge what it moves, as the
+    -- signer's amount tiers do.  A template that pays 0.6 twice does not
+    -- slip under a rule for 1.
+    it("judges what a plan that pays twice moves: amount rules and velocity, per destination too", function()
+      local dest = "0x" .. string.rep("ab", 20)
+      local TWICE, ONCE = "spec_appr_evm_twice", "spec_appr_evm_once"
+      sup.load_doc(s, sup.doc(TWICE, { { "transfer", "action", "evm_transfer", { signer_key = "evm_hot" }, executor = "evm_transfer" },
+                                       { "again", "action", "evm_transfer", { signer_key = "evm_hot" }, executor = "evm_transfer" } }))
+      sup.load_doc(s, sup.doc(ONCE, { { "transfer", "action", "evm_transfer", { signer_key = "evm_hot" }, executor = "evm_transfer" } }))
+      local asset = "MV" .. sup.uid("a"):upper():gsub("[^%w]", ""):sub(1, 8)
+      local function intent(amount) return { asset = asset, amount = amount, destination = dest, chain_id = 1 } end
+      sup.with_policy({ rules = { { name = "large", match = { amount_at_least = "1" }, action = P.require{ approvals = 3, roles = { "approve" } } },
+                                  { name = "rest", match = {}, action = P.require{ approvals = 1, roles = { "approve" } } } } }, function()
+        local twice = create(TWICE, intent("0.6"))
+        assert.equal(3, twice.approvals_required)
+        assert.same({ "0.6", "1.2", 2 }, { twice.approval_policy.inputs.amount, twice.approval_policy.inputs.moved_amount,
+                                           twice.approval_policy.inputs.paying_nodes })
+        assert.equal(3, create(TWICE, intent("0.5")).approvals_required)     -- 1.0: at least 1
+        assert.equal(1, create(TWICE, intent("0.49")).approvals_required)
+        assert.equal(1, create(ONCE, intent("0.6")).approvals_required)
+        assert.equal(1, create(T, { asset = asset, amount = "0.6" }).approvals_required)   -- no paying node: once
+      end)
+      sup.with_policy({ rules = { { name = "day_cap", match = { velocity = { window_seconds = 86400, over = "1000" } },
+                                    action = P.block{ reason = "over 1000 a day" } },
+                                  { name = "rest", match = {}, action = P.require{ approvals = 1, roles = { "approve" } } } } }, function()
+        -- 600 paid twice is 1200: over the cap by itself
+        local e = sup.refused("invalid_intent", create, TWICE, intent("600"))
+        assert.matches("day_cap", e.message, 1, true)
+        -- 300 paid twice counts 600 in the window: 500 more crosses 1000
+        local r1 = create(TWICE, intent("300"))
+        requests.approve(s, r1.id, BOB)
+        assert.equal("APPROVED", state(r1.id))
+        e = sup.refused("invalid_intent", create, ONCE, intent("500"))
+        assert.matches("day_cap", e.message, 1, true)
+        local r2 = create(ONCE, intent("400"))
+        assert.equal("600", r2.approval_policy.inputs.velocity.day_cap.approved_in_window)
+      end)
+      -- per destination: both nodes pay the one destination, which receives twice
+      local dest2 = "0x" .. string.rep("cd", 20)
+      local function to2(amount) return { asset = asset .. "P", amount = amount, destination = dest2, chain_id = 1 } end
+      sup.with_policy({ rules = { { name = "per_dest", match = { velocity = { window_seconds = 86400, over = "1000",
+                                                                             per_destination = true } },
+                                    action = P.block{ reason = "over 1000 a day to one destination" } },
+                                  { name = "rest", match = {}, action = P.require{ approvals = 1, roles = { "approve" } } } } }, function()
+        local e = sup.refused("invalid_intent", create, TWICE, to2("600"))
+        assert.matches("per_dest", e.message, 1, true)
+        local r1 = create(TWICE, to2("300"))
+        requests.approve(s, r1.id, BOB)
+        e = sup.refused("invalid_intent", create, ONCE, to2("500"))
+        assert.matches("per_dest", e.message, 1, true)
+        assert.equal("600", create(ONCE, to2("400")).approval_policy.inputs.velocity.per_dest.approved_in_window)
+      end)
+    end)
+
     it("address book: looked up on the chain the executor uses; conflicting chains refused; no chain is not in the book", function()
       local book = require "qtg.address_book"
       local dest = "0x" .. sup.uid("d"):gsub("[^%x]", ""):sub(1, 8) .. string.rep("e5", 16)
