@@ -369,11 +369,14 @@ static void qtg_pg_connect_work(uv_work_t *w) {
 
 static void qtg_pg_connect_done(uv_work_t *w, int status);
 
-/* Run the next connecting step in the thread pool, with the socket
- * unwatched meanwhile (libpq may close it and open another). */
+/* Run the next connecting step in the thread pool.  The socket's poll
+ * handle is closed first, while its descriptor is still libpq's: the step
+ * may close that descriptor, and the loop may then open another socket
+ * with the same number, which a later stop or close of the old handle
+ * would take out of epoll.  The step's completion watches anew. */
 static int qtg_pg_connect_queue(qtg_pg_conn *c) {
   qtg_pg_connecting *st = c->connecting;
-  if (c->poll && uv_poll_stop(c->poll) == 0) c->events = 0;
+  qtg_pg_unwatch(c);
   st->pg = c->pg;
   st->running = 1;
   if (uv_queue_work(c->loop, &st->work, qtg_pg_connect_work, qtg_pg_connect_done) != 0) {
