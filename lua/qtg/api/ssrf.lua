@@ -40,6 +40,17 @@ local M = {}
 -- at most (check_seconds).
 M.CHECK_RESOLVE_SECONDS = 10
 
+-- A lookup given up at its deadline keeps its thread in libuv's pool until
+-- the resolver gives up too (glibc: 5 s x 2 attempts x each server, 30 s
+-- with three), and libuv runs only half its pool on lookups.  A name whose
+-- lookup timed out is not asked again for STALLED_SECONDS: pin answers at
+-- once that it does not resolve, so the retries of one dead receiver hold
+-- one thread, not one per attempt.  At most STALLED_MAX names are kept
+-- (past it the list starts afresh).
+M.STALLED_SECONDS = 30
+M.STALLED_MAX = 1024
+local stalled, nstalled = {}, 0
+
 -- check_seconds() -> the deadline of check's lookup: CHECK_RESOLVE_SECONDS,
 -- or half the API request's timeout when that is shorter (the other half
 -- is left to the rest of the request).
@@ -196,7 +207,18 @@ function M.pin(url, seconds)
   if not allow and (NAMES[name] or name:match("%.localhost$") or name:match("%.internal$")) then
     return nil, refusal(name, "a local name")
   end
+  local now = qtg.monotonic()
+  local seen = stalled[name]
+  if seen and now < seen.till then
+    return nil, ("%s does not resolve (%s %.0f s ago; not asked again for %.0f s)"):format(host, seen.why,
+      now - seen.at, seen.till - now)
+  end
   local addrs, err = qtg.api_net.resolve(host, seconds)
+  if err and err.kind == "timeout" then
+    if nstalled >= M.STALLED_MAX then stalled, nstalled = {}, 0 end
+    if not stalled[name] then nstalled = nstalled + 1 end
+    stalled[name] = { at = now, till = qtg.monotonic() + M.STALLED_SECONDS, why = err.message }
+  end
   if not addrs or #addrs == 0 then
     return nil, ("%s does not resolve (%s)"):format(host, tostring(err and err.message or "no address"))
   end

@@ -118,13 +118,17 @@ res.hosts = lookup("localhost")
 ssrf.CHECK_RESOLVE_SECONDS = 1
 local elapsed, ok, why = timed(ssrf.check, "https://" .. NAME .. "/cb")
 res.check = { elapsed = elapsed, ok = ok or cjson.null, why = why or cjson.null }
+-- the same name again: not asked again while its lookup may still hold a
+-- thread in the resolver (ssrf.STALLED_SECONDS)
+elapsed, ok, why = timed(ssrf.check, "https://" .. NAME .. "/again")
+res.check_again = { elapsed = elapsed, ok = ok or cjson.null, why = why or cjson.null }
 -- at its default bound, cut to half the API request's timeout (3 s here)
 ssrf.CHECK_RESOLVE_SECONDS = 10
-elapsed, ok, why = timed(ssrf.check, "https://" .. NAME .. "/api-bound")
+elapsed, ok, why = timed(ssrf.check, "https://api-bound.example/api-bound")
 res.check_api_bound = { elapsed = elapsed, ok = ok or cjson.null, why = why or cjson.null }
 -- a delivery's guard, given the delivery's timeout
 local pin, outcome
-elapsed, pin, outcome = timed(callbacks.guard, "https://" .. NAME .. ":8443/cb", 0.5)
+elapsed, pin, outcome = timed(callbacks.guard, "https://guard.example:8443/cb", 0.5)
 res.guard = { elapsed = elapsed, pin = pin or cjson.null, outcome = outcome or cjson.null }
 -- a batch's guards run at once: four names that never answer cost the
 -- batch one deadline, not four
@@ -349,10 +353,15 @@ describe("qtg.api_net.resolve's deadline", function()
     assert.equal("resolve-timeout.example does not resolve (name lookup of resolve-timeout.example "
       .. "took longer than 1 s)", res.check.why)
     assert.truthy(res.check.elapsed < 5, "took " .. res.check.elapsed .. " s")
+    -- asked again at once: refused without a lookup, saying why
+    assert.equal(cjson.null, res.check_again.ok)
+    assert.truthy(res.check_again.why:find("^resolve%-timeout%.example does not resolve %(name lookup of "
+      .. "resolve%-timeout%.example took longer than 1 s %d+ s ago; not asked again for %d+ s%)$"), res.check_again.why)
+    assert.truthy(res.check_again.elapsed < 0.2, "took " .. res.check_again.elapsed .. " s")
     -- the check's own 10 s would outlast the API request's 3 s (a 503 and
     -- no reason): it gives up at half of them
     assert.equal(cjson.null, res.check_api_bound.ok)
-    assert.equal("resolve-timeout.example does not resolve (name lookup of resolve-timeout.example "
+    assert.equal("api-bound.example does not resolve (name lookup of api-bound.example "
       .. "took longer than 1.5 s)", res.check_api_bound.why)
     assert.truthy(res.check_api_bound.elapsed >= 1.4 and res.check_api_bound.elapsed < 5,
       "took " .. res.check_api_bound.elapsed .. " s")
@@ -361,8 +370,8 @@ describe("qtg.api_net.resolve's deadline", function()
     local out = res.guard.outcome
     assert.equal(cjson.null, res.guard.pin)
     assert.is_false(out.delivered)
-    assert.equal("forbidden_address: resolve-timeout.example does not resolve (name lookup of "
-      .. "resolve-timeout.example took longer than 0.5 s)", out.error)
+    assert.equal("forbidden_address: guard.example does not resolve (name lookup of "
+      .. "guard.example took longer than 0.5 s)", out.error)
     assert.truthy(res.guard.elapsed < 5, "took " .. res.guard.elapsed .. " s")
 
     -- a batch of four such names: each refused, together in about one
