@@ -249,12 +249,20 @@ local function has(list, value)
   return false
 end
 
-local function namespaces_usable()
+-- namespaces(files) -> true | nil, why: the black hole, RUN, resolv.conf and
+-- files ({name = text}) written in dir for a child to run in namespaces of
+-- its own, or why that cannot be done here.
+local function namespaces(files)
   if io.popen("id -u"):read("*l") ~= "0" then
     return nil, "needs root: the DNS server that never answers is played in namespaces of its own (unshare)"
   end
   local probe, prc = common.sh("unshare --mount --net true")
   if prc ~= 0 then return nil, "unshare --mount --net is not permitted here: " .. probe end
+  common.write(dir .. "/hole.py", BLACK_HOLE)
+  common.write(dir .. "/run.sh", RUN)
+  common.write(dir .. "/resolv.conf", "nameserver 127.0.0.77\noptions timeout:5 attempts:2\n")
+  for name, text in pairs(files) do common.write(dir .. "/" .. name, text) end
+  os.remove(dir .. "/hole.ready")
   return true
 end
 
@@ -295,16 +303,11 @@ describe("qtg.api_net.resolve's deadline", function()
   end)
 
   it("gives up at the deadline when the DNS server never answers, not at the resolver's 10 s", function()
-    local usable, why = namespaces_usable()
+    local usable, why = namespaces({ ["child.lua"] = CHILD, ["console.py"] = CONSOLE_CLIENT })
     if not usable then
       pending(why)
       return
     end
-    common.write(dir .. "/hole.py", BLACK_HOLE)
-    common.write(dir .. "/run.sh", RUN)
-    common.write(dir .. "/child.lua", CHILD)
-    common.write(dir .. "/console.py", CONSOLE_CLIENT)
-    common.write(dir .. "/resolv.conf", "nameserver 127.0.0.77\noptions timeout:5 attempts:2\n")
     os.execute("mkdir -m 700 " .. q(dir .. "/run"))
     local env = common.base_env({ UV_THREADPOOL_SIZE = "5", MG_API_CALLBACK_ALLOW_PRIVATE = "false",
                                   MG_CONSOLE_ENABLED = "true", MG_RUN_DIR = dir .. "/run",
@@ -392,16 +395,11 @@ describe("qtg.api_net.resolve's deadline", function()
   -- daemon for the resolver's 10 s at every connect (on the tree before:
   -- a 10 s gap between the other task's 50 ms sleeps)
   it("keeps the loop going while the database's host name does not resolve, and lookups free", function()
-    local usable, why = namespaces_usable()
+    local usable, why = namespaces({ ["db_child.lua"] = DB_CHILD })
     if not usable then
       pending(why)
       return
     end
-    common.write(dir .. "/hole.py", BLACK_HOLE)
-    common.write(dir .. "/run.sh", RUN)
-    common.write(dir .. "/db_child.lua", DB_CHILD)
-    common.write(dir .. "/resolv.conf", "nameserver 127.0.0.77\noptions timeout:5 attempts:2\n")
-    os.remove(dir .. "/hole.ready")
     local env = common.base_env({ MG_DATABASE_URL = "postgresql://qtg@db.resolve-timeout.example:5432/qtg" })
     local h = common.spawn(dir .. "/db_child", env,
       ("unshare --mount --net sh %s %s %s db_child.lua db_result.json"):format(q(dir .. "/run.sh"), q(dir),

@@ -8,7 +8,7 @@
 -- Played for real, with iproute2 and root: two network namespaces of
 -- their own (`unshare --net`), joined by a veth pair, 10.77.0.1 (the
 -- child's side) and 10.77.0.2 (the far side).  On the far side a TCP relay
--- (python3) forwards to this cluster's Unix socket (pathname sockets cross
+-- (python3, common.FORWARDER) forwards to this cluster's Unix socket (pathname sockets cross
 -- network namespaces); a child `qtgd exec` reaches the database through
 -- it, over TCP, with MG_DB_TCP_TIMEOUT_SECONDS=2.  Then the far side's end
 -- of the pair drops every packet it would send (`tc qdisc add dev qb root
@@ -32,43 +32,6 @@ local cjson = require "cjson"
 
 local common, dir
 local q
-
--- The relay.  Arguments: the address and port to listen on, the server's
--- Unix socket, the ready file.  It ends by itself after 3 minutes.
-local RELAY = [=[
-import os, socket, sys, threading, time
-host, port, target, ready = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
-srv = socket.socket()
-srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-srv.bind((host, port))
-srv.listen(64)
-def pump(a, b):
-    try:
-        while True:
-            d = a.recv(65536)
-            if not d:
-                break
-            b.sendall(d)
-    except OSError:
-        pass
-    for x in (a, b):
-        try:
-            x.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-def serve():
-    while True:
-        c, _ = srv.accept()
-        u = socket.socket(socket.AF_UNIX)
-        u.connect(target)
-        threading.Thread(target=pump, args=(c, u), daemon=True).start()
-        threading.Thread(target=pump, args=(u, c), daemon=True).start()
-threading.Thread(target=serve, daemon=True).start()
-with open(ready + ".tmp", "w") as f:
-    f.write("%d\n" % os.getpid())
-os.rename(ready + ".tmp", ready)
-time.sleep(180)
-]=]
 
 -- Runs in the child's namespace: the far side's namespace (a process that
 -- holds it), the veth pair, the relay there, the child, and the drop and
@@ -97,7 +60,8 @@ if ! { ip addr add 10.77.0.1/24 dev qa && ip link set qa up &&
        far ip addr add 10.77.0.2/24 dev qb && far ip link set qb up; }; then
   kill "$holder"; exit 93
 fi
-far python3 "$here/relay.py" 10.77.0.2 "$port" "$target" "$dir/relay.ready" >"$dir/relay.log" 2>&1 & relay=$!
+far timeout 180 python3 "$here/relay.py" "$port" "unix:$target" "$dir/relay.ready" 10.77.0.2 \
+  >"$dir/relay.log" 2>&1 & relay=$!
 if ! wait_file "$dir/relay.ready" "$relay"; then
   echo "the relay did not start:"; cat "$dir/relay.log"; kill "$relay" "$holder" 2>/dev/null; exit 97
 fi
@@ -215,7 +179,7 @@ describe("a database host that stops answering", function()
     s:release()
     local target = ("%s/.s.PGSQL.%s"):format(db.sockdir:gsub("^%s+", ""), db.port)
     assert.equal(0, select(2, common.sh("test -S " .. q(target))), "no server socket at " .. target)
-    common.write(dir .. "/relay.py", RELAY)
+    common.write(dir .. "/relay.py", common.FORWARDER)
     common.write(dir .. "/run.sh", RUN)
     common.write(dir .. "/child.lua", CHILD)
     -- one run in a namespace of its own: what the child saw

@@ -250,16 +250,19 @@ local function background(cmd, log)
 end
 M.background = background
 
--- A TCP forwarder 127.0.0.1:LPORT (0: any) -> TARGET ("host:port", or
--- "unix:/path" for a Unix socket), one pipe per connection: a spec stops
--- it to cut a daemon off from what it talks to (an RPC endpoint, the
--- database), and starts it again on the same port.
+-- A TCP forwarder LHOST:LPORT (LPORT 0: any; LHOST, the optional fourth
+-- argument, 127.0.0.1 when absent) -> TARGET ("host:port", or "unix:/path"
+-- for a Unix socket), one pipe per connection; it writes the port it
+-- listens on to PORTFILE (by rename).  A spec stops it to cut a daemon off
+-- from what it talks to (an RPC endpoint, the database), and starts it
+-- again on the same port.
 local FORWARDER = [=[
 import os, socket, sys, threading
 lport, target, portfile = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+lhost = sys.argv[4] if len(sys.argv) > 4 else "127.0.0.1"
 srv = socket.socket()
 srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-srv.bind(("127.0.0.1", lport))
+srv.bind((lhost, lport))
 srv.listen(64)
 with open(portfile + ".tmp", "w") as f:
     f.write("%d" % srv.getsockname()[1])
@@ -296,6 +299,8 @@ while True:
     threading.Thread(target=pipe, args=(c, u), daemon=True).start()
     threading.Thread(target=pipe, args=(u, c), daemon=True).start()
 ]=]
+
+M.FORWARDER = FORWARDER
 
 -- start_forwarder(dir, target[, port]) -> {port=, pid=}: FORWARDER to
 -- target (a port number: 127.0.0.1; else as FORWARDER takes it), its files
