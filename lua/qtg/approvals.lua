@@ -383,11 +383,12 @@ local function own_times(t, intent)
   return out
 end
 
--- velocity_total(s, req, moved, v) -> total, over.  Amounts are what each
--- request moves (moved(): a plan that pays twice counts twice).  Without
--- per_destination: the asset's approved amounts in the window.  With it: per destination the
--- request pays (target().destinations), the approved amounts of the
--- requests paying that destination; the largest is the total, and the rule
+-- velocity_total(s, req, moved, v) -> total, over.  Without
+-- per_destination: the asset's amounts approved in the window, each as its
+-- request moves it (a plan that pays twice counts twice), plus moved.
+-- With it: per destination the request pays (target().destinations), what
+-- the approved requests paid that destination (RECEIVED_SQL), plus what
+-- this one pays it (own_times); the largest is the total, and the rule
 -- holds when any destination's crosses `over` (a request paying no
 -- literal destination counts as crossing: nothing to sum it by).
 local function velocity_total(s, req, moved, v)

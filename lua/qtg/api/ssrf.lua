@@ -29,9 +29,9 @@
 -- delivery's timeout (MG_CALLBACK_TIMEOUT_SECONDS) at delivery,
 -- CHECK_RESOLVE_SECONDS at creation, or half the API request's own
 -- timeout (MG_API_REQUEST_TIMEOUT_SECONDS) when that is shorter, so that
--- the client gets the refusal rather than a 503.  A lookup past it does not resolve,
--- like a name without an answer: the attempt fails (retried), the
--- creation is refused.
+-- the client gets the refusal rather than a 503.  A lookup past it does
+-- not resolve, like a name without an answer: the attempt fails
+-- (retried), the creation is refused.
 local qtg = require "qtg"
 
 local M = {}
