@@ -323,7 +323,7 @@ static int qtg_signerd_check_signed(qtg_decision *dec, const qtg_approvers *a, P
   if (qtg_approvers_initiation_signed(a) && qtg_signerd_check_initiation(dec, a, r) != 0) return -1;
   long transfers = atol(qtg_field(r, F_TRANSFERS));
   int floor = qtg_approvers_quorum_for(a, klass ? klass : "", qtg_field(r, F_ASSET), qtg_field(r, F_AMOUNT),
-                                       transfers > 0 && transfers < 1000000 ? (uint32_t)transfers : 1000000,
+                                       transfers < 0 ? 0 : transfers > 1000000 ? 1000000 : (uint32_t)transfers,
                                        rule, sizeof rule);
   if (floor < 0) QTG_REFUSE(dec, "APPROVALS_INCOMPLETE", "%s", rule);
   long need = atol(qtg_field(r, F_REQUIRED));
