@@ -311,11 +311,10 @@ static int qtg_run_command(const char *root, qtg_settings *s, const char *cmd, i
 int main(int argc, char **argv) {
   const char *cmd = NULL;
   int argi = 1;
-  /* libuv's thread pool runs the name lookups (callback deliveries, the
-   * API's check, the database's connecting steps).  A lookup that a DNS
-   * server never answers holds its thread for the resolver's full time
-   * after its own deadline; with libuv's default of 4 threads a few of them
-   * left the database's reconnects queued behind.  The operator's
+  /* libuv's thread pool runs the database's connecting steps (src/qtg_pg.c),
+   * each holding its thread through libpq's blocking name lookup: with
+   * libuv's default of 4 threads, a pool reconnecting to a host name whose
+   * DNS server never answers left nothing for the rest.  The operator's
    * UV_THREADPOOL_SIZE wins; libuv reads it when the pool first starts. */
   if (getenv("UV_THREADPOOL_SIZE") == NULL && setenv("UV_THREADPOOL_SIZE", "16", 0) != 0) {
     perror("qtgd: setenv UV_THREADPOOL_SIZE");

@@ -40,13 +40,11 @@ local M = {}
 -- at most (check_seconds).
 M.CHECK_RESOLVE_SECONDS = 10
 
--- A lookup given up at its deadline keeps its thread in libuv's pool until
--- the resolver gives up too (glibc: 5 s x 2 attempts x each server, 30 s
--- with three), and libuv runs only half its pool on lookups.  A name whose
--- lookup timed out is not asked again for STALLED_SECONDS: pin answers at
--- once that it does not resolve, so the retries of one dead receiver hold
--- one thread, not one per attempt.  At most STALLED_MAX names are kept
--- (past it the list starts afresh).
+-- A name whose lookup timed out is not asked again for STALLED_SECONDS:
+-- pin answers at once that it does not resolve, so the retries of one dead
+-- receiver do not each wait out the deadline again (nor send the dead
+-- server more queries).  At most STALLED_MAX names are kept (past it the
+-- list starts afresh).
 M.STALLED_SECONDS = 30
 M.STALLED_MAX = 1024
 local stalled, nstalled = {}, 0
