@@ -144,18 +144,33 @@ function M.text_repaired(s)
   return table.concat(out)
 end
 
+-- The steps from v to its first string, value or key, that fails
+-- M.text_ok, last step first; nil when none does.  The path's text is made
+-- only for what is found: made at every level on the way down, a document
+-- of long keys nested deep cost memory of its depth squared.
+local function bad_text_steps(v)
+  if type(v) == "string" then return not M.text_ok(v) and {} or nil end
+  if type(v) ~= "table" then return nil end
+  for k, x in pairs(v) do
+    if type(k) == "string" and not M.text_ok(k) then return { " (a key)" } end
+    local steps = bad_text_steps(x)
+    if steps then
+      steps[#steps + 1] = type(k) == "number" and ("[" .. k .. "]") or ("." .. tostring(k))
+      return steps
+    end
+  end
+  return nil
+end
+
 -- bad_text_path(v, path) -> where in v (path, then ".key" / "[i]" steps)
 -- the first string, value or key, fails M.text_ok; nil when none does.
 -- Call it on an encodable value (M.encode bounds the depth).
 function M.bad_text_path(v, path)
-  if type(v) == "string" then return not M.text_ok(v) and path or nil end
-  if type(v) ~= "table" then return nil end
-  for k, x in pairs(v) do
-    if type(k) == "string" and not M.text_ok(k) then return path .. " (a key)" end
-    local bad = M.bad_text_path(x, path .. (type(k) == "number" and ("[" .. k .. "]") or ("." .. tostring(k))))
-    if bad then return bad end
-  end
-  return nil
+  local steps = bad_text_steps(v)
+  if not steps then return nil end
+  local out = { path }
+  for i = #steps, 1, -1 do out[#out + 1] = steps[i] end
+  return table.concat(out)
 end
 
 -- storable(v[, name]) -> true | nil, reason: v can be written to a jsonb
@@ -197,8 +212,15 @@ local function unescape(raw)
   return ok and v or raw
 end
 
+-- The path of the object open at depth: "$", then ".key" or "[]" for each
+-- level in steps (made only for a duplicate found: made at every level, a
+-- document of long keys nested deep cost memory of its depth squared).
+local function path_of(steps, depth)
+  return "$" .. table.concat(steps, "", 2, depth)
+end
+
 function M.duplicate_key(text)
-  local stack, paths, depth = {}, {}, 0
+  local stack, steps, depth = {}, {}, 0
   local expect_key, last_key = false, nil
   local i = 1
   while true do
@@ -216,7 +238,7 @@ function M.duplicate_key(text)
       local top = stack[depth]
       if top and expect_key then
         local key = unescape(sub(text, p + 1, e - 1))
-        if top[key] then return key, paths[depth] end
+        if top[key] then return key, path_of(steps, depth) end
         top[key] = true
         last_key = key
       end
@@ -224,14 +246,13 @@ function M.duplicate_key(text)
     else
       if c == B_LBRACE or c == B_LBRACKET then
         local parent = stack[depth]
-        local path = depth == 0 and "$" or (parent and (paths[depth] .. "." .. tostring(last_key))
-          or (paths[depth] .. "[]"))
+        local step = depth == 0 and "" or (parent and ("." .. tostring(last_key)) or "[]")
         depth = depth + 1
         stack[depth] = c == B_LBRACE and {} or false
-        paths[depth] = path
+        steps[depth] = step
         expect_key = c == B_LBRACE
       elseif c == B_RBRACE or c == B_RBRACKET then
-        stack[depth], paths[depth] = nil, nil
+        stack[depth], steps[depth] = nil, nil
         depth = depth - 1
         expect_key = false
       elseif c == B_COMMA then

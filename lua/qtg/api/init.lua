@@ -14,7 +14,12 @@
 -- and answers every refusal as problem+json (qtg.api.problem).  Counters
 -- of requests by route and status feed /metrics (qtg.api.metrics).
 local qtg = require "qtg"
-local cjson = require "cjson.safe"
+-- The bodies' decoder: at most 64 levels, as many as a stored document may
+-- have (canon.encode).  cjson's own limit, 1000, let a body nest deeper
+-- than anything it could become, and every level costs the checks after
+-- the decode.
+local json = require("cjson.safe").new()
+json.decode_max_depth(64)
 local canon = require "qtg.canon_json"
 local problem = require "qtg.api.problem"
 local tokens = require "qtg.api.tokens"
@@ -95,7 +100,7 @@ local function parse_body(route, req)
   if not canon.text_ok(body) then problem.raise("bad_request", "the body is not valid UTF-8") end
   -- canon.decode: cjson's decode, then a refusal of any object key given
   -- twice at any depth (cjson keeps the last, a reviewer reads the first)
-  local doc, err = canon.decode(body, cjson)
+  local doc, err = canon.decode(body, json)
   if doc == nil then
     err = tostring(err)
     if err:match("^duplicate key ") then problem.raise("bad_request", "the body has a %s", err) end

@@ -118,6 +118,75 @@ describe("HTTP API hardening", function()
     assert.equal("10", rows("SELECT intent->>'amount' AS a FROM movement_requests WHERE id = $1", ok.json.id)[1].a)
   end)
 
+  -- The review's attack: a body of 1,000 nested objects, each with one key
+  -- of about 1 KB (1 MB, under MG_API_MAX_BODY_BYTES), from a token of
+  -- scope own.  cjson took 1,000 levels and the duplicate-key check built
+  -- each level's path text from the one above: 500 MB and 1.5 s of the
+  -- loop for one request.  Bodies now stop at 64 levels (as deep as
+  -- anything stored), and no check makes text per level.
+  it("refuses a body nested past 64 levels, and a deep body of long keys costs the daemon no memory", function()
+    local own = api.token("read,operate", { scope = "own" })
+    local function nested(depth, key)
+      return string.rep('{"' .. key .. '":', depth) .. "1" .. string.rep("}", depth)
+    end
+    local function vm_hwm_kb()
+      local f = assert(io.open("/proc/" .. d.h.pid .. "/status"))
+      local text = f:read("*a")
+      f:close()
+      return tonumber(text:match("VmHWM:%s*(%d+)"))
+    end
+    local before = vm_hwm_kb()
+    local attack = nested(1000, string.rep("k", 1040))
+    assert.truthy(#attack > 1000000 and #attack < 1048576, #attack)
+    local r = api.call(d, "POST", "/v3/requests", { token = own, key = common.uid("k", 4), body = attack,
+      headers = { ["Content-Type"] = "application/json" } })
+    local grew = vm_hwm_kb() - before
+    assert.truthy(grew < 64 * 1024, "the daemon's peak memory grew by " .. grew .. " kB")
+    local doc = expect_problem(400, "bad_request", r, "the deep body")
+    assert.truthy(doc.detail:find("too many nested", 1, true), doc.detail)
+    -- 64 levels of the same keys: parsed, and refused for what it says
+    r = api.call(d, "POST", "/v3/requests", { token = own, key = common.uid("k", 4),
+      body = nested(64, string.rep("k", 1040)), headers = { ["Content-Type"] = "application/json" } })
+    expect_problem(422, "unknown_field", r, "64 levels")
+    -- 65 levels: malformed, however short the keys
+    r = api.call(d, "POST", "/v3/requests", { token = own, key = common.uid("k", 4), body = nested(65, "a"),
+      headers = { ["Content-Type"] = "application/json" } })
+    doc = expect_problem(400, "bad_request", r, "65 levels")
+    assert.truthy(doc.detail:find("too many nested", 1, true), doc.detail)
+  end)
+
+  -- The checks that name a path in a document make its text only for what
+  -- they report: on the way down, each level's text copied the one above.
+  it("finds a duplicate key or a bad string deep in long keys in memory linear in the text", function()
+    local canon = require "qtg.canon_json"
+    local function allocated_kb(fn)
+      collectgarbage("collect")
+      collectgarbage("stop")
+      local before = collectgarbage("count")
+      local a, b = fn()
+      local used = collectgarbage("count") - before
+      collectgarbage("restart")
+      return used, a, b
+    end
+    local key = string.rep("k", 8192)
+    -- 60 levels of 8 KB keys, the duplicate at the bottom: 0.5 MB of text
+    local text = string.rep('{"' .. key .. '":', 60) .. '{"a":1,"a":2}' .. string.rep("}", 60)
+    local used, dup, where = allocated_kb(function() return canon.duplicate_key(text) end)
+    assert.equal("a", dup)
+    assert.equal("$" .. string.rep("." .. key, 60), where)
+    assert.truthy(used < 8 * 1024, "duplicate_key allocated " .. used .. " kB")
+    -- the same depth as tables, 100 strings at the bottom, the last not UTF-8
+    local doc = {}
+    local at = doc
+    for _ = 1, 60 do at[key] = {}; at = at[key] end
+    for i = 1, 99 do at["s" .. i] = "fine" end
+    at.z = "\255"
+    local bad
+    used, bad = allocated_kb(function() return canon.bad_text_path(doc, "body") end)
+    assert.equal("body" .. string.rep("." .. key, 60) .. ".z", bad)
+    assert.truthy(used < 8 * 1024, "bad_text_path allocated " .. used .. " kB")
+  end)
+
   it("answers bad cursors and times with 400", function()
     local uuid = "00000000-0000-4000-8000-000000000000"
     local cases = {
