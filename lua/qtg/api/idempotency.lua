@@ -14,7 +14,8 @@
 -- key order do not matter); a replayed 201 keeps its Location.  A
 -- first request that died without an answer (its row still has no status
 -- after MG_API_REQUEST_TIMEOUT_SECONDS twice over) is taken over by the
--- next repeat.  A 5xx answer is not stored: the key is freed for a retry.
+-- next repeat of the same request; another request under its key is 422,
+-- since the first may have committed.  A 5xx answer is not stored: the key is freed for a retry.
 -- Refusals before the route runs (authentication, role, rate limit,
 -- ownership, a malformed body) are not stored either: nothing was done.
 local qtg = require "qtg"
@@ -33,6 +34,7 @@ ON CONFLICT (client, network_class, idempotency_key) DO UPDATE
        created_at = clock_timestamp()
  WHERE api_idempotency_keys.status IS NULL
    AND api_idempotency_keys.created_at < clock_timestamp() - $6::float8 * interval '1 second'
+   AND api_idempotency_keys.request_hash = EXCLUDED.request_hash
 RETURNING client]]
 
 function M.request_hash(method, path, body)

@@ -100,6 +100,41 @@ describe("HTTP API Idempotency-Key", function()
     assert.equal(first.json.id, same.json.id)
   end)
 
+  -- The row a first try that died leaves (no status, past its take-over
+  -- time) is taken over by a repeat of that request only: another path or
+  -- body under the key ran in its place, although the first may have
+  -- committed.
+  it("lets only the same request take over a key whose first try died", function()
+    local a = create(d1, common.uid("ta", 4), with_amount("11"))
+    local b = create(d1, common.uid("tb", 4), with_amount("12"))
+    assert.equal(201, a.status, a.body)
+    assert.equal(201, b.status, b.body)
+    local key = common.uid("t", 4)
+    local function cancel(id, reason)
+      return api.call(d1, "POST", "/v3/requests/" .. id .. "/cancel",
+        { token = operator, key = key, json = { reason = reason } })
+    end
+    local first = cancel(a.json.id, "spec: the first")
+    assert.equal(200, first.status, first.body)
+    local function died()
+      rows([[UPDATE api_idempotency_keys SET status = NULL, created_at = now() - interval '1 hour'
+              WHERE client = $1 AND idempotency_key = $2]], operator_name, key)
+    end
+    died()
+    local other = cancel(b.json.id, "spec: the first")
+    assert.equal(422, other.status, other.body)
+    assert.equal("idempotency_mismatch", other.json.kind)
+    assert.equal("PENDING_APPROVAL",
+      rows("SELECT request_state FROM movement_requests WHERE id = $1", b.json.id)[1].request_state)
+    -- the same request again: taken over, run, and answered afresh
+    local same = cancel(a.json.id, "spec: the first")
+    assert.is_nil(same.headers["idempotent-replayed"], same.body)
+    assert.truthy(same.status ~= 422, same.body)
+    assert.equal("/v3/requests/" .. a.json.id .. "/cancel",
+      rows("SELECT path FROM api_idempotency_keys WHERE client = $1 AND idempotency_key = $2",
+        operator_name, key)[1].path)
+  end)
+
   it("refuses, in the console's create too, a reused key for another maker or body", function()
     local requests = require "qtg.requests"
     local s = require("qtg").db.acquire()
