@@ -115,12 +115,19 @@ local function clip(s)
   return #s > 500 and s:sub(1, 500) .. "..." or s
 end
 
--- snapshot(s, fetcher, source) -> rows written.  Runs the fetch (no
--- transaction needed around it) and appends what came back.
-function M.snapshot(s, fetcher, source, process_id)
-  local settings = qtg.settings
-  local ok, res, why = pcall(fetcher.fetch, settings)
+-- fetch(fetcher) -> fetched: the venue's answer, {fetcher=, res=, why=}
+-- (res nil: why says what failed).  Needs no database session.
+function M.fetch(fetcher)
+  local ok, res, why = pcall(fetcher.fetch, qtg.settings)
   if not ok then res, why = nil, "fetcher raised: " .. tostring(res) end
+  return { fetcher = fetcher, res = res, why = why }
+end
+
+-- store(s, fetched, source[, process_id]) -> rows written: what fetch
+-- brought back, appended (a failure as a row with ok = false).
+function M.store(s, fetched, source, process_id)
+  local settings = qtg.settings
+  local fetcher, res, why = fetched.fetcher, fetched.res, fetched.why
   if not res then
     s:query(M.INSERT_ERR_SQL, settings.network_class, fetcher.venue_key, "*", clip(why), source, process_id)
     qtg.log.warn("balance fetch failed", { worker = "balance_snapshot", venue_key = fetcher.venue_key,
@@ -133,6 +140,20 @@ function M.snapshot(s, fetcher, source, process_id)
       canon.encode(canon.array(amounts)), canon.encode(b.detail or {}), source, process_id)
   end
   return #res
+end
+
+-- snapshot(s, fetcher, source) -> rows written: fetch, then store (no
+-- transaction needed around them).
+function M.snapshot(s, fetcher, source, process_id)
+  return M.store(s, M.fetch(fetcher), source, process_id)
+end
+
+-- fetcher_of(venue_key) -> the venue's fetcher row, or nil.
+function M.fetcher_of(venue_key)
+  for _, f in ipairs(M.FETCHERS) do
+    if f.venue_key == venue_key then return f end
+  end
+  return nil
 end
 
 M.LATEST_SQL = [[
@@ -174,13 +195,30 @@ end
 
 -- fresh(s, venue_key): fetch one venue now (source 'fresh'), then latest().
 function M.fresh(s, venue_key)
-  for _, f in ipairs(M.FETCHERS) do
-    if f.venue_key == venue_key then
-      M.snapshot(s, f, "fresh")
-      return M.latest(s)
-    end
-  end
-  error("balances.fresh: no fetcher for venue " .. tostring(venue_key), 2)
+  local f = M.fetcher_of(venue_key)
+  if not f then error("balances.fresh: no fetcher for venue " .. tostring(venue_key), 2) end
+  M.snapshot(s, f, "fresh")
+  return M.latest(s)
+end
+
+-- The API's fresh reads of one venue start one fetch at most every
+-- FRESH_MIN_SECONDS in this process: each calls the venue with the
+-- operator's credentials and appends rows, and a client looping on it
+-- would spend the venue's rate limit and grow the table.
+M.FRESH_MIN_SECONDS = 5
+local fresh_started = {}   -- venue_key -> qtg.monotonic() of the last fetch's start
+
+-- fetch_throttled(venue_key) -> fetched | nil: M.fetch of the venue now,
+-- or nil when one started less than FRESH_MIN_SECONDS ago (the caller
+-- answers the latest snapshot).  Raises for a venue without a fetcher.
+function M.fetch_throttled(venue_key)
+  local f = M.fetcher_of(venue_key)
+  if not f then error("balances.fetch_throttled: no fetcher for venue " .. tostring(venue_key), 2) end
+  local now = qtg.monotonic()
+  local last = fresh_started[venue_key]
+  if last and now - last < M.FRESH_MIN_SECONDS then return nil end
+  fresh_started[venue_key] = now
+  return M.fetch(f)
 end
 
 return M

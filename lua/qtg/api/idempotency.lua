@@ -48,14 +48,17 @@ function M.check_key(key)
   return key
 end
 
--- wrap(s, principal, route, req, body, call) -> status, headers, body
-function M.wrap(s, principal, route, req, body, call)
+-- begin(s, principal, route, req, body) -> nil (no key: the route runs
+-- as it is) | {replay = {status, headers, body}} (the stored answer) |
+-- the key's claim, for finish.  Raises the refusals (a missing or bad key,
+-- another request under it, its first request still running).
+function M.begin(s, principal, route, req, body)
   local key = req.headers["idempotency-key"]
   if key == nil then
     if route.requires_idempotency_key then
       problem.raise("missing_idempotency_key", "%s %s requires an Idempotency-Key header", route.method, route.path)
     end
-    return call()
+    return nil
   end
   M.check_key(key)
   local hash = M.request_hash(req.method, req.path, body)
@@ -77,11 +80,18 @@ function M.wrap(s, principal, route, req, body, call)
     end
     local headers = { ["Content-Type"] = row.content_type, ["Idempotent-Replayed"] = "true" }
     if row.location ~= nil and row.location ~= qtg.db.NULL then headers.Location = row.location end
-    return row.status, headers, row.response_body
+    return { replay = { row.status, headers, row.response_body } }
   end
+  return { client = principal.name, class = class, key = key }
+end
+
+-- finish(s, claim, call) -> status, headers, body: call's answer, stored
+-- for the claimed key (a 4xx refusal it raises included); a 5xx or any
+-- other failure frees the key instead (and is raised again).
+function M.finish(s, claim, call)
   local function forget()
     s:query("DELETE FROM api_idempotency_keys WHERE client = $1 AND network_class = $2 AND idempotency_key = $3",
-      principal.name, class, key)
+      claim.client, claim.class, claim.key)
   end
   local ok, status, headers, text = pcall(call)
   if not ok then
@@ -99,10 +109,19 @@ function M.wrap(s, principal, route, req, body, call)
     s:query([[
       UPDATE api_idempotency_keys SET status = $4, response_body = $5, content_type = $6, location = $7,
              completed_at = clock_timestamp()
-       WHERE client = $1 AND network_class = $2 AND idempotency_key = $3]], principal.name, class, key, status,
-      text, headers["Content-Type"] or "application/json", headers.Location)
+       WHERE client = $1 AND network_class = $2 AND idempotency_key = $3]], claim.client, claim.class, claim.key,
+      status, text, headers["Content-Type"] or "application/json", headers.Location)
   end
   return status, headers, text
+end
+
+-- wrap(s, principal, route, req, body, call) -> status, headers, body:
+-- begin and finish on one session.
+function M.wrap(s, principal, route, req, body, call)
+  local claim = M.begin(s, principal, route, req, body)
+  if claim == nil then return call() end
+  if claim.replay then return unpack(claim.replay, 1, 3) end
+  return M.finish(s, claim, call)
 end
 
 return M

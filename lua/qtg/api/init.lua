@@ -141,6 +141,52 @@ local function encode(status, doc, headers)
   return status, h, type(doc) == "string" and doc or canon.encode(doc)
 end
 
+-- The checks every route passes on session s, in order: the token, its
+-- role, its rate, ownership, the body.  Returns the handler's ctx.
+local function admit(s, route, params, query, req)
+  local principal = tokens.authenticate(s, req.headers.authorization)
+  if not tokens.has_role(principal, route.role) then
+    problem.raise("forbidden", "token %s lacks the %s role that %s %s requires", principal.name,
+      route.role, route.method, route.path)
+  end
+  rate_limit(principal)
+  ownership.check(s, route, params, principal)
+  local body = parse_body(route, req)
+  return { s = s, principal = principal, params = params, query = query, body = body,
+           headers = req.headers, req = req }
+end
+
+-- A route's `outside(ctx)` is its work away from the database (a name
+-- lookup, a venue's API), run between two sessions: the first admits the
+-- request and claims its Idempotency-Key, the second runs the handler and
+-- stores the answer.  A session held through such a wait (up to seconds,
+-- for a name whose DNS server never answers) was the pool's: a client
+-- looping on it left the workers none.  A refusal `outside` raises is the
+-- request's answer, stored for its key like the handler's.
+local function run_outside(route, params, query, req)
+  local ctx, replay = qtg.db.with_session(function(s)
+    local ctx = admit(s, route, params, query, req)
+    if route.mutating then
+      local claim = idempotency.begin(s, ctx.principal, route, req, ctx.body)
+      if claim and claim.replay then return nil, claim.replay end
+      ctx.claim = claim
+    end
+    ctx.s = nil
+    return ctx
+  end)
+  if not ctx then return unpack(replay, 1, 3) end
+  local ok, err = pcall(route.outside, ctx)
+  return qtg.db.with_session(function(s)
+    ctx.s = s
+    local function call()
+      if not ok then error(err, 0) end
+      return encode(route.handler(ctx))
+    end
+    if ctx.claim then return idempotency.finish(s, ctx.claim, call) end
+    return call()
+  end)
+end
+
 local function run_route(route, params, req)
   local query = req.query or {}
   check_query(route, query, req.query_repeated)
@@ -148,23 +194,12 @@ local function run_route(route, params, req)
     local status, doc, headers = route.handler({ params = params, query = query, req = req })
     return encode(status, doc, headers)
   end
+  if route.outside then return run_outside(route, params, query, req) end
   return qtg.db.with_session(function(s)
-    local principal = tokens.authenticate(s, req.headers.authorization)
-    if not tokens.has_role(principal, route.role) then
-      problem.raise("forbidden", "token %s lacks the %s role that %s %s requires", principal.name,
-        route.role, route.method, route.path)
-    end
-    rate_limit(principal)
-    ownership.check(s, route, params, principal)
-    local body = parse_body(route, req)
-    local ctx = { s = s, principal = principal, params = params, query = query, body = body,
-                  headers = req.headers, req = req }
-    local function call()
-      local status, doc, headers = route.handler(ctx)
-      return encode(status, doc, headers)
-    end
+    local ctx = admit(s, route, params, query, req)
+    local function call() return encode(route.handler(ctx)) end
     if route.mutating then
-      return idempotency.wrap(s, principal, route, req, body, call)
+      return idempotency.wrap(s, ctx.principal, route, req, ctx.body, call)
     end
     return call()
   end)

@@ -4,7 +4,9 @@
 --   description=}}, body = {fields = {name = {type=, required=}}},
 --   mutating (Idempotency-Key honoured), requires_idempotency_key,
 --   owned (what a token of scope own reaches: qtg.api.ownership),
---   summary, response (schema name in qtg.api.openapi), handler(ctx) }.
+--   summary, response (schema name in qtg.api.openapi), handler(ctx),
+--   outside(ctx): work away from the database, run with no session held
+--   before the handler (qtg.api) }.
 -- Handlers call the same lifecycle functions as the console
 -- (qtg.requests, qtg.callbacks, qtg.signers, qtg.balances) with the token's
 -- principal as the actor, and return status, document[, headers].
@@ -246,6 +248,15 @@ local function node_action(fn_name)
   end
 end
 
+-- The callback_url's check resolves its name (up to seconds): outside the
+-- database session (qtg.api's run_outside).
+local function check_callback_url(ctx)
+  local url = ctx.body.callback_url
+  if url == nil then return end
+  local ok, why = require("qtg.api.ssrf").check(url)
+  if not ok then problem.raise("invalid_input", "bad callback_url: %s", why) end
+end
+
 local function create_request(ctx)
   local b = ctx.body
   local key = ctx.headers["idempotency-key"]
@@ -253,10 +264,6 @@ local function create_request(ctx)
                  callback_url = b.callback_url,
                  -- a client's keys never collide with another client's or the console's
                  idempotency_key = ctx.principal.actor .. ":" .. key }
-  if b.callback_url ~= nil then
-    local ok, why = require("qtg.api.ssrf").check(b.callback_url)
-    if not ok then problem.raise("invalid_input", "bad callback_url: %s", why) end
-  end
   local req, created = require("qtg.requests").create(ctx.s, args, principal(ctx))
   local doc = request_detail(ctx.s, req.id)
   return created and 201 or 200, doc, { Location = "/v3/requests/" .. req.id }
@@ -354,16 +361,27 @@ local function request_events(ctx)
 end
 
 -- ------------------------------------------------------------ other routes
+-- fresh=true fetches one venue now, outside the database session (the
+-- venue's API may take its timeout): it calls the venue with the
+-- operator's credentials and appends rows, so it takes the operate role,
+-- and one fetch starts every balances.FRESH_MIN_SECONDS at most (a call
+-- within them answers the latest snapshot).
+local function fetch_balances(ctx)
+  if not bool_param(ctx, "fresh") then return end
+  if not require("qtg.api.tokens").has_role(ctx.principal, "operate") then
+    problem.raise("forbidden", "token %s lacks the operate role that fresh=true requires (it calls the venue "
+      .. "and writes a snapshot)", ctx.principal.name)
+  end
+  local b = require "qtg.balances"
+  local venue = ctx.query.venue_key
+  if not venue then problem.raise("bad_request", "fresh=true needs venue_key") end
+  if not b.fetcher_of(venue) then problem.raise("not_found", "no balance fetcher for venue %s", venue) end
+  ctx.fetched = b.fetch_throttled(venue)
+end
+
 local function balances(ctx)
   local b = require "qtg.balances"
-  if bool_param(ctx, "fresh") then
-    local venue = ctx.query.venue_key
-    if not venue then problem.raise("bad_request", "fresh=true needs venue_key") end
-    local found = false
-    for _, f in ipairs(b.FETCHERS) do if f.venue_key == venue then found = true end end
-    if not found then problem.raise("not_found", "no balance fetcher for venue %s", venue) end
-    return 200, { items = arr(b.fresh(ctx.s, venue)) }
-  end
+  if ctx.fetched then b.store(ctx.s, ctx.fetched, "fresh") end
   return 200, { items = arr(b.latest(ctx.s)) }
 end
 
@@ -574,7 +592,7 @@ M.LIST = {
   { method = "GET", path = "/v3/openapi.json", name = "openapi", owned = "self", role = "read", handler = openapi,
     summary = "this API's OpenAPI 3.1 document", response = "any" },
   { method = "POST", path = "/v3/requests", name = "create_request", owned = "filtered", role = "operate", mutating = true,
-    requires_idempotency_key = true, handler = create_request,
+    requires_idempotency_key = true, outside = check_callback_url, handler = create_request,
     body = { fields = { template_key = { type = "string", required = true },
                         intent = { type = "object", required = true },
                         input_params = { type = "object" }, callback_url = { type = "string" } } },
@@ -618,9 +636,10 @@ M.LIST = {
     mutating = true, body = { optional = true, fields = { input = { type = "any" } } },
     handler = node_action("complete_manual_step"),
     summary = "complete a READY manual step with its input", response = "RequestDetail" },
-  { method = "GET", path = "/v3/balances", name = "balances", role = "read", handler = balances,
-    query = { fresh = { type = "boolean" }, venue_key = { type = "string" } },
-    summary = "latest balance of each venue and asset; fresh=true fetches one venue now", response = "ItemList" },
+  { method = "GET", path = "/v3/balances", name = "balances", role = "read", outside = fetch_balances,
+    handler = balances, query = { fresh = { type = "boolean" }, venue_key = { type = "string" } },
+    summary = "latest balance of each venue and asset; fresh=true (operate) fetches one venue now",
+    response = "ItemList" },
   { method = "GET", path = "/v3/signers", name = "signers", role = "read", handler = signers,
     summary = "the signer roster with postures", response = "ItemList" },
   { method = "PUT", path = "/v3/signers/{signer_key}/expected-identity", name = "set_expected_identity",

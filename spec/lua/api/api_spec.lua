@@ -413,8 +413,12 @@ describe("HTTP API", function()
       end
       local w = api.call(d, "GET", "/v3/workers", { token = reader }).json.items
       assert.truthy(#w > 0)
+      -- a fresh read calls the venue and writes a snapshot: operate only
       local r = api.call(d, "GET", "/v3/balances?fresh=true&venue_key=nowhere", { token = reader })
-      assert.equal(404, r.status)
+      assert.equal(403, r.status, r.body)
+      assert.truthy(r.json.detail:find("operate role that fresh=true requires", 1, true), r.body)
+      r = api.call(d, "GET", "/v3/balances?fresh=true&venue_key=nowhere", { token = operator })
+      assert.equal(404, r.status, r.body)
       r = api.call(d, "GET", "/v3/balances?fresh=maybe", { token = reader })
       assert.equal(400, r.status)
     end)
@@ -702,7 +706,7 @@ describe("HTTP API deadlines and shutdown", function()
     d3 = api.start({ MG_GATEWAY_API_URL = hang.url, MG_PROVIDER_TIMEOUT_SECONDS = "30",
                      MG_GATEWAY_DEPOSITORS = "0x70997970c51812dc3a010c7d01b50e0d17dc79c8",
                      MG_API_REQUEST_TIMEOUT_SECONDS = "1", MG_WORKERS_ENABLED = "false" })
-    tok = api.token("read")
+    tok = api.token("read,operate")
   end)
   teardown(function()
     host.stop_all()
@@ -721,9 +725,14 @@ describe("HTTP API deadlines and shutdown", function()
     -- the failed fetch itself, as a row with ok = false)
     assert.equal(before, common.query("SELECT count(*) AS n FROM balance_snapshots WHERE network_class = $1 AND ok",
       d3.class)[1].n)
+    -- another fresh read at once starts no fetch (one every
+    -- balances.FRESH_MIN_SECONDS): the latest snapshot, at once, not a 503
+    r = api.call(d3, "GET", "/v3/balances?fresh=true&venue_key=gateway", { token = tok })
+    assert.equal(200, r.status, r.body)
   end)
 
   it("shuts down cleanly with a request in flight", function()
+    qtg.sleep(require("qtg.balances").FRESH_MIN_SECONDS)   -- the last fetch's start is that far back
     local task = qtg.spawn(function()
       return qtg.http.request{ url = d3.base .. "/v3/balances?fresh=true&venue_key=gateway", timeout = 20,
                                headers = { Authorization = "Bearer " .. tok } }

@@ -210,6 +210,37 @@ assert(os.rename(out .. ".tmp", out))
 return 0
 ]=]
 
+-- The API on a Unix socket (the spec reaches it from outside the
+-- namespace), with a pool of two sessions, while a task plays a worker: it
+-- takes a session every 50 ms and notes the longest wait.  Serves until
+-- RESULT_FILE.go exists, then writes {longest=, acquires=}.
+local API_CHILD = [=[
+local out = ...
+local qtg = require "qtg"
+local cjson = require "cjson"
+qtg.api_server.start("unix:" .. out .. ".sock")
+local longest, acquires = 0, 0
+local function go()
+  local f = io.open(out .. ".go")
+  if f then f:close() end
+  return f ~= nil
+end
+local deadline = qtg.monotonic() + 120
+while not go() and qtg.monotonic() < deadline do
+  local t0 = qtg.monotonic()
+  qtg.db.with_session(function(s) s:query("SELECT 1") end)
+  local waited = qtg.monotonic() - t0
+  if waited > longest then longest = waited end
+  acquires = acquires + 1
+  qtg.sleep(0.05)
+end
+local f = assert(io.open(out .. ".tmp", "w"))
+f:write(cjson.encode({ longest = longest, acquires = acquires }))
+f:close()
+assert(os.rename(out .. ".tmp", out))
+return 0
+]=]
+
 -- A console client (the frames of src/qtg_console.h): sends the command
 -- argv[2], interrupts it once its first output line came, prints every
 -- frame ("<type> <text>": the hello, outputs, the final one) until the
@@ -449,4 +480,76 @@ describe("qtg.api_net.resolve's deadline", function()
     local asked = select(2, (common.read(dir .. "/queries") or ""):gsub("\n", "\n"))
     assert.truthy(asked >= 20, "the server saw " .. asked .. " queries")
   end)
+
+  -- An API client's callback_url is resolved at creation, for up to half
+  -- the API request's timeout.  The database session the request had taken
+  -- (for its token) was held through that wait: a client sending a few
+  -- creations whose names never answer took every session of the pool
+  -- (MG_DB_POOL_SIZE), and the workers waited.  The lookup now runs
+  -- between two sessions (qtg.api's run_outside).
+  it("holds no database session while the API looks up a callback_url's name", function()
+    local usable, why = namespaces({ ["api_child.lua"] = API_CHILD })
+    if not usable then
+      pending(why)
+      return
+    end
+    local api = require "spec.lua.support.api"
+    local token = api.token("read,operate")
+    local out = dir .. "/api_result.json"
+    local sock = out .. ".sock"
+    local env = common.base_env({ MG_DB_POOL_SIZE = "2", MG_API_CALLBACK_ALLOW_PRIVATE = "false",
+                                  MG_API_REQUEST_TIMEOUT_SECONDS = "8" })
+    local h = common.spawn(dir .. "/api_child", env,
+      ("unshare --mount --net sh %s %s %s api_child.lua api_result.json"):format(q(dir .. "/run.sh"), q(dir),
+        q(common.bin())))
+    common.wait_for(function() return os.execute("test -S " .. q(sock)) == 0 or not common.alive(h) end, 60,
+      function() return "the child's API (log: " .. tostring(common.read(h.log)) .. ")" end)
+    local function curl(method, path, body, key, file)
+      local words = { "curl -s -o", q(file), "-w '%{http_code}' --max-time 30 --unix-socket", q(sock),
+                      "-X", method, "-H", q("Authorization: Bearer " .. token) }
+      if body then
+        words[#words + 1] = "-H 'Content-Type: application/json' -H " .. q("Idempotency-Key: " .. key)
+        words[#words + 1] = "--data-binary " .. q(body)
+      end
+      words[#words + 1] = q("http://qtg" .. path)
+      return table.concat(words, " ")
+    end
+    -- four creations whose callback names never answer, at once
+    local jobs = {}
+    for i = 1, 4 do
+      local body = cjson.encode({ template_key = "otc_settlement_manual", intent = api.OTC_INTENT,
+                                  callback_url = ("https://hold-%d.example/cb"):format(i) })
+      jobs[i] = curl("POST", "/v3/requests", body, common.uid("hold", 4), dir .. "/create-" .. i .. ".json")
+        .. " > " .. q(dir .. "/create-" .. i .. ".code")
+    end
+    os.execute("(" .. table.concat(jobs, " & ") .. " & wait) >/dev/null 2>&1 &")
+    qtg.sleep(1.5)
+    -- meanwhile a read of the API answers (it needs a session)
+    local t0 = qtg.monotonic()
+    local code = common.sh(curl("GET", "/v3/requests", nil, nil, dir .. "/list.json"))
+    local list_took = qtg.monotonic() - t0
+    -- the creations end, each refused for its name, naming the timeout
+    common.wait_for(function()
+      for i = 1, 4 do
+        if (common.read(dir .. "/create-" .. i .. ".code") or "") == "" then return false end
+      end
+      return true
+    end, 60, function() return "the four creations' answers" end)
+    common.write(out .. ".go", "")
+    local rc = common.exit_code(h, 60)
+    local log = tostring(common.read(h.log))
+    assert.equal(0, rc, "child exit " .. tostring(rc) .. "; log: " .. log)
+    for i = 1, 4 do
+      assert.equal("422", common.read(dir .. "/create-" .. i .. ".code"))
+      local doc = cjson.decode(common.read(dir .. "/create-" .. i .. ".json"))
+      assert.equal(("bad callback_url: hold-%d.example does not resolve (name lookup of hold-%d.example took "
+        .. "longer than 4 s)"):format(i, i), doc.detail)
+    end
+    assert.equal("200", code, tostring(common.read(dir .. "/list.json")))
+    assert.truthy(list_took < 2, "the read waited " .. list_took .. " s for a session")
+    local res = cjson.decode((assert(common.read(out), "no result; log: " .. log)))
+    assert.truthy(res.acquires > 20, "the worker took " .. res.acquires .. " sessions")
+    assert.truthy(res.longest < 1, "the worker waited " .. res.longest .. " s for a session")
+  end)
+
 end)
