@@ -24,6 +24,15 @@
  * EXECUTING request; the nonce reservation, which the executor commits in
  * its own transaction before it asks, names the node, the nonce and the
  * payload hash.
+ *
+ * The one thing it writes is its decision (signer_events).  A decision that
+ * reaches the one-nonce check (qtg_signerd_grant_begin) runs that check,
+ * the signing and the decision's record in one transaction holding an
+ * advisory lock on the request and plan node, and answers only once it is
+ * committed: several signers sharing the database decide one transfer one
+ * after the other.  Any other decision is recorded in a statement of its
+ * own, and between decisions the connection is outside any transaction
+ * (qtg_signerd_db_settle).
  */
 #include "qtg_signerd.h"
 
@@ -136,6 +145,16 @@ static void qtg_signerd_db_drop(qtg_signerd *d) {
   d->db = NULL;
 }
 
+/* Between decisions the connection is outside any transaction.  One left
+ * inside (a path that did not end it) is dropped, which rolls it back and
+ * releases the advisory lock it holds, so the next decision never reads
+ * an old snapshot's locks nor commits another decision's work. */
+static void qtg_signerd_db_settle(qtg_signerd *d) {
+  if (d->db == NULL || PQtransactionStatus(d->db) == PQTRANS_IDLE) return;
+  qtg_log_error("signer: a decision left its database transaction open; dropping the connection");
+  qtg_signerd_db_drop(d);
+}
+
 static PGconn *qtg_signerd_db(qtg_signerd *d) {
   if (d->db && PQstatus(d->db) == CONNECTION_OK) return d->db;
   qtg_signerd_db_drop(d);
@@ -157,14 +176,18 @@ static PGconn *qtg_signerd_db(qtg_signerd *d) {
     qtg_signerd_db_drop(d);
     return NULL;
   }
-  /* search_path pg_catalog only: the built-ins the checks recompute the
-   * digests with (jsonb_build_object, sha256, ->>, ...) are pg_catalog's,
-   * never an overload another role created in public or elsewhere on the
-   * path (one with exact argument types wins over pg_catalog's VARIADIC
-   * "any"); the tables are named with their schema. */
-  char set[96];
-  snprintf(set, sizeof set, "SET statement_timeout = %d; SET search_path = pg_catalog",
-           QTG_SIGNERD_STATEMENT_MS);
+  /* statement_timeout bounds every wait (a row or table lock, the
+   * one-nonce check's advisory lock); idle_in_transaction_session_timeout
+   * ends a session left inside that check's transaction (a signer stopped
+   * there), which releases its lock.  search_path pg_catalog only: the
+   * built-ins the checks recompute the digests with (jsonb_build_object,
+   * sha256, ->>, ...) are pg_catalog's, never an overload another role
+   * created in public or elsewhere on the path (one with exact argument
+   * types wins over pg_catalog's VARIADIC "any"); the tables are named with
+   * their schema. */
+  char set[160];
+  snprintf(set, sizeof set, "SET statement_timeout = %d; SET idle_in_transaction_session_timeout = %d;"
+           " SET search_path = pg_catalog", QTG_SIGNERD_STATEMENT_MS, QTG_SIGNERD_STATEMENT_MS);
   PGresult *r = PQexec(d->db, set);
   int ok = r && PQresultStatus(r) == PGRES_COMMAND_OK;
   PQclear(r);
@@ -207,6 +230,7 @@ static const char qtg_signerd_facts_sql[] =
     "  CASE WHEN jsonb_typeof(pv.risk_controls->'allowed_chain_ids') = 'array' THEN"
     "   (SELECT COALESCE(string_agg(x, ','), '') FROM jsonb_array_elements_text(pv.risk_controls->'allowed_chain_ids') x)"
     "  END AS allowed_chain_ids,"
+    "  jsonb_typeof(pv.risk_controls->'allowed_chain_ids') AS allowed_chain_ids_type,"
     "  sr.expected_signer_address, r.network_class, r.id::text AS id, r.created_by,"
     "  encode(sha256(convert_to(jsonb_build_object('risk_controls', pv.risk_controls,"
     "   'nodes', COALESCE((SELECT jsonb_agg(jsonb_build_object('node_key', p2.node_key,"
@@ -227,7 +251,7 @@ enum {
   F_STATE, F_STORED_DIGEST, F_DIGEST, F_REQUIRED, F_APPROVALS, F_REJECTS, F_ASSET, F_AMOUNT,
   F_DESTINATION, F_CHAIN_ID, F_NODE_OF_REQUEST, F_NODE_STATE, F_ATTEMPT_NO, F_EXECUTOR,
   F_ACTION_TYPE, F_PLANNED_KEY, F_PLAN_NODE, F_MAX_FEE, F_MAX_AMOUNT, F_MAX_TIP, F_GAS_LIMIT,
-  F_ALLOWED_CHAINS,
+  F_ALLOWED_CHAINS, F_ALLOWED_CHAINS_TYPE,
   F_EXPECTED, F_CLASS, F_ID, F_CREATED_BY, F_PLAN_DIGEST, F_PLAN_EXECUTOR, F_PLAN_ACTION_TYPE,
   F_INITIATION, F_TRANSFERS, F__COUNT
 };
@@ -244,15 +268,31 @@ static const char qtg_signerd_reservation_sql[] =
     "   AND nonce = $4::bigint AND payload_hash = $5"
     "   AND status IN ('reserved', 'signed', 'broadcast')";
 
+/* The one-nonce check's lock: one key per request and plan node (64-bit
+ * hash; a collision only makes two transfers wait for each other), named
+ * apart from the daemon's own advisory locks (lua/qtg/evm_nonces.lua,
+ * approvals.lua).  Held until the decision's record commits. */
+static const char qtg_signerd_grant_lock_sql[] =
+    "SELECT pg_advisory_xact_lock(hashtextextended("
+    " 'qtg.signer.grant:' || $1::text || '/' || $2::text, 0))";
+
 /* An earlier grant for the same planned transfer of the request at another
  * chain, sender or nonce (sql/0171): signer_events is the signer's own
- * record, which the daemon's role cannot write. */
+ * record, which the daemon's role cannot write.  A grant recorded before
+ * sql/0171 names no nonce (nor plan node: its node row's is taken, and one
+ * whose node row is gone counts for every plan node): it counts unless it
+ * was for this very payload from this very sender, the one transaction at
+ * its nonce.  nonce is NULL in the answer for such a grant. */
 static const char qtg_signerd_granted_elsewhere_sql[] =
-    "SELECT chain_id, signer_address, nonce FROM public.signer_events"
-    " WHERE request_id = $1::uuid AND plan_node_id = $2::bigint AND decision = 'granted'"
-    "   AND nonce IS NOT NULL"
-    "   AND (chain_id <> $3::bigint OR signer_address <> $4 OR nonce <> $5::bigint)"
-    " ORDER BY id LIMIT 1";
+    "SELECT e.chain_id, e.signer_address, e.nonce FROM public.signer_events e"
+    " WHERE e.request_id = $1::uuid AND e.decision = 'granted'"
+    "   AND ((e.nonce IS NOT NULL AND e.plan_node_id = $2::bigint"
+    "         AND (e.chain_id <> $3::bigint OR e.signer_address <> $4 OR e.nonce <> $5::bigint))"
+    "     OR (e.nonce IS NULL"
+    "         AND COALESCE(e.plan_node_id, (SELECT n.plan_node_id FROM public.movement_request_nodes n"
+    "                                        WHERE n.id = e.request_node_id), $2::bigint) = $2::bigint"
+    "         AND (e.signer_address IS DISTINCT FROM $4 OR e.payload_hash IS DISTINCT FROM $6)))"
+    " ORDER BY e.id LIMIT 1";
 
 static const char qtg_signerd_event_sql[] =
     "INSERT INTO public.signer_events (decision, code, reason, request_id, request_node_id, attempt_no,"
@@ -424,7 +464,12 @@ static int qtg_signerd_check_facts(qtg_decision *dec, PGresult *r, const qtg_sig
   if (qtg_u256_cmp(&want, &tx->chain_id) != 0)
     QTG_REFUSE(dec, "CHAIN_MISMATCH", "payload is for another chain than the approved %s",
                qtg_field(r, F_CHAIN_ID));
-  const char *allowed = qtg_field(r, F_ALLOWED_CHAINS);
+  /* a list the daemon's template check would have refused (a bare chain
+   * id, null, an object) is not read as "no list" */
+  const char *allowed = qtg_field(r, F_ALLOWED_CHAINS), *shape = qtg_field(r, F_ALLOWED_CHAINS_TYPE);
+  if (shape != NULL && strcmp(shape, "array") != 0)
+    QTG_REFUSE(dec, "CHAIN_NOT_ALLOWED", "the template's allowed_chain_ids is a JSON %s, not an array",
+               shape);
   if (allowed != NULL) {
     int found = 0;
     char *list = strdup(allowed);     /* whole: a cut list could match a cut id */
@@ -477,7 +522,103 @@ static int qtg_signerd_check_facts(qtg_decision *dec, PGresult *r, const qtg_sig
   return 0;
 }
 
-/* 0 ok (dec filled on refusal with -1), -2 the database failed. */
+/* One statement of a decision: its result, or NULL with a warning naming
+ * what was read and the connection dropped (which ends any transaction). */
+static PGresult *qtg_signerd_query(qtg_signerd *d, PGconn *db, const char *sql, int n,
+                                   const char *const *params, const char *what) {
+  PGresult *r = PQexecParams(db, sql, n, NULL, params, NULL, NULL, 0);
+  if (r != NULL && PQresultStatus(r) == PGRES_TUPLES_OK) return r;
+  qtg_log_warn("signer: %s failed: %s", what, PQerrorMessage(db));
+  PQclear(r);
+  qtg_signerd_db_drop(d);
+  return NULL;
+}
+
+/* Open the one-nonce check's transaction and take its lock on the request
+ * and plan node: a signer deciding the same transfer on another host waits
+ * here until this decision's record commits, then reads its grant.  -1
+ * with the connection dropped. */
+static int qtg_signerd_grant_begin(qtg_signerd *d, PGconn *db, const char *request_id,
+                                   const char *plan_node) {
+  PGresult *r = PQexec(db, "BEGIN");
+  int ok = r != NULL && PQresultStatus(r) == PGRES_COMMAND_OK;
+  PQclear(r);
+  if (!ok) {
+    qtg_log_warn("signer: opening the one-nonce check failed: %s", PQerrorMessage(db));
+    qtg_signerd_db_drop(d);
+    return -1;
+  }
+  const char *p[2] = {request_id, plan_node};
+  r = qtg_signerd_query(d, db, qtg_signerd_grant_lock_sql, 2, p, "taking the one-nonce lock");
+  if (r == NULL) return -1;
+  PQclear(r);
+  return 0;
+}
+
+/* One approved transfer, one nonce: transactions at one nonce replace each
+ * other (one of them is mined at most), transactions at two nonces can
+ * both be mined.  A second nonce needs a new approval.  Run under the
+ * one-nonce lock.  0 no earlier grant elsewhere, -1 refused (dec filled),
+ * -2 the database failed. */
+static int qtg_signerd_check_earlier(qtg_signerd *d, PGconn *db, const qtg_signer_line *l,
+                                     qtg_decision *dec) {
+  const char *gp[6] = {l->request_id, dec->plan_node, dec->chain, dec->address, dec->nonce,
+                       dec->payload_hash};
+  PGresult *r = qtg_signerd_query(d, db, qtg_signerd_granted_elsewhere_sql, 6, gp, "reading earlier grants");
+  if (r == NULL) return -2;
+  if (PQntuples(r) == 0) {
+    PQclear(r);
+    return 0;
+  }
+  char was[160];
+  if (PQgetisnull(r, 0, 2))
+    snprintf(was, sizeof was, "a nonce not recorded (a grant from before sql/0171)");
+  else
+    snprintf(was, sizeof was, "nonce %s on chain %s from %s", PQgetvalue(r, 0, 2), PQgetvalue(r, 0, 0),
+             PQgetvalue(r, 0, 1));
+  PQclear(r);
+  QTG_REFUSE(dec, "ALREADY_SIGNED_ELSEWHERE", "signed before at %s; one approval is signed at one nonce",
+             was);
+}
+
+/* The nonce: one the daemon reserved for this node and payload, and the
+ * only one this transfer is signed at.  From the one-nonce check on, the
+ * decision runs in the transaction qtg_signerd_grant_begin opens, which
+ * qtg_signerd_record commits with the decision's row (granted or refused);
+ * a database failure drops the connection instead.  0 granted, -1
+ * refused, -2 the database failed. */
+static int qtg_signerd_decide_nonce(qtg_signerd *d, PGconn *db, const qtg_signer_line *l,
+                                    const qtg_eip1559_tx *tx, qtg_decision *dec) {
+  char chain[24], nonce[24];
+  if (qtg_u256_bigint(&tx->chain_id, chain, sizeof chain) != 0 ||
+      qtg_u256_bigint(&tx->nonce, nonce, sizeof nonce) != 0)
+    QTG_REFUSE(dec, "NONCE_NOT_RESERVED", "chain id or nonce out of range");
+  const char *rp[5] = {l->node_id, chain, dec->address, nonce, dec->payload_hash};
+  PGresult *r = qtg_signerd_query(d, db, qtg_signerd_reservation_sql, 5, rp, "reading the nonce reservation");
+  if (r == NULL) return -2;
+  int reserved = PQntuples(r) == 1;
+  PQclear(r);
+  if (!reserved)
+    QTG_REFUSE(dec, "NONCE_NOT_RESERVED",
+               "no reservation of nonce %s on chain %s for this node and payload", nonce, chain);
+  snprintf(dec->chain, sizeof dec->chain, "%s", chain);
+  snprintf(dec->nonce, sizeof dec->nonce, "%s", nonce);
+  if (qtg_signerd_grant_begin(d, db, l->request_id, dec->plan_node) != 0) return -2;
+  int rc = qtg_signerd_check_earlier(d, db, l, dec);
+  if (rc != 0) return rc;
+  uint8_t sighash[32];
+  qtg_signature sig;
+  qtg_keccak256(l->payload, l->payload_len, sighash);
+  if (qtg_keys_sign_hash(d->keys, l->key, sighash, &sig) != QTG_SIGNER_OK)
+    QTG_REFUSE(dec, "SIGNER_INTERNAL", "signing failed");
+  qtg_signer_signature_hex(&sig, dec->signature);
+  dec->granted = 1;
+  snprintf(dec->code, sizeof dec->code, "GRANTED");
+  snprintf(dec->reason, sizeof dec->reason, "the payload is what request %s approved", l->request_id);
+  return 0;
+}
+
+/* 0 granted, -1 refused (dec filled), -2 the database failed. */
 static int qtg_signerd_decide_sign(qtg_signerd *d, const qtg_signer_line *l, qtg_decision *dec) {
   qtg_eip1559_tx tx;
   uint8_t key_addr[20], hash[32];
@@ -523,60 +664,24 @@ static int qtg_signerd_decide_sign(qtg_signerd *d, const qtg_signer_line *l, qtg
   PQclear(votes);
   PQclear(r);
   if (rc != 0) return -1;
-  char chain[24], nonce[24];
-  if (qtg_u256_bigint(&tx.chain_id, chain, sizeof chain) != 0 ||
-      qtg_u256_bigint(&tx.nonce, nonce, sizeof nonce) != 0)
-    QTG_REFUSE(dec, "NONCE_NOT_RESERVED", "chain id or nonce out of range");
-  const char *rp[5] = {l->node_id, chain, dec->address, nonce, dec->payload_hash};
-  r = PQexecParams(db, qtg_signerd_reservation_sql, 5, NULL, rp, NULL, NULL, 0);
-  if (r == NULL || PQresultStatus(r) != PGRES_TUPLES_OK) {
-    qtg_log_warn("signer: reading the nonce reservation failed: %s", PQerrorMessage(db));
-    PQclear(r);
-    qtg_signerd_db_drop(d);
-    return -2;
-  }
-  int reserved = PQntuples(r) == 1;
-  PQclear(r);
-  if (!reserved)
-    QTG_REFUSE(dec, "NONCE_NOT_RESERVED",
-               "no reservation of nonce %s on chain %s for this node and payload", nonce, chain);
-  snprintf(dec->chain, sizeof dec->chain, "%s", chain);
-  snprintf(dec->nonce, sizeof dec->nonce, "%s", nonce);
-  /* One approved transfer, one nonce: transactions at one nonce replace
-   * each other (one of them is mined at most), transactions at two nonces
-   * can both be mined.  A second nonce needs a new approval. */
-  const char *gp[5] = {l->request_id, dec->plan_node, chain, dec->address, nonce};
-  r = PQexecParams(db, qtg_signerd_granted_elsewhere_sql, 5, NULL, gp, NULL, NULL, 0);
-  if (r == NULL || PQresultStatus(r) != PGRES_TUPLES_OK) {
-    qtg_log_warn("signer: reading earlier grants failed: %s", PQerrorMessage(db));
-    PQclear(r);
-    qtg_signerd_db_drop(d);
-    return -2;
-  }
-  if (PQntuples(r) > 0) {
-    char was[160];
-    snprintf(was, sizeof was, "nonce %s on chain %s from %s", PQgetvalue(r, 0, 2),
-             PQgetvalue(r, 0, 0), PQgetvalue(r, 0, 1));
-    PQclear(r);
-    QTG_REFUSE(dec, "ALREADY_SIGNED_ELSEWHERE",
-               "signed before at %s; one approval is signed at one nonce", was);
-  }
-  PQclear(r);
-  uint8_t sighash[32];
-  qtg_signature sig;
-  qtg_keccak256(l->payload, l->payload_len, sighash);
-  if (qtg_keys_sign_hash(d->keys, l->key, sighash, &sig) != QTG_SIGNER_OK)
-    QTG_REFUSE(dec, "SIGNER_INTERNAL", "signing failed");
-  qtg_signer_signature_hex(&sig, dec->signature);
-  dec->granted = 1;
-  snprintf(dec->code, sizeof dec->code, "GRANTED");
-  snprintf(dec->reason, sizeof dec->reason, "the payload is what request %s approved", l->request_id);
-  return 0;
+  return qtg_signerd_decide_nonce(d, db, l, &tx, dec);
 }
 
-/* Append the decision; -1 when it could not be recorded.  A signer holding
- * no key has no database: it grants nothing, and its log line (which the
- * caller writes) is the only record of a refusal. */
+/* COMMIT: 1 when it committed (in a failed transaction COMMIT answers
+ * ROLLBACK), else 0. */
+static int qtg_signerd_commit(PGconn *db) {
+  PGresult *r = PQexec(db, "COMMIT");
+  int ok = r != NULL && PQresultStatus(r) == PGRES_COMMAND_OK && strcmp(PQcmdStatus(r), "COMMIT") == 0;
+  PQclear(r);
+  return ok;
+}
+
+/* Append the decision, and commit the one-nonce check's transaction when
+ * the decision is in one: a grant is answered only once this returns 0.
+ * -1 when it could not be recorded (the connection dropped: an open
+ * transaction rolls back).  A signer holding no key has no database: it
+ * grants nothing, and its log line (which the caller writes) is the only
+ * record of a refusal. */
 static int qtg_signerd_record(qtg_signerd *d, const qtg_decision *dec, const qtg_signer_line *l,
                               int parsed, const struct ucred *peer) {
   if (d->db_url == NULL) return 0;
@@ -594,14 +699,23 @@ static int qtg_signerd_record(qtg_signerd *d, const qtg_decision *dec, const qtg
       dec->digest[0] ? dec->digest : NULL, dec->payload_hash[0] ? dec->payload_hash : NULL,
       uid, pid, dec->plan_node[0] ? dec->plan_node : NULL, dec->chain[0] ? dec->chain : NULL,
       dec->nonce[0] ? dec->nonce : NULL};
+  /* a grant is recorded in the transaction that checked for earlier ones,
+   * never on a connection opened since */
+  if (dec->granted && PQtransactionStatus(db) != PQTRANS_INTRANS) {
+    qtg_log_warn("signer: a grant outside its one-nonce check is not recorded");
+    qtg_signerd_db_drop(d);
+    return -1;
+  }
   PGresult *r = PQexecParams(db, qtg_signerd_event_sql, 15, NULL, p, NULL, NULL, 0);
-  int ok = r && PQresultStatus(r) == PGRES_COMMAND_OK;
-  if (!ok) {
+  int ok = r != NULL && PQresultStatus(r) == PGRES_COMMAND_OK;
+  PQclear(r);
+  if (ok && PQtransactionStatus(db) == PQTRANS_INTRANS) ok = qtg_signerd_commit(db);
+  if (!ok || PQtransactionStatus(db) != PQTRANS_IDLE) {
     qtg_log_warn("signer: recording the decision failed: %s", PQerrorMessage(db));
     qtg_signerd_db_drop(d);
+    return -1;
   }
-  PQclear(r);
-  return ok ? 0 : -1;
+  return 0;
 }
 
 /* ---- connections ------------------------------------------------------------------- */
@@ -716,7 +830,9 @@ static void qtg_signerd_refuse_peer(qtg_signerd *d, int fd, const struct ucred *
   snprintf(dec.code, sizeof dec.code, "PEER_NOT_ALLOWED");
   snprintf(dec.reason, sizeof dec.reason, "uid %lu may not use this signer", (unsigned long)peer->uid);
   qtg_logf(QTG_LOG_WARN, "code", dec.code, "signer: refused a peer: %s", dec.reason);
-  qtg_signerd_record(d, &dec, &line, 0, peer);
+  qtg_signerd_db_settle(d);
+  if (qtg_signerd_record(d, &dec, &line, 0, peer) != 0)
+    qtg_log_warn("signer: the refusal of uid %lu is not recorded", (unsigned long)peer->uid);
   qtg_signerd_answer(fd, "REFUSED %s %s", dec.code, dec.reason);
 }
 
@@ -860,7 +976,10 @@ static void qtg_signerd_turn(qtg_signerd *d) {
     qtg_signerd_conn *c = &d->conns[slot[i]];
     if (p[i].revents == 0) continue;
     int rc = qtg_signerd_conn_read(c);
-    if (rc == 1) qtg_signerd_serve(d, c->fd, &c->peer, c->buf, c->len);
+    if (rc == 1) {
+      qtg_signerd_serve(d, c->fd, &c->peer, c->buf, c->len);
+      qtg_signerd_db_settle(d);
+    }
     if (rc == 1 || rc == -1) qtg_signerd_conn_close(c);
     else if (rc == -2) qtg_signerd_cut(d, c, 0);
   }

@@ -10,6 +10,12 @@
 --   * the plan under a pending request: qtg_runtime changing the transfer
 --     node's destination or the fee cap is refused (sql/0170), and after a
 --     real approval the signer signs A at the template's caps only;
+--   * one approved transfer, one nonce: two signers sharing the database,
+--     held by the daemon's role on a table lock and let go at once, with a
+--     SIGN each for one transfer at two nonces, grant it once; the lock
+--     that makes it so, held by the daemon's role, delays a grant by the
+--     statement timeout and no more; a grant recorded before sql/0171 (no
+--     nonce) counts; an allowed_chain_ids that is not a list is refused;
 --   * the tampering attack: an approved 0.25 ETH transfer to A rewritten
 --     (triggers bypassed) to 20 ETH to B is refused by the signer (digest
 --     mismatch), the node FAILED with SIGNING_REFUSED, nothing broadcast;
@@ -599,6 +605,189 @@ c.sendall(b"KEYS\n"); print(c.makefile().readline().strip())' ]]
                                AND decision = 'granted' ORDER BY id]], req.id)
     assert.same({ 910, 910 }, { granted[1].nonce, granted[2].nonce })
     assert.equal(2, #granted)
+  end)
+
+  -- Two signers share one database (a qtgd host each, docs/operations.md
+  -- section 4).  The daemon's role holds evm_nonce_reservation locked while
+  -- one SIGN for the same approved transfer goes to each, at two nonces
+  -- reserved for its node: both wait on their reservation read, and go on
+  -- together once the lock is let go.  Each decides the earlier-grant check
+  -- and records its decision in one transaction under an advisory lock on
+  -- the request and plan node: one is granted, the other then reads that
+  -- grant and is refused.  Which of the two reads first is the scheduler's
+  -- choice: each of three rounds (a request each) is a fresh interleaving.
+  it("signs one approved transfer at one nonce across two signers released at once", function()
+    local keys = "sa=" .. sup.key_file(dir, "sa", DEV[1].key)
+    local socks = { dir .. "/race-a.sock", dir .. "/race-b.sock" }
+    for _, sock in ipairs(socks) do
+      sup.start_signer(sup.run_env("unused", { MG_SIGNER_KEYS = keys, MG_SIGNER_SOCKET = sock }))
+    end
+    -- one client process per signer: it writes the answer to a file
+    local script = dir .. "/race.py"
+    sup.host.write(script, [[
+import socket, sys
+c = socket.socket(socket.AF_UNIX); c.settimeout(20); c.connect(sys.argv[1])
+c.sendall(sys.argv[2].encode() + b"\n")
+line = c.makefile().readline().strip() or "EOF"
+with open(sys.argv[3], "w") as f:
+    f.write(line + "\n")
+]])
+    local waiting = [[SELECT count(*)::int AS n FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+                       WHERE NOT l.granted AND l.relation = 'public.evm_nonce_reservation'::regclass
+                         AND a.application_name = 'qtgd signer' AND a.datname = current_database()]]
+    -- the two SIGNs sent while the daemon's role holds the table, then let
+    -- go once both signers wait: their answers
+    local function released_at_once(lines, outs)
+      local lk = qtg.db.acquire()
+      local ok, err = pcall(function()
+        lk:begin()
+        lk:query("SET LOCAL ROLE qtg_runtime")
+        lk:query("LOCK TABLE evm_nonce_reservation IN ACCESS EXCLUSIVE MODE")
+        for i, sock in ipairs(socks) do
+          os.execute(("/usr/bin/python3 %s %s %s %s >%s 2>&1 &"):format(common.quote(script), common.quote(sock),
+            common.quote(lines[i]), common.quote(outs[i]), common.quote(outs[i] .. ".err")))
+        end
+        -- well inside the signers' 5 s statement timeout
+        common.wait_for(function()
+          local n = s:query(waiting)[1].n
+          return n == 2, n
+        end, 4, "both signers waiting on evm_nonce_reservation", 0.02)
+      end)
+      if lk:in_transaction() then lk:rollback() end
+      lk:release()
+      assert(ok, type(err) == "table" and err.message or tostring(err))
+      local answers = {}
+      for i, out in ipairs(outs) do
+        answers[i] = common.wait_for(function() return (sup.host.read(out) or ""):match("[^\n]+") end, 30,
+          function() return "the answer of signer " .. i .. " (" .. tostring(sup.host.read(out .. ".err")) .. ")" end)
+      end
+      return answers
+    end
+    for round = 1, 3 do
+      local dest = sup.random_address()
+      local req = sup.create(s, "sign_t_a", new_class(), intent(dest))
+      local node = engine.nodes(s, req.id).transfer
+      local lines, outs = {}, {}
+      for i = 1, 2 do
+        local nonce = 1200 + 2 * round + i
+        local p = payload({ to = dest, nonce = nonce })
+        reserve(node.id, DEV[1].address, nonce, p.signing_hash)
+        lines[i] = ("SIGN %s %s 1 sa %s"):format(req.id, node.id, p.payload)
+        outs[i] = ("%s/race-%d-%d.out"):format(dir, round, i)
+      end
+      local answers = released_at_once(lines, outs)
+      local all = "round " .. round .. ": " .. table.concat(answers, " | ")
+      local granted = s:query([[SELECT nonce FROM signer_events WHERE request_id = $1::uuid
+                                 AND decision = 'granted' ORDER BY id]], req.id)
+      assert.equal(1, #granted, "one approval granted at " .. #granted .. " nonces, " .. all)
+      local refused = s:query([[SELECT code, reason FROM signer_events WHERE request_id = $1::uuid
+                                 AND decision = 'refused']], req.id)
+      assert.equal(1, #refused, all)
+      assert.equal("ALREADY_SIGNED_ELSEWHERE", refused[1].code)
+      assert.truthy(refused[1].reason:find("nonce " .. granted[1].nonce .. " ", 1, true), refused[1].reason)
+      table.sort(answers)
+      assert.truthy(answers[1]:match("^OK 0x%x+ " .. DEV[1].address), all)
+      assert.truthy(answers[2]:match("^REFUSED ALREADY_SIGNED_ELSEWHERE signed before at nonce "
+        .. granted[1].nonce .. " "), all)
+    end
+  end)
+
+  -- Advisory locks are anyone's: the daemon's role can take the one-nonce
+  -- lock of a transfer.  The signer then waits its statement timeout,
+  -- answers that it cannot read the database, records nothing and keeps no
+  -- transaction open; once the lock is let go it grants.
+  it("waits at most its statement timeout on a one-nonce lock held elsewhere, then grants once it is free", function()
+    start_local_signer("sa=" .. sup.key_file(dir, "sa", DEV[1].key))
+    local dest = sup.random_address()
+    local req = sup.create(s, "sign_t_a", new_class(), intent(dest))
+    local node = engine.nodes(s, req.id).transfer
+    local p = payload({ to = dest, nonce = 1230 })
+    reserve(node.id, DEV[1].address, 1230, p.signing_hash)
+    local function sign()
+      return qtg.signer.sign("sa", { request_id = req.id, request_node_id = node.id, attempt_no = 1,
+        payload = p.payload, payload_hash = p.signing_hash })
+    end
+    local lk = qtg.db.acquire()
+    local ok, sig, err = pcall(function()
+      lk:begin()
+      lk:query("SET LOCAL ROLE qtg_runtime")
+      lk:query([[SELECT pg_advisory_xact_lock(hashtextextended('qtg.signer.grant:' || $1::text || '/'
+                   || plan_node_id::text, 0)) FROM movement_request_nodes WHERE id = $2::uuid]], req.id, node.id)
+      return sign()
+    end)
+    if lk:in_transaction() then lk:rollback() end
+    lk:release()
+    assert(ok, type(sig) == "table" and sig.message or tostring(sig))
+    assert.is_nil(sig)
+    assert.equal("SIGNER_DB_UNAVAILABLE", err.code, tostring(err.message))
+    assert.equal(0, #events_of(req.id))
+    local open = s:query([[SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name = 'qtgd signer'
+                             AND datname = current_database() AND state LIKE 'idle in transaction%']])[1].n
+    assert.equal(0, open)
+    sig, err = sign()
+    assert.truthy(sig, err and err.code .. ": " .. tostring(err.message))
+    assert.equal("granted", events_of(req.id)[1].decision)
+  end)
+
+  -- A grant recorded before sql/0171 names no plan node and no nonce.  Its
+  -- plan node is its node row's, and it stands for a nonce the signer did
+  -- not record: the transfer is refused at any other transaction, and
+  -- only that very one (its payload, from its sender) is granted again.
+  it("counts a grant recorded before sql/0171 as signed at a nonce not recorded", function()
+    start_local_signer("sa=" .. sup.key_file(dir, "sa", DEV[1].key))
+    local dest = sup.random_address()
+    local req = sup.create(s, "sign_t_a", new_class(), intent(dest))
+    local node = engine.nodes(s, req.id).transfer
+    local from = DEV[1].address
+    local function sign(p)
+      return qtg.signer.sign("sa", { request_id = req.id, request_node_id = node.id, attempt_no = 1,
+        payload = p.payload, payload_hash = p.signing_hash })
+    end
+    local then_signed = payload({ to = dest, nonce = 1210 })
+    -- the row as the signer wrote it then, inserted as the table's owner
+    s:query([[INSERT INTO signer_events (decision, code, reason, request_id, request_node_id, attempt_no,
+                signer_key, signer_address, approval_digest, payload_hash, peer_uid, peer_pid)
+              SELECT 'granted', 'GRANTED', 'the payload is what request ' || id || ' approved', id,
+                     $2::uuid, 1, 'sa', $3, approval_digest, $4, 0, 0
+                FROM movement_requests WHERE id = $1::uuid]], req.id, node.id, from, then_signed.signing_hash)
+    local other = payload({ to = dest, nonce = 1211 })
+    reserve(node.id, from, 1211, other.signing_hash)
+    local sig, err = sign(other)
+    assert.is_nil(sig)
+    assert.equal("ALREADY_SIGNED_ELSEWHERE", err.code, tostring(err.message))
+    assert.truthy(err.message:find("signed before at a nonce not recorded", 1, true), err.message)
+    reserve(node.id, from, 1210, then_signed.signing_hash)
+    sig, err = sign(then_signed)
+    assert.truthy(sig, err and err.code .. ": " .. tostring(err.message))
+    assert.equal(from, qtg.signer.recover(then_signed.signing_hash, sig.signature))
+    local codes = {}
+    for _, e in ipairs(events_of(req.id)) do codes[#codes + 1] = e.code .. (type(e.nonce) == "number" and ("@" .. e.nonce) or "") end
+    assert.same({ "GRANTED", "ALREADY_SIGNED_ELSEWHERE@1211", "GRANTED@1210" }, codes)
+  end)
+
+  -- The template check refuses an allowed_chain_ids that is not a list; one
+  -- rewritten so past the seal (a bare chain id, here the approved one) is
+  -- refused by the signer too, not read as no list at all.
+  it("refuses a plan whose allowed_chain_ids is not an array", function()
+    local key = "sign_t_shape_" .. qtg.crypto.hex(qtg.crypto.random_bytes(4))
+    local pv = engine.load_doc(s, sup.template(key, "sa", { allowed_chain_ids = { CHAIN }, max_amount = "25" }))
+      .plan_version_id
+    start_local_signer("sa=" .. sup.key_file(dir, "sa", DEV[1].key))
+    local dest = sup.random_address()
+    local req = sup.create(s, key, new_class(), intent(dest))
+    s:transaction(function()
+      s:query("SET LOCAL session_replication_role = replica")
+      s:query([[UPDATE plan_versions SET risk_controls = jsonb_set(risk_controls, '{allowed_chain_ids}',
+                  to_jsonb($2::bigint)) WHERE id = $1]], pv, CHAIN)
+    end)
+    local node = engine.nodes(s, req.id).transfer
+    local good = payload({ to = dest, nonce = 1220 })
+    reserve(node.id, DEV[1].address, 1220, good.signing_hash)
+    local sig, err = qtg.signer.sign("sa", { request_id = req.id, request_node_id = node.id, attempt_no = 1,
+      payload = good.payload, payload_hash = good.signing_hash })
+    assert.is_nil(sig)
+    assert.equal("CHAIN_NOT_ALLOWED", err.code, tostring(err.message))
+    assert.equal("the template's allowed_chain_ids is a JSON number, not an array", err.message)
   end)
 
   -- The daemon's role writes request_approvals; with MG_SIGNER_APPROVERS the
