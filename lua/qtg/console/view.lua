@@ -16,6 +16,20 @@ local function null_value()
 end
 local NULL = null_value()
 
+-- A string from outside (a client's intent, a provider's error text) as
+-- the terminal should show it: control characters (C0, DEL, and the C1
+-- range U+0080-U+009F, which some terminals read as ESC sequences: U+009B
+-- is ESC [) escaped as \xNN / \uNNNN.  Printed raw, an escape sequence
+-- could hide or rewrite the rows after it on an approver's screen.
+-- keep_lines: newlines and tabs stay (a record's multi-line value).
+local function escape_control(c) return ("\\x%02x"):format(c:byte()) end
+local function escape_c1(c) return ("\\u%04x"):format(c:byte()) end
+function M.visible(s, keep_lines)
+  s = s:gsub(keep_lines and "[%z\1-\8\11-\31\127]" or "%c", escape_control)
+  return (s:gsub("\194([\128-\159])", escape_c1))
+end
+local visible = M.visible
+
 -- One value as a single-line cell.
 local function cell(v)
   if v == nil or (NULL ~= nil and v == NULL) then return "-" end
@@ -27,7 +41,7 @@ local function cell(v)
   else
     s = pretty.pretty(v)
   end
-  s = s:gsub("[\r\n\t]", " ")
+  s = visible((s:gsub("[\r\n\t]", " ")))
   if #s > M.MAX_CELL then s = s:sub(1, M.MAX_CELL - 3) .. "..." end
   return s
 end
@@ -98,7 +112,7 @@ local function render_record(rec, order, title)
     if type(v) == "table" and getmetatable(v) and getmetatable(v).__pretty then
       s = "\n" .. pretty.pretty(v)
     elseif type(v) == "string" then
-      s = v
+      s = visible(v, true)
     else
       s = pretty.pretty(v)
     end

@@ -206,6 +206,20 @@ describe("console views", function()
     assert.equal(view.MAX_CELL, #s)
     assert.equal("...", s:sub(-3))
   end)
+
+  -- An API client writes the intent an approver's inbox shows, a provider
+  -- the error text a node shows: an ESC sequence printed raw could conceal
+  -- or overwrite the rows after it (ESC[8m hides text, ESC[1A moves up).
+  it("shows the control characters of a client's text escaped, never raw", function()
+    local asset = "USDC\27[8m\27[1A\r\0\127\194\155x"
+    local rows = pretty.pretty(view.rows({ { asset = asset, amount = "10" } }, { "asset", "amount" }))
+    assert.is_nil(rows:find("[%z\1-\9\11-\31\127]"), rows)
+    assert.is_nil(rows:find("\194\155", 1, true), rows)
+    assert.truthy(rows:find("USDC\\x1b[8m\\x1b[1A \\x00\\x7f\\u009bx", 1, true), rows)
+    local rec = pretty.pretty(view.record({ error_detail = "line one\nline\ttwo\27]0;owned\7" }))
+    assert.is_nil(rec:find("[%z\1-\8\11-\31\127]"), rec)
+    assert.equal("error_detail: line one\n  line\ttwo\\x1b]0;owned\\x07", rec)
+  end)
 end)
 
 -- The reload module needs the host (qtg.settings, qtg.root): these run
