@@ -69,17 +69,19 @@ end
 -- Every evaluated chunk is on the record before it runs: an audit row
 -- console.eval with the operator (the principal of the session's uid), the
 -- code (the first CODE_LIMIT bytes; as hex when it is not text PostgreSQL
--- can store, so a NUL byte cannot hide a chunk) and its size.  So every
+-- can store, so a NUL byte cannot hide a chunk), its size and the SHA-256
+-- of all of it (so a chunk padded past the limit is still pinned: the
+-- text an operator later shows for it must have that digest).  So every
 -- chunk that wrote is audited, whatever it called.  When the row cannot be
 -- written (the database is down) the chunk still runs -- it could not write
 -- either -- and a warning says so.
-local CODE_LIMIT = 4096
+local CODE_LIMIT = 65536
 
 local function audit_chunk(session, code)
   local qtg = require("qtg")
   local canon = require("qtg.canon_json")
   local shown = #code > CODE_LIMIT and code:sub(1, CODE_LIMIT) or code
-  local detail = { bytes = #code, pid = session.pid }
+  local detail = { bytes = #code, pid = session.pid, sha256 = qtg.crypto.sha256_hex(code) }
   if canon.text_ok(shown) then detail.code = shown else detail.code_hex = qtg.crypto.hex(shown) end
   local ok, err = pcall(qtg.db.with_session, function(s)
     local p = require("qtg.principals").console(s, session.uid)

@@ -303,6 +303,21 @@ describe("the console's SQL", function()
     assert.is_nil(row.detail.code)
     assert.equals(qtg.crypto.hex(sneaky), row.detail.code_hex)
     assert.equals(#sneaky, row.detail.bytes)
+    assert.equals(qtg.crypto.sha256_hex(sneaky), row.detail.sha256)
+    -- a chunk padded past what the row keeps (the review's 4 KiB of
+    -- comments in front) is kept whole up to 64 KiB, and pinned whole by
+    -- its digest past that
+    local padded = string.rep("-- padding\n", 400) .. "spec_padded = 1 return 'ran'"
+    console.handle(session, "e", padded)
+    row = audited("console.eval")
+    assert.equals(padded, row.detail.code)
+    assert.equals(qtg.crypto.sha256_hex(padded), row.detail.sha256)
+    local huge = string.rep("-- padding\n", 7000) .. "spec_huge = 1 return 'ran'"
+    console.handle(session, "e", huge)
+    row = audited("console.eval")
+    assert.equals(65536, #row.detail.code)
+    assert.equals(#huge, row.detail.bytes)
+    assert.equals(qtg.crypto.sha256_hex(huge), row.detail.sha256)
   end)
 
   it("refuses a query that is not text", function()
