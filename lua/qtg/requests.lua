@@ -656,6 +656,15 @@ function M.retry(s, node_id, actor)
 end
 
 -- ---------------------------------------------------- complete a manual step
+
+-- Whether actor is the request's initiator: the same actor, the same
+-- enrolled person, or the same principal as both resolve now.
+local function same_initiator(s, actor, created_by)
+  if actor == created_by or signed.same_person(actor, created_by) then return true end
+  local a, c = principals.current(s, actor), principals.current(s, created_by)
+  return a ~= nil and c ~= nil and a.actor == c.actor
+end
+
 function M.complete_manual_step(s, node_id, actor, input)
   check_actor(actor)
   return in_tx(s, function()
@@ -670,8 +679,10 @@ function M.complete_manual_step(s, node_id, actor, input)
     end
     expect_state(req, { "WAITING_MANUAL_ACTION", "EXECUTING" }, "complete a manual step of")
     -- an attestation (a settlement seen, a desk's confirmation) releases what
-    -- follows it: never by the request's initiator (four eyes, as approval)
-    if actor == req.created_by or signed.same_person(actor, req.created_by) then
+    -- follows it: never by the request's initiator (four eyes, as approval),
+    -- compared as both resolve now too (a console uid enrolled since as an
+    -- operator is that operator), as votes are counted
+    if same_initiator(s, actor, req.created_by) then
       refuse("forbidden", "%s created request %s and cannot complete its manual step %s (four eyes)",
         actor, req.id, node.node_key)
     end

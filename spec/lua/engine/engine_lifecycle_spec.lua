@@ -216,6 +216,33 @@ describe("request lifecycle", function()
     end)
   end)
 
+  describe("manual steps and four eyes", function()
+    -- A request made from a console uid before any operator held it, the
+    -- uid enrolled as an operator since: that operator is its initiator
+    -- and attests none of its steps (its votes are not counted either).
+    it("refuses the initiator's step under the name its uid has now", function()
+      local principals = require "qtg.principals"
+      local uid = 3000000000 + math.random(1, 900000000)
+      local name = "spec-maker-" .. uid
+      local req = requests.create(s, { template_key = MANUAL, intent = sup.INTENT, idempotency_key = sup.uid("idem"),
+        callback_url = "http://127.0.0.1:9/callback" }, "console:" .. uid)
+      sup.approve(s, req.id)
+      assert.is_true(sup.drive(s, sup.state_is(req.id, "WAITING_MANUAL_ACTION"), 20))
+      principals.add(s, name, uid, { "read", "operate" }, "system:spec")
+      local ok, err = pcall(function()
+        local m = sup.nodes(s, req.id).m
+        local e = sup.refused("forbidden", requests.complete_manual_step, s, m.id, "operator:" .. name,
+          { desk_reference = "DESK-own" })
+        assert.matches("four eyes", e.message, 1, true)
+        assert.equal("READY", sup.nodes(s, req.id).m.node_state)
+        requests.complete_manual_step(s, m.id, sup.ACTOR, { desk_reference = "DESK-other" })
+        assert.equal("COMPLETED", sup.request(s, req.id).request_state)
+      end)
+      principals.remove(s, name, "system:spec")
+      assert(ok, err)
+    end)
+  end)
+
   describe("resume and retry", function()
     it("a side effect plus an UNKNOWN node needs intervention; resume returns it to EXECUTING", function()
       local req = sup.create_approved(s, SE_THEN_UNKNOWN)
