@@ -161,7 +161,9 @@ static void qtg_claim_step_done(qtg_pg_conn *conn, PGresult *res, const char *er
   qtg_claim_next(c);
 }
 
-static void qtg_claim_next(qtg_claim *c) {
+/* Send the statement of c's step; qtg_pg_query's rc (not 0: nothing sent,
+ * no completion will come). */
+static int qtg_claim_send(qtg_claim *c) {
   const char *values[QTG_CLAIM_MAX_ARGS + 1];
   int rc;
   switch (c->step) {
@@ -182,7 +184,13 @@ static void qtg_claim_next(qtg_claim *c) {
     rc = qtg_pg_query(c->conn, "ROLLBACK TO SAVEPOINT qtg_claim", 0, NULL, 1, qtg_claim_step_done, c);
     break;
   }
-  if (rc != 0) qtg_claim_finish(c, NULL, "cannot send a claim statement (connection lost?)");
+  return rc;
+}
+
+/* The next step, from a completion: the task is waiting, and a statement
+ * that cannot be sent ends its wait. */
+static void qtg_claim_next(qtg_claim *c) {
+  if (qtg_claim_send(c) != 0) qtg_claim_finish(c, NULL, "cannot send a claim statement (connection lost?)");
 }
 
 static void qtg_claim_cancel(qtg_task *t, void *arg) {
@@ -220,9 +228,18 @@ static int qtg_claim_add_arg(qtg_claim *c, const char *v) {
   return 0;
 }
 
+/* The first step, from the task itself: a statement that cannot be sent
+ * (the session's connection was lost while it waited elsewhere) is
+ * answered here, nil and a connection error, without a yield -- finished
+ * as from a completion, it resumed the running task and freed it. */
 static int qtg_claim_start(lua_State *L, qtg_claim *c) {
   c->task = qtg_task_check(L);
-  qtg_claim_next(c);
+  if (qtg_claim_send(c) != 0) {
+    int broken = qtg_pg_broken(c->conn);
+    qtg_claim_free(c);
+    return qtg_db_push_result(L, NULL, broken ? "connection to PostgreSQL lost"
+                                              : "cannot send a claim statement");
+  }
   qtg_task_set_cancel(c->task, qtg_claim_cancel, c);
   return qtg_task_yield(L);
 }

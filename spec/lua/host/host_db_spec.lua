@@ -316,6 +316,43 @@ describe("qtg.db", function()
     assert.are.equal(before.refs, after.refs)
   end)
 
+  -- A session's connection lost while its task waited elsewhere (here a
+  -- sleep; a restart, pg_terminate_backend, a timeout in production): the
+  -- claim's first statement cannot be sent.  It was answered as from a
+  -- completion, resuming the running task: the daemon crashed (139).  In
+  -- a child, so a regression fails this case, not the whole run.
+  it("answers a claim on a session whose connection was lost with a connection error", function()
+    local dir = support.tmpdir()
+    support.write(dir .. "/lost.lua", [[
+local qtg = require("qtg")
+local db = qtg.db
+local claims = {
+  try = function(s) return db.claim.try(s, "SELECT $1::int AS id", 1) end,
+  one = function(s) return db.claim.one(s, { candidates_sql = "SELECT 1 AS id WHERE NOT (1 = ANY($1::int[]))",
+                                             claim_sql = "SELECT $1::int AS id" }) end,
+}
+for _, which in ipairs({ "try", "one" }) do
+  local s = db.acquire()
+  s:begin()
+  local pid = s:query("SELECT pg_backend_pid() AS pid")[1].pid
+  db.with_session(function(k) k:query("SELECT pg_terminate_backend($1)", pid) end)
+  qtg.sleep(0.5)   -- the loop reads the server's goodbye and marks the connection lost
+  local ok, err = pcall(claims[which], s)
+  print(which, ok, type(err) == "table" and err.kind or tostring(err),
+        type(err) == "table" and err.message or "")
+  s:release()
+end
+print("then", db.with_session(function(k) return k:query("SELECT 41 + 1 AS x")[1].x end))
+]])
+    local rc, out = support.run(support.base_env(), { support.bin, "exec", dir .. "/lost.lua" })
+    os.execute("rm -rf " .. common.quote(dir))
+    assert.equals(0, rc, out)
+    assert.is_nil(out:find("Sanitizer", 1, true), out)
+    assert.matches("try\tfalse\tconnection\tconnection to PostgreSQL lost", out, 1, true)
+    assert.matches("one\tfalse\tconnection\tconnection to PostgreSQL lost", out, 1, true)
+    assert.matches("then\t42", out, 1, true)
+  end)
+
   it("frees a query and a claim still waiting on the server when the host closes", function()
     -- `qtgd exec` ends while two tasks wait on PostgreSQL: their sessions
     -- are collected by lua_close with a command in flight.  Under the
