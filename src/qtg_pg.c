@@ -79,6 +79,8 @@ struct qtg_pg_conn {
   uv_loop_t *loop;
   qtg_pg_connecting *connecting; /* while CONNECTING: the steps' state */
   int orphaned;               /* freed while a step runs: freed after it */
+  uv_timer_t *deadline;       /* while CONNECTING: MG_DB_TCP_TIMEOUT_SECONDS (qtg_pg_connect_expired) */
+  int deadline_s;
   PGconn *pg;
   uv_poll_t *poll;
   int fd, events;
@@ -163,6 +165,14 @@ static uint32_t qtg_pg_hash(const char *s) {
 
 static void qtg_pg_poll_closed(uv_handle_t *h) { free(h); }
 
+/* The connect's deadline is over (connected, failed or freed). */
+static void qtg_pg_deadline_stop(qtg_pg_conn *c) {
+  if (c->deadline) {
+    uv_close((uv_handle_t *)c->deadline, qtg_pg_poll_closed);
+    c->deadline = NULL;
+  }
+}
+
 static void qtg_pg_unwatch(qtg_pg_conn *c) {
   if (c->poll) {
     uv_close((uv_handle_t *)c->poll, qtg_pg_poll_closed);
@@ -223,6 +233,7 @@ static void qtg_pg_after_commit_end(qtg_pg_conn *c, int deliver) {
 }
 
 static void qtg_pg_conn_free(qtg_pg_conn *c) {
+  qtg_pg_deadline_stop(c);
   if (c->connecting && c->connecting->running) {   /* the thread pool has the PGconn: later */
     qtg_pg_unwatch(c);
     c->orphaned = 1;
@@ -408,6 +419,7 @@ static void qtg_pg_connect_done(uv_work_t *w, int status) {
     if (qtg_pg_watch(c, UV_WRITABLE) != 0) qtg_pg_conn_fail(c, "cannot watch the PostgreSQL socket");
     return;
   case PGRES_POLLING_OK:
+    qtg_pg_deadline_stop(c);
     PQsetNoticeReceiver(c->pg, qtg_pg_notice, c);
     free(st->conninfo);
     free(st);
@@ -428,6 +440,36 @@ static void qtg_pg_connect_done(uv_work_t *w, int status) {
     qtg_pg_conn_fail(c, PQerrorMessage(c->pg));
     return;
   }
+}
+
+/* A connect that has not finished after MG_DB_TCP_TIMEOUT_SECONDS fails.
+ * libpq's connect_timeout binds only its blocking connect, and TCP's own
+ * bounds never fire while the peer's kernel acknowledges: a stopped
+ * postmaster's full backlog, a paused pooler or proxy.  A step still
+ * running in the thread pool is orphaned as when the pool is freed. */
+static void qtg_pg_connect_expired(uv_timer_t *t) {
+  qtg_pg_conn *c = t->data;
+  char why[96];
+  snprintf(why, sizeof why, "no answer within %d s (MG_DB_TCP_TIMEOUT_SECONDS)", c->deadline_s);
+  qtg_pg_conn_fail(c, why);
+}
+
+static int qtg_pg_deadline_start(qtg_pg_conn *c, int seconds) {
+  if (seconds <= 0) return 0;      /* 0: no bound, as for TCP */
+  c->deadline = malloc(sizeof *c->deadline);
+  if (!c->deadline) return -1;
+  if (uv_timer_init(c->loop, c->deadline) != 0) {
+    free(c->deadline);
+    c->deadline = NULL;
+    return -1;
+  }
+  c->deadline->data = c;
+  c->deadline_s = seconds;
+  if (uv_timer_start(c->deadline, qtg_pg_connect_expired, (uint64_t)seconds * 1000, 0) != 0) {
+    qtg_pg_deadline_stop(c);
+    return -1;
+  }
+  return 0;
 }
 
 static qtg_pg_conn *qtg_pg_conn_start(uv_loop_t *loop, const char *conninfo, qtg_pg_pool *pool,
@@ -464,7 +506,8 @@ static qtg_pg_conn *qtg_pg_conn_start(uv_loop_t *loop, const char *conninfo, qtg
   st->conn = c;
   c->connecting = st;
   c->state = QTG_PG_CONNECTING;
-  if (qtg_pg_connect_queue(c) != 0) {
+  if (qtg_pg_deadline_start(c, pool ? pool->tcp_timeout : listener->tcp_timeout) != 0 ||
+      qtg_pg_connect_queue(c) != 0) {
     snprintf(err, errlen, "cannot queue the connection to PostgreSQL");
     qtg_pg_conn_free(c);
     return NULL;
@@ -772,6 +815,24 @@ static void qtg_pg_on_poll(uv_poll_t *handle, int status, int events) {
   }
 }
 
+static int qtg_pg_pool_grow(qtg_pg_pool *p);
+
+/* Open connections for waiters no connect in flight will serve, up to the
+ * pool's size; when none can be opened, fail them all with the pool's
+ * last error. */
+static void qtg_pg_pool_cover_waiters(qtg_pg_pool *p) {
+  if (p->nwaiters > 0) (void)qtg_pg_pool_grow(p);   /* on failure, last_error says why */
+  if (p->nconnecting > 0 || p->nconns > 0) return;
+  while (p->whead) {
+    qtg_pg_waiter *w = p->whead;
+    p->whead = w->next;
+    if (!p->whead) p->wtail = NULL;
+    p->nwaiters--;
+    w->cb(NULL, p->last_error, w->data);
+    free(w);
+  }
+}
+
 /* The connection is unusable: tell whoever waits on it. */
 static void qtg_pg_conn_fail(qtg_pg_conn *c, const char *why) {
   char msg[512];
@@ -782,6 +843,7 @@ static void qtg_pg_conn_fail(qtg_pg_conn *c, const char *why) {
   while (n > 0 && (msg[n - 1] == '\n' || msg[n - 1] == ' ')) msg[--n] = '\0';
   qtg_pg_state was = c->state;
   qtg_pg_unwatch(c);
+  qtg_pg_deadline_stop(c);
   if (c->listener) {
     c->state = QTG_PG_BROKEN;
     qtg_pg_listener_conn_lost(c->listener);
@@ -800,6 +862,10 @@ static void qtg_pg_conn_fail(qtg_pg_conn *c, const char *why) {
       w->cb(NULL, p->last_error, w->data);
       free(w);
     }
+    /* The others each get a connect of their own to wait on (and its
+     * failure, if the server is still away); without one they waited
+     * until an unrelated acquire grew the pool. */
+    qtg_pg_pool_cover_waiters(p);
     return;
   }
   if (was == QTG_PG_IDLE && !c->in_use) {

@@ -152,6 +152,73 @@ assert(os.rename(dir .. "/result.json.tmp", dir .. "/result.json"))
 return 0
 ]=]
 
+-- A server whose kernel accepts the connection and which then says
+-- nothing (a stopped postmaster's full backlog, a paused pooler): TCP's
+-- bounds never fire, since every packet is acknowledged, and libpq's
+-- connect_timeout binds only its blocking connect.  The child's pool of
+-- one takes three acquires at once; writes {ok=, err=, elapsed=} each.
+local SILENT = [=[
+import socket, sys, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", 0)); s.listen(16)
+with open(sys.argv[1] + ".tmp", "w") as f:
+    f.write(str(s.getsockname()[1]))
+import os; os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+time.sleep(120)
+]=]
+
+local SILENT_CHILD = [=[
+local out = ...
+local qtg = require "qtg"
+local cjson = require "cjson"
+local tasks = {}
+for i = 1, 3 do
+  tasks[i] = qtg.spawn(function()
+    local t0 = qtg.monotonic()
+    local ok, err = pcall(qtg.db.acquire)
+    return { ok = ok, err = not ok and tostring(type(err) == "table" and err.message or err) or cjson.null,
+             elapsed = qtg.monotonic() - t0 }
+  end)
+end
+local res = {}
+for i = 1, 3 do res[i] = select(2, qtg.join(tasks[i])) end
+local f = assert(io.open(out .. ".tmp", "w"))
+f:write(cjson.encode(res))
+f:close()
+assert(os.rename(out .. ".tmp", out))
+return 0
+]=]
+
+describe("a database server that accepts and never answers", function()
+  it("fails each waiting acquire after MG_DB_TCP_TIMEOUT_SECONDS", function()
+    local c = require "spec.lua.support.common"
+    local d = c.tmpdir("qtg-db-silent-spec")
+    c.write(d .. "/silent.py", SILENT)
+    c.write(d .. "/child.lua", SILENT_CHILD)
+    os.execute(("python3 %s %s >/dev/null 2>&1 & echo $! > %s"):format(c.quote(d .. "/silent.py"),
+      c.quote(d .. "/port"), c.quote(d .. "/silent.pid")))
+    local port = c.wait_for(function() return c.read(d .. "/port") end, 20, "the silent server's port")
+    local env = c.base_env({ MG_DATABASE_URL = ("postgresql://qtg@127.0.0.1:%s/qtg?connect_timeout=2"):format(port),
+                             MG_DB_TCP_TIMEOUT_SECONDS = "2", MG_DB_POOL_SIZE = "1" })
+    local h = c.spawn(d .. "/child", env, ("%s exec %s %s"):format(c.quote(c.bin()), c.quote(d .. "/child.lua"),
+      c.quote(d .. "/result.json")))
+    local rc = c.exit_code(h, 60)
+    os.execute("kill $(cat " .. c.quote(d .. "/silent.pid") .. ") 2>/dev/null")
+    local log = tostring(c.read(h.log))
+    local text = c.read(d .. "/result.json")
+    os.execute("rm -rf " .. c.quote(d))
+    assert.equal(0, rc, "child exit " .. tostring(rc) .. "; log: " .. log)
+    local res = cjson.decode((assert(text, "no result; log: " .. log)))
+    for i = 1, 3 do
+      assert.is_false(res[i].ok, "acquire " .. i)
+      assert.truthy(res[i].err:find("cannot connect to PostgreSQL: no answer within 2 s (MG_DB_TCP_TIMEOUT_SECONDS)",
+        1, true), res[i].err)
+      -- one after another through the pool of one: each its own 2 s
+      assert.truthy(res[i].elapsed >= 1.5 and res[i].elapsed < 3 * i + 5, "acquire " .. i .. ": " .. res[i].elapsed)
+    end
+  end)
+end)
+
 describe("a database host that stops answering", function()
   setup(function()
     common = require "spec.lua.support.common"
