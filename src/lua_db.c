@@ -27,14 +27,23 @@ typedef struct {
   int commit; /* a pipeline commit: one that did not commit is an error */
   int failed_commit; /* ... and one after a failed statement cannot */
   int ahead; /* a batch's statements after its commit (raw_batch_commit_ahead) */
+  uv_timer_t *deadline; /* an acquire's MG_DB_ACQUIRE_TIMEOUT_SECONDS */
 } qtg_db_req;
+
+static void qtg_db_timer_closed(uv_handle_t *handle) { free(handle); }
+
+/* The request is over: its deadline (if any) stops and closes. */
+static void qtg_db_req_free(qtg_db_req *q) {
+  if (q->deadline) uv_close((uv_handle_t *)q->deadline, qtg_db_timer_closed);
+  free(q);
+}
 
 /* The request's callback will never run (its connection was destroyed
  * while busy, or the pool freed): the task no longer waits on it. */
 static void qtg_db_req_drop(void *self) {
   qtg_db_req *q = self;
   if (q->task) qtg_task_set_cancel(q->task, NULL, NULL);
-  free(q);
+  qtg_db_req_free(q);
 }
 
 static void qtg_db_drop(void *data) {
@@ -573,7 +582,7 @@ static void qtg_db_acquired(qtg_pg_conn *conn, const char *err, void *data) {
   qtg_db_req *q = data;
   qtg_host *h = q->h;
   qtg_task *t = q->task;
-  free(q);
+  qtg_db_req_free(q);
   qtg_task_set_cancel(t, NULL, NULL);
   lua_State *co = qtg_task_thread(t);
   if (!conn) {
@@ -589,11 +598,49 @@ static void qtg_db_acquired(qtg_pg_conn *conn, const char *err, void *data) {
 static void qtg_db_acquire_cancel(qtg_task *t, void *arg) {
   qtg_db_req *q = arg;
   qtg_pg_acquire_cancel(q->h->pool, q);
-  free(q);
+  qtg_db_req_free(q);
   lua_State *co = qtg_task_thread(t);
   lua_pushnil(co);
   qtg_push_error(co, "interrupted", "waiting for a database session interrupted");
   qtg_task_resume(t, 2);
+}
+
+/* MG_DB_ACQUIRE_TIMEOUT_SECONDS passed with the task still waiting: every
+ * session is held (tasks that each hold one and wait for another would
+ * otherwise wait for good) or none could be opened. */
+static void qtg_db_acquire_expired(uv_timer_t *timer) {
+  qtg_db_req *q = timer->data;
+  qtg_host *h = q->h;
+  qtg_task *t = q->task;
+  qtg_pg_acquire_cancel(h->pool, q);
+  qtg_task_set_cancel(t, NULL, NULL);
+  char msg[200];
+  snprintf(msg, sizeof msg,
+           "no database session within %g s (MG_DB_ACQUIRE_TIMEOUT_SECONDS; "
+           "a pool of %g: all in use, or none could be opened)",
+           qtg_settings_num(h->settings, QTG_S_DB_ACQUIRE_TIMEOUT_SECONDS),
+           qtg_settings_num(h->settings, QTG_S_DB_POOL_SIZE));
+  qtg_db_req_free(q);
+  lua_State *co = qtg_task_thread(t);
+  lua_pushnil(co);
+  qtg_push_error(co, "timeout", "%s", msg);
+  qtg_task_resume(t, 2);
+}
+
+/* Arm q's deadline; 0 when none is set or it is armed. */
+static int qtg_db_acquire_deadline(qtg_host *h, qtg_db_req *q) {
+  double seconds = qtg_settings_num(h->settings, QTG_S_DB_ACQUIRE_TIMEOUT_SECONDS);
+  if (!(seconds > 0)) return 0;
+  q->deadline = malloc(sizeof *q->deadline);
+  if (!q->deadline) return -1;
+  if (uv_timer_init(h->loop, q->deadline) != 0) {
+    free(q->deadline);
+    q->deadline = NULL;
+    return -1;
+  }
+  q->deadline->data = q;
+  uv_update_time(h->loop);   /* the loop's time is as old as this task's run */
+  return uv_timer_start(q->deadline, qtg_db_acquire_expired, (uint64_t)(seconds * 1000.0 + 0.5), 0) == 0 ? 0 : -1;
 }
 
 static int qtg_db_raw_acquire(lua_State *L) {
@@ -616,6 +663,11 @@ static int qtg_db_raw_acquire(lua_State *L) {
     lua_pushnil(L);
     qtg_db_push_conn_error(L, qtg_pg_pool_last_error(h->pool));
     return 2;
+  }
+  if (qtg_db_acquire_deadline(h, q) != 0) {
+    qtg_pg_acquire_cancel(h->pool, q);
+    qtg_db_req_free(q);
+    return luaL_error(L, "qtg.db: cannot start the acquire's deadline");
   }
   qtg_task_set_cancel(t, qtg_db_acquire_cancel, q);
   return qtg_task_yield(L);

@@ -5,6 +5,7 @@
 /* Database, process, logs */
 QTG_SETTING(DATABASE_URL, "MG_DATABASE_URL", QTG_SET_SECRET, "", 0, 0, "libpq connection string or URL; unset: the private cluster under the repo (var/pg)")
 QTG_SETTING(DB_POOL_SIZE, "MG_DB_POOL_SIZE", QTG_SET_INT, "8", 1, 256, "connections in the session pool of one process")
+QTG_SETTING(DB_ACQUIRE_TIMEOUT_SECONDS, "MG_DB_ACQUIRE_TIMEOUT_SECONDS", QTG_SET_NUM, "60", 0, 3600, "a task waiting this long for a database session (every connection of the pool in use, or none can be opened) gives up with a timeout error, so tasks that each hold a session and wait for another never wait for good; 0: no bound")
 QTG_SETTING(DB_TCP_TIMEOUT_SECONDS, "MG_DB_TCP_TIMEOUT_SECONDS", QTG_SET_INT, "30", 0, 3600, "a TCP connection to PostgreSQL whose peer stops answering (a host down, a partition: no reset comes) is dropped after this, and a connect gives up after it (libpq tcp_user_timeout and keepalives; the URL's own values win; 0: the kernel's, up to 15 minutes)")
 QTG_SETTING(NETWORK_CLASS, "MG_NETWORK_CLASS", QTG_SET_STR, "devnet", 0, 0, "the network class this process serves (requests of other classes are left alone)")
 QTG_SETTING(LUA_PATH, "MG_LUA_PATH", QTG_SET_STR, "", 0, 0, "operator override directory for policy scripts, searched before the packaged lua/")

@@ -353,6 +353,47 @@ print("then", db.with_session(function(k) return k:query("SELECT 41 + 1 AS x")[1
     assert.matches("then\t42", out, 1, true)
   end)
 
+  -- Tasks that each hold a session and wait for another (a tick's nested
+  -- acquire: the sim's ledger, shared pacing, the nonce reservations) took
+  -- the whole pool and waited for good, the loop turning on, so no
+  -- watchdog saw it.  MG_DB_ACQUIRE_TIMEOUT_SECONDS ends such a wait.
+  it("gives up an acquire after MG_DB_ACQUIRE_TIMEOUT_SECONDS, so tasks holding the pool do not wait for good", function()
+    local dir = support.tmpdir()
+    support.write(dir .. "/nested.lua", [[
+local qtg = require("qtg")
+local db = qtg.db
+local function nested(name)
+  return qtg.spawn(function()
+    local s = db.acquire()
+    qtg.sleep(0.2)              -- both hold their session now
+    local t0 = qtg.monotonic()
+    local ok, err = pcall(db.acquire)
+    s:release()
+    print(name, ok, type(err) == "table" and err.kind or tostring(err),
+          type(err) == "table" and err.message or "", string.format("%.1f", qtg.monotonic() - t0))
+  end)
+end
+local a, b = nested("a"), nested("b")
+qtg.join(a)
+qtg.join(b)
+print("then", db.with_session(function(k) return k:query("SELECT 41 + 1 AS x")[1].x end))
+]])
+    local rc, out = support.run(support.base_env({ MG_DB_POOL_SIZE = "2", MG_DB_ACQUIRE_TIMEOUT_SECONDS = "1" }),
+      { "timeout", "60", support.bin, "exec", dir .. "/nested.lua" })   -- 124: still waiting
+    os.execute("rm -rf " .. common.quote(dir))
+    assert.equals(0, rc, out)
+    -- the first to wait gives up and lets its session go; the other then
+    -- gets it, and both go on
+    local a = out:match("\n?(a\t[^\n]*)")
+    assert.truthy(a, out)
+    assert.matches("a\tfalse\ttimeout\tno database session within 1 s (MG_DB_ACQUIRE_TIMEOUT_SECONDS; "
+      .. "a pool of 2: all in use, or none could be opened)", a, 1, true)
+    local took = tonumber(a:match("\t([%d.]+)$"))
+    assert.truthy(took >= 0.9 and took < 10, a)
+    assert.truthy(out:find("\nb\ttrue\t", 1, true) or out:find("^b\ttrue\t"), out)
+    assert.matches("then\t42", out, 1, true)
+  end)
+
   it("frees a query and a claim still waiting on the server when the host closes", function()
     -- `qtgd exec` ends while two tasks wait on PostgreSQL: their sessions
     -- are collected by lua_close with a command in flight.  Under the
