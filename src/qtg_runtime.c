@@ -83,6 +83,10 @@ static double qtg_wall_now(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+/* The longest interval, jitter or first delay a worker may ask (a year):
+ * with sleep_scale, its milliseconds stay far inside a uint64_t. */
+#define QTG_WORKER_MAX_SECONDS 31536000
+
 static void qtg_worker_start_tick(qtg_worker *w);
 static void qtg_runtime_maybe_done(struct qtg_runtime *rt);
 
@@ -339,12 +343,20 @@ static int qtg_lua_start_worker(lua_State *L) {
   const char *group = luaL_optstring(L, -1, "sidecar");
   if (strcmp(group, "core") != 0 && strcmp(group, "sidecar") != 0)
     return luaL_error(L, "worker '%s': group must be \"core\" or \"sidecar\", not \"%s\"", name, group);
+  /* Each becomes a timer's milliseconds: a negative, infinite or NaN one
+   * would wrap to a delay no tick ever reaches. */
   double interval = qtg_opt_field_num(L, 1, "interval", -1);
-  if (!(interval > 0)) return luaL_error(L, "worker '%s': interval must be a positive number of seconds", name);
+  if (!(interval > 0 && interval <= QTG_WORKER_MAX_SECONDS))
+    return luaL_error(L, "worker '%s': interval must be a positive number of seconds (at most %d)", name,
+                      QTG_WORKER_MAX_SECONDS);
   double jitter = qtg_opt_field_num(L, 1, "jitter", 0);
-  if (jitter < 0) return luaL_error(L, "worker '%s': jitter must not be negative", name);
+  if (!(jitter >= 0 && jitter <= QTG_WORKER_MAX_SECONDS))
+    return luaL_error(L, "worker '%s': jitter must be 0 to %d seconds", name, QTG_WORKER_MAX_SECONDS);
   double scale = qtg_opt_field_num(L, 1, "sleep_scale", 1);
+  if (!(scale > 0 && scale <= 1000)) return luaL_error(L, "worker '%s': sleep_scale must be > 0 and <= 1000", name);
   double first = qtg_opt_field_num(L, 1, "first_delay", 0);
+  if (!(first >= 0 && first <= QTG_WORKER_MAX_SECONDS))
+    return luaL_error(L, "worker '%s': first_delay must be 0 to %d seconds", name, QTG_WORKER_MAX_SECONDS);
   lua_getfield(L, 1, "drain");
   int drain = lua_toboolean(L, -1);
   lua_getfield(L, 1, "tick");

@@ -107,6 +107,16 @@ describe("run_loop in the host", function()
     assert.has_error(function() rt.start_worker{name = "x", interval = 0, tick = function() end} end)
     assert.has_error(function() rt.start_worker{name = "x", interval = 1, group = "odd", tick = function() end} end)
     assert.has_error(function() rt.start_worker{name = "x", interval = 1} end)
+    -- delays that would wrap into a timer no tick ever reaches
+    local noop = function() end
+    for _, bad in ipairs({ { interval = math.huge }, { interval = 0 / 0 }, { interval = 1, first_delay = -1 },
+                           { interval = 1, first_delay = 0 / 0 }, { interval = 1, jitter = math.huge },
+                           { interval = 1, sleep_scale = 0 }, { interval = 1, sleep_scale = -2 } }) do
+      bad.name, bad.tick = "x", noop
+      local ok, err = pcall(rt.start_worker, bad)
+      assert.is_false(ok)
+      assert.truthy(tostring(err):find("worker 'x': ", 1, true), tostring(err))
+    end
     assert.has_error(function() rt.pause("no_such_worker") end)
   end)
 
