@@ -93,10 +93,27 @@ exit "$rc"
 -- JSON (by rename), exits 0 once it wrote them.  In the middle it serves
 -- the console (MG_RUN_DIR/console.sock) until the file RESULT_FILE.go
 -- exists.
-local CHILD = [=[
+-- What each child script starts with: its arguments (the result file),
+-- the result's writer (by rename, so the spec never reads half of it) and
+-- the spec's go signal (the file RESULT_FILE.go).
+local CHILD_LIB = [=[
 local out = ...
 local qtg = require "qtg"
 local cjson = require "cjson"
+local function write_result(res)
+  local f = assert(io.open(out .. ".tmp", "w"))
+  f:write(cjson.encode(res))
+  f:close()
+  assert(os.rename(out .. ".tmp", out))
+end
+local function go()
+  local f = io.open(out .. ".go")
+  if f then f:close() end
+  return f ~= nil
+end
+]=]
+
+local CHILD = CHILD_LIB .. [=[
 local ssrf = require "qtg.api.ssrf"
 local callbacks = require "qtg.callbacks"
 local NAME = "resolve-timeout.example"
@@ -144,11 +161,6 @@ res.batch = { elapsed = elapsed, errors = {} }
 for i, url in ipairs(urls) do res.batch.errors[i] = guarded[url].refused.error end
 -- the console, for the spec to interrupt a command waiting in a lookup
 qtg.console_server.start()
-local function go()
-  local f = io.open(out .. ".go")
-  if f then f:close() end
-  return f ~= nil
-end
 local deadline = qtg.monotonic() + 120
 while not go() and qtg.monotonic() < deadline do qtg.sleep(0.05) end
 -- Four abandoned lookups are still unanswered in the resolver; a fifth is
@@ -159,10 +171,7 @@ res.queued = lookup("queued.example", 0.5)
 -- another still waiting when the host closes
 qtg.spawn(function() qtg.api_net.resolve("queued-at-close.example", 60) end)
 
-local f = assert(io.open(out .. ".tmp", "w"))
-f:write(cjson.encode(res))
-f:close()
-assert(os.rename(out .. ".tmp", out))
+write_result(res)
 return 0
 ]=]
 
@@ -171,12 +180,10 @@ return 0
 -- the lookup waits.  Writes {gap=, acquire={elapsed=, err=}}: the longest
 -- gap between 50 ms sleeps of a task that ran while another waited for
 -- its session.  With SPEC_HOG=N, N lookups of names that never answer are
--- abandoned first (each still holds a pool thread in the resolver), and
--- what is timed is a lookup of localhost (from /etc/hosts) instead.
-local DB_CHILD = [=[
-local out = ...
-local qtg = require "qtg"
-local cjson = require "cjson"
+-- abandoned first (with getaddrinfo each held a pool thread in the
+-- resolver; with c-ares, nothing), and what is timed is a lookup of
+-- localhost (from /etc/hosts) instead.
+local DB_CHILD = CHILD_LIB .. [=[
 local res, done = {}, false
 for i = 1, tonumber(os.getenv("SPEC_HOG") or "0") do
   qtg.spawn(function() qtg.api_net.resolve("hog-" .. i .. ".example", 0.2) end)
@@ -203,10 +210,7 @@ while not done and qtg.monotonic() < deadline do
   last = now
 end
 res.gap = gap
-local f = assert(io.open(out .. ".tmp", "w"))
-f:write(cjson.encode(res))
-f:close()
-assert(os.rename(out .. ".tmp", out))
+write_result(res)
 return 0
 ]=]
 
@@ -214,17 +218,9 @@ return 0
 -- namespace), with a pool of two sessions, while a task plays a worker: it
 -- takes a session every 50 ms and notes the longest wait.  Serves until
 -- RESULT_FILE.go exists, then writes {longest=, acquires=}.
-local API_CHILD = [=[
-local out = ...
-local qtg = require "qtg"
-local cjson = require "cjson"
+local API_CHILD = CHILD_LIB .. [=[
 qtg.api_server.start("unix:" .. out .. ".sock")
 local longest, acquires = 0, 0
-local function go()
-  local f = io.open(out .. ".go")
-  if f then f:close() end
-  return f ~= nil
-end
 local deadline = qtg.monotonic() + 120
 while not go() and qtg.monotonic() < deadline do
   local t0 = qtg.monotonic()
@@ -234,10 +230,7 @@ while not go() and qtg.monotonic() < deadline do
   acquires = acquires + 1
   qtg.sleep(0.05)
 end
-local f = assert(io.open(out .. ".tmp", "w"))
-f:write(cjson.encode({ longest = longest, acquires = acquires }))
-f:close()
-assert(os.rename(out .. ".tmp", out))
+write_result({ longest = longest, acquires = acquires })
 return 0
 ]=]
 
