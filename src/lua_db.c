@@ -673,24 +673,11 @@ static int qtg_db_raw_acquire(lua_State *L) {
   return qtg_task_yield(L);
 }
 
-/* __gc: the session is unreachable, so no task waits on it. */
-static int qtg_db_collect(lua_State *L) {
+static int qtg_db_release(lua_State *L) {
   qtg_db_session *s = luaL_checkudata(L, 1, QTG_DB_SESSION);
   if (s->conn && s->h->pool) qtg_pg_release(s->conn);
   s->conn = NULL;
   return 0;
-}
-
-/* s:release().  Not while another task waits on a statement of this
- * session: its connection would go with the statement's callback, and
- * that task would wait for good.  (A statement whose task was interrupted
- * is no one's: the connection goes, as always for a busy one.) */
-static int qtg_db_release(lua_State *L) {
-  qtg_db_session *s = luaL_checkudata(L, 1, QTG_DB_SESSION);
-  if (s->conn && s->h->pool && qtg_pg_awaited(s->conn))
-    return qtg_raise(L, "usage", "qtg.db: release: a statement on this session is still running in another task; "
-                                 "release it once that task has its answer");
-  return qtg_db_collect(L);
 }
 
 static int qtg_db_in_transaction(lua_State *L) {
@@ -890,7 +877,7 @@ int luaopen_qtg_db(lua_State *L) {
   qtg_db_claim_register(L);
   lua_setfield(L, -2, "claim");
   luaL_newmetatable(L, QTG_DB_SESSION);
-  lua_pushcfunction(L, qtg_db_collect);
+  lua_pushcfunction(L, qtg_db_release);
   lua_setfield(L, -2, "__gc");
   lua_pushcfunction(L, qtg_db_session_tostring);
   lua_setfield(L, -2, "__tostring");

@@ -1215,7 +1215,6 @@ void qtg_pg_forget(qtg_pg_conn *c) {
 }
 
 int qtg_pg_busy(const qtg_pg_conn *c) { return c->state == QTG_PG_BUSY; }
-int qtg_pg_awaited(const qtg_pg_conn *c) { return c->state == QTG_PG_BUSY && c->has_cb; }
 int qtg_pg_broken(const qtg_pg_conn *c) { return c->state == QTG_PG_BROKEN; }
 PGTransactionStatusType qtg_pg_txn_status(const qtg_pg_conn *c) {
   if (c->pipe != QTG_PG_PIPE_OFF) return c->pipe_failed ? PQTRANS_INERROR : PQTRANS_INTRANS;

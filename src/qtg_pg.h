@@ -119,8 +119,6 @@ int qtg_pg_pipelined(const qtg_pg_conn *conn);
 void qtg_pg_forget(qtg_pg_conn *conn);
 
 int qtg_pg_busy(const qtg_pg_conn *conn);
-/* 1 when a command's callback is still to run (a task waits on it). */
-int qtg_pg_awaited(const qtg_pg_conn *conn);
 int qtg_pg_broken(const qtg_pg_conn *conn);
 PGTransactionStatusType qtg_pg_txn_status(const qtg_pg_conn *conn);
 int qtg_pg_backend_pid(const qtg_pg_conn *conn);

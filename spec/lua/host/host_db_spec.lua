@@ -394,25 +394,6 @@ print("then", db.with_session(function(k) return k:query("SELECT 41 + 1 AS x")[1
     assert.matches("then\t42", out, 1, true)
   end)
 
-  -- Another task releasing a session while a statement on it runs took
-  -- the connection, and the statement's callback with it: the querying
-  -- task waited for good and could not be interrupted.  The release is
-  -- refused instead; once the statement answers, it goes through.
-  it("refuses to release a session while another task waits on its statement", function()
-    local s = db.acquire()
-    local t = qtg.spawn(function() return s:query("SELECT pg_sleep(0.3), 42 AS x")[1].x end)
-    qtg.sleep(0.05)
-    local ok, err = pcall(s.release, s)
-    assert.is_false(ok)
-    assert.equals("usage", err.kind)
-    assert.matches("still running in another task", err.message, 1, true)
-    local done, x = qtg.join(t)
-    assert.is_true(done)
-    assert.equals(42, x)
-    s:release()
-    assert.equals(0, db.stats().in_use)
-  end)
-
   it("frees a query and a claim still waiting on the server when the host closes", function()
     -- `qtgd exec` ends while two tasks wait on PostgreSQL: their sessions
     -- are collected by lua_close with a command in flight.  Under the
