@@ -649,15 +649,17 @@ static void qtg_pg_command_done(qtg_pg_conn *c) {
     c->pipe = QTG_PG_PIPE_OFF;
     c->pipe_failed = 0;
   }
-  if (c->step == QTG_PG_STEP_DEALLOCATE) {
-    /* Its failure (an aborted transaction) leaves one statement on the
-     * server under a name never used again; the PREPARE that follows
-     * reports the same error to the caller. */
+  if (c->step == QTG_PG_STEP_DEALLOCATE && !failed) {
     if (c->last) PQclear(c->last);
     c->last = NULL;
     if (qtg_pg_send_prepare(c) != 0) qtg_pg_conn_fail(c, "cannot send a PREPARE");
     return;
   }
+  /* A DEALLOCATE that failed (its transaction is aborted) answers for the
+   * statement: in a pipeline the server now skips every message until a
+   * Sync, so a PREPARE sent after it would never be answered, and the
+   * statement would have failed the same way.  The evicted statement stays
+   * on the server under a name never used again. */
   if (c->step == QTG_PG_STEP_PREPARE) {
     if (c->last && PQresultStatus(c->last) == PGRES_COMMAND_OK) {
       PQclear(c->last);

@@ -723,4 +723,37 @@ describe("pipeline transactions", function()
       s:release()
     end)
   end)
+
+  -- A session holds at most 256 prepared statements; a new one evicts the
+  -- least recently used with a DEALLOCATE first.  In a failed pipeline
+  -- block that DEALLOCATE fails, and the server then skips every message
+  -- until a Sync: the PREPARE sent after it was never answered, and the
+  -- session waited for good (the whole spec run stopped at its limit once
+  -- the run's statements passed 256).  In a child, so a regression fails
+  -- this case and not the run.
+  it("answers a new statement in a failed block when the statement cache is full", function()
+    local dir = support.tmpdir()
+    support.write(dir .. "/evict.lua", [[
+local qtg = require("qtg")
+local s = qtg.db.acquire()
+for i = 1, 300 do s:query("SELECT " .. i .. " AS spec_fill") end
+s:begin_pipeline()
+s:query("INSERT INTO ]] .. TABLE .. [[ (id) VALUES (1)")
+s:savepoint("one")
+print("dup", pcall(s.query, s, "INSERT INTO ]] .. TABLE .. [[ (id) VALUES (1)"))
+local ok, err = pcall(s.query, s, "SELECT 4242 AS spec_new")
+print("new", ok, err and err.sqlstate)
+ok, err = pcall(s.commit, s)
+print("commit", ok, err and err.sqlstate)
+print("then", s:query("SELECT 4243 AS spec_after")[1].spec_after)
+]])
+    local rc, out = support.run(support.base_env(), { "timeout", "30", support.bin, "exec", dir .. "/evict.lua" })
+    os.execute("rm -rf " .. require("spec.lua.support.common").quote(dir))
+    assert.are.equal(0, rc, out)
+    assert.matches("new\tfalse\t25P02", out, 1, true)
+    assert.matches("commit\tfalse\t25P02", out, 1, true)
+    assert.matches("then\t4243", out, 1, true)
+    assert.are.equal(0, count("true"))
+  end)
+
 end)
