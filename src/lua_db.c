@@ -824,6 +824,13 @@ static int qtg_db_unlisten(lua_State *L) {
 
 /* ---- subsystem --------------------------------------------------------------- */
 
+/* A setting in seconds as PostgreSQL's milliseconds: 0 stays "no bound",
+ * and a positive value under a millisecond is one, never 0. */
+static int qtg_db_setting_ms(qtg_host *h, int id) {
+  double ms = ceil(qtg_settings_num(h->settings, id) * 1000);
+  return ms > 0 ? (int)ms : 0;
+}
+
 int qtg_pg_open(qtg_host *h, char *err, size_t errlen) {
   const char *url = qtg_settings_str(h->settings, QTG_S_DATABASE_URL);
   h->listen_ref = LUA_NOREF;
@@ -831,9 +838,13 @@ int qtg_pg_open(qtg_host *h, char *err, size_t errlen) {
     snprintf(err, errlen, "MG_DATABASE_URL is empty (qtgd resolves the embedded default before start-up)");
     return -1;
   }
-  if (qtg_pg_pool_new(h->loop, url, (int)qtg_settings_num(h->settings, QTG_S_DB_POOL_SIZE),
-                      (int)qtg_settings_num(h->settings, QTG_S_DB_TCP_TIMEOUT_SECONDS), qtg_db_drop,
-                      &h->pool) != 0) {
+  qtg_pg_pool_config cfg = {
+    .size = (int)qtg_settings_num(h->settings, QTG_S_DB_POOL_SIZE),
+    .tcp_timeout = (int)qtg_settings_num(h->settings, QTG_S_DB_TCP_TIMEOUT_SECONDS),
+    .statement_timeout_ms = qtg_db_setting_ms(h, QTG_S_DB_STATEMENT_TIMEOUT_SECONDS),
+    .lock_timeout_ms = qtg_db_setting_ms(h, QTG_S_DB_LOCK_TIMEOUT_SECONDS),
+  };
+  if (qtg_pg_pool_new(h->loop, url, &cfg, qtg_db_drop, &h->pool) != 0) {
     snprintf(err, errlen, "out of memory creating the PostgreSQL pool");
     return -1;
   }

@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include "qtg_log.h"
 
@@ -67,6 +68,7 @@ typedef struct {
   struct qtg_pg_conn *conn;
   const char *keys[QTG_PG_TCP_PARAMS + 4], *vals[QTG_PG_TCP_PARAMS + 4];
   qtg_pg_tcp_values tcp;
+  char options[320];
   char *conninfo;
   PGconn *pg;                         /* the step's own while it runs */
   int running;                        /* in the thread pool now */
@@ -125,6 +127,7 @@ struct qtg_pg_pool {
   uv_loop_t *loop;
   char *conninfo;
   int tcp_timeout;          /* MG_DB_TCP_TIMEOUT_SECONDS (qtg_pg_tcp_params) */
+  int statement_timeout_ms, lock_timeout_ms;
   int size, nconns, nconnecting, nidle, nwaiters, nin_use;
   qtg_pg_conn *conns;
   qtg_pg_waiter *whead, *wtail;
@@ -296,6 +299,13 @@ static void qtg_pg_conn_destroy(qtg_pg_conn *c) {
 #define QTG_PG_SESSION_OPTIONS "-c TimeZone=UTC -c DateStyle=ISO -c plan_cache_mode=force_generic_plan"
 /* the notices reach the session whatever the database's defaults say */
 #define QTG_PG_POOL_OPTIONS " -c qtg.notify=after_commit -c client_min_messages=notice"
+/* A pool session's bounds: its statements and lock waits (the pool's
+ * config), and how often a running statement's server process looks
+ * whether the client is still there (ms): a session whose task was
+ * interrupted is shut down (qtg_pg_forget), and its server process must
+ * then end a statement that waits on a lock rather than hold the locks
+ * its transaction took until that wait ends. */
+#define QTG_PG_BOUNDS_OPTIONS " -c statement_timeout=%d -c lock_timeout=%d -c client_connection_check_interval=1000"
 
 int qtg_pg_after_commit_parse(const char *msg, size_t *channel_len, const char **payload) {
   size_t prefix = strlen(QTG_PG_AFTER_COMMIT);
@@ -501,7 +511,13 @@ static qtg_pg_conn *qtg_pg_conn_start(uv_loop_t *loop, const char *conninfo, qtg
   st->keys[n] = "dbname", st->vals[n++] = own;
   st->keys[n] = "application_name", st->vals[n++] = "qtgd";
   st->keys[n] = "options";
-  st->vals[n++] = c->after_commit_asked ? QTG_PG_SESSION_OPTIONS QTG_PG_POOL_OPTIONS : QTG_PG_SESSION_OPTIONS;
+  if (pool)
+    snprintf(st->options, sizeof st->options, "%s%s" QTG_PG_BOUNDS_OPTIONS, QTG_PG_SESSION_OPTIONS,
+             c->after_commit_asked ? QTG_PG_POOL_OPTIONS : "", pool->statement_timeout_ms,
+             pool->lock_timeout_ms);
+  else
+    snprintf(st->options, sizeof st->options, "%s", QTG_PG_SESSION_OPTIONS);
+  st->vals[n++] = st->options;
   st->keys[n] = NULL, st->vals[n] = NULL;
   st->conn = c;
   c->connecting = st;
@@ -880,14 +896,16 @@ static void qtg_pg_conn_fail(qtg_pg_conn *c, const char *why) {
 
 /* ---- pool ------------------------------------------------------------------ */
 
-int qtg_pg_pool_new(uv_loop_t *loop, const char *conninfo, int size, int tcp_timeout,
+int qtg_pg_pool_new(uv_loop_t *loop, const char *conninfo, const qtg_pg_pool_config *cfg,
                     void (*drop)(void *data), qtg_pg_pool **out) {
   qtg_pg_pool *p = calloc(1, sizeof *p);
   if (!p) return -1;
   p->loop = loop;
-  p->tcp_timeout = tcp_timeout;
+  p->tcp_timeout = cfg->tcp_timeout;
+  p->statement_timeout_ms = cfg->statement_timeout_ms > 0 ? cfg->statement_timeout_ms : 0;
+  p->lock_timeout_ms = cfg->lock_timeout_ms > 0 ? cfg->lock_timeout_ms : 0;
   p->drop = drop;
-  p->size = size > 0 ? size : 1;
+  p->size = cfg->size > 0 ? cfg->size : 1;
   p->conninfo = strdup(conninfo);
   if (!p->conninfo) {
     free(p);
@@ -1214,6 +1232,9 @@ int qtg_pg_pipelined(const qtg_pg_conn *c) { return (int)c->pipe; }
 void qtg_pg_forget(qtg_pg_conn *c) {
   c->has_cb = 0;
   c->cb = NULL;
+  /* The end of the stream is read back as a lost connection (BROKEN). */
+  int fd = c->pg ? PQsocket(c->pg) : -1;
+  if (fd >= 0) (void)shutdown(fd, SHUT_RDWR);
 }
 
 int qtg_pg_busy(const qtg_pg_conn *c) { return c->state == QTG_PG_BUSY; }

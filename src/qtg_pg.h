@@ -26,12 +26,24 @@ typedef void (*qtg_pg_result_cb)(qtg_pg_conn *conn, PGresult *res, const char *e
 /* payload NULL: the listener (re)connected and LISTENs again: catch up. */
 typedef void (*qtg_pg_notify_cb)(const char *channel, const char *payload, void *data);
 
-/* drop (may be NULL) frees the data of work whose callback will never be
+/* Every session of a pool runs with UTC and ISO dates, generic plans,
+ * cfg's statement_timeout and lock_timeout (so no statement and no lock
+ * wait holds a session for good) and a check of the client's connection
+ * every second while a statement runs (qtg_pg_forget relies on it).
+ *
+ * drop (may be NULL) frees the data of work whose callback will never be
  * called: a command in flight on a connection that is destroyed (released
  * while busy, e.g. its session collected at host close) and everything in
  * flight or queued when the pool is freed.  The pool keeps it so that no
  * path that discards a connection can leak its caller's data. */
-int qtg_pg_pool_new(uv_loop_t *loop, const char *conninfo, int size, int tcp_timeout,
+typedef struct {
+  int size;                 /* connections at most (MG_DB_POOL_SIZE) */
+  int tcp_timeout;          /* seconds (MG_DB_TCP_TIMEOUT_SECONDS, qtg_pg_tcp_params) */
+  int statement_timeout_ms; /* each session's statement_timeout; 0: none */
+  int lock_timeout_ms;      /* each session's lock_timeout; 0: none */
+} qtg_pg_pool_config;
+
+int qtg_pg_pool_new(uv_loop_t *loop, const char *conninfo, const qtg_pg_pool_config *cfg,
                     void (*drop)(void *data), qtg_pg_pool **out);
 /* Notifications a pool session's transaction raised for after its commit
  * (a NOTICE "qtg_after_commit <channel> <payload>", sql/0150): cb gets each
@@ -114,8 +126,10 @@ int qtg_pg_pipeline_end(qtg_pg_conn *conn, int commit, qtg_pg_result_cb cb, void
 int qtg_pg_pipeline_failed(const qtg_pg_conn *conn);
 /* 0 no pipeline transaction, 1 open without BEGIN, 2 turned into a block */
 int qtg_pg_pipelined(const qtg_pg_conn *conn);
-/* Forget the callback of an in-flight command (the connection is then
- * discarded when released, since its protocol state is unknown). */
+/* Forget the callback of an in-flight command (an interrupted task): the
+ * connection is shut down at once, so its server process ends the
+ * statement and the transaction (client_connection_check_interval) and
+ * lets go of their locks, and it is discarded when released. */
 void qtg_pg_forget(qtg_pg_conn *conn);
 
 int qtg_pg_busy(const qtg_pg_conn *conn);

@@ -133,7 +133,13 @@ end
 
 function B.exec(sql)
   local s = qtg.db.acquire()
-  local ok, err = pcall(s.exec, s, sql)
+  -- the bench's own upkeep (VACUUM of a grown database) is not a worker's
+  -- statement: no MG_DB_STATEMENT_TIMEOUT_SECONDS
+  local ok, err = pcall(function()
+    s:exec("SET statement_timeout = 0")
+    s:exec(sql)
+    s:exec("RESET statement_timeout")
+  end)
   s:release()
   if not ok then error(err, 2) end
 end
@@ -779,6 +785,7 @@ function B.seed_finished(target)
   local s = qtg.db.acquire()
   local ok, err = pcall(function()
     s:begin()
+    s:exec("SET LOCAL statement_timeout = 0")   -- a large clone is not a worker's statement
     s:query([[CREATE TEMP TABLE bench_map ON COMMIT DROP AS
               SELECT r.id AS old, g, gen_random_uuid() AS new
                 FROM movement_requests r, generate_series(1, $2::int) g

@@ -25,8 +25,15 @@ local function parse(args)
   return { since = since }
 end
 
--- one pooled session for fn(s), released whatever happens
-local function with_session(fn) return require("qtg").db.with_session(fn) end
+-- one pooled session for fn(s), released whatever happens; a whole trail's
+-- walk may take longer than a worker's statement is allowed
+-- (MG_DB_STATEMENT_TIMEOUT_SECONDS), so this session has no bound
+local function with_session(fn)
+  return require("qtg").db.with_session(function(s)
+    s:exec("SET statement_timeout = 0")
+    return fn(s)
+  end)
+end
 
 local commands = {}
 

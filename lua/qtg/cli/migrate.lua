@@ -54,6 +54,11 @@ end
 -- Returns applied, skipped counts; raises a message on refusal or failure.
 function M.apply(s, dir, log)
   log = log or function() end
+  -- A migration may rewrite a table and wait for its lock, and concurrent
+  -- migrators wait for each other: the session's bounds
+  -- (MG_DB_STATEMENT_TIMEOUT_SECONDS, MG_DB_LOCK_TIMEOUT_SECONDS) are for
+  -- the workers' statements, not for this.
+  s:exec("SET statement_timeout = 0; SET lock_timeout = 0")
   s:exec([[CREATE TABLE IF NOT EXISTS schema_migrations (
     version text PRIMARY KEY, checksum text NOT NULL,
     applied_at timestamptz NOT NULL DEFAULT now())]])
@@ -86,6 +91,7 @@ function M.apply(s, dir, log)
     return napplied, nskipped
   end)
   s:query("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK)
+  s:exec("RESET statement_timeout; RESET lock_timeout")
   if not ok then error(applied, 0) end
   return applied, skipped
 end

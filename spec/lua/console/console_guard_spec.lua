@@ -30,12 +30,13 @@ local RUNAWAYS = {
 
 -- The raw client.  Arguments: the socket, then steps: "e<code>" / "i" /
 -- "c<text>" queue a frame; "@o" sends what is queued and waits for an output
--- frame; "@close" sends and closes at once.  Then it sends the rest and
+-- frame; "@sleepS" sends what is queued and sleeps S seconds; "@close"
+-- sends and closes at once.  Then it sends the rest and
 -- prints every output ("o <text>") and final frame ("<type> <text>", new
 -- lines as " | ") until as many finals came as 'e'/'c' frames were sent, or
 -- the server closes.
 local RAW_CLIENT = [[
-import socket, struct, sys
+import socket, struct, sys, time
 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 s.settimeout(120)
 s.connect(sys.argv[1])
@@ -69,6 +70,9 @@ for step in sys.argv[2:]:
             show(t, body)
             if t == "o":
                 break
+    elif step.startswith("@sleep"):
+        send()
+        time.sleep(float(step[6:]))
     elif step == "@close":
         send()
         s.close()
@@ -203,6 +207,36 @@ describe("console guard", function()
     -- at least once: its audit row is written before it runs).
     local out = raw("eqtg.sleep(0.05)", "cqtg.slee", "eqtg.sleep(30)", "i", "i")
     assert.equals("x interrupted: stopped by the operator\nk qtg.sleep\nx interrupted: stopped by the operator\n", out)
+    serves_on()
+  end)
+
+  -- The command drops its session without releasing it (until the
+  -- collector finds it, nothing does):
+  -- the interrupt itself shuts the connection down (qtg_pg_forget), and the
+  -- server process, which looks at its client every second while a
+  -- statement runs, ends the wait.  Before, it waited as long as the lock
+  -- was held elsewhere, its own locks held too.
+  it("an interrupted query waiting on a lock ends on the server, though nothing released its session", function()
+    local holder = require("qtg").db.acquire()
+    holder:begin()
+    holder:query("SELECT pg_advisory_xact_lock(771177)")
+    local me = holder:pid()
+    local function waiting_on_holder()
+      return common.query([[SELECT count(*)::int AS n FROM pg_stat_activity
+                             WHERE application_name = 'qtgd' AND $1 = ANY(pg_blocking_pids(pid))]], me)[1].n
+    end
+    local ok, err = pcall(function()
+      local out = raw("eguard_s = qtg.db.acquire() print('waiting') "
+        .. "guard_s:query('SELECT pg_advisory_xact_lock(771177)')", "@o", "@sleep1", "i")
+      assert.matches("o waiting\nx interrupted: stopped by the operator", out, 1, true)
+      assert.is_truthy(sup.eventually(function() return waiting_on_holder() == 0 end, 8),
+        "the interrupted query's server process still waits on the lock")
+    end)
+    holder:rollback()
+    holder:release()
+    assert(ok, err)
+    -- the session is the collector's now (a command's globals do not outlive it)
+    assert.equals("r true", eval("=(function() collectgarbage() collectgarbage() return true end)()"))
     serves_on()
   end)
 
