@@ -14,6 +14,7 @@
 
 #include <luajit.h>
 
+#include "qtg_busy.h"
 #include "qtg_host.h"
 #include "qtg_log.h"
 #include "qtg_runtime.h"
@@ -284,6 +285,16 @@ static int qtg_run_command(const char *root, qtg_settings *s, const char *cmd, i
     qtg_log_error("cannot install signal handlers");
     qtg_host_close(&h);
     return 1;
+  }
+  /* The daemon, and the check that loads its policies before it starts
+   * (ExecStartPre): Lua that never yields must not hold either for good. */
+  if (ms.daemon || strcmp(cmd, "check") == 0) {
+    char err[256];
+    if (qtg_busy_start(&h, qtg_settings_num(s, QTG_S_TASK_BUSY_LIMIT_SECONDS), err, sizeof err) != 0) {
+      qtg_log_error("%s", err);
+      qtg_host_close(&h);
+      return 1;
+    }
   }
   lua_State *L = h.L;
   lua_getglobal(L, "require");

@@ -15,6 +15,7 @@
 
 #include <luajit.h>
 
+#include "qtg_busy.h"
 #include "qtg_log.h"
 #include "qtg_lua_path.h"
 #include "qtg_modules_decl.h"
@@ -212,10 +213,15 @@ static void qtg_task_run(qtg_task *t, int nargs);
 
 static void qtg_task_finish(qtg_task *t, int ok, int nres) {
   qtg_host *h = t->h;
+  int stopped = qtg_busy_task_ended(h->busy, t);
   if (!ok && !(t->flags & QTG_TASK_QUIET)) qtg_task_log_error(t);
   if (t->done) t->done(t, ok, nres, t->data);
   qtg_unref(h->L, t->co_ref);
   qtg_task_free(t);
+  /* A task the busy guard stopped skipped its own clean-up (a session's
+   * release, a rollback): what it held is garbage now, collected at once so
+   * that its __gc hands it back. */
+  if (stopped) lua_gc(h->L, LUA_GCCOLLECT, 0);
   /* Tasks woken by this one's end (joiners) run only now, so they see it
    * gone: no nested resume observes a half-finished task. */
   while (h->ready) {
@@ -254,7 +260,9 @@ static void qtg_task_run(qtg_task *t, int nargs) {
   qtg_host *h = t->h;
   qtg_task *prev = h->current;
   h->current = t;
+  qtg_busy_enter(h->busy, t);
   int st = lua_resume(t->co, nargs);
+  qtg_busy_leave(h->busy);
   h->current = prev;
   if (st == LUA_YIELD) {
     if (t->waiting) return;
@@ -470,6 +478,7 @@ static void qtg_host_close_walk(uv_handle_t *handle, void *arg) {
 }
 
 void qtg_host_close(qtg_host *h) {
+  qtg_busy_stop(h);
   for (int i = h->opened - 1; i >= 0; i--)
     if (qtg_subsystems[i].phase == QTG_CLOSE_BEFORE_LUA) qtg_subsystems[i].close(h);
   qtg_core_close(h);

@@ -37,6 +37,7 @@ struct qtg_keys;
 struct qtg_console;
 struct qtg_api;
 struct qtg_watchdog;
+struct qtg_busy;
 struct qtg_resolve_req;
 
 /* Called once when a task ends.  ok=1: the task's function returned; its
@@ -62,6 +63,7 @@ struct qtg_host {
   struct qtg_console *console;  /* console server, when enabled */
   struct qtg_api *api;          /* HTTP API server (src/qtg_api.c) */
   struct qtg_watchdog *watchdog; /* systemd watchdog pings (qtg_notify.c) */
+  struct qtg_busy *busy;        /* stops a task that holds the loop (qtg_busy.c) */
   qtg_task *current;            /* task whose code is running now */
   qtg_task *tasks;              /* every live task (freed at close) */
   qtg_task *ready;              /* woken inside a task's end, run after it */

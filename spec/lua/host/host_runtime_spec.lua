@@ -233,6 +233,89 @@ return M]]})
     end, 10))
   end)
 
+  -- The busy guard (src/qtg_busy.c): Lua that never yields held the loop
+  -- for good before; every other worker, SIGTERM and the tick's database
+  -- locks waited with it.
+  it("stops a tick that never yields after MG_TASK_BUSY_LIMIT_SECONDS, lets go of its locks, and runs on", function()
+    local dir = override_dir({
+      {name = "spinner", group = "core", module = "t.spinner", interval = 3600},
+      {name = "steady", group = "core", module = "t.steady", interval = 0.1},
+    }, {
+      -- it resists: a pcall around the loop, the loop in fresh coroutines
+      ["t.spinner"] = [[
+local M = {}
+function M.tick(s)
+  s:begin()
+  s:query("INSERT INTO spec_ticks (worker) VALUES ('spinner-uncommitted')")
+  s:query("SELECT pg_advisory_xact_lock(7719)")
+  s:query("INSERT INTO spec_ticks (worker) VALUES ('spinner-started')")
+  while true do
+    coroutine.resume(coroutine.create(function() while true do pcall(function() while true do end end) end end))
+  end
+end
+return M]],
+      ["t.steady"] = ticker("steady"),
+    })
+    local p = support.start(support.base_env{MG_LUA_PATH = dir, MG_TASK_BUSY_LIMIT_SECONDS = "1"}, {"run"})
+    local stopped = support.eventually(function()
+      local log = support.read(p.log) or ""
+      return log:match('"msg":"tick failed","worker":"spinner","error":"busy: ([^"]+)"')
+    end, 30)
+    assert.is_truthy(stopped, support.read(p.log))
+    assert.matches("held the loop longer than MG_TASK_BUSY_LIMIT_SECONDS (1 s): stopped", stopped, 1, true)
+    local log = support.read(p.log)
+    -- the first strike stops the coroutine running, the next the whole tick
+    assert.matches('"task":"spinner","where":"[^"]*t/spinner.lua:%d+","held_seconds":"[%d.]+","limit_seconds":"1",'
+      .. '"stopping":"the coroutine running"', log)
+    assert.matches('"task":"spinner","where":"[^"]*t/spinner.lua:%d+","held_seconds":"[%d.]+","limit_seconds":"1",'
+      .. '"stopping":"the task"', log)
+    -- its transaction was rolled back and its lock let go of, though its
+    -- own clean-up never ran
+    assert.is_truthy(support.eventually(function()
+      return support.query([[SELECT count(*)::int AS n FROM pg_locks
+                              WHERE locktype = 'advisory' AND objid = 7719]])[1].n == 0
+    end, 10), "the stopped tick's lock is still held")
+    assert.are.equal(0, ticks("spinner-uncommitted"))
+    local before = ticks("steady")
+    assert.is_truthy(support.eventually(function() return ticks("steady") >= before + 3 end, 20))
+    assert.are.equal(0, support.stop(p, 20))
+  end)
+
+  it("aborts the process when a tick is stuck where no Lua runs, naming it", function()
+    -- a pattern that backtracks for ever: one C call, no Lua instruction
+    local dir = override_dir({{name = "matcher", group = "core", module = "t.matcher", interval = 3600}}, {
+      ["t.matcher"] = [[
+local M = {}
+function M.tick(s)
+  s:query("INSERT INTO spec_ticks (worker) VALUES ('matcher-started')")
+  return string.find(string.rep("a", 60), string.rep("a*", 60) .. "b") and 1 or 0
+end
+return M]]})
+    local p = support.start(support.base_env{MG_LUA_PATH = dir, MG_TASK_BUSY_LIMIT_SECONDS = "1"}, {"run"})
+    local rc = support.wait_exit(p, 30)
+    assert.are.equal(134, rc, support.read(p.log))   -- SIGABRT: the service manager restarts it
+    assert.are.equal(1, ticks("matcher-started"))
+    assert.matches('"msg":"a task has held the loop [%d.]+ s, 2.5 times MG_TASK_BUSY_LIMIT_SECONDS, and could not '
+      .. 'be stopped %(a C call that does not return%?%): aborting","task":"matcher"', support.read(p.log))
+  end)
+
+  it("a reload whose module never finishes loading fails, and the old code runs on", function()
+    local dir = override_dir({{name = "steady", group = "core", module = "t.steady", interval = 0.1}},
+                             {["t.steady"] = ticker("steady")})
+    local p = support.start(support.base_env{MG_LUA_PATH = dir, MG_TASK_BUSY_LIMIT_SECONDS = "1"}, {"run"})
+    assert.is_truthy(support.eventually(function() return ticks("steady") >= 2 end, 20))
+    support.write(dir .. "/t/steady.lua", "local M = {}\nwhile true do end\nreturn M\n")
+    support.signal(p, "HUP")
+    local failed = support.eventually(function()
+      return (support.read(p.log) or ""):match('"msg":"policy reload failed; the old code keeps running"[^\n]*')
+    end, 30)
+    assert.is_truthy(failed, support.read(p.log))
+    assert.matches("busy: [^\"]*t/steady.lua:2: held the loop longer than MG_TASK_BUSY_LIMIT_SECONDS", failed)
+    local before = ticks("steady")
+    assert.is_truthy(support.eventually(function() return ticks("steady") >= before + 3 end, 20))
+    assert.are.equal(0, support.stop(p, 20))
+  end)
+
   it("a core worker dying stops the process non-zero and stops the others", function()
     local dir = override_dir({
       {name = "doomed", group = "core", module = "t.doomed", interval = 0.2},

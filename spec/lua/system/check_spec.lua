@@ -14,9 +14,10 @@ local common = require "spec.lua.support.common"
 local q = common.quote
 
 -- Run `qtgd check ARGS` with the base environment plus `env`.
+-- (under `timeout 120`: a check that never ends fails its case, not the run)
 local function check(env, args)
   local e = sup.base_env(env)
-  local rc, out = sup.run(e, { q(sup.bin), "check", args or "" })
+  local rc, out = sup.run(e, { "timeout", "120", q(sup.bin), "check", args or "" })
   return rc, out
 end
 
@@ -247,6 +248,21 @@ time.sleep(120)]]), q(portfile)), "/dev/null")
     local l = line_of(out, "FAIL", "policies")
     assert.is_truthy(l, out)
     assert.matches(over .. "/qtg/workers/node_dispatcher.lua:4:", l, 1, true)
+  end)
+
+  -- ExecStartPre runs qtgd check: a policy that loops while it loads held
+  -- it (and the unit's start) for good before.
+  it("fails on a policy script that never finishes loading, after MG_TASK_BUSY_LIMIT_SECONDS, naming it", function()
+    local over = tmp .. "/lua-spin"
+    sup.write(over .. "/qtg/executors/sim.lua", "while true do pcall(function() while true do end end) end\n")
+    local t0 = qtg.monotonic()
+    local rc, out = check({ MG_LUA_PATH = over, MG_TASK_BUSY_LIMIT_SECONDS = "1" }, "--templates " .. q(tdir))
+    assert.equals(1, rc, out)
+    assert.is_true(qtg.monotonic() - t0 < 20, out)
+    assert.matches('"msg":"a task held the loop past MG_TASK_BUSY_LIMIT_SECONDS: stopping it","task":"check",'
+      .. '"where":"' .. over .. '/qtg/executors/sim.lua:1"', out, 1, true)
+    assert.matches("busy: " .. over .. "/qtg/executors/sim.lua:1: held the loop longer than "
+      .. "MG_TASK_BUSY_LIMIT_SECONDS (1 s): stopped", out, 1, true)
   end)
 
   it("fails on a policy script that raises while loading, or a worker without tick", function()
