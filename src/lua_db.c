@@ -680,6 +680,13 @@ static int qtg_db_release(lua_State *L) {
   return 0;
 }
 
+static int qtg_db_discard(lua_State *L) {
+  qtg_db_session *s = luaL_checkudata(L, 1, QTG_DB_SESSION);
+  if (s->conn && s->h->pool) qtg_pg_discard(s->conn);
+  s->conn = NULL;
+  return 0;
+}
+
 static int qtg_db_in_transaction(lua_State *L) {
   qtg_db_session *s = luaL_checkudata(L, 1, QTG_DB_SESSION);
   lua_pushboolean(L, s->conn && qtg_pg_txn_status(s->conn) != PQTRANS_IDLE &&
@@ -862,7 +869,8 @@ int luaopen_qtg_db(lua_State *L) {
   static const luaL_Reg session_methods[] = {
     {"raw_query", qtg_db_raw_query}, {"raw_exec", qtg_db_raw_exec}, {"raw_batch", qtg_db_raw_batch},
     {"raw_batch_commit", qtg_db_raw_batch_commit}, {"raw_batch_commit_ahead", qtg_db_raw_batch_commit_ahead},
-    {"release", qtg_db_release},     {"in_transaction", qtg_db_in_transaction},
+    {"release", qtg_db_release},     {"discard", qtg_db_discard},
+    {"in_transaction", qtg_db_in_transaction},
     {"pid", qtg_db_pid},             {"pipeline", qtg_db_pipeline},
     {"raw_pipeline_begin", qtg_db_raw_pipeline_begin}, {"raw_pipeline_block", qtg_db_raw_pipeline_block},
     {"raw_pipeline_commit", qtg_db_raw_pipeline_commit},

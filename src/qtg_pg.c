@@ -1061,6 +1061,12 @@ void qtg_pg_release(qtg_pg_conn *c) {
   qtg_pg_pool_conn_ready(c);
 }
 
+void qtg_pg_discard(qtg_pg_conn *c) {
+  if (!c->in_use) return;
+  if (c->state == QTG_PG_IDLE) c->state = QTG_PG_BROKEN; /* release destroys a broken one */
+  qtg_pg_release(c);
+}
+
 /* ---- commands ---------------------------------------------------------------- */
 
 static int qtg_pg_begin_command(qtg_pg_conn *c, qtg_pg_result_cb cb, void *data) {

@@ -70,6 +70,10 @@ void qtg_pg_acquire_cancel(qtg_pg_pool *pool, void *data);
 /* Give a connection back; an open transaction is rolled back first and a
  * broken or busy connection is discarded. */
 void qtg_pg_release(qtg_pg_conn *conn);
+/* Give a connection back to be closed, not reused: for code that may have
+ * changed its session's state (settings, advisory locks, prepared
+ * statements under the pool's names), such as the console's SQL. */
+void qtg_pg_discard(qtg_pg_conn *conn);
 
 /* Extended protocol; prepare=1 caches a prepared statement per connection
  * keyed by the SQL text.  Values are text (NULL = SQL NULL). */

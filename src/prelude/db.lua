@@ -52,5 +52,7 @@ local claim = db.claim
 function claim.one(s, spec) local row, err = claim.raw_one(s, spec) if row == nil and err ~= nil then error(err, 2) end return row end
 function claim.try(s, sql, id, ...) local row, err = claim.raw_try(s, sql, id, ...) if row == nil and err ~= nil then error(err, 2) end return row end
 function db.with_session(fn, ...) local s = db.acquire() local ok, a, b, c = pcall(fn, s, ...) s:release() if not ok then error(a, 0) end return a, b, c end
+-- with_discarded_session(fn, ...): with_session whose connection is closed afterwards, not handed to the next task: for code that may change its session's state (set_config, an advisory lock, a PREPARE): the console's SQL
+function db.with_discarded_session(fn, ...) local s = db.acquire() local ok, a, b, c = pcall(fn, s, ...) s:discard() if not ok then error(a, 0) end return a, b, c end
 -- notify(channel, payload): a NOTIFY in a transaction of its own that does not wait for its WAL flush (so it holds PostgreSQL's notification lock only for itself: src/qtg_pg.c, "After-commit notifications"); a lost one costs its listeners latency, as a NOTIFY may.  The host calls it for a committed transaction's notification no handler in this process takes
 function db.notify(channel, payload) db.with_session(function(s) s:query("SELECT set_config('synchronous_commit', 'off', true), pg_notify($1, $2)", channel, payload) end) end

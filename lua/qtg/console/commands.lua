@@ -413,7 +413,9 @@ end
 -- write, for emergencies.  Both are audited (console.sql / console.sql_write,
 -- the statement and its parameters): a read in its own transaction before the
 -- statement runs, a write in the statement's own transaction, so the change
--- and its record commit together.
+-- and its record commit together.  A read-only transaction may still change
+-- its session (set_config(..., false), pg_advisory_lock, PREPARE), so the
+-- connection is closed afterwards rather than handed to a worker.
 local SQL_MODES = {
   sql = { read_only = true, action = "console.sql" },
   sql_write = { read_only = false, action = "console.sql_write" },
@@ -431,7 +433,7 @@ local function run_sql(actor, mode_name, query, ...)
   local args = { n = select("#", ...), ... }
   local outbox = require("qtg.outbox")
   local detail = { query = query, params = sql_params(args), read_only = mode.read_only }
-  return with_session(function(s)
+  return (qtg.db.with_discarded_session(function(s)
     if mode.read_only then
       s:transaction(function()
         outbox.audit(s, actor, mode.action, "sql", "console", nil, detail)
@@ -442,7 +444,7 @@ local function run_sql(actor, mode_name, query, ...)
       else outbox.audit(s, actor, mode.action, "sql", "console", nil, detail) end
       return (s:query(query, unpack(args, 1, args.n)))
     end)
-  end)
+  end))
 end
 
 -- bind(ctx) -> the command table of one session.  ctx.actor is the audit

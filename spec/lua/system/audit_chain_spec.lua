@@ -263,7 +263,7 @@ describe("the console's SQL", function()
     assert.equals("SELECT $1::int + 1 AS n", row.detail.query)
     assert.same({ "41" }, row.detail.params)
 
-    s:exec("CREATE TABLE IF NOT EXISTS spec_console_sql (v text)")
+    s:exec("CREATE TABLE IF NOT EXISTS spec_console_sql (v text); TRUNCATE spec_console_sql")
     local ok, err = pcall(cmds.sql, "INSERT INTO spec_console_sql VALUES ('x')")
     assert.is_false(ok)
     assert.equals("25006", err.sqlstate) -- read_only_sql_transaction
@@ -272,8 +272,31 @@ describe("the console's SQL", function()
     assert.equals("INSERT INTO spec_console_sql VALUES ('x')", audited("console.sql").detail.query)
   end)
 
+  -- A read-only transaction can still change its session: a pooled
+  -- connection kept a session advisory lock (or settings, or a PREPARE
+  -- under the pool's statement names) for whichever task took it next.
+  it("sql() and sql_write() leave no session state on a pooled connection", function()
+    local pool_before = qtg.db.stats().open
+    cmds.sql("SELECT pg_advisory_lock(771188), set_config('lock_timeout', '0', false)")
+    cmds.sql_write("SELECT pg_advisory_lock(771189)")
+    assert.is_truthy(require("spec.lua.support.common").poll(function()
+      return s:query([[SELECT count(*)::int AS n FROM pg_locks
+                        WHERE locktype = 'advisory' AND objid IN (771188, 771189)]])[1].n == 0
+    end, 10), "a console statement's advisory lock outlived it")
+    -- every connection of the pool still has the pool's bounds (held at
+    -- once, so that each is a different one)
+    assert.is_true(qtg.db.stats().open <= pool_before + 1)
+    local held = {}
+    for i = 1, math.max(1, qtg.db.stats().open - 1) do held[i] = qtg.db.acquire() end
+    for _, k in ipairs(held) do
+      local v = k:query("SELECT current_setting('lock_timeout') AS v")[1].v
+      k:release()
+      assert.equals("1min", v)
+    end
+  end)
+
   it("sql_write() writes, and its audit row commits with the change or not at all", function()
-    s:exec("CREATE TABLE IF NOT EXISTS spec_console_sql (v text)")
+    s:exec("CREATE TABLE IF NOT EXISTS spec_console_sql (v text); TRUNCATE spec_console_sql")
     cmds.sql_write("INSERT INTO spec_console_sql VALUES ($1)", "y")
     assert.equals(1, s:query("SELECT count(*)::int AS n FROM spec_console_sql WHERE v = 'y'")[1].n)
     local row = audited("console.sql_write")
