@@ -223,15 +223,11 @@ describe("console guard", function()
     holder:begin()
     holder:query("SELECT pg_advisory_xact_lock(771177)")
     local me = holder:pid()
-    local function waiting_on_holder()
-      return common.query([[SELECT count(*)::int AS n FROM pg_stat_activity
-                             WHERE application_name = 'qtgd' AND $1 = ANY(pg_blocking_pids(pid))]], me)[1].n
-    end
     local ok, err = pcall(function()
       local out = raw("eguard_s = qtg.db.acquire() print('waiting') "
         .. "guard_s:query('SELECT pg_advisory_xact_lock(771177)')", "@o", "@sleep1", "i")
       assert.matches("o waiting\nx interrupted: stopped by the operator", out, 1, true)
-      assert.is_truthy(sup.eventually(function() return waiting_on_holder() == 0 end, 8),
+      assert.is_truthy(sup.eventually(function() return common.waiting_on(me) == 0 end, 8),
         "the interrupted query's server process still waits on the lock")
     end)
     holder:rollback()

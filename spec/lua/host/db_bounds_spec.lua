@@ -144,10 +144,6 @@ end))
     holder:begin()
     holder:query("SELECT id FROM movement_requests WHERE id = $1 FOR UPDATE", id)
     local me = holder:pid()
-    local function waiting_on_me()
-      return common.query([[SELECT count(*)::int AS n FROM pg_stat_activity
-                             WHERE application_name = 'qtgd' AND $1 = ANY(pg_blocking_pids(pid))]], me)[1].n
-    end
     local ok, err = pcall(function()
       r = api.call(d, "POST", "/v3/requests/" .. id .. "/cancel",
         { token = operator, json = { reason = "bounds" }, key = common.uid("k", 6) })
@@ -155,7 +151,7 @@ end))
       assert.equal("timeout", r.json.kind)
       -- the server process that waited on the row goes within a few seconds,
       -- while the spec still holds it
-      local gone = common.poll(function() return waiting_on_me() == 0 end, 8)
+      local gone = common.poll(function() return common.waiting_on(me) == 0 end, 8)
       assert.is_truthy(gone, "the interrupted request's server process still waits on the spec's lock")
     end)
     holder:rollback()

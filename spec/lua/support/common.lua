@@ -197,6 +197,13 @@ local function query(sql, ...)
 end
 M.query = query
 
+-- waiting_on(pid) -> how many of qtgd's server processes wait on a lock
+-- the server process pid holds.
+function M.waiting_on(pid)
+  return query([[SELECT count(*)::int AS n FROM pg_stat_activity
+                  WHERE application_name = 'qtgd' AND $1 = ANY(pg_blocking_pids(pid))]], pid)[1].n
+end
+
 -- statement(id, deployment[, kind]) -> the text a key signs for request id
 -- in that deployment: its approval statement, or with kind "initiation"
 -- its maker's (sql/0190, sql/0192).
