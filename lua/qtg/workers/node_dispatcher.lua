@@ -144,6 +144,15 @@ local plans = { n = 0, by_id = {} }
 -- statement less per dispatch).
 M.SAVEPOINT = "dispatch_pipeline"
 
+-- SQLSTATEs that say the database's moment, not the node, failed: a lock
+-- or statement timeout (MG_DB_LOCK_TIMEOUT_SECONDS,
+-- MG_DB_STATEMENT_TIMEOUT_SECONDS: a migration's lock on the plan tables,
+-- another process's nonce reservation), a deadlock, a serialization
+-- failure.  Before submit nothing was sent, so the tick raises, its claim
+-- rolls back and the node is dispatched again at a later pass, rather than
+-- failing a money movement on a transient condition.
+M.TRANSIENT_SQLSTATES = { ["55P03"] = true, ["57014"] = true, ["40P01"] = true, ["40001"] = true }
+
 local function before_statement(s, progress)
   if not progress.savepoint then
     s:savepoint(M.SAVEPOINT)
@@ -259,7 +268,8 @@ function M.dispatch(s, row, nodes, commit)
   if not ok then
     -- An engine error (not the executor's): record it rather than loop on
     -- the node.  Past submit the provider may have acted: UNKNOWN.
-    if type(outcome) == "table" and (outcome.kind == "connection" or outcome.kind == "signer_unavailable") then
+    if type(outcome) == "table" and (outcome.kind == "connection" or outcome.kind == "signer_unavailable"
+        or (not progress.submitted and M.TRANSIENT_SQLSTATES[outcome.sqlstate])) then
       error(outcome, 0)
     end
     if progress.savepoint then s:rollback_to(M.SAVEPOINT) end

@@ -188,33 +188,59 @@ describe("engine pipeline", function()
     -- The pipeline's savepoint is taken before its first statement on the
     -- claim's session (a plan not yet read by this process): a statement
     -- that fails there is rolled back to it, and the claim records the
-    -- failure instead of looping on the node.
+    -- failure instead of looping on the node.  The failure here is one no
+    -- retry cures: the plan's table lacks a column it reads.
     it("a pipeline statement that fails on the claim's session fails the node with ENGINE_ERROR", function()
       local key = ("spec_pl_engine_" .. sup.uid("e")):gsub("-", "_")
       local req = sup.create_approved(s, one(key, { observes = 0 }))
       local dispatcher = require "qtg.workers.node_dispatcher"
-      local locker, d = qtg.db.acquire(), qtg.db.acquire()
-      locker:begin()
-      locker:query("LOCK TABLE movement_templates IN ACCESS EXCLUSIVE MODE")
-      d:query("SET lock_timeout = '300ms'")
+      local d = qtg.db.acquire()
+      s:query("ALTER TABLE plan_nodes RENAME COLUMN timeout_policy TO spec_timeout_policy")
       local ok, n = pcall(dispatcher.tick, d)
+      s:query("ALTER TABLE plan_nodes RENAME COLUMN spec_timeout_policy TO timeout_policy")
       if d:in_transaction() then d:rollback() end
-      d:query("RESET lock_timeout")
       d:release()
-      locker:rollback()
-      locker:release()
       assert.is_true(ok, tostring(n))
       assert.equal(1, n)
       local a = sup.nodes(s, req.id).a
       assert.equal("FAILED", a.node_state)
       assert.equal("ENGINE_ERROR", a.error_code)
-      assert.matches("lock timeout", a.error_detail, 1, true)
+      assert.matches("timeout_policy", a.error_detail, 1, true)
       assert.equal(1, a.attempt_no)
       assert.equal(0, #ledger(a.id)) -- never reached the provider
       assert.equal("FAILED", sup.request(s, req.id).request_state)
       -- the next request of the template reads the plan and completes
       local again = sup.create_approved(s, key)
       assert.is_true(sup.drive(s, sup.state_is(again.id, "COMPLETED"), 10))
+    end)
+
+    -- A lock the pipeline waits on past the session's lock_timeout (a
+    -- migration's lock on the plan tables, say) is the database's moment:
+    -- nothing was sent, so the node stays READY and goes out at a later
+    -- pass.  Before, such a timeout failed the node and its request.
+    it("a lock timeout before submit leaves the node READY, and a later pass dispatches it", function()
+      local key = ("spec_pl_locked_" .. sup.uid("e")):gsub("-", "_")
+      local req = sup.create_approved(s, one(key, { observes = 0 }))
+      local dispatcher = require "qtg.workers.node_dispatcher"
+      local locker, d = qtg.db.acquire(), qtg.db.acquire()
+      locker:begin()
+      locker:query("LOCK TABLE movement_templates IN ACCESS EXCLUSIVE MODE")
+      d:query("SET lock_timeout = '300ms'")
+      local ok, err = pcall(dispatcher.tick, d)
+      if d:in_transaction() then d:rollback() end
+      d:query("RESET lock_timeout")
+      d:release()
+      locker:rollback()
+      locker:release()
+      assert.is_false(ok)
+      assert.equal("55P03", type(err) == "table" and err.sqlstate, tostring(err))
+      local a = sup.nodes(s, req.id).a
+      assert.equal("READY", a.node_state)
+      assert.equal(0, a.attempt_no)
+      assert.equal(0, #ledger(a.id))
+      assert.equal("APPROVED", sup.request(s, req.id).request_state)
+      assert.is_true(sup.drive(s, sup.state_is(req.id, "COMPLETED"), 10))
+      assert.equal(1, sup.nodes(s, req.id).a.attempt_no)
     end)
 
     it("a signer that cannot be asked leaves the node READY; one that refuses fails it with SIGNING_REFUSED", function()
