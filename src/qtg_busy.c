@@ -15,9 +15,11 @@
  *     LuaJIT's luajit.c stop a script on Ctrl-C so), and the compiler is
  *     off in qtgd (qtg_host.c), so the next Lua instruction calls it;
  *   - the hook logs the task and raises "busy" at every instruction of the
- *     task until it has ended (a pcall catches one raise; the instruction
- *     after it raises again), then puts back the hook it replaced;
- *   - a resume that lasts twice the limit is stuck where no Lua instruction
+ *     coroutine running until it has ended (a pcall catches one raise; the
+ *     instruction after it raises again), then puts back the hook it
+ *     replaced; a strike half a limit later, if the resume still runs,
+ *     does the same to the whole task (qtg_busy_pick);
+ *   - a resume that lasts 2.5 limits is stuck where no Lua instruction
  *     runs (a C call that never returns, a pattern match that backtracks
  *     for ever): the thread writes why to stderr and aborts, so the
  *     service manager restarts the process, and the server ends its

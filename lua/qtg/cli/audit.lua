@@ -25,11 +25,12 @@ local function parse(args)
   return { since = since }
 end
 
--- one pooled session for fn(s), released whatever happens; a whole trail's
+-- one session for fn(s), whatever happens closed after: a whole trail's
 -- walk may take longer than a worker's statement is allowed
--- (MG_DB_STATEMENT_TIMEOUT_SECONDS), so this session has no bound
+-- (MG_DB_STATEMENT_TIMEOUT_SECONDS), so this session has no bound, and its
+-- connection goes to no one else
 local function with_session(fn)
-  return require("qtg").db.with_session(function(s)
+  return require("qtg").db.with_discarded_session(function(s)
     s:exec("SET statement_timeout = 0")
     return fn(s)
   end)
