@@ -129,6 +129,7 @@ static void qtg_spawned_done(qtg_task *t, int ok, int nres, void *data) {
   th->anchor_ref = LUA_NOREF;
   if (joiner) {
     th->joiner = NULL;
+    qtg_task_set_cancel(joiner, NULL, NULL);
     lua_State *jco = qtg_task_thread(joiner);
     lua_rawgeti(jco, LUA_REGISTRYINDEX, th->results_ref);
     /* the joiner's continuation unpacks the table */
@@ -162,9 +163,21 @@ static int qtg_lua_spawn(lua_State *L) {
   return 1; /* the handle */
 }
 
-/* raw_join returns the results table {ok=, n=, ...}; the Lua wrapper
- * qtg.join unpacks it (a yielded binding cannot return several values
- * computed after the yield without a continuation, which LuaJIT lacks). */
+/* A joiner interrupted (Ctrl-C on the console command that joins) stops
+ * waiting at once with an "interrupted" error; the joined task runs on. */
+static void qtg_join_cancel(qtg_task *joiner, void *arg) {
+  qtg_task_handle *th = arg;
+  th->joiner = NULL;
+  lua_State *co = qtg_task_thread(joiner);
+  lua_pushnil(co);
+  qtg_push_error(co, "interrupted", "join of task '%s' interrupted by the operator", th->name);
+  qtg_task_resume(joiner, 2);
+}
+
+/* raw_join returns the results table {ok=, n=, ...}, or nil and an error
+ * when interrupted; the Lua wrapper qtg.join unpacks it (a yielded binding
+ * cannot return several values computed after the yield without a
+ * continuation, which LuaJIT lacks). */
 static int qtg_lua_join(lua_State *L) {
   qtg_task_handle *th = luaL_checkudata(L, 1, "qtg.task");
   if (th->finished) {
@@ -175,6 +188,7 @@ static int qtg_lua_join(lua_State *L) {
   qtg_task *t = qtg_task_check(L);
   th->joiner = t;
   lua_settop(L, 1);
+  qtg_task_set_cancel(t, qtg_join_cancel, th);
   return qtg_task_yield(L);
 }
 

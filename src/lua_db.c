@@ -17,12 +17,11 @@
 
 #define QTG_DB_MAX_PARAMS 64
 
-/* Every piece of data lua_db hands the pool starts with `drop`, so the pool
- * can free it at host close without knowing its type (qtg_claim too). */
+/* Every piece of data lua_db hands the pool starts with a qtg_db_pending, so
+ * the pool can free it at host close without knowing its type (qtg_claim
+ * too). */
 typedef struct {
-  void (*drop)(void *self);
-  qtg_host *h;
-  qtg_task *task;
+  qtg_db_pending head; /* first (lua_db.h) */
   qtg_db_session *sess;
   int commit; /* a pipeline commit: one that did not commit is an error */
   int failed_commit; /* ... and one after a failed statement cannot */
@@ -42,13 +41,13 @@ static void qtg_db_req_free(qtg_db_req *q) {
  * while busy, or the pool freed): the task no longer waits on it. */
 static void qtg_db_req_drop(void *self) {
   qtg_db_req *q = self;
-  if (q->task) qtg_task_set_cancel(q->task, NULL, NULL);
+  if (q->head.task) qtg_task_set_cancel(q->head.task, NULL, NULL);
   qtg_db_req_free(q);
 }
 
 static void qtg_db_drop(void *data) {
-  void (**drop)(void *) = data;
-  if (*drop) (*drop)(data);
+  qtg_db_pending *w = data;
+  if (w->drop) w->drop(data);
 }
 
 static const char qtg_db_cjson_key = 'j';
@@ -223,8 +222,8 @@ int qtg_db_push_result(lua_State *L, PGresult *res, const char *err) {
 static void qtg_db_query_done(qtg_pg_conn *conn, PGresult *res, const char *err, void *data) {
   qtg_db_req *q = data;
   (void)conn;
-  qtg_host *h = q->h;
-  qtg_task *t = q->task;
+  qtg_host *h = q->head.h;
+  qtg_task *t = q->head.task;
   /* a block's COMMIT in an aborted block answers ROLLBACK, without an error */
   int failed_commit = q->commit && !err && res &&
                       (q->failed_commit || strcmp(PQcmdStatus(res), "ROLLBACK") == 0);
@@ -349,9 +348,9 @@ static qtg_db_req *qtg_db_req_new(lua_State *L, qtg_db_session *s) {
   qtg_task *t = qtg_task_check(L);
   qtg_db_req *q = calloc(1, sizeof *q);
   if (!q) luaL_error(L, "qtg.db: out of memory");
-  q->drop = qtg_db_req_drop;
-  q->h = s->h;
-  q->task = t;
+  q->head.drop = qtg_db_req_drop;
+  q->head.h = s->h;
+  q->head.task = t;
   q->sess = s;
   return q;
 }
@@ -365,7 +364,7 @@ static int qtg_db_wait(lua_State *L, qtg_db_session *s, qtg_db_req *q, int rc, c
     qtg_db_push_conn_error(L, qtg_pg_broken(s->conn) ? "connection to PostgreSQL lost" : why);
     return 2;
   }
-  qtg_task_set_cancel(q->task, qtg_db_query_cancel, q);
+  qtg_task_set_cancel(q->head.task, qtg_db_query_cancel, q);
   return qtg_task_yield(L);
 }
 
@@ -446,8 +445,8 @@ static int qtg_db_batch_push_rows(lua_State *L, PGresult **res, int from, int to
 static void qtg_db_batch_done(qtg_pg_conn *conn, PGresult **res, int n, const char *err, void *data) {
   qtg_db_req *q = data;
   (void)conn;
-  qtg_host *h = q->h;
-  qtg_task *t = q->task;
+  qtg_host *h = q->head.h;
+  qtg_task *t = q->head.task;
   int m = n - q->ahead;
   free(q);
   qtg_task_set_cancel(t, NULL, NULL);
@@ -580,8 +579,8 @@ static void qtg_db_push_session(lua_State *L, qtg_host *h, qtg_pg_conn *conn) {
 
 static void qtg_db_acquired(qtg_pg_conn *conn, const char *err, void *data) {
   qtg_db_req *q = data;
-  qtg_host *h = q->h;
-  qtg_task *t = q->task;
+  qtg_host *h = q->head.h;
+  qtg_task *t = q->head.task;
   qtg_db_req_free(q);
   qtg_task_set_cancel(t, NULL, NULL);
   lua_State *co = qtg_task_thread(t);
@@ -597,7 +596,7 @@ static void qtg_db_acquired(qtg_pg_conn *conn, const char *err, void *data) {
 
 static void qtg_db_acquire_cancel(qtg_task *t, void *arg) {
   qtg_db_req *q = arg;
-  qtg_pg_acquire_cancel(q->h->pool, q);
+  qtg_pg_acquire_cancel(q->head.h->pool, q);
   qtg_db_req_free(q);
   lua_State *co = qtg_task_thread(t);
   lua_pushnil(co);
@@ -610,8 +609,8 @@ static void qtg_db_acquire_cancel(qtg_task *t, void *arg) {
  * otherwise wait for good) or none could be opened. */
 static void qtg_db_acquire_expired(uv_timer_t *timer) {
   qtg_db_req *q = timer->data;
-  qtg_host *h = q->h;
-  qtg_task *t = q->task;
+  qtg_host *h = q->head.h;
+  qtg_task *t = q->head.task;
   qtg_pg_acquire_cancel(h->pool, q);
   qtg_task_set_cancel(t, NULL, NULL);
   char msg[200];
@@ -648,9 +647,9 @@ static int qtg_db_raw_acquire(lua_State *L) {
   qtg_task *t = qtg_task_check(L);
   qtg_db_req *q = calloc(1, sizeof *q);
   if (!q) return luaL_error(L, "qtg.db: out of memory");
-  q->drop = qtg_db_req_drop;
-  q->h = h;
-  q->task = t;
+  q->head.drop = qtg_db_req_drop;
+  q->head.h = h;
+  q->head.task = t;
   qtg_pg_conn *conn = NULL;
   int rc = qtg_pg_acquire(h->pool, qtg_db_acquired, q, &conn);
   if (rc == 1) {
@@ -673,16 +672,35 @@ static int qtg_db_raw_acquire(lua_State *L) {
   return qtg_task_yield(L);
 }
 
-static int qtg_db_release(lua_State *L) {
-  qtg_db_session *s = luaL_checkudata(L, 1, QTG_DB_SESSION);
-  if (s->conn && s->h->pool) qtg_pg_release(s->conn);
+/* A session let go of while a task waits on its statement (only another
+ * task can release it then): that task's wait is interrupted first, so it
+ * resumes with an "interrupted" error instead of waiting for an answer the
+ * discarded connection never gives.  The interrupted task runs at once and
+ * may release the session itself, hence the second look at s->conn. */
+static void qtg_db_let_go(qtg_db_session *s, void (*how)(qtg_pg_conn *)) {
+  if (s->conn && qtg_pg_busy(s->conn)) {
+    qtg_db_pending *w = qtg_pg_waiting_data(s->conn);
+    if (w && w->task) qtg_task_interrupt(w->task);
+  }
+  if (s->conn && s->h->pool) how(s->conn);
   s->conn = NULL;
+}
+
+static int qtg_db_release(lua_State *L) {
+  qtg_db_let_go(luaL_checkudata(L, 1, QTG_DB_SESSION), qtg_pg_release);
   return 0;
 }
 
 static int qtg_db_discard(lua_State *L) {
+  qtg_db_let_go(luaL_checkudata(L, 1, QTG_DB_SESSION), qtg_pg_discard);
+  return 0;
+}
+
+/* A session collected: nothing waits on it (a waiting task holds it) but at
+ * host close, where no task may run again. */
+static int qtg_db_session_gc(lua_State *L) {
   qtg_db_session *s = luaL_checkudata(L, 1, QTG_DB_SESSION);
-  if (s->conn && s->h->pool) qtg_pg_discard(s->conn);
+  if (s->conn && s->h->pool) qtg_pg_release(s->conn);
   s->conn = NULL;
   return 0;
 }
@@ -896,7 +914,7 @@ int luaopen_qtg_db(lua_State *L) {
   qtg_db_claim_register(L);
   lua_setfield(L, -2, "claim");
   luaL_newmetatable(L, QTG_DB_SESSION);
-  lua_pushcfunction(L, qtg_db_release);
+  lua_pushcfunction(L, qtg_db_session_gc);
   lua_setfield(L, -2, "__gc");
   lua_pushcfunction(L, qtg_db_session_tostring);
   lua_setfield(L, -2, "__tostring");

@@ -19,6 +19,16 @@ typedef struct {
   qtg_host *h;
 } qtg_db_session;
 
+/* The first member of every request lua_db.c and lua_db_claim.c hand the
+ * pool as callback data: the pool frees a request whose callback will never
+ * run through drop (host close), and a session's release finds through it
+ * the task that waits on the session's statement. */
+typedef struct {
+  void (*drop)(void *self);
+  qtg_host *h;
+  qtg_task *task;
+} qtg_db_pending;
+
 /* Push a query's outcome: (rows, affected) for a result, (nil, err) for an
  * error result or message.  Returns the number of values pushed. */
 int qtg_db_push_result(lua_State *L, PGresult *res, const char *err);

@@ -34,9 +34,7 @@ typedef enum {
 } qtg_claim_step;
 
 typedef struct {
-  void (*drop)(void *self); /* first: the pool frees it at host close */
-  qtg_host *h;
-  qtg_task *task;
+  qtg_db_pending head; /* first: the pool frees it at host close (lua_db.h) */
   qtg_pg_conn *conn;
   qtg_claim_step step;
   int misses, max_misses;
@@ -52,7 +50,7 @@ static void qtg_claim_free(qtg_claim *c);
 /* The claim's callback will never run: see qtg_db_req_drop. */
 static void qtg_claim_drop(void *self) {
   qtg_claim *c = self;
-  if (c->task) qtg_task_set_cancel(c->task, NULL, NULL);
+  if (c->head.task) qtg_task_set_cancel(c->head.task, NULL, NULL);
   qtg_claim_free(c);
 }
 
@@ -68,8 +66,8 @@ static void qtg_claim_free(qtg_claim *c) {
 
 /* Resume the task with (row) / (nil) / (nil, err). */
 static void qtg_claim_finish(qtg_claim *c, PGresult *err_res, const char *err) {
-  qtg_host *h = c->h;
-  qtg_task *t = c->task;
+  qtg_host *h = c->head.h;
+  qtg_task *t = c->head.task;
   lua_State *L = h->L;
   int n;
   qtg_task_set_cancel(t, NULL, NULL);
@@ -212,8 +210,8 @@ static qtg_claim *qtg_claim_new(lua_State *L, qtg_db_session *s) {
     luaL_error(L, "qtg.db.claim: needs s:begin(), not a pipeline transaction without a savepoint");
   qtg_claim *c = calloc(1, sizeof *c);
   if (!c) luaL_error(L, "qtg.db.claim: out of memory");
-  c->drop = qtg_claim_drop;
-  c->h = s->h;
+  c->head.drop = qtg_claim_drop;
+  c->head.h = s->h;
   c->conn = s->conn;
   return c;
 }
@@ -233,14 +231,14 @@ static int qtg_claim_add_arg(qtg_claim *c, const char *v) {
  * answered here, nil and a connection error, without a yield -- finished
  * as from a completion, it resumed the running task and freed it. */
 static int qtg_claim_start(lua_State *L, qtg_claim *c) {
-  c->task = qtg_task_check(L);
+  c->head.task = qtg_task_check(L);
   if (qtg_claim_send(c) != 0) {
     int broken = qtg_pg_broken(c->conn);
     qtg_claim_free(c);
     return qtg_db_push_result(L, NULL, broken ? "connection to PostgreSQL lost"
                                               : "cannot send a claim statement");
   }
-  qtg_task_set_cancel(c->task, qtg_claim_cancel, c);
+  qtg_task_set_cancel(c->head.task, qtg_claim_cancel, c);
   return qtg_task_yield(L);
 }
 

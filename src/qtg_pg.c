@@ -1243,6 +1243,8 @@ void qtg_pg_forget(qtg_pg_conn *c) {
   if (fd >= 0) (void)shutdown(fd, SHUT_RDWR);
 }
 
+void *qtg_pg_waiting_data(const qtg_pg_conn *c) { return c->has_cb ? c->data : NULL; }
+
 int qtg_pg_busy(const qtg_pg_conn *c) { return c->state == QTG_PG_BUSY; }
 int qtg_pg_broken(const qtg_pg_conn *c) { return c->state == QTG_PG_BROKEN; }
 PGTransactionStatusType qtg_pg_txn_status(const qtg_pg_conn *c) {

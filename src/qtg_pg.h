@@ -135,6 +135,8 @@ int qtg_pg_pipelined(const qtg_pg_conn *conn);
  * statement and the transaction (client_connection_check_interval) and
  * lets go of their locks, and it is discarded when released. */
 void qtg_pg_forget(qtg_pg_conn *conn);
+/* The data given with the command in flight (NULL: none, or forgotten). */
+void *qtg_pg_waiting_data(const qtg_pg_conn *conn);
 
 int qtg_pg_busy(const qtg_pg_conn *conn);
 int qtg_pg_broken(const qtg_pg_conn *conn);

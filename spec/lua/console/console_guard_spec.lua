@@ -183,6 +183,20 @@ describe("console guard", function()
     assert.matches("x interrupted: stopped by the operator", out, 1, true)
   end)
 
+  -- qtg.join had no way to stop waiting: a command joining a long task
+  -- kept its console session until that task ended.
+  it("an interrupt ends a command waiting in qtg.join; the joined task runs on", function()
+    local t0 = require("qtg").monotonic()
+    local out = raw("eprint('joining') qtg.join(qtg.spawn(function() qtg.sleep(60) end))", "@o", "i")
+    local took = require("qtg").monotonic() - t0
+    assert.matches("o joining\nx interrupted: stopped by the operator", out, 1, true)
+    -- at once, not when the joined task's 60 s sleep ends
+    assert.is_true(took < 30, ("the interrupt took %.1f s"):format(took))
+    assert.equals("r 1", eval("=(function() local ok, v = qtg.join(qtg.spawn(function() return 1 end)) "
+      .. "assert(ok) return v end)()"))
+    serves_on()
+  end)
+
   it("gives back the database session and the transaction the command held", function()
     local code = "qtg.db.with_session(function(s) s:transaction(function() "
       .. "s:query('SELECT 1') print('in a transaction') " .. PCALL_LOOP .. " end) end)"

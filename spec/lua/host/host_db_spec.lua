@@ -422,6 +422,71 @@ print("main done, " .. qtg.db.stats().in_use .. " sessions busy")
     assert.equals(0, rc, out)
   end)
 
+  -- A session let go of by another task while a task waited on its
+  -- statement: its connection was destroyed and the waiting task never
+  -- resumed (it, and whatever it held, stayed for good).  Now the waiter is
+  -- interrupted first.  In a child, so a regression (a hang) fails this
+  -- case through the timeout.
+  it("interrupts a task waiting on a session that another task releases or discards", function()
+    local dir = support.tmpdir()
+    support.write(dir .. "/released.lua", [[
+local qtg = require("qtg")
+local db = qtg.db
+local function kind(err) return type(err) == "table" and err.kind or tostring(err) end
+local waits = {
+  query = function(s) s:query("SELECT pg_sleep(20)") end,
+  claim = function(s)
+    s:begin()
+    db.claim.one(s, { candidates_sql = "SELECT '1' AS id, pg_sleep(20) WHERE NOT ('1' = ANY($1::text[]))",
+                      claim_sql = "SELECT $1 AS id" })
+  end,
+  -- the waiter lets the session go itself when its wait is interrupted
+  query_then_release = function(s)
+    local ok, err = pcall(s.query, s, "SELECT pg_sleep(20)")
+    s:release()
+    if not ok then error(err, 0) end
+  end,
+}
+for _, case in ipairs({ { "query", "release" }, { "claim", "release" }, { "query", "discard" },
+                        { "query_then_release", "release" } }) do
+  local which, how = case[1], case[2]
+  local s = db.acquire()
+  local pid = s:pid()
+  local line
+  local h = qtg.spawn(function()
+    local t0 = qtg.monotonic()
+    local ok, err = pcall(waits[which], s)
+    line = string.format("%s %s: %s %s %.1f", which, how, tostring(ok), kind(err), qtg.monotonic() - t0)
+  end)
+  qtg.sleep(0.3)
+  s[how](s)
+  qtg.join(h)
+  local gone = false
+  for _ = 1, 50 do
+    gone = db.with_session(function(k)
+      return k:query("SELECT count(*) AS n FROM pg_stat_activity WHERE pid = $1", pid)[1].n == 0
+    end)
+    if gone then break end
+    qtg.sleep(0.1)
+  end
+  print(line, "server process gone: " .. tostring(gone), "in use: " .. db.stats().in_use)
+end
+print("then", db.with_session(function(k) return k:query("SELECT 41 + 1 AS x")[1].x end))
+]])
+    local rc, out = support.run(support.base_env(), { "timeout", "60", support.bin, "exec", dir .. "/released.lua" })
+    os.execute("rm -rf " .. common.quote(dir))
+    assert.equals(0, rc, out)
+    assert.is_nil(out:find("Sanitizer", 1, true), out)
+    for _, case in ipairs({ "query release", "claim release", "query discard", "query_then_release release" }) do
+      local line = out:match(case:gsub("%p", "%%%0") .. ": [^\n]*")
+      assert.truthy(line, out)
+      local took = tonumber(line:match("interrupted ([%d.]+)"))
+      assert.truthy(line:find(": false interrupted ", 1, true) and took and took < 5, line)
+      assert.matches("server process gone: true\tin use: 0", line, 1, true)
+    end
+    assert.matches("then\t42", out, 1, true)
+  end)
+
   it("LISTEN delivers a NOTIFY to a Lua callback", function()
     local got = {}
     db.listen("spec_channel", function(payload, channel)
