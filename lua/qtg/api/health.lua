@@ -1,11 +1,13 @@
 -- qtg.api.health: /readyz's checks, one small function each (M.CHECKS), so
 -- a new dependency adds a row.  Each returns status ("ok", "failing",
 -- "not_configured") and a detail; the route answers 200 when none fails.
+-- Details go out through qtg.redact (a URL keeps only its endpoint).
 --
 -- The signer check asks `qtgd signer` for its keys over the configured
 -- socket (MG_SIGNER_SOCKET; unset: not_configured, which is not a failure).
 local qtg = require "qtg"
 local canon = require "qtg.canon_json"
+local redact = require "qtg.redact"
 
 local M = {}
 
@@ -102,7 +104,7 @@ function M.readyz(s)
     local ok, status, detail = pcall(c.fn, s)
     if not ok then status, detail = "failing", tostring(type(status) == "table" and status.message or status) end
     if status == "failing" then ready = false end
-    checks[#checks + 1] = { name = c.name, status = status, detail = detail }
+    checks[#checks + 1] = { name = c.name, status = status, detail = redact.text(detail) }
   end
   return ready and 200 or 503, { ready = ready, checks = checks }
 end

@@ -15,6 +15,7 @@ local qtg = require "qtg"
 local canon = require "qtg.canon_json"
 local problem = require "qtg.api.problem"
 local ownership = require "qtg.api.ownership"
+local redact = require "qtg.redact"
 
 local M = {}
 
@@ -382,7 +383,11 @@ end
 local function balances(ctx)
   local b = require "qtg.balances"
   if ctx.fetched then b.store(ctx.s, ctx.fetched, "fresh") end
-  return 200, { items = arr(b.latest(ctx.s)) }
+  local rows = b.latest(ctx.s)
+  for _, r in ipairs(rows) do
+    if type(r.last_error) == "string" then r.last_error = redact.text(r.last_error) end
+  end
+  return 200, { items = arr(rows) }
 end
 
 local function signers(ctx)
@@ -476,7 +481,7 @@ local function workers(ctx)
                  interval = w.interval, paused = w.paused and true or false,
                  errors_total = w.errors_total, consecutive_errors = w.consecutive_errors,
                  last_tick_at = w.last_tick_at or NULL, next_run_at = w.next_run_at or NULL,
-                 last_error = w.last_error and tostring(w.last_error) or NULL }
+                 last_error = w.last_error and redact.text(w.last_error) or NULL }
   end
   table.sort(items, function(a, b) return a.name < b.name end)
   return 200, { items = items }

@@ -237,13 +237,7 @@ end
 -- ---- database ------------------------------------------------------------------
 
 -- The database URL without its password.
-function M.redact(url)
-  url = tostring(url or "")
-  url = url:gsub("^(%a[%w+.-]*://[^:/@]*):[^@/]*@", "%1:***@")
-  url = url:gsub("([?&]password=)[^&]*", "%1***")
-  url = url:gsub("(password%s*=%s*)%S+", "%1***")
-  return url
-end
+M.redact = require("qtg.redact").database_url
 
 -- Acquire a session, giving up after `timeout` seconds.
 local function acquire(timeout)

@@ -109,11 +109,7 @@ end
 
 -- An endpoint for logs and error details: scheme://host[:port] only (RPC
 -- URLs often carry an API key in their path or user part).
-function M.redact(url)
-  local scheme, rest = tostring(url):match("^(https?://)(.*)$")
-  if not scheme then return "?" end
-  return scheme .. (rest:match("^([^/?#]*)"):gsub("^.*@", ""))
-end
+M.redact = require("qtg.redact").endpoint
 
 local function rpc_detail(err, url)
   return string.format("%s (%s)", tostring(err), M.redact(url))

@@ -423,6 +423,41 @@ describe("HTTP API", function()
       assert.equal(400, r.status)
     end)
 
+    -- A venue's or an RPC's URL often carries its key (https://x/v3/KEY,
+    -- ?api_key=); error text quotes it, and any read token read it whole.
+    it("cuts every URL in a worker's and a venue's error to its endpoint; the journal keeps it whole", function()
+      local dir = host.tmpdir()
+      host.write(dir .. "/qtg/workers/init.lua", [[
+local M = {}
+function M.registry() return {
+  { name = "leaky", group = "core", module = "spec_leaky", interval = 0.2, jitter = 0, enabled = true } } end
+return M]])
+      host.write(dir .. "/spec_leaky.lua", [[
+local M = {}
+function M.tick() error("GET https://venue.example/v1/KEYSECRET42/balances?api_key=abc failed: http 401", 0) end
+return M]])
+      local dl = api.start({ MG_LUA_PATH = dir })
+      local ok, err = pcall(function()
+        local seen = host.eventually(function()
+          for _, w in ipairs(api.call(dl, "GET", "/v3/workers", { token = reader }).json.items) do
+            if w.name == "leaky" and w.last_error ~= cjson.null then return w.last_error end
+          end
+        end, 30)
+        assert.equals("GET https://venue.example/... failed: http 401", seen)
+        assert.truthy(host.read(dl.h.log):find("KEYSECRET42", 1, true), "the journal keeps the text whole")
+        rows([[INSERT INTO balance_snapshots (network_class, venue_key, asset, ok, error, source, process_id)
+               VALUES ($1, 'leaky-venue', '*', false, $2, 'worker', 'spec')]], dl.class,
+             "fetch from https://user:pw@venue.example:8443/v1/KEYSECRET42 refused (token=abc)")
+        local b = api.check(doc, api.call(dl, "GET", "/v3/balances", { token = reader }), "GET", "/v3/balances")
+        assert.equals(200, b.status, b.body)
+        assert.equals("fetch from https://venue.example:8443/... refused (token=***)", b.json.items[1].last_error)
+        assert.is_nil(b.body:find("KEYSECRET42", 1, true), b.body)
+      end)
+      api.stop(dl)
+      os.execute("rm -rf " .. common.quote(dir))
+      assert(ok, err)
+    end)
+
     it("sets a signer's expected identity as admin only, audited", function()
       local key = common.uid("signer", 3)
       local r = api.check(doc, api.call(d, "PUT", "/v3/signers/" .. key .. "/expected-identity",
