@@ -311,6 +311,10 @@ qtg_task *qtg_task_spawn(qtg_host *h, const char *name, int nargs, int flags,
 void qtg_task_resume(qtg_task *t, int nres) {
   t->waiting = 0;
   t->cancel = NULL;
+  /* A finalizer run by lua_close (a session handing its connection to a
+   * waiter) must not run a task's Lua in a state being torn down; the
+   * task is freed after it. */
+  if (t->h->closing) return;
   if (t->interrupted) {
     /* The hook fires at the task's first instructions; compiled traces do
      * not run hooks, so they are dropped first (rare: an operator's stop). */
@@ -489,6 +493,7 @@ void qtg_host_close(qtg_host *h) {
     h->signals_armed = 0;
   }
   if (h->L) {
+    h->closing = 1;
     lua_close(h->L);
     h->L = NULL;
   }

@@ -74,6 +74,7 @@ struct qtg_host {
                                  * (lua_api_net.c; dropped at close) */
   int opened;                   /* subsystems opened so far */
   int stopping;                 /* qtg_host_stop was called */
+  int closing;                  /* lua_close runs: no task runs again */
   int live_refs;                /* registry refs taken through qtg_ref */
   int live_tasks;               /* tasks started and not yet finished */
   int exit_code;                /* what qtgd exits with */

@@ -487,6 +487,35 @@ print("then", db.with_session(function(k) return k:query("SELECT 41 + 1 AS x")[1
     assert.matches("then\t42", out, 1, true)
   end)
 
+  -- lua_close collects a session still held: its release handed the
+  -- connection to a task waiting to acquire one, which then ran its Lua in
+  -- the state being torn down.
+  it("runs no task while the host closes, though a collected session could serve a waiting acquire", function()
+    local dir = support.tmpdir()
+    support.write(dir .. "/close.lua", [[
+local qtg = require("qtg")
+qtg.spawn(function()
+  local s = qtg.db.acquire()
+  s:query("SELECT 1")
+  qtg.sleep(30)                 -- holds the pool's one session while the host closes
+end)
+qtg.spawn(function()
+  local s = qtg.db.acquire()    -- waits for that session
+  print("the waiter ran during the close")
+  s:query("SELECT 1")
+end)
+qtg.sleep(0.3)
+print("main done, waiting: " .. qtg.db.stats().waiting)
+]])
+    local rc, out = support.run(support.base_env({ MG_DB_POOL_SIZE = "1" }),
+      { "timeout", "60", support.bin, "exec", dir .. "/close.lua" })
+    os.execute("rm -rf " .. common.quote(dir))
+    assert.equals(0, rc, out)
+    assert.is_nil(out:find("Sanitizer", 1, true), out)
+    assert.matches("main done, waiting: 1", out, 1, true)
+    assert.is_nil(out:find("the waiter ran", 1, true), out)
+  end)
+
   it("LISTEN delivers a NOTIFY to a Lua callback", function()
     local got = {}
     db.listen("spec_channel", function(payload, channel)
