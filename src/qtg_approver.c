@@ -15,7 +15,9 @@
  *                              saved to files), sign only when their SHA-256
  *                              are the statement's digest and plan lines, and
  *                              show them: what is signed is then what was
- *                              read, whatever the daemon displayed;
+ *                              read, whatever the daemon displayed; then
+ *                              what they let qtg's signer sign, by its
+ *                              rules (qtg_approver_payments.h);
  *                              only when the statement's request
  *                              (deployment, class) line is the value of
  *                              --request (--deployment, --class), which the
@@ -49,6 +51,7 @@
 
 #include <openssl/crypto.h>
 
+#include "qtg_approver_payments.h"
 #include "qtg_approvers.h"
 #include "qtg_crypto.h"
 #include "qtg_keys.h"
@@ -147,8 +150,10 @@ static void qtg_approver_show(const char *text, size_t len) {
 }
 
 /* 0 when the SHA-256 of the file at path is the hex after "\nWORD " in the
- * statement; shows the file's text on stderr. */
-static int qtg_approver_check_text(const char *statement, const char *word, const char *path) {
+ * statement, with the file's text in *out (the caller frees); shows it on
+ * stderr. */
+static int qtg_approver_check_text(const char *statement, const char *word, const char *path, char **out,
+                                   size_t *out_len) {
   char want[80], hex[2 * QTG_SHA256_LEN + 1];
   uint8_t digest[QTG_SHA256_LEN];
   size_t len = 0;
@@ -168,8 +173,40 @@ static int qtg_approver_check_text(const char *statement, const char *word, cons
   }
   fprintf(stderr, "%s (%s):\n", word, path);
   qtg_approver_show(text, len);
+  *out = text;
+  *out_len = len;
+  return 0;
+}
+
+/* Show what the two texts let the signer sign (qtg_approver_payments.h);
+ * -1 when they cannot be read so (said on stderr): nothing is signed that
+ * the approver cannot be shown. */
+static int qtg_approver_show_payments(const char *document, size_t document_len, const char *plan,
+                                      size_t plan_len) {
+  char err[256];
+  char *text = qtg_approver_payments(document, document_len, plan, plan_len, err, sizeof err);
+  if (text == NULL) {
+    fputs("qtgd approver: ", stderr);
+    qtg_approver_escape(err, strlen(err), 1);
+    fputs(": not signed\n", stderr);
+    return -1;
+  }
+  qtg_approver_show(text, strlen(text));
   free(text);
   return 0;
+}
+
+/* With DOCUMENT and PLAN: both are what the statement hashes, shown, and
+ * what they let the signer sign shown after them. */
+static int qtg_approver_check_texts(const char *statement, const char *document_path, const char *plan_path) {
+  char *document = NULL, *plan = NULL;
+  size_t document_len = 0, plan_len = 0;
+  int bad = qtg_approver_check_text(statement, "digest", document_path, &document, &document_len) != 0 ||
+            qtg_approver_check_text(statement, "plan", plan_path, &plan, &plan_len) != 0 ||
+            qtg_approver_show_payments(document, document_len, plan, plan_len) != 0;
+  free(document);
+  free(plan);
+  return bad ? -1 : 0;
 }
 
 static int qtg_approver_print_public(const uint8_t secret[QTG_APPROVER_SECRET_LEN]) {
@@ -406,9 +443,7 @@ static int qtg_approver_sign_stdin(const uint8_t secret[QTG_APPROVER_SECRET_LEN]
     return 1;
   }
   if (qtg_approver_confirm(text, args->expect) != 0) return 1;
-  if (args->document != NULL && (qtg_approver_check_text(text, "digest", args->document) != 0 ||
-                                 qtg_approver_check_text(text, "plan", args->plan) != 0))
-    return 1;
+  if (args->document != NULL && qtg_approver_check_texts(text, args->document, args->plan) != 0) return 1;
   uint8_t sig[QTG_APPROVER_SIGNATURE_LEN];
   char hex[2 * QTG_APPROVER_SIGNATURE_LEN + 1];
   if (qtg_approver_sign(secret, text, len, sig) != 0) {

@@ -1,6 +1,7 @@
 /* qtg_prelude.h -- the Lua chunks the host runs itself: the wrappers that
  * raise over raw bindings (qtg, qtg.db, qtg.signer), the worker tick
- * trampoline and the console's and API's entry points.
+ * trampoline, the console's and API's entry points, and `qtgd approver`'s
+ * reading of the texts it signs (qtg_approver_payments.c).
  *
  * Each is a file src/prelude/NAME.lua, compiled into qtgd as the array
  * qtg_prelude_NAME by cmake/embed_lua.cmake at build time, so it is read,
@@ -20,7 +21,8 @@
   X(run_loop, "=qtg.run_loop")     \
   X(console, "=console")           \
   X(signer, "=qtg.signer")         \
-  X(api, "=api")
+  X(api, "=api")                   \
+  X(approver, "=qtg.approver")
 
 typedef enum {
 #define QTG_PRELUDE_ID(name, chunk) QTG_PRELUDE_##name,

@@ -132,7 +132,12 @@ describe("signed approvals through the API", function()
     -- `qtgd approver sign KEY DOCUMENT PLAN` signs only the texts the statement hashes
     local sig = host.approver_sign(key.alice, item.approval_statement, item.approval_document_text,
       item.plan_document_text)
+    -- and what the approval lets qtg's signer sign: nothing in this plan
+    local shown = common.read(key.alice .. ".statement.err")
     assert.equal(host.approver_sign(key.alice, item.approval_statement), sig)   -- Ed25519 is deterministic
+    assert.truthy(shown:find("what qtg's signer may sign under this statement", 1, true), shown)
+    assert.truthy(shown:find("\n  node withdraw: [^\n]*: not signed by qtg's signer\n"), shown)
+    assert.truthy(shown:find("\n  nothing: no node of this plan is one the signer signs\n", 1, true), shown)
     local no, why = host.approver_sign(key.alice, item.approval_statement, item.approval_document_text,
       item.plan_document_text .. " ")
     assert.is_nil(no)
@@ -159,6 +164,79 @@ describe("signed approvals through the API", function()
     assert.truthy(shown:find('"destination\\u200b": "0x' .. string.rep("a", 40), 1, true), shown)
     assert.truthy(shown:find('"caf\\u00e9 \\ud83d\\udcb8"', 1, true), shown)
     assert.is_nil(shown:find("[\128-\255]"), shown)
+  end)
+
+  -- The hashes bind the texts, but an approver reading the intent's
+  -- destination could miss a node whose own config pays another address:
+  -- `qtgd approver sign KEY DOCUMENT PLAN` shows, by the signer's rules,
+  -- what each node would pay, and what the signer would refuse.
+  local function payments(document, plan)
+    local crypto = require("qtg").crypto
+    local st = "qtg-approval-v2\ndeployment spec-desk\nrequest 0b6d1c2e-1111-4222-8333-944455556666\nclass spec\n"
+      .. "digest " .. crypto.sha256_hex(document) .. "\nplan " .. crypto.sha256_hex(plan) .. "\n"
+    local sig, why = host.approver_sign(key.alice, st, document, plan)
+    return sig, sig and common.read(key.alice .. ".statement.err") or why
+  end
+  local A, B = "0x" .. string.rep("a", 40), "0x" .. string.rep("b", 40)
+  local function transfer(key_, config)
+    return { node_key = key_, node_kind = "action", executor = "evm_transfer", action_type = "evm_transfer",
+             config = config }
+  end
+  local RISK = { max_amount = "25", max_fee_per_gas_wei = "200000000000",
+                 max_priority_fee_per_gas_wei = "5000000000", gas_limit = 21000, allowed_chain_ids = { 31337 } }
+  local function texts(intent, nodes)
+    local cjson = require "cjson"
+    return cjson.encode({ template_key = "evm_transfer", intent = intent }),
+           cjson.encode({ nodes = nodes, risk_controls = RISK })
+  end
+
+  it("shows what each node lets the signer pay, a node's own destination flagged, before it signs", function()
+    local intent = { asset = "eth", amount = "1.5", chain_id = 31337, destination = A }
+    local sig, shown = payments(texts(intent, {
+      transfer("pay", { signer_key = "evm_hot" }),
+      transfer("pay_again", { signer_key = "evm_hot", destination = B }),
+      { node_key = "watch", executor = "evm_transfer", action_type = "destination_chain_receive_observe", config = {} },
+    }))
+    assert.truthy(sig, shown)
+    for _, line in ipairs({
+      "  node pay: pays 1.5 ETH to " .. A .. " on chain 31337, signed with key evm_hot\n",
+      "  node pay_again: pays 1.5 ETH to " .. B .. " on chain 31337, signed with key evm_hot\n"
+        .. "    the node's own destination, not the intent's (" .. A .. ")\n",
+      "  node watch: evm_transfer / destination_chain_receive_observe: not signed by qtg's signer\n",
+      "  in all: 2 transfers of 1.5 ETH each\n",
+      "  within the plan's risk_controls: max_amount 25, max_fee_per_gas 200000000000 wei, "
+        .. "max_priority_fee_per_gas 5000000000 wei, gas_limit 21000, allowed_chain_ids [31337]\n",
+    }) do
+      assert.truthy(shown:find(line, 1, true), line .. " in:\n" .. shown)
+    end
+  end)
+
+  it("says which transfer the signer would refuse, and signs nothing it cannot read", function()
+    local cases = {
+      { { asset = "ETH", amount = "1", chain_id = 31337, destination = A },
+        { destination = { ["$ref"] = "intent.destination" } }, "its destination is not a literal address" },
+      { { asset = "USDC", amount = "1", chain_id = 31337, destination = A }, {},
+        "only ETH is signed, and the intent moves USDC" },
+      { { asset = "ETH", amount = "1e3", chain_id = 31337, destination = A }, {},
+        "the amount is not a plain decimal of at most 18 decimals" },
+      { { asset = "ETH", amount = "1", chain_id = 31337, destination = A }, { chain_id = 1 },
+        "chain 1 is not in the plan's allowed_chain_ids" },
+      { { asset = "ETH", amount = "1", chain_id = 31337, destination = A .. "00" }, {},
+        "its destination is not a literal address" },
+    }
+    for _, c in ipairs(cases) do
+      local sig, shown = payments(texts(c[1], { transfer("pay", c[2]) }))
+      assert.truthy(sig, shown)
+      assert.truthy(shown:find("  node pay: refused by the signer: " .. c[3] .. "\n", 1, true), shown)
+      assert.truthy(shown:find("  nothing: no node of this plan is one the signer signs", 1, true), shown)
+    end
+    -- texts that are what the statement hashes but no JSON objects
+    for _, bad in ipairs({ { "not json", '{"nodes": []}', "the document is not a JSON object" },
+                           { '{"intent": {}}', "[1, 2]", "the plan is not a JSON object" } }) do
+      local sig, why = payments(bad[1], bad[2])
+      assert.is_nil(sig)
+      assert.truthy(why:find("qtgd approver: " .. bad[3] .. ": not signed", 1, true), why)
+    end
   end)
 
   -- Two requests with the same intent have the same digest and the same
