@@ -2,8 +2,8 @@
 # "Hostile input").  Off by default; a fuzz build is its own build dir:
 #
 #   cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DQTG_FUZZ=ON -DQTG_SANITIZE=ON
-#   cmake --build build-fuzz -j2 --target fuzz_settings fuzz_json fuzz_console fuzz_http fuzz_signer fuzz_pg
-#   fuzz/run [SECONDS]          # all six, each from its corpus, bounded
+#   cmake --build build-fuzz -j2 --target fuzz_settings fuzz_json fuzz_console fuzz_http fuzz_signer fuzz_pg fuzz_approver
+#   fuzz/run [SECONDS]          # all seven, each from its corpus, bounded
 #
 # Each target links the code under test (qtgcore, instrumented for coverage
 # here) with fuzz/libfuzzer_main.c.  The plain build replays the committed
@@ -17,7 +17,7 @@ function(qtg_fuzz_targets)
                         "(Debian: apt-get install clang libclang-rt-14-dev)")
   endif()
   target_compile_options(qtgcore PRIVATE -fsanitize=fuzzer-no-link)
-  foreach(t settings json console http signer pg)
+  foreach(t settings json console http signer pg approver)
     add_executable(fuzz_${t} ${CMAKE_SOURCE_DIR}/fuzz/libfuzzer_main.c
                              ${CMAKE_SOURCE_DIR}/fuzz/fuzz_${t}.c
                              ${CMAKE_SOURCE_DIR}/fuzz/fuzz_host.c)

@@ -31,6 +31,9 @@
  *   pg        the after-commit notification PostgreSQL sends a pool session
  *             as a NOTICE (qtg_pg_after_commit_parse): taken exactly when it
  *             has the prefix, a channel and a space, the parts in place
+ *   approver  the two texts `qtgd approver sign KEY DOCUMENT PLAN` reads and
+ *             describes by the signer's rules (qtg_approver_payments.c): a
+ *             description under its heading, or a refusal with a reason
  */
 #ifndef QTG_FUZZ_H
 #define QTG_FUZZ_H
@@ -43,6 +46,7 @@ int qtg_fuzz_json(const uint8_t *data, size_t size);
 int qtg_fuzz_console(const uint8_t *data, size_t size);
 int qtg_fuzz_http(const uint8_t *data, size_t size);
 int qtg_fuzz_signer(const uint8_t *data, size_t size);
+int qtg_fuzz_approver(const uint8_t *data, size_t size);
 int qtg_fuzz_pg(const uint8_t *data, size_t size);
 
 /* The shared host of the console and http targets (fuzz/fuzz_host.c):

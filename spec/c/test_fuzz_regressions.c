@@ -18,6 +18,7 @@
 #include "../../fuzz/fuzz_http.c"
 #include "../../fuzz/fuzz_signer.c"
 #include "../../fuzz/fuzz_pg.c"
+#include "../../fuzz/fuzz_approver.c"
 #include "qtg_test.h"
 
 static qtg_test_counts tc;
@@ -83,5 +84,6 @@ int main(void) {
   replay("http", qtg_fuzz_http);
   replay("signer", qtg_fuzz_signer);
   replay("pg", qtg_fuzz_pg);
+  replay("approver", qtg_fuzz_approver);
   return qtg_test_finish(&tc);
 }
