@@ -60,6 +60,7 @@ local function refusal(dest, asset, amount, chain, allowed)
   end
   if asset ~= "ETH" then return "only ETH is signed, and the intent moves " .. shown(asset) end
   if not plain_decimal(amount) then return "the amount is not a plain decimal of at most 18 decimals" end
+  if not shown(chain):match("^%d+$") then return "its chain_id is not a whole number" end
   if type(allowed) == "table" then
     for _, c in ipairs(allowed) do
       if shown(c) == shown(chain) then return nil end

@@ -223,6 +223,8 @@ describe("signed approvals through the API", function()
         "chain 1 is not in the plan's allowed_chain_ids" },
       { { asset = "ETH", amount = "1", chain_id = 31337, destination = A .. "00" }, {},
         "its destination is not a literal address" },
+      { { asset = "ETH", amount = "1", chain_id = 31337, destination = A }, { chain_id = "$ref:pay.chain_id" },
+        "its chain_id is not a whole number" },
     }
     for _, c in ipairs(cases) do
       local sig, shown = payments(texts(c[1], { transfer("pay", c[2]) }))
