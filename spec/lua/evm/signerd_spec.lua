@@ -340,6 +340,45 @@ describe("qtgd signer", function()
     assert.same({ "DESTINATION_MISMATCH", "FEES_ABOVE_CAP", "GRANTED" }, codes)
   end)
 
+  -- What `qtgd approver sign KEY DOCUMENT PLAN` tells an approver is what
+  -- this signer then does: a plan node whose config pays B while the
+  -- intent names A is described as paying B (flagged), and the signer pays
+  -- B and refuses A.
+  it("pays what qtgd approver sign described to the approver: a node's own destination, not the intent's", function()
+    start_local_signer("sa=" .. sup.key_file(dir, "sa", DEV[1].key))
+    local key = "sign_t_own_" .. qtg.crypto.hex(qtg.crypto.random_bytes(4))
+    local a, b = sup.random_address(), sup.random_address()
+    local t = sup.template(key, "sa", { allowed_chain_ids = { CHAIN }, max_amount = "25" })
+    t.nodes[1].config.destination = b
+    engine.load_doc(s, t)
+    local req = engine.create(s, key, { intent = intent(a), callback_url = false })
+    local texts = s:query([[SELECT qtg_approval_document(r)::text AS document,
+                                   qtg_approval_plan_document(r.plan_version_id)::text AS plan
+                              FROM movement_requests r WHERE id = $1::uuid]], req.id)[1]
+    local approver = sup.host.approver_key(dir, "own-" .. qtg.crypto.hex(qtg.crypto.random_bytes(4)))
+    assert.truthy(sup.host.approver_sign(approver, common.statement(req.id, DEPLOYMENT), texts.document, texts.plan))
+    local shown = common.read(approver .. ".statement.err")
+    assert.truthy(shown:find(("  node transfer: pays %s ETH to %s on chain %d, signed with key sa\n"
+      .. "    the node's own destination, not the intent's (%s)\n"):format(AMOUNT, b, CHAIN, a), 1, true), shown)
+    assert.truthy(shown:find("  node destination_receive: evm_transfer / destination_chain_receive_observe: "
+      .. "not signed by qtg's signer\n", 1, true), shown)
+    engine.approve(s, req.id)
+    engine.move_class(s, req.id, new_class())
+    local node = engine.nodes(s, req.id).transfer
+    assert.equal("READY", node.node_state)
+    local to_b = payload({ to = b, nonce = 980 })
+    reserve(node.id, DEV[1].address, 980, to_b.signing_hash)
+    local function ask(p)
+      return qtg.signer.sign("sa", { request_id = req.id, request_node_id = node.id, attempt_no = 1,
+                                    payload = p.payload, payload_hash = p.signing_hash })
+    end
+    local sig, err = ask(payload({ to = a, nonce = 980 }))
+    assert.is_nil(sig)
+    assert.equal("DESTINATION_MISMATCH", err.code, tostring(err.message))
+    sig, err = ask(to_b)
+    assert.truthy(sig, err and err.message)
+  end)
+
   -- The approval policy never counts the initiator; the signer, which
   -- reads the vote rows the runtime role writes, does not either.
   it("counts no vote of the request's initiator", function()
