@@ -16,6 +16,8 @@
  *   e:tiers(class)           -> the amount tiers that can raise class's
  *                               quorum, described and joined by "; " | nil
  *                               (none)
+ *   qtg.approvers.describe(document_text, plan_text) -> text | nil, why:
+ *                               what the texts let the signer sign
  *   e:verify(principal, statement, signature_hex) -> true | false
  *   e:verify_initiation(principal, statement, signature_hex) -> true | false
  *                               (principal's person or initiator signed it)
@@ -35,6 +37,7 @@
 
 #include "qtg_approvers.h"
 #include "qtg_host.h"
+#include "qtg_prelude.h"
 
 static const char qtg_enrolment_meta[] = "qtg.approvers.enrolment";
 
@@ -164,6 +167,32 @@ static int qtg_lua_statement_ok(lua_State *L) {
   return 1;
 }
 
+/* qtg.approvers.describe(document_text, plan_text) -> text | nil, why: what
+ * an approval with these texts lets qtg's signer sign, by the signer's
+ * rules, as `qtgd approver sign` shows it (src/prelude/approver.lua; the
+ * web console's Approvals page shows it too).  The chunk is loaded once per
+ * Lua state, on first use (it requires cjson). */
+static const char qtg_describe_key = 'd';
+
+static int qtg_lua_approvers_describe(lua_State *L) {
+  luaL_checkstring(L, 1);
+  luaL_checkstring(L, 2);
+  lua_settop(L, 2);
+  lua_pushlightuserdata(L, (void *)&qtg_describe_key);
+  lua_rawget(L, LUA_REGISTRYINDEX);
+  if (lua_isnil(L, -1)) {
+    lua_pop(L, 1);
+    if (qtg_prelude_load(L, QTG_PRELUDE_approver) != 0) return lua_error(L);
+    lua_call(L, 0, 1);
+    lua_pushlightuserdata(L, (void *)&qtg_describe_key);
+    lua_pushvalue(L, -2);
+    lua_rawset(L, LUA_REGISTRYINDEX);
+  }
+  lua_insert(L, 1);
+  lua_call(L, 2, 2);
+  return 2;
+}
+
 int luaopen_qtg_approvers(lua_State *L) {
   static const luaL_Reg methods[] = {
       {"person", qtg_lua_enrolment_person},
@@ -182,6 +211,7 @@ int luaopen_qtg_approvers(lua_State *L) {
   static const luaL_Reg fns[] = {
       {"load", qtg_lua_approvers_load},
       {"statement_ok", qtg_lua_statement_ok},
+      {"describe", qtg_lua_approvers_describe},
       {NULL, NULL},
   };
   if (luaL_newmetatable(L, qtg_enrolment_meta)) {
@@ -192,7 +222,7 @@ int luaopen_qtg_approvers(lua_State *L) {
     lua_setfield(L, -2, "__gc");
   }
   lua_pop(L, 1);
-  lua_createtable(L, 0, 2);
+  lua_createtable(L, 0, 3);
   luaL_register(L, NULL, fns);
   return 1;
 }

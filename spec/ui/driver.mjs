@@ -77,6 +77,7 @@ const SCENARIOS = {
     const fields = await page.$$eval(`${card} tr[data-field]`, (trs) => Object.fromEntries(
       trs.map((tr) => [tr.dataset.field, tr.querySelector('td').textContent])));
     const statement = await page.$eval(`${card} pre.statement`, (p) => p.textContent);
+    const payments = await page.$eval(`${card} pre.payments`, (p) => p.textContent);
     await page.screenshot({ path: `${plan.out}/approvals.png`, fullPage: true });
     if (plan.approve.signature) {
       await page.click(`${card} details.statement summary`);
@@ -85,7 +86,7 @@ const SCENARIOS = {
     await page.click(`${card} button[data-action=approve]`);
     await confirmDialog(page, 'checked against the desk ticket');
     await page.waitForFunction((sel) => !document.querySelector(sel), { timeout: TIMEOUT }, card);
-    return { digest, fields, statement };
+    return { digest, fields, statement, payments };
   },
 
   // reject from the detail page: Confirm stays disabled until a reason is typed

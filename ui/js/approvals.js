@@ -1,6 +1,8 @@
 // approvals.js -- the Approvals inbox: what waits for the signed-in
 // principal (GET /v3/approvals), each with the document an approval
-// approves shown field by field (the intent flattened) and its digest, the
+// approves shown field by field (the intent flattened) and its digest, what
+// it lets qtg's signer sign (each plan node: what it pays, where, or that
+// the signer signs none of it; as `qtgd approver sign` reads it), the
 // approval statement an approver signs when approvals are signed (with
 // `qtgd approver sign` on the approver's own machine; the signature is
 // pasted here and sent with the vote), and Approve / Reject with a
@@ -36,6 +38,7 @@ function card(item, act) {
       h('caption', {}, 'What an approval approves (frozen)'),
       h('tbody', {}, fields(doc).map(([k, v]) => h('tr', { 'data-field': k }, h('th', {}, k), h('td', { class: 'mono' }, v))))),
     h('p', {}, 'Digest (SHA-256): ', h('code', { class: 'digest' }, item.digest)),
+    item.signer_may_sign ? h('pre', { class: 'mono payments' }, item.signer_may_sign) : null,
     item.approved_digest && item.approved_digest !== item.digest
       ? h('p', { class: 'error' }, `Earlier approvals were for digest ${item.approved_digest}: the request changed.`) : null,
     item.approval_statement ? h('details', { class: 'statement' },

@@ -545,6 +545,8 @@ local function approvals_inbox(ctx)
   for i = 1, math.min(#rows, limit) do
     local row = rows[i]
     row.roles = arr(type(row.roles) == "table" and row.roles or {})
+    -- what the approval lets the signer sign, as `qtgd approver sign` reads it
+    row.signer_may_sign = qtg.approvers.describe(row.approval_document_text, row.plan_document_text) or NULL
     items[i] = row
   end
   local next_cursor = NULL

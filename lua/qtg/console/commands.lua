@@ -260,7 +260,12 @@ local function request_detail(s, id)
   local counting = {}
   for _, v in ipairs(st.approved_by) do counting[v.principal] = v.counts end
   for _, v in ipairs(votes) do v.counts = counting[v.principal] == true end
+  -- what an approval lets the signer sign, as `qtgd approver sign` reads it
+  local texts = s:query([[SELECT qtg_approval_document(r)::text AS document,
+                                 qtg_approval_plan_document(r.plan_version_id)::text AS plan
+                            FROM movement_requests r WHERE id = $1::uuid]], id)[1]
   r.approvals = {
+    signer_may_sign = texts and qtg.approvers.describe(texts.document, texts.plan) or nil,
     rule = pol.rule, error = pol.error, required = r.approvals_required, roles = pol.roles,
     still_needed = st.still_needed, signed = st.signed, statement = st.statement,
     initiation_statement = st.initiation_statement, initiated = st.initiated,

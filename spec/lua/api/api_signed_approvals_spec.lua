@@ -132,8 +132,10 @@ describe("signed approvals through the API", function()
     -- `qtgd approver sign KEY DOCUMENT PLAN` signs only the texts the statement hashes
     local sig = host.approver_sign(key.alice, item.approval_statement, item.approval_document_text,
       item.plan_document_text)
-    -- and what the approval lets qtg's signer sign: nothing in this plan
+    -- and what the approval lets qtg's signer sign: nothing in this plan;
+    -- the inbox gives the same reading
     local shown = common.read(key.alice .. ".statement.err")
+    assert.truthy(shown:find(item.signer_may_sign, 1, true), item.signer_may_sign .. "\nnot in\n" .. shown)
     assert.equal(host.approver_sign(key.alice, item.approval_statement), sig)   -- Ed25519 is deterministic
     assert.truthy(shown:find("what qtg's signer may sign under this statement", 1, true), shown)
     assert.truthy(shown:find("\n  node withdraw: [^\n]*: not signed by qtg's signer\n"), shown)

@@ -233,6 +233,10 @@ describe("the web console in a browser", function()
     assert.equal(api.OTC_INTENT.destination, s.fields["intent.destination"])
     -- the statement shown is the request's, and the pasted signature went with the vote
     assert.equal(statement, s.statement)
+    -- what the approval lets the signer sign: the plan's nodes, none of them the signer's
+    assert.truthy(s.payments:find("what qtg's signer may sign under this statement", 1, true), s.payments)
+    assert.truthy(s.payments:find("\n  node withdraw: [^\n]*: not signed by qtg's signer\n"), s.payments)
+    assert.truthy(s.payments:find("\n  nothing: no node of this plan is one the signer signs", 1, true), s.payments)
     assert.equal(plan.approve.signature, rows("SELECT signature FROM request_approvals WHERE request_id = $1::uuid",
       ids.approve)[1].signature)
     local votes = rows([[SELECT a.principal, a.decision, a.comment, a.approval_digest, r.created_by

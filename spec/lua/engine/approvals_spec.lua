@@ -431,6 +431,8 @@ describe("approvals", function()
         assert.equal("forbidden", e.kind)
         local detail = cmds.approve(req.id, "looks right")
         assert.equal(1, detail.approvals.still_needed)
+        assert.truthy(detail.approvals.signer_may_sign:find("what qtg's signer may sign", 1, true),
+          tostring(detail.approvals.signer_may_sign))
         assert.equal("operator:spec-approver", detail.approvals.votes[1].principal)
         assert.equal("looks right", detail.approvals.votes[1].comment)
         -- voted: out of my inbox
