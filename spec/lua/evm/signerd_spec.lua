@@ -92,6 +92,23 @@ local function payload(over)
   return qtg.evm.eip1559(f)
 end
 
+-- approve the request (as the engine does), move it to a class of its own
+-- (no later spec's dispatcher, in the default class, meets its READY
+-- transfer): the transfer node, READY
+local function approved_transfer(request_id)
+  engine.approve(s, request_id)
+  engine.move_class(s, request_id, new_class())
+  local node = engine.nodes(s, request_id).transfer
+  assert.equal("READY", node.node_state)
+  return node
+end
+
+-- ask signer key "sa" to sign payload p (from payload()) for a node's first attempt
+local function ask_sa(request_id, node_id, p)
+  return qtg.signer.sign("sa", { request_id = request_id, request_node_id = node_id, attempt_no = 1,
+                                payload = p.payload, payload_hash = p.signing_hash })
+end
+
 local function reserve(node_id, address, nonce, payload_hash)
   s:query([[INSERT INTO evm_nonce_reservation (chain_id, address, nonce, request_node_id, payload_hash)
             VALUES ($1, $2, $3, $4::uuid, $5)]], CHAIN, address, nonce, node_id, payload_hash)
@@ -314,18 +331,10 @@ describe("qtgd signer", function()
         c[1], pv, req.id), err.message)
     end
     -- a real approval; the signer signs A at the template's caps, and nothing else
-    engine.approve(s, req.id)
-    -- in a class of its own: no later spec's dispatcher (the default class)
-    -- meets this READY transfer
-    engine.move_class(s, req.id, new_class())
-    local node = engine.nodes(s, req.id).transfer
-    assert.equal("READY", node.node_state)
+    local node = approved_transfer(req.id)
     local good = payload({ to = a, nonce = 1 })
     reserve(node.id, DEV[1].address, 1, good.signing_hash)
-    local function ask(p)
-      return qtg.signer.sign("sa", { request_id = req.id, request_node_id = node.id, attempt_no = 1,
-                                    payload = p.payload, payload_hash = p.signing_hash })
-    end
+    local function ask(p) return ask_sa(req.id, node.id, p) end
     local sig, err = ask(payload({ to = b, nonce = 1 }))
     assert.is_nil(sig)
     assert.equal("DESTINATION_MISMATCH", err.code, tostring(err.message))
@@ -362,20 +371,13 @@ describe("qtgd signer", function()
       .. "    the node's own destination, not the intent's (%s)\n"):format(AMOUNT, b, CHAIN, a), 1, true), shown)
     assert.truthy(shown:find("  node destination_receive: evm_transfer / destination_chain_receive_observe: "
       .. "not signed by qtg's signer\n", 1, true), shown)
-    engine.approve(s, req.id)
-    engine.move_class(s, req.id, new_class())
-    local node = engine.nodes(s, req.id).transfer
-    assert.equal("READY", node.node_state)
+    local node = approved_transfer(req.id)
     local to_b = payload({ to = b, nonce = 980 })
     reserve(node.id, DEV[1].address, 980, to_b.signing_hash)
-    local function ask(p)
-      return qtg.signer.sign("sa", { request_id = req.id, request_node_id = node.id, attempt_no = 1,
-                                    payload = p.payload, payload_hash = p.signing_hash })
-    end
-    local sig, err = ask(payload({ to = a, nonce = 980 }))
+    local sig, err = ask_sa(req.id, node.id, payload({ to = a, nonce = 980 }))
     assert.is_nil(sig)
     assert.equal("DESTINATION_MISMATCH", err.code, tostring(err.message))
-    sig, err = ask(to_b)
+    sig, err = ask_sa(req.id, node.id, to_b)
     assert.truthy(sig, err and err.message)
   end)
 
