@@ -43,7 +43,15 @@ local function shown(v)
   return "(a JSON " .. (type(v) == "table" and "object or array" or type(v)) .. ")"
 end
 
+-- As the signer reads the amount's text (->>): a JSON number's text is
+-- its own, which cjson cannot give back exactly unless it is whole, so a
+-- fractional number is not judged here (it is shown as "not shown exactly").
 local function plain_decimal(s)
+  if type(s) == "number" then
+    if s ~= s or s < 0 or s == math.huge then return false end
+    if s == floor(s) then return shown(s):match("^%d+$") ~= nil end
+    return true
+  end
   if type(s) ~= "string" then return false end
   local whole, frac = s:match("^(%d+)%.?(%d*)$")
   return whole ~= nil and #frac <= 18 and not s:match("%.$")
@@ -109,7 +117,7 @@ local function describe(document_text, plan_text)
         out[#out + 1] = format("  node %s: refused by the signer: %s", key, no)
       else
         transfers = transfers + 1
-        out[#out + 1] = format("  node %s: pays %s ETH to %s on chain %s, signed with key %s", key, amount, dest,
+        out[#out + 1] = format("  node %s: pays %s ETH to %s on chain %s, signed with key %s", key, shown(amount), dest,
           shown(chain), shown(field(cfg, "signer_key")))
         local theirs = field(intent, "destination")
         if own ~= nil and (type(theirs) ~= "string" or theirs:lower() ~= dest:lower()) then
@@ -125,7 +133,7 @@ local function describe(document_text, plan_text)
     out[#out + 1] = "  nothing: no node of this plan is one the signer signs"
   else
     if transfers > 1 then
-      out[#out + 1] = format("  in all: %d transfers of %s ETH each", transfers, amount)
+      out[#out + 1] = format("  in all: %d transfers of %s ETH each", transfers, shown(amount))
     end
     out[#out + 1] = caps(rc)
   end

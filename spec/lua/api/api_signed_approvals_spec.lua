@@ -228,6 +228,11 @@ describe("signed approvals through the API", function()
       { { asset = "ETH", amount = "1", chain_id = 31337, destination = A }, { chain_id = "$ref:pay.chain_id" },
         "its chain_id is not a whole number" },
     }
+    -- an amount given as a JSON number is read by its text, as the signer does
+    local sig, shown = payments(texts({ asset = "ETH", amount = 2, chain_id = 31337, destination = A },
+      { transfer("pay", {}) }))
+    assert.truthy(sig, shown)
+    assert.truthy(shown:find("  node pay: pays 2 ETH to " .. A .. " on chain 31337", 1, true), shown)
     for _, c in ipairs(cases) do
       local sig, shown = payments(texts(c[1], { transfer("pay", c[2]) }))
       assert.truthy(sig, shown)
