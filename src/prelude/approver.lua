@@ -15,7 +15,7 @@
 -- why when a text is no JSON object (the tool then signs nothing).
 local cjson = require "cjson"
 
-local format, concat, floor, abs = string.format, table.concat, math.floor, math.abs
+local format, concat, floor, abs, huge = string.format, table.concat, math.floor, math.abs, math.huge
 
 local ADDRESS = "^0[xX]" .. ("%x"):rep(40) .. "$"
 
@@ -48,7 +48,7 @@ end
 -- fractional number is not judged here (it is shown as "not shown exactly").
 local function plain_decimal(s)
   if type(s) == "number" then
-    if s ~= s or s < 0 or s == math.huge then return false end
+    if s ~= s or s < 0 or s == huge then return false end
     if s == floor(s) then return shown(s):match("^%d+$") ~= nil end
     return true
   end
@@ -61,7 +61,8 @@ local function signed_here(n)
   return field(n, "executor") == "evm_transfer" and field(n, "action_type") == "evm_transfer"
 end
 
--- Why the signer refuses node n (config cfg), or nil.
+-- Why the signer refuses a transfer of amount of asset to dest on chain
+-- (allowed: the plan's allowed_chain_ids, when it has them), or nil.
 local function refusal(dest, asset, amount, chain, allowed)
   if type(dest) ~= "string" or not dest:match(ADDRESS) then
     return "its destination is not a literal address"
