@@ -5,9 +5,10 @@
  * only the JSON the hashes cover: a node whose own config pays somewhere
  * else than the intent's destination says so.  The reading is
  * src/prelude/approver.lua, the signer's rules (src/qtg_signerd.c) over the
- * two texts, run here in a plain LuaJIT state of its own with Debian's
- * cjson, the JIT off as in the host: the approver's machine needs no
- * database and no daemon.
+ * two texts, called as the daemon calls it (qtg.approvers.describe,
+ * lua_approvers.c) in a plain LuaJIT state of its own with Debian's cjson,
+ * the JIT off as in the host: the approver's machine needs no database and
+ * no daemon.
  */
 #include "qtg_approver_payments.h"
 
@@ -20,7 +21,7 @@
 #include <luajit.h>
 #include <lualib.h>
 
-#include "qtg_prelude.h"
+#include "qtg_modules_decl.h"
 
 static char *qtg_approver_payments_run(lua_State *L, const char *document, size_t document_len,
                                        const char *plan, size_t plan_len, char *err, size_t errlen) {
@@ -28,10 +29,12 @@ static char *qtg_approver_payments_run(lua_State *L, const char *document, size_
   lua_pushliteral(L, QTG_LUA_CMODULE_DIR "/?.so");
   lua_setfield(L, -2, "cpath");
   lua_pop(L, 1);
-  if (qtg_prelude_load(L, QTG_PRELUDE_approver) != 0 || lua_pcall(L, 0, 1, 0) != 0) {
+  lua_pushcfunction(L, luaopen_qtg_approvers);
+  if (lua_pcall(L, 0, 1, 0) != 0) {
     snprintf(err, errlen, "cannot read the texts: %s", lua_tostring(L, -1));
     return NULL;
   }
+  lua_getfield(L, -1, "describe");
   lua_pushlstring(L, document, document_len);
   lua_pushlstring(L, plan, plan_len);
   if (lua_pcall(L, 2, 2, 0) != 0) {
