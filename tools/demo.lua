@@ -248,16 +248,13 @@ local function book_destinations()
   local book = require "qtg.address_book"
   with_session(function(s)
     for _, e in ipairs(BOOK) do
-      local have = s:query([[SELECT label FROM address_book WHERE asset = $1 AND chain = $2
-                               AND lower(address) = lower($3)]], e.asset, e.chain, e.address)[1]
+      local have = book.entry(s, e)
       if have and have.label ~= e.label then
         error(("demo: %s on %s is in the address book for %s as %q, not %q"):format(e.address, e.chain,
           e.asset, have.label, e.label), 0)
       elseif not have then
         -- a change an interrupted run left pending is approved, not proposed again
-        local c = s:query([[SELECT * FROM address_book_changes WHERE state = 'PENDING' AND action = 'add'
-                              AND asset = $1 AND chain = $2 AND lower(address) = lower($3)]],
-          e.asset, e.chain, e.address)[1]
+        local c = book.pending(s, e)
           or book.propose(s, { action = "add", asset = e.asset, chain = e.chain, address = e.address,
                                label = e.label }, BOOK_PROPOSER)
         for _, who in ipairs(BOOK_APPROVERS) do

@@ -4,9 +4,15 @@
 -- than its proposer approved it; any rejection ends it.  Every step is
 -- audited (entity address_book_change).  The quorum is the approval
 -- policy's `address_book = { approvals = N }` (default 2).
+-- An entry is keyed as requests are matched against it (qtg.approvals
+-- book_entries): the asset and the chain canonical, as a change stores
+-- them, and the address case-insensitively, as proposed; one address has
+-- one entry and at most one pending change (sql/0197).
 --   propose(s, {action=, asset=, chain=, address=, label=}, who) -> change
 --   vote(s, change_id, who, "approve" | "reject"[, comment]) -> change
 --   list(s) -> entries;  changes(s, {pending = true}) -> changes
+--   entry(s, {asset=, chain=, address=}) -> the entry under that key, or nil
+--   pending(s, {asset=, chain=, address=}) -> its pending change, or nil
 local principals = require "qtg.principals"
 local outbox = require "qtg.outbox"
 
@@ -15,6 +21,12 @@ local M = {}
 M.DEFAULT_APPROVALS = 2
 
 local refuse = require("qtg.errors").raise
+
+-- The book's key in SQL, canonical on both sides ($1 asset, $2 chain, $3
+-- address: a change written before sql/0197 may hold another spelling);
+-- the functions are sql/0197's, which key the unique indexes.
+local SAME_ENTRY = [[qtg_book_asset(asset) = qtg_book_asset($1::text) AND qtg_book_chain(chain) = qtg_book_chain($2::text)
+  AND lower(address) = lower($3::text)]]
 
 local function in_tx(s, fn)
   if s:in_transaction() then return fn() end
@@ -42,12 +54,15 @@ function M.propose(s, change, who)
   if change.action ~= "add" and change.action ~= "remove" then
     refuse("invalid_input", "action must be \"add\" or \"remove\"")
   end
-  local asset, chain = text(change.asset, "asset", 32), text(tostring(change.chain or ""), "chain", 64)
+  local asset = require("qtg.risk_controls").asset(text(change.asset, "asset", 32))
+  local chain = require("qtg.approvals").chain(type(change.chain) == "string" and text(change.chain, "chain", 64) or change.chain)
+  if type(chain) ~= "string" then
+    refuse("invalid_input", "chain must be a chain id (an integer >= 0) or a name, got %s", tostring(change.chain))
+  end
   local address = text(change.address, "address", 128)
   local label = change.action == "add" and text(change.label, "label") or nil
   return in_tx(s, function()
-    local present = s:query("SELECT 1 FROM address_book WHERE asset = $1 AND chain = $2 AND lower(address) = lower($3)",
-      asset, chain, address)[1] ~= nil
+    local present = s:query("SELECT 1 FROM address_book WHERE " .. SAME_ENTRY, asset, chain, address)[1] ~= nil
     if change.action == "add" and present then refuse("illegal_transition", "%s on %s is already in the address book for %s", address, chain, asset) end
     if change.action == "remove" and not present then refuse("not_found", "%s on %s is not in the address book for %s", address, chain, asset) end
     local row = s:query([[
@@ -67,8 +82,7 @@ local function apply(s, c, actor)
     s:query([[INSERT INTO address_book (asset, chain, address, label, change_id) VALUES ($1, $2, $3, $4, $5)]],
       c.asset, c.chain, c.address, c.label, c.id)
   else
-    s:query("DELETE FROM address_book WHERE asset = $1 AND chain = $2 AND lower(address) = lower($3)",
-      c.asset, c.chain, c.address)
+    s:query("DELETE FROM address_book WHERE " .. SAME_ENTRY, c.asset, c.chain, c.address)
   end
   outbox.audit(s, actor, "address_book." .. c.action, "address_book_change", c.id, nil,
     { asset = c.asset, chain = c.chain, address = c.address, label = c.label })
@@ -102,6 +116,15 @@ function M.vote(s, id, who, decision, comment)
     c.approvals = n
     return c
   end)
+end
+
+function M.entry(s, e)
+  return s:query("SELECT * FROM address_book WHERE " .. SAME_ENTRY, e.asset, tostring(e.chain), e.address)[1]
+end
+
+function M.pending(s, e)
+  return s:query("SELECT * FROM address_book_changes WHERE state = 'PENDING' AND " .. SAME_ENTRY,
+    e.asset, tostring(e.chain), e.address)[1]
 end
 
 function M.list(s)

@@ -202,8 +202,9 @@ local NULL = require("cjson").null
 
 -- chain(v) -> the canonical text of a chain: a chain id as its decimal
 -- digits ("0137" and 137 are "137"), any other name in ASCII lower case
--- (book chains are free text); nil when v names no chain (absent, JSON
--- null); false when v is malformed (no integer >= 0, no non-empty string).
+-- (book chains are free text; sql/0197's qtg_book_chain is the same in
+-- SQL); nil when v names no chain (absent, JSON null); false when v is
+-- malformed (no integer >= 0, no non-empty string).
 function M.chain(v)
   if v == nil or v == NULL then return nil end
   if type(v) == "number" then
@@ -217,11 +218,6 @@ function M.chain(v)
   end
   return (v:lower())
 end
-
--- SQL for the canonical text of an address_book.chain, as chain() makes it
--- (ASCII folding only, whatever the database's locale).
-local BOOK_CHAIN = [[CASE WHEN chain ~ '^[0-9]+$' THEN COALESCE(NULLIF(ltrim(chain, '0'), ''), '0')
-  ELSE translate(chain, 'ABCDEFGHIJKLMNOPQRSTUVWXYZ', 'abcdefghijklmnopqrstuvwxyz') END]]
 
 local function refuse_chain(code, fmt, ...)
   errors.raise_with("invalid_intent", { code = code }, fmt, ...)
@@ -313,7 +309,7 @@ function M.book_entries(s, asset, t)
   if not t.chain or #t.destinations == 0 or risk.asset(asset) == nil then return found end
   local rows = s:query([[
     SELECT lower(address) AS address, label FROM address_book
-     WHERE ]] .. risk.asset_sql("asset") .. [[ = $1 AND ]] .. BOOK_CHAIN .. [[ = $2
+     WHERE qtg_book_asset(asset) = $1 AND qtg_book_chain(chain) = $2
        AND lower(address) IN (SELECT lower(x) FROM jsonb_array_elements_text($3::jsonb) AS d(x))
      ORDER BY label]], risk.asset(asset), t.chain, canon.encode(canon.array(t.destinations)))
   for _, r in ipairs(rows) do

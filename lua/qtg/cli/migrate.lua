@@ -78,9 +78,16 @@ function M.apply(s, dir, log)
         nskipped = nskipped + 1
       else
         s:transaction(function()
-          -- the file's own error is reported with its name (the INSERT's as it is)
+          -- the file's own error is reported with its name, detail and hint
+          -- (the INSERT's as it is)
           local ran, err = pcall(s.exec, s, body)
-          if not ran then error(("migration %s failed: %s"):format(name, tostring(err)), 0) end
+          if not ran then
+            local said = { tostring(err) }
+            for _, k in ipairs({ "detail", "hint" }) do
+              if type(err) == "table" and err[k] then said[#said + 1] = k .. ": " .. tostring(err[k]) end
+            end
+            error(("migration %s failed: %s"):format(name, table.concat(said, "; ")), 0)
+          end
           s:query("INSERT INTO schema_migrations (version, checksum) VALUES ($1, $2)", name, sum)
         end)
         log("applied " .. name)

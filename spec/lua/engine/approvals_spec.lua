@@ -507,6 +507,104 @@ describe("approvals", function()
       assert.equal("REJECTED", s:query("SELECT state FROM address_book_changes WHERE id = $1", r.id)[1].state)
       assert.is_true(#s:query("SELECT 1 FROM audit_outbox WHERE entity_type = 'address_book_change' AND entity_id = $1", tostring(c.id)) >= 4)
     end)
+
+    it("keys an address as requests match it: one entry and one pending change, whatever the spelling", function()
+      local book = require "qtg.address_book"
+      local hex = qtg.crypto.hex(qtg.crypto.random_bytes(20))
+      local upper, lower = "0x" .. hex:upper(), "0x" .. hex
+      local a1, a2, a3 = who("ab1", { "admin" }), who("ab2", { "admin" }), who("ab3", { "admin" })
+      local function rows() return s:query("SELECT * FROM address_book WHERE lower(address) = $1", lower) end
+      local function matched()
+        local t = { chain = "1", destinations = { lower } }
+        return approvals.book_entries(s, "usdt", t)[lower] ~= nil
+      end
+      -- a change stores the asset and the chain canonical, the address as proposed
+      local c = book.propose(s, { action = "add", asset = "usdt", chain = "01", address = upper, label = "ops" }, a1)
+      assert.same({ "USDT", "1", upper }, { c.asset, c.chain, c.address })
+      -- a second add of it in any other spelling is the same pending change
+      for _, other in ipairs({ { "USDT", "1", lower }, { "Usdt", 1, upper }, { "usdt", "001", "0x" .. hex:sub(1, 20):upper() .. hex:sub(21) } }) do
+        sup.refused("illegal_transition", book.propose, s,
+          { action = "add", asset = other[1], chain = other[2], address = other[3], label = "twin" }, a2)
+      end
+      book.vote(s, c.id, a2, "approve")
+      assert.equal("APPLIED", book.vote(s, c.id, a3, "approve").state)
+      assert.equal(1, #rows())
+      assert.is_true(matched())
+      sup.refused("illegal_transition", book.propose, s,
+        { action = "add", asset = "USDT", chain = 1, address = lower, label = "twin" }, a2)
+      -- written past qtg.address_book, a second spelling is refused by the database
+      assert.has_error(function()
+        s:query([[INSERT INTO address_book (asset, chain, address, label, change_id) VALUES ('usdt', '0001', $1, 'twin', 0)]], lower)
+      end)
+      assert.has_error(function()
+        s:query([[INSERT INTO address_book_changes (action, asset, chain, address, approvals_required, proposed_by)
+                  VALUES ('remove', 'Usdt', '1', $1, 2, 'system:spec'), ('remove', 'USDT', '01', $2, 2, 'system:spec')]], lower, upper)
+      end)
+      assert.equal(1, #rows())
+      -- a removal in another spelling removes the entry, and requests no longer match it
+      local r = book.propose(s, { action = "remove", asset = "Usdt", chain = 1, address = lower }, a2)
+      assert.equal(r.id, book.pending(s, { asset = "usdt", chain = "01", address = upper }).id)
+      book.vote(s, r.id, a1, "approve")
+      assert.equal("APPLIED", book.vote(s, r.id, a3, "approve").state)
+      assert.equal(0, #rows())
+      assert.is_false(matched())
+      assert.is_nil(book.entry(s, { asset = "USDT", chain = "1", address = upper }))
+      -- a chain that is neither an integer >= 0 nor a name is refused
+      for _, bad in ipairs({ -1, 1.5, 2^53, true, {}, "" }) do
+        sup.refused("invalid_input", book.propose, s,
+          { action = "add", asset = "USDT", chain = bad, address = lower, label = "x" }, a1)
+      end
+    end)
+
+    it("sql/0197 stops on an address already in two spellings, and names them, until admins keep one", function()
+      local db = "qtg_book_" .. qtg.crypto.hex(qtg.crypto.random_bytes(4))
+      local url = common.database_url(db)
+      local dir = common.tmpdir("qtg-book-migrate")
+      s:exec("CREATE DATABASE " .. db)
+      local ok, err = pcall(function()
+        local q = common.quote
+        local out, rc = common.sh(("cp %s/sql/*.sql %s/ && rm %s/0197_*.sql"):format(q(common.root()), q(dir), q(dir)))
+        assert(rc == 0, out)
+        local function migrate(d)
+          local o, c = common.sh(("env %s %s migrate %s"):format(common.env_words(common.base_env({ MG_DATABASE_URL = url })),
+            q(common.bin()), d and q(d) or ""))
+          return c, o
+        end
+        local function psql(sql)
+          local o, c = common.sh(("psql %s -v ON_ERROR_STOP=1 -Atqc %s"):format(q(url), q(sql)))
+          assert(c == 0, o)
+        end
+        rc, out = migrate(dir)
+        assert.equal(0, rc, out)
+        psql([[INSERT INTO address_book (asset, chain, address, label, change_id)
+               VALUES ('USDT', '1', '0xAbC0000000000000000000000000000000000001', 'ops', 1),
+                      ('usdt', '01', '0xabc0000000000000000000000000000000000001', 'ops twin', 2);
+               INSERT INTO address_book_changes (action, asset, chain, address, label, approvals_required, proposed_by)
+               VALUES ('add', 'ETH', 'mainnet', '0xdef0000000000000000000000000000000000002', 'a', 2, 'operator:x'),
+                      ('add', 'eth', 'MainNet', '0xDEF0000000000000000000000000000000000002', 'b', 2, 'operator:y')]])
+        rc, out = migrate()
+        assert.not_equal(0, rc, out)
+        assert.matches("0197_address_book_one_spelling.sql", out, 1, true)
+        assert.matches("the address book holds one address in several spellings: USDT 0xabc0000000000000000000000000000000000001 on 1 (USDT/1/0xAbC0000000000000000000000000000000000001, usdt/01/0xabc0000000000000000000000000000000000001)", out, 1, true)
+        assert.matches("hint: the admins choose the spelling to keep", out, 1, true)
+        psql("DELETE FROM address_book WHERE change_id = 2")
+        rc, out = migrate()
+        assert.not_equal(0, rc, out)
+        assert.matches("several address book changes of one address are pending: ETH 0xdef0000000000000000000000000000000000002 on mainnet (changes 1, 2)", out, 1, true)
+        assert.matches("hint: reject all but one", out, 1, true)
+        psql("UPDATE address_book_changes SET state = 'REJECTED', decided_at = now() WHERE id = 2")
+        rc, out = migrate()
+        assert.equal(0, rc, out)
+        psql([[DO $$ BEGIN
+                 INSERT INTO address_book (asset, chain, address, label, change_id)
+                 VALUES ('Usdt', '1', '0xABC0000000000000000000000000000000000001', 'third', 3);
+                 RAISE EXCEPTION 'a third spelling was accepted';
+               EXCEPTION WHEN unique_violation THEN NULL; END $$]])
+      end)
+      s:exec("DROP DATABASE IF EXISTS " .. db .. " WITH (FORCE)")
+      os.execute("rm -rf " .. common.quote(dir))
+      if not ok then error(err, 0) end
+    end)
   end)
 
   -- The security review's findings, each with its attacker's variants.

@@ -23,11 +23,6 @@ M.PROPOSER = "system:spec-book-proposer"
 local VOTERS = { "system:spec-book-admin-1", "system:spec-book-admin-2", "system:spec-book-admin-3",
                  "system:spec-book-admin-4", "system:spec-book-admin-5" }
 
-local function entry_of(s, e)
-  return s:query([[SELECT label FROM address_book WHERE asset = $1 AND chain = $2
-                     AND lower(address) = lower($3)]], e.asset, e.chain, e.address)[1]
-end
-
 local function decide(s, change)
   for _, v in ipairs(VOTERS) do
     if change.state ~= "PENDING" then break end
@@ -38,7 +33,7 @@ local function decide(s, change)
 end
 
 function M.ensure(s, e)
-  local have = entry_of(s, e)
+  local have = book.entry(s, e)
   if have then
     assert(e.label == nil or have.label == e.label, string.format("%s on %s for %s is in the book as %s, not %s",
       e.address, e.chain, e.asset, tostring(have.label), tostring(e.label)))
@@ -49,7 +44,7 @@ function M.ensure(s, e)
 end
 
 function M.remove(s, e)
-  if not entry_of(s, e) then return end
+  if not book.entry(s, e) then return end
   decide(s, book.propose(s, { action = "remove", asset = e.asset, chain = e.chain, address = e.address },
                          M.PROPOSER))
 end

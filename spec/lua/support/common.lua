@@ -197,6 +197,15 @@ local function query(sql, ...)
 end
 M.query = query
 
+-- database_url(dbname) -> MG_DATABASE_URL naming another database on the
+-- same cluster (a scratch database a spec creates and drops).
+function M.database_url(dbname)
+  local url = assert(os.getenv("MG_DATABASE_URL"), "MG_DATABASE_URL is not set")
+  local head, _, tail = url:match("^(%a[%w+.-]*://[^/]*/)([^?]*)(.*)$")
+  assert(head, "cannot find the database name in MG_DATABASE_URL")
+  return head .. dbname .. tail
+end
+
 -- waiting_on(pid) -> how many of qtgd's server processes wait on a lock
 -- the server process pid holds.
 function M.waiting_on(pid)

@@ -21,14 +21,6 @@ local function check(env, args)
   return rc, out
 end
 
--- The same URL with another database name.
-local function url_for(dbname)
-  local url = os.getenv("MG_DATABASE_URL")
-  local head, path, tail = url:match("^(%a[%w+.-]*://[^/]*/)([^?]*)(.*)$")
-  assert(head, "cannot find the database name in MG_DATABASE_URL")
-  return head .. dbname .. tail
-end
-
 local function line_of(out, level, area)
   for line in out:gmatch("[^\n]+") do
     if line:match("^" .. level:gsub("%p", "%%%0") .. "%s+" .. area .. "%s") then return line end
@@ -162,7 +154,7 @@ time.sleep(120)]]), q(portfile)), "/dev/null")
       s = qtg.db.acquire()
       db = "qtg_check_" .. qtg.crypto.hex(qtg.crypto.random_bytes(4))
       s:exec("CREATE DATABASE " .. db)
-      url = url_for(db)
+      url = common.database_url(db)
     end)
     teardown(function()
       s:exec("DROP DATABASE IF EXISTS " .. db .. " WITH (FORCE)")
