@@ -380,8 +380,9 @@ local function own_times(t, intent)
 end
 
 -- velocity_total(s, req, moved, v) -> total, over.  Without
--- per_destination: the asset's amounts approved in the window, each as its
--- request moves it (a plan that pays twice counts twice), plus moved.
+-- per_destination: the asset's amounts approved in the window (a request
+-- cancelled after a node of it was submitted still counts: its money may
+-- have moved), each as its request moves it (a plan that pays twice counts twice), plus moved.
 -- With it: per destination the request pays (target().destinations), what
 -- the approved requests paid that destination (RECEIVED_SQL), plus what
 -- this one pays it (own_times); the largest is the total, and the rule
@@ -394,7 +395,9 @@ local function velocity_total(s, req, moved, v)
       FROM movement_requests r
      WHERE r.network_class = $1 AND ]] .. risk.asset_sql("r.intent->>'asset'") .. [[ = $2
        AND r.approved_at > now() - $3::int * interval '1 second'
-       AND r.request_state NOT IN ('CANCELLED', 'REJECTED', 'EXPIRED')
+       AND (r.request_state NOT IN ('CANCELLED', 'REJECTED', 'EXPIRED')
+            OR EXISTS (SELECT 1 FROM movement_request_nodes n
+                        WHERE n.request_id = r.id AND (n.side_effect OR n.started_at IS NOT NULL)))
        AND r.intent->>'amount' ~ '^[0-9]+(\.[0-9]+)?$'
        AND ($4::uuid IS NULL OR r.id <> $4::uuid)]]
   local sum = "COALESCE(sum((r.intent->>'amount')::numeric * greatest(1, "
@@ -424,15 +427,24 @@ local function matches(s, req, rule, inputs)
   if m.asset and not one_of(m.asset, intent.asset, risk.asset) then return false end
   if m.initiator and not one_of(m.initiator, req.initiator.actor) then return false end
   if m.initiator_role and not principals.has_role(req.initiator, m.initiator_role) then return false end
+  -- An amount the rules cannot read (a request made before create refused
+  -- such amounts) fails closed: it is at least every amount, below none,
+  -- over every velocity limit.  No amount at all moves nothing.
+  local unreadable = inputs.moved_amount == nil and intent.amount ~= nil
   if m.amount_at_least or m.amount_below then
     local a = inputs.moved_amount
-    if a == nil then return false end
-    if m.amount_at_least and risk.cmp(a, m.amount_at_least) < 0 then return false end
-    if m.amount_below and risk.cmp(a, m.amount_below) >= 0 then return false end
+    if unreadable then
+      if m.amount_below then return false end
+    elseif a == nil then
+      return false
+    else
+      if m.amount_at_least and risk.cmp(a, m.amount_at_least) < 0 then return false end
+      if m.amount_below and risk.cmp(a, m.amount_below) >= 0 then return false end
+    end
   end
   if m.destination_in and not in_book(s, req, inputs) then return false end
   if m.destination_not_in and in_book(s, req, inputs) then return false end
-  if m.velocity then
+  if m.velocity and not unreadable then
     if inputs.moved_amount == nil then return false end
     local total, over = velocity_total(s, req, inputs.moved_amount, m.velocity)
     inputs.velocity = inputs.velocity or {}

@@ -230,6 +230,14 @@ local function check_create_args(args)
     refuse("invalid_input", "idempotency_key holds a NUL byte or is not valid UTF-8")
   end
   if type(args.intent) ~= "table" then refuse("invalid_intent", "intent is required (a JSON object)") end
+  -- Every rule about money (the approval policy's amounts and velocity,
+  -- risk_controls, the signer's tiers) reads intent.amount as a decimal
+  -- string; a JSON number can lose digits and no such rule could read it.
+  local amount = args.intent.amount
+  if amount ~= nil and not risk.is_decimal(amount) then
+    refuse("invalid_intent", "intent.amount must be a decimal string such as \"1.5\" (digits, at most one point), got %s",
+      type(amount) == "string" and string.format("%q", amount:sub(1, 64)) or (amount == NULL and "null" or "a JSON " .. type(amount)))
+  end
   if args.input_params ~= nil and type(args.input_params) ~= "table" then
     refuse("invalid_input", "input_params must be a JSON object")
   end

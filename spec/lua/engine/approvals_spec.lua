@@ -4,6 +4,7 @@
 -- that raises), quorums of distinct principals, rejection, duplicate votes,
 -- expiry with a partial quorum, a policy edit and reload, the address book.
 local qtg = require "qtg"
+local cjson = require "cjson"
 local requests = require "qtg.requests"
 local approvals = require "qtg.approvals"
 local common = require "spec.lua.support.common"
@@ -631,6 +632,70 @@ describe("approvals", function()
       assert.equal("PENDING_APPROVAL", create(LIMITED, { asset = "usdc", amount = "5" }).request_state)
       local e = sup.refused("invalid_intent", create, LIMITED, { asset = "doge", amount = "5" })
       assert.matches("risk_controls.allowed_assets", e.message, 1, true)
+    end)
+
+    it("amount: only a decimal string is taken; an unreadable amount already stored fails closed", function()
+      three_ways(function()
+        -- every rule about money reads intent.amount as a decimal string
+        for _, bad in ipairs({ 150000, 10.5, "1e5", "0x10", "-5", " 10", "10.", ".5", "", cjson.null, true, {} }) do
+          local e = sup.refused("invalid_intent", create, T, { asset = "ETH", amount = bad })
+          assert.matches("intent.amount must be a decimal string", e.message, 1, true)
+        end
+        assert.equal(3, create(T, { asset = "ETH", amount = "150000" }).approvals_required)
+        -- no amount at all moves nothing: no amount rule holds
+        local NO_AMOUNT = "spec_appr_no_amount"
+        sup.load_doc(s, sup.doc(NO_AMOUNT, { { "a", "action", "withdrawal", { sim = { observes = 0 } } } }, nil,
+          { intent = { required = { "asset" } } }))
+        assert.equal(1, create(NO_AMOUNT, { asset = "ETH" }).approvals_required)
+        -- a request made before create refused such amounts, written here
+        -- past create: amount_at_least holds for it, amount_below does not
+        local req = create(T, { asset = "ETH", amount = "1" })
+        assert.equal(1, req.approvals_required)
+        s:query([[UPDATE movement_requests SET intent = jsonb_set(intent, '{amount}', '150000'::jsonb) WHERE id = $1::uuid]], req.id)
+        sup.refused("forbidden", requests.approve, s, req.id, ERIN)
+        requests.approve(s, req.id, BOB)
+        local row = s:query("SELECT request_state, approvals_required, approval_policy->>'rule' AS rule FROM movement_requests WHERE id = $1::uuid", req.id)[1]
+        assert.same({ "PENDING_APPROVAL", 3, "eth_three" }, { row.request_state, row.approvals_required, row.rule })
+      end)
+      sup.with_policy({ rules = { { name = "small", match = { amount_below = "100" }, action = P.allow() },
+                                { name = "cap", match = { velocity = { window_seconds = 86400, over = "1000" } }, action = P.block{ reason = "over" } },
+                                { name = "rest", match = {}, action = P.require{ approvals = 1, roles = { "approve" } } } } }, function()
+        local req = create(T, { asset = "ETH", amount = "1" })
+        assert.equal("APPROVED", req.request_state)
+        local held = create(T, { asset = "ETH", amount = "500" })
+        assert.equal("PENDING_APPROVAL", held.request_state)
+        s:query([[UPDATE movement_requests SET intent = jsonb_set(intent, '{amount}', '5'::jsonb) WHERE id = $1::uuid]], held.id)
+        -- neither "small" (an amount below 100) nor past "cap": the velocity limit holds
+        local e = sup.refused("invalid_intent", requests.approve, s, held.id, BOB)
+        assert.matches("cap", e.message, 1, true)
+      end)
+    end)
+
+    it("velocity: a request cancelled after one of its nodes was submitted still counts", function()
+      local K = "spec_appr_pay_confirm"
+      sup.load_doc(s, sup.doc(K, {
+        { "pay", "action", "withdrawal", { sim = { observes = 0, side_effect = true } } },
+        { "confirm", "manual", "manual_confirmation", { required_inputs = { "desk_reference" } } } },
+        { { "pay", "confirm" } }))
+      local asset = "VX" .. sup.uid("a"):upper():gsub("[^%w]", "")
+      sup.with_policy({ rules = {
+        { name = "two_past_1000", match = { velocity = { window_seconds = 86400, over = "1000" } },
+          action = P.require{ approvals = 2, roles = { "approve" } } },
+        { name = "one", match = {}, action = P.require{ approvals = 1, roles = { "approve" } } } } }, function()
+        -- cancelled before anything ran: out of the sums
+        local idle = create(K, { asset = asset, amount = "900" })
+        requests.cancel(s, idle.id, ALICE, "not needed")
+        local paid = create(K, { asset = asset, amount = "900" })
+        assert.equal(1, paid.approvals_required)
+        requests.approve(s, paid.id, BOB)
+        sup.drive(s, sup.state_is(paid.id, "WAITING_MANUAL_ACTION"), 20)
+        assert.equal("COMPLETED", sup.nodes(s, paid.id).pay.node_state)
+        assert.equal(2, create(K, { asset = asset, amount = "900" }).approvals_required)
+        -- its maker cancels it with the money gone: the window still holds it
+        requests.cancel(s, paid.id, ALICE, "done with it")
+        assert.equal("CANCELLED", state(paid.id))
+        assert.equal(2, create(K, { asset = asset, amount = "900" }).approvals_required)
+      end)
     end)
 
     it("asset case: one velocity window for every spelling", function()
