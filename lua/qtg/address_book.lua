@@ -1,7 +1,9 @@
 -- qtg.address_book: destinations per asset and chain, with a label, that
 -- approval rules can require (match.destination_in = "address_book").  A
 -- change (add or remove) takes effect only once a quorum of admins other
--- than its proposer approved it; any rejection ends it.  Every step is
+-- than its proposer approved it, each counted as it is when the quorum is
+-- counted (a removed or demoted admin's vote no longer counts); any
+-- rejection ends it.  Every step is
 -- audited (entity address_book_change).  The quorum is the approval
 -- policy's `address_book = { approvals = N }` (default 2).
 -- An entry is keyed as requests are matched against it (qtg.approvals
@@ -88,6 +90,26 @@ local function apply(s, c, actor)
     { asset = c.asset, chain = c.chain, address = c.address, label = c.label })
 end
 
+-- approvals_now(s, c) -> the approvals of change c that count, checked
+-- when counted as a request's are (qtg.requests): each by a principal that
+-- still exists and holds admin now (principals.current), one per principal
+-- as it resolves now, never the proposer's.
+local function approvals_now(s, c)
+  local seen = { [c.proposed_by] = true }
+  local proposer = principals.current(s, c.proposed_by)
+  if proposer then seen[proposer.actor] = true end
+  local n = 0
+  for _, v in ipairs(s:query([[SELECT principal FROM address_book_votes
+                                WHERE change_id = $1 AND decision = 'approve' ORDER BY created_at, principal]], c.id)) do
+    local now = not seen[v.principal] and principals.current(s, v.principal)
+    if now and not seen[now.actor] and principals.has_role(now, "admin") then
+      seen[v.principal], seen[now.actor] = true, true
+      n = n + 1
+    end
+  end
+  return n
+end
+
 function M.vote(s, id, who, decision, comment)
   local p = principals.of(who)
   principals.require_role(p, "admin", "approve address book changes")
@@ -106,7 +128,7 @@ function M.vote(s, id, who, decision, comment)
     if not row then refuse("illegal_transition", "%s already voted on address book change %d", p.actor, id) end
     outbox.audit(s, p.actor, "address_book.vote", "address_book_change", id, nil,
       { decision = decision, comment = comment })
-    local n = s:query("SELECT count(*)::int AS n FROM address_book_votes WHERE change_id = $1 AND decision = 'approve'", id)[1].n
+    local n = approvals_now(s, c)
     local to
     if decision == "reject" then to = "REJECTED" elseif n >= c.approvals_required then to = "APPLIED" end
     if to then

@@ -126,17 +126,27 @@ local function in_process(actor, name)
   return { actor = actor, kind = "system", name = name, roles = M.ALL_ROLES }
 end
 
+-- The rows are read FOR SHARE: a vote is checked and counted in its
+-- approval's transaction, and a removal, a role change or a revocation
+-- committing meanwhile waits for it (then applies to later votes), so no
+-- vote counts for a voter already gone when it commits.
 local CURRENT = {
-  operator = function(s, _, name) return M.operator(s, name) end,
+  operator = function(s, _, name)
+    local row = s:query("SELECT name, roles::text AS roles FROM operators WHERE name = $1 FOR SHARE", name)[1]
+    return row and operator_principal(row) or nil
+  end,
   api = function(s, actor, name)
     local row = s:query([[SELECT roles::text AS roles FROM api_tokens
-                           WHERE name = $1 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())]],
+                           WHERE name = $1 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())
+                             FOR SHARE]],
       name)[1]
     return row and { actor = actor, kind = "api_client", name = name, roles = roles_of(row.roles) } or nil
   end,
   console = function(s, actor, uid)
-    if uid:match("^%d+$") and #uid <= 15 then return M.console(s, tonumber(uid)) end
-    return in_process(actor, uid)
+    if not (uid:match("^%d+$") and #uid <= 15) then return in_process(actor, uid) end
+    local row = s:query("SELECT name, roles::text AS roles FROM operators WHERE uid = $1 FOR SHARE", tonumber(uid))[1]
+    if row then return operator_principal(row) end
+    return M.console(s, tonumber(uid))
   end,
   system = function(_, actor, name) return in_process(actor, name) end,
 }

@@ -26,7 +26,9 @@ local ERIN = who("erin", { "read", "operate" })
 local READER = who("reader", { "read" })
 -- The approvers above are enrolled operators while this file runs: a vote
 -- counts only while its operator row exists (docs/approvals.md).
-local ENROLLED = { ALICE, BOB, CAROL, DAVE, ERIN, READER, who("adm2", { "read", "approve", "admin" }) }
+local ENROLLED = { ALICE, BOB, CAROL, DAVE, ERIN, READER, who("adm2", { "read", "approve", "admin" }),
+                   who("adm1", { "admin" }), who("adm3", { "admin" }),
+                   who("ab1", { "admin" }), who("ab2", { "admin" }), who("ab3", { "admin" }) }
 
 local function enrol(p)
   s:query([[INSERT INTO operators (name, roles, created_by) VALUES ($1, $2::text[], 'system:spec')
@@ -509,6 +511,31 @@ describe("approvals", function()
       assert.is_true(#s:query("SELECT 1 FROM audit_outbox WHERE entity_type = 'address_book_change' AND entity_id = $1", tostring(c.id)) >= 4)
     end)
 
+    it("counts an admin's approval as the admin is when the quorum is counted", function()
+      local book = require "qtg.address_book"
+      local principals = require "qtg.principals"
+      local addr = "0x" .. qtg.crypto.hex(qtg.crypto.random_bytes(20))
+      local key = { asset = "USDT", chain = "1", address = addr }
+      local gone, demoted = who("ab_gone", { "admin" }), who("ab_demoted", { "admin" })
+      enrol(gone); enrol(demoted)
+      local c = book.propose(s, { action = "add", asset = "USDT", chain = "1", address = addr, label = "ops" }, who("ab1", { "admin" }))
+      assert.equal(2, c.approvals_required)
+      assert.equal(1, book.vote(s, c.id, gone, "approve").approvals)
+      -- removed: its vote no longer counts
+      principals.remove(s, "ab_gone", "system:spec")
+      local second = book.vote(s, c.id, demoted, "approve")
+      assert.same({ "PENDING", 1 }, { second.state, second.approvals })
+      -- demoted to read: neither
+      s:query("UPDATE operators SET roles = '{read}' WHERE name = 'ab_demoted'")
+      local third = book.vote(s, c.id, who("ab3", { "admin" }), "approve")
+      assert.same({ "PENDING", 1 }, { third.state, third.approvals })
+      assert.is_nil(book.entry(s, key))
+      local fourth = book.vote(s, c.id, who("ab2", { "admin" }), "approve")
+      assert.same({ "APPLIED", 2 }, { fourth.state, fourth.approvals })
+      assert.is_not_nil(book.entry(s, key))
+      s:query("DELETE FROM operators WHERE name = 'ab_demoted'")
+    end)
+
     it("keys an address as requests match it: one entry and one pending change, whatever the spelling", function()
       local book = require "qtg.address_book"
       local hex = qtg.crypto.hex(qtg.crypto.random_bytes(20))
@@ -669,6 +696,42 @@ describe("approvals", function()
         local e = sup.refused("invalid_intent", requests.approve, s, held.id, BOB)
         assert.matches("cap", e.message, 1, true)
       end)
+    end)
+
+    it("a removal committing during a vote waits for it; a vote during a removal waits and is refused", function()
+      local principals = require "qtg.principals"
+      local s2 = qtg.db.acquire()
+      local ok, err = pcall(function()
+        local voter = who("racer", { "read", "approve" })
+        -- the vote first: the removal waits until the vote commits, and applies after it
+        enrol(voter)
+        local req = create()
+        s:begin()
+        requests.approve(s, req.id, voter)
+        local pid = s:query("SELECT pg_backend_pid() AS p")[1].p
+        local removal = qtg.spawn(function() return principals.remove(s2, "racer", "system:spec") end)
+        common.wait_for(function() return common.waiting_on(pid) > 0 end, 10, "the removal waiting on the vote")
+        s:commit()
+        local done, why = qtg.join(removal)
+        assert.is_true(done, tostring(why))
+        assert.equal("APPROVED", state(req.id))
+        -- the removal first: the vote waits until it commits, then is refused
+        enrol(voter)
+        req = create()
+        s2:begin()
+        principals.remove(s2, "racer", "system:spec")
+        local pid2 = s2:query("SELECT pg_backend_pid() AS p")[1].p
+        local vote = qtg.spawn(function() return requests.approve(s, req.id, voter) end)
+        common.wait_for(function() return common.waiting_on(pid2) > 0 end, 10, "the vote waiting on the removal")
+        s2:commit()
+        local voted, verr = qtg.join(vote)
+        assert.is_false(voted)
+        assert.equal("forbidden", verr.kind, tostring(verr))
+        assert.equal("PENDING_APPROVAL", state(req.id))
+      end)
+      if s2:in_transaction() then s2:rollback() end
+      s2:release()
+      if not ok then error(err, 0) end
     end)
 
     it("velocity: a request cancelled after one of its nodes was submitted still counts", function()
