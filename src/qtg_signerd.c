@@ -228,7 +228,8 @@ static const char qtg_signerd_facts_sql[] =
     "  pv.risk_controls->>'max_priority_fee_per_gas_wei' AS max_tip,"
     "  COALESCE(pv.risk_controls->>'gas_limit', '21000') AS gas_limit,"
     "  CASE WHEN jsonb_typeof(pv.risk_controls->'allowed_chain_ids') = 'array' THEN"
-    "   (SELECT COALESCE(string_agg(x, ','), '') FROM jsonb_array_elements_text(pv.risk_controls->'allowed_chain_ids') x)"
+    "   (SELECT COALESCE(string_agg(CASE WHEN jsonb_typeof(x) = 'number' THEN x::text ELSE '(not a number)' END, ','), '')"
+    "      FROM jsonb_array_elements(pv.risk_controls->'allowed_chain_ids') x)"
     "  END AS allowed_chain_ids,"
     "  jsonb_typeof(pv.risk_controls->'allowed_chain_ids') AS allowed_chain_ids_type,"
     "  sr.expected_signer_address, r.network_class, r.id::text AS id, r.created_by,"
@@ -312,8 +313,27 @@ static const char *qtg_field(PGresult *r, int f) {
   return PQgetisnull(r, 0, f) ? NULL : PQgetvalue(r, 0, f);
 }
 
+/* A number in a row the signer reads (a cap, a chain id): decimal digits
+ * only, as the daemon's checks write them; a hex or signed text, which
+ * qtg_u256_parse would take or a reading of the row would not, is refused. */
 static int qtg_parse_u256(const char *s, qtg_u256 *out) {
-  return s == NULL ? -1 : qtg_u256_parse(s, strlen(s), out);
+  if (s == NULL || *s == '\0') return -1;
+  for (const char *p = s; *p != '\0'; p++)
+    if (*p < '0' || *p > '9') return -1;
+  return qtg_u256_parse(s, strlen(s), out);
+}
+
+/* A chain id: decimal digits (a JSON integer's text or a digit string) of
+ * a value from 1 to 2^53 - 1, the range the daemon's executor and the
+ * approvers' reading (src/prelude/approver.lua) take. */
+static int qtg_parse_chain_id(const char *s, qtg_u256 *out) {
+  if (qtg_parse_u256(s, out) != 0) return -1;
+  for (int i = 0; i < 25; i++)
+    if (out->be[i] != 0) return -1;
+  if (out->be[25] >= 0x20) return -1;          /* 2^53 and above */
+  for (int i = 25; i < 32; i++)
+    if (out->be[i] != 0) return 0;
+  return -1;                                    /* 0 */
 }
 
 /* A u256 that fits a bigint, as decimal text (for the reservation query). */
@@ -459,8 +479,9 @@ static int qtg_signerd_check_facts(qtg_decision *dec, PGresult *r, const qtg_sig
       QTG_REFUSE(dec, "SIGNER_IDENTITY_MISMATCH", "key %s is %s, the enrolled identity is %s",
                  l->key, dec->address, expected);
   }
-  if (qtg_parse_u256(qtg_field(r, F_CHAIN_ID), &want) != 0)
-    QTG_REFUSE(dec, "CHAIN_MISMATCH", "the approved request names no valid chain_id");
+  if (qtg_parse_chain_id(qtg_field(r, F_CHAIN_ID), &want) != 0)
+    QTG_REFUSE(dec, "CHAIN_MISMATCH", "the approved request names no valid chain_id "
+               "(decimal digits from 1 to 2^53 - 1)");
   if (qtg_u256_cmp(&want, &tx->chain_id) != 0)
     QTG_REFUSE(dec, "CHAIN_MISMATCH", "payload is for another chain than the approved %s",
                qtg_field(r, F_CHAIN_ID));
@@ -471,12 +492,23 @@ static int qtg_signerd_check_facts(qtg_decision *dec, PGresult *r, const qtg_sig
     QTG_REFUSE(dec, "CHAIN_NOT_ALLOWED", "the template's allowed_chain_ids is a JSON %s, not an array",
                shape);
   if (allowed != NULL) {
+    /* every element is a chain id (the query gives "(not a number)" for an element
+     * that is no JSON number), or the list allows nothing */
     int found = 0;
+    char bad[64] = "";
     char *list = strdup(allowed);     /* whole: a cut list could match a cut id */
     if (list == NULL) QTG_REFUSE(dec, "SIGNER_INTERNAL", "out of memory");
-    for (char *save = NULL, *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save))
-      if (qtg_parse_u256(t, &cap) == 0 && qtg_u256_cmp(&cap, &tx->chain_id) == 0) found = 1;
+    for (char *save = NULL, *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+      if (qtg_parse_chain_id(t, &cap) != 0) {
+        if (bad[0] == '\0') snprintf(bad, sizeof bad, "%s", t);
+      } else if (qtg_u256_cmp(&cap, &tx->chain_id) == 0) {
+        found = 1;
+      }
+    }
     free(list);
+    if (bad[0] != '\0')
+      QTG_REFUSE(dec, "CHAIN_NOT_ALLOWED", "the template's allowed_chain_ids holds %s, which is no chain id "
+                 "(a JSON integer from 1 to 2^53 - 1)", bad);
     if (!found)
       QTG_REFUSE(dec, "CHAIN_NOT_ALLOWED", "chain %s is not in the template's allowed_chain_ids",
                  qtg_field(r, F_CHAIN_ID));
@@ -508,17 +540,20 @@ static int qtg_signerd_check_facts(qtg_decision *dec, PGresult *r, const qtg_sig
     QTG_REFUSE(dec, "AMOUNT_ABOVE_CAP", "the amount %s ETH exceeds the template's max_amount %s", amount,
                max_amount);
   if (tx->data_len != 0) QTG_REFUSE(dec, "DATA_NOT_ALLOWED", "a plain transfer carries no call data");
-  if (qtg_parse_u256(qtg_field(r, F_MAX_FEE), &cap) != 0)
-    QTG_REFUSE(dec, "FEES_ABOVE_CAP", "the template sets no max_fee_per_gas_wei");
-  if (qtg_u256_cmp(&tx->max_fee_per_gas, &cap) > 0)
-    QTG_REFUSE(dec, "FEES_ABOVE_CAP", "max_fee_per_gas exceeds the template's %s wei", qtg_field(r, F_MAX_FEE));
-  if (qtg_parse_u256(qtg_field(r, F_MAX_TIP), &cap) != 0)
-    QTG_REFUSE(dec, "FEES_ABOVE_CAP", "the template sets no max_priority_fee_per_gas_wei");
-  if (qtg_u256_cmp(&tx->max_priority_fee_per_gas, &cap) > 0)
-    QTG_REFUSE(dec, "FEES_ABOVE_CAP", "max_priority_fee_per_gas exceeds the template's %s wei",
-               qtg_field(r, F_MAX_TIP));
-  if (qtg_parse_u256(qtg_field(r, F_GAS_LIMIT), &cap) != 0 || qtg_u256_cmp(&tx->gas_limit, &cap) > 0)
-    QTG_REFUSE(dec, "FEES_ABOVE_CAP", "gas limit exceeds the template's %s", qtg_field(r, F_GAS_LIMIT));
+  /* the fee caps, each a decimal integer in the template's risk_controls */
+  const struct { int field; const char *name, *what; const qtg_u256 *asked; } caps[] = {
+    {F_MAX_FEE, "max_fee_per_gas_wei", "max_fee_per_gas", &tx->max_fee_per_gas},
+    {F_MAX_TIP, "max_priority_fee_per_gas_wei", "max_priority_fee_per_gas", &tx->max_priority_fee_per_gas},
+    {F_GAS_LIMIT, "gas_limit", "gas limit", &tx->gas_limit},
+  };
+  for (size_t i = 0; i < sizeof caps / sizeof caps[0]; i++) {
+    const char *text = qtg_field(r, caps[i].field);
+    if (text == NULL) QTG_REFUSE(dec, "FEES_ABOVE_CAP", "the template sets no %s", caps[i].name);
+    if (qtg_parse_u256(text, &cap) != 0)
+      QTG_REFUSE(dec, "FEES_ABOVE_CAP", "the template's %s is no decimal integer: %.40s", caps[i].name, text);
+    if (qtg_u256_cmp(caps[i].asked, &cap) > 0)
+      QTG_REFUSE(dec, "FEES_ABOVE_CAP", "%s exceeds the template's %s %s", caps[i].what, caps[i].name, text);
+  }
   return 0;
 }
 

@@ -61,6 +61,20 @@ local function signed_here(n)
   return field(n, "executor") == "evm_transfer" and field(n, "action_type") == "evm_transfer"
 end
 
+-- chain_id(v) -> a chain id's decimal digits without leading zeros, as
+-- the signer takes it (a JSON integer or a digit string, from 1 to
+-- 2^53 - 1), or nil.
+local function chain_id(v)
+  if type(v) == "number" then
+    if v >= 1 and v == floor(v) and v < 2 ^ 53 then return format("%.0f", v) end
+    return nil
+  end
+  if type(v) ~= "string" or not v:match("^%d+$") then return nil end
+  local digits = v:gsub("^0+", "")
+  if digits == "" or #digits > 16 or tonumber(digits) >= 2 ^ 53 then return nil end
+  return digits
+end
+
 -- Why the signer refuses a transfer of amount of asset to dest on chain
 -- (allowed: the plan's allowed_chain_ids, when it has them), or nil.
 local function refusal(dest, asset, amount, chain, allowed)
@@ -69,12 +83,18 @@ local function refusal(dest, asset, amount, chain, allowed)
   end
   if asset ~= "ETH" then return "only ETH is signed, and the intent moves " .. shown(asset) end
   if not plain_decimal(amount) then return "the amount is not a plain decimal of at most 18 decimals" end
-  if not shown(chain):match("^%d+$") then return "its chain_id is not a whole number" end
+  local id = chain_id(chain)
+  if not id then return "its chain_id is not a chain id (decimal digits from 1 to 2^53 - 1)" end
   if type(allowed) == "table" then
+    local found = false
     for _, c in ipairs(allowed) do
-      if shown(c) == shown(chain) then return nil end
+      local a = type(c) == "number" and chain_id(c)
+      if not a then
+        return "the plan's allowed_chain_ids holds " .. shown(c) .. ", which is no chain id, so it allows nothing"
+      end
+      if a == id then found = true end
     end
-    return "chain " .. shown(chain) .. " is not in the plan's allowed_chain_ids"
+    if not found then return "chain " .. shown(chain) .. " is not in the plan's allowed_chain_ids" end
   end
   return nil
 end

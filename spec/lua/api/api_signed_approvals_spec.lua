@@ -186,10 +186,10 @@ describe("signed approvals through the API", function()
   end
   local RISK = { max_amount = "25", max_fee_per_gas_wei = "200000000000",
                  max_priority_fee_per_gas_wei = "5000000000", gas_limit = 21000, allowed_chain_ids = { 31337 } }
-  local function texts(intent, nodes)
+  local function texts(intent, nodes, risk)
     local cjson = require "cjson"
     return cjson.encode({ template_key = "evm_transfer", intent = intent }),
-           cjson.encode({ nodes = nodes, risk_controls = RISK })
+           cjson.encode({ nodes = nodes, risk_controls = risk or RISK })
   end
 
   it("shows what each node lets the signer pay, a node's own destination flagged, before it signs", function()
@@ -226,15 +226,42 @@ describe("signed approvals through the API", function()
       { { asset = "ETH", amount = "1", chain_id = 31337, destination = A .. "00" }, {},
         "its destination is not a literal address" },
       { { asset = "ETH", amount = "1", chain_id = 31337, destination = A }, { chain_id = "$ref:pay.chain_id" },
-        "its chain_id is not a whole number" },
+        "its chain_id is not a chain id (decimal digits from 1 to 2^53 - 1)" },
+      -- the signer reads chain ids as decimal digits from 1 to 2^53 - 1, and
+      -- every element of allowed_chain_ids as a JSON integer: nothing else
+      { { asset = "ETH", amount = "1", chain_id = 31337, destination = A }, { chain_id = "0x7a69" },
+        "its chain_id is not a chain id (decimal digits from 1 to 2^53 - 1)" },
+      { { asset = "ETH", amount = "1", chain_id = 31337, destination = A }, { chain_id = "0" },
+        "its chain_id is not a chain id (decimal digits from 1 to 2^53 - 1)" },
+      { { asset = "ETH", amount = "1", chain_id = 31337, destination = A }, { chain_id = "9007199254740993" },
+        "its chain_id is not a chain id (decimal digits from 1 to 2^53 - 1)" },
+      { { asset = "ETH", amount = "1", chain_id = 1, destination = A }, {},
+        "the plan's allowed_chain_ids holds 31337,1, which is no chain id, so it allows nothing",
+        { allowed_chain_ids = { "31337,1" } } },
+      { { asset = "ETH", amount = "1", chain_id = 31337, destination = A }, {},
+        "the plan's allowed_chain_ids holds 1, which is no chain id, so it allows nothing",
+        { allowed_chain_ids = { 31337, "1" } } },
+      { { asset = "ETH", amount = "1", chain_id = 31337, destination = A }, {},
+        "the plan's allowed_chain_ids holds (a number not shown exactly here: read it in the text), which is no chain id, so it allows nothing",
+        { allowed_chain_ids = { 1.5, 31337 } } },
     }
     -- an amount given as a JSON number is read by its text, as the signer does
     local sig, shown = payments(texts({ asset = "ETH", amount = 2, chain_id = 31337, destination = A },
       { transfer("pay", {}) }))
     assert.truthy(sig, shown)
     assert.truthy(shown:find("  node pay: pays 2 ETH to " .. A .. " on chain 31337", 1, true), shown)
+    -- leading zeros are the same chain, to the signer as here
+    sig, shown = payments(texts({ asset = "ETH", amount = "1", chain_id = "031337", destination = A },
+      { transfer("pay", {}) }))
+    assert.truthy(shown:find("  node pay: pays 1 ETH to " .. A .. " on chain 031337", 1, true), shown)
     for _, c in ipairs(cases) do
-      local sig, shown = payments(texts(c[1], { transfer("pay", c[2]) }))
+      local risk
+      if c[4] then
+        risk = {}
+        for k, v in pairs(RISK) do risk[k] = v end
+        for k, v in pairs(c[4]) do risk[k] = v end
+      end
+      local sig, shown = payments(texts(c[1], { transfer("pay", c[2]) }, risk))
       assert.truthy(sig, shown)
       assert.truthy(shown:find("  node pay: refused by the signer: " .. c[3] .. "\n", 1, true), shown)
       assert.truthy(shown:find("  nothing: no node of this plan is one the signer signs", 1, true), shown)

@@ -831,6 +831,62 @@ with open(sys.argv[3], "w") as f:
     assert.equal("the template's allowed_chain_ids is a JSON number, not an array", err.message)
   end)
 
+  -- The signer reads a chain id, an allowed_chain_ids element and a fee
+  -- cap one way only, the way qtgd approver sign describes them to the
+  -- approvers (src/prelude/approver.lua): a hex or out-of-range chain id, a
+  -- list element that is no JSON integer (one string "31412,1" allowed
+  -- chain 1), a hex cap, each written past the daemon's checks, is refused.
+  it("reads chain ids, allowed_chain_ids and fee caps as the approvers' reading does, and refuses any other spelling", function()
+    start_local_signer("sa=" .. sup.key_file(dir, "sa", DEV[1].key))
+    local cases = {
+      { "plan_nodes", "config", "chain_id", string.format('"0x%x"', CHAIN), CHAIN, "CHAIN_MISMATCH",
+        "the approved request names no valid chain_id (decimal digits from 1 to 2^53 - 1)" },
+      { "plan_nodes", "config", "chain_id", '"0"', CHAIN, "CHAIN_MISMATCH",
+        "the approved request names no valid chain_id (decimal digits from 1 to 2^53 - 1)" },
+      { "plan_nodes", "config", "chain_id", "9007199254740993", CHAIN, "CHAIN_MISMATCH",
+        "the approved request names no valid chain_id (decimal digits from 1 to 2^53 - 1)" },
+      { "plan_nodes", "config", "chain_id", "1", 1, "CHAIN_NOT_ALLOWED",
+        "the template's allowed_chain_ids holds (not a number), which is no chain id (a JSON integer from 1 to 2^53 - 1)",
+        string.format('["%d,1"]', CHAIN) },
+      { "plan_nodes", "config", "chain_id", tostring(CHAIN), CHAIN, "CHAIN_NOT_ALLOWED",
+        "the template's allowed_chain_ids holds 1.5, which is no chain id (a JSON integer from 1 to 2^53 - 1)",
+        string.format("[%d, 1.5]", CHAIN) },
+      { "plan_versions", "risk_controls", "max_fee_per_gas_wei", string.format('"0x%x"', MAX_FEE * 100), CHAIN,
+        "FEES_ABOVE_CAP", string.format("the template's max_fee_per_gas_wei is no decimal integer: 0x%x", MAX_FEE * 100) },
+      -- leading zeros name the same chain, to the reading as here: signed
+      { "plan_nodes", "config", "chain_id", string.format('"0%d"', CHAIN), CHAIN, nil },
+    }
+    for i, c in ipairs(cases) do
+      local key = "sign_t_spell_" .. i .. "_" .. qtg.crypto.hex(qtg.crypto.random_bytes(3))
+      local pv = engine.load_doc(s, sup.template(key, "sa", { allowed_chain_ids = { CHAIN }, max_amount = "25" }))
+        .plan_version_id
+      local dest = sup.random_address()
+      local req = sup.create(s, key, new_class(), intent(dest))
+      s:transaction(function()
+        s:query("SET LOCAL session_replication_role = replica")
+        local where = c[1] == "plan_nodes" and "plan_version_id = $1 AND node_key = 'transfer'" or "id = $1"
+        s:query(string.format("UPDATE %s SET %s = jsonb_set(%s, '{%s}', $2::jsonb) WHERE %s",
+          c[1], c[2], c[2], c[3], where), pv, c[4])
+        if c[8] then
+          s:query([[UPDATE plan_versions SET risk_controls = jsonb_set(risk_controls, '{allowed_chain_ids}', $2::jsonb)
+                     WHERE id = $1]], pv, c[8])
+        end
+      end)
+      local node = engine.nodes(s, req.id).transfer
+      local p = payload({ to = dest, nonce = 1300 + i, chain_id = c[5] })
+      s:query([[INSERT INTO evm_nonce_reservation (chain_id, address, nonce, request_node_id, payload_hash)
+                VALUES ($1, $2, $3, $4::uuid, $5)]], c[5], DEV[1].address, 1300 + i, node.id, p.signing_hash)
+      local sig, err = ask_sa(req.id, node.id, p)
+      if c[6] then
+        assert.is_nil(sig, c[4])
+        assert.equal(c[6], err.code, c[4] .. ": " .. tostring(err.message))
+        assert.equal(c[7], err.message)
+      else
+        assert.truthy(sig, c[4] .. ": " .. tostring(err and err.message))
+      end
+    end
+  end)
+
   -- The daemon's role writes request_approvals; with MG_SIGNER_APPROVERS the
   -- signer counts only votes signed by enrolled persons (src/qtg_approvers.h).
   -- Everything a runtime-role writer can forge is tried here, as qtg_runtime.
