@@ -192,11 +192,15 @@ static void qtg_api_set_problem(qtg_api_req *r, int status, const char *kind, co
   r->phase = QTG_REQ_READY;
 }
 
+/* The body is handed to MHD (MUST_FREE), not copied: a large answer is
+ * held once, by MHD, only as long as it is being sent. */
 static enum MHD_Result qtg_api_queue(qtg_api_req *r) {
   struct MHD_Response *resp =
-      MHD_create_response_from_buffer(r->answer_len, r->answer ? r->answer : (char *)"",
-                                      MHD_RESPMEM_MUST_COPY);
+      r->answer ? MHD_create_response_from_buffer(r->answer_len, r->answer, MHD_RESPMEM_MUST_FREE)
+                : MHD_create_response_from_buffer(0, (char *)"", MHD_RESPMEM_PERSISTENT);
   if (!resp) return MHD_NO;
+  r->answer = NULL;
+  r->answer_len = 0;
   for (int i = 0; i + 1 < r->nheaders; i += 2)
     if (MHD_add_response_header(resp, r->headers[i], r->headers[i + 1]) != MHD_YES)
       qtg_log_warn("api: response header %s refused", r->headers[i]);
@@ -437,6 +441,7 @@ typedef struct {
   int bad_length;               /* a Content-Length that is not all digits */
   int bad_coding;               /* a Transfer-Encoding that is not just chunked */
   int bad_name;                 /* a name that is not a token */
+  int bad_value;                /* a value holding CR, LF or NUL */
   int run_on;                   /* a name that starts as a framing one and runs on */
 } qtg_api_framing;
 
@@ -477,6 +482,11 @@ static enum MHD_Result qtg_api_count_framing(void *cls, enum MHD_ValueKind kind,
   (void)kind;
   for (size_t i = 0; i < key_size; i++)
     if (!qtg_api_tchar((unsigned char)key[i])) f->bad_name = 1;
+  /* a bare CR libmicrohttpd keeps inside a value is a line end to a proxy
+   * that splits on it (RFC 9112 2.2): what follows would be a header
+   * there and a value here */
+  for (size_t i = 0; value != NULL && i < value_size; i++)
+    if (value[i] == '\r' || value[i] == '\n' || value[i] == '\0') f->bad_value = 1;
   if (qtg_api_is(key, key_size, MHD_HTTP_HEADER_CONTENT_LENGTH)) {
     f->lengths++;
     if (!qtg_api_all_digits(value, value_size)) f->bad_length = 1;
@@ -503,6 +513,7 @@ static const char *qtg_api_framing_refusal(struct MHD_Connection *conn) {
     return "the request's headers cannot be read";
   if (f.bad_name)
     return "a header name that is not a token (whitespace before the colon, a control byte) is refused";
+  if (f.bad_value) return "a header value holding a CR, LF or NUL byte is refused";
   if (f.run_on)
     return "a Content-Length or Transfer-Encoding continued on a second line (obs-fold), or a header "
            "name that runs on past one, is refused";

@@ -46,6 +46,8 @@ local M = {}
 -- A key of the console's own or the API's "api:<token name>:<key>"
 -- (sql/0193).
 M.MAX_IDEMPOTENCY_KEY = 256
+-- An intent, and input_params, at most this many bytes as canonical JSON.
+M.MAX_DOCUMENT_BYTES = 65536
 
 local NULL = require("cjson").null
 
@@ -230,6 +232,15 @@ local function check_create_args(args)
     refuse("invalid_input", "idempotency_key holds a NUL byte or is not valid UTF-8")
   end
   if type(args.intent) ~= "table" then refuse("invalid_intent", "intent is required (a JSON object)") end
+  -- what every reader of a request (approvers, the API's listings, the
+  -- workers) loads and encodes again, bounded at the door
+  for _, f in ipairs({ "intent", "input_params" }) do
+    local ok, text = pcall(canon.encode, args[f])
+    if ok and type(text) == "string" and #text > M.MAX_DOCUMENT_BYTES then
+      refuse(f == "intent" and "invalid_intent" or "invalid_input", "%s is %d bytes as JSON, more than %d",
+        f, #text, M.MAX_DOCUMENT_BYTES)
+    end
+  end
   -- Every rule about money (the approval policy's amounts and velocity,
   -- risk_controls, the signer's tiers) reads intent.amount as a decimal
   -- string; a JSON number can lose digits and no such rule could read it.

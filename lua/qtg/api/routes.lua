@@ -19,6 +19,11 @@ local redact = require "qtg.redact"
 
 local M = {}
 
+-- A page of GET /v3/requests ends early, with its next_cursor, once the
+-- intents and input_params of its requests pass this many bytes (it holds
+-- one request at least): a listing is encoded on the daemon's one loop.
+M.LIST_BYTES = 1048576
+
 local NULL = qtg.db.NULL
 local UUID = "^%x%x%x%x%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%x%x%x%x%x%x%x%x$"
 
@@ -316,7 +321,9 @@ local function list_requests(ctx)
   local after_ts, after_id
   if q.cursor then after_ts, after_id = time_id_cursor(q.cursor) end
   local rows = ctx.s:query([[
-    SELECT r.*, r.created_at::text AS cursor_ts FROM movement_requests r
+    SELECT r.*, r.created_at::text AS cursor_ts,
+           octet_length(r.intent::text) + octet_length(r.input_params::text) AS doc_bytes
+      FROM movement_requests r
      WHERE network_class = $1
        AND ($2::text IS NULL OR request_state = $2)
        AND ($3::text IS NULL OR template_key = $3)
@@ -337,10 +344,15 @@ local function list_requests(ctx)
     check_time("created_after", q.created_after), check_time("created_before", q.created_before),
     after_ts, after_id, limit + 1, asset, destination, amount_min, amount_max, error_code,
     ownership.owner(ctx.principal) or NULL)
-  local items = canon.array()
-  for i = 1, math.min(#rows, limit) do items[i] = request_doc(ctx.s, rows[i]) end
+  -- a page ends early once its intents and input_params pass LIST_BYTES
+  local items, bytes, last = canon.array(), 0, 0
+  for i = 1, math.min(#rows, limit) do
+    bytes = bytes + rows[i].doc_bytes
+    if i > 1 and bytes > M.LIST_BYTES then break end
+    items[i], last = request_doc(ctx.s, rows[i]), i
+  end
   local next_cursor = NULL
-  if #rows > limit then next_cursor = encode_cursor(rows[limit].cursor_ts, rows[limit].id) end
+  if #rows > last then next_cursor = encode_cursor(rows[last].cursor_ts, rows[last].id) end
   return 200, { items = items, next_cursor = next_cursor }
 end
 

@@ -279,6 +279,10 @@ describe("HTTP API hardening", function()
       { "Transfer-Encoding: chunked\r\n gzip\r\n", "continued on a second line" },
       { "Transfer-Encoding: gzip, chunked\r\n", "only 'chunked'" },
       { "Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n", "only 'chunked'" },
+      -- a bare CR inside a value: a proxy splitting lines on it reads a
+      -- Content-Length there, libmicrohttpd one value holding it
+      { "X-A: a\rContent-Length: 2\r\nContent-Length: " .. #body .. "\r\n", "CR, LF or NUL" },
+      { "X-A: a\rTransfer-Encoding: chunked\r\nContent-Length: " .. #body .. "\r\n", "CR, LF or NUL" },
     }
     local before = count_requests(d.class)
     local wrong = {}   -- every case is tried; the failures are reported together

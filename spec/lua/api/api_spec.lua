@@ -257,6 +257,54 @@ describe("HTTP API", function()
       assert.equal(before, count_requests(d.class))
     end)
 
+    -- One client must not be able to hold the daemon's one loop, or its
+    -- memory, with what it stores: a request is at most 64 KiB of intent
+    -- and of input_params, and a page of the listing ends past 1 MiB.
+    it("bounds what one request stores and what one page of the listing carries", function()
+      local function with_memo(n)
+        local intent = {}
+        for k, v in pairs(api.OTC_INTENT) do intent[k] = v end
+        intent.memo = string.rep("m", n)
+        return intent
+      end
+      local before = count_requests(d.class)
+      local r = create(operator, common.uid("big", 4), { template_key = "otc_settlement_manual", intent = with_memo(70000) })
+      assert.equal(422, r.status, r.body:sub(1, 300))
+      assert.equal("invalid_intent", r.json.kind)
+      assert.truthy(r.json.detail:match("^intent is %d+ bytes as JSON, more than 65536"), r.json.detail)
+      r = create(operator, common.uid("big", 4), { template_key = "otc_settlement_manual", intent = api.OTC_INTENT,
+                                                   input_params = { notes = string.rep("n", 70000) } })
+      assert.equal(422, r.status, r.body:sub(1, 300))
+      assert.equal("invalid_input", r.json.kind)
+      assert.truthy(r.json.detail:match("^input_params is %d+ bytes as JSON, more than 65536"), r.json.detail)
+      assert.equal(before, count_requests(d.class))
+      -- 20 requests of 60 KB: a page of 50 holds what fits in 1 MiB (at least
+      -- one), and its cursor leads to the rest, each request listed once
+      local mine = api.token("read,operate", { scope = "own" })
+      local made = {}
+      for _ = 1, 20 do
+        local c = create(mine, common.uid("fat", 4), { template_key = "otc_settlement_manual", intent = with_memo(60000) })
+        assert.equal(201, c.status, c.body:sub(1, 300))
+        made[c.json.id] = true
+      end
+      local seen, pages, path = {}, 0, "/v3/requests?limit=50"
+      repeat
+        local page = api.call(d, "GET", path, { token = mine })
+        assert.equal(200, page.status, page.body:sub(1, 300))
+        assert.truthy(#page.body <= 1048576 + 65536 * 2, #page.body)
+        assert.truthy(#page.json.items >= 1)
+        pages = pages + 1
+        for _, item in ipairs(page.json.items) do
+          assert.is_nil(seen[item.id], item.id)
+          seen[item.id] = true
+        end
+        local cursor = page.json.next_cursor
+        path = cursor ~= cjson.null and "/v3/requests?limit=50&cursor=" .. cursor or nil
+      until not path
+      assert.same(made, seen)
+      assert.truthy(pages >= 2, pages)
+    end)
+
     it("answers unknown routes, methods and query parameters", function()
       local r = api.call(d, "GET", "/v3/nothing", { token = reader })
       assert.equal(404, r.status)
