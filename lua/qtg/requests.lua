@@ -109,11 +109,19 @@ local function lock_request(s, id)
   return own_request(s, id, true)
 end
 
--- Lock a node's request (first) and then the node.
+-- Lock a node's request (first) and then the node.  Another class's node
+-- is not_found as a node: a client outside is not told its request's id.
 local function lock_node(s, node_id)
   check_uuid(node_id, "node")
-  local row = s:query("SELECT request_id FROM movement_request_nodes WHERE id = $1::uuid", node_id)[1]
+  local row = s:query([[SELECT n.request_id, r.network_class FROM movement_request_nodes n
+                          JOIN movement_requests r ON r.id = n.request_id WHERE n.id = $1::uuid]], node_id)[1]
   if not row then refuse("not_found", "node %s does not exist", node_id) end
+  local class = settings().network_class
+  if row.network_class ~= class then
+    errors.raise_with("not_found", { public_message = ("node %s does not exist"):format(node_id) },
+      "node %s belongs to request %s of network class %s; this process serves %s", node_id, row.request_id,
+      row.network_class, class)
+  end
   local req = lock_request(s, row.request_id)
   local node = s:query("SELECT * FROM movement_request_nodes WHERE id = $1::uuid FOR UPDATE", node_id)[1]
   return req, node

@@ -414,6 +414,21 @@ describe("HTTP API", function()
       end, 30, "the request to complete")
       local unknown = api.call(d, "POST", "/v3/nodes/00000000-0000-4000-8000-000000000000/retry", { token = operator })
       assert.equal(404, unknown.status)
+      -- another class's node is a node that does not exist: its request's id is not told
+      assert.not_equal(d.class, qtg.settings.network_class)
+      local other = qtg.db.with_session(function(s)
+        return require("qtg.requests").create(s, { template_key = "otc_settlement_manual", intent = api.OTC_INTENT,
+          idempotency_key = common.uid("other", 4) }, "system:spec")
+      end)
+      local node_id = rows("SELECT id::text AS id FROM movement_request_nodes WHERE request_id = $1::uuid LIMIT 1",
+        other.id)[1].id
+      for _, action in ipairs({ "retry", "complete" }) do
+        local r = api.call(d, "POST", "/v3/nodes/" .. node_id .. "/" .. action, { token = operator,
+          key = common.uid("k", 4), json = action == "complete" and { input = { desk_reference = "D-2" } } or nil })
+        assert.equal(404, r.status, r.body)
+        assert.equal("node " .. node_id .. " does not exist", r.json.detail)
+        assert.falsy(r.body:find(other.id, 1, true), r.body)
+      end
     end)
   end)
 
