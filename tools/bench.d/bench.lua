@@ -891,7 +891,8 @@ function B.phase_api(o)
   local base = "http://" .. address
   local function token(name, roles)
     B.sh(("%s tokens revoke %s"):format(common.quote(B.bin), name))
-    local out = B.sh(("%s tokens create --name %s --roles %s"):format(common.quote(B.bin), name, roles))
+    local out = B.sh(("%s tokens create --name %s --roles %s --class %s"):format(common.quote(B.bin), name, roles,
+      B.CLASS))
     return (out:match("(qtg_[%w_-]+)%s*$"))
   end
   local creator, approver = token("bench-desk", "read,operate"), token("bench-approver", "read,approve")

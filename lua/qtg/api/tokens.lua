@@ -6,7 +6,9 @@
 -- creation.  A token's principal is
 --   { actor = "api:<name>", kind = "api_client", name = <name>, roles = {...}, own = bool }
 -- and its roles say which routes it may call (qtg.api.routes); own: the
--- token's scope is its own requests (qtg.api.ownership).
+-- token's scope is its own requests (qtg.api.ownership).  A token serves
+-- one network class: a daemon of another class answers it 401 (a token
+-- made before sql/0198 has none and serves every class).
 local qtg = require "qtg"
 local canon = require "qtg.canon_json"
 local problem = require "qtg.api.problem"
@@ -83,35 +85,50 @@ function M.check_scope(scope, roles)
   return true
 end
 
--- create(s, {name=, roles=array, scope=, expires_in_seconds=, created_by=}) -> token text, row
+-- check_class(class) -> true, or nil, why: a network class as
+-- MG_NETWORK_CLASS takes one (src/qtg_settings.c).
+function M.check_class(class)
+  if type(class) ~= "string" or #class > 32 or not class:match("^[a-z0-9_-]+$") then
+    return nil, "a network class is 1 to 32 characters of a-z, 0-9, _ or -"
+  end
+  return true
+end
+
+-- create(s, {name=, roles=array, scope=, network_class=, expires_in_seconds=,
+--            created_by=}) -> token text, row.  The token serves that one
+-- network class (sql/0198).
 function M.create(s, args)
   local ok, why = M.check_name(args.name)
+  if not ok then problem.raise("invalid_input", "%s", why) end
+  ok, why = M.check_class(args.network_class)
   if not ok then problem.raise("invalid_input", "%s", why) end
   local scope = args.scope or "class"
   ok, why = M.check_scope(scope, args.roles)
   if not ok then problem.raise("invalid_input", "%s", why) end
   local secret = new_secret()
   local rows = s:query([[
-    INSERT INTO api_tokens (name, token_prefix, token_hash, roles, created_by, expires_at, scope)
+    INSERT INTO api_tokens (name, token_prefix, token_hash, roles, created_by, expires_at, scope, network_class)
     VALUES ($1, $2, $3, $4::text[], $5,
             CASE WHEN $6::float8 IS NULL THEN NULL ELSE clock_timestamp() + $6::float8 * interval '1 second' END,
-            $7)
+            $7, $8)
     ON CONFLICT (name) WHERE revoked_at IS NULL DO NOTHING
-    RETURNING id, name, token_prefix, roles, created_at, expires_at, scope]],
+    RETURNING id, name, token_prefix, roles, created_at, expires_at, scope, network_class]],
     args.name, secret:sub(1, M.PREFIX_LEN), M.hash(secret),
-    "{" .. table.concat(args.roles, ",") .. "}", args.created_by, args.expires_in_seconds, scope)
+    "{" .. table.concat(args.roles, ",") .. "}", args.created_by, args.expires_in_seconds, scope,
+    args.network_class)
   if not rows[1] then
     problem.raise("conflict", "a live token named %s exists; revoke it first", args.name)
   end
   require("qtg.api.clients").ensure(s, args.name)
   require("qtg.outbox").audit(s, args.created_by, "api_token.create", "api_token", rows[1].id, nil,
-    { name = args.name, roles = args.roles, scope = scope, expires_at = rows[1].expires_at })
+    { name = args.name, roles = args.roles, scope = scope, network_class = args.network_class,
+      expires_at = rows[1].expires_at })
   return secret, rows[1]
 end
 
 function M.list(s)
   return s:query([[
-    SELECT id, name, token_prefix, array_to_string(roles, ',') AS roles, scope, created_by, created_at,
+    SELECT id, name, token_prefix, array_to_string(roles, ',') AS roles, scope, network_class, created_by, created_at,
            expires_at, revoked_at,
            CASE WHEN revoked_at IS NOT NULL THEN 'revoked'
                 WHEN expires_at IS NOT NULL AND expires_at <= now() THEN 'expired'
@@ -143,11 +160,16 @@ function M.authenticate(s, header)
   end
   local row = s:query([[
     SELECT id, name, roles, scope, revoked_at IS NOT NULL AS revoked,
-           expires_at IS NOT NULL AND expires_at <= now() AS expired
-      FROM api_tokens WHERE token_hash = $1]], M.hash(token))[1]
+           expires_at IS NOT NULL AND expires_at <= now() AS expired,
+           network_class IS NOT NULL AND network_class <> $2 AS elsewhere
+      FROM api_tokens WHERE token_hash = $1]], M.hash(token), qtg.settings.network_class)[1]
   if not row then problem.raise("unauthorized", "the API token is not known") end
   if row.revoked then problem.raise("unauthorized", "the API token was revoked") end
   if row.expired then problem.raise("unauthorized", "the API token has expired") end
+  if row.elsewhere then
+    problem.raise("unauthorized", "the API token serves another network class than this daemon's (%s)",
+      qtg.settings.network_class)
+  end
   local roles = {}
   for r in tostring(row.roles):gmatch("[%w_]+") do roles[#roles + 1] = r end
   return { actor = "api:" .. row.name, kind = "api_client", name = row.name, roles = roles,

@@ -1,12 +1,14 @@
 -- qtgd tokens: API tokens (lua/qtg/api/tokens.lua).
 --   qtgd tokens create --name NAME --roles read,operate,approve,admin [--expires-in DURATION] [--scope own]
+--                      [--class CLASS]
 --   qtgd tokens list
 --   qtgd tokens revoke NAME
 --   qtgd tokens callback-key NAME [--next]
 --   qtgd tokens rotate-callback-key NAME
 -- create prints what it made, then the token alone on the last line: it is
 -- shown this once and stored only as a hash.  DURATION: seconds, or a number
--- with s, m, h or d.  Audited as operator:<user> of the shell.
+-- with s, m, h or d.  A token serves one network class: --class, else this
+-- process's MG_NETWORK_CLASS.  Audited as operator:<user> of the shell.
 local qtg = require "qtg"
 local tokens = require "qtg.api.tokens"
 local clients = require "qtg.api.clients"
@@ -16,6 +18,7 @@ local M = {}
 local function usage(msg)
   io.stderr:write("qtgd tokens: ", msg, "\n",
     "usage: qtgd tokens create --name NAME --roles read,operate,approve,admin [--expires-in 30d] [--scope own]\n",
+    "                          [--class CLASS (default: MG_NETWORK_CLASS)]\n",
     "       qtgd tokens list\n       qtgd tokens revoke NAME\n",
     "       qtgd tokens callback-key NAME [--next]\n       qtgd tokens rotate-callback-key NAME\n")
   return 2
@@ -60,7 +63,9 @@ function COMMANDS.create(args)
   local o, err = opts(args, 2)
   if not o then return usage(err) end
   for k in pairs(o) do
-    if k ~= "name" and k ~= "roles" and k ~= "expires-in" and k ~= "scope" then return usage("unknown option --" .. k) end
+    if k ~= "name" and k ~= "roles" and k ~= "expires-in" and k ~= "scope" and k ~= "class" then
+      return usage("unknown option --" .. k)
+    end
   end
   local ok, why = tokens.check_name(o.name)
   if not o.name then return usage("--name is required") end
@@ -70,6 +75,9 @@ function COMMANDS.create(args)
   local scope = o.scope or "class"
   local sok, swhy = tokens.check_scope(scope, roles)
   if not sok then return usage(swhy) end
+  local class = o.class or qtg.settings.network_class
+  local class_ok, class_why = tokens.check_class(class)
+  if not class_ok then return usage("--class: " .. class_why) end
   local expires
   if o["expires-in"] then
     expires = duration(o["expires-in"])
@@ -77,16 +85,16 @@ function COMMANDS.create(args)
   end
   local cok, secret, row = pcall(qtg.db.with_session, function(s)
     return s:transaction(function()
-      return tokens.create(s, { name = o.name, roles = roles, scope = scope, expires_in_seconds = expires,
-                                created_by = whoami() })
+      return tokens.create(s, { name = o.name, roles = roles, scope = scope, network_class = class,
+                                expires_in_seconds = expires, created_by = whoami() })
     end)
   end)
   if not cok then
     io.stderr:write("qtgd tokens create: ", db_error(secret), "\n")
     return 1
   end
-  io.stdout:write(("token %s created: roles %s, scope %s, expires %s\n"):format(row.name, table.concat(roles, ","),
-    scope == "own" and "its own requests" or "the network class",
+  io.stdout:write(("token %s created: roles %s, scope %s, network class %s, expires %s\n"):format(row.name,
+    table.concat(roles, ","), scope == "own" and "its own requests" or "the network class", class,
     row.expires_at ~= qtg.db.NULL and tostring(row.expires_at) or "never"))
   local kok, key_id, key, kerr = pcall(qtg.db.with_session, clients.key, row.name)
   if kok and key then
@@ -107,10 +115,11 @@ function COMMANDS.list(args)
     io.stderr:write("qtgd tokens list: ", db_error(rows), "\n")
     return 1
   end
-  io.stdout:write(("%-24s %-8s %-12s %-28s %-6s %-28s %s\n"):format("NAME", "STATUS", "PREFIX", "ROLES", "SCOPE",
-    "EXPIRES", "CREATED BY"))
+  local line = "%-24s %-8s %-12s %-28s %-6s %-16s %-28s %s\n"
+  io.stdout:write(line:format("NAME", "STATUS", "PREFIX", "ROLES", "SCOPE", "CLASS", "EXPIRES", "CREATED BY"))
   for _, r in ipairs(rows) do
-    io.stdout:write(("%-24s %-8s %-12s %-28s %-6s %-28s %s\n"):format(r.name, r.status, r.token_prefix, r.roles, r.scope,
+    io.stdout:write(line:format(r.name, r.status, r.token_prefix, r.roles, r.scope,
+      r.network_class ~= qtg.db.NULL and r.network_class or "(every class)",
       r.expires_at ~= qtg.db.NULL and tostring(r.expires_at) or "never", r.created_by))
   end
   return 0

@@ -1,7 +1,9 @@
 -- api_idempotency_spec: an Idempotency-Key is the client's within one
 -- network class, and never hands back a request other than the one asked
 -- for (docs/api.md "Idempotency-Key"), over real HTTP against two daemons
--- of two classes on one database:
+-- of two classes on one database, with a token serving both (one made
+-- before sql/0198; a token made now serves one class, and the other
+-- class's daemon refuses it):
 --   * the same key and body sent to another class's daemon makes a request
 --     there, instead of replaying the first class's answer;
 --   * once the key's stored response is gone (a 5xx frees it; a first try
@@ -35,7 +37,7 @@ describe("HTTP API Idempotency-Key", function()
     host = require "spec.lua.support.host"
     d1 = api.start({ MG_WORKERS_ENABLED = "false" })
     d2 = api.start({ MG_WORKERS_ENABLED = "false" })
-    operator, operator_name = api.token("read,operate")
+    operator, operator_name = api.every_class_token("read,operate")
   end)
   teardown(function()
     api.stop(d1)
@@ -63,6 +65,13 @@ describe("HTTP API Idempotency-Key", function()
     assert.equal(201, again.status)
     assert.equal("true", again.headers["idempotent-replayed"])
     assert.equal(second.json.id, cjson.decode(again.body).id)
+    -- a token made now serves one class: the other daemon refuses it
+    local one = api.token("read,operate", { class = d2.class })
+    assert.equal(201, create(d2, common.uid("o", 4), nil, one).status)
+    local refused = create(d1, common.uid("o", 4), nil, one)
+    assert.equal(401, refused.status, refused.body)
+    assert.equal("the API token serves another network class than this daemon's (" .. d1.class .. ")",
+      refused.json.detail)
   end)
 
   it("replays a 201 with its Location", function()
@@ -166,7 +175,7 @@ describe("HTTP API Idempotency-Key", function()
   it("takes every key the API accepts, with a token name of the longest kind", function()
     local name = "t" .. common.uid("", 4) .. string.rep("n", 38)
     assert.equal(48, #name)
-    local long_token = api.token("read,operate", { name = name })
+    local long_token = api.token("read,operate", { name = name, class = d1.class })
     local key = string.rep("k", 191) .. common.uid("", 4)
     assert.equal(200, #key)
     local r = create(d1, key, nil, long_token)

@@ -51,10 +51,11 @@ describe("tokens of scope own", function()
     api = require "spec.lua.support.api"
     common = require "spec.lua.support.common"
     host = require "spec.lua.support.host"
-    alpha, names.alpha = api.token("read,operate", { scope = "own" })
-    beta, names.beta = api.token("read,operate", { scope = "own" })
-    ops = api.token("read,operate")
-    d = api.start({ MG_API_RATE_LIMIT_PER_SECOND = "1000", MG_API_RATE_LIMIT_BURST = "1000" })
+    local class = common.uid("api", 4)   -- the tokens are made before their daemon starts
+    alpha, names.alpha = api.token("read,operate", { scope = "own", class = class })
+    beta, names.beta = api.token("read,operate", { scope = "own", class = class })
+    ops = api.token("read,operate", { class = class })
+    d = api.start({ MG_NETWORK_CLASS = class, MG_API_RATE_LIMIT_PER_SECOND = "1000", MG_API_RATE_LIMIT_BURST = "1000" })
     doc = api.call(d, "GET", "/v3/openapi.json", { token = ops }).json
     ids.a = create(alpha, "41")
     ids.b = create(beta, "42")

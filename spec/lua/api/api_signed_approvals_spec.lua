@@ -94,11 +94,11 @@ describe("signed approvals through the API", function()
       os.execute("chmod 644 " .. common.quote(path))
     end
     enrolment()
-    operator = api.token("read,operate", { name = names.operator })
-    alice = api.token("read,approve", { name = names.alice })
-    bob = api.token("read,approve", { name = names.bob })
-    ivan = api.token("read,approve,operate", { name = names.ivan })
-    mallory = api.token("read,approve", { name = names.mallory })
+    operator = api.every_class_token("read,operate", { name = names.operator })
+    alice = api.every_class_token("read,approve", { name = names.alice })
+    bob = api.every_class_token("read,approve", { name = names.bob })
+    ivan = api.every_class_token("read,approve,operate", { name = names.ivan })
+    mallory = api.every_class_token("read,approve", { name = names.mallory })
     d = api.start({ MG_SIGNER_APPROVERS = path, MG_API_RATE_LIMIT_PER_SECOND = "1000",
                     MG_API_RATE_LIMIT_BURST = "1000" })
     doc = api.call(d, "GET", "/v3/openapi.json", { token = alice }).json
@@ -492,7 +492,7 @@ describe("signed approvals through the API", function()
         common.quote(key.alice) })):match("ed25519:%x+") .. " api:" .. names.alice,
       "initiator bot " .. bot_pub .. " api:" .. names.bot, "quorum * 1", "" }, "\n"))
     os.execute("chmod 644 " .. common.quote(path))
-    local bot = api.token("read,operate", { name = names.bot })
+    local bot = api.every_class_token("read,operate", { name = names.bot })
     local other = api.start({ MG_SIGNER_APPROVERS = path, MG_API_RATE_LIMIT_PER_SECOND = "1000",
                               MG_API_RATE_LIMIT_BURST = "1000" })
     local ok, err = pcall(function()

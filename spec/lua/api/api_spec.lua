@@ -110,9 +110,12 @@ describe("HTTP API", function()
         assert.falsy(tostring(v):find(tok, 1, true), "column " .. k .. " holds the token")
       end
       assert.equal("{read,approve}", row.roles)
+      assert.equal(d.class, row.network_class)
+      assert.truthy(out:find("network class " .. d.class, 1, true), out)
       local rc, list = api.tokens_cli({ "list" })
       assert.equal(0, rc)
       assert.truthy(list:find(name, 1, true))
+      assert.truthy(list:match("\n" .. name:gsub("%p", "%%%0") .. " +live +%S+ +read,approve +class +" .. d.class:gsub("%p", "%%%0") .. " "), list)
       assert.falsy(list:find(tok, 1, true))
       assert.truthy(rows([[SELECT 1 FROM audit_outbox WHERE action = 'api_token.create' AND detail->>'name' = $1
         UNION ALL SELECT 1 FROM audit_events WHERE action = 'api_token.create' AND detail->>'name' = $1]], name)[1])
@@ -132,6 +135,15 @@ describe("HTTP API", function()
       assert.truthy(out:match("exists"))
       rc = api.tokens_cli({ "revoke", "no-such-" .. name })
       assert.equal(1, rc)
+      -- a class as MG_NETWORK_CLASS takes one, or nothing is made
+      for _, bad in ipairs({ "Main Net", "", string.rep("c", 33), "a;b", "mainnet\n" }) do
+        rc, out = api.tokens_cli({ "create", "--name", common.uid("cl", 4), "--roles", "read", "--class", bad })
+        assert.equal(2, rc, bad)
+        assert.truthy(out:find("--class: a network class is 1 to 32 characters", 1, true), out)
+      end
+      -- without --class: the class of the shell's MG_NETWORK_CLASS
+      local _, plain = api.token("read", { class = false, env = { MG_NETWORK_CLASS = "elsewhere" } })
+      assert.equal("elsewhere", rows("SELECT network_class FROM api_tokens WHERE name = $1", plain)[1].network_class)
     end)
   end)
 
@@ -500,6 +512,7 @@ local M = {}
 function M.tick() error("GET https://venue.example/v1/KEYSECRET42/balances?api_key=abc failed: http 401", 0) end
 return M]])
       local dl = api.start({ MG_LUA_PATH = dir })
+      local reader = api.token("read", { class = dl.class })
       local ok, err = pcall(function()
         local seen = host.eventually(function()
           for _, w in ipairs(api.call(dl, "GET", "/v3/workers", { token = reader }).json.items) do
@@ -584,6 +597,7 @@ return M]])
       local dir = common.tmpdir("qtg-readyz")
       local socket = dir .. "/signer.sock"
       local sd = api.start({ MG_SIGNER_SOCKET = socket, MG_SIGNER_TIMEOUT_SECONDS = "2" })
+      local reader = api.token("read", { class = sd.class })
       local function signer_check() return api.readyz(sd, doc, reader, "signer") end
       local ok, err = pcall(function()
         local r, c = signer_check()

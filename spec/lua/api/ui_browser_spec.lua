@@ -99,15 +99,17 @@ describe("the web console in a browser", function()
     local pub, maker_pub, approver_name, operator_name, own_name
     approver_key, pub = host.approver_key(keydir, "approver")
     maker_key, maker_pub = host.approver_key(keydir, "desk-system")
-    tokens.approver, approver_name = api.token("read,approve")
-    tokens.operator, operator_name = api.token("read,operate")
-    tokens.own, own_name = api.token("read,operate", { scope = "own" })
+    local class = common.uid("api", 4)   -- the tokens are made before their daemon starts
+    tokens.approver, approver_name = api.token("read,approve", { class = class })
+    tokens.operator, operator_name = api.token("read,operate", { class = class })
+    tokens.own, own_name = api.token("read,operate", { scope = "own", class = class })
     local enrolment = keydir .. "/approvers"
     host.write(enrolment, ("deployment %s\ninitiation signed\nperson approver %s api:%s\n"
       .. "initiator desk-system %s api:%s,api:%s\nquorum * 1\n"):format(DEPLOYMENT, pub, approver_name, maker_pub,
       operator_name, own_name))
     os.execute("chmod 644 " .. common.quote(enrolment))
-    d = api.start({ MG_NODE_DISPATCH_INTERVAL_SECONDS = "0.2", MG_NODE_OBSERVE_INTERVAL_SECONDS = "0.2",
+    d = api.start({ MG_NETWORK_CLASS = class, MG_NODE_DISPATCH_INTERVAL_SECONDS = "0.2",
+                    MG_NODE_OBSERVE_INTERVAL_SECONDS = "0.2",
                     MG_API_RATE_LIMIT_PER_SECOND = "1000", MG_API_RATE_LIMIT_BURST = "1000",
                     MG_SIGNER_APPROVERS = enrolment })
     tokens.reader = api.token("read")

@@ -29,6 +29,10 @@ local function load_templates()
   templates_loaded = true
 end
 
+-- The daemons started and not yet stopped, in order: a token is made for
+-- the class of the last (token()'s default).
+local running = {}
+
 -- start(extra_env) -> daemon {base=, address=, class=, h=}
 function M.start(extra)
   load_templates()
@@ -39,13 +43,18 @@ function M.start(extra)
   local h = host.start(env, { "run" })
   local address = common.wait_log(h, '"msg":"api listening","address":"(127%.0%.0%.1:%d+)"', 30,
     "the API to listen")
-  return { h = h, class = class, address = address, base = "http://" .. address, env = env }
+  local d = { h = h, class = env.MG_NETWORK_CLASS, address = address, base = "http://" .. address, env = env }
+  running[#running + 1] = d
+  return d
 end
 
 -- stop(d): SIGTERM; the daemon must exit 0 with no sanitizer report in its
 -- log (under build-asan a leak or a memory error shows there).
 function M.stop(d)
   if not d then return end
+  for i = #running, 1, -1 do
+    if running[i] == d then table.remove(running, i) end
+  end
   local rc = host.stop(d.h)
   local log = host.read(d.h.log) or ""
   local report = log:match("[^\n]*Sanitizer[^\n]*") or log:match("[^\n]*runtime error[^\n]*")
@@ -53,18 +62,32 @@ function M.stop(d)
   assert(rc == 0, "qtgd exited with " .. tostring(rc) .. ": " .. log:sub(-2000))
 end
 
--- token(roles, opts) -> token text, name; opts: name, expires_in, scope (own), env
+-- token(roles, opts) -> token text, name; opts: name, expires_in, scope (own), env,
+-- class (default: the class of the last daemon started and not stopped;
+-- false: none given, the CLI's MG_NETWORK_CLASS)
 function M.token(roles, opts)
   opts = opts or {}
   local name = opts.name or common.uid("tok", 4)
   local args = { common.quote(host.bin), "tokens", "create", "--name", name, "--roles", roles }
   if opts.expires_in then args[#args + 1] = "--expires-in"; args[#args + 1] = opts.expires_in end
   if opts.scope then args[#args + 1] = "--scope"; args[#args + 1] = opts.scope end
+  -- a token serves one class: the daemon's it is for (the last started)
+  local class = opts.class
+  if class == nil then class = running[#running] and running[#running].class end
+  if class then args[#args + 1] = "--class"; args[#args + 1] = class end
   local rc, out = host.run(host.base_env(opts.env), args)
   assert(rc == 0, out)
   local last = out:match("([^\n]+)\n?$")
   assert(last and last:match("^qtg_[%w_-]+$"), "the token is not alone on the last line: " .. out)
   return last, name, out
+end
+
+-- every_class_token(roles, opts) -> token text, name: a token serving every
+-- network class, as one made before sql/0198 does (its class cleared).
+function M.every_class_token(roles, opts)
+  local tok, name = M.token(roles, opts)
+  common.query("UPDATE api_tokens SET network_class = NULL WHERE name = $1 AND revoked_at IS NULL", name)
+  return tok, name
 end
 
 function M.tokens_cli(args, env)
