@@ -14,6 +14,19 @@ local commands = {
   operators = "qtg.cli.operators",
 }
 
+-- unbound(s): lift the pooled sessions' statement and lock bounds
+-- (MG_DB_STATEMENT_TIMEOUT_SECONDS, MG_DB_LOCK_TIMEOUT_SECONDS) on s, for a
+-- command whose one statement may rightly run long (a migration, the audit
+-- trail's walk).  The SET runs under the bound it lifts: one the server
+-- cancelled (57014: a tiny bound on a loaded machine) is sent again.
+function M.unbound(s)
+  for try = 1, 5 do
+    local ok, err = pcall(s.exec, s, "SET statement_timeout = 0; SET lock_timeout = 0")
+    if ok then return end
+    if try == 5 or type(err) ~= "table" or err.sqlstate ~= "57014" then error(err, 0) end
+  end
+end
+
 function M.main(cmd, args)
   local name = commands[cmd]
   if not name then

@@ -19,10 +19,24 @@ local redact = require "qtg.redact"
 
 local M = {}
 
--- A page of GET /v3/requests ends early, with its next_cursor, once the
--- intents and input_params of its requests pass this many bytes (it holds
--- one request at least): a listing is encoded on the daemon's one loop.
+-- A page of GET /v3/requests or /v3/approvals ends early, with its
+-- next_cursor, once the documents of its requests (intents and
+-- input_params; the approval texts) pass this many bytes (it holds one
+-- request at least): a listing is encoded on the daemon's one loop.
 M.LIST_BYTES = 1048576
+
+-- page_length(rows, limit, bytes_of) -> how many of rows (fetched limit + 1)
+-- a page holds: at most limit, and past the first, none that takes the
+-- page's documents over LIST_BYTES.
+local function page_length(rows, limit, bytes_of)
+  local n, bytes = 0, 0
+  for i = 1, math.min(#rows, limit) do
+    bytes = bytes + bytes_of(rows[i])
+    if i > 1 and bytes > M.LIST_BYTES then break end
+    n = i
+  end
+  return n
+end
 
 local NULL = qtg.db.NULL
 local UUID = "^%x%x%x%x%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%x%x%x%x%x%x%x%x$"
@@ -344,15 +358,11 @@ local function list_requests(ctx)
     check_time("created_after", q.created_after), check_time("created_before", q.created_before),
     after_ts, after_id, limit + 1, asset, destination, amount_min, amount_max, error_code,
     ownership.owner(ctx.principal) or NULL)
-  -- a page ends early once its intents and input_params pass LIST_BYTES
-  local items, bytes, last = canon.array(), 0, 0
-  for i = 1, math.min(#rows, limit) do
-    bytes = bytes + rows[i].doc_bytes
-    if i > 1 and bytes > M.LIST_BYTES then break end
-    items[i], last = request_doc(ctx.s, rows[i]), i
-  end
+  local n = page_length(rows, limit, function(r) return r.doc_bytes end)
+  local items = canon.array()
+  for i = 1, n do items[i] = request_doc(ctx.s, rows[i]) end
   local next_cursor = NULL
-  if #rows > last then next_cursor = encode_cursor(rows[last].cursor_ts, rows[last].id) end
+  if #rows > n then next_cursor = encode_cursor(rows[n].cursor_ts, rows[n].id) end
   return 200, { items = items, next_cursor = next_cursor }
 end
 
@@ -553,8 +563,10 @@ local function approvals_inbox(ctx)
      ORDER BY r.created_at, r.id LIMIT $6]], qtg.settings.network_class, p.actor, after_ts, after_id, roles,
     limit + 1, require("qtg.signed_approvals").deployment() or NULL,
     require("qtg.signed_approvals").initiation_required())
+  -- each item carries its document twice (as JSON and as the text it hashes)
+  local n = page_length(rows, limit, function(r) return 2 * #r.approval_document_text + #r.plan_document_text end)
   local items = canon.array()
-  for i = 1, math.min(#rows, limit) do
+  for i = 1, n do
     local row = rows[i]
     row.roles = arr(type(row.roles) == "table" and row.roles or {})
     -- what the approval lets the signer sign, as `qtgd approver sign` reads it
@@ -562,7 +574,7 @@ local function approvals_inbox(ctx)
     items[i] = row
   end
   local next_cursor = NULL
-  if #rows > limit then next_cursor = encode_cursor(rows[limit].cursor_ts, rows[limit].id) end
+  if #rows > n then next_cursor = encode_cursor(rows[n].cursor_ts, rows[n].id) end
   for _, item in ipairs(items) do item.cursor_ts = nil end
   return 200, { items = items, next_cursor = next_cursor }
 end

@@ -31,7 +31,7 @@ end
 -- connection goes to no one else
 local function with_session(fn)
   return require("qtg").db.with_discarded_session(function(s)
-    s:exec("SET statement_timeout = 0")
+    require("qtg.cli").unbound(s)
     return fn(s)
   end)
 end

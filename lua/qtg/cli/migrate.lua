@@ -58,7 +58,7 @@ function M.apply(s, dir, log)
   -- migrators wait for each other: the session's bounds
   -- (MG_DB_STATEMENT_TIMEOUT_SECONDS, MG_DB_LOCK_TIMEOUT_SECONDS) are for
   -- the workers' statements, not for this.
-  s:exec("SET statement_timeout = 0; SET lock_timeout = 0")
+  require("qtg.cli").unbound(s)
   s:exec([[CREATE TABLE IF NOT EXISTS schema_migrations (
     version text PRIMARY KEY, checksum text NOT NULL,
     applied_at timestamptz NOT NULL DEFAULT now())]])

@@ -315,6 +315,22 @@ describe("HTTP API", function()
       until not path
       assert.same(made, seen)
       assert.truthy(pages >= 2, pages)
+      -- the approvals inbox likewise (its items carry the approval texts)
+      seen, pages, path = {}, 0, "/v3/approvals?limit=50"
+      repeat
+        local page = api.call(d, "GET", path, { token = approver })
+        assert.equal(200, page.status, page.body:sub(1, 300))
+        assert.truthy(#page.body <= 1048576 + 65536 * 6, #page.body)
+        pages = pages + 1
+        for _, item in ipairs(page.json.items) do
+          assert.is_nil(seen[item.id], item.id)
+          seen[item.id] = true
+        end
+        local cursor = page.json.next_cursor
+        path = cursor ~= cjson.null and "/v3/approvals?limit=50&cursor=" .. cursor or nil
+      until not path
+      for id in pairs(made) do assert.truthy(seen[id], id) end
+      assert.truthy(pages >= 2, pages)
     end)
 
     it("answers unknown routes, methods and query parameters", function()

@@ -897,7 +897,8 @@ describe("approvals", function()
         function(name) s:query("UPDATE api_tokens SET expires_at = now() - interval '1 second' WHERE name = $1", name) end,
       }) do
         local name = "spec-appr-" .. sup.uid("t"):gsub("[^%w]", "")
-        local secret = tokens.create(s, { name = name, roles = { "read", "approve" }, created_by = "system:spec" })
+        local secret = tokens.create(s, { name = name, roles = { "read", "approve" }, created_by = "system:spec",
+                                          network_class = qtg.settings.network_class })
         local client = tokens.authenticate(s, "Bearer " .. secret)
         local req = create(T, { asset = "USDC", amount = "100000" })
         requests.approve(s, req.id, client)
