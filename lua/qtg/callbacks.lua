@@ -152,12 +152,32 @@ function M.headers(timestamp, nonce, body, key_id)
   }
 end
 
+-- clip(s) -> a receiver's or a transport's error as last_error keeps it:
+-- control bytes blanked, at most MAX_ERROR_BYTES, valid UTF-8 whatever the
+-- receiver answered (a byte that starts no character, a character the cut
+-- split, becomes U+FFFD): PostgreSQL refuses any other text, and the
+-- outcome write that failed on it would leave the row due first for ever.
 local function clip(s)
   s = tostring(s):gsub("[%z\1-\31\127]", " ")
-  if #s > M.MAX_ERROR_BYTES then s = s:sub(1, M.MAX_ERROR_BYTES) .. "..." end
-  return s
+  local long = #s > M.MAX_ERROR_BYTES
+  if long then s = s:sub(1, M.MAX_ERROR_BYTES) end
+  s = canon.text_repaired(s)
+  return long and s .. "..." or s
 end
 M.clip = clip
+
+-- write_args(writes) -> the ids written (a bigint[] literal) and the
+-- writes as JSON: the first two values of a dispatcher's outcome write.
+-- Each last_error is made valid UTF-8 once more, the last guard before
+-- PostgreSQL (clip made it so): text it refuses would fail the whole batch.
+function M.write_args(writes)
+  local ids = {}
+  for i, w in ipairs(writes) do
+    ids[i] = string.format("%d", w.id)
+    if type(w.last_error) == "string" then w.last_error = canon.text_repaired(w.last_error) end
+  end
+  return "{" .. table.concat(ids, ",") .. "}", canon.encode(writes)
+end
 
 -- What one HTTP exchange means: {delivered=bool, status=n|nil, error=text|nil}.
 -- Only a 2xx status is a delivery; the answer's body is never interpreted.

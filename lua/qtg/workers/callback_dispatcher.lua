@@ -36,7 +36,6 @@
 local qtg = require("qtg")
 local callbacks = require("qtg.callbacks")
 local heartbeats = require("qtg.heartbeats")
-local canon = require("qtg.canon_json")
 
 local M = {}
 
@@ -137,9 +136,8 @@ SELECT id, attempts, at, outcome, last_status, last_error, duration_ms,
 
 -- The arguments of WRITE_SQL for send_batch's writes.
 function M.write_args(writes, process_id)
-  local ids = {}
-  for i, w in ipairs(writes) do ids[i] = string.format("%d", w.id) end
-  return { "{" .. table.concat(ids, ",") .. "}", canon.encode(writes), process_id }
+  local ids, json = callbacks.write_args(writes)
+  return { ids, json, process_id }
 end
 
 -- Why a row can never be sent, or nil.

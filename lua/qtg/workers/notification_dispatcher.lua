@@ -14,7 +14,6 @@
 -- The rows are written by qtg.notifications (enqueue, surface).
 local qtg = require("qtg")
 local callbacks = require("qtg.callbacks")
-local canon = require("qtg.canon_json")
 
 local M = {}
 
@@ -49,9 +48,8 @@ UPDATE notification_outbox n
 
 -- The arguments of WRITE_SQL for send_batch's writes.
 function M.write_args(writes)
-  local ids = {}
-  for i, w in ipairs(writes) do ids[i] = string.format("%d", w.id) end
-  return { "{" .. table.concat(ids, ",") .. "}", canon.encode(writes) }
+  local ids, json = callbacks.write_args(writes)
+  return { ids, json }
 end
 
 local function webhook_url()

@@ -344,6 +344,42 @@ describe("callback delivery to real receivers", function()
       req[r500].id)[1].last_status)
   end)
 
+  -- A receiver's error body is outside text: bytes that are no UTF-8, or a
+  -- character the 500-byte cut splits, were written into last_error, which
+  -- PostgreSQL refused; the outcome write failed every pass and the oldest
+  -- due row, claimed first, held every other callback of the class.
+  it("records a receiver's error body that is no UTF-8 repaired, and the class's other callbacks go out", function()
+    local class = sup.uid("cb-utf8")
+    local split_body = string.rep("a", 489) .. "\195\169" .. string.rep("b", 20)   -- "http 500: " .. this: 500 bytes end in the middle of é
+    local bad = sup.start_receiver(dir, "r-bytes", { mode = "500", args = { "--error-body", "fcfcfcfcfe41c328" } })
+    local split = sup.start_receiver(dir, "r-split", { mode = "500",
+      args = { "--error-body", (split_body:gsub(".", function(c) return string.format("%02x", c:byte()) end)) } })
+    local good = sup.start_receiver(dir, "r-good", { keys = { k1 = key_path } })
+    local req_bad = sup.request(s, T, class, bad.url)
+    local req_split = sup.request(s, T, class, split.url)
+    local req_good = sup.request(s, T, class, good.url)
+    sup.wait_child(sup.start_child(dir, "utf8-child", child_env(class, key_path),
+      { "callback_dispatcher", "90", "ff" }), 120)
+    for _, req in ipairs({ req_bad, req_split }) do
+      local row = s:query("SELECT * FROM movement_callback_outbox WHERE request_id = $1::uuid", req.id)[1]
+      assert.same({ "dlq", 5 }, { row.status, row.attempts })
+      assert.is_true(require("qtg.canon_json").text_ok(row.last_error), row.last_error)
+      assert.equals(5, #attempts_of(s, row.id))
+    end
+    local bad_row = s:query("SELECT last_error FROM movement_callback_outbox WHERE request_id = $1::uuid", req_bad.id)[1]
+    assert.equals("http 500: \239\191\189\239\191\189\239\191\189\239\191\189\239\191\189A\239\191\189(",
+      bad_row.last_error)
+    local split_row = s:query("SELECT last_error FROM movement_callback_outbox WHERE request_id = $1::uuid", req_split.id)[1]
+    assert.equals("http 500: " .. string.rep("a", 489) .. "\239\191\189...", split_row.last_error)
+    -- the healthy receiver got its callbacks, signed and verified
+    local rows = s:query("SELECT status FROM movement_callback_outbox WHERE request_id = $1::uuid", req_good.id)
+    assert.is_true(#rows >= 1)
+    for _, r in ipairs(rows) do assert.equals("delivered", r.status) end
+    local got = sup.received(good)
+    assert.equals(#rows, #got)
+    for _, e in ipairs(got) do assert.is_true(e.verdict.ok, e.verdict.reason) end
+  end)
+
   it("stamps a row with its first attempt's time, not the time it was written", function()
     -- as after a dispatcher outage: rows written long ago (their default
     -- stamp, 20 minutes old, would be stale to a receiver with the usual
