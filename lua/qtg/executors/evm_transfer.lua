@@ -375,14 +375,16 @@ function M.preflight(ctx)
     if not url then return refuse(uerr) end
     return { ok = true }
   end
+  -- Bytes signed for this node before (a crash came between their send and
+  -- its commit) may be on the chain already: nothing here may refuse the
+  -- node then, for a refusal FAILs it with no side effect while the money
+  -- moved.  The same bytes go out again (submit); funds were checked then.
+  local cur = nonces.read(function(s) return nonces.for_node(s, ctx.request_node_id) end)
+  if nonces.reusable_signed(cur) then return { ok = true } end
   local p, perr = M.plan(ctx)
   if not p then return refuse(perr) end
   local url, uerr = M.connect(p.chain_id)
   if not url then return refuse(uerr) end
-  local cur = nonces.read(function(s) return nonces.for_node(s, ctx.request_node_id) end)
-  if nonces.reusable_signed(cur) then
-    return { ok = true }   -- signed already: the same bytes go out again, funds were checked then
-  end
   local count, err = rpc.get_transaction_count(url, p.from, "latest")
   if not count then return refuse(rpc_error(err, url)) end
   local backlog = nonces.read(function(s) return nonces.backlog(s, p.chain_id, p.from, count) end)
@@ -444,12 +446,20 @@ function M.prepare(ctx)
   if ctx.action_type ~= M.TRANSFER then
     return { payload_format = "none", action_type = ctx.action_type }
   end
+  -- Bytes signed for this node before go out again as they are: no plan,
+  -- no RPC and no signer is asked (the signer refuses a reservation the
+  -- reaper has since settled), so nothing fails a transfer that may have
+  -- moved money; submit sends them.
+  local cur = nonces.read(function(s) return nonces.for_node(s, ctx.request_node_id) end)
+  if nonces.reusable_signed(cur) then
+    local function text(v) return type(v) == "string" and v or nil end
+    return { payload_format = M.PAYLOAD_FORMAT, payload = text(cur.payload), payload_hash = text(cur.payload_hash),
+             action_type = ctx.action_type, evm = { reservation_id = cur.id, stored = true } }
+  end
   -- a refusal raises its error: executors.call records it as
   -- EXECUTOR_ERROR with the detail "prepare raised: CODE: detail"
   local p, perr = M.plan(ctx)
   if not p then error(perr, 0) end
-  local cur = nonces.read(function(s) return nonces.for_node(s, ctx.request_node_id) end)
-  if nonces.reusable_signed(cur) then return prepared_of(ctx, p, cur) end
   local url, uerr = M.connect(p.chain_id)
   if not url then error(uerr, 0) end
   local count, err = rpc.get_transaction_count(url, p.from, "latest")
@@ -494,6 +504,41 @@ local function taken(row, st, waiting, cfg)
              what, how), retry_after_seconds = poll(cfg) }
 end
 
+-- send(row, first, cfg) -> submit's answer for the signed bytes of row,
+-- sent now.  Bytes stored before this dispatch (a crash came between a send
+-- and its commit) may be out already: a refusal of this send is then no
+-- proof they are dead (UNKNOWN, as a refused rebroadcast), only on a first
+-- send.
+local function send(row, first, cfg)
+  local refs = transfer_refs(row)
+  local url, uerr = M.endpoint(row.chain_id)
+  if not url then return answer("UNKNOWN", uerr, { provider_refs = refs, side_effect = true }) end
+  local st, berr = M.broadcast(url, row, not first)
+  if st == "sent" then
+    return { status = "SUBMITTED", provider_refs = refs, side_effect = true,
+             retry_after_seconds = poll(cfg) }
+  elseif st == "taken" then
+    return taken(row, berr, "SUBMITTED", cfg)
+  elseif st == "failed" then
+    return answer("FAILED", berr, { provider_refs = refs })
+  end
+  return answer("UNKNOWN", berr, { provider_refs = refs, side_effect = true })
+end
+
+-- resend(ctx, reservation_id, cfg): prepare found bytes signed for this
+-- node before; they go out again as they are, never anything new.
+local function resend(ctx, reservation_id, cfg)
+  local row = nonces.read(function(s) return nonces.by_id(s, reservation_id) end)
+  if not row or row.request_node_id ~= ctx.request_node_id or not nonces.reusable_signed(row) then
+    return { status = "UNKNOWN", side_effect = true, error_code = "EVM_RESERVATION_LOST", error_detail =
+      string.format("the bytes signed for this node (reservation %s) are no longer there to send again; "
+        .. "recovery settles the node from the chain", tostring(reservation_id)) }
+  end
+  qtg.log.info("evm transaction sent again", { tx_hash = row.tx_hash, chain_id = row.chain_id,
+    request_node_id = row.request_node_id, nonce = row.nonce, status = row.status })
+  return send(row, false, cfg)
+end
+
 function M.submit(ctx, submission)
   local cfg = ctx.node_config or {}
   if ctx.action_type ~= M.TRANSFER then
@@ -503,6 +548,7 @@ function M.submit(ctx, submission)
              provider_refs = { tx_hash = tx_hash, chain_id = chain_id } }
   end
   local ev = submission.prepared and submission.prepared.evm
+  if type(ev) == "table" and ev.stored then return resend(ctx, ev.reservation_id, cfg) end
   local sig = submission.signature
   if type(ev) ~= "table" or type(sig) ~= "table" then
     return { status = "FAILED", error_code = "EVM_NOT_SIGNED",
@@ -520,22 +566,7 @@ function M.submit(ctx, submission)
   if not row then
     return { status = "FAILED", error_code = "EVM_RESERVATION_LOST", error_detail = why }
   end
-  local refs = transfer_refs(row)
-  local url, uerr = M.endpoint(row.chain_id)
-  if not url then return answer("UNKNOWN", uerr, { provider_refs = refs, side_effect = true }) end
-  -- bytes stored before this dispatch (a crash came between a send and its
-  -- commit) may be out already: a refusal of this send is then no proof
-  -- they are dead (UNKNOWN, as a refused rebroadcast), only on a first send
-  local st, berr = M.broadcast(url, row, not first)
-  if st == "sent" then
-    return { status = "SUBMITTED", provider_refs = refs, side_effect = true,
-             retry_after_seconds = poll(cfg) }
-  elseif st == "taken" then
-    return taken(row, berr, "SUBMITTED", cfg)
-  elseif st == "failed" then
-    return answer("FAILED", berr, { provider_refs = refs })
-  end
-  return answer("UNKNOWN", berr, { provider_refs = refs, side_effect = true })
+  return send(row, first, cfg)
 end
 
 -- The reservation behind a transfer node: by the transaction hash it

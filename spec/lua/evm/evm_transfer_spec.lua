@@ -360,6 +360,55 @@ describe("evm_transfer on a real anvil chain", function()
     stop(b)
   end)
 
+  -- Bytes sent before a crash are on the chain; the re-dispatch must not
+  -- FAIL the node on anything that is no verdict on them: an RPC it cannot
+  -- reach (preflight and prepare asked it before looking for the bytes), or
+  -- a reservation another process's reaper settled meanwhile (the signer
+  -- refuses to sign a settled reservation again).  Both FAILED the node with
+  -- no side effect on the tree before, with the money moved.
+  it("after a crash, a re-dispatch sends the stored bytes as they are: an RPC down or a settled reservation never FAILs it", function()
+    -- the RPC unreachable at the re-dispatch
+    local a, class, sender, dest, n0 = start_chaos("kill", 2, { MG_EVM_NONCE_REAPER_ENABLED = "false" })
+    local req = sup.create(s, "evm_t_crash", class, intent(dest))
+    assert.equal(137, sup.host.wait_exit(a, 30), "the chaos override did not kill qtgd; log " .. a.log)
+    local node = transfer_node(req.id)
+    local tx_hash = sup.reservations(s, node.id)[1].tx_hash
+    sup.wait_for(function() return sup.receipt(anvil.url, tx_hash) end, 20, "the transaction to be mined")
+    local b = sup.start_run(env_for(class, CHAIN .. "=http://127.0.0.1:9", { MG_EVM_NONCE_REAPER_ENABLED = "false" }))
+    node = node_when(req.id, function(n) return n.attempt_no >= 1 and n.node_state ~= "SUBMITTING" end,
+      "the re-dispatch")
+    assert.equal("UNKNOWN", node.node_state, sup.detail(s, req.id))
+    assert.is_true(node.side_effect)
+    assert.equal(tx_hash, node.provider_refs.tx_hash)
+    assert.are_not.equal("FAILED", sup.request(s, req.id).request_state)
+    assert.equal(0, sup.log_count(b, "evm nonce reserved"))
+    stop(b)
+    local c = sup.start_run(env_for(class, CHAIN .. "=" .. anvil.url, { MG_EVM_NONCE_REAPER_ENABLED = "false" }))
+    if sup.request(s, req.id).request_state == "MANUAL_INTERVENTION" then
+      require("qtg.requests").resume(s, req.id, "console:spec")
+    end
+    completes_once(c, req, tx_hash, dest, sender, n0)
+    stop(c)
+
+    -- the reservation settled (consumed) by another class's reaper first
+    a, class, sender, dest, n0 = start_chaos("kill", 2, { MG_EVM_NONCE_REAPER_ENABLED = "false" })
+    req = sup.create(s, "evm_t_crash", class, intent(dest))
+    assert.equal(137, sup.host.wait_exit(a, 30), "the chaos override did not kill qtgd; log " .. a.log)
+    node = transfer_node(req.id)
+    tx_hash = sup.reservations(s, node.id)[1].tx_hash
+    sup.wait_for(function() return sup.receipt(anvil.url, tx_hash) end, 20, "the transaction to be mined")
+    local other = sup.start_run(env_for(new_class(), CHAIN .. "=" .. anvil.url, {
+      MG_EVM_NONCE_REAPER_AGE_SECONDS = "1", MG_EVM_NONCE_REAPER_INTERVAL_SECONDS = "1" }))
+    sup.wait_for(function() return sup.reservations(s, node.id)[1].status == "consumed" end, 40,
+      "another class's reaper to settle the reservation")
+    stop(other)
+    assert.equal("READY", transfer_node(req.id).node_state)
+    local d = sup.start_run(env_for(class, CHAIN .. "=" .. anvil.url, { MG_EVM_NONCE_REAPER_ENABLED = "false" }))
+    completes_once(d, req, tx_hash, dest, sender, n0)
+    assert.equal(0, sup.log_count(d, "signing refused"))
+    stop(d)
+  end)
+
   for _, case in ipairs({
     { mode = "raise", code = "EXECUTOR_ERROR", how = "the answer of eth_sendRawTransaction is lost" },
     { mode = "drop", code = "EVM_BROADCAST_OUTCOME_UNKNOWN", how = "the bytes never reached the node" },
