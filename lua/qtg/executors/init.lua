@@ -76,7 +76,7 @@ M.KIND = "executor"
 -- error(code, detail) -> the qtg error of an executor's failure: the node
 -- records code as error_code and the message as error_detail.
 function M.error(code, detail)
-  return qtg.error(M.KIND, tostring(detail), { code = code })
+  return qtg.error(M.KIND, canon.text_repaired(tostring(detail)), { code = code })
 end
 
 -- is_error(e): e is an executor's failure (M.error).
@@ -129,11 +129,18 @@ local function encodable(v)
   return (pcall(canon.encode, v))
 end
 
+-- provider_refs and artifacts are stored as jsonb: text PostgreSQL refuses
+-- (not UTF-8, a NUL) would fail the node's write and roll the attempt back,
+-- and the node would be claimed first again on every pass.
+local function storable(v)
+  return encodable(v) and canon.bad_text_path(v, "v") == nil
+end
+
 local function is_object(v)
   if v == nil then return true end
   if type(v) ~= "table" then return false end
   for k in pairs(v) do if type(k) ~= "string" then return false end end
-  return encodable(v)
+  return storable(v)
 end
 
 local function is_array(v)
@@ -141,7 +148,7 @@ local function is_array(v)
   if type(v) ~= "table" then return false end
   local n = 0
   for _ in pairs(v) do n = n + 1 end
-  return n == #v and encodable(v)
+  return n == #v and storable(v)
 end
 
 local function non_negative(v)
@@ -185,6 +192,11 @@ function M.check(call, answer)
   end
   if call == "prepare" and answer.signer_key and not answer.payload_hash then
     return nil, "prepare asks for signing without a payload_hash"
+  end
+  -- a provider's error text, cut at a byte count or not UTF-8 at all, is
+  -- kept as valid text (U+FFFD) rather than failing the node's write
+  for _, field in ipairs({ "error_code", "error_detail" }) do
+    if type(answer[field]) == "string" then answer[field] = canon.text_repaired(answer[field]) end
   end
   return answer
 end

@@ -131,6 +131,45 @@ describe("engine pipeline", function()
       assert.equal("CONFIG_REF_UNRESOLVED", sup.request(s, req.id).last_error_code)
     end)
 
+    -- A provider's error text is outside text: cut at a byte count, or no
+    -- UTF-8 at all, it failed the node's write, the attempt rolled back and
+    -- the node, first in FIFO order, was claimed (and submitted) again on
+    -- every pass while no later request of the class went out.
+    it("keeps a provider's error text that is no UTF-8 repaired, and the next request goes out", function()
+      local executors = require "qtg.executors"
+      local sim = require "qtg.executors.sim"
+      local submits = 0
+      package.loaded["spec.bad_text_sim"] = setmetatable({
+        submit = function()
+          submits = submits + 1
+          return { status = "FAILED", error_code = "PROVIDER_\252", error_detail = "502 from the provider: \252\253 caf\195" }
+        end }, { __index = sim })
+      executors.ADAPTERS.spec_bad_text = "spec.bad_text_sim"
+      local ok, err = pcall(function()
+        local bad = sup.doc("spec_pl_bad_text", { { "a", "action", "withdrawal", { sim = { observes = 0 } } } })
+        bad.nodes[1].executor = "spec_bad_text"
+        sup.load_doc(s, bad)
+        local first = sup.create_approved(s, "spec_pl_bad_text")
+        local next_one = sup.create_approved(s, two("spec_pl_after_bad", false, { observes = 0 }))
+        assert.equal(1, sup.tick("node_dispatcher"))
+        local a = sup.nodes(s, first.id).a
+        assert.equal("FAILED", a.node_state)
+        assert.equal("PROVIDER_\239\191\189", a.error_code)
+        assert.equal("502 from the provider: \239\191\189\239\191\189 caf\239\191\189", a.error_detail)
+        assert.equal(1, sup.tick("node_dispatcher"))
+        assert.equal(1, submits)
+        assert.are_not.equal("READY", sup.nodes(s, next_one.id).a.node_state)
+        -- provider_refs PostgreSQL cannot store are a bad response, not a failed write
+        local ok_refs, why = executors.check("submit", { status = "SUBMITTED", provider_refs = { id = "x\255" } })
+        assert.is_nil(ok_refs)
+        assert.matches("bad provider_refs", why, 1, true)
+        assert.is_nil((executors.check("observe", { status = "COMPLETED", artifacts = { { ["k\0"] = 1 } } })))
+      end)
+      executors.ADAPTERS.spec_bad_text = nil
+      package.loaded["spec.bad_text_sim"] = nil
+      assert(ok, err)
+    end)
+
     it("a resolvable nested $ref reaches the executor resolved", function()
       local t = two("spec_pl_goodref", false, { observes = 0 }, { id = "$ref:a.receipt.id" })
       local req = sup.create_approved(s, t)
