@@ -119,22 +119,40 @@ function M.arm_sizes(batch)
   return out
 end
 
+-- One node per request per arm: a row carries its request as the claim
+-- read it, and after the first node's write (the request may have moved on,
+-- to MANUAL_INTERVENTION say) a second node of it would be applied against
+-- that stale request and ask for a transition the database refuses, every
+-- pass.  The other nodes of the request stay locked until the arm commits
+-- and are recovered by a later pass, as their request then stands.
+-- Each arm is its own transaction: one that fails is logged and the next
+-- arms still run; the first failure is raised once they have.
 function M.tick(s)
   local sizes = M.arm_sizes(qtg.settings.node_recovery_batch_size or 10)
-  local total = 0
+  local total, failed = 0, nil
   for i, lane in ipairs(M.LANES) do
     if sizes[i] > 0 then
       local patterns, match = lane_filter(i)
-      s:pipeline_transaction(function()
+      local ok, err = pcall(s.pipeline_transaction, s, function()
         local rows = s:query(M.ARM_SQL, qtg.settings.network_class, lane.grace_seconds,
           canon.encode(patterns), sizes[i], match)
+        local seen = {}
         for _, row in ipairs(rows) do
-          local _, recovered = M.recover_claimed(s, row)
-          if recovered ~= false then total = total + 1 end
+          if not seen[row.request_id] then
+            seen[row.request_id] = true
+            local _, recovered = M.recover_claimed(s, row)
+            if recovered ~= false then total = total + 1 end
+          end
         end
       end)
+      if not ok then
+        qtg.log.error("recovery arm failed", { worker = "node_recovery", lane = lane.name,
+          error = require("qtg.errors").text(err) })
+        failed = failed or err
+      end
     end
   end
+  if failed then error(failed, 0) end
   return total
 end
 

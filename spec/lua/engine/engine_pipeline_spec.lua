@@ -719,6 +719,45 @@ describe("engine pipeline", function()
   end)
 
   describe("recovery", function()
+    -- One arm claimed both UNKNOWN nodes of a request; the second was applied
+    -- against the request as the claim read it (EXECUTING) after the first
+    -- had moved it on, asked for a transition the database refuses, and the
+    -- whole tick failed every pass: the arms after it never ran.
+    it("recovers one node of a request per arm, and a failing arm stops no other", function()
+      sup.load_doc(s, sup.doc("spec_pl_two_unknown", {
+        { "a", "action", "withdrawal", { sim = { observes = 5, side_effect = true, unknown_at_observe = 1,
+                                                 recover = "completed", retry_after_seconds = 0 } } },
+        { "b", "action", "withdrawal", { sim = { unknown = "submit", recover = "completed" } } } }))
+      sup.load_doc(s, sup.doc("spec_pl_other_lane", {
+        { "x", "action", "evm_transfer", { sim = { unknown = "submit", recover = "completed" } } } }))
+      local req = sup.create_approved(s, "spec_pl_two_unknown")
+      sup.tick("node_dispatcher")
+      sup.tick("node_observer")
+      sup.tick("node_dispatcher")
+      local other = sup.create_approved(s, "spec_pl_other_lane")
+      sup.tick("node_dispatcher")
+      local n = sup.nodes(s, req.id)
+      assert.same({ "UNKNOWN", "UNKNOWN" }, { n.a.node_state, n.b.node_state })
+      assert.equal("UNKNOWN", sup.nodes(s, other.id).x.node_state)
+      for _ = 1, 3 do sup.tick("node_recovery") end   -- raises on a failed arm
+      assert.equal("COMPLETED", sup.request(s, other.id).request_state)
+      n = sup.nodes(s, req.id)
+      assert.equal("COMPLETED", n.a.node_state)
+      local st = sup.request(s, req.id).request_state
+      if st == "MANUAL_INTERVENTION" then
+        assert.equal("UNKNOWN", n.b.node_state)
+        require("qtg.requests").resume(s, req.id, "console:spec")
+        sup.tick("node_recovery")
+      end
+      assert.equal("COMPLETED", sup.request(s, req.id).request_state)
+      assert.equal("COMPLETED", sup.nodes(s, req.id).b.node_state)
+      -- one request_completed and no request_failed among its callbacks
+      local events = {}
+      for _, r in ipairs(s:query("SELECT payload::jsonb->>'event' AS e FROM movement_callback_outbox WHERE request_id = $1::uuid",
+        req.id)) do events[r.e] = (events[r.e] or 0) + 1 end
+      assert.is_nil(events.request_failed)
+    end)
+
     it("recovers a node that went UNKNOWN to SUBMITTED, then it completes", function()
       local t = two("spec_pl_unknown", false, { unknown_at_observe = 1, observes = 2, retry_after_seconds = 0 })
       local req = sup.create_approved(s, t)
