@@ -580,8 +580,12 @@ end
 
 -- ----------------------------------------------------------------- cancel
 -- Allowed while no node is in flight (SUBMITTING/SUBMITTED/OBSERVING): a
--- submitted movement cannot be called back by cancelling its request.
-function M.cancel(s, id, actor, reason)
+-- submitted movement cannot be called back by cancelling its request.  An
+-- UNKNOWN node's request may have reached the provider and nothing recovers
+-- it once its request is CANCELLED: such a cancel needs `reconciled` (the
+-- canceller found out from the provider what the node did), recorded with
+-- the reason and the UNKNOWN nodes.
+function M.cancel(s, id, actor, reason, reconciled)
   check_actor(actor)
   return in_tx(s, function()
     local req = lock_request(s, id)
@@ -589,17 +593,28 @@ function M.cancel(s, id, actor, reason)
       refuse("illegal_transition", "cannot cancel request %s: it is %s", id, req.request_state)
     end
     local g = nodes_db.load_all(s, req)
+    local unknown = canon.array()
     for _, n in ipairs(g.nodes) do
       if state.IN_FLIGHT[n.node_state] then
         refuse("illegal_transition",
           "cannot cancel request %s: node %s is %s (in flight); wait for it or resolve it first",
           id, n.node_key, n.node_state)
       end
+      if n.node_state == "UNKNOWN" then
+        if reconciled ~= true then
+          refuse("illegal_transition",
+            "cannot cancel request %s: node %s is UNKNOWN (its submit may have reached the provider, and nothing "
+              .. "recovers it once the request is cancelled); resume the request to let recovery settle it, or "
+              .. "find out from the provider what it did and cancel with reconciled = true", id, n.node_key)
+        end
+        unknown[#unknown + 1] = n.node_key
+      end
     end
     cancel_pending_nodes(s, g, actor)
     nodes_db.set_request_state(s, req, "CANCELLED", actor, {
       event = "request_cancelled", action = "request.cancel",
-      data = { reason = reason }, fields = { current_frontier = canon.array() },
+      data = { reason = reason, reconciled_unknown_nodes = #unknown > 0 and unknown or nil },
+      fields = { current_frontier = canon.array() },
     })
     return req
   end)

@@ -53,10 +53,12 @@ function M.is_manual(action_type)
   return type(action_type) == "string" and action_type:sub(1, 7) == "manual_"
 end
 
--- A node the engine is "currently executing": in flight, or READY and not a
--- manual step (the dispatcher will pick it up without an operator).
+-- A node the engine is "currently executing": in flight, UNKNOWN (its
+-- request reached the provider, and node_recovery, which sweeps EXECUTING
+-- requests only, is still to settle it), or READY and not a manual step
+-- (the dispatcher will pick it up without an operator).
 function M.is_executing(node)
-  if M.IN_FLIGHT[node.node_state] then return true end
+  if M.IN_FLIGHT[node.node_state] or node.node_state == "UNKNOWN" then return true end
   return node.node_state == "READY" and not M.is_manual(node.action_type)
 end
 

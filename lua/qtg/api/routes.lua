@@ -232,6 +232,14 @@ local function request_detail(s, id)
   return doc
 end
 
+-- The lifecycle function's argument after the reason or comment, from the
+-- body: an approval's signature; a cancel's acknowledgement that its
+-- UNKNOWN nodes were reconciled with the provider.
+local LAST_ARGUMENT = {
+  approve = function(body) return body.signature end,
+  cancel = function(body) return body.reconciled == true end,
+}
+
 local function lifecycle(fn_name, target_kind, extra)
   return function(ctx)
     local requests = require "qtg.requests"
@@ -241,7 +249,7 @@ local function lifecycle(fn_name, target_kind, extra)
       problem.raise("invalid_input", "a reason (non-empty string) is required")
     end
     local req = requests[fn_name](ctx.s, id, principal(ctx), extra == "reason" and body.reason or body.comment,
-      fn_name == "approve" and body.signature or nil)
+      LAST_ARGUMENT[fn_name] and LAST_ARGUMENT[fn_name](body))
     return 200, request_detail(ctx.s, req.id or req.request_id or id)
   end
 end
@@ -607,6 +615,7 @@ local function with_page(t)
   return out
 end
 local REASON = { fields = { reason = { type = "string", required = true } } }
+local CANCEL = { fields = { reason = { type = "string", required = true }, reconciled = { type = "boolean" } } }
 local COMMENT = { optional = true, fields = { comment = { type = "string" } } }
 local APPROVAL = { optional = true, fields = { comment = { type = "string" },
                                                signature = { type = "string" } } }
@@ -655,8 +664,9 @@ M.LIST = {
     mutating = true, body = REASON, handler = lifecycle("reject", "request", "reason"),
     summary = "reject a PENDING_APPROVAL request (reason required)", response = "RequestDetail" },
   { method = "POST", path = "/v3/requests/{id}/cancel", name = "cancel_request", owned = "request", role = "operate",
-    mutating = true, body = REASON, handler = lifecycle("cancel", "request", "reason"),
-    summary = "cancel a request with no node in flight (reason required)", response = "RequestDetail" },
+    mutating = true, body = CANCEL, handler = lifecycle("cancel", "request", "reason"),
+    summary = "cancel a request with no node in flight (reason required; reconciled = true for one with an "
+      .. "UNKNOWN node, once the provider was asked)", response = "RequestDetail" },
   { method = "POST", path = "/v3/requests/{id}/resume", name = "resume_request", owned = "request", role = "operate",
     mutating = true, body = NONE, handler = lifecycle("resume", "request"),
     summary = "resume a MANUAL_INTERVENTION request", response = "RequestDetail" },

@@ -44,8 +44,9 @@ M.LIST = {
   { "address_book", "()", "the address book, and its changes waiting for a quorum" },
   { "propose_address", "{action=, asset=, chain=, address=, label=}", "propose adding/removing an address (admin)" },
   { "vote_address", "(change_id, decision, comment)", "approve or reject an address book change (admin)" },
-  { "cancel", "(id, reason)", "PENDING_APPROVAL, APPROVED, EXECUTING, WAITING_MANUAL_ACTION or "
-    .. "MANUAL_INTERVENTION -> CANCELLED, while no node is in flight" },
+  { "cancel", "(id, reason[, {reconciled = true}])", "PENDING_APPROVAL, APPROVED, EXECUTING, WAITING_MANUAL_ACTION or "
+    .. "MANUAL_INTERVENTION -> CANCELLED, while no node is in flight; an UNKNOWN node needs reconciled = true "
+    .. "(the provider was asked what it did)" },
   { "resume", "(id)", "MANUAL_INTERVENTION -> EXECUTING; refused while a node is FAILED (retry it) "
     .. "or when no node is left to move" },
   { "retry", "(node_id)", "a FAILED or UNKNOWN node -> READY, of a FAILED, MANUAL_INTERVENTION or "
@@ -564,10 +565,14 @@ function M.bind(ctx)
     return lifecycle(function(mod, s) mod.reject(s, id, me(s), reason) return id end)
   end
 
-  function c.cancel(id, reason)
+  function c.cancel(id, reason, opts)
     id = resolve_id("request", id)
     reason = check_reason(reason)
-    return lifecycle(function(mod, s) mod.cancel(s, id, me(s), reason) return id end)
+    if opts ~= nil and (type(opts) ~= "table" or (opts.reconciled ~= nil and type(opts.reconciled) ~= "boolean")) then
+      usage("cancel(id, reason[, {reconciled = true}]): the third argument is a table, got %s", pretty.pretty(opts))
+    end
+    local reconciled = opts ~= nil and opts.reconciled == true
+    return lifecycle(function(mod, s) mod.cancel(s, id, me(s), reason, reconciled) return id end)
   end
 
   function c.resume(id)

@@ -408,6 +408,23 @@ describe("HTTP API", function()
       r = api.call(d, "POST", "/v3/requests/" .. id2 .. "/resume", { token = operator })
       assert.equal(409, r.status)
       assert.same({ "MANUAL_INTERVENTION" }, r.json.allowed_states)
+      -- beside an UNKNOWN node: only with the client's word that the provider was asked
+      local id3 = new_request()
+      qtg.db.with_session(function(x)   -- as if its submit had been lost (the transition guard off)
+        common.unfrozen(x, "UPDATE movement_request_nodes SET node_state = 'UNKNOWN' WHERE request_id = $1::uuid "
+          .. "AND node_key = 'withdraw'", id3)
+      end)
+      r = api.call(d, "POST", "/v3/requests/" .. id3 .. "/cancel", { token = operator, json = { reason = "stuck" } })
+      assert.equal(409, r.status, r.body)
+      assert.truthy(r.json.detail:find("node withdraw is UNKNOWN", 1, true), r.body)
+      r = api.call(d, "POST", "/v3/requests/" .. id3 .. "/cancel",
+        { token = operator, json = { reason = "stuck", reconciled = "yes" } })
+      assert.equal(422, r.status, r.body)
+      r = api.check(doc, api.call(d, "POST", "/v3/requests/" .. id3 .. "/cancel",
+        { token = operator, json = { reason = "the venue shows no withdrawal", reconciled = true } }),
+        "POST", "/v3/requests/{id}/cancel")
+      assert.equal(200, r.status, r.body)
+      assert.equal("CANCELLED", r.json.request_state)
     end)
 
     it("runs a movement to its manual step and completes it through /v3/nodes/{id}/complete", function()

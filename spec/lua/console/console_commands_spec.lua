@@ -91,7 +91,7 @@ describe("console request commands", function()
     local text = cmds.help().text
     for _, want in ipairs({
       "approve%(id%)%s+PENDING_APPROVAL", "reject%(id, reason%)%s+PENDING_APPROVAL %-> REJECTED",
-      "cancel%(id, reason%)%s+PENDING_APPROVAL, APPROVED, EXECUTING, WAITING_MANUAL_ACTION or MANUAL_INTERVENTION",
+      "cancel%(id, reason%[, {reconciled = true}%]%)%s+PENDING_APPROVAL, APPROVED, EXECUTING, WAITING_MANUAL_ACTION or MANUAL_INTERVENTION",
       "resume%(id%)%s+MANUAL_INTERVENTION %-> EXECUTING; refused while a node is FAILED",
       "retry%(node_id%)%s+a FAILED or UNKNOWN node", "complete_manual%(node_id, artifacts%)%s+a READY manual step",
       "redeliver%(callback_id%)%s+a dlq callback row",
@@ -101,7 +101,8 @@ describe("console request commands", function()
     -- what help says cancel accepts is what the state machine allows
     local state = require "qtg.state"
     for from in pairs(state.REQUEST_TRANSITIONS) do
-      local said = (text:match("cancel%(id, reason%)%s+([^\n]*)"):match("^(.-)%->") .. " "):find(from .. "[ ,]") ~= nil
+      local said = (text:match("cancel%(id, reason%[, {reconciled = true}%]%)%s+([^\n]*)"):match("^(.-)%->") .. " ")
+        :find(from .. "[ ,]") ~= nil
       assert.equals(state.request_can(from, "CANCELLED"), said, from)
     end
   end)

@@ -218,6 +218,8 @@ describe("console lifecycle and signer commands", function()
 
   it("cancel() ends a pending request, audited", function()
     local id = create_otc(sup.uid("console-cancel")).id
+    has(fails(cmds.cancel, id, "not needed any more", "yes"), "the third argument is a table")
+    has(fails(cmds.cancel, id, "not needed any more", { reconciled = "yes" }), "the third argument is a table")
     has(shown(cmds.cancel(id, "not needed any more")), "CANCELLED")
     assert.equals("CANCELLED", request_state(id))
     assert.equals(1, audit_count("request.cancel", id))

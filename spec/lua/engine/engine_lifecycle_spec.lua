@@ -182,6 +182,28 @@ describe("request lifecycle", function()
       local err = sup.refused("illegal_transition", requests.cancel, s, busy.id, sup.ACTOR)
       assert.matches("in flight", err.message)
     end)
+
+    -- An UNKNOWN node's submit may have reached the provider; once its
+    -- request is CANCELLED nothing recovers it.  The canceller says it asked.
+    it("cancel beside an UNKNOWN node needs the canceller's word that the provider was asked, recorded", function()
+      local req = sup.create_approved(s, MANUAL)
+      s:query([[UPDATE movement_request_nodes SET node_state = 'UNKNOWN' WHERE request_id = $1::uuid
+                 AND node_key = 'a']], req.id)
+      for _, word in ipairs({ false, "yes", 1 }) do
+        local err = sup.refused("illegal_transition", requests.cancel, s, req.id, sup.ACTOR, "stuck", word)
+        assert.matches("node a is UNKNOWN", err.message, 1, true)
+        assert.matches("reconciled = true", err.message, 1, true)
+      end
+      assert.equal("APPROVED", sup.request(s, req.id).request_state)
+      requests.cancel(s, req.id, sup.ACTOR, "the desk confirms nothing left", true)
+      assert.equal("CANCELLED", sup.request(s, req.id).request_state)
+      local audit = s:query([[SELECT detail FROM audit_outbox WHERE entity_id = $1 AND action = 'request.cancel'
+                              UNION ALL SELECT detail FROM audit_events WHERE entity_id = $1 AND action = 'request.cancel']],
+        req.id)[1]
+      assert.truthy(audit, "no request.cancel audit row")
+      local detail = type(audit.detail) == "table" and audit.detail or require("cjson").decode(audit.detail)
+      assert.same({ "a" }, detail.reconciled_unknown_nodes)
+    end)
   end)
 
   describe("manual steps", function()

@@ -758,6 +758,20 @@ describe("engine pipeline", function()
       assert.is_nil(events.request_failed)
     end)
 
+    it("keeps a request EXECUTING beside an UNKNOWN node until recovery settles it, then waits for the manual step", function()
+      sup.load_doc(s, sup.doc("spec_pl_unknown_manual", {
+        { "a", "action", "withdrawal", { sim = { unknown = "submit", recover = "completed" } } },
+        { "m", "manual", "manual_confirmation", { required_inputs = { "desk_reference" } } } }))
+      local req = sup.create_approved(s, "spec_pl_unknown_manual")
+      sup.tick("node_dispatcher")
+      local n = sup.nodes(s, req.id)
+      assert.same({ "UNKNOWN", "READY" }, { n.a.node_state, n.m.node_state })
+      assert.equal("EXECUTING", sup.request(s, req.id).request_state)
+      assert.equal(1, sup.tick("node_recovery"))
+      assert.equal("COMPLETED", sup.nodes(s, req.id).a.node_state)
+      assert.equal("WAITING_MANUAL_ACTION", sup.request(s, req.id).request_state)
+    end)
+
     it("recovers a node that went UNKNOWN to SUBMITTED, then it completes", function()
       local t = two("spec_pl_unknown", false, { unknown_at_observe = 1, observes = 2, retry_after_seconds = 0 })
       local req = sup.create_approved(s, t)

@@ -171,6 +171,9 @@ describe("derive_request_state", function()
     { "READY manual, nothing executing", { n("COMPLETED"), n("READY", MANUAL) }, "WAITING_MANUAL_ACTION" },
     { "READY manual, a node SUBMITTED", { n("SUBMITTED"), n("READY", MANUAL) }, nil },
     { "READY manual, another READY node", { n("READY"), n("READY", MANUAL) }, nil },
+    -- an UNKNOWN node is still executing: WAITING_MANUAL_ACTION would end its
+    -- recovery (node_recovery sweeps EXECUTING requests only)
+    { "READY manual, a node UNKNOWN", { n("UNKNOWN"), n("READY", MANUAL) }, nil },
     { "READY manual + FAILED", { n("FAILED"), n("READY", MANUAL) }, "FAILED" },
     { "in progress", { n("COMPLETED"), n("OBSERVING"), n("BLOCKED") }, nil },
     { "no nodes", {}, nil },
