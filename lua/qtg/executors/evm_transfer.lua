@@ -319,6 +319,12 @@ function M.broadcast(url, row, again)
     local tx, lerr = rpc.get_transaction_by_hash(url, row.tx_hash)
     if tx == nil then return "unknown", rpc_error(lerr, url) end
     if tx then
+      -- only our own transaction is ours (as chain_status checks it)
+      if type(tx) ~= "table" or tx.hash ~= row.tx_hash then
+        return "unknown", fail("EVM_RPC_BAD_RESPONSE", string.format(
+          "eth_getTransactionByHash answered the lookup of %s with transaction %s", row.tx_hash,
+          type(tx) == "table" and tostring(tx.hash) or type(tx)))
+      end
       nonces.mark_broadcast(row.id)
       return "sent"
     end

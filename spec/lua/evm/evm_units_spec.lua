@@ -273,6 +273,23 @@ describe("evm_transfer executor: an RPC that answers for another transaction", f
   end)
   after_each(unstub)
 
+  it("never takes a transaction of another hash as its own after 'already known' or 'nonce too low'", function()
+    for _, message in ipairs({ "already known", "nonce too low" }) do
+      stub(rpc, "send_raw_transaction", function() return rpc.fail("rpc", message) end)
+      stub(rpc, "get_transaction_by_hash", function() return { hash = OTHER } end)
+      local st, err = exe.broadcast("http://rpc.invalid", row, false)
+      assert.equal("unknown", st, message)
+      assert.equal("EVM_RPC_BAD_RESPONSE", err.code)
+      assert.matches("answered the lookup of " .. OURS .. " with transaction " .. OTHER, err.message, 1, true)
+      assert.same({}, calls)
+      -- its own hash: sent
+      stub(rpc, "get_transaction_by_hash", function() return { hash = OURS } end)
+      assert.equal("sent", (exe.broadcast("http://rpc.invalid", row, false)))
+      assert.same({ "mark_broadcast" }, calls)
+      calls = {}
+    end
+  end)
+
   it("never completes a transfer on a receipt or a transaction of another hash", function()
     stub(rpc, "get_transaction_receipt", function()
       return { transactionHash = OTHER, blockNumber = "0x10", status = "0x1", blockHash = OTHER, gasUsed = "0x5208" }
