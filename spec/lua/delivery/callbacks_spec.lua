@@ -240,6 +240,22 @@ describe("callback delivery to real receivers", function()
     res, rc = verify(k1 .. " --nonce-db " .. common.quote(nonces))
     assert.equals(1, rc)
     assert.equals("replayed_nonce", res.reason)
+    -- the same delivery sent again 400 s later with a new timestamp (its
+    -- first attempt's outcome was never recorded): still the same nonce
+    local later = tonumber(sup.header(e, "X-QTG-Callback-Timestamp")) + 400
+    local again = {}
+    for k, v in pairs(e.headers) do again[k] = v end
+    for k in pairs(again) do
+      if k:lower() == "x-qtg-callback-timestamp" then again[k] = string.format("%d", later) end
+      if k:lower() == "x-qtg-callback-signature" then
+        again[k] = qtg.crypto.hmac_sha256_hex(KEY, callbacks.signed_message(later, sup.header(e, "X-QTG-Callback-Nonce"), e.body))
+      end
+    end
+    local restamped = dir .. "/restamped.headers"
+    sup.write_file(restamped, cjson.encode(again))
+    res, rc = verify(k1 .. " --nonce-db " .. common.quote(nonces) .. " --now " .. later, nil, restamped)
+    assert.equals(1, rc)
+    assert.equals("replayed_nonce", res.reason)
     -- tampered body: one byte more
     local tampered = dir .. "/tampered.body"
     sup.write_file(tampered, e.body .. " ")
