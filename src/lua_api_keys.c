@@ -9,8 +9,10 @@
  * client receives the 64 hex characters once (qtgd tokens) and verifies
  * callbacks with them as the key bytes, exactly as a receiver of the host
  * key does (tools/callback-verify).  A receiver knowing its own key learns
- * nothing about another client's (HMAC is a PRF), so none can forge
- * another's callbacks.  The host key never reaches Lua.
+ * nothing about another client's (HMAC is a PRF), so no client can forge
+ * another's callbacks; a holder of the host key (a receiver of operator
+ * callbacks) can derive them all (docs/callbacks.md, "Not yet separated").
+ * The host key never reaches Lua.
  *
  *   qtg.api_keys.client_key(key_id)        -> hex key, or nil, err (no_key)
  *   qtg.api_keys.sign(key_id, message)     -> hex HMAC-SHA256(client key, message)
