@@ -28,6 +28,8 @@ struct qtg_keys {
   uint8_t *callback_key;       /* NULL when none is configured */
   size_t callback_key_len;
   char callback_key_id[QTG_KEY_NAME_MAX + 1];
+  uint8_t client_key[32];      /* MG_CALLBACK_CLIENT_KEY_FILE, when has_client_key */
+  int has_client_key;
   qtg_signer_key *signers;
   size_t nsigners;
   secp256k1_context *ctx;
@@ -345,6 +347,14 @@ int qtg_keys_load(const qtg_keys_config *cfg, qtg_keys **out, char *err,
     qtg_keys_free(k);
     return -1;
   }
+  if (cfg->client_key_file != NULL && cfg->client_key_file[0] != '\0') {
+    if (qtg_keys_read_secret_file("MG_CALLBACK_CLIENT_KEY_FILE", cfg->client_key_file, k->client_key, -1, err,
+                                  errlen) != 0) {
+      qtg_keys_free(k);
+      return -1;
+    }
+    k->has_client_key = 1;
+  }
   if (qtg_keys_load_callback(k, cfg, err, errlen) != 0 ||
       qtg_keys_load_signers(k, cfg->signer_keys, err, errlen) != 0) {
     qtg_keys_free(k);
@@ -375,6 +385,7 @@ int qtg_keys_open(qtg_host *h, char *err, size_t errlen) {
   cfg.callback_key_file = qtg_settings_str(h->settings, QTG_S_CALLBACK_KEY_FILE);
   cfg.callback_key = qtg_settings_str(h->settings, QTG_S_CALLBACK_KEY);
   cfg.callback_key_id = qtg_settings_str(h->settings, QTG_S_CALLBACK_KEY_ID);
+  cfg.client_key_file = qtg_settings_str(h->settings, QTG_S_CALLBACK_CLIENT_KEY_FILE);
   /* MG_SIGNER_KEYS is `qtgd signer`'s (qtg_signerd.c): this process never
    * loads a signer key, whatever its environment says. */
   cfg.signer_keys = NULL;
@@ -402,6 +413,15 @@ int qtg_keys_callback_hmac(const qtg_keys *k, const void *msg, size_t len,
                            uint8_t out[32]) {
   if (!qtg_keys_has_callback_key(k)) return -1;
   return qtg_hmac_sha256(k->callback_key, k->callback_key_len, msg, len, out);
+}
+
+int qtg_keys_has_client_key(const qtg_keys *k) {
+  return k != NULL && k->has_client_key;
+}
+
+int qtg_keys_client_hmac(const qtg_keys *k, const void *msg, size_t len, uint8_t out[32]) {
+  if (!qtg_keys_has_client_key(k)) return -1;
+  return qtg_hmac_sha256(k->client_key, sizeof k->client_key, msg, len, out);
 }
 
 size_t qtg_keys_signer_count(const qtg_keys *k) {

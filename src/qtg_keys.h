@@ -9,7 +9,8 @@
  * than running with a leaked key.
  *
  * Settings: MG_CALLBACK_KEY_FILE or MG_CALLBACK_KEY (not both),
- * MG_CALLBACK_KEY_ID, MG_SIGNER_KEYS "name=/path[,name=/path...]".
+ * MG_CALLBACK_KEY_ID, MG_CALLBACK_CLIENT_KEY_FILE, MG_SIGNER_KEYS
+ * "name=/path[,name=/path...]".
  */
 #ifndef QTG_KEYS_H
 #define QTG_KEYS_H
@@ -35,6 +36,7 @@ typedef struct {
   const char *signer_keys;         /* MG_SIGNER_KEYS */
   int refuse_signer_key_owner;     /* set: signer key files owned by signer_key_refused_uid */
   long signer_key_refused_uid;     /* (the daemon's uid, when not the signer's) are refused */
+  const char *client_key_file;     /* MG_CALLBACK_CLIENT_KEY_FILE */
 } qtg_keys_config;
 
 /* Load every key the config names.  On error returns -1 with a message
@@ -61,6 +63,11 @@ const char *qtg_keys_callback_key_id(const qtg_keys *k);
 /* HMAC-SHA256 of msg under the callback key; -1 when no key is set. */
 int qtg_keys_callback_hmac(const qtg_keys *k, const void *msg, size_t len,
                            uint8_t out[32]);
+/* The API clients' own secret (MG_CALLBACK_CLIENT_KEY_FILE), which their
+ * callback keys derive from instead of the callback key (lua_api_keys.c):
+ * 1 when configured; the HMAC of msg under it, -1 when it is not. */
+int qtg_keys_has_client_key(const qtg_keys *k);
+int qtg_keys_client_hmac(const qtg_keys *k, const void *msg, size_t len, uint8_t out[32]);
 
 /* Signer keys, in the order MG_SIGNER_KEYS lists them. */
 size_t qtg_keys_signer_count(const qtg_keys *k);

@@ -47,6 +47,7 @@ QTG_SETTING(CALLBACK_TIMEOUT_SECONDS, "MG_CALLBACK_TIMEOUT_SECONDS", QTG_SET_NUM
 QTG_SETTING(CALLBACK_KEY, "MG_CALLBACK_KEY", QTG_SET_SECRET, "", 0, 0, "HMAC key for callback signatures (prefer MG_CALLBACK_KEY_FILE)")
 QTG_SETTING(CALLBACK_KEY_FILE, "MG_CALLBACK_KEY_FILE", QTG_SET_STR, "", 0, 0, "file holding the callback HMAC key (mode 0600 or stricter)")
 QTG_SETTING(CALLBACK_KEY_ID, "MG_CALLBACK_KEY_ID", QTG_SET_STR, "k1", 0, 0, "key id sent as X-QTG-Callback-Key-Id, for rotation")
+QTG_SETTING(CALLBACK_CLIENT_KEY_FILE, "MG_CALLBACK_CLIENT_KEY_FILE", QTG_SET_STR, "", 0, 0, "file holding the secret API clients' callback keys are derived from (64 hex digits, mode 0600 or stricter); unset: they derive from the callback key, whose every holder can then compute them")
 QTG_SETTING(EXPIRATION_CHECK_INTERVAL_SECONDS, "MG_EXPIRATION_CHECK_INTERVAL_SECONDS", QTG_SET_NUM, "30", 0.01, 86400, "expiration_checker interval")
 QTG_SETTING(APPROVAL_TTL_SECONDS, "MG_APPROVAL_TTL_SECONDS", QTG_SET_INT, "300", 1, 31536000, "approval window of a PENDING_APPROVAL request")
 QTG_SETTING(TEMPLATE_PROPOSAL_EXPIRATION_INTERVAL_SECONDS, "MG_TEMPLATE_PROPOSAL_EXPIRATION_INTERVAL_SECONDS", QTG_SET_NUM, "30", 0.01, 86400, "template_proposal_expiration interval")

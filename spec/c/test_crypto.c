@@ -129,7 +129,7 @@ static void write_file(const char *path, const char *content, size_t len, mode_t
 
 static int load(const char *file, const char *inline_key, const char *id, qtg_keys **k,
                 char *err, size_t errlen) {
-  qtg_keys_config cfg = {file, inline_key, id, NULL, 0, 0};
+  qtg_keys_config cfg = {file, inline_key, id, NULL, 0, 0, NULL};
   err[0] = '\0';
   return qtg_keys_load(&cfg, k, err, errlen);
 }
@@ -217,7 +217,46 @@ static void test_callback_key(void) {
   CHECK(&tc, load(NULL, NULL, NULL, &k, err, sizeof err) == 0);
   CHECK(&tc, !qtg_keys_has_callback_key(k));
   CHECK(&tc, qtg_keys_callback_hmac(k, "m", 1, mac) == -1);
+  CHECK(&tc, !qtg_keys_has_client_key(k));
+  CHECK(&tc, qtg_keys_client_hmac(k, "m", 1, mac) == -1);
   qtg_keys_free(k);
+}
+
+/* The API clients' secret (MG_CALLBACK_CLIENT_KEY_FILE): 64 hex digits in a
+ * 0600 file, its MAC independent of the callback key; anything else is
+ * refused at load, naming the setting. */
+static void test_client_key(void) {
+  char path[512], cpath[512], err[512], hex[65];
+  uint8_t mac[32], want[32];
+  qtg_keys *k = NULL;
+  static const char secret_hex[] = "5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a";
+  uint8_t secret[32];
+  memset(secret, 0x5a, sizeof secret);
+  snprintf(path, sizeof path, "%s/host.key", tmpdir);
+  write_file(path, "qtg-test-secret\n", 16, 0600);
+  snprintf(cpath, sizeof cpath, "%s/clients.key", tmpdir);
+  write_file(cpath, secret_hex, 64, 0600);
+  qtg_keys_config cfg = {path, NULL, NULL, NULL, 0, 0, cpath};
+  CHECK(&tc, qtg_keys_load(&cfg, &k, err, sizeof err) == 0);
+  CHECK(&tc, qtg_keys_has_client_key(k));
+  CHECK(&tc, qtg_keys_client_hmac(k, "label", 5, mac) == 0);
+  CHECK(&tc, qtg_hmac_sha256(secret, sizeof secret, "label", 5, want) == 0);
+  CHECK(&tc, memcmp(mac, want, 32) == 0);
+  CHECK(&tc, qtg_keys_callback_hmac(k, "label", 5, want) == 0);
+  CHECK(&tc, memcmp(mac, want, 32) != 0);
+  hex_of(mac, 32, hex);
+  qtg_keys_free(k);
+  k = NULL;
+  /* malformed, too open, missing: refused, the message names the setting */
+  write_file(cpath, "not hex at all\n", 15, 0600);
+  CHECK(&tc, qtg_keys_load(&cfg, &k, err, sizeof err) == -1 && k == NULL &&
+             strstr(err, "MG_CALLBACK_CLIENT_KEY_FILE") != NULL);
+  write_file(cpath, secret_hex, 64, 0644);
+  CHECK(&tc, qtg_keys_load(&cfg, &k, err, sizeof err) == -1 && k == NULL &&
+             strstr(err, "MG_CALLBACK_CLIENT_KEY_FILE") != NULL);
+  snprintf(cpath, sizeof cpath, "%s/no-such.key", tmpdir);
+  CHECK(&tc, qtg_keys_load(&cfg, &k, err, sizeof err) == -1 && k == NULL &&
+             strstr(err, "MG_CALLBACK_CLIENT_KEY_FILE") != NULL);
 }
 
 /* ---- qtg.crypto from Lua inside a real host --------------------------------- */
@@ -383,6 +422,7 @@ int main(void) {
   test_hex();
   test_compare_and_random();
   test_callback_key();
+  test_client_key();
   test_lua();
   {
     char cmd[300];

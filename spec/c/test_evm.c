@@ -305,7 +305,7 @@ static void test_lua(void) {
     fprintf(stderr, "cannot start a host: %s\n", err);
     tc.failed++;
   } else {
-    qtg_keys_config kc = {NULL, NULL, NULL, keys_env + strlen("MG_SIGNER_KEYS="), 0, 0};
+    qtg_keys_config kc = {NULL, NULL, NULL, keys_env + strlen("MG_SIGNER_KEYS="), 0, 0, NULL};
     uint8_t addr[20];
     char addrhex[43];
     if (qtg_keys_load(&kc, &test_keys, err, sizeof err) != 0 ||

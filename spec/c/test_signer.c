@@ -186,7 +186,7 @@ static char *key_path(const char *name) {
 }
 
 static int load_signers(const char *spec, qtg_keys **k, char *err, size_t errlen) {
-  qtg_keys_config cfg = {NULL, NULL, NULL, spec, 0, 0};
+  qtg_keys_config cfg = {NULL, NULL, NULL, spec, 0, 0, NULL};
   err[0] = '\0';
   return qtg_keys_load(&cfg, k, err, errlen);
 }
@@ -220,7 +220,7 @@ static void test_key_files(void) {
   /* the signer refuses a key file the daemon's uid owns (here: ours) */
   {
     qtg_keys *owned = NULL;
-    qtg_keys_config guarded = {NULL, NULL, NULL, spec, 1, (long)getuid()};
+    qtg_keys_config guarded = {NULL, NULL, NULL, spec, 1, (long)getuid(), NULL};
     err[0] = '\0';
     CHECK(&tc, qtg_keys_load(&guarded, &owned, err, sizeof err) == -1 && owned == NULL &&
                    strstr(err, "is owned by uid") != NULL);

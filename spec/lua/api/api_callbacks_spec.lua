@@ -13,13 +13,13 @@ local KEY = "api-spec-host-callback-key-0123456789"
 
 local function client(env)
   local tok, name, out = api.token("read,operate,approve", { env = env })
-  local key_id, key = out:match("key id (c%.[%w%._-]+%.%d+), key (%x+)")
+  local key_id, key = out:match("key id ([cm]%.[%w%._-]+%.%d+), key (%x+)")
   assert(key_id and #key == 64, out)
   return { token = tok, name = name, key_id = key_id, key = key }
 end
 
-local function create(c, url)
-  local r = api.call(d, "POST", "/v3/requests", { token = c.token, key = common.uid("k", 4),
+local function create(c, url, daemon)
+  local r = api.call(daemon or d, "POST", "/v3/requests", { token = c.token, key = common.uid("k", 4),
     json = { template_key = "otc_settlement_manual", intent = api.OTC_INTENT, callback_url = url } })
   assert(r.status == 201, r.body)
   return r.json.id
@@ -82,6 +82,64 @@ describe("callbacks of API clients", function()
     for _, row in ipairs(common.query("SELECT * FROM api_clients WHERE name = $1", a.name)) do
       for k, v in pairs(row) do assert.falsy(tostring(v):find(a.key, 1, true), k) end
     end
+  end)
+
+  -- Derived from the host key, a client's key was computable by every
+  -- holder of the host key (the receivers of operator callbacks), and a
+  -- rotation of the host key changed it under the same id.
+  it("derives the keys of clients made with MG_CALLBACK_CLIENT_KEY_FILE from that secret alone", function()
+    local SECRET = string.rep("5a", 32)
+    local secret_file = sup.key_file(dir, "clients", SECRET)
+    local menv = { MG_CALLBACK_KEY_FILE = key_path, MG_CALLBACK_KEY_ID = "k1", MG_CALLBACK_CLIENT_KEY_FILE = secret_file }
+    local legacy = client(env)   -- made before the clients' secret: scheme c
+    local dm = api.start({ MG_CALLBACK_KEY_FILE = key_path, MG_CALLBACK_KEY_ID = "k1",
+                           MG_CALLBACK_CLIENT_KEY_FILE = secret_file,
+                           MG_CALLBACK_DISPATCH_INTERVAL_SECONDS = "0.2", MG_CALLBACK_MAX_ATTEMPTS = "1" })
+    local ok, err = pcall(function()
+      local m = client(menv)
+      assert.equal("m." .. m.name .. ".1", m.key_id)
+      local label = "qtg api client callback key\n" .. m.key_id
+      local secret_bytes = SECRET:gsub("%x%x", function(h) return string.char(tonumber(h, 16)) end)
+      assert.equal(qtg.crypto.hmac_sha256_hex(secret_bytes, label), m.key)
+      -- what a holder of the host key computes for that id verifies nothing
+      local forged_key = qtg.crypto.hmac_sha256_hex(KEY, label)
+      assert.not_equal(forged_key, m.key)
+      local rcv = sup.start_receiver(dir, "m-own", { mode = "ok", keys = { [m.key_id] = sup.key_file(dir, "m-own", m.key) } })
+      local forged = sup.start_receiver(dir, "m-forged", { mode = "ok",
+        keys = { [m.key_id] = sup.key_file(dir, "m-forged", forged_key) } })
+      create(m, rcv.url, dm)
+      create(m, forged.url, dm)
+      local got, got_f = deliveries(rcv, 1), deliveries(forged, 1)
+      assert.is_true(got[1].verdict.ok, cjson.encode(got[1].verdict))
+      assert.equal(m.key_id, sup.header(got[1], "X-QTG-Callback-Key-Id"))
+      assert.equal("signature_mismatch", got_f[1].verdict.reason)
+      -- another host key: the same client key
+      local other_host = sup.key_file(dir, "host-2", KEY .. "-rotated")
+      local rc, out = api.tokens_cli({ "callback-key", m.name },
+        { MG_CALLBACK_KEY_FILE = other_host, MG_CALLBACK_CLIENT_KEY_FILE = secret_file })
+      assert.equal(0, rc, out)
+      assert.truthy(out:find(m.key, 1, true), out)
+      -- without the clients' secret, such a key is not made from the host key
+      rc, out = api.tokens_cli({ "callback-key", m.name }, env)
+      assert.falsy(out:find(forged_key, 1, true), out)
+      assert.truthy(out:find("MG_CALLBACK_CLIENT_KEY_FILE", 1, true), out)
+      -- a client made before moves onto the clients' secret at its rotation
+      rc, out = api.tokens_cli({ "callback-key", legacy.name, "--next" }, menv)
+      assert.equal(0, rc, out)
+      assert.truthy(out:find("key id m." .. legacy.name .. ".2", 1, true), out)
+      rc, out = api.tokens_cli({ "rotate-callback-key", legacy.name }, menv)
+      assert.equal(0, rc, out)
+      assert.equal("m", common.query("SELECT key_scheme FROM api_clients WHERE name = $1", legacy.name)[1].key_scheme)
+      -- a bad secret file stops the process that would use it
+      local bad = dir .. "/bad-clients.key"
+      sup.write_file(bad, "not hex\n")
+      os.execute("chmod 600 " .. common.quote(bad))
+      rc, out = api.tokens_cli({ "callback-key", m.name }, { MG_CALLBACK_KEY_FILE = key_path, MG_CALLBACK_CLIENT_KEY_FILE = bad })
+      assert.not_equal(0, rc, out)
+      assert.truthy(out:find("MG_CALLBACK_CLIENT_KEY_FILE", 1, true), out)
+    end)
+    api.stop(dm)
+    assert(ok, err)
   end)
 
   it("rotates with both keys valid at the receiver meanwhile", function()
