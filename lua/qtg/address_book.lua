@@ -96,12 +96,12 @@ end
 -- as it resolves now, never the proposer's.
 local function approvals_now(s, c)
   local seen = { [c.proposed_by] = true }
-  local proposer = principals.current(s, c.proposed_by)
+  local proposer = principals.current(s, c.proposed_by, true)
   if proposer then seen[proposer.actor] = true end
   local n = 0
   for _, v in ipairs(s:query([[SELECT principal FROM address_book_votes
                                 WHERE change_id = $1 AND decision = 'approve' ORDER BY created_at, principal]], c.id)) do
-    local now = not seen[v.principal] and principals.current(s, v.principal)
+    local now = not seen[v.principal] and principals.current(s, v.principal, true)
     if now and not seen[now.actor] and principals.has_role(now, "admin") then
       seen[v.principal], seen[now.actor] = true, true
       n = n + 1

@@ -126,38 +126,42 @@ local function in_process(actor, name)
   return { actor = actor, kind = "system", name = name, roles = M.ALL_ROLES }
 end
 
--- The rows are read FOR SHARE: a vote is checked and counted in its
--- approval's transaction, and a removal, a role change or a revocation
+-- With lock, the rows are read FOR SHARE: a vote is checked and counted in
+-- its approval's transaction, and a removal, a role change or a revocation
 -- committing meanwhile waits for it (then applies to later votes), so no
--- vote counts for a voter already gone when it commits.
+-- vote counts for a voter already gone when it commits.  A reader (the
+-- approval status a GET shows) takes no lock.
+local function locked(sql, lock) return lock and sql .. " FOR SHARE" or sql end
+
 local CURRENT = {
-  operator = function(s, _, name)
-    local row = s:query("SELECT name, roles::text AS roles FROM operators WHERE name = $1 FOR SHARE", name)[1]
+  operator = function(s, _, name, lock)
+    local row = s:query(locked("SELECT name, roles::text AS roles FROM operators WHERE name = $1", lock), name)[1]
     return row and operator_principal(row) or nil
   end,
-  api = function(s, actor, name)
-    local row = s:query([[SELECT roles::text AS roles FROM api_tokens
-                           WHERE name = $1 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())
-                             FOR SHARE]],
+  api = function(s, actor, name, lock)
+    local row = s:query(locked([[SELECT roles::text AS roles FROM api_tokens
+                           WHERE name = $1 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())]], lock),
       name)[1]
     return row and { actor = actor, kind = "api_client", name = name, roles = roles_of(row.roles) } or nil
   end,
-  console = function(s, actor, uid)
+  console = function(s, actor, uid, lock)
     if not (uid:match("^%d+$") and #uid <= 15) then return in_process(actor, uid) end
-    local row = s:query("SELECT name, roles::text AS roles FROM operators WHERE uid = $1 FOR SHARE", tonumber(uid))[1]
+    local row = s:query(locked("SELECT name, roles::text AS roles FROM operators WHERE uid = $1", lock),
+      tonumber(uid))[1]
     if row then return operator_principal(row) end
     return M.console(s, tonumber(uid))
   end,
   system = function(_, actor, name) return in_process(actor, name) end,
 }
 
--- current(s, actor) -> the principal actor is now, or nil when it is gone
--- (a removed operator, a revoked or expired token) or never votes.
-function M.current(s, actor)
+-- current(s, actor[, lock]) -> the principal actor is now, or nil when it
+-- is gone (a removed operator, a revoked or expired token) or never votes;
+-- lock: as a vote counts it (its row FOR SHARE until the transaction ends).
+function M.current(s, actor, lock)
   if type(actor) ~= "string" then return nil end
   local prefix, name = actor:match(ACTOR)
   local resolve = prefix and CURRENT[prefix]
-  return resolve and resolve(s, actor, name) or nil
+  return resolve and resolve(s, actor, name, lock) or nil
 end
 
 -- ---- the operators table (qtgd operators, console) ------------------------

@@ -171,20 +171,21 @@ local function counts(p, roles)
   return principals.has_role(p, "approve") and (roles == nil or holds_one(p, roles))
 end
 
--- counted(s, req, digest, roles) -> the approve votes that count toward
+-- counted(s, req, digest, roles[, lock]) -> the approve votes that count toward
 -- the quorum, checked when it is counted, not only when each was cast:
 -- votes for `digest`, by voters who still exist and are active
 -- (principals.current: an operator row, a live API token) and hold approve
 -- and one of the current rule's roles, one per principal as it resolves
--- now; the initiator's never counts.
-local function counted(s, req, digest, roles)
-  local initiator = principals.current(s, req.created_by)
+-- now; the initiator's never counts.  lock: the voters' rows FOR SHARE, as
+-- a vote's transaction counts them (principals.current).
+local function counted(s, req, digest, roles, lock)
+  local initiator = principals.current(s, req.created_by, lock)
   local seen = { [req.created_by] = true }
   if initiator then seen[initiator.actor] = true end
   local list = {}
   for _, v in ipairs(votes(s, req.id)) do
     local now = v.decision == "approve" and v.approval_digest == digest and not seen[v.principal]
-      and principals.current(s, v.principal)
+      and principals.current(s, v.principal, lock)
     if now and not seen[now.actor] and counts(now, roles) then
       seen[v.principal], seen[now.actor] = true, true
       list[#list + 1] = v
@@ -461,7 +462,7 @@ local function approve(s, id, p, comment, signature)
       decision.rule, table.concat(roles, ", "))
   end
   -- the voter as it is now, as its vote will be counted
-  local now = principals.current(s, actor)
+  local now = principals.current(s, actor, true)
   if not now or not counts(now, roles) then
     refuse("forbidden", "%s may not approve request %s: it is %s", actor, id,
       now and "without the approve role or one of the rule's roles now" or "no enrolled operator or live API token")
@@ -476,7 +477,7 @@ local function approve(s, id, p, comment, signature)
                    approval_policy = $4::jsonb WHERE id = $1::uuid]],
     id, digest, required, canon.encode(policy_record(decision, nil, initiator)))
   req.approval_digest, req.approvals_required = digest, required
-  local approved = counted(s, req, digest, roles)
+  local approved = counted(s, req, digest, roles, true)
   if #approved < required then
     outbox.audit(s, actor, "request.approval", "movement_request", id, id, {
       approval_digest = digest, intent = req.intent, amount = req.intent.amount,

@@ -716,10 +716,17 @@ describe("approvals", function()
         assert.is_true(done, tostring(why))
         assert.equal("APPROVED", state(req.id))
         -- the removal first: the vote waits until it commits, then is refused
+        local first = req   -- it holds racer's vote
         enrol(voter)
         req = create()
         s2:begin()
         principals.remove(s2, "racer", "system:spec")
+        -- a reader of the approvals (a GET, req() in the console) takes no
+        -- lock: it does not wait for the removal
+        s:exec("SET lock_timeout = '2s'")
+        local shown_ok, shown = pcall(requests.approval_status, s, first.id)
+        s:exec("RESET lock_timeout")
+        assert.is_true(shown_ok, tostring(type(shown) == "table" and shown.message or shown))
         local pid2 = s2:query("SELECT pg_backend_pid() AS p")[1].p
         local vote = qtg.spawn(function() return requests.approve(s, req.id, voter) end)
         common.wait_for(function() return common.waiting_on(pid2) > 0 end, 10, "the vote waiting on the removal")
