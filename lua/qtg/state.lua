@@ -68,20 +68,32 @@ end
 --   a FAILED/UNKNOWN node + a side-effect COMPLETED  -> MANUAL_INTERVENTION
 --   a FAILED node (no side effects)                  -> FAILED
 --   a READY manual_* node + no executing node        -> WAITING_MANUAL_ACTION
+-- with one hold before the second and third: while a node is FAILED or
+-- UNKNOWN and another is still in flight (SUBMITTING, SUBMITTED,
+-- OBSERVING), or a node is FAILED and another UNKNOWN with no side-effect
+-- COMPLETED, nothing changes.  Whether the request had "no side effects"
+-- is not known until those nodes settle, and only an EXECUTING request's
+-- nodes are observed and recovered: leaving EXECUTING would strand money
+-- already sent.  The dispatcher starts no node of a request with a FAILED
+-- node meanwhile (qtg.workers.node_dispatcher); docs/conformance.md.
 --   otherwise                                        -> nil
 function M.derive_request_state(nodes)
-  local all_done, troubled, failed, side_effect = true, false, false, false
-  local manual_ready, executing = false, false
+  local all_done, failed, unknown, side_effect = true, false, false, false
+  local manual_ready, executing, in_flight = false, false, false
   for _, n in ipairs(nodes) do
     local st = n.node_state
     if not M.DONE[st] then all_done = false end
-    if st == "FAILED" then failed = true; troubled = true end
-    if st == "UNKNOWN" then troubled = true end
+    if st == "FAILED" then failed = true end
+    if st == "UNKNOWN" then unknown = true end
+    if M.IN_FLIGHT[st] then in_flight = true end
     if st == "COMPLETED" and n.side_effect == true then side_effect = true end
     if st == "READY" and M.is_manual(n.action_type) then manual_ready = true end
     if M.is_executing(n) then executing = true end
   end
+  local troubled = failed or unknown
   if #nodes > 0 and all_done then return "COMPLETED" end
+  if troubled and in_flight then return nil end
+  if failed and unknown and not side_effect then return nil end
   if troubled and side_effect then return "MANUAL_INTERVENTION" end
   if failed then return "FAILED" end
   if manual_ready and not executing then return "WAITING_MANUAL_ACTION" end

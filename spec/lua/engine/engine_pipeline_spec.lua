@@ -346,6 +346,97 @@ describe("engine pipeline", function()
     end)
   end)
 
+  -- A request with a FAILED node stays EXECUTING while another of its
+  -- nodes is in flight: the observer settles that node, which it does for
+  -- EXECUTING requests only, and the dispatcher starts no more of its
+  -- nodes.  Derived FAILED at once, the request left money in flight
+  -- unobserved and reported that it had failed.
+  describe("a failure beside a node in flight", function()
+    -- a: submitted, completes at its first observation; b: refused at
+    -- preflight; c: would complete on submit.  Three roots, in key order.
+    local function three(key, a_side_effect)
+      sup.load_doc(s, sup.doc(key, {
+        { "a", "action", "withdrawal", { sim = { observes = 1, side_effect = a_side_effect,
+                                                 retry_after_seconds = 0 } } },
+        { "b", "action", "withdrawal", { sim = { fail = "preflight" } } },
+        { "c", "action", "withdrawal", { sim = { observes = 0, side_effect = true } } },
+      }))
+      return key
+    end
+
+    local function failed_beside_a(key, a_side_effect)
+      local req = sup.create_approved(s, three(key, a_side_effect))
+      assert.equal(1, sup.tick("node_dispatcher"))
+      assert.equal(1, sup.tick("node_dispatcher"))
+      local n = sup.nodes(s, req.id)
+      assert.same({ "SUBMITTED", "FAILED", "READY" }, { n.a.node_state, n.b.node_state, n.c.node_state })
+      assert.equal("PREFLIGHT_REJECTED", n.b.error_code)
+      assert.equal("EXECUTING", sup.request(s, req.id).request_state)
+      -- c is passed over, however often the dispatcher looks
+      for _ = 1, 3 do assert.equal(0, sup.tick("node_dispatcher")) end
+      assert.equal("READY", sup.nodes(s, req.id).c.node_state)
+      assert.equal(0, #ledger(n.c.id))
+      return req, n
+    end
+
+    it("observes the node in flight to the end; its side effect makes it MANUAL_INTERVENTION", function()
+      local req = failed_beside_a("spec_pl_fail_beside_paid", true)
+      assert.is_true(sup.drive(s, sup.state_is(req.id, "MANUAL_INTERVENTION"), 10,
+        { "node_dispatcher", "node_observer" }))
+      local n = sup.nodes(s, req.id)
+      assert.same({ "COMPLETED", "FAILED", "READY" }, { n.a.node_state, n.b.node_state, n.c.node_state })
+      assert.is_true(n.a.side_effect)
+      assert.equal(0, #ledger(n.c.id))
+      local cbs = sup.callbacks(s, req.id)
+      assert.equal("request_attention", cbs[#cbs].body.event_type)
+      assert.equal("manual_intervention", cbs[#cbs].body.data.reason)
+      assert.same({ { node_key = "b", node_state = "FAILED", error_code = "PREFLIGHT_REJECTED" } },
+        cbs[#cbs].body.data.nodes)
+    end)
+
+    it("without a side effect the request is FAILED once the node in flight settles", function()
+      local req = failed_beside_a("spec_pl_fail_beside_free", false)
+      assert.is_true(sup.drive(s, sup.state_is(req.id, "FAILED"), 10, { "node_dispatcher", "node_observer" }))
+      local n = sup.nodes(s, req.id)
+      assert.same({ "COMPLETED", "FAILED", "READY" }, { n.a.node_state, n.b.node_state, n.c.node_state })
+      assert.equal("PREFLIGHT_REJECTED", sup.request(s, req.id).last_error_code)
+      assert.equal(0, #ledger(n.c.id))
+    end)
+
+    it("a retry of the FAILED node makes the request's nodes dispatchable again", function()
+      local req, n = failed_beside_a("spec_pl_fail_beside_retry", true)
+      requests.retry(s, n.b.id, sup.ACTOR)
+      assert.equal(1, sup.tick("node_dispatcher")) -- b again (its preflight refuses again)
+      local after = sup.nodes(s, req.id)
+      assert.same({ "FAILED", 2 }, { after.b.node_state, after.b.attempt_no })
+      assert.equal(0, sup.tick("node_dispatcher")) -- and c is passed over again
+      assert.equal("EXECUTING", sup.request(s, req.id).request_state)
+    end)
+
+    -- The claim's snapshot can predate the failure's commit (the request's
+    -- lock is free again by the time the claim takes it): the nodes read
+    -- after the lock show it, and nothing is started.
+    it("a claim whose snapshot missed the failure starts nothing", function()
+      local d = require "qtg.workers.node_dispatcher"
+      local req, n = failed_beside_a("spec_pl_fail_beside_race", true)
+      local s2 = qtg.db.acquire()
+      s2:begin()
+      local row = qtg.db.claim.one(s2, {
+        candidates_sql = [[SELECT id FROM movement_request_nodes
+                            WHERE id = ']] .. n.c.id .. [['::uuid AND NOT (id::text = ANY ($1::text[]))
+                              AND $2::text IS NOT NULL AND $3::jsonb IS NOT NULL]],
+        claim_sql = d.CLAIM_SQL, args = { qtg.settings.network_class, "[]" } })
+      assert.equal(n.c.id, row.node_id)
+      assert.is_nil(d.dispatch(s2, row))
+      s2:commit()
+      s2:release()
+      local c = sup.nodes(s, req.id).c
+      assert.same({ "READY", 0 }, { c.node_state, c.attempt_no })
+      assert.equal(0, #ledger(c.id))
+      assert.equal("EXECUTING", sup.request(s, req.id).request_state)
+    end)
+  end)
+
   describe("advance", function()
     it("a completion readies its successors with its frontier write: READY, an audit row each, one callback", function()
       -- a -> b, a -> c, b -> d, c -> d; a completes on submit

@@ -167,7 +167,20 @@ describe("derive_request_state", function()
     { "FAILED, completed without side effect", { n("COMPLETED"), n("FAILED") }, "FAILED" },
     { "FAILED alone", { n("FAILED"), n("BLOCKED") }, "FAILED" },
     { "UNKNOWN without side effect", { n("COMPLETED"), n("UNKNOWN") }, nil },
-    { "side effect not yet completed", { n("SUBMITTED", SE), n("FAILED") }, "FAILED" },
+    -- a node still in flight has not settled whether the request had a side
+    -- effect, and only an EXECUTING request's nodes are observed: hold
+    { "FAILED, a side effect in flight", { n("SUBMITTED", SE), n("FAILED") }, nil },
+    { "FAILED, a node SUBMITTING", { n("SUBMITTING"), n("FAILED") }, nil },
+    { "FAILED, a node OBSERVING", { n("OBSERVING"), n("FAILED"), n("READY") }, nil },
+    { "FAILED + side-effect COMPLETED, a node in flight",
+      { n("COMPLETED", SE), n("FAILED"), n("SUBMITTED", SE) }, nil },
+    { "UNKNOWN + side-effect COMPLETED, a node in flight",
+      { n("COMPLETED", SE), n("UNKNOWN"), n("OBSERVING") }, nil },
+    -- node_recovery sweeps EXECUTING requests only
+    { "FAILED + UNKNOWN, no side effect", { n("FAILED"), n("UNKNOWN") }, nil },
+    { "FAILED + UNKNOWN + side-effect COMPLETED", { n("COMPLETED", SE), n("FAILED"), n("UNKNOWN") },
+      "MANUAL_INTERVENTION" },
+    { "FAILED after the in-flight node settled", { n("COMPLETED"), n("FAILED"), n("READY") }, "FAILED" },
     { "READY manual, nothing executing", { n("COMPLETED"), n("READY", MANUAL) }, "WAITING_MANUAL_ACTION" },
     { "READY manual, a node SUBMITTED", { n("SUBMITTED"), n("READY", MANUAL) }, nil },
     { "READY manual, another READY node", { n("READY"), n("READY", MANUAL) }, nil },
