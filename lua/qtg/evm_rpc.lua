@@ -281,6 +281,19 @@ M.ALREADY_KNOWN = { "already known", "already imported", "known transaction",
 M.NONCE_TOO_LOW = { "nonce too low", "nonce is too low", "oldnonce", "nonce has already been used",
                     "transaction nonce is too low" }
 
+-- Node errors that refuse the transaction itself: its pool's validation
+-- found the bytes unfit (funds, gas, fees, signature, chain, type, size),
+-- so they are in no pool of this node.  Any other JSON-RPC error (a rate
+-- limit, an internal or upstream error, a busy or syncing node) says
+-- nothing of the bytes: a proxy may have passed them on before it failed.
+M.TX_REFUSED = { "insufficient funds", "intrinsic gas too low", "exceeds block gas limit",
+                 "gas limit reached", "invalid sender", "invalid signature", "invalid chain id",
+                 "incorrect chain id", "transaction type not supported", "tx type not supported",
+                 "oversized data", "exceeds the configured cap", "only replay-protected",
+                 "max priority fee per gas higher than max fee per gas", "tip higher than fee cap",
+                 "max fee per gas less than block base fee", "fee cap less than block base fee",
+                 "transaction underpriced", "nonce too high" }
+
 local function matches_any(err, list)
   if type(err) ~= "table" or err.kind ~= "rpc" then return false end
   local msg = tostring(err.message):lower()
@@ -292,5 +305,11 @@ end
 
 function M.is_already_known(err) return matches_any(err, M.ALREADY_KNOWN) end
 function M.is_nonce_too_low(err) return matches_any(err, M.NONCE_TOO_LOW) end
+-- "replacement transaction underpriced" is not a refusal of the bytes: it
+-- says another transaction of the sender holds the nonce in the pool.
+function M.is_tx_refused(err)
+  if matches_any(err, { "replacement transaction underpriced" }) then return false end
+  return matches_any(err, M.TX_REFUSED)
+end
 
 return M

@@ -349,12 +349,15 @@ function M.broadcast(url, row, again)
     nonces.note(row.id, why)
     return "unknown", fail("EVM_REBROADCAST_REFUSED", why .. " (" .. M.redact(url) .. ")")
   end
-  if err.kind == "rpc" then
+  if rpc.is_tx_refused(err) then
     local why = string.format("the RPC refused transaction %s (nonce %d): %s", row.tx_hash, row.nonce,
       tostring(err.message))
     nonces.surface(row.id, why, "rejected")
     return "failed", fail("EVM_TX_REJECTED", why)
   end
+  -- a transport failure, or a JSON-RPC error that does not refuse the
+  -- bytes (a rate limit, an upstream error): recovery asks the chain and
+  -- sends the same bytes again
   nonces.note(row.id, tostring(err))
   return "unknown", fail("EVM_BROADCAST_OUTCOME_UNKNOWN",
     "the broadcast may or may not have reached the node: " .. rpc_detail(err, url))

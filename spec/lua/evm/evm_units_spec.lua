@@ -225,6 +225,18 @@ describe("evm_transfer executor: checks without a chain", function()
       assert.is_true(rpc.is_nonce_too_low(node_err(msg)), msg)
       assert.is_false(rpc.is_already_known(node_err(msg)), msg)
     end
+    -- the errors that refuse the bytes themselves; nothing else does
+    for _, msg in ipairs({ "Insufficient funds for gas * price + value", "intrinsic gas too low",
+                           "exceeds block gas limit", "invalid sender", "transaction type not supported",
+                           "tx fee (1.20 ether) exceeds the configured cap (1.00 ether)",
+                           "max fee per gas less than block base fee", "transaction underpriced" }) do
+      assert.is_true(rpc.is_tx_refused(node_err(msg)), msg)
+    end
+    for _, msg in ipairs({ "replacement transaction underpriced", "already known", "nonce too low",
+                           "rate limit exceeded", "internal error", "header not found", "" }) do
+      assert.is_false(rpc.is_tx_refused(node_err(msg)), msg)
+    end
+    assert.is_false(rpc.is_tx_refused({ kind = "timeout", message = "insufficient funds" }))
   end)
 
   it("refuses a chain without an endpoint (this process has none)", function()
@@ -287,6 +299,31 @@ describe("evm_transfer executor: an RPC that answers for another transaction", f
       assert.equal("sent", (exe.broadcast("http://rpc.invalid", row, false)))
       assert.same({ "mark_broadcast" }, calls)
       calls = {}
+    end
+  end)
+
+  -- A refusal on the first send surfaces the nonce, and every later
+  -- transfer of the sender waits for an operator to fill it
+  -- (EVM_NONCE_GAP): only an error that refuses the bytes may do that.  A
+  -- rate limit or an upstream error says nothing of them (a proxy may have
+  -- passed them on): UNKNOWN, and recovery sends the same bytes again.
+  it("fails a first send only on an error that refuses the bytes; a rate limit or upstream error is UNKNOWN", function()
+    for _, c in ipairs({
+      { "insufficient funds for gas * price + value", "failed", "EVM_TX_REJECTED", "surface" },
+      { "intrinsic gas too low", "failed", "EVM_TX_REJECTED", "surface" },
+      { "max fee per gas less than block base fee", "failed", "EVM_TX_REJECTED", "surface" },
+      { "daily request count exceeded, request rate limited", "unknown", "EVM_BROADCAST_OUTCOME_UNKNOWN", "note" },
+      { "internal error", "unknown", "EVM_BROADCAST_OUTCOME_UNKNOWN", "note" },
+      { "upstream request timeout", "unknown", "EVM_BROADCAST_OUTCOME_UNKNOWN", "note" },
+      { "replacement transaction underpriced", "unknown", "EVM_BROADCAST_OUTCOME_UNKNOWN", "note" },
+    }) do
+      calls = {}
+      stub(rpc, "send_raw_transaction", function() return rpc.fail("rpc", c[1]) end)
+      local st, err = exe.broadcast("http://rpc.invalid", row, false)
+      assert.equal(c[2], st, c[1])
+      assert.equal(c[3], err.code, c[1])
+      assert.matches(c[1], err.message, 1, true)
+      assert.same({ c[4] }, calls, c[1])
     end
   end)
 
