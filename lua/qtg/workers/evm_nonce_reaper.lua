@@ -30,7 +30,9 @@
 --      stored bytes that do not hash to the stored tx_hash, a mined tx whose
 --      sender or nonce differ from the row, a node that answers another hash
 --      for our bytes -> impossible: the row's last_error is written, then
---      qtg.fatal (the core group stops the process).
+--      qtg.fatal (the core group stops the process).  An answer it cannot
+--      read (a quantity with a leading zero, a receipt status other than
+--      0x0/0x1) is the node's garbage: noted, looked at again.
 --      surfaced with signed bytes, untouched for the same age (watched:
 --             their transfer was reported FAILED, but whoever holds the
 --             bytes can still have them mined while the nonce is free)
@@ -203,7 +205,14 @@ local function mined(s, row, owner, url, receipt, latest)
   if tx == false then
     return note(s, row, owner, "the node has a receipt for " .. row.tx_hash .. " but not the transaction")
   end
-  if tx.from:lower() ~= row.address or evm_rpc.quantity(tx.nonce) ~= row.nonce then
+  -- an answer it cannot read is the node's garbage, not an impossible
+  -- state: noted, and looked at again
+  local tx_nonce = evm_rpc.quantity(tx.nonce)
+  if tx_nonce == nil or not tx.from:match("^0x%x+$") or (receipt.status ~= "0x1" and receipt.status ~= "0x0") then
+    return note(s, row, owner, string.format("unreadable answer for %s: from %s, nonce %s, receipt status %s",
+      row.tx_hash, tx.from:sub(1, 60), tx.nonce:sub(1, 30), tostring(receipt.status):sub(1, 30)))
+  end
+  if tx.from:lower() ~= row.address or tx_nonce ~= row.nonce then
     return impossible(s, row, owner, string.format(
       "mined transaction %s is from %s with nonce %s, the reservation is %s nonce %s",
       row.tx_hash, tx.from, tostring(tx.nonce), row.address, tostring(row.nonce)))

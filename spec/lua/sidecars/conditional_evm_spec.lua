@@ -413,6 +413,35 @@ describe("evm_nonce_reaper", function()
     for _, id in ipairs(ids) do assert.equals("released", row(id).status) end
   end)
 
+  -- A quantity with a leading zero, a receipt status that is neither 0x0
+  -- nor 0x1: a node's garbage, noted on the row and looked at again, not
+  -- an impossible state that stops the process at every start.
+  it("notes an unreadable answer about a mined transaction and goes on; a readable one settles it", function()
+    local url = prov.url .. "/rpc"
+    local raw, hash = sign(chain.url, A, 77)
+    local id = reservation{ chain = 31338, address = A, nonce = 77, status = "signed", raw = raw, hash = hash }
+    local settings = { evm_rpc_urls = "31338=" .. url, evm_nonce_reaper_age_seconds = 60 }
+    local receipt = { transactionHash = hash, blockNumber = "0x10", status = "0x1" }
+    for _, bad in ipairs({ { nonce = "0x04d" }, { from = "from-nowhere" }, { status = "0x01" } }) do
+      local r = { transactionHash = hash, blockNumber = "0x10", status = bad.status or "0x1" }
+      prov.control({ state = { rpc_results = { eth_getTransactionReceipt = r, eth_getTransactionByHash =
+        { hash = hash, from = bad.from or A, nonce = bad.nonce or "0x4d" } } } })
+      assert.equals(1, sup.tick("evm_nonce_reaper", settings))
+      local got = row(id)
+      assert.equals("signed", got.status)
+      assert.matches("^unreadable answer for " .. hash, got.last_error)
+      assert.equals(qtg.db.NULL, got.reap_lease_owner)
+      sup.query("UPDATE evm_nonce_reservation SET updated_at = now() - interval '1 hour' WHERE id = $1", id)
+    end
+    prov.control({ state = { rpc_results = { eth_getTransactionReceipt = receipt, eth_getTransactionByHash =
+      { hash = hash, from = A, nonce = "0x4d" } } } })
+    assert.equals(1, sup.tick("evm_nonce_reaper", settings))
+    assert.equals("consumed", row(id).status)
+    assert.equals(16, row(id).consumed_block)
+    prov.control({ state = { rpc_results = {} } })
+    sup.query("DELETE FROM evm_nonce_reservation WHERE id = $1", id)
+  end)
+
   it("treats an endpoint that answers another chain id as fatal", function()
     local id = reservation{ chain = 1, address = A, nonce = 7 }
     local ok, err = pcall(sup.tick, "evm_nonce_reaper", { evm_rpc_urls = "1=" .. chain.url,
