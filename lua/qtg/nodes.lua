@@ -460,12 +460,15 @@ end
 -- COMPLETED in `g` while that write is worked out; when no request write
 -- follows (a branch ends while another runs), it is written alone.
 local function complete(s, g, node, fields, actor, commit)
-  local from = node.node_state
+  local from, had_side_effect = node.node_state, node.side_effect
   local piece = node_change_piece(node, fields, actor, 3)
+  -- the derivation sees the node as the write leaves it: a side effect
+  -- reported with the completion (a manual step's) counts at once
   node.node_state = "COMPLETED"
+  if fields.side_effect then node.side_effect = true end
   local _, row = M.advance_after_completion(s, g, node, actor, piece, commit)
   if row == nil then
-    node.node_state = from
+    node.node_state, node.side_effect = from, had_side_effect
     return M.set_node_state(s, g, node, fields, actor, commit)
   end
   take_back(node, row, 3)

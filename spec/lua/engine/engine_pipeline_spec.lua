@@ -863,6 +863,23 @@ describe("engine pipeline", function()
       assert.equal("WAITING_MANUAL_ACTION", sup.request(s, req.id).request_state)
     end)
 
+    -- The manual step's side effect is reported with its completion: the
+    -- derivation in that write must count it.
+    it("a manual step completed with a side effect beside an UNKNOWN node needs intervention at once", function()
+      sup.load_doc(s, sup.doc("spec_pl_unknown_paid_manual", {
+        { "a", "action", "withdrawal", { sim = { unknown = "submit" } } },
+        { "m", "manual", "manual_confirmation", { required_inputs = { "desk_reference" }, side_effect = true } } }))
+      local req = sup.create_approved(s, "spec_pl_unknown_paid_manual")
+      sup.tick("node_dispatcher")
+      local n = sup.nodes(s, req.id)
+      assert.same({ "UNKNOWN", "READY" }, { n.a.node_state, n.m.node_state })
+      requests.complete_manual_step(s, n.m.id, sup.ACTOR, { desk_reference = "DESK-7" })
+      n = sup.nodes(s, req.id)
+      assert.same({ "UNKNOWN", "COMPLETED" }, { n.a.node_state, n.m.node_state })
+      assert.is_true(n.m.side_effect)
+      assert.equal("MANUAL_INTERVENTION", sup.request(s, req.id).request_state)
+    end)
+
     it("recovers a node that went UNKNOWN to SUBMITTED, then it completes", function()
       local t = two("spec_pl_unknown", false, { unknown_at_observe = 1, observes = 2, retry_after_seconds = 0 })
       local req = sup.create_approved(s, t)
