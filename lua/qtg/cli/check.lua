@@ -339,6 +339,31 @@ function M.check_role(report, s)
   end
 end
 
+-- ---- the API clients' callback keys -------------------------------------------
+
+-- A client whose key derives from the host's callback key (scheme c) can
+-- have its callbacks forged by any receiver of operator callbacks, which
+-- holds that key (docs/callbacks.md, "The clients' keys and the host key").
+function M.check_api_clients(report, s)
+  local rows = s:query([[SELECT name FROM api_clients WHERE key_scheme = 'c' ORDER BY name]])
+  local all = s:query("SELECT count(*)::int AS n FROM api_clients")[1].n
+  if all == 0 then return end
+  local names = {}
+  for i = 1, math.min(#rows, 5) do names[i] = rows[i].name end
+  if #rows > 5 then names[#names + 1] = "..." end
+  if qtg.api_keys.scheme() == "c" then
+    add(report, "warn", "api clients", ("MG_CALLBACK_CLIENT_KEY_FILE is not set: the callback keys of %s"
+      .. " derive from the callback key, which every receiver of operator callbacks holds, so any of"
+      .. " them can forge a client's callbacks; set it (docs/callbacks.md)"):format(plural(all, "API client")))
+  elseif #rows > 0 then
+    add(report, "warn", "api clients", ("%s still on a key derived from the callback key (c. key ids: %s);"
+      .. " `qtgd tokens rotate-callback-key NAME` moves each onto MG_CALLBACK_CLIENT_KEY_FILE")
+      :format(plural(#rows, "API client is", "API clients are"), table.concat(names, ", ")))
+  else
+    add(report, "ok", "api clients", ("%s, each on its own callback key (m.)"):format(plural(all, "API client")))
+  end
+end
+
 -- ---- migrations ------------------------------------------------------------------
 
 function M.check_migrations(report, s)
@@ -586,6 +611,10 @@ function M.run_checks(opts)
     migrated = ok and res
     local rok, rerr = pcall(M.check_role, report, s)
     if not rok then add(report, "FAIL", "db role", message_of(rerr)) end
+    if migrated then
+      local cok, cerr = pcall(M.check_api_clients, report, s)
+      if not cok then add(report, "FAIL", "api clients", message_of(cerr)) end
+    end
   else
     add(report, "FAIL", "migrations", "not checked: no database")
   end

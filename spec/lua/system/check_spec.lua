@@ -181,6 +181,32 @@ time.sleep(120)]]), q(portfile)), "/dev/null")
       rc, out = check({ MG_DATABASE_URL = url }, "--strict --templates " .. q(tdir))
       assert.equals(1, rc, out)
 
+      -- API clients on keys any receiver of operator callbacks could compute
+      local function psql(sql)
+        local pipe = io.popen(("psql %s -At -c %s 2>&1"):format(q(url), q(sql)))
+        local text = pipe:read("*a")
+        pipe:close()
+        return text
+      end
+      assert.is_nil(line_of(out, "warn", "api clients"), out) -- no client, nothing to say
+      psql("INSERT INTO api_clients (name) VALUES ('desk-a'), ('desk-b')")
+      rc, out = check({ MG_DATABASE_URL = url }, "--templates " .. q(tdir))
+      assert.equals(0, rc, out)
+      assert.matches("MG_CALLBACK_CLIENT_KEY_FILE is not set: the callback keys of 2 API clients",
+        line_of(out, "warn", "api clients"), 1, true)
+      local secret = tmp .. "/client.key"
+      sup.write(secret, qtg.crypto.hex(qtg.crypto.random_bytes(32)) .. "\n")
+      os.execute("chmod 600 " .. q(secret))
+      rc, out = check({ MG_DATABASE_URL = url, MG_CALLBACK_CLIENT_KEY_FILE = secret }, "--templates " .. q(tdir))
+      assert.equals(0, rc, out)
+      assert.matches("2 API clients are still on a key derived from the callback key (c. key ids: desk-a, desk-b)",
+        line_of(out, "warn", "api clients"), 1, true)
+      psql("UPDATE api_clients SET key_scheme = 'm'")
+      rc, out = check({ MG_DATABASE_URL = url, MG_CALLBACK_CLIENT_KEY_FILE = secret }, "--templates " .. q(tdir))
+      assert.equals(0, rc, out)
+      assert.matches("2 API clients, each on its own callback key", line_of(out, "ok", "api clients"), 1, true)
+      psql("DELETE FROM api_clients")
+
       -- forget the last migration: it is reported by name
       local last
       local files = {}
