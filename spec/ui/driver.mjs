@@ -109,6 +109,22 @@ const SCENARIOS = {
     return { disabledEmpty, disabledBlank, disabledTyped };
   },
 
+  // cancel a request beside an UNKNOWN node: only the reconciled cancel is
+  // offered, and its dialog says what the operator vouches for
+  async cancelUnknown(page) {
+    await signIn(page, plan.tokens.operator);
+    await page.goto(`${plan.base}/ui/#/request/${plan.cancelUnknown.id}`);
+    await page.waitForSelector('#request-actions button[data-action=cancel-reconciled]', { timeout: TIMEOUT });
+    const actions = await page.$$eval('#request-actions button', (bs) => bs.map((b) => b.dataset.action));
+    await page.click('#request-actions button[data-action=cancel-reconciled]');
+    await page.waitForSelector('dialog[open] #confirm-ok', { timeout: TIMEOUT });
+    const lines = await texts(page, 'dialog[open] p');
+    await page.screenshot({ path: `${plan.out}/cancel-reconciled-dialog.png` });
+    await confirmDialog(page, plan.cancelUnknown.reason);
+    await page.waitForSelector('h1 .badge[data-state=CANCELLED]', { timeout: TIMEOUT });
+    return { actions, lines };
+  },
+
   // redeliver one dead letter; count a bulk redelivery and back out
   async deadLetters(page) {
     await signIn(page, plan.tokens.operator);

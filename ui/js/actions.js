@@ -7,6 +7,10 @@
 import * as api from './api.js';
 import { confirmAction, h } from './dom.js';
 
+const IN_FLIGHT = ['SUBMITTING', 'SUBMITTED', 'OBSERVING'];
+// the keys of the request's nodes in one of the states
+const nodesIn = (r, states) => (r.nodes || []).filter((n) => states.includes(n.node_state)).map((n) => n.node_key);
+
 export const REQUEST_ACTIONS = [
   // the maker's signature first, where the signer asks for it (initiation signed)
   { key: 'initiate', label: 'Sign as its maker', role: 'operate', states: ['PENDING_APPROVAL'], reason: 'none',
@@ -24,7 +28,16 @@ export const REQUEST_ACTIONS = [
   { key: 'cancel', label: 'Cancel', role: 'operate',
     states: ['PENDING_APPROVAL', 'APPROVED', 'EXECUTING', 'WAITING_MANUAL_ACTION', 'MANUAL_INTERVENTION'],
     reason: 'required', field: 'reason', path: (r) => `/v3/requests/${r.id}/cancel`,
-    legal: (r) => !(r.nodes || []).some((n) => ['SUBMITTING', 'SUBMITTED', 'OBSERVING', 'UNKNOWN'].includes(n.node_state)) },
+    legal: (r) => !nodesIn(r, IN_FLIGHT).length && !nodesIn(r, ['UNKNOWN']).length },
+  // beside an UNKNOWN node the API asks the operator to say that they found
+  // out from the provider what its submit did (nothing recovers it after)
+  { key: 'cancel-reconciled', label: 'Cancel (reconciled)', role: 'operate',
+    states: ['EXECUTING', 'WAITING_MANUAL_ACTION', 'MANUAL_INTERVENTION'],
+    reason: 'required', field: 'reason', body: { reconciled: true }, path: (r) => `/v3/requests/${r.id}/cancel`,
+    lines: (r) => [`Node ${nodesIn(r, ['UNKNOWN']).join(', ')} is UNKNOWN: its submit may have reached the provider,`
+      + ' and nothing recovers it once the request is cancelled.',
+    'Cancel only after you have found out from the provider what it did; the audit trail records that you said so.'],
+    legal: (r) => !nodesIn(r, IN_FLIGHT).length && nodesIn(r, ['UNKNOWN']).length > 0 },
   { key: 'resume', label: 'Resume', role: 'operate', states: ['MANUAL_INTERVENTION'], reason: 'none',
     path: (r) => `/v3/requests/${r.id}/resume` },
 ];
@@ -51,8 +64,9 @@ export function nodeActions(req, node, ctx) {
 // run(action, target, what[, extra]) -> the API's answer, or null when not
 // confirmed.  A manual step's dialog shows its instructions and asks for
 // its required inputs one field each; an action's own fields (a maker's
-// signature) are asked the same way and sent as body fields; extra fields
-// (an approval's signature) go into the body as given.
+// signature) are asked the same way and sent as body fields; the action's
+// body (a reconciled cancel's flag) and extra fields (an approval's
+// signature) go into the body as given.
 export async function run(action, target, what, extra) {
   const manual = action.input && target.manual ? target.manual : null;
   const lines = typeof action.lines === 'function' ? action.lines(target) : action.lines;
@@ -65,6 +79,6 @@ export async function run(action, target, what, extra) {
   if (action.field && answer.reason) body[action.field] = answer.reason;
   if (action.input) body.input = answer.input;
   else if (action.fields) Object.assign(body, answer.input);
-  Object.assign(body, extra || {});
+  Object.assign(body, action.body || {}, extra || {});
   return api.post(action.path(target), body);
 }

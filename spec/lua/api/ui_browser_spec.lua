@@ -141,6 +141,19 @@ describe("the web console in a browser", function()
       local st = rows("SELECT request_state FROM movement_requests WHERE id = $1::uuid", ids.complete)[1].request_state
       return st == "WAITING_MANUAL_ACTION", st
     end, 60, "the second request to wait for its manual step")
+    -- a third, whose manual step an operator found UNKNOWN (its state set
+    -- by hand: the browser's part is only the cancel)
+    ids.cancel_unknown = create(intent{ amount = "21" })
+    assert.equal(200, api.call(d, "POST", "/v3/requests/" .. ids.cancel_unknown .. "/approve",
+      { token = tokens.approver, json = signed(ids.cancel_unknown) }).status)
+    common.wait_for(function()
+      local st = rows("SELECT request_state FROM movement_requests WHERE id = $1::uuid", ids.cancel_unknown)[1]
+        .request_state
+      return st == "WAITING_MANUAL_ACTION", st
+    end, 60, "the third request to wait for its manual step")
+    require("qtg").db.with_session(common.unfrozen, [[UPDATE movement_request_nodes SET node_state = 'UNKNOWN'
+                                         WHERE request_id = $1::uuid AND node_key = 'desk_confirmation']],
+      ids.cancel_unknown)
     ids.approve = create(intent{ amount = "12" })
     ids.reject = create(intent{ amount = "13" })
     ids.read_only = create(intent{ amount = "14" })
@@ -164,12 +177,13 @@ describe("the web console in a browser", function()
     plan = {
       base = d.base, chromium = chromium:match("[^\n]+"), out = out, report = out .. "/report.json",
       tokens = tokens,
-      scenarios = { "filter", "dag", "approve", "reject", "complete", "deadLetters", "readOnly", "health", "paging",
-                    "initiate", "ownScope" },
+      scenarios = { "filter", "dag", "approve", "reject", "complete", "cancelUnknown", "deadLetters", "readOnly",
+                    "health", "paging", "initiate", "ownScope" },
       filter = { destination = dest:upper():gsub("^0X", "0x"), state = "PENDING_APPROVAL", expect = 1 },
       dag = { id = ids.dag },
       approve = { id = ids.approve, signature = signature },
       reject = { id = ids.reject, reason = "amount does not match the desk ticket" },
+      cancelUnknown = { id = ids.cancel_unknown, reason = "desk confirmed by phone: nothing was paid" },
       complete = { id = ids.complete, node = "desk_confirmation", reference = "DESK-UI-1" },
       dlq = { id = ids.dlq, bulkRequest = ids.bulk_request },
       readOnly = { id = ids.read_only },
@@ -281,6 +295,24 @@ describe("the web console in a browser", function()
                          WHERE request_id = $1::uuid AND node_key = 'desk_confirmation']], ids.complete)[1]
     assert.equal("COMPLETED", node.node_state)
     assert.equal("DESK-UI-1", node.ref)
+  end)
+
+  it("cancels beside an UNKNOWN node only as reconciled, saying what the operator vouches for", function()
+    local s = scenario("cancelUnknown")
+    local offered = {}
+    for _, a in ipairs(s.actions) do offered[a] = true end
+    assert.is_true(offered["cancel-reconciled"], cjson.encode(s.actions))
+    assert.is_nil(offered.cancel, cjson.encode(s.actions))
+    assert.truthy(table.concat(s.lines, " "):find("Node desk_confirmation is UNKNOWN", 1, true), cjson.encode(s.lines))
+    assert.equal("CANCELLED", rows("SELECT request_state FROM movement_requests WHERE id = $1::uuid",
+      ids.cancel_unknown)[1].request_state)
+    local a = rows([[SELECT detail FROM audit_events WHERE request_id = $1::uuid AND action = 'request.cancel'
+                     UNION ALL SELECT detail FROM audit_outbox WHERE request_id = $1::uuid AND action = 'request.cancel']],
+      ids.cancel_unknown)[1]
+    assert.truthy(a, "an audit row of the cancel")
+    local detail = type(a.detail) == "string" and cjson.decode(a.detail) or a.detail
+    assert.same({ "desk_confirmation" }, detail.reconciled_unknown_nodes)
+    assert.equal(plan.cancelUnknown.reason, detail.reason)
   end)
 
   it("redelivers a dead letter, and counts a bulk redelivery before doing it", function()
