@@ -90,24 +90,16 @@ local function apply(s, c, actor)
     { asset = c.asset, chain = c.chain, address = c.address, label = c.label })
 end
 
--- approvals_now(s, c) -> the approvals of change c that count, checked
--- when counted as a request's are (qtg.requests): each by a principal that
--- still exists and holds admin now (principals.current), one per principal
--- as it resolves now, never the proposer's.
+-- approvals_now(s, c) -> the number of approvals of change c that count,
+-- as a request's are (principals.current_votes): each by a principal that
+-- still exists and holds admin now, one per principal, never the
+-- proposer's.
+local function is_admin(p) return principals.has_role(p, "admin") end
+
 local function approvals_now(s, c)
-  local seen = { [c.proposed_by] = true }
-  local proposer = principals.current(s, c.proposed_by, true)
-  if proposer then seen[proposer.actor] = true end
-  local n = 0
-  for _, v in ipairs(s:query([[SELECT principal FROM address_book_votes
-                                WHERE change_id = $1 AND decision = 'approve' ORDER BY created_at, principal]], c.id)) do
-    local now = not seen[v.principal] and principals.current(s, v.principal, true)
-    if now and not seen[now.actor] and principals.has_role(now, "admin") then
-      seen[v.principal], seen[now.actor] = true, true
-      n = n + 1
-    end
-  end
-  return n
+  local votes = s:query([[SELECT principal FROM address_book_votes
+                           WHERE change_id = $1 AND decision = 'approve' ORDER BY created_at, principal]], c.id)
+  return #principals.current_votes(s, c.proposed_by, votes, is_admin, true)
 end
 
 function M.vote(s, id, who, decision, comment)

@@ -164,6 +164,28 @@ function M.current(s, actor, lock)
   return resolve and resolve(s, actor, name, lock) or nil
 end
 
+-- current_votes(s, excluded, votes, holds[, lock]) -> the votes (rows with
+-- a `principal`) that count, in their order: each by a principal that
+-- exists now (current) and holds(principal) says may vote, one per
+-- principal as it resolves now, never excluded's (the request's initiator,
+-- a change's proposer: in any spelling that resolves to the same one).
+-- lock: as current's.  A request's approvals and an address book change's
+-- are counted by it.
+function M.current_votes(s, excluded, votes, holds, lock)
+  local seen = { [excluded] = true }
+  local them = M.current(s, excluded, lock)
+  if them then seen[them.actor] = true end
+  local out = {}
+  for _, v in ipairs(votes) do
+    local now = not seen[v.principal] and M.current(s, v.principal, lock)
+    if now and not seen[now.actor] and holds(now) then
+      seen[v.principal], seen[now.actor] = true, true
+      out[#out + 1] = v
+    end
+  end
+  return out
+end
+
 -- ---- the operators table (qtgd operators, console) ------------------------
 
 local function check_roles(roles)

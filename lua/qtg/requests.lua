@@ -179,19 +179,12 @@ end
 -- now; the initiator's never counts.  lock: the voters' rows FOR SHARE, as
 -- a vote's transaction counts them (principals.current).
 local function counted(s, req, digest, roles, lock)
-  local initiator = principals.current(s, req.created_by, lock)
-  local seen = { [req.created_by] = true }
-  if initiator then seen[initiator.actor] = true end
-  local list = {}
+  local approving = {}
   for _, v in ipairs(votes(s, req.id)) do
-    local now = v.decision == "approve" and v.approval_digest == digest and not seen[v.principal]
-      and principals.current(s, v.principal, lock)
-    if now and not seen[now.actor] and counts(now, roles) then
-      seen[v.principal], seen[now.actor] = true, true
-      list[#list + 1] = v
-    end
+    if v.decision == "approve" and v.approval_digest == digest then approving[#approving + 1] = v end
   end
-  return signed.count(s, req, list)
+  return signed.count(s, req, principals.current_votes(s, req.created_by, approving,
+    function(p) return counts(p, roles) end, lock))
 end
 
 -- grant(s, req, actor, approved, decision): PENDING_APPROVAL -> APPROVED,
