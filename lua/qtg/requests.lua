@@ -661,7 +661,9 @@ end
 -- ------------------------------------------------------------------ retry
 -- A FAILED or UNKNOWN node back to READY; its next dispatch is attempt
 -- attempt_no + 1 with a new idempotency key.  The request returns to
--- EXECUTING.
+-- EXECUTING, and then to what its nodes derive: FAILED again while another
+-- node is FAILED, MANUAL_INTERVENTION while one is UNKNOWN beside a
+-- completed side effect (retry those too, then it stays EXECUTING).
 function M.retry(s, node_id, actor)
   check_actor(actor)
   return in_tx(s, function()
@@ -687,6 +689,10 @@ function M.retry(s, node_id, actor)
       previous_state = previous.node_state, previous_error_code = previous.error_code },
       { actor = actor, action = "node.retry", entity_type = "movement_request_node", entity_id = node.id,
         request_id = req.id, detail = previous })
+    -- another node still FAILED (or UNKNOWN beside a completed side effect)
+    -- sends the request back where the nodes say it is: left EXECUTING,
+    -- nothing would move it (the dispatcher passes a stopping request over)
+    nodes_db.apply_request_state(s, g, actor)
     return req, node
   end)
 end
@@ -714,6 +720,21 @@ function M.complete_manual_step(s, node_id, actor, input)
         node.node_key, node.node_state)
     end
     expect_state(req, { "WAITING_MANUAL_ACTION", "EXECUTING" }, "complete a manual step of")
+    -- a request bound for FAILED or MANUAL_INTERVENTION, held while a node
+    -- settles (qtg.state.stopping), starts nothing more: nor does an
+    -- attestation release what follows it
+    local troubled = {}
+    local all = nodes_db.load_nodes(s, req.id)
+    if state.stopping(all) then
+      for _, n in ipairs(all) do
+        if n.node_state == "FAILED" or n.node_state == "UNKNOWN" then
+          troubled[#troubled + 1] = string.format("%s is %s", n.node_key, n.node_state)
+        end
+      end
+      refuse("illegal_transition", "cannot complete manual step %s of request %s: node %s, so the request "
+        .. "ends FAILED or MANUAL_INTERVENTION once its nodes in flight settle and starts nothing more; "
+        .. "retry that node first, or cancel the request", node.node_key, req.id, table.concat(troubled, ", node "))
+    end
     -- an attestation (a settlement seen, a desk's confirmation) releases what
     -- follows it: never by the request's initiator (four eyes, as approval),
     -- compared as both resolve now too (a console uid enrolled since as an

@@ -74,8 +74,8 @@ end
 -- COMPLETED, nothing changes.  Whether the request had "no side effects"
 -- is not known until those nodes settle, and only an EXECUTING request's
 -- nodes are observed and recovered: leaving EXECUTING would strand money
--- already sent.  The dispatcher starts no node of a request with a FAILED
--- node meanwhile (qtg.workers.node_dispatcher); docs/conformance.md.
+-- already sent.  No node of such a request starts meanwhile (M.stopping);
+-- docs/conformance.md.
 --   otherwise                                        -> nil
 function M.derive_request_state(nodes)
   local all_done, failed, unknown, side_effect = true, false, false, false
@@ -98,6 +98,23 @@ function M.derive_request_state(nodes)
   if failed then return "FAILED" end
   if manual_ready and not executing then return "WAITING_MANUAL_ACTION" end
   return nil
+end
+
+-- stopping(nodes) -> true when the request is bound for FAILED or
+-- MANUAL_INTERVENTION once its nodes in flight settle (derive_request_state's
+-- hold): a node is FAILED, or one is UNKNOWN beside a COMPLETED node with a
+-- side effect.  No further node of such a request starts: not by the
+-- dispatcher, not by an operator's manual step.  CANDIDATES_SQL of
+-- qtg.workers.node_dispatcher asks the same in SQL.
+function M.stopping(nodes)
+  local failed, unknown, side_effect = false, false, false
+  for _, n in ipairs(nodes) do
+    local st = n.node_state
+    if st == "FAILED" then failed = true end
+    if st == "UNKNOWN" then unknown = true end
+    if st == "COMPLETED" and n.side_effect == true then side_effect = true end
+  end
+  return failed or (unknown and side_effect)
 end
 
 -- The graph of one plan version as predecessor/successor key lists.

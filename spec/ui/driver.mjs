@@ -125,6 +125,19 @@ const SCENARIOS = {
     return { actions, lines };
   },
 
+  // a request bound for FAILED with a manual step READY: no step offered,
+  // and the panel says why nothing starts
+  async stopping(page) {
+    await signIn(page, plan.tokens.desk);
+    await page.goto(`${plan.base}/ui/#/request/${plan.stopping.id}`);
+    await page.waitForSelector('#why li', { timeout: TIMEOUT });
+    await page.waitForSelector('#nodes-table', { timeout: TIMEOUT });
+    const why = await texts(page, '#why li');
+    const nodeActions = await page.$$eval('#nodes-table button[data-action]', (bs) => bs.map((b) => `${b.dataset.node}:${b.dataset.action}`));
+    await page.screenshot({ path: `${plan.out}/stopping.png`, fullPage: true });
+    return { why, nodeActions };
+  },
+
   // redeliver one dead letter; count a bulk redelivery and back out
   async deadLetters(page) {
     await signIn(page, plan.tokens.operator);

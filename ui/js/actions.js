@@ -11,6 +11,15 @@ const IN_FLIGHT = ['SUBMITTING', 'SUBMITTED', 'OBSERVING'];
 // the keys of the request's nodes in one of the states
 const nodesIn = (r, states) => (r.nodes || []).filter((n) => states.includes(n.node_state)).map((n) => n.node_key);
 
+// stopping(r): the request is bound for FAILED or MANUAL_INTERVENTION once
+// its nodes in flight settle (a FAILED node, or an UNKNOWN one beside a
+// completed side effect): no node of it starts (qtg.state.stopping).
+export function stopping(r) {
+  const nodes = r.nodes || [];
+  return nodes.some((n) => n.node_state === 'FAILED') || (nodes.some((n) => n.node_state === 'UNKNOWN')
+    && nodes.some((n) => n.node_state === 'COMPLETED' && n.side_effect === true));
+}
+
 export const REQUEST_ACTIONS = [
   // the maker's signature first, where the signer asks for it (initiation signed)
   { key: 'initiate', label: 'Sign as its maker', role: 'operate', states: ['PENDING_APPROVAL'], reason: 'none',
@@ -47,7 +56,7 @@ export const NODE_ACTIONS = [
     requestStates: ['FAILED', 'MANUAL_INTERVENTION', 'EXECUTING'], path: (n) => `/v3/nodes/${n.id}/retry` },
   { key: 'complete', label: 'Complete step', role: 'operate', states: ['READY'], reason: 'none', input: true,
     requestStates: ['WAITING_MANUAL_ACTION', 'EXECUTING'], manual: true, path: (n) => `/v3/nodes/${n.id}/complete`,
-    legal: (r, me) => r.created_by !== me.actor },
+    legal: (r, me) => r.created_by !== me.actor && !stopping(r) },
 ];
 
 export function requestActions(req, ctx) {

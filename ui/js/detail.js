@@ -5,7 +5,7 @@
 import * as api from './api.js';
 import { h, clear, badge, when, json, table } from './dom.js';
 import { drawDag } from './dag.js';
-import { requestActions, nodeActions, run } from './actions.js';
+import { requestActions, nodeActions, run, stopping } from './actions.js';
 
 const TERMINAL = ['COMPLETED', 'REJECTED', 'CANCELLED', 'EXPIRED'];
 const IN_FLIGHT = ['SUBMITTING', 'SUBMITTED', 'OBSERVING'];
@@ -37,8 +37,15 @@ export function whyWaiting(req, workers) {
     lines.push(`Stopped for an operator: ${req.last_error_code || 'see the node errors'}. Fix the cause, then retry the node or resume.`);
   }
   if (st === 'FAILED') lines.push(`Failed: ${req.last_error_code || 'see the node errors'}; a node may be retried.`);
+  const held = st === 'EXECUTING' && stopping(req);
+  if (held) {
+    lines.push('Stopping: it waits for its nodes in flight (or UNKNOWN) to settle, then ends FAILED, or'
+      + ' MANUAL_INTERVENTION if money moved; no other node starts. Retry the failed node to go on instead.');
+  }
   for (const n of req.nodes || []) {
-    if (n.node_kind === 'manual' && n.node_state === 'READY') {
+    if (held && n.node_state === 'READY') {
+      lines.push(`Node ${n.node_key} is ready but does not start while the request is stopping.`);
+    } else if (n.node_kind === 'manual' && n.node_state === 'READY') {
       lines.push(`Manual step ${n.node_key} waits for an operator to complete it.`);
     } else if (n.node_state === 'READY') {
       lines.push(`Node ${n.node_key} is ready; the next dispatcher pass submits it.`);

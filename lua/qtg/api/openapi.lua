@@ -34,7 +34,7 @@ M.SCHEMAS = {
     properties = { id = STR, node_key = STR, node_kind = STR, action_type = STR, executor = STR,
                    node_state = STR, attempt_no = INT, observe_count = INT, provider_refs = OBJ, error_code = NSTR,
                    error_detail = NSTR, started_at = NSTR, finished_at = NSTR, next_observe_at = NSTR,
-                   updated_at = STR,
+                   updated_at = STR, side_effect = { type = "boolean" },
                    manual = { type = "object", required = A{ "instructions", "required_inputs" },
                      properties = { instructions = NSTR, required_inputs = { type = "array", items = STR } } } } },
   Request = { type = "object",

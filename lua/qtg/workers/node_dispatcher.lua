@@ -36,6 +36,7 @@ local executors = require "qtg.executors"
 local nodes_db = require "qtg.nodes"
 local metrics = require "qtg.metrics"
 local pacing = require "qtg.pacing"
+local state = require "qtg.state"
 
 local M = {}
 
@@ -43,10 +44,12 @@ M.ACTOR = "system:node_dispatcher"
 
 -- $1: ids already tried (text[], given by M.claim_one), $2: network
 -- class, $3: executors paced out for now (JSON array of names).
--- A request with a FAILED node is passed over: it is EXECUTING only while
--- another of its nodes settles (qtg.state.derive_request_state's hold),
--- and starting more of its nodes would move money for a request that has
--- already failed (sql/0200 keys the test).
+-- A request bound for FAILED or MANUAL_INTERVENTION is passed over
+-- (qtg.state.stopping: a FAILED node, or an UNKNOWN one beside a completed
+-- side effect): it is EXECUTING only while another of its nodes settles
+-- (qtg.state.derive_request_state's hold), and starting more of its nodes
+-- would move money for a request that has already failed.  sql/0200 keys
+-- the test: the FAILED and UNKNOWN nodes of a request, from an index leaf.
 -- FIFO by the request's created_at (the spec's order; created_at is each
 -- row's clock_timestamp()), its READY nodes by node_key.  The requests are
 -- walked in their index's order and each one's first READY node taken in a
@@ -72,8 +75,11 @@ SELECT n.id, r.id AS request_id
  ) n
  WHERE r.request_state IN ('APPROVED', 'EXECUTING')
    AND r.network_class = $2
-   AND NOT EXISTS (SELECT 1 FROM movement_request_nodes failed
-                    WHERE failed.request_id = r.id AND failed.node_state = 'FAILED')
+   AND NOT EXISTS (SELECT 1 FROM movement_request_nodes t
+                    WHERE t.request_id = r.id AND t.node_state IN ('FAILED', 'UNKNOWN')
+                      AND (t.node_state = 'FAILED'
+                           OR EXISTS (SELECT 1 FROM movement_request_nodes p
+                                       WHERE p.request_id = r.id AND p.node_state = 'COMPLETED' AND p.side_effect)))
  ORDER BY r.created_at ASC
  LIMIT 1]]
 end
@@ -260,27 +266,20 @@ local function record(s, g, node, outcome, starting, commit)
     attempt_no = node.attempt_no, error_code = code ~= NULL and code or nil })
 end
 
--- Whether a node of the request is FAILED.
-local function has_failed_node(g)
-  for _, n in ipairs(g.nodes) do
-    if n.node_state == "FAILED" then return true end
-  end
-  return false
-end
-
 -- dispatch(s, row[, nodes[, commit]]): the claimed node, locks held; row
 -- is the claim's (CLAIM_SQL), nodes its request's nodes read after it.
 -- commit: the outcome's write ends the claim's pipeline transaction
 -- (committed on return; qtg.nodes.apply).
--- -> the node, or nil when its request has a FAILED node: the claim's
--- snapshot was taken before that node's failure committed (CANDIDATES_SQL
--- passes such a request over; its nodes, read after the lock, see it), so
--- nothing is started and the transaction ends (committed when commit).
+-- -> the node, or nil when its request is stopping (qtg.state.stopping):
+-- the claim's snapshot was taken before the change that stops it committed
+-- (CANDIDATES_SQL passes such a request over; its nodes, read after the
+-- lock, see it), so nothing is started and the transaction ends (committed
+-- when commit).
 function M.dispatch(s, row, nodes, commit)
   local g, node = nodes_db.claimed(s, row, nodes)
   local req = g.request
-  if has_failed_node(g) then
-    qtg.log.info("dispatch passed over: the request has a FAILED node", { worker = "node_dispatcher",
+  if state.stopping(g.nodes) then
+    qtg.log.info("dispatch passed over: the request is stopping", { worker = "node_dispatcher",
       request_id = req.id, node_id = node.id, node_key = node.node_key })
     if commit then s:commit() end
     return nil

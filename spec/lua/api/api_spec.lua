@@ -451,6 +451,13 @@ describe("HTTP API", function()
         local r = api.call(d, "GET", "/v3/requests/" .. id, { token = reader })
         return r.json.request_state == "COMPLETED", r.json.request_state
       end, 30, "the request to complete")
+      -- each node says whether it moved money, as the database has it
+      local seen = api.check(doc, api.call(d, "GET", "/v3/requests/" .. id, { token = reader }),
+        "GET", "/v3/requests/{id}")
+      local stored = {}
+      for _, r in ipairs(rows("SELECT node_key, side_effect FROM movement_request_nodes WHERE request_id = $1::uuid",
+        id)) do stored[r.node_key] = r.side_effect end
+      for _, n in ipairs(seen.json.nodes) do assert.equal(stored[n.node_key], n.side_effect, n.node_key) end
       local unknown = api.call(d, "POST", "/v3/nodes/00000000-0000-4000-8000-000000000000/retry", { token = operator })
       assert.equal(404, unknown.status)
       -- another class's node is a node that does not exist: its request's id is not told

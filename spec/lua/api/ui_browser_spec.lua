@@ -154,6 +154,20 @@ describe("the web console in a browser", function()
     require("qtg").db.with_session(common.unfrozen, [[UPDATE movement_request_nodes SET node_state = 'UNKNOWN'
                                          WHERE request_id = $1::uuid AND node_key = 'desk_confirmation']],
       ids.cancel_unknown)
+    -- a fourth, stopped by a FAILED node with its manual step READY (set by
+    -- hand, triggers off: the browser's part is what it shows and offers)
+    ids.stopping = create(intent{ amount = "22" })
+    assert.equal(200, api.call(d, "POST", "/v3/requests/" .. ids.stopping .. "/approve",
+      { token = tokens.approver, json = signed(ids.stopping) }).status)
+    common.wait_for(function()
+      local st = rows("SELECT request_state FROM movement_requests WHERE id = $1::uuid", ids.stopping)[1].request_state
+      return st == "WAITING_MANUAL_ACTION", st
+    end, 60, "the fourth request to wait for its manual step")
+    require("qtg").db.with_session(function(s)
+      common.unfrozen(s, [[UPDATE movement_request_nodes SET node_state = 'FAILED', error_code = 'OBSERVED_FAILURE'
+                            WHERE request_id = $1::uuid AND node_key = 'withdrawal_status']], ids.stopping)
+      common.unfrozen(s, "UPDATE movement_requests SET request_state = 'EXECUTING' WHERE id = $1::uuid", ids.stopping)
+    end)
     ids.approve = create(intent{ amount = "12" })
     ids.reject = create(intent{ amount = "13" })
     ids.read_only = create(intent{ amount = "14" })
@@ -177,13 +191,14 @@ describe("the web console in a browser", function()
     plan = {
       base = d.base, chromium = chromium:match("[^\n]+"), out = out, report = out .. "/report.json",
       tokens = tokens,
-      scenarios = { "filter", "dag", "approve", "reject", "complete", "cancelUnknown", "deadLetters", "readOnly",
-                    "health", "paging", "initiate", "ownScope" },
+      scenarios = { "filter", "dag", "approve", "reject", "complete", "cancelUnknown", "stopping", "deadLetters",
+                    "readOnly", "health", "paging", "initiate", "ownScope" },
       filter = { destination = dest:upper():gsub("^0X", "0x"), state = "PENDING_APPROVAL", expect = 1 },
       dag = { id = ids.dag },
       approve = { id = ids.approve, signature = signature },
       reject = { id = ids.reject, reason = "amount does not match the desk ticket" },
       cancelUnknown = { id = ids.cancel_unknown, reason = "desk confirmed by phone: nothing was paid" },
+      stopping = { id = ids.stopping },
       complete = { id = ids.complete, node = "desk_confirmation", reference = "DESK-UI-1" },
       dlq = { id = ids.dlq, bulkRequest = ids.bulk_request },
       readOnly = { id = ids.read_only },
@@ -313,6 +328,18 @@ describe("the web console in a browser", function()
     local detail = type(a.detail) == "string" and cjson.decode(a.detail) or a.detail
     assert.same({ "desk_confirmation" }, detail.reconciled_unknown_nodes)
     assert.equal(plan.cancelUnknown.reason, detail.reason)
+  end)
+
+  it("offers no manual step of a request bound for FAILED, and says why nothing starts", function()
+    local s = scenario("stopping")
+    local text = table.concat(s.why, "\n")
+    assert.truthy(text:find("Stopping: it waits for its nodes in flight", 1, true), text)
+    assert.truthy(text:find("Node desk_confirmation is ready but does not start while the request is stopping", 1, true),
+      text)
+    local offered = {}
+    for _, a in ipairs(s.nodeActions) do offered[a] = true end
+    assert.is_nil(offered["desk_confirmation:complete"], cjson.encode(s.nodeActions))
+    assert.is_true(offered["withdrawal_status:retry"], cjson.encode(s.nodeActions))
   end)
 
   it("redelivers a dead letter, and counts a bulk redelivery before doing it", function()

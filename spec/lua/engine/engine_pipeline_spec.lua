@@ -413,6 +413,74 @@ describe("engine pipeline", function()
       assert.equal("EXECUTING", sup.request(s, req.id).request_state)
     end)
 
+    -- Bound for MANUAL_INTERVENTION (an UNKNOWN node beside a payment that
+    -- went through) while a node is in flight: held, and nothing more starts.
+    it("starts nothing beside an UNKNOWN node once a payment went through, and ends MANUAL_INTERVENTION", function()
+      sup.load_doc(s, sup.doc("spec_pl_unknown_beside_paid", {
+        { "a", "action", "withdrawal", { sim = { observes = 0, side_effect = true } } },
+        { "b", "action", "withdrawal", { sim = { observes = 1, retry_after_seconds = 0 } } },
+        { "c", "action", "withdrawal", { sim = { unknown = "submit" } } },
+        { "d", "action", "withdrawal", { sim = { observes = 0, side_effect = true } } },
+      }))
+      local req = sup.create_approved(s, "spec_pl_unknown_beside_paid")
+      for _ = 1, 3 do assert.equal(1, sup.tick("node_dispatcher")) end
+      for _ = 1, 3 do assert.equal(0, sup.tick("node_dispatcher")) end
+      local n = sup.nodes(s, req.id)
+      assert.same({ "COMPLETED", "SUBMITTED", "UNKNOWN", "READY" },
+        { n.a.node_state, n.b.node_state, n.c.node_state, n.d.node_state })
+      assert.equal("EXECUTING", sup.request(s, req.id).request_state)
+      assert.is_true(sup.drive(s, sup.state_is(req.id, "MANUAL_INTERVENTION"), 10,
+        { "node_dispatcher", "node_observer" }))
+      n = sup.nodes(s, req.id)
+      assert.same({ "COMPLETED", "UNKNOWN", "READY" }, { n.b.node_state, n.c.node_state, n.d.node_state })
+      assert.equal(0, #ledger(n.d.id))
+    end)
+
+    -- A retry while another node is FAILED leaves the request where its
+    -- nodes say: EXECUTING, it would sit with nothing to move it.
+    it("a retry beside another FAILED node leaves the request FAILED until that one is retried too", function()
+      sup.load_doc(s, sup.doc("spec_pl_two_failed", {
+        { "a", "action", "withdrawal", { sim = { observes = 1, fail = "observe", retry_after_seconds = 0 } } },
+        { "b", "action", "withdrawal", { sim = { fail = "preflight" } } },
+      }))
+      local req = sup.create_approved(s, "spec_pl_two_failed")
+      assert.equal(1, sup.tick("node_dispatcher"))
+      assert.equal(1, sup.tick("node_dispatcher"))
+      assert.equal("EXECUTING", sup.request(s, req.id).request_state) -- held: a is in flight
+      assert.is_true(sup.drive(s, sup.state_is(req.id, "FAILED"), 10, { "node_observer" }))
+      local n = sup.nodes(s, req.id)
+      assert.same({ "FAILED", "FAILED" }, { n.a.node_state, n.b.node_state })
+      requests.retry(s, n.a.id, sup.ACTOR)
+      assert.equal("FAILED", sup.request(s, req.id).request_state)
+      assert.equal("READY", sup.nodes(s, req.id).a.node_state)
+      local cbs = sup.callbacks(s, req.id)
+      assert.equal("request_failed", cbs[#cbs].body.event_type)
+      requests.retry(s, n.b.id, sup.ACTOR)
+      assert.equal("EXECUTING", sup.request(s, req.id).request_state)
+      assert.equal(1, sup.tick("node_dispatcher"))
+    end)
+
+    it("refuses to complete a manual step while the request is stopping", function()
+      sup.load_doc(s, sup.doc("spec_pl_fail_beside_manual", {
+        { "a", "action", "withdrawal", { sim = { observes = 1, side_effect = true, retry_after_seconds = 0 } } },
+        { "b", "action", "withdrawal", { sim = { fail = "preflight" } } },
+        { "m", "manual", "manual_confirmation", { required_inputs = { "desk_reference" }, side_effect = true } },
+      }))
+      local req = sup.create_approved(s, "spec_pl_fail_beside_manual")
+      assert.equal(1, sup.tick("node_dispatcher"))
+      assert.equal(1, sup.tick("node_dispatcher"))
+      local n = sup.nodes(s, req.id)
+      assert.same({ "SUBMITTED", "FAILED", "READY" }, { n.a.node_state, n.b.node_state, n.m.node_state })
+      local ok, err = pcall(requests.complete_manual_step, s, n.m.id, sup.ACTOR, { desk_reference = "DESK-9" })
+      assert.is_false(ok)
+      assert.equal("illegal_transition", err.kind)
+      assert.matches("node b is FAILED", err.message, 1, true)
+      assert.equal("READY", sup.nodes(s, req.id).m.node_state)
+      -- the node in flight settles: FAILED beside a payment
+      assert.is_true(sup.drive(s, sup.state_is(req.id, "MANUAL_INTERVENTION"), 10,
+        { "node_dispatcher", "node_observer" }))
+    end)
+
     -- The claim's snapshot can predate the failure's commit (the request's
     -- lock is free again by the time the claim takes it): the nodes read
     -- after the lock show it, and nothing is started.
