@@ -118,9 +118,14 @@ end))
     rc, out = support.run(env, { support.bin, "exec", dir .. "/show.lua" })
     assert.equals(0, rc, out)
     assert.matches("settings\t0\t0\t1s", out, 1, true)
-    -- a value below a millisecond is a millisecond, not "no bound"
+    -- a value below a millisecond is a millisecond, not "no bound": a
+    -- statement of 50 ms is cancelled (the settings' own read may finish
+    -- within the millisecond)
+    support.write(dir .. "/sleep.lua", [[
+print("slept", require("qtg").db.with_session(function(s) return s:query("SELECT pg_sleep(0.05) AS x")[1].x end))
+]])
     env.MG_DB_STATEMENT_TIMEOUT_SECONDS = "0.0001"
-    rc, out = support.run(env, { support.bin, "exec", dir .. "/show.lua" })
+    rc, out = support.run(env, { support.bin, "exec", dir .. "/sleep.lua" })
     assert.equals(1, rc, out)
     assert.matches("canceling statement due to statement timeout", out, 1, true)
     -- refused outright: a negative bound
