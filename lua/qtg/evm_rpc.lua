@@ -282,17 +282,33 @@ M.NONCE_TOO_LOW = { "nonce too low", "nonce is too low", "oldnonce", "nonce has 
                     "transaction nonce is too low" }
 
 -- Node errors that refuse the transaction itself: its pool's validation
--- found the bytes unfit (funds, gas, fees, signature, chain, type, size),
--- so they are in no pool of this node.  Any other JSON-RPC error (a rate
--- limit, an internal or upstream error, a busy or syncing node) says
--- nothing of the bytes: a proxy may have passed them on before it failed.
-M.TX_REFUSED = { "insufficient funds", "intrinsic gas too low", "exceeds block gas limit",
-                 "gas limit reached", "invalid sender", "invalid signature", "invalid chain id",
-                 "incorrect chain id", "transaction type not supported", "tx type not supported",
-                 "oversized data", "exceeds the configured cap", "only replay-protected",
-                 "max priority fee per gas higher than max fee per gas", "tip higher than fee cap",
-                 "max fee per gas less than block base fee", "fee cap less than block base fee",
-                 "transaction underpriced", "nonce too high" }
+-- found these bytes unfit whatever the moment (funds, intrinsic gas, gas
+-- above the block's limit, signature, chain, type, size, a fee over the
+-- node's cap or under its fixed minimum), so they are in no pool of this
+-- node.  The wording of geth, erigon, nethermind (old and new), besu,
+-- reth and anvil.  Not here, since the same bytes can be pooled or mined
+-- later: a future nonce ("nonce too high"), a full pool (a bare
+-- "transaction underpriced", nethermind's "FeeTooLow"), a fee cap below the
+-- current base fee, a full block ("gas limit reached"); nor any other
+-- JSON-RPC error (a rate limit, an internal or upstream error, a busy or
+-- syncing node), which says nothing of the bytes: a proxy may have passed
+-- them on before it failed.
+M.TX_REFUSED = {
+  "insufficient funds", "insufficientfunds", "upfront cost exceeds account balance",
+  "intrinsic gas too low", "intrinsicgas", "intrinsic gas exceeds gas limit",
+  "exceeds block gas limit", "gas limit is too high", "gaslimitexceeded",
+  "invalid sender", "invalid transaction v, r, s values", "invalidtxsignature", "failed to recover sender",
+  "failedtoresolvesender", "invalid chain id", "incorrect chain id", "invalidtxchainid", "wrong chainid",
+  "incompatible eip-155 transaction", "only replay-protected",
+  "transaction type not supported", "tx type not supported", "unsupported transaction type",
+  "notsupportedtxtype", "invalid transaction type", "oversized data", "transaction too large",
+  "maxtxsizeexceeded", "exceeds the configured cap", "transaction fee cap exceeded",
+  "max priority fee per gas higher than max fee per gas", "tip higher than fee cap",
+  "max priority fee per gas exceeds max fee per gas", "invalidmaxpriorityfeepergas",
+  "transaction gas price below minimum", "transaction underpriced: gas tip cap",
+  "transaction underpriced: tip needed", "gas price below configured minimum gas price",
+  "below minimum required priority fee",
+}
 
 local function matches_any(err, list)
   if type(err) ~= "table" or err.kind ~= "rpc" then return false end

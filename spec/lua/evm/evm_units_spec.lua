@@ -225,15 +225,36 @@ describe("evm_transfer executor: checks without a chain", function()
       assert.is_true(rpc.is_nonce_too_low(node_err(msg)), msg)
       assert.is_false(rpc.is_already_known(node_err(msg)), msg)
     end
-    -- the errors that refuse the bytes themselves; nothing else does
-    for _, msg in ipairs({ "Insufficient funds for gas * price + value", "intrinsic gas too low",
-                           "exceeds block gas limit", "invalid sender", "transaction type not supported",
-                           "tx fee (1.20 ether) exceeds the configured cap (1.00 ether)",
-                           "max fee per gas less than block base fee", "transaction underpriced" }) do
+    -- the errors that refuse the bytes themselves, as the clients word them
+    for _, msg in ipairs({
+      "Insufficient funds for gas * price + value",                        -- anvil
+      "insufficient funds for gas * price + value: balance 0, tx cost 1",  -- geth, erigon
+      "InsufficientFunds, Account balance: 0, cumulative cost: 21000",     -- nethermind (older)
+      "Upfront cost exceeds account balance",                              -- besu
+      "intrinsic gas too low", "Intrinsic gas exceeds gas limit", "INTERNAL_ERROR: IntrinsicGas",
+      "exceeds block gas limit", "invalid sender", "failed to recover sender",
+      "transaction type not supported", "Invalid transaction type",
+      "tx fee (1.20 ether) exceeds the configured cap (1.00 ether)", "Transaction fee cap exceeded",
+      "Wrong chainId", "Incompatible EIP-155 transaction, signed for another chain",
+      "transaction underpriced: gas tip cap 1, minimum needed 2",        -- geth (older): its minimum
+      "transaction gas price below minimum: gas tip cap 1, minimum needed 2",  -- geth 1.15.9
+      "Gas price below configured minimum gas price",
+      "transaction priority fee below minimum required priority fee 2",  -- reth
+    }) do
       assert.is_true(rpc.is_tx_refused(node_err(msg)), msg)
     end
-    for _, msg in ipairs({ "replacement transaction underpriced", "already known", "nonce too low",
-                           "rate limit exceeded", "internal error", "header not found", "" }) do
+    -- what can still be pooled or mined later, and what says nothing of the bytes
+    for _, msg in ipairs({
+      "replacement transaction underpriced", "Replacement transaction underpriced",
+      "FEE_TOO_LOW: replacement transaction underpriced",
+      "transaction underpriced",                      -- geth: a full pool
+      "FeeTooLow, MaxFeePerGas too low",              -- nethermind (older): a full pool
+      "nonce too high",                               -- a future nonce (geth's blob pool, a sequencer)
+      "max fee per gas less than block base fee",     -- parked by a pool, sent again once the base fee falls
+      "fee cap less than block base fee", "gas limit reached",
+      "already known", "nonce too low", "rate limit exceeded", "daily request count exceeded",
+      "internal error", "header not found", "invalid signature on JWT token", "",
+    }) do
       assert.is_false(rpc.is_tx_refused(node_err(msg)), msg)
     end
     assert.is_false(rpc.is_tx_refused({ kind = "timeout", message = "insufficient funds" }))
@@ -311,7 +332,10 @@ describe("evm_transfer executor: an RPC that answers for another transaction", f
     for _, c in ipairs({
       { "insufficient funds for gas * price + value", "failed", "EVM_TX_REJECTED", "surface" },
       { "intrinsic gas too low", "failed", "EVM_TX_REJECTED", "surface" },
-      { "max fee per gas less than block base fee", "failed", "EVM_TX_REJECTED", "surface" },
+      { "Upfront cost exceeds account balance", "failed", "EVM_TX_REJECTED", "surface" },
+      { "max fee per gas less than block base fee", "unknown", "EVM_BROADCAST_OUTCOME_UNKNOWN", "note" },
+      { "nonce too high", "unknown", "EVM_BROADCAST_OUTCOME_UNKNOWN", "note" },
+      { "transaction underpriced", "unknown", "EVM_BROADCAST_OUTCOME_UNKNOWN", "note" },
       { "daily request count exceeded, request rate limited", "unknown", "EVM_BROADCAST_OUTCOME_UNKNOWN", "note" },
       { "internal error", "unknown", "EVM_BROADCAST_OUTCOME_UNKNOWN", "note" },
       { "upstream request timeout", "unknown", "EVM_BROADCAST_OUTCOME_UNKNOWN", "note" },
