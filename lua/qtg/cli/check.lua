@@ -332,6 +332,14 @@ function M.check_role(report, s)
   -- with the owner's rights (qtg_audit_promote) as in any other session:
   -- PostgreSQL 15 no longer lets PUBLIC create there; a cluster upgraded
   -- from 14 or older keeps the old grant.
+  -- sql/0201: no function of qtg reads a temporary table any more, but a
+  -- role that may create them can still shadow a table for its own session
+  if not r.superuser and s:query("SELECT has_database_privilege($1, current_database(), 'TEMPORARY') AS t",
+      user)[1].t then
+    add(report, "warn", "db role", ("%s may create temporary tables; REVOKE TEMPORARY ON DATABASE %s FROM PUBLIC"
+      .. " (and from %s) as the database's owner (`qtgd migrate` does when it may)"):format(user,
+      s:query("SELECT current_database() AS d")[1].d, user))
+  end
   if s:query("SELECT has_schema_privilege($1, 'public', 'CREATE') AS c", user)[1].c then
     add(report, level, "db role", ("%s may create objects in schema public: it could shadow a"
       .. " built-in function there; REVOKE CREATE ON SCHEMA public FROM PUBLIC (and from %s)"

@@ -90,6 +90,10 @@ describe("the runtime role", function()
     { "make a node state non-terminal", "UPDATE node_states SET terminal = false WHERE state = 'COMPLETED'" },
     { "add a request state", "INSERT INTO request_states VALUES ('PAID_TWICE', false)" },
     { "delete a nonce transition", "DELETE FROM evm_nonce_transitions" },
+    -- sql/0201: a temporary table shadows a table of public for its session
+    { "create a temporary table", "CREATE TEMP TABLE audit_events (x int)" },
+    -- sql/0201: the promotion's turn; an advisory lock was anyone's to hold
+    { "take the promotion's turn", "SELECT id FROM audit_promoter_turn FOR UPDATE" },
   }
   for _, a in ipairs(attacks) do
     it("may not " .. a[1], function()
@@ -139,6 +143,46 @@ describe("the runtime role", function()
       assert.equals(tonumber(row.chain_seq), tonumber(now.chain_seq))
     end)
     s:rollback()
+    assert(ok, err)
+  end)
+
+  -- sql/0201: with a temporary table of the same name (made here by the
+  -- superuser, as a cluster where PUBLIC keeps TEMPORARY would let the
+  -- runtime role make it), the promotion moved the outbox rows into it:
+  -- gone from the trail, and the chain still verified.
+  it("promotes into the real audit trail whatever temporary table its session holds", function()
+    s:begin()
+    local ok, err = pcall(function()
+      s:exec("CREATE TEMP TABLE audit_events (LIKE public.audit_events) ON COMMIT DROP")
+      s:exec("GRANT ALL ON pg_temp.audit_events TO PUBLIC")
+      s:exec("SET LOCAL ROLE qtg_runtime")
+      s:query([[INSERT INTO audit_outbox (actor, action, entity_type, entity_id, detail)
+                VALUES ('system:spec', 'spec.shadowed', 'spec', '1', '{}')]])
+      assert.equals(1, promoter.promote(s, 500))
+      s:exec("RESET ROLE")
+      assert.equals(0, s:query("SELECT count(*)::int AS n FROM pg_temp.audit_events")[1].n)
+      assert.equals(1, s:query("SELECT count(*)::int AS n FROM public.audit_events WHERE action = 'spec.shadowed'")[1].n)
+      assert.equals(0, s:query("SELECT count(*)::int AS n FROM audit_outbox WHERE action = 'spec.shadowed'")[1].n)
+    end)
+    s:rollback()
+    assert(ok, err)
+  end)
+
+  it("promotes while the runtime role holds the advisory lock the promotion once took", function()
+    local other = qtg.db.acquire()
+    other:begin()
+    other:exec("SET LOCAL ROLE qtg_runtime")
+    other:query("SELECT pg_advisory_xact_lock(hashtext('qtg.audit_outbox_promoter'))")
+    local ok, err = pcall(function()
+      s:begin()
+      s:exec("SET LOCAL ROLE qtg_runtime")
+      s:query([[INSERT INTO audit_outbox (actor, action, entity_type, entity_id, detail)
+                VALUES ('system:spec', 'spec.turn', 'spec', '1', '{}')]])
+      assert.equals(1, promoter.promote(s, 500))
+    end)
+    if s:in_transaction() then s:rollback() end
+    other:rollback()
+    other:release()
     assert(ok, err)
   end)
 
@@ -235,6 +279,23 @@ describe("the runtime role", function()
       other_pn.a)))
     local n = s:query("SELECT count(*)::int AS n FROM plan_nodes WHERE plan_version_id = $1", pv)[1].n
     assert.equals(2, n)
+  end)
+
+  -- sql/0201: the seal's trigger read movement_requests from the session's
+  -- temporary schema first, and found no request referencing the plan
+  it("keeps a sealed plan sealed whatever temporary table the session holds", function()
+    local req, pn = new_pending()
+    s:begin()
+    local ok, err = pcall(function()
+      s:exec("CREATE TEMP TABLE movement_requests (LIKE public.movement_requests) ON COMMIT DROP")
+      s:exec("GRANT ALL ON pg_temp.movement_requests TO PUBLIC")
+      s:exec("SET LOCAL ROLE qtg_runtime")
+      return s:query([[UPDATE plan_nodes SET config = config || '{"destination": "0x00000000000000000000000000000000000000bb"}'
+                        WHERE id = $1]], pn.a)
+    end)
+    s:rollback()
+    refused_55000(string.format("plan_nodes of plan version %s is sealed: request %s references it (UPDATE refused)",
+      req.plan_version_id, req.id), ok, err)
   end)
 
   it("may not change which plan node a request's node runs", function()
@@ -351,6 +412,19 @@ describe("qtgd check on the daemon's role", function()
     assert(ok, rc)
     assert.equals(1, rc, out)
     assert.matches(LOGIN .. " may create objects in schema public", line(out, "FAIL"), 1, true)
+  end)
+
+  it("warns about a role that may create temporary tables", function()
+    local rc, out = check({ MG_DATABASE_URL = url_as(LOGIN), MG_NETWORK_CLASS = "mainnet" })
+    assert.is_nil(out:find("temporary tables", 1, true), out) -- qtgd migrate revoked PUBLIC's
+    s = qtg.db.acquire()
+    s:exec("GRANT TEMPORARY ON DATABASE " .. s:query("SELECT current_database() AS d")[1].d .. " TO " .. LOGIN)
+    local ok
+    ok, rc, out = pcall(check, { MG_DATABASE_URL = url_as(LOGIN), MG_NETWORK_CLASS = "mainnet" })
+    s:exec("REVOKE TEMPORARY ON DATABASE " .. s:query("SELECT current_database() AS d")[1].d .. " FROM " .. LOGIN)
+    s:release()
+    assert(ok, rc)
+    assert.matches(LOGIN .. " may create temporary tables", line(out, "warn") or "", 1, true)
   end)
 
   it("FAILs a role that owns tables", function()
