@@ -175,6 +175,12 @@ qtg_task *qtg_task_check(lua_State *L) {
   if (!t || t->co != L)
     luaL_error(L, "qtg: I/O outside a host task (not in a worker tick, console command, "
                   "exec script or qtg.spawn'ed function; or inside a plain Lua coroutine)");
+  /* Refused before the operation starts: started, it would complete into
+   * a task whose yield failed and which has ended (freed) since. */
+  if (!lua_isyieldable(L))
+    luaL_error(L, "qtg: I/O where Lua cannot wait for it (while a module loads in require or "
+                  "dofile, in a table.sort comparator, in a metamethod or iterator called from C): "
+                  "do it in a function called afterwards");
   return t;
 }
 

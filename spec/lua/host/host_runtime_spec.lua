@@ -455,6 +455,31 @@ describe("qtgd command line", function()
     assert.are.equal(1, rc3)
     assert.matches("missing.lua", out3)
   end)
+
+  -- I/O where Lua cannot yield (a module's load under require, a sort's
+  -- comparator) was started, its yield failed, the task ended and was
+  -- freed, and the operation's completion resumed it: a use after free
+  -- (ASan), a crash, or a session left busy.  It is refused before it starts.
+  it("refuses I/O where Lua cannot wait for it, and the task's next I/O works", function()
+    local dir = support.tmpdir()
+    support.write(dir .. "/noyield.lua", [[
+local qtg = require "qtg"
+package.preload["spec_io_at_load"] = function()
+  return qtg.db.with_session(function(s) return s:query("SELECT 1 AS x")[1].x end)
+end
+print("require", pcall(require, "spec_io_at_load"))
+print("sort", pcall(table.sort, { 3, 1, 2 }, function(a, b) qtg.sleep(0) return a < b end))
+print("after", qtg.db.with_session(function(s) return s:query("SELECT 42 AS x")[1].x end))
+qtg.sleep(0.2) -- a completion of anything started above would arrive now
+print("done")
+]])
+    local rc, out = support.run(support.base_env(), {support.bin, "exec", dir .. "/noyield.lua"})
+    assert.are.equal(0, rc, out)
+    assert.matches("require\tfalse\t[^\n]*I/O where Lua cannot wait for it", out)
+    assert.matches("sort\tfalse\t[^\n]*I/O where Lua cannot wait for it", out)
+    assert.matches("after\t42", out)
+    assert.matches("\ndone", out)
+  end)
 end)
 
 describe("qtgd migrate", function()
