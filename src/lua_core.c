@@ -140,7 +140,7 @@ static void qtg_spawned_done(qtg_task *t, int ok, int nres, void *data) {
   qtg_unref(L, anchor);
 }
 
-static int qtg_lua_spawn(lua_State *L) {
+static int qtg_spawn_with(lua_State *L, int flags) {
   luaL_checktype(L, 1, LUA_TFUNCTION);
   qtg_host *h = qtg_host_from_lua(L);
   int nargs = lua_gettop(L) - 1;
@@ -159,9 +159,18 @@ static int qtg_lua_spawn(lua_State *L) {
   lua_State *M = h->L;
   for (int i = 1; i <= nargs + 1; i++) lua_pushvalue(L, i);
   lua_xmove(L, M, nargs + 1);
-  qtg_task_spawn(h, th->name, nargs, 0, qtg_spawned_done, th);
+  qtg_task_spawn(h, th->name, nargs, flags, qtg_spawned_done, th);
   return 1; /* the handle */
 }
+
+static int qtg_lua_spawn(lua_State *L) { return qtg_spawn_with(L, 0); }
+
+/* spawn_unowned(fn, ...): as spawn, but the task belongs to no console
+ * command, so stopping the command (Ctrl-C, its busy limit, the client
+ * gone) stops only the command's wait in join, never the task: for work
+ * that must not be cut half-way (a reload puts the old modules back when
+ * it fails).  The busy guard and SIGTERM still stop it. */
+static int qtg_lua_spawn_unowned(lua_State *L) { return qtg_spawn_with(L, QTG_TASK_UNOWNED); }
 
 /* A joiner interrupted (Ctrl-C on the console command that joins) stops
  * waiting at once with an "interrupted" error; the joined task runs on. */
@@ -334,6 +343,7 @@ static const luaL_Reg qtg_core_funcs[] = {
   {"monotonic", qtg_lua_monotonic},
   {"raw_sleep", qtg_lua_sleep},
   {"spawn", qtg_lua_spawn},
+  {"spawn_unowned", qtg_lua_spawn_unowned},
   {"raw_join", qtg_lua_join},
   {"fatal", qtg_lua_fatal},
   {"error", qtg_lua_error_new},

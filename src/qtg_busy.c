@@ -305,18 +305,33 @@ void qtg_busy_stop(qtg_host *h) {
   h->busy = NULL;
 }
 
-void qtg_busy_enter(struct qtg_busy *b, qtg_task *t) {
-  if (!b || b->depth++ > 0) return;
-  b->strikes = 0;
+/* Whose code runs now: the task a resume runs, also when it is nested in
+ * another task's resume (a task spawned and run at once): a console
+ * command's task is left to the console's guard, an unowned one it
+ * spawned is this guard's (qtg.spawn_unowned). */
+static void qtg_busy_running(struct qtg_busy *b, qtg_task *t) {
   atomic_store_explicit(&b->console, qtg_task_owner(t) != 0, memory_order_relaxed);
   atomic_store_explicit(&b->name, qtg_task_name(t), memory_order_relaxed);
+}
+
+void qtg_busy_enter(struct qtg_busy *b, qtg_task *t) {
+  if (!b) return;
+  qtg_busy_running(b, t);
+  if (b->depth++ > 0) return;
+  b->strikes = 0;
   atomic_store_explicit(&b->generation, atomic_load_explicit(&b->generation, memory_order_relaxed) + 1,
                         memory_order_relaxed);
   atomic_store_explicit(&b->since, uv_hrtime(), memory_order_relaxed);
 }
 
 void qtg_busy_leave(struct qtg_busy *b) {
-  if (!b || --b->depth > 0) return;
+  if (!b) return;
+  if (--b->depth > 0) {
+    /* back in the task that resumed this one (qtg_task_run restores
+     * h->current first) */
+    if (b->h->current) qtg_busy_running(b, b->h->current);
+    return;
+  }
   atomic_store_explicit(&b->since, 0, memory_order_relaxed);
   qtg_busy_unhook(b); /* a strike whose hook never ran: the resume ended first */
 }

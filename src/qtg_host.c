@@ -268,8 +268,8 @@ static void qtg_task_run(qtg_task *t, int nargs) {
   h->current = t;
   qtg_busy_enter(h->busy, t);
   int st = lua_resume(t->co, nargs);
-  qtg_busy_leave(h->busy);
   h->current = prev;
+  qtg_busy_leave(h->busy);
   if (st == LUA_YIELD) {
     if (t->waiting) return;
     /* A bare coroutine.yield() in task code would strand the task. */
@@ -300,7 +300,7 @@ qtg_task *qtg_task_spawn(qtg_host *h, const char *name, int nargs, int flags,
   t->flags = flags;
   t->done = done;
   t->data = data;
-  t->owner = h->current ? h->current->owner : 0;
+  t->owner = (flags & QTG_TASK_UNOWNED) || !h->current ? 0 : h->current->owner;
   snprintf(t->name, sizeof t->name, "%s", name ? name : "task");
   t->co = lua_newthread(L);
   lua_insert(L, -(nargs + 2));           /* thread below fn and args */

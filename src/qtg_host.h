@@ -46,7 +46,12 @@ struct qtg_resolve_req;
  * traceback unless the task was created with QTG_TASK_QUIET. */
 typedef void (*qtg_task_done_cb)(qtg_task *t, int ok, int nres, void *data);
 
-enum { QTG_TASK_QUIET = 1 };
+enum {
+  QTG_TASK_QUIET = 1,
+  /* owner 0 whatever task spawns it: no console command's stop reaches it
+   * (the busy guard and SIGTERM still do); qtg.spawn_unowned */
+  QTG_TASK_UNOWNED = 2
+};
 enum { QTG_CLOSE_BEFORE_LUA = 0, QTG_CLOSE_AFTER_LUA = 1 };
 
 struct qtg_host {

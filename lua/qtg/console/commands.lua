@@ -709,9 +709,15 @@ function M.bind(ctx)
   c.balances = balances
   c.settings = settings
 
+  -- The reload runs in a task of its own, as SIGHUP's does: a stop of this
+  -- command (Ctrl-C, its busy limit, the client gone) ends only the wait,
+  -- never the reload half-way (its restore of the old modules, its log and
+  -- its audit row); the busy guard still stops a module that never loads.
   function c.reload()
     local reload = require("qtg.reload")
-    local report = reload.reload(as("admin", "reload the policies"), { watch = reload.WATCH_SECONDS })
+    local who = as("admin", "reload the policies")
+    local ok, report = qtg.join(qtg.spawn_unowned(reload.reload, who, { watch = reload.WATCH_SECONDS }))
+    if not ok then error(report, 0) end
     local text = reload.describe(report)
     if not report.ok then error(qtg.error("reload", text.text), 0) end
     return text

@@ -252,6 +252,47 @@ describe("console guard", function()
     serves_on()
   end)
 
+  -- A console reload ran in the command's task: the guard's stop cut it
+  -- between loading the new modules and putting the old ones back, so the
+  -- new ones stayed in force without a log line or an audit row.  It runs in
+  -- a task of its own now, which the busy guard stops as it stops SIGHUP's.
+  it("a reload whose module never finishes loading fails whole: the old code runs on, logged and audited", function()
+    local dir = tmp .. "/reload"
+    local run = dir .. "/run"
+    os.execute("mkdir -p " .. q(dir .. "/lua/qtg/workers") .. " " .. q(run) .. " && chmod 700 " .. q(run)
+      .. " && chmod 755 " .. q(dir) .. " " .. q(dir .. "/lua") .. " " .. q(dir .. "/lua/qtg") .. " "
+      .. q(dir .. "/lua/qtg/workers"))
+    local d = sup.start(sup.base_env({ MG_CONSOLE_ENABLED = "true", MG_RUN_DIR = run,
+                                       MG_LUA_PATH = dir .. "/lua", MG_NETWORK_CLASS = "guard-reload",
+                                       MG_CONSOLE_BUSY_LIMIT_SECONDS = "2", MG_TASK_BUSY_LIMIT_SECONDS = "1" }),
+      { "run" })
+    local dsock = run .. "/console.sock"
+    assert(sup.eventually(function() return os.execute("test -S " .. q(dsock)) == 0 end, 30), sup.read(d.log))
+    local function deval(code)
+      local rc, out = sup.run({}, { "python3", q(client), q(dsock), q("e" .. code) })
+      assert.equals(0, rc, out)
+      return out:match("^(.-)\n?$")
+    end
+    -- the operator installs a new policy module and a worker module that spins while it loads
+    sup.write(dir .. "/lua/qtg/observe_intervals.lua",
+      "local M = dofile(" .. string.format("%q", sup.root .. "/lua/qtg/observe_intervals.lua") .. ") M.SPEC_NEW = true return M")
+    sup.write(dir .. "/lua/qtg/workers/template_proposal_expiration.lua", "while true do end")
+    os.execute("chmod 644 " .. q(dir .. "/lua/qtg/observe_intervals.lua") .. " "
+      .. q(dir .. "/lua/qtg/workers/template_proposal_expiration.lua"))
+    local audits = "=sql([[SELECT count(*)::int AS n FROM (SELECT action FROM audit_outbox UNION ALL "
+      .. "SELECT action FROM audit_events) a WHERE action = 'policy.reload']])[1].n"
+    local before = tonumber(deval(audits):match("r (%d+)"))
+    local out = deval("return reload()")
+    assert.matches("^x ", out)
+    assert.is_nil(out:find("interrupted", 1, true), out)
+    assert.equals("r nil", deval("=require('qtg.observe_intervals').SPEC_NEW"))
+    assert.is_truthy(sup.eventually(function()
+      return sup.read(d.log):find("policy reload failed; the old code keeps running", 1, true)
+    end, 30), sup.read(d.log))
+    assert.equals("r " .. (before + 1), deval(audits))
+    assert.equals(0, sup.stop(d, 60), sup.read(d.log))
+  end)
+
   it("SIGTERM during a runaway command stops the daemon within its grace period", function()
     local out = raw_bg("eprint('spinning') " .. PCALL_LOOP)
     assert.is_truthy(sup.eventually(function() return (sup.read(out) or ""):find("o spinning", 1, true) end, 30))
