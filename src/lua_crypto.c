@@ -15,6 +15,7 @@
 #include "qtg_crypto.h"
 #include "qtg_host.h"
 #include "qtg_keys.h"
+#include "qtg_lua_path.h"
 
 enum { QTG_LUA_RANDOM_MAX = 1 << 20 };
 
@@ -109,6 +110,17 @@ static int qtg_lua_lua_path_error(lua_State *L) {
   return 1;
 }
 
+/* qtg.crypto.lua_path_check(): the check of MG_LUA_PATH run again now
+ * (the reload runs it first): nil, or why it may not be trusted. */
+static int qtg_lua_lua_path_check(lua_State *L) {
+  qtg_host *h = qtg_host_from_lua(L);
+  const char *over = h != NULL && h->settings != NULL ? qtg_settings_str(h->settings, QTG_S_LUA_PATH) : "";
+  char err[512];
+  if (over[0] == '\0' || qtg_lua_path_check(over, err, sizeof err) == 0) return 0;
+  lua_pushstring(L, err);
+  return 1;
+}
+
 static int qtg_lua_callback_key_id(lua_State *L) {
   qtg_host *h = qtg_host_from_lua(L);
   lua_pushstring(L, qtg_keys_callback_key_id(h != NULL ? h->keys : NULL));
@@ -182,6 +194,7 @@ int luaopen_qtg_crypto(lua_State *L) {
       {"callback_key_id", qtg_lua_callback_key_id},
       {"keys_error", qtg_lua_keys_error},
       {"lua_path_error", qtg_lua_lua_path_error},
+      {"lua_path_check", qtg_lua_lua_path_check},
       {"random_bytes", qtg_lua_random_bytes},
       {"nonce", qtg_lua_nonce},
       {"hex", qtg_lua_hex},

@@ -402,6 +402,48 @@ static void qtg_host_refuse_jit_on(lua_State *L) {
   lua_pop(L, 1);
 }
 
+/* A searcher before Lua's file loader: a module that the loader would take
+ * from the MG_LUA_PATH override (upvalue 1) is loaded only while the
+ * directory still passes its check (qtg_lua_path.c).  Checked at start
+ * only, a tree made writable or a file planted later was loaded by the
+ * first require of a module not loaded yet (the approval policy, an
+ * executor).  Returns nothing: the next searcher loads it. */
+static int qtg_host_override_searcher(lua_State *L) {
+  size_t olen;
+  const char *over = lua_tolstring(L, lua_upvalueindex(1), &olen);
+  luaL_checkstring(L, 1);
+  lua_getglobal(L, "package");
+  lua_getfield(L, -1, "searchpath");
+  if (!lua_isfunction(L, -1)) return 0;
+  lua_pushvalue(L, 1);
+  lua_getfield(L, -3, "path");
+  lua_call(L, 2, 1);
+  const char *file = lua_tostring(L, -1);
+  if (file == NULL || strncmp(file, over, olen) != 0 || file[olen] != '/') return 0;
+  char err[512];
+  if (qtg_lua_path_check(over, err, sizeof err) != 0)
+    return luaL_error(L, "module %s: %s", lua_tostring(L, 1), err);
+  return 0;
+}
+
+/* Put the searcher at package.loaders[2], before Lua's file loader. */
+static void qtg_host_add_override_searcher(lua_State *L, int package, const char *over) {
+  lua_getfield(L, package, "loaders");
+  if (!lua_istable(L, -1)) {
+    lua_pop(L, 1);
+    return;
+  }
+  int n = (int)lua_objlen(L, -1);
+  for (int i = n; i >= 2; i--) {
+    lua_rawgeti(L, -1, i);
+    lua_rawseti(L, -2, i + 1);
+  }
+  lua_pushstring(L, over);
+  lua_pushcclosure(L, qtg_host_override_searcher, 1);
+  lua_rawseti(L, -2, 2);
+  lua_pop(L, 1);
+}
+
 static void qtg_host_set_paths(qtg_host *h) {
   lua_State *L = h->L;
   const char *over = qtg_settings_str(h->settings, QTG_S_LUA_PATH);
@@ -418,6 +460,7 @@ static void qtg_host_set_paths(qtg_host *h) {
   lua_getfield(L, top, "cpath");
   lua_concat(L, 2);
   lua_setfield(L, top, "cpath");
+  if (over[0]) qtg_host_add_override_searcher(L, top, over);
   lua_pop(L, 1);
 }
 

@@ -7,6 +7,10 @@
  * the daemon's user and writable by no one else (no group or other write
  * bit).  One exception above the directory: a root-owned directory with the
  * sticky bit (/tmp), where others may create entries but not replace ours.
+ * A link that points nowhere is refused too (its target may appear later).
+ * The check runs at start, at every reload, and before any module is loaded
+ * from the directory (qtg_host.c's searcher): a tree made writable, or a
+ * file planted, after start is refused then, not only at the next start.
  */
 #include "qtg_lua_path.h"
 
@@ -55,7 +59,16 @@ static int qtg_lua_path_walk(const char *dir, int depth, char *err, size_t errle
     char path[PATH_MAX];
     struct stat st;
     if (snprintf(path, sizeof path, "%s/%s", dir, e->d_name) >= (int)sizeof path) continue;
-    if (stat(path, &st) != 0) continue;           /* a dangling link loads nothing */
+    if (stat(path, &st) != 0) {
+      /* a dangling link loads nothing now, but whoever may create its
+       * target later decides what loads then */
+      if (lstat(path, &st) == 0 && S_ISLNK(st.st_mode)) {
+        snprintf(err, errlen, "MG_LUA_PATH: %s is a link to nothing: refusing to load policy scripts "
+                 "from it (whoever creates its target chooses what runs; remove it)", path);
+        rc = -1;
+      }
+      continue;
+    }
     if (!S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode)) continue;
     rc = qtg_lua_path_entry(path, &st, err, errlen);
     if (rc == 0 && S_ISDIR(st.st_mode)) rc = qtg_lua_path_walk(path, depth + 1, err, errlen);

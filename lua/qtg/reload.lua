@@ -2,6 +2,8 @@
 --
 -- The policy path is the operator's override directory (MG_LUA_PATH) first,
 -- then the packaged lua/.  A reload:
+--   0. checks the override directory's ownership and modes again (as at
+--      start: src/qtg_lua_path.c), and is refused when it fails;
 --   1. compiles every .lua file under the policy path (a syntax error in a
 --      script nobody has loaded yet is reported now, not at first use);
 --   2. loads afresh every policy module that is loaded now, and the worker
@@ -425,11 +427,19 @@ function M.reload(who, opts)
   local policy_path, roots = M.policy_path(), M.roots()
   local before = {}
   for name, mod in pairs(package.loaded) do before[name] = mod end
+  -- the override directory's ownership and modes as they are now, not as
+  -- they were at start (src/qtg_lua_path.c)
+  local untrusted = qtg.crypto.lua_path_check()
   local co = coroutine.create(load_all)
-  local done, names, plan = coroutine.resume(co, policy_path, roots, report.errors)
+  local done, names, plan = true, nil, nil
+  if untrusted then
+    report.errors[#report.errors + 1] = { message = untrusted }
+  else
+    done, names, plan = coroutine.resume(co, policy_path, roots, report.errors)
+  end
   if not done then
     report.errors[#report.errors + 1] = { message = "reload failed: " .. message_of(names) }
-  elseif coroutine.status(co) ~= "dead" then
+  elseif not untrusted and coroutine.status(co) ~= "dead" then
     report.errors[#report.errors + 1] = { message = "a policy module yielded while loading (no I/O at load time)" }
   end
   if #report.errors > 0 then

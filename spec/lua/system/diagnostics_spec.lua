@@ -391,6 +391,38 @@ describe("qtgd's command line", function()
       assert.matches(dir .. " is writable by its group", out, 1, true)
     end)
 
+    it("refuses a link to nothing (its target may be created later by anyone)", function()
+      os.execute("ln -s " .. q(dir .. "/nowhere.lua") .. " " .. q(dir .. "/override/qtg/signers.lua"))
+      local rc, out = run_exec(dir .. "/override")
+      assert.equal(1, rc, out)
+      assert.matches(dir .. "/override/qtg/signers.lua is a link to nothing", out, 1, true)
+    end)
+
+    -- Checked at start only, a tree made writable (or a link's target
+    -- planted) after start was loaded by the first require of a module not
+    -- loaded yet, and by a reload.
+    it("checks again before loading a module from it, and at every reload", function()
+      sup.write(dir .. "/later.lua", string.format([[
+local over = %q
+os.execute("mkdir -p " .. over .. "/qtg/planted && chmod 777 " .. over .. "/qtg/planted")
+local f = assert(io.open(over .. "/qtg/planted/policy.lua", "w"))
+f:write("return { allow_all = true }\n")
+f:close()
+print("require", pcall(require, "qtg.planted.policy"))
+local report = require("qtg.reload").reload("system:spec")
+print("reload", report.ok, report.errors[1] and report.errors[1].message)
+os.execute("chmod 755 " .. over .. "/qtg/planted")
+print("fixed", pcall(require, "qtg.planted.policy"))
+]], dir .. "/override"))
+      local rc, out = sup.run(sup.base_env({ MG_LUA_PATH = dir .. "/override" }), { q(sup.bin), "exec",
+        q(dir .. "/later.lua") })
+      assert.equal(0, rc, out)
+      local planted = (dir .. "/override/qtg/planted is writable by anyone"):gsub("%p", "%%%0")
+      assert.matches("require\tfalse\t[^\n]*module qtg.planted.policy: MG_LUA_PATH: " .. planted, out)
+      assert.matches("reload\tfalse\tMG_LUA_PATH: " .. planted, out)
+      assert.matches("fixed\ttrue\ttable", out)
+    end)
+
     it("is a FAIL line in `qtgd check`", function()
       os.execute("chmod 757 " .. q(dir .. "/override/qtg"))
       local rc, out = sup.run(sup.base_env({ MG_LUA_PATH = dir .. "/override" }), { q(sup.bin), "check" })
