@@ -412,7 +412,9 @@ static int qtg_lua_set_interval(lua_State *L) {
   qtg_worker *w = qtg_worker_check(L, 1);
   double interval = luaL_checknumber(L, 2);
   double jitter = luaL_optnumber(L, 3, w->jitter);
-  if (!(interval > 0) || jitter < 0) return luaL_error(L, "interval must be > 0 and jitter >= 0");
+  /* the bounds start_worker holds them to: each becomes a timer's ms */
+  if (!(interval > 0 && interval <= QTG_WORKER_MAX_SECONDS) || !(jitter >= 0 && jitter <= QTG_WORKER_MAX_SECONDS))
+    return luaL_error(L, "interval must be > 0 and jitter >= 0, each at most %d seconds", QTG_WORKER_MAX_SECONDS);
   w->interval = interval;
   w->jitter = jitter;
   return 0;

@@ -42,6 +42,11 @@ M.KEEP = { ["qtg"] = true, ["qtg.main"] = true, ["qtg.cli"] = true, ["qtg.reload
 M.KEEP_PREFIXES = { "qtg.cli." }
 M.MAX_DEPTH = 8
 
+-- What start_worker and set_interval accept (src/qtg_runtime.c): a registry
+-- the runtime would refuse half-way through applying it is refused whole.
+M.WORKER_NAME_MAX = 63
+M.WORKER_MAX_SECONDS = 31536000
+
 local function kept(name)
   if M.KEEP[name] then return true end
   for _, p in ipairs(M.KEEP_PREFIXES) do
@@ -161,16 +166,19 @@ local function check_registry(list, errors)
   local plan, seen = {}, {}
   for i, w in ipairs(list) do
     local where = "qtg.workers registry entry " .. i
-    if type(w) ~= "table" or type(w.name) ~= "string" or w.name == "" then
-      errors[#errors + 1] = { module = "qtg.workers", message = where .. ": name must be a non-empty string" }
+    if type(w) ~= "table" or type(w.name) ~= "string" or w.name == "" or #w.name > M.WORKER_NAME_MAX then
+      errors[#errors + 1] = { module = "qtg.workers", message = where .. ": name must be a string of 1 to "
+        .. M.WORKER_NAME_MAX .. " characters" }
     elseif seen[w.name] then
       errors[#errors + 1] = { module = "qtg.workers", message = where .. ": duplicate worker " .. w.name }
     elseif w.group ~= "core" and w.group ~= "sidecar" then
       errors[#errors + 1] = { module = "qtg.workers", message = where .. " (" .. w.name .. "): group must be core or sidecar" }
-    elseif type(w.interval) ~= "number" or not (w.interval > 0) then
-      errors[#errors + 1] = { module = "qtg.workers", message = where .. " (" .. w.name .. "): interval must be a number > 0" }
-    elseif w.jitter ~= nil and (type(w.jitter) ~= "number" or w.jitter < 0) then
-      errors[#errors + 1] = { module = "qtg.workers", message = where .. " (" .. w.name .. "): jitter must be a number >= 0" }
+    elseif type(w.interval) ~= "number" or not (w.interval > 0 and w.interval <= M.WORKER_MAX_SECONDS) then
+      errors[#errors + 1] = { module = "qtg.workers", message = where .. " (" .. w.name .. "): interval must be a number > 0"
+        .. " and at most " .. M.WORKER_MAX_SECONDS .. " seconds" }
+    elseif w.jitter ~= nil and (type(w.jitter) ~= "number" or not (w.jitter >= 0 and w.jitter <= M.WORKER_MAX_SECONDS)) then
+      errors[#errors + 1] = { module = "qtg.workers", message = where .. " (" .. w.name .. "): jitter must be a number >= 0"
+        .. " and at most " .. M.WORKER_MAX_SECONDS .. " seconds" }
     elseif type(w.module) ~= "string" then
       errors[#errors + 1] = { module = "qtg.workers", message = where .. " (" .. w.name .. "): module must be a string" }
     else
@@ -382,7 +390,9 @@ function M.describe(report)
         f.name, f.error)
     end
   else
-    lines[1] = "reload failed; the old code keeps running:"
+    lines[1] = report.partly_applied
+      and "reload failed while applying the worker registry; the new modules are in force:"
+      or "reload failed; the old code keeps running:"
     for _, e in ipairs(report.errors) do
       local where = e.file and (e.file .. (e.line and (":" .. e.line) or "")) or (e.module or "?")
       local msg = e.message
@@ -454,6 +464,8 @@ function M.reload(who, opts)
     report.modules = names
     local ok, err = pcall(apply, plan, report)
     if not ok then
+      -- past the point of no return: the new modules are in force
+      report.partly_applied = true
       report.errors[#report.errors + 1] = { message = "applying the worker registry: " .. message_of(err) }
     else
       report.ok = true
@@ -464,7 +476,9 @@ function M.reload(who, opts)
       started = table.concat(report.started, ","), stopped = table.concat(report.stopped, ",") })
   else
     local first = report.errors[1]
-    qtg.log.error("policy reload failed; the old code keeps running", { actor = report.actor,
+    qtg.log.error(report.partly_applied
+      and "policy reload failed while applying the worker registry: the new modules are in force, the registry partly applied"
+      or "policy reload failed; the old code keeps running", { actor = report.actor,
       file = first.file and tostring(first.file) or "", line = first.line and tostring(first.line) or "",
       error = first.message })
   end

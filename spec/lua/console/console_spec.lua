@@ -363,6 +363,26 @@ describe_host("reload (failures leave the old code)", function()
     assert.matches("boom on the new code", shown, 1, true)
   end)
 
+  -- A registry entry start_worker refuses (a name of 64 characters) made
+  -- the reload fail half-way through applying, with the new code in force;
+  -- an interval set_interval took (1e300) stopped the worker's polling.
+  for _, bad in ipairs({ { string.rep("w", 64), 5, "name must be a string of 1 to 63 characters" },
+                         { "spec_far", 1e300, "interval must be a number > 0 and at most 31536000 seconds" } }) do
+    it("refuses a worker registry the runtime would refuse: " .. bad[3], function()
+      write("qtg/workers/init.lua", string.format([[
+return { registry = function() return { { name = %q, group = "sidecar", interval = %s,
+  module = "qtg_spec_probe.mod", enabled = true } } end }
+]], bad[1], string.format("%.17g", bad[2])))
+      write("qtg_spec_probe/mod.lua", "return { tick = function() return 0 end }\n")
+      local before = snapshot()
+      local report = reload.reload("spec")
+      os.remove(root .. "/qtg/workers/init.lua")
+      assert.is_false(report.ok)
+      assert.matches(bad[3], reload.describe(report).text, 1, true)
+      assert.same(before, snapshot())
+    end)
+  end
+
   it("refuses a module that does I/O while it loads", function()
     write("qtg_spec_probe/mod.lua", "require('qtg').sleep(0)\nreturn { version = 3 }\n")
     package.loaded["qtg_spec_probe.mod"] = { version = 1 }
