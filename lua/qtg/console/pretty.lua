@@ -25,15 +25,20 @@ local function null_value()
 end
 local NULL = null_value()
 
+-- C0 controls and DEL as Lua escapes; the C1 range too (U+0080-U+009F,
+-- UTF-8 \194\128-\194\159: U+009B is ESC [ to some terminals), which an
+-- intent's strings can carry to an approver's screen.
 local function quote(s)
-  return '"' .. s:gsub('[%c"\\]', function(c)
+  s = s:gsub('[%c"\\]', function(c)
     if c == "\n" then return "\\n" end
     if c == "\t" then return "\\t" end
     if c == "\r" then return "\\r" end
     if c == '"' then return '\\"' end
     if c == "\\" then return "\\\\" end
     return string.format("\\%03d", c:byte())
-  end) .. '"'
+  end)
+  s = s:gsub("\194([\128-\159])", function(c) return string.format("\\194\\%03d", c:byte()) end)
+  return '"' .. s .. '"'
 end
 M.quote = quote
 

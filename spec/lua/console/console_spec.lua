@@ -219,6 +219,13 @@ describe("console views", function()
     local rec = pretty.pretty(view.record({ error_detail = "line one\nline\ttwo\27]0;owned\7" }))
     assert.is_nil(rec:find("[%z\1-\8\11-\31\127]"), rec)
     assert.equal("error_detail: line one\n  line\ttwo\\x1b]0;owned\\x07", rec)
+    -- req(id) prints a request's intent with pretty.quote: the same text,
+    -- C1 included, escaped as a Lua string it can be read back from
+    local quoted = pretty.pretty({ intent = { asset = asset } })
+    assert.is_nil(quoted:find("[%z\1-\9\11-\31\127]"), quoted)
+    assert.is_nil(quoted:find("\194\155", 1, true), quoted)
+    local text = pretty.quote(asset)
+    assert.equal(asset, loadstring("return " .. text)())
   end)
 end)
 
