@@ -49,7 +49,10 @@ M.ACTOR = "system:node_dispatcher"
 -- side effect): it is EXECUTING only while another of its nodes settles
 -- (qtg.state.derive_request_state's hold), and starting more of its nodes
 -- would move money for a request that has already failed.  sql/0200 keys
--- the test: the FAILED and UNKNOWN nodes of a request, from an index leaf.
+-- the test: the FAILED and UNKNOWN nodes of a request, from an index leaf;
+-- the side effect beside an UNKNOWN one is a scalar subquery, read by the
+-- request's key for that row only (an EXISTS there became a hashed subplan
+-- over every completed side-effect node the table holds).
 -- FIFO by the request's created_at (the spec's order; created_at is each
 -- row's clock_timestamp()), its READY nodes by node_key.  The requests are
 -- walked in their index's order and each one's first READY node taken in a
@@ -78,8 +81,9 @@ SELECT n.id, r.id AS request_id
    AND NOT EXISTS (SELECT 1 FROM movement_request_nodes t
                     WHERE t.request_id = r.id AND t.node_state IN ('FAILED', 'UNKNOWN')
                       AND (t.node_state = 'FAILED'
-                           OR EXISTS (SELECT 1 FROM movement_request_nodes p
-                                       WHERE p.request_id = r.id AND p.node_state = 'COMPLETED' AND p.side_effect)))
+                           OR (SELECT true FROM movement_request_nodes p
+                                WHERE p.request_id = t.request_id AND p.node_state = 'COMPLETED' AND p.side_effect
+                                LIMIT 1) IS TRUE))
  ORDER BY r.created_at ASC
  LIMIT 1]]
 end
