@@ -82,6 +82,19 @@ local function scenario(name)
   return s
 end
 
+-- at_manual_step(amount) -> id: a request made, approved and run to its
+-- manual step (WAITING_MANUAL_ACTION)
+local function at_manual_step(amount)
+  local id = create(intent{ amount = amount })
+  assert.equal(200, api.call(d, "POST", "/v3/requests/" .. id .. "/approve",
+    { token = tokens.approver, json = signed(id) }).status)
+  common.wait_for(function()
+    local st = rows("SELECT request_state FROM movement_requests WHERE id = $1::uuid", id)[1].request_state
+    return st == "WAITING_MANUAL_ACTION", st
+  end, 60, "request " .. id .. " to wait for its manual step")
+  return id
+end
+
 describe("the web console in a browser", function()
   setup(function()
     api = require "spec.lua.support.api"
@@ -126,43 +139,18 @@ describe("the web console in a browser", function()
     assert.equal(200, api.call(d, "POST", "/v3/requests/" .. ids.filtered_other .. "/reject",
       { token = tokens.approver, json = { reason = "duplicate" } }).status)
     -- the DAG: a request run to its manual step
-    ids.dag = create(intent{ amount = "11" })
-    assert.equal(200, api.call(d, "POST", "/v3/requests/" .. ids.dag .. "/approve",
-      { token = tokens.approver, json = signed(ids.dag) }).status)
-    common.wait_for(function()
-      local st = rows("SELECT request_state FROM movement_requests WHERE id = $1::uuid", ids.dag)[1].request_state
-      return st == "WAITING_MANUAL_ACTION", st
-    end, 60, "the request to wait for its manual step")
+    ids.dag = at_manual_step("11")
     -- a second one, whose manual step the browser completes
-    ids.complete = create(intent{ amount = "17" })
-    assert.equal(200, api.call(d, "POST", "/v3/requests/" .. ids.complete .. "/approve",
-      { token = tokens.approver, json = signed(ids.complete) }).status)
-    common.wait_for(function()
-      local st = rows("SELECT request_state FROM movement_requests WHERE id = $1::uuid", ids.complete)[1].request_state
-      return st == "WAITING_MANUAL_ACTION", st
-    end, 60, "the second request to wait for its manual step")
+    ids.complete = at_manual_step("17")
     -- a third, whose manual step an operator found UNKNOWN (its state set
     -- by hand: the browser's part is only the cancel)
-    ids.cancel_unknown = create(intent{ amount = "21" })
-    assert.equal(200, api.call(d, "POST", "/v3/requests/" .. ids.cancel_unknown .. "/approve",
-      { token = tokens.approver, json = signed(ids.cancel_unknown) }).status)
-    common.wait_for(function()
-      local st = rows("SELECT request_state FROM movement_requests WHERE id = $1::uuid", ids.cancel_unknown)[1]
-        .request_state
-      return st == "WAITING_MANUAL_ACTION", st
-    end, 60, "the third request to wait for its manual step")
+    ids.cancel_unknown = at_manual_step("21")
     require("qtg").db.with_session(common.unfrozen, [[UPDATE movement_request_nodes SET node_state = 'UNKNOWN'
                                          WHERE request_id = $1::uuid AND node_key = 'desk_confirmation']],
       ids.cancel_unknown)
     -- a fourth, stopped by a FAILED node with its manual step READY (set by
     -- hand, triggers off: the browser's part is what it shows and offers)
-    ids.stopping = create(intent{ amount = "22" })
-    assert.equal(200, api.call(d, "POST", "/v3/requests/" .. ids.stopping .. "/approve",
-      { token = tokens.approver, json = signed(ids.stopping) }).status)
-    common.wait_for(function()
-      local st = rows("SELECT request_state FROM movement_requests WHERE id = $1::uuid", ids.stopping)[1].request_state
-      return st == "WAITING_MANUAL_ACTION", st
-    end, 60, "the fourth request to wait for its manual step")
+    ids.stopping = at_manual_step("22")
     require("qtg").db.with_session(function(s)
       common.unfrozen(s, [[UPDATE movement_request_nodes SET node_state = 'FAILED', error_code = 'OBSERVED_FAILURE'
                             WHERE request_id = $1::uuid AND node_key = 'withdrawal_status']], ids.stopping)
