@@ -408,12 +408,14 @@ describe("audit_outbox_promoter", function()
     assert.equals(10, tick("audit_outbox_promoter"))
   end)
 
-  it("promotes nothing while another promoter holds the lock, and nothing twice after a rollback", function()
+  it("promotes nothing while another promoter holds the turn, and nothing twice after a rollback", function()
     tick("audit_outbox_promoter")
     local tag = sup.uid("spec.lock")
     fill(10, tag)
+    -- the turn is audit_promoter_turn's row lock (sql/0201), which a
+    -- promotion in another transaction holds until it ends
     s2:begin()
-    s2:query("SELECT pg_advisory_xact_lock(hashtext('qtg.audit_outbox_promoter'))")
+    s2:query("SELECT id FROM audit_promoter_turn FOR UPDATE")
     assert.equals(0, tick("audit_outbox_promoter"))
     s2:rollback()
     -- a pass that rolls back leaves its rows in the outbox
