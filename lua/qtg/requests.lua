@@ -724,9 +724,9 @@ function M.complete_manual_step(s, node_id, actor, input)
     -- settles (qtg.state.stopping), starts nothing more: nor does an
     -- attestation release what follows it
     local troubled = {}
-    local all = nodes_db.load_nodes(s, req.id)
-    if state.stopping(all) then
-      for _, n in ipairs(all) do
+    local g = nodes_db.load_all(s, req)
+    if state.stopping(g.nodes) then
+      for _, n in ipairs(g.nodes) do
         if n.node_state == "FAILED" or n.node_state == "UNKNOWN" then
           troubled[#troubled + 1] = string.format("%s is %s", n.node_key, n.node_state)
         end
@@ -751,7 +751,6 @@ function M.complete_manual_step(s, node_id, actor, input)
     local config = s:query("SELECT config FROM plan_nodes WHERE id = $1", node.plan_node_id)[1].config
     local done, err = adapter.complete(config, input)
     if not done then refuse("invalid_input", "manual step %s: %s", node.node_key, err) end
-    local g = nodes_db.load_all(s, req)
     node = g.by_key[node.node_key]
     if req.request_state == "WAITING_MANUAL_ACTION" then
       nodes_db.write_request(s, req, { request_state = "EXECUTING" }, nil,
