@@ -8,7 +8,11 @@
 --      script nobody has loaded yet is reported now, not at first use);
 --   2. loads afresh every policy module that is loaded now, and the worker
 --      registry (qtg.workers) with each enabled worker's module, into a
---      fresh package.loaded for those names;
+--      fresh package.loaded for those names; then every module a registry
+--      loads at its first use (M.FIRST_USE: the executors, the venues'
+--      adapters, the approval policy), so that one which raises while
+--      loading is refused now and not found broken by the first request
+--      that needs it;
 --   3. only if all of that succeeded keeps the new modules, else puts every
 --      old module back: a script that fails to compile or raises while
 --      loading leaves the old code running, and the report names its file
@@ -46,6 +50,16 @@ M.MAX_DEPTH = 8
 -- the runtime would refuse half-way through applying it is refused whole.
 M.WORKER_NAME_MAX = 63
 M.WORKER_MAX_SECONDS = 31536000
+
+-- The registries whose modules are loaded at their first use: registry
+-- module -> the field naming them (a module name, or a table whose values
+-- are module names), and the registry's own check of a loaded module when
+-- it has one (a function returning a list of errors).
+M.FIRST_USE = {
+  { registry = "qtg.executors", field = "ADAPTERS" },
+  { registry = "qtg.venues", field = "VENUES" },
+  { registry = "qtg.approvals", field = "MODULE", check = "validate" },
+}
 
 local function kept(name)
   if M.KEEP[name] then return true end
@@ -189,6 +203,45 @@ local function check_registry(list, errors)
   return plan
 end
 
+-- The modules the registries of M.FIRST_USE name (each once, sorted), loaded
+-- from the new registries; a registry's check runs on each.
+local function load_first_use(policy_path, errors)
+  local loaded = {}
+  for _, r in ipairs(M.FIRST_USE) do
+    local reg = load_module(r.registry, policy_path, errors)
+    if type(reg) == "table" then
+      local named = reg[r.field]
+      if type(named) ~= "table" then named = { named } end
+      local mods = {}
+      for _, m in pairs(named) do
+        if type(m) ~= "string" then
+          errors[#errors + 1] = { module = r.registry, message = r.registry .. "." .. r.field
+            .. " must name modules by their names, got a " .. type(m) }
+        elseif not mods[m] then
+          mods[m] = true
+          mods[#mods + 1] = m
+        end
+      end
+      table.sort(mods)
+      for _, m in ipairs(mods) do
+        local mod = load_module(m, policy_path, errors)
+        if mod ~= nil then
+          loaded[#loaded + 1] = m
+          local check = r.check and reg[r.check]
+          local ok, errs = true, {}
+          if type(check) == "function" then ok, errs = pcall(check, mod) end
+          if not ok then errs = { message_of(errs) } end
+          if type(errs) == "table" and #errs > 0 then
+            errors[#errors + 1] = { module = m, file = package.searchpath(m, policy_path),
+                                    message = m .. ": " .. table.concat(errs, "; ") }
+          end
+        end
+      end
+    end
+  end
+  return loaded
+end
+
 -- The load phase.  Returns the reloaded modules' names and the worker plan
 -- (each entry with .tick); errors go to `errors`.  package.loaded then holds
 -- the new modules (the caller restores it when there were errors).
@@ -215,6 +268,16 @@ local function load_all(policy_path, roots, errors)
   table.sort(names)
   for _, name in ipairs(names) do package.loaded[name] = nil end
   for _, name in ipairs(names) do load_module(name, policy_path, errors) end
+  -- the modules the registries load at first use, from the new registries
+  local reloaded = {}
+  for _, name in ipairs(names) do reloaded[name] = true end
+  for _, name in ipairs(load_first_use(policy_path, errors)) do
+    if not reloaded[name] then
+      reloaded[name] = true
+      names[#names + 1] = name
+    end
+  end
+  table.sort(names)
   -- the registry and the modules of the workers it enables
   local plan = {}
   local workers = load_module("qtg.workers", policy_path, errors)

@@ -390,6 +390,79 @@ return { registry = function() return { { name = %q, group = "sidecar", interval
     end)
   end
 
+  -- A module a registry loads at its first use (an executor, a venue's
+  -- adapter, the approval policy) was not loaded by a reload unless
+  -- something had used it: one that raised while loading passed the reload
+  -- and failed the first request that needed it.
+  describe("the modules the registries load at first use", function()
+    local FIRST_USE = { "qtg.executors", "qtg.executors.sim", "qtg.executors.manual",
+                        "qtg.executors.evm_transfer", "qtg.venues", "qtg.venues.connector",
+                        "qtg.approvals", "qtg.policies.approval" }
+    local saved, saved_path
+
+    -- as in the daemon: the override root is on require's path
+    before_each(function()
+      saved, saved_path = {}, package.path
+      for _, n in ipairs(FIRST_USE) do saved[n] = package.loaded[n]; package.loaded[n] = nil end
+      package.path = reload.policy_path() .. ";" .. package.path
+    end)
+
+    after_each(function()
+      package.path = saved_path
+      for _, n in ipairs(FIRST_USE) do package.loaded[n] = saved[n] end
+    end)
+
+    for _, case in ipairs({
+      { "an executor", "qtg/executors/sim.lua", "local M = {}\nerror('the sim executor is broken')\nreturn M\n",
+        "qtg.executors.sim", "the sim executor is broken" },
+      { "a venue's adapter", "qtg/venues/connector.lua", "local M = {}\nerror('the connector is broken')\nreturn M\n",
+        "qtg.venues.connector", "the connector is broken" },
+      { "the approval policy", "qtg/policies/approval.lua", "return { rules = {} }\n",
+        "qtg.policies.approval", "at least one rule" },
+    }) do
+      it("refuses " .. case[1] .. " that fails to load, though nothing has loaded it yet", function()
+        write(case[2], case[3])
+        local before = snapshot()
+        local report = reload.reload("spec")
+        assert.is_false(report.ok, reload.describe(report).text)
+        assert.equal(case[4], report.errors[1].module)
+        assert.equal(root .. "/" .. case[2], report.errors[1].file)
+        assert.matches(case[5], reload.describe(report).text, 1, true)
+        assert.same(before, snapshot())
+        assert.is_nil(package.loaded[case[4]])
+      end)
+    end
+
+    it("refuses a registry that names a module by anything but its name", function()
+      write("qtg/venues/init.lua", "return { VENUES = { binance = 42 }, names = function() return {} end }\n")
+      local report = reload.reload("spec")
+      assert.is_false(report.ok)
+      assert.matches("qtg.venues.VENUES must name modules by their names, got a number",
+        reload.describe(report).text, 1, true)
+    end)
+
+    it("refuses a registry that names a module the policy path does not have", function()
+      write("qtg/executors/init.lua", "local M = dofile(" .. string.format("%q", require("qtg").root
+        .. "/lua/qtg/executors/init.lua") .. ")\nM.ADAPTERS.ghost = 'qtg.executors.ghost'\nreturn M\n")
+      local report = reload.reload("spec")
+      assert.is_false(report.ok)
+      assert.matches("module qtg.executors.ghost not found on the policy path", reload.describe(report).text, 1, true)
+    end)
+
+    it("loads and keeps a good one, in force after the reload", function()
+      write("qtg/executors/manual.lua", "return { probe = 'new manual' }\n")
+      local report = reload.reload("spec")
+      -- this process runs no workers: stop the ones the reload's registry started
+      for _, name in ipairs(report.started) do require("qtg").runtime.stop_worker(name) end
+      assert.is_true(report.ok, reload.describe(report).text)
+      assert.equal("new manual", package.loaded["qtg.executors.manual"].probe)
+      assert.truthy(require("qtg.executors").ADAPTERS.manual == "qtg.executors.manual")
+      local named = {}
+      for _, n in ipairs(report.modules) do named[n] = true end
+      assert.is_true(named["qtg.executors.manual"] and named["qtg.policies.approval"] and named["qtg.venues.connector"])
+    end)
+  end)
+
   it("refuses a module that does I/O while it loads", function()
     write("qtg_spec_probe/mod.lua", "require('qtg').sleep(0)\nreturn { version = 3 }\n")
     package.loaded["qtg_spec_probe.mod"] = { version = 1 }
