@@ -73,8 +73,11 @@ end
 -- of all of it (so a chunk padded past the limit is still pinned: the
 -- text an operator later shows for it must have that digest).  So every
 -- chunk that wrote is audited, whatever it called.  When the row cannot be
--- written (the database is down) the chunk still runs -- it could not write
--- either -- and a warning says so.
+-- written (the database down or slow, the pool exhausted, the insert
+-- refused) the chunk is not run: a chunk may move money or change the
+-- daemon by means of its own (a session later, a reload, a worker paused),
+-- and nothing unrecorded runs in the custody daemon.  The operator is told
+-- why, and the log has the chunk's size and digest.
 local CODE_LIMIT = 65536
 
 local function audit_chunk(session, code)
@@ -90,9 +93,12 @@ local function audit_chunk(session, code)
     end)
   end)
   if not ok then
-    qtg.log.warn("console chunk not audited", { uid = session.uid, error = tostring(
-      type(err) == "table" and err.message or err) })
+    local why = require("qtg.errors").text(err) or tostring(err)
+    qtg.log.warn("console chunk refused: its audit record cannot be written", { uid = session.uid,
+      bytes = detail.bytes, sha256 = detail.sha256, error = why })
+    return nil, why
   end
+  return true
 end
 
 function M.handle(session, kind, payload)
@@ -101,7 +107,11 @@ function M.handle(session, kind, payload)
   end
   local env = M.env(session)
   if kind == "e" then
-    audit_chunk(session, payload)
+    local ok, why = audit_chunk(session, payload)
+    if not ok then
+      return "x", "not run: its audit record cannot be written (" .. why .. "); nothing runs in "
+        .. "the console unrecorded: try again when the database answers"
+    end
     return eval.evaluate(payload, env)
   elseif kind == "c" then
     return "k", table.concat(complete.candidates(payload, env), "\n")

@@ -293,6 +293,40 @@ describe("console guard", function()
     assert.equals(0, sup.stop(d, 60), sup.read(d.log))
   end)
 
+  -- A chunk whose console.eval audit row could not be written ran anyway,
+  -- unrecorded, with a warning in the log only.
+  it("a chunk whose audit record cannot be written is not run, and says why", function()
+    sup.with_session(function(s)
+      s:exec([[CREATE FUNCTION spec_refuse_console_audit() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+          IF NEW.action = 'console.eval' AND NEW.detail->>'code' LIKE '%spec_unrecorded = 42%' THEN
+            RAISE EXCEPTION 'spec: the audit insert is refused';
+          END IF;
+          RETURN NEW;
+        END $$]])
+      s:exec("CREATE TRIGGER spec_refuse_console_audit BEFORE INSERT ON audit_outbox "
+        .. "FOR EACH ROW EXECUTE FUNCTION spec_refuse_console_audit()")
+    end)
+    local ok, err = pcall(function()
+      -- the chunk's effect is on the process's qtg table, which every session sees
+      local out = eval("qtg.spec_unrecorded = 42 return 'ran'")
+      assert.matches("^x not run: its audit record cannot be written %(.*spec: the audit insert is refused", out)
+      assert.equals("r nil", eval("=qtg.spec_unrecorded"))
+      assert.is_truthy(sup.eventually(function()
+        return sup.read(h.log):find("console chunk refused: its audit record cannot be written", 1, true)
+      end, 30), sup.read(h.log))
+    end)
+    sup.with_session(function(s)
+      s:exec("DROP TRIGGER spec_refuse_console_audit ON audit_outbox")
+      s:exec("DROP FUNCTION spec_refuse_console_audit()")
+    end)
+    assert(ok, err)
+    -- with the record written again, the same chunk runs
+    assert.equals([[r "ran"]], eval("qtg.spec_unrecorded = 42 return 'ran'"))
+    assert.equals("r 42", eval("=qtg.spec_unrecorded"))
+    eval("qtg.spec_unrecorded = nil")
+  end)
+
   it("SIGTERM during a runaway command stops the daemon within its grace period", function()
     local out = raw_bg("eprint('spinning') " .. PCALL_LOOP)
     assert.is_truthy(sup.eventually(function() return (sup.read(out) or ""):find("o spinning", 1, true) end, 30))
