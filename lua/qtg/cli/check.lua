@@ -372,6 +372,41 @@ function M.check_api_clients(report, s)
   end
 end
 
+-- ---- payments in flight that nothing observes ----------------------------------
+
+-- The observer and recovery sweep the nodes of EXECUTING requests only.  A
+-- request in any other state with a node still in flight (SUBMITTING,
+-- SUBMITTED, OBSERVING) has a payment out that nothing watches: a request
+-- that went FAILED beside a sibling in flight before the engine held such a
+-- request EXECUTING (docs/conformance.md, difference 11), or a row changed
+-- by hand.  Retrying its failed node (`retry`) derives it again, EXECUTING
+-- while the node is in flight, and the observer takes the node up.
+M.UNWATCHED_LIMIT = 10
+
+function M.check_unwatched_nodes(report, s)
+  local rows = s:query([[
+    SELECT r.id::text AS id, r.request_state, count(*)::int AS nodes
+      FROM movement_requests r
+      JOIN movement_request_nodes n ON n.request_id = r.id
+     WHERE r.network_class = $1 AND r.request_state <> 'EXECUTING'
+       AND n.node_state IN ('SUBMITTING', 'SUBMITTED', 'OBSERVING')
+     GROUP BY r.id, r.request_state
+     ORDER BY r.id
+     LIMIT $2]], qtg.settings.network_class, M.UNWATCHED_LIMIT + 1)
+  if #rows == 0 then
+    add(report, "ok", "in flight", "every node in flight belongs to an EXECUTING request (observed)")
+    return
+  end
+  local shown = {}
+  for i = 1, math.min(#rows, M.UNWATCHED_LIMIT) do
+    shown[i] = ("%s (%s, %s)"):format(rows[i].id, rows[i].request_state, plural(rows[i].nodes, "node"))
+  end
+  if #rows > M.UNWATCHED_LIMIT then shown[#shown + 1] = "..." end
+  add(report, "warn", "in flight", ("nodes in flight that nothing observes, their requests not EXECUTING: %s;"
+    .. " `retry` a FAILED request's failed node, or `resume` a MANUAL_INTERVENTION request (console or"
+    .. " API), and the observer takes them up again"):format(table.concat(shown, ", ")))
+end
+
 -- ---- migrations ------------------------------------------------------------------
 
 function M.check_migrations(report, s)
@@ -622,6 +657,8 @@ function M.run_checks(opts)
     if migrated then
       local cok, cerr = pcall(M.check_api_clients, report, s)
       if not cok then add(report, "FAIL", "api clients", message_of(cerr)) end
+      local uok, uerr = pcall(M.check_unwatched_nodes, report, s)
+      if not uok then add(report, "FAIL", "in flight", message_of(uerr)) end
     end
   else
     add(report, "FAIL", "migrations", "not checked: no database")

@@ -80,6 +80,44 @@ describe("qtgd check", function()
     assert.is_nil(out:find("FAIL", 1, true), out)
   end)
 
+  -- The observer sweeps EXECUTING requests only: a request in another state
+  -- with a node in flight (FAILED beside a sibling in flight before the
+  -- engine held such requests EXECUTING, or a row changed by hand) has a
+  -- payment out that nothing watches.
+  it("warns about nodes in flight whose request is not EXECUTING, naming the requests", function()
+    local eng = require "spec.lua.support.engine"
+    local class = "check-flight-" .. qtg.crypto.hex(qtg.crypto.random_bytes(3))
+    local id = sup.with_session(function(s)
+      local req = eng.create_approved(s, key, { network_class = class })
+      s:query("UPDATE movement_requests SET request_state = 'EXECUTING' WHERE id = $1::uuid", req.id)
+      s:query([[UPDATE movement_request_nodes SET node_state = 'SUBMITTED'
+                WHERE request_id = $1::uuid AND node_key = 'withdraw']], req.id)
+      s:query("UPDATE movement_requests SET request_state = 'FAILED' WHERE id = $1::uuid", req.id)
+      return req.id
+    end)
+    local rc, out = check({ MG_NETWORK_CLASS = class }, "--templates " .. q(tdir))
+    assert.equals(0, rc, out)
+    local l = line_of(out, "warn", "in flight")
+    assert.is_truthy(l, out)
+    assert.matches("nodes in flight that nothing observes, their requests not EXECUTING: " .. id
+      .. " (FAILED, 1 node)", l, 1, true)
+    rc, out = check({ MG_NETWORK_CLASS = class }, "--strict --templates " .. q(tdir))
+    assert.equals(1, rc, out)
+    -- another class's deployment does not see them; an EXECUTING request's are observed
+    rc, out = check({ MG_NETWORK_CLASS = class .. "-other" }, "--templates " .. q(tdir))
+    assert.is_truthy(line_of(out, "ok", "in flight"), out)
+    sup.with_session(function(s)
+      s:query("UPDATE movement_requests SET request_state = 'EXECUTING' WHERE id = $1::uuid", id)
+    end)
+    rc, out = check({ MG_NETWORK_CLASS = class }, "--templates " .. q(tdir))
+    assert.is_truthy(line_of(out, "ok", "in flight"), out)
+    sup.with_session(function(s)
+      s:query("UPDATE movement_request_nodes SET node_state = 'FAILED' WHERE request_id = $1::uuid"
+        .. " AND node_key = 'withdraw'", id)
+      s:query("UPDATE movement_requests SET request_state = 'FAILED' WHERE id = $1::uuid", id)
+    end)
+  end)
+
   it("refuses a setting that does not parse, naming it (qtgd exits 2 before any check)", function()
     local rc, out = check({ MG_NODE_OBSERVE_INTERVAL_SECONDS = "soon" })
     assert.equals(2, rc, out)
