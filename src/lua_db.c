@@ -740,6 +740,16 @@ static int qtg_db_stats(lua_State *L) {
   lua_setfield(L, -2, "in_use");
   lua_pushinteger(L, waiting);
   lua_setfield(L, -2, "waiting");
+  /* the slow-statement watch (MG_DB_SLOW_WARN_SECONDS) */
+  int slow;
+  uint64_t slow_total, oldest_ms;
+  qtg_pg_pool_slow_stats(h->pool, &slow, &slow_total, &oldest_ms);
+  lua_pushinteger(L, slow);
+  lua_setfield(L, -2, "slow");
+  lua_pushnumber(L, (lua_Number)slow_total);
+  lua_setfield(L, -2, "slow_total");
+  lua_pushnumber(L, (lua_Number)oldest_ms / 1000);
+  lua_setfield(L, -2, "oldest_seconds");
   return 1;
 }
 
@@ -857,6 +867,14 @@ static int qtg_db_setting_ms(qtg_host *h, int id) {
   return ms > 0 ? (int)ms : 0;
 }
 
+/* The task waiting on a request the pool holds, for its slow-statement
+ * lines: every request lua_db.c and lua_db_claim.c hand it starts with a
+ * qtg_db_pending. */
+static const char *qtg_db_describe(void *data) {
+  qtg_db_pending *w = data;
+  return w->task ? qtg_task_name(w->task) : NULL;
+}
+
 int qtg_pg_open(qtg_host *h, char *err, size_t errlen) {
   const char *url = qtg_settings_str(h->settings, QTG_S_DATABASE_URL);
   h->listen_ref = LUA_NOREF;
@@ -869,6 +887,8 @@ int qtg_pg_open(qtg_host *h, char *err, size_t errlen) {
     .tcp_timeout = (int)qtg_settings_num(h->settings, QTG_S_DB_TCP_TIMEOUT_SECONDS),
     .statement_timeout_ms = qtg_db_setting_ms(h, QTG_S_DB_STATEMENT_TIMEOUT_SECONDS),
     .lock_timeout_ms = qtg_db_setting_ms(h, QTG_S_DB_LOCK_TIMEOUT_SECONDS),
+    .slow_warn_ms = qtg_db_setting_ms(h, QTG_S_DB_SLOW_WARN_SECONDS),
+    .describe = qtg_db_describe,
   };
   if (qtg_pg_pool_new(h->loop, url, &cfg, qtg_db_drop, &h->pool) != 0) {
     snprintf(err, errlen, "out of memory creating the PostgreSQL pool");

@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 
 #include "qtg_log.h"
@@ -38,6 +39,15 @@ typedef enum { QTG_PG_PIPE_OFF, QTG_PG_PIPE_IMPLICIT, QTG_PG_PIPE_BLOCK } qtg_pg
  * only).  Unbounded, a policy that builds SQL text from data left a backend
  * holding every statement it ever saw (20,000 of them: 131 MB). */
 #define QTG_PG_MAX_STMTS 256
+
+/* The first bytes of a command's SQL kept for the slow-statement watch:
+ * copied when it is sent (its text may be gone by the time it is slow),
+ * shown up to QTG_PG_SQL_SHOWN bytes with its white space folded. */
+#define QTG_PG_SQL_HEAD 128
+#define QTG_PG_SQL_SHOWN 100
+/* A slow command's warnings come again each time its wait has doubled,
+ * and at most this long apart. */
+#define QTG_PG_SLOW_REPEAT_MAX_MS (10 * 60 * 1000)
 
 typedef struct {
   uint32_t hash;
@@ -120,6 +130,13 @@ struct qtg_pg_conn {
   qtg_pg_after_commit *after_commit, **after_commit_tail;
   int after_commit_n;
   int after_commit_asked;    /* opened with QTG_PG_POOL_OPTIONS */
+  /* the command in flight, for the slow-statement watch (a pool's only) */
+  uint64_t sent_ns;          /* uv_hrtime() when it was sent */
+  uint64_t slow_next_ms;     /* its age at which the next warning is due */
+  int slow_warned;           /* warnings written about it; 0: none yet */
+  int slow_commit;           /* it ends its transaction with a commit */
+  char slow_task[64];        /* the task waiting on it, as of its last warning */
+  char sql_head[QTG_PG_SQL_HEAD]; /* its SQL's first bytes, no parameters */
   qtg_pg_conn *next; /* pool's list of all connections */
 };
 
@@ -135,6 +152,11 @@ struct qtg_pg_pool {
   qtg_pg_notify_cb committed; /* gets the after-commit notifications */
   void *committed_data;
   char last_error[512];
+  /* the slow-statement watch (qtg_pg_slow_check) */
+  int slow_ms;                /* MG_DB_SLOW_WARN_SECONDS; 0: off */
+  uv_timer_t *slow_timer;     /* NULL when off */
+  uint64_t slow_total;        /* commands that went past slow_ms */
+  const char *(*describe)(void *data);
 };
 
 struct qtg_pg_listener {
@@ -235,6 +257,192 @@ static void qtg_pg_after_commit_end(qtg_pg_conn *c, int deliver) {
   }
 }
 
+/* ---- the slow-statement watch ------------------------------------------- */
+
+/* A command of a watched pool is sent: its send time and its SQL's first
+ * bytes, for a warning should it still be in flight past the threshold.
+ * This is all a command costs the watch (no timer of its own): a monotonic
+ * clock read, not the loop's cached time, which lags by however long the
+ * sending task has run in this loop iteration. */
+static void qtg_pg_slow_arm(qtg_pg_conn *c, const char *sql, int commit) {
+  if (!c->pool || !c->pool->slow_timer) return;
+  size_t n = strnlen(sql, sizeof c->sql_head - 1);
+  memcpy(c->sql_head, sql, n);
+  c->sql_head[n] = '\0';
+  c->sent_ns = uv_hrtime();
+  c->slow_warned = 0;
+  c->slow_commit = commit;
+}
+
+static uint64_t qtg_pg_slow_age_ms(const qtg_pg_conn *c) { return (uv_hrtime() - c->sent_ns) / 1000000; }
+
+/* len bytes of s without a multi-byte UTF-8 character cut at its end. */
+static size_t qtg_pg_utf8_whole(const char *s, size_t len) {
+  size_t i = len;
+  while (i > 0 && len - i < 4 && ((unsigned char)s[i - 1] & 0xC0) == 0x80) i--;
+  if (i == 0) return len;
+  unsigned char lead = (unsigned char)s[i - 1];
+  size_t need = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
+  return i - 1 + need <= len ? len : i - 1;
+}
+
+/* The command's SQL as the lines show it: one line, runs of white space
+ * folded to one space, at most QTG_PG_SQL_SHOWN bytes and "..." when there
+ * is more.  Parameters are never part of it: they may hold secrets. */
+static void qtg_pg_sql_shown(const qtg_pg_conn *c, char *out, size_t cap) {
+  const char *p = c->sql_head;
+  size_t o = 0;
+  int space = 1; /* leading white space goes */
+  for (; *p && o < QTG_PG_SQL_SHOWN && o + 4 < cap; p++) {
+    int white = *p == ' ' || *p == '\n' || *p == '\t' || *p == '\r';
+    if (white && !space) out[o++] = ' ';
+    if (!white) out[o++] = *p;
+    space = white;
+  }
+  while (*p == ' ' || *p == '\n' || *p == '\t' || *p == '\r') p++;
+  int more = *p != '\0' || strlen(c->sql_head) == sizeof c->sql_head - 1;
+  if (more) o = qtg_pg_utf8_whole(out, o);
+  while (o > 0 && out[o - 1] == ' ') o--;
+  if (more) {
+    memcpy(out + o, "...", 3);
+    o += 3;
+  }
+  out[o] = '\0';
+}
+
+/* Key/value pairs and their kinds for qtg_log_fieldsk. */
+#define QTG_PG_LOG_FIELDS 10
+typedef struct {
+  const char *kv[2 * QTG_PG_LOG_FIELDS + 1];
+  char kinds[QTG_PG_LOG_FIELDS + 1];
+  int n;
+} qtg_pg_log_fields;
+
+static void qtg_pg_field(qtg_pg_log_fields *f, const char *key, const char *val, char kind) {
+  if (!val || f->n >= QTG_PG_LOG_FIELDS) return;
+  f->kv[2 * f->n] = key;
+  f->kv[2 * f->n + 1] = val;
+  f->kinds[f->n++] = kind;
+  f->kv[2 * f->n] = NULL;
+  f->kinds[f->n] = '\0';
+}
+
+/* One line about a slow command: msg (its age in it), then the task that
+ * waits on it, what it is (its SQL's first bytes; a batch's first
+ * statement and their number; whether it commits), how long it has waited
+ * and where it runs; outcome and sqlstate (may be NULL) on its last line. */
+static void qtg_pg_slow_log(const qtg_pg_conn *c, const char *verb, uint64_t age_ms, const char *outcome,
+                            const char *sqlstate) {
+  char msg[96], sql[QTG_PG_SQL_SHOWN + 8], waited[32], pid[16], batch[16];
+  qtg_pg_log_fields f = {.n = 0};
+  snprintf(msg, sizeof msg, "database statement %s after %.1f s", verb, (double)age_ms / 1000);
+  snprintf(waited, sizeof waited, "%.1f", (double)age_ms / 1000);
+  snprintf(pid, sizeof pid, "%d", PQbackendPID(c->pg));
+  snprintf(batch, sizeof batch, "%d", c->batch_n);
+  qtg_pg_sql_shown(c, sql, sizeof sql);
+  qtg_pg_field(&f, "task", c->slow_task[0] ? c->slow_task : NULL, 's');
+  qtg_pg_field(&f, "statement", sql, 's');
+  if (c->batch_n > 1) qtg_pg_field(&f, "statements", batch, 'n');
+  if (c->slow_commit || strncasecmp(sql, "COMMIT", 6) == 0) qtg_pg_field(&f, "commit", "true", 'b');
+  qtg_pg_field(&f, "waited_seconds", waited, 'n');
+  qtg_pg_field(&f, "host", PQhost(c->pg), 's');
+  qtg_pg_field(&f, "port", PQport(c->pg), 'n');
+  qtg_pg_field(&f, "backend_pid", pid, 'n');
+  qtg_pg_field(&f, "outcome", outcome, 's');
+  qtg_pg_field(&f, "sqlstate", sqlstate, 's');
+  qtg_log_fieldsk(QTG_LOG_WARN, msg, f.kv, f.kinds);
+}
+
+/* A warning about c, aged age ms; the next is due when its wait has
+ * doubled, at most QTG_PG_SLOW_REPEAT_MAX_MS later.  Its task's name is
+ * kept for its last line: an interrupted task no longer waits on it. */
+static void qtg_pg_slow_warn(qtg_pg_pool *p, qtg_pg_conn *c, uint64_t age) {
+  void *data = qtg_pg_waiting_data(c);
+  const char *task = data && p->describe ? p->describe(data) : NULL;
+  if (!c->slow_warned) p->slow_total++;
+  if (task || !c->slow_warned) snprintf(c->slow_task, sizeof c->slow_task, "%s", task ? task : "");
+  c->slow_warned++;
+  c->slow_next_ms = age + (age < QTG_PG_SLOW_REPEAT_MAX_MS ? age : QTG_PG_SLOW_REPEAT_MAX_MS) + 1;
+  qtg_pg_slow_log(c, "still running", age, NULL, NULL);
+}
+
+/* The pool's periodic walk: each command in flight past the threshold, or
+ * past its next warning, gets one. */
+static void qtg_pg_slow_check(uv_timer_t *t) {
+  qtg_pg_pool *p = t->data;
+  for (qtg_pg_conn *c = p->conns; c; c = c->next) {
+    if (c->state != QTG_PG_BUSY) continue;
+    uint64_t age = qtg_pg_slow_age_ms(c);
+    if (age >= (c->slow_warned ? c->slow_next_ms : (uint64_t)p->slow_ms)) qtg_pg_slow_warn(p, c, age);
+  }
+}
+
+/* A command that was warned about is over: its last line says how it
+ * ended ("ok", "error" with its SQLSTATE, "connection lost", or
+ * "abandoned": its task was interrupted or its connection discarded). */
+static void qtg_pg_slow_end(qtg_pg_conn *c, const char *outcome, const char *sqlstate) {
+  if (!c->slow_warned) return;
+  qtg_pg_slow_log(c, "finished", qtg_pg_slow_age_ms(c), outcome, sqlstate);
+  c->slow_warned = 0;
+}
+
+/* The outcome of a command whose results are in (n of them) or err. */
+static void qtg_pg_slow_done(qtg_pg_conn *c, PGresult *const *res, int n, const char *err) {
+  if (!c->slow_warned) return;
+  if (!c->has_cb) {
+    qtg_pg_slow_end(c, "abandoned", NULL);
+    return;
+  }
+  if (err) {
+    qtg_pg_slow_end(c, "connection lost", NULL);
+    return;
+  }
+  for (int i = 0; i < n; i++) {
+    if (res[i] && PQresultStatus(res[i]) == PGRES_FATAL_ERROR) {
+      qtg_pg_slow_end(c, "error", PQresultErrorField(res[i], PG_DIAG_SQLSTATE));
+      return;
+    }
+  }
+  qtg_pg_slow_end(c, "ok", NULL);
+}
+
+/* The walk runs every quarter of the threshold, between 50 ms and 1 s:
+ * a warning comes at most that late.  The timer does not keep the loop
+ * alive. */
+static int qtg_pg_slow_start(qtg_pg_pool *p) {
+  uint64_t period = (uint64_t)p->slow_ms / 4;
+  if (period < 50) period = 50;
+  if (period > 1000) period = 1000;
+  p->slow_timer = malloc(sizeof *p->slow_timer);
+  if (!p->slow_timer) return -1;
+  if (uv_timer_init(p->loop, p->slow_timer) != 0) {
+    free(p->slow_timer);
+    p->slow_timer = NULL;
+    return -1;
+  }
+  p->slow_timer->data = p;
+  if (uv_timer_start(p->slow_timer, qtg_pg_slow_check, period, period) != 0) {
+    uv_close((uv_handle_t *)p->slow_timer, qtg_pg_poll_closed);
+    p->slow_timer = NULL;
+    return -1;
+  }
+  uv_unref((uv_handle_t *)p->slow_timer);
+  return 0;
+}
+
+void qtg_pg_pool_slow_stats(const qtg_pg_pool *p, int *slow, uint64_t *total, uint64_t *oldest_ms) {
+  *slow = 0;
+  *total = p->slow_total;
+  *oldest_ms = 0;
+  if (!p->slow_timer) return;
+  for (const qtg_pg_conn *c = p->conns; c; c = c->next) {
+    if (c->state != QTG_PG_BUSY) continue;
+    uint64_t age = qtg_pg_slow_age_ms(c);
+    if (c->slow_warned) (*slow)++;
+    if (age > *oldest_ms) *oldest_ms = age;
+  }
+}
+
 static void qtg_pg_conn_free(qtg_pg_conn *c) {
   qtg_pg_deadline_stop(c);
   if (c->connecting && c->connecting->running) {   /* the thread pool has the PGconn: later */
@@ -266,6 +474,7 @@ static void qtg_pg_conn_free(qtg_pg_conn *c) {
  * data). */
 static void qtg_pg_conn_destroy(qtg_pg_conn *c) {
   qtg_pg_pool *p = c->pool;
+  qtg_pg_slow_end(c, "abandoned", NULL);
   if (p && c->has_cb && c->data && p->drop) p->drop(c->data);
   c->has_cb = 0;
   if (p) {
@@ -543,6 +752,7 @@ static void qtg_pg_deliver(qtg_pg_conn *c, const char *err) {
   int n = c->batch_done; /* < QTG_PG_BATCH_MAX: the last is res */
   memcpy(all, c->batch_res, (size_t)n * sizeof *all);
   all[n] = res;
+  qtg_pg_slow_done(c, all, n + 1, err);
   c->last = NULL;
   c->has_cb = 0;
   c->cb = NULL;
@@ -906,8 +1116,11 @@ int qtg_pg_pool_new(uv_loop_t *loop, const char *conninfo, const qtg_pg_pool_con
   p->lock_timeout_ms = cfg->lock_timeout_ms > 0 ? cfg->lock_timeout_ms : 0;
   p->drop = drop;
   p->size = cfg->size > 0 ? cfg->size : 1;
+  p->slow_ms = cfg->slow_warn_ms > 0 ? cfg->slow_warn_ms : 0;
+  p->describe = cfg->describe;
   p->conninfo = strdup(conninfo);
-  if (!p->conninfo) {
+  if (!p->conninfo || (p->slow_ms > 0 && qtg_pg_slow_start(p) != 0)) {
+    free(p->conninfo);
     free(p);
     return -1;
   }
@@ -922,9 +1135,11 @@ void qtg_pg_pool_on_commit(qtg_pg_pool *p, qtg_pg_notify_cb cb, void *data) {
 
 void qtg_pg_pool_free(qtg_pg_pool *p) {
   if (!p) return;
+  if (p->slow_timer) uv_close((uv_handle_t *)p->slow_timer, qtg_pg_poll_closed);
   while (p->conns) {
     qtg_pg_conn *c = p->conns;
     p->conns = c->next;
+    qtg_pg_slow_end(c, "abandoned", NULL);
     if (c->has_cb && p->drop && c->data) p->drop(c->data); /* internal commands carry no data */
     qtg_pg_conn_free(c);
   }
@@ -1069,8 +1284,11 @@ void qtg_pg_discard(qtg_pg_conn *c) {
 
 /* ---- commands ---------------------------------------------------------------- */
 
-static int qtg_pg_begin_command(qtg_pg_conn *c, qtg_pg_result_cb cb, void *data) {
+/* sql: what the slow-statement watch names the command by; commit: it
+ * ends its transaction with a commit. */
+static int qtg_pg_begin_command(qtg_pg_conn *c, qtg_pg_result_cb cb, void *data, const char *sql, int commit) {
   if (c->state != QTG_PG_IDLE) return -1;
+  qtg_pg_slow_arm(c, sql, commit);
   c->state = QTG_PG_BUSY;
   c->cb = cb;
   c->data = data;
@@ -1082,7 +1300,7 @@ static int qtg_pg_begin_command(qtg_pg_conn *c, qtg_pg_result_cb cb, void *data)
 int qtg_pg_query(qtg_pg_conn *c, const char *sql, int nparams, const char *const *values, int prepare,
                  qtg_pg_result_cb cb, void *data) {
   if (c->state != QTG_PG_IDLE || qtg_pg_resync(c) != 0) return -1;
-  if (qtg_pg_begin_command(c, cb, data) != 0) return -1;
+  if (qtg_pg_begin_command(c, cb, data, sql, 0) != 0) return -1;
   int idx = prepare ? qtg_pg_stmt_find(c, sql) : -1;
   c->pending_n = nparams;
   if (nparams > 0) {
@@ -1124,7 +1342,7 @@ fail:
 
 int qtg_pg_exec(qtg_pg_conn *c, const char *sql, qtg_pg_result_cb cb, void *data) {
   if (c->state != QTG_PG_IDLE || qtg_pg_resync(c) != 0) return -1;
-  if (qtg_pg_begin_command(c, cb, data) != 0) return -1;
+  if (qtg_pg_begin_command(c, cb, data, sql, 0) != 0) return -1;
   int sent = c->pipe != QTG_PG_PIPE_OFF ? qtg_pg_send_plain(c, sql) == 0 : PQsendQuery(c->pg, sql) == 1;
   if (!sent || qtg_pg_sent(c) != 0) {
     c->has_cb = 0;
@@ -1143,7 +1361,7 @@ int qtg_pg_query_batch(qtg_pg_conn *c, int n, const char *const *sqls, const int
   int idx[QTG_PG_BATCH_MAX];
   for (int i = 0; i < n; i++)
     if ((idx[i] = qtg_pg_stmt_find(c, sqls[i])) < 0) return 1;
-  if (qtg_pg_begin_command(c, NULL, data) != 0) return -1;
+  if (qtg_pg_begin_command(c, NULL, data, sqls[0], commit) != 0) return -1;
   c->bcb = cb;
   c->batch_n = n;
   c->batch_ahead = ahead;
@@ -1210,7 +1428,7 @@ int qtg_pg_pipeline_block(qtg_pg_conn *c, qtg_pg_result_cb cb, void *data) {
  * else the Sync's result, is delivered. */
 int qtg_pg_pipeline_end(qtg_pg_conn *c, int commit, qtg_pg_result_cb cb, void *data) {
   if (c->pipe == QTG_PG_PIPE_OFF) return -1;
-  if (qtg_pg_begin_command(c, cb, data) != 0) return -1;
+  if (qtg_pg_begin_command(c, cb, data, commit ? "COMMIT" : "ROLLBACK", commit) != 0) return -1;
   c->step = QTG_PG_STEP_SYNC;
   c->pipe_nulls = 0;
   int ok = qtg_pg_resync(c) == 0 || c->pipe == QTG_PG_PIPE_IMPLICIT;

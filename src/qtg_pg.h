@@ -41,7 +41,25 @@ typedef struct {
   int tcp_timeout;          /* seconds (MG_DB_TCP_TIMEOUT_SECONDS, qtg_pg_tcp_params) */
   int statement_timeout_ms; /* each session's statement_timeout; 0: none */
   int lock_timeout_ms;      /* each session's lock_timeout; 0: none */
+  int slow_warn_ms;         /* the slow-statement watch (below); 0: off */
+  /* The name of the task waiting on a command's data (NULL: unknown), for
+   * the watch's lines; may be NULL. */
+  const char *(*describe)(void *data);
 } qtg_pg_pool_config;
+
+/* The slow-statement watch (MG_DB_SLOW_WARN_SECONDS): a command still in
+ * flight slow_warn_ms after it was sent gets a warn line (its task, the
+ * first bytes of its SQL and never its parameters, the time waited, the
+ * server's host and port, its backend pid), again each time its wait has
+ * doubled (at most 10 minutes apart), and a line when it ends ("finished
+ * after N s").  Nothing bounds a commit waiting for a synchronous standby
+ * that is gone, so this is where such a stall shows.  One periodic timer
+ * per pool walks its connections; a command only stores its send time and
+ * its SQL's first bytes.  *slow: commands in flight that were warned
+ * about; *total: commands warned about since the pool started (each
+ * counted once); *oldest_ms: how long the oldest command in flight has
+ * run (0: none, or the watch is off). */
+void qtg_pg_pool_slow_stats(const qtg_pg_pool *pool, int *slow, uint64_t *total, uint64_t *oldest_ms);
 
 int qtg_pg_pool_new(uv_loop_t *loop, const char *conninfo, const qtg_pg_pool_config *cfg,
                     void (*drop)(void *data), qtg_pg_pool **out);

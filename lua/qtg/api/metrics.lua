@@ -119,6 +119,17 @@ function M.render(s)
         w.pass_seconds)
     end
   end
+  -- this process's statements past MG_DB_SLOW_WARN_SECONDS (its pool's watch)
+  local db = qtg.db.stats()
+  family(out, "qtg_db_slow_statements_in_flight", "gauge",
+    "statements and commits of this process still running past MG_DB_SLOW_WARN_SECONDS (warned about)",
+    { { value = db.slow } }, {})
+  family(out, "qtg_db_slow_statements_total", "counter",
+    "statements and commits of this process that ran past MG_DB_SLOW_WARN_SECONDS (each counted once)",
+    { { value = db.slow_total } }, {})
+  family(out, "qtg_db_oldest_statement_seconds", "gauge",
+    "how long this process's oldest statement in flight has run (0: none, or MG_DB_SLOW_WARN_SECONDS=0)",
+    { { value = db.oldest_seconds } }, {})
   -- HTTP, signer decisions, approve -> SUBMITTED (qtg.metrics)
   counters.render(out)
   return table.concat(out, "\n") .. "\n"
