@@ -698,10 +698,12 @@ static int qtg_db_discard(lua_State *L) {
 
 /* A session collected: nothing waits on it (a waiting task holds it) but at
  * host close, where no task may run again; there its connection is left to
- * the pool's end (after lua_close) rather than handed to a waiting acquire. */
+ * the pool's end (after lua_close) rather than handed to a waiting acquire.
+ * Otherwise it goes back on the loop's next turn: a finalizer runs inside
+ * the collector, where a waiting acquire's task must not be resumed. */
 static int qtg_db_session_gc(lua_State *L) {
   qtg_db_session *s = luaL_checkudata(L, 1, QTG_DB_SESSION);
-  if (s->conn && s->h->pool && !s->h->closing) qtg_pg_release(s->conn);
+  if (s->conn && s->h->pool && !s->h->closing) qtg_pg_release_later(s->conn);
   s->conn = NULL;
   return 0;
 }

@@ -116,10 +116,16 @@ void qtg_console_unlink(qtg_console_session *sess) {
 
 /* Free the session once nothing refers to it any more.  Lua references are
  * dropped here only while the console is open; qtg_console_close drops them
- * itself, since close callbacks may run after the Lua state is gone. */
+ * itself, since close callbacks may run after the Lua state is gone.  What
+ * the session's variables held is collected at once: a database session an
+ * operator kept in one (`s = qtg.db.acquire()`) goes back to the pool when
+ * the console goes, not whenever the collector comes by. */
 static void qtg_console_maybe_free(qtg_console_session *sess) {
   if (sess->pipe_open || sess->busy) return;
-  if (sess->console && sess->table_ref != LUA_NOREF) qtg_unref(sess->host->L, sess->table_ref);
+  if (sess->console && sess->table_ref != LUA_NOREF) {
+    qtg_unref(sess->host->L, sess->table_ref);
+    lua_gc(sess->host->L, LUA_GCCOLLECT, 0);
+  }
   qtg_console_unlink(sess);
   qtg_console_free_queue(sess);
   free(sess->in);

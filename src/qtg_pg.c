@@ -130,6 +130,7 @@ struct qtg_pg_conn {
   qtg_pg_after_commit *after_commit, **after_commit_tail;
   int after_commit_n;
   int after_commit_asked;    /* opened with QTG_PG_POOL_OPTIONS */
+  int release_later;         /* qtg_pg_release_later: released on the next turn */
   /* the command in flight, for the slow-statement watch (a pool's only) */
   uint64_t sent_ns;          /* uv_hrtime() when it was sent */
   uint64_t slow_next_ms;     /* its age at which the next warning is due */
@@ -157,6 +158,9 @@ struct qtg_pg_pool {
   uv_timer_t *slow_timer;     /* NULL when off */
   uint64_t slow_total;        /* commands that went past slow_ms */
   const char *(*describe)(void *data);
+  /* releases deferred to the loop's next turn (qtg_pg_release_later) */
+  uv_timer_t *later_timer;
+  int nlater;
 };
 
 struct qtg_pg_listener {
@@ -1119,7 +1123,16 @@ int qtg_pg_pool_new(uv_loop_t *loop, const char *conninfo, const qtg_pg_pool_con
   p->slow_ms = cfg->slow_warn_ms > 0 ? cfg->slow_warn_ms : 0;
   p->describe = cfg->describe;
   p->conninfo = strdup(conninfo);
-  if (!p->conninfo || (p->slow_ms > 0 && qtg_pg_slow_start(p) != 0)) {
+  p->later_timer = malloc(sizeof *p->later_timer);
+  if (!p->conninfo || !p->later_timer || uv_timer_init(loop, p->later_timer) != 0) {
+    free(p->later_timer);
+    free(p->conninfo);
+    free(p);
+    return -1;
+  }
+  p->later_timer->data = p;
+  if (p->slow_ms > 0 && qtg_pg_slow_start(p) != 0) {
+    uv_close((uv_handle_t *)p->later_timer, qtg_pg_poll_closed);
     free(p->conninfo);
     free(p);
     return -1;
@@ -1136,6 +1149,7 @@ void qtg_pg_pool_on_commit(qtg_pg_pool *p, qtg_pg_notify_cb cb, void *data) {
 void qtg_pg_pool_free(qtg_pg_pool *p) {
   if (!p) return;
   if (p->slow_timer) uv_close((uv_handle_t *)p->slow_timer, qtg_pg_poll_closed);
+  uv_close((uv_handle_t *)p->later_timer, qtg_pg_poll_closed);
   while (p->conns) {
     qtg_pg_conn *c = p->conns;
     p->conns = c->next;
@@ -1274,6 +1288,36 @@ void qtg_pg_release(qtg_pg_conn *c) {
   c->in_use = 0;
   p->nin_use--;
   qtg_pg_pool_conn_ready(c);
+}
+
+/* The deferred releases, one at a time from the list's head: a release
+ * may hand the connection to a waiter whose task runs at once and changes
+ * the list. */
+static void qtg_pg_release_deferred(uv_timer_t *t) {
+  qtg_pg_pool *p = t->data;
+  while (p->nlater > 0) {
+    qtg_pg_conn *c = p->conns;
+    while (c && !c->release_later) c = c->next;
+    if (!c) break;
+    c->release_later = 0;
+    p->nlater--;
+    qtg_pg_release(c);
+  }
+  p->nlater = 0;
+}
+
+void qtg_pg_release_later(qtg_pg_conn *c) {
+  qtg_pg_pool *p = c->pool;
+  if (!c->in_use || c->release_later) return;
+  c->release_later = 1;
+  p->nlater++;
+  if (uv_timer_start(p->later_timer, qtg_pg_release_deferred, 0, 0) != 0) {
+    /* cannot happen for a started pool's timer; better late than never */
+    qtg_log_warn("cannot defer a PostgreSQL connection's release: releasing it now");
+    c->release_later = 0;
+    p->nlater--;
+    qtg_pg_release(c);
+  }
 }
 
 void qtg_pg_discard(qtg_pg_conn *c) {

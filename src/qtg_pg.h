@@ -92,6 +92,10 @@ void qtg_pg_release(qtg_pg_conn *conn);
  * changed its session's state (settings, advisory locks, prepared
  * statements under the pool's names), such as the console's SQL. */
 void qtg_pg_discard(qtg_pg_conn *conn);
+/* qtg_pg_release on the loop's next turn: for where no task may run (a
+ * session's finalizer), since a release hands the connection to a waiting
+ * acquire, whose task runs at once. */
+void qtg_pg_release_later(qtg_pg_conn *conn);
 
 /* Extended protocol; prepare=1 caches a prepared statement per connection
  * keyed by the SQL text.  Values are text (NULL = SQL NULL). */

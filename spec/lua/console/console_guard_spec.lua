@@ -327,6 +327,53 @@ describe("console guard", function()
     eval("qtg.spec_unrecorded = nil")
   end)
 
+  -- A session collected while a task waited for one handed its connection
+  -- over inside the collector, running the waiting task there: the daemon
+  -- died (SIGSEGV in LuaJIT) when an operator interrupted a command holding
+  -- every session.  And a console holding them in its variables kept them
+  -- after it disconnected, while every other console chunk was refused for
+  -- want of a session for its audit row.
+  it("a command holding every session gives them back when interrupted or its console goes; the daemon serves on", function()
+    local dir = tmp .. "/pool"
+    os.execute("mkdir -p " .. q(dir) .. " && chmod 700 " .. q(dir))
+    local d = sup.start(sup.base_env({ MG_CONSOLE_ENABLED = "true", MG_RUN_DIR = dir, MG_NETWORK_CLASS = "guard-pool",
+                                       MG_DB_POOL_SIZE = "2", MG_DB_ACQUIRE_TIMEOUT_SECONDS = "2" }), { "run" })
+    local dsock = dir .. "/console.sock"
+    assert(sup.eventually(function() return os.execute("test -S " .. q(dsock)) == 0 end, 30), sup.read(d.log))
+    local function draw(...)
+      local args = { "python3", q(client), q(dsock) }
+      for _, s in ipairs({ ... }) do args[#args + 1] = q(s) end
+      local rc, out = sup.run({}, args)
+      assert.equals(0, rc, out)
+      return out
+    end
+    local function in_use_settles()
+      return sup.eventually(function()
+        return draw("e=qtg.db.stats().in_use"):match("^r ([01])\n?$")
+      end, 30)
+    end
+    -- interrupted while the workers wait for a session
+    local out = draw("elocal a, b = qtg.db.acquire(), qtg.db.acquire() print('holding') qtg.sleep(60)", "@o", "@sleep1", "i")
+    assert.matches("o holding\nx interrupted: stopped by the operator", out, 1, true)
+    assert.is_truthy(in_use_settles(), sup.read(d.log))
+    -- kept in a console's variables: other consoles are refused, and get the daemon back when it goes
+    local held = tmp .. "/pool-held.out"
+    local args = { "python3", q(client), q(dsock), q("es1, s2 = qtg.db.acquire(), qtg.db.acquire() print('held')"),
+                   q("@o"), q("@sleep6") }
+    common.background(table.concat(args, " "), held)
+    assert.is_truthy(sup.eventually(function() return (sup.read(held) or ""):find("o held", 1, true) end, 30),
+      sup.read(held))
+    out = draw("e=1")
+    assert.matches("^x not run: its audit record cannot be written %(timeout: no database session", out)
+    assert.matches("gives them back when it disconnects", out, 1, true)
+    assert.is_truthy(in_use_settles(), sup.read(d.log))
+    assert.equals("r 2", draw("e=1 + 1"):match("^(.-)\n?$"))
+    local code = sup.stop(d, 60)
+    local log = sup.read(d.log)
+    assert.equals(0, code, log)
+    assert.is_nil(log:find("Sanitizer", 1, true), log)
+  end)
+
   it("SIGTERM during a runaway command stops the daemon within its grace period", function()
     local out = raw_bg("eprint('spinning') " .. PCALL_LOOP)
     assert.is_truthy(sup.eventually(function() return (sup.read(out) or ""):find("o spinning", 1, true) end, 30))
