@@ -5,8 +5,9 @@
 -- operator commands, then _G); `a.b.c` walks a.b and completes its fields;
 -- `a:c` completes only the methods of a.  Fields come from the value itself
 -- and from the tables its metatable's __index chain offers, so methods of
--- database sessions and strings complete too.  Walking never calls
--- functions other than __index metamethods (and those under pcall).
+-- database sessions and strings complete too.  Walking never calls a
+-- function, not even an __index metamethod: completion runs no audit row
+-- (qtg.console audits each evaluated chunk), so it must run no code.
 local M = {}
 
 M.MAX = 500  -- candidates returned at most
@@ -33,10 +34,20 @@ local function keys_of(v, out, seen, depth)
   end
 end
 
-local function lookup(v, k)
-  if type(v) ~= "table" and type(v) ~= "userdata" and type(v) ~= "string" then return nil end
-  local ok, r = pcall(function() return v[k] end)
-  if ok then return r end
+-- v[k] as the walk sees it: a table's own field, else the field along the
+-- __index tables of its metatable chain; an __index function is not called.
+local function lookup(v, k, depth)
+  depth = depth or 0
+  if depth > 8 then return nil end
+  if type(v) == "table" then
+    local r = rawget(v, k)
+    if r ~= nil then return r end
+  elseif type(v) ~= "userdata" and type(v) ~= "string" then
+    return nil
+  end
+  local mt = getmetatable(v)
+  local idx = type(mt) == "table" and rawget(mt, "__index")
+  if type(idx) == "table" then return lookup(idx, k, depth + 1) end
   return nil
 end
 

@@ -186,6 +186,21 @@ describe("console completion", function()
       { __index = _G })
     assert.same({}, complete.candidates("bad.x.y", e))
   end)
+
+  -- Completion writes no audit row, so it must run no code: an __index
+  -- function an audited chunk planted ran at Tab (pausing a worker, say).
+  it("never calls an __index function, on a table or a userdata", function()
+    local calls = 0
+    local function trap() calls = calls + 1 return { x = { y = 1 } } end
+    local e = setmetatable({ trap = setmetatable({}, { __index = trap }),
+                             u = newproxy(true) }, { __index = _G })
+    getmetatable(e.u).__index = trap
+    assert.same({}, complete.candidates("trap.x.", e))
+    assert.same({}, complete.candidates("trap:", e))
+    assert.same({}, complete.candidates("u.x.", e))
+    assert.same({}, complete.candidates("u:", e))
+    assert.equal(0, calls)
+  end)
 end)
 
 describe("console views", function()
