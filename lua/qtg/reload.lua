@@ -203,6 +203,56 @@ local function check_registry(list, errors)
   return plan
 end
 
+-- add_once(list, name): name appended to the array list unless it is there
+-- (list doubles as the set of its names).
+local function add_once(list, name)
+  if not list[name] then
+    list[name] = true
+    list[#list + 1] = name
+  end
+end
+
+-- The module names a registry's field holds: one name, or a plain table
+-- (no metatable: its names must all be visible to this walk) of them.
+local function named_modules(r, reg, errors)
+  local named = reg[r.field]
+  local where = r.registry .. "." .. r.field
+  if type(named) == "string" then return { named } end
+  if type(named) ~= "table" or getmetatable(named) ~= nil then
+    errors[#errors + 1] = { module = r.registry, message = where
+      .. " must be a module name or a plain table of them, got " .. type(named)
+      .. (type(named) == "table" and " with a metatable" or "") }
+    return {}
+  end
+  local mods = {}
+  for _, m in pairs(named) do
+    if type(m) ~= "string" then
+      errors[#errors + 1] = { module = r.registry, message = where
+        .. " must name modules by their names, got a " .. type(m) }
+    else
+      add_once(mods, m)
+    end
+  end
+  table.sort(mods)
+  return mods
+end
+
+-- Load a module named by a registry: from the policy path as every policy
+-- module, else as `require` finds it at first use (package.path beyond the
+-- policy path, a C module), so that a registry naming a module nothing can
+-- load is refused too.
+local function load_named(m, policy_path, errors)
+  if package.searchpath(m, policy_path) or package.loaded[m] ~= nil then
+    return load_module(m, policy_path, errors)
+  end
+  local ok, res = xpcall(require, traceback, m)
+  if not ok then
+    errors[#errors + 1] = failure(m, nil, res.err, res.traceback)
+    return nil
+  end
+  return res
+end
+
 -- The modules the registries of M.FIRST_USE name (each once, sorted), loaded
 -- from the new registries; a registry's check runs on each.
 local function load_first_use(policy_path, errors)
@@ -210,21 +260,8 @@ local function load_first_use(policy_path, errors)
   for _, r in ipairs(M.FIRST_USE) do
     local reg = load_module(r.registry, policy_path, errors)
     if type(reg) == "table" then
-      local named = reg[r.field]
-      if type(named) ~= "table" then named = { named } end
-      local mods = {}
-      for _, m in pairs(named) do
-        if type(m) ~= "string" then
-          errors[#errors + 1] = { module = r.registry, message = r.registry .. "." .. r.field
-            .. " must name modules by their names, got a " .. type(m) }
-        elseif not mods[m] then
-          mods[m] = true
-          mods[#mods + 1] = m
-        end
-      end
-      table.sort(mods)
-      for _, m in ipairs(mods) do
-        local mod = load_module(m, policy_path, errors)
+      for _, m in ipairs(named_modules(r, reg, errors)) do
+        local mod = load_named(m, policy_path, errors)
         if mod ~= nil then
           loaded[#loaded + 1] = m
           local check = r.check and reg[r.check]
@@ -269,14 +306,9 @@ local function load_all(policy_path, roots, errors)
   for _, name in ipairs(names) do package.loaded[name] = nil end
   for _, name in ipairs(names) do load_module(name, policy_path, errors) end
   -- the modules the registries load at first use, from the new registries
-  local reloaded = {}
-  for _, name in ipairs(names) do reloaded[name] = true end
-  for _, name in ipairs(load_first_use(policy_path, errors)) do
-    if not reloaded[name] then
-      reloaded[name] = true
-      names[#names + 1] = name
-    end
-  end
+  for _, name in ipairs(names) do names[name] = true end
+  for _, name in ipairs(load_first_use(policy_path, errors)) do add_once(names, name) end
+  for _, name in ipairs(names) do names[name] = nil end
   table.sort(names)
   -- the registry and the modules of the workers it enables
   local plan = {}

@@ -456,13 +456,61 @@ return { registry = function() return { { name = %q, group = "sidecar", interval
         reload.describe(report).text, 1, true)
     end)
 
-    it("refuses a registry that names a module the policy path does not have", function()
+    local function executors_with(extra)
       write("qtg/executors/init.lua", "local M = dofile(" .. string.format("%q", require("qtg").root
-        .. "/lua/qtg/executors/init.lua") .. ")\nM.ADAPTERS.ghost = 'qtg.executors.ghost'\nreturn M\n")
+        .. "/lua/qtg/executors/init.lua") .. ")\n" .. extra .. "\nreturn M\n")
+    end
+
+    it("refuses a registry that names a module nothing can load", function()
+      executors_with("M.ADAPTERS.ghost = 'qtg.executors.ghost'")
       local report = reload.reload("spec")
       assert.is_false(report.ok)
-      assert.matches("module qtg.executors.ghost not found on the policy path", reload.describe(report).text, 1, true)
+      assert.matches("module 'qtg.executors.ghost' not found", reload.describe(report).text, 1, true)
     end)
+
+    -- A registry may name a module require finds beyond the policy path
+    -- (LUA_PATH, a C module); the reload refused every change while one did.
+    it("loads a module require finds beyond the policy path, and refuses one that raises there", function()
+      local ext = os.tmpname()
+      os.remove(ext)
+      os.execute("mkdir -p '" .. ext .. "'")
+      local f = assert(io.open(ext .. "/qtg_spec_ext_venue.lua", "w"))
+      f:write("return { fetch_page = function() end }\n")
+      f:close()
+      local saved = package.path
+      package.path = package.path .. ";" .. ext .. "/?.lua"
+      write("qtg/venues/init.lua", "local M = dofile(" .. string.format("%q", require("qtg").root
+        .. "/lua/qtg/venues/init.lua") .. ")\nM.VENUES.spec_ext = 'qtg_spec_ext_venue'\nreturn M\n")
+      local report = reload.reload("spec")
+      for _, name in ipairs(report.started) do require("qtg").runtime.stop_worker(name) end
+      local loaded = package.loaded["qtg_spec_ext_venue"]
+      package.loaded["qtg_spec_ext_venue"] = nil
+      f = assert(io.open(ext .. "/qtg_spec_ext_venue.lua", "w"))
+      f:write("error('the outside venue is broken')\n")
+      f:close()
+      local broken = reload.reload("spec")
+      package.path = saved
+      package.loaded["qtg_spec_ext_venue"] = nil
+      os.execute("rm -rf '" .. ext .. "'")
+      assert.is_true(report.ok, reload.describe(report).text)
+      assert.is_function(loaded.fetch_page)
+      assert.is_false(broken.ok)
+      assert.matches("the outside venue is broken", reload.describe(broken).text, 1, true)
+    end)
+
+    for _, case in ipairs({
+      { "a table with a metatable", "M.ADAPTERS = setmetatable({}, { __index = M.ADAPTERS })",
+        "qtg.executors.ADAPTERS must be a module name or a plain table of them, got table with a metatable" },
+      { "nothing", "M.ADAPTERS = nil",
+        "qtg.executors.ADAPTERS must be a module name or a plain table of them, got nil" },
+    }) do
+      it("refuses a registry whose modules are " .. case[1], function()
+        executors_with(case[2])
+        local report = reload.reload("spec")
+        assert.is_false(report.ok)
+        assert.matches(case[3], reload.describe(report).text, 1, true)
+      end)
+    end
 
     it("loads and keeps a good one, in force after the reload", function()
       write("qtg/executors/manual.lua", "return { probe = 'new manual' }\n")
