@@ -645,12 +645,29 @@ local function check_resumable(s, req)
   end
 end
 
+-- A FAILED request with a node still in flight (it went FAILED beside a
+-- sibling in flight before the engine held such a request EXECUTING:
+-- docs/conformance.md, difference 11) resumes too, so that the observer
+-- watches that node without the failed one being submitted again: the
+-- failed node stops the request starting anything more (qtg.state.stopping),
+-- and once the node settles the request derives FAILED or
+-- MANUAL_INTERVENTION again.
+local function check_watchable(s, req)
+  for _, n in ipairs(nodes_db.load_all(s, req).nodes) do
+    if state.IN_FLIGHT[n.node_state] then return end
+  end
+  refuse("illegal_transition", "cannot resume request %s: it is FAILED and none of its nodes is in flight; "
+    .. "retry(node_id) its failed node, or leave it FAILED", req.id)
+end
+
+local RESUMABLE = { MANUAL_INTERVENTION = check_resumable, FAILED = check_watchable }
+
 function M.resume(s, id, actor)
   check_actor(actor)
   return in_tx(s, function()
     local req = lock_request(s, id)
-    expect_state(req, { "MANUAL_INTERVENTION" }, "resume")
-    check_resumable(s, req)
+    expect_state(req, { "MANUAL_INTERVENTION", "FAILED" }, "resume")
+    RESUMABLE[req.request_state](s, req)
     nodes_db.set_request_state(s, req, "EXECUTING", actor, {
       event = "request_resumed", action = "request.resume",
     })

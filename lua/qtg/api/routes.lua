@@ -669,7 +669,7 @@ M.LIST = {
       .. "UNKNOWN node, once the provider was asked)", response = "RequestDetail" },
   { method = "POST", path = "/v3/requests/{id}/resume", name = "resume_request", owned = "request", role = "operate",
     mutating = true, body = NONE, handler = lifecycle("resume", "request"),
-    summary = "resume a MANUAL_INTERVENTION request", response = "RequestDetail" },
+    summary = "resume a MANUAL_INTERVENTION request, or a FAILED one with a node in flight", response = "RequestDetail" },
   { method = "POST", path = "/v3/nodes/{id}/retry", name = "retry_node", owned = "node", role = "operate",
     mutating = true, body = NONE, handler = node_action("retry"),
     summary = "retry a FAILED or UNKNOWN node", response = "RequestDetail" },

@@ -379,32 +379,42 @@ end
 -- SUBMITTED, OBSERVING) has a payment out that nothing watches: a request
 -- that went FAILED beside a sibling in flight before the engine held such a
 -- request EXECUTING (docs/conformance.md, difference 11), or a row changed
--- by hand.  Retrying its failed node (`retry`) derives it again, EXECUTING
--- while the node is in flight, and the observer takes the node up.
+-- by hand.  What brings the node back under watch, by the request's state:
 M.UNWATCHED_LIMIT = 10
+M.UNWATCHED_ADVICE = {
+  FAILED = "`resume` it: the observer watches the node, nothing is submitted again",
+  MANUAL_INTERVENTION = "`resume` it: the observer watches the node",
+}
+M.UNWATCHED_OTHERWISE = "no command resumes it: ask the provider what became of the node"
+
+-- The node states in flight, written so that the partial indexes of
+-- SUBMITTED/OBSERVING and of SUBMITTING nodes serve the query.
+M.UNWATCHED_SQL = [[
+SELECT r.id::text AS id, r.request_state,
+       string_agg(n.node_key || ' ' || n.node_state, ', ' ORDER BY n.node_key) AS nodes
+  FROM movement_requests r
+  JOIN movement_request_nodes n ON n.request_id = r.id
+ WHERE r.network_class = $1 AND r.request_state <> 'EXECUTING'
+   AND (n.node_state IN ('SUBMITTED', 'OBSERVING') OR n.node_state = 'SUBMITTING')
+ GROUP BY r.id, r.request_state
+ ORDER BY r.id
+ LIMIT $2]]
 
 function M.check_unwatched_nodes(report, s)
-  local rows = s:query([[
-    SELECT r.id::text AS id, r.request_state, count(*)::int AS nodes
-      FROM movement_requests r
-      JOIN movement_request_nodes n ON n.request_id = r.id
-     WHERE r.network_class = $1 AND r.request_state <> 'EXECUTING'
-       AND n.node_state IN ('SUBMITTING', 'SUBMITTED', 'OBSERVING')
-     GROUP BY r.id, r.request_state
-     ORDER BY r.id
-     LIMIT $2]], qtg.settings.network_class, M.UNWATCHED_LIMIT + 1)
+  local rows = s:query(M.UNWATCHED_SQL, qtg.settings.network_class, M.UNWATCHED_LIMIT + 1)
   if #rows == 0 then
     add(report, "ok", "in flight", "every node in flight belongs to an EXECUTING request (observed)")
     return
   end
   local shown = {}
   for i = 1, math.min(#rows, M.UNWATCHED_LIMIT) do
-    shown[i] = ("%s (%s, %s)"):format(rows[i].id, rows[i].request_state, plural(rows[i].nodes, "node"))
+    local r = rows[i]
+    shown[i] = ("%s (%s; %s): %s"):format(r.id, r.request_state, r.nodes,
+      M.UNWATCHED_ADVICE[r.request_state] or M.UNWATCHED_OTHERWISE)
   end
   if #rows > M.UNWATCHED_LIMIT then shown[#shown + 1] = "..." end
-  add(report, "warn", "in flight", ("nodes in flight that nothing observes, their requests not EXECUTING: %s;"
-    .. " `retry` a FAILED request's failed node, or `resume` a MANUAL_INTERVENTION request (console or"
-    .. " API), and the observer takes them up again"):format(table.concat(shown, ", ")))
+  add(report, "warn", "in flight", "nodes in flight that nothing observes, their requests not EXECUTING: "
+    .. table.concat(shown, "; "))
 end
 
 -- ---- migrations ------------------------------------------------------------------

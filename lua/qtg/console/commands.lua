@@ -48,7 +48,8 @@ M.LIST = {
     .. "MANUAL_INTERVENTION -> CANCELLED, while no node is in flight; an UNKNOWN node needs reconciled = true "
     .. "(the provider was asked what it did)" },
   { "resume", "(id)", "MANUAL_INTERVENTION -> EXECUTING; refused while a node is FAILED (retry it) "
-    .. "or when no node is left to move" },
+    .. "or when no node is left to move; FAILED -> EXECUTING while a node is in flight (observed, "
+    .. "nothing submitted again)" },
   { "retry", "(node_id)", "a FAILED or UNKNOWN node -> READY, of a FAILED, MANUAL_INTERVENTION or "
     .. "EXECUTING request (which becomes EXECUTING)" },
   { "complete_manual", "(node_id, artifacts)", "a READY manual step -> COMPLETED, of a WAITING_MANUAL_ACTION "

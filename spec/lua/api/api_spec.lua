@@ -401,7 +401,7 @@ describe("HTTP API", function()
       assert.equal("CANCELLED", r.json.request_state)
       r = api.call(d, "POST", "/v3/requests/" .. id2 .. "/resume", { token = operator })
       assert.equal(409, r.status)
-      assert.same({ "MANUAL_INTERVENTION" }, r.json.allowed_states)
+      assert.same({ "MANUAL_INTERVENTION", "FAILED" }, r.json.allowed_states)
       -- beside an UNKNOWN node: only with the client's word that the provider was asked
       local id3 = new_request()
       qtg.db.with_session(function(x)   -- as if its submit had been lost (the transition guard off)

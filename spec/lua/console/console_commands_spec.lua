@@ -93,6 +93,7 @@ describe("console request commands", function()
       "approve%(id%)%s+PENDING_APPROVAL", "reject%(id, reason%)%s+PENDING_APPROVAL %-> REJECTED",
       "cancel%(id, reason%[, {reconciled = true}%]%)%s+PENDING_APPROVAL, APPROVED, EXECUTING, WAITING_MANUAL_ACTION or MANUAL_INTERVENTION",
       "resume%(id%)%s+MANUAL_INTERVENTION %-> EXECUTING; refused while a node is FAILED",
+      "FAILED %-> EXECUTING while a node is in flight",
       "retry%(node_id%)%s+a FAILED or UNKNOWN node", "complete_manual%(node_id, artifacts%)%s+a READY manual step",
       "redeliver%(callback_id%)%s+a dlq callback row",
     }) do

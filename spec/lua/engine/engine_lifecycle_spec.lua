@@ -298,6 +298,49 @@ describe("request lifecycle", function()
       assert.equal("EXECUTING", r2.request_state)
     end)
 
+    -- A request that went FAILED beside a sibling in flight (before the
+    -- engine held such requests EXECUTING) left that node unobserved, and
+    -- the only way back, retry, submitted the failed node again.
+    it("resume takes a FAILED request with a node in flight back to EXECUTING, observing it without resubmitting", function()
+      sup.load_doc(s, sup.doc("spec_lc_fail_beside", {
+        { "a", "action", "withdrawal", { sim = { observes = 1, side_effect = true } } },
+        { "b", "action", "withdrawal", { sim = { fail = "submit" } } },
+      }))
+      local req = sup.create_approved(s, "spec_lc_fail_beside")
+      sup.tick("node_dispatcher")
+      sup.tick("node_dispatcher")
+      local n = sup.nodes(s, req.id)
+      assert.equal("SUBMITTED", n.a.node_state)
+      assert.equal("FAILED", n.b.node_state)
+      assert.equal("EXECUTING", sup.request(s, req.id).request_state)
+      -- as an earlier engine left it
+      s:query("UPDATE movement_requests SET request_state = 'FAILED' WHERE id = $1::uuid", req.id)
+      local r2 = requests.resume(s, req.id, sup.ACTOR)
+      assert.equal("EXECUTING", r2.request_state)
+      assert.equal(1, #s:query([[SELECT 1 FROM audit_outbox WHERE request_id = $1::uuid
+                                  AND action = 'request.resume' AND actor = $2]], req.id, sup.ACTOR))
+      local settled = sup.drive(s, function() return sup.request(s, req.id).request_state ~= "EXECUTING" end, 60,
+        { "node_dispatcher", "node_observer" })
+      n = sup.nodes(s, req.id)
+      assert.is_true(settled, require("cjson").encode({ sup.request(s, req.id).request_state, n.a.node_state,
+        n.a.side_effect, n.b.node_state }))
+      assert.equal("MANUAL_INTERVENTION", sup.request(s, req.id).request_state)
+      assert.equal("COMPLETED", n.a.node_state)
+      assert.equal("FAILED", n.b.node_state)
+      assert.equal(1, n.b.attempt_no)          -- never submitted again
+    end)
+
+    it("resume refuses a FAILED request with no node in flight, naming retry", function()
+      sup.load_doc(s, sup.doc("spec_lc_fail_alone", {
+        { "a", "action", "withdrawal", { sim = { fail = "submit" } } },
+      }))
+      local req = sup.create_approved(s, "spec_lc_fail_alone")
+      assert.is_true(sup.drive(s, sup.state_is(req.id, "FAILED"), 20))
+      local err = sup.refused("illegal_transition", requests.resume, s, req.id, sup.ACTOR)
+      assert.matches("it is FAILED and none of its nodes is in flight; retry(node_id)", err.message, 1, true)
+      assert.equal("FAILED", sup.request(s, req.id).request_state)
+    end)
+
     it("retry puts a FAILED node back to READY with the next attempt and a new key", function()
       sup.load_doc(s, sup.doc("spec_lc_fail", {
         { "a", "action", "withdrawal", { sim = { fail = "submit" } } },

@@ -100,7 +100,8 @@ describe("qtgd check", function()
     local l = line_of(out, "warn", "in flight")
     assert.is_truthy(l, out)
     assert.matches("nodes in flight that nothing observes, their requests not EXECUTING: " .. id
-      .. " (FAILED, 1 node)", l, 1, true)
+      .. " (FAILED; withdraw SUBMITTED): `resume` it: the observer watches the node, nothing is submitted again",
+      l, 1, true)
     rc, out = check({ MG_NETWORK_CLASS = class }, "--strict --templates " .. q(tdir))
     assert.equals(1, rc, out)
     -- another class's deployment does not see them; an EXECUTING request's are observed
