@@ -39,8 +39,9 @@ static const qtg_command qtg_commands[] = {
    "map console uids to named operators and their roles (read,operate,approve,admin)", 1, -1},
   {"check", "[--templates DIR] [--strict] [--quiet]",
    "validate settings, database, migrations, templates and policy scripts", 1, -1},
-  {"audit", "verify|export [--since ID]",
-   "check the hash-chained audit trail, or write it as JSON lines", 1, -1},
+  {"audit", "verify [--since ID] [--against FILE] | export [--since ID]",
+   "check the hash-chained audit trail (against an earlier export) and the states it records, "
+   "or write it as JSON lines", 1, -1},
   {"tokens", "create|list|revoke ...", "API tokens: create --name N --roles read,operate,approve,admin", 1, -1},
   {"signer", "", "run the signer: holds MG_SIGNER_KEYS, signs only what was approved", 1, 0},
   {"approver", "key|public FILE | sign FILE [DOCUMENT PLAN] [--request UUID] [--deployment NAME] [--class NAME] [--kind K]",

@@ -1,28 +1,45 @@
--- qtgd audit verify [--since ID] | export [--since ID]
---   verify  walk every audit chain and report the first broken link;
---           exit 0 when every chain holds, 1 when one is broken
+-- qtgd audit verify [--since ID] [--against FILE] | export [--since ID]
+--   verify  walk every audit chain and report the first broken link; with
+--           --against, compare every row of FILE (an earlier export; `-`:
+--           standard input) with the database and report the first
+--           difference; then compare every node's and request's state
+--           with its last audited state change and report each that
+--           differs.  Exit 0 when everything holds, 1 when anything does
+--           not, 2 when FILE cannot be read or is not an export
 --   export  every audit_events row (with id > ID) as one JSON line on
 --           stdout, in id order, hashes included, for off-site storage
 local audit = require "qtg.audit"
 
 local M = {}
 
+-- Unaudited states listed per kind (all are counted).
+M.LIST_LIMIT = 20
+
 local function usage()
-  io.stderr:write("usage: qtgd audit verify [--since ID] | export [--since ID]\n")
+  io.stderr:write("usage: qtgd audit verify [--since ID] [--against FILE] | export [--since ID]\n")
   return 2
 end
 
+-- The options: name -> {field, check(value) -> parsed or nil, commands
+-- that take it}.
+local OPTIONS = {
+  ["--since"] = { "since", function(v)
+    if v:match("^%d+$") and #v <= 18 then return tonumber(v) end
+  end, { verify = true, export = true } },
+  ["--against"] = { "against", function(v) if v ~= "" then return v end end, { verify = true } },
+}
+
 local function parse(args)
-  local since
+  local opts = {}
   local i = 2
   while args[i] do
-    if args[i] == "--since" and args[i + 1] and args[i + 1]:match("^%d+$") and #args[i + 1] <= 18 then
-      since = tonumber(args[i + 1]); i = i + 2
-    else
-      return nil
-    end
+    local o = OPTIONS[args[i]]
+    local v = o and args[i + 1] and o[2](args[i + 1])
+    if v == nil or not o[3][args[1]] or opts[o[1]] ~= nil then return nil end
+    opts[o[1]] = v
+    i = i + 2
   end
-  return { since = since }
+  return opts
 end
 
 -- one session for fn(s), whatever happens closed after: a whole trail's
@@ -36,21 +53,106 @@ local function with_session(fn)
   end)
 end
 
+local function say(fmt, ...) io.stdout:write(string.format(fmt, ...), "\n") end
+
+-- A chain's name as read from an export, its control characters shown as
+-- `?`: a file's bytes never drive the terminal.
+local function printable(v) return (tostring(v):gsub("%c", "?")) end
+
+-- The three checks' reports, each printed as its lines; -> ok.
+local function print_chain(r)
+  if r.ok then
+    say("audit verify: ok, %d rows checked, every chain holds", r.checked)
+    return true
+  end
+  local b = r.broken
+  say("audit verify: BROKEN at %s (chain %q, place %s): %s",
+    b.id and ("row " .. tostring(b.id)) or "the chain's end", b.network_class, tostring(b.chain_seq), b.meaning)
+  return false
+end
+
+local function print_against(r, file)
+  if r.ok then
+    say("audit verify: ok, %d rows of %s compared%s, each still in the database as exported", r.compared,
+      file, r.skipped > 0 and string.format(" (%d below --since passed over)", r.skipped) or "")
+    return true
+  end
+  local d = r.difference
+  say("audit verify: DIFFERS from %s at line %d: row %s (chain %q, place %s): %s (%s)", file, d.line,
+    tostring(d.id), printable(d.network_class), tostring(d.chain_seq), printable(d.meaning), d.problem)
+  return false
+end
+
+local function print_states(r)
+  if r.ok then
+    say("audit verify: ok, %d nodes and %d requests are in the state their last audit row names",
+      r.checked.node, r.checked.request)
+    return true
+  end
+  say("audit verify: UNAUDITED STATE: %d of %d nodes and %d of %d requests are not in the state their "
+    .. "last audit row names (up to %d of each listed, the most recently updated first):",
+    r.mismatched.node, r.checked.node, r.mismatched.request, r.checked.request, M.LIST_LIMIT)
+  for _, m in ipairs(r.mismatches) do
+    local which = m.kind == "node"
+      and string.format("node %s (%s of request %s)", m.id, tostring(m.node_key), m.request_id)
+      or string.format("request %s", m.id)
+    local last
+    if m.audited == nil then
+      last = m.kind == "node" and "no audit row changed its state (it would be BLOCKED)"
+        or "no audit row names its state"
+    else
+      last = string.format("its last audit row (%s) says %s", m.event_id
+        and "row " .. tostring(m.event_id) or "outbox row " .. tostring(m.outbox_id) .. ", not yet promoted",
+        m.audited)
+    end
+    say("  %s is %s; %s", which, m.state, last)
+  end
+  return false
+end
+
+-- The export to compare with, open: FILE or standard input (`-`).
+local function open_export(path)
+  if path == "-" then return io.stdin, "standard input" end
+  local f, err = io.open(path, "rb")
+  if not f then return nil, err end
+  return f, path
+end
+
+-- What an export that cannot be compared is told as (exit 2).
+local EXPORT_ERRORS = {
+  bad_export = "qtgd audit verify: %s is not an audit export: %s",
+  unreadable_export = "qtgd audit verify: cannot read the export %s: %s",
+}
+
 local commands = {}
 
 function commands.verify(opts)
-  local report = with_session(function(s) return audit.verify(s, opts.since) end)
-  if report.ok then
-    io.stdout:write(string.format("audit verify: ok, %d rows checked, every chain holds\n",
-      report.checked))
-    return 0
+  local f, name
+  if opts.against then
+    f, name = open_export(opts.against)
+    if not f then
+      io.stderr:write("qtgd audit verify: cannot read the export: ", tostring(name), "\n")
+      return 2
+    end
   end
-  local b = report.broken
-  io.stdout:write(string.format(
-    "audit verify: BROKEN at %s (chain %q, place %s): %s\n",
-    b.id and ("row " .. tostring(b.id)) or "the chain's end", b.network_class,
-    tostring(b.chain_seq), b.meaning))
-  return 1
+  local ok, res = pcall(with_session, function(s)
+    local chain = audit.verify(s, opts.since)
+    local against = f and audit.compare(s, f, opts.since)
+    return { chain = chain, against = against, states = audit.check_states(s, M.LIST_LIMIT) }
+  end)
+  if f and f ~= io.stdin then f:close() end
+  if not ok then
+    local why = type(res) == "table" and EXPORT_ERRORS[res.kind]
+    if why then
+      io.stderr:write(string.format(why, name, tostring(res.message)), "\n")
+      return 2
+    end
+    error(res, 0)
+  end
+  local good = print_chain(res.chain)
+  if res.against then good = print_against(res.against, name) and good end
+  good = print_states(res.states) and good
+  return good and 0 or 1
 end
 
 function commands.export(opts)
@@ -65,7 +167,7 @@ function M.run(args)
   args = args or {}
   if args[1] == "audit" then args = { select(2, unpack(args)) } end
   local cmd = commands[args[1] or ""]
-  local opts = parse(args)
+  local opts = cmd and parse(args)
   if not cmd or not opts then return usage() end
   return cmd(opts)
 end
