@@ -330,23 +330,26 @@ describe("request lifecycle", function()
       assert.equal(1, n.b.attempt_no)          -- never submitted again
     end)
 
-    it("resume refuses a FAILED request with no node in flight, naming retry", function()
-      sup.load_doc(s, sup.doc("spec_lc_fail_alone", {
+    -- failed_request(key) -> a request of one withdrawal whose submit the
+    -- provider refused, driven to FAILED
+    local function failed_request(key)
+      sup.load_doc(s, sup.doc(key, {
         { "a", "action", "withdrawal", { sim = { fail = "submit" } } },
       }))
-      local req = sup.create_approved(s, "spec_lc_fail_alone")
+      local req = sup.create_approved(s, key)
       assert.is_true(sup.drive(s, sup.state_is(req.id, "FAILED"), 20))
+      return req
+    end
+
+    it("resume refuses a FAILED request with no node in flight, naming retry", function()
+      local req = failed_request("spec_lc_fail_alone")
       local err = sup.refused("illegal_transition", requests.resume, s, req.id, sup.ACTOR)
       assert.matches("it is FAILED and none of its nodes is in flight; retry(node_id)", err.message, 1, true)
       assert.equal("FAILED", sup.request(s, req.id).request_state)
     end)
 
     it("retry puts a FAILED node back to READY with the next attempt and a new key", function()
-      sup.load_doc(s, sup.doc("spec_lc_fail", {
-        { "a", "action", "withdrawal", { sim = { fail = "submit" } } },
-      }))
-      local req = sup.create_approved(s, "spec_lc_fail")
-      assert.is_true(sup.drive(s, sup.state_is(req.id, "FAILED"), 20))
+      local req = failed_request("spec_lc_fail")
       local a = sup.nodes(s, req.id).a
       assert.equal("FAILED", a.node_state)
       assert.equal("SIM_SUBMIT_REJECTED", a.error_code)

@@ -71,9 +71,7 @@ describe("database session bounds", function()
     common = require "spec.lua.support.common"
     support = require "spec.lua.support.host"
     api = require "spec.lua.support.api"
-    tbl = "bounds_" .. common.uid("t", 6):lower():gsub("[^%w_]", "_")
-    common.query("CREATE TABLE " .. tbl .. " (id int PRIMARY KEY, n int NOT NULL)")
-    common.query("INSERT INTO " .. tbl .. " VALUES (1, 0), (2, 0)")
+    tbl = common.scratch_table("bounds", 2)
   end)
   teardown(function()
     common.query("DROP TABLE IF EXISTS " .. tbl)

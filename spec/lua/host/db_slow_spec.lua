@@ -120,9 +120,7 @@ describe("the slow-statement watch (MG_DB_SLOW_WARN_SECONDS)", function()
     common = require "spec.lua.support.common"
     support = require "spec.lua.support.host"
     api = require "spec.lua.support.api"
-    tbl = "slow_" .. common.uid("t", 6):lower():gsub("[^%w_]", "_")
-    common.query("CREATE TABLE " .. tbl .. " (id int PRIMARY KEY, n int NOT NULL)")
-    common.query("INSERT INTO " .. tbl .. " VALUES (1, 0)")
+    tbl = common.scratch_table("slow", 1)
     dir = support.tmpdir()
     support.write(dir .. "/child.lua", CHILD)
   end)

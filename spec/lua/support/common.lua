@@ -126,6 +126,16 @@ local function uid(prefix, bytes)
 end
 M.uid = uid
 
+-- scratch_table(prefix, rows) -> the name of a new table (id int PRIMARY
+-- KEY, n int) holding rows 1..rows with n = 0, for a spec to lock and write;
+-- drop it with DROP TABLE.
+function M.scratch_table(prefix, rows)
+  local name = prefix .. "_" .. uid("t", 6):lower():gsub("[^%w_]", "_")
+  M.query("CREATE TABLE " .. name .. " (id int PRIMARY KEY, n int NOT NULL)")
+  M.query("INSERT INTO " .. name .. " SELECT g, 0 FROM generate_series(1, $1::int) g", rows)
+  return name
+end
+
 -- ---- waiting ----------------------------------------------------------------------------
 
 -- poll(fn, seconds, step) -> fn's first truthy value, or nil once `seconds`
