@@ -869,6 +869,14 @@ static int qtg_db_setting_ms(qtg_host *h, int id) {
   return ms > 0 ? (int)ms : 0;
 }
 
+/* qtg.db.slow_watch_off(): no slow-statement lines from this process (a
+ * command-line tool whose one statement may rightly run long). */
+static int qtg_db_slow_watch_off(lua_State *L) {
+  qtg_host *h = qtg_host_from_lua(L);
+  if (h->pool) qtg_pg_pool_slow_off(h->pool);
+  return 0;
+}
+
 /* The task waiting on a request the pool holds, for its slow-statement
  * lines: every request lua_db.c and lua_db_claim.c hand it starts with a
  * qtg_db_pending. */
@@ -920,7 +928,7 @@ int luaopen_qtg_db(lua_State *L) {
   static const luaL_Reg db_funcs[] = {
     {"raw_acquire", qtg_db_raw_acquire}, {"stats", qtg_db_stats}, {"listen", qtg_db_listen},
     {"unlisten", qtg_db_unlisten},       {"after_commit", qtg_db_after_commit},
-    {NULL, NULL},
+    {"slow_watch_off", qtg_db_slow_watch_off}, {NULL, NULL},
   };
   /* cjson for json/jsonb values and table parameters */
   lua_getglobal(L, "require");

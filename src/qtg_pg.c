@@ -136,7 +136,12 @@ struct qtg_pg_conn {
   uint64_t slow_next_ms;     /* its age at which the next warning is due */
   int slow_warned;           /* warnings written about it; 0: none yet */
   int slow_commit;           /* it ends its transaction with a commit */
+  int slow_pid;              /* its server process, as of its send */
+  int batch_idx[QTG_PG_BATCH_MAX]; /* a batch's prepared statements, in order */
   char slow_task[64];        /* the task waiting on it, as of its last warning */
+  char slow_shown[QTG_PG_SQL_SHOWN + 8]; /* what its last warning named */
+  int slow_shown_commit;     /* ... and whether that was a commit */
+  int slow_shown_left;       /* ... and the statements not answered then */
   char sql_head[QTG_PG_SQL_HEAD]; /* its SQL's first bytes, no parameters */
   qtg_pg_conn *next; /* pool's list of all connections */
 };
@@ -157,6 +162,8 @@ struct qtg_pg_pool {
   int slow_ms;                /* MG_DB_SLOW_WARN_SECONDS; 0: off */
   uv_timer_t *slow_timer;     /* NULL when off */
   uint64_t slow_total;        /* commands that went past slow_ms */
+  uint64_t slow_period;       /* ms between the walks while one runs */
+  int slow_off;               /* qtg_pg_pool_slow_off: a command-line tool's long statements */
   const char *(*describe)(void *data);
   /* releases deferred to the loop's next turn (qtg_pg_release_later) */
   uv_timer_t *later_timer;
@@ -268,14 +275,23 @@ static void qtg_pg_after_commit_end(qtg_pg_conn *c, int deliver) {
  * This is all a command costs the watch (no timer of its own): a monotonic
  * clock read, not the loop's cached time, which lags by however long the
  * sending task has run in this loop iteration. */
+static void qtg_pg_slow_check(uv_timer_t *t);
+
 static void qtg_pg_slow_arm(qtg_pg_conn *c, const char *sql, int commit) {
-  if (!c->pool || !c->pool->slow_timer) return;
+  qtg_pg_pool *p = c->pool;
+  if (!p || !p->slow_timer || p->slow_off) return;
+  while (*sql == ' ' || *sql == '\n' || *sql == '\t' || *sql == '\r') sql++;
   size_t n = strnlen(sql, sizeof c->sql_head - 1);
   memcpy(c->sql_head, sql, n);
   c->sql_head[n] = '\0';
   c->sent_ns = uv_hrtime();
   c->slow_warned = 0;
   c->slow_commit = commit;
+  c->slow_pid = PQbackendPID(c->pg);
+  /* the walk runs only while a command may be in flight */
+  if (!uv_is_active((uv_handle_t *)p->slow_timer) &&
+      uv_timer_start(p->slow_timer, qtg_pg_slow_check, p->slow_period, p->slow_period) != 0)
+    qtg_log_warn("cannot start the slow-statement watch's timer");
 }
 
 static uint64_t qtg_pg_slow_age_ms(const qtg_pg_conn *c) { return (uv_hrtime() - c->sent_ns) / 1000000; }
@@ -293,8 +309,8 @@ static size_t qtg_pg_utf8_whole(const char *s, size_t len) {
 /* The command's SQL as the lines show it: one line, runs of white space
  * folded to one space, at most QTG_PG_SQL_SHOWN bytes and "..." when there
  * is more.  Parameters are never part of it: they may hold secrets. */
-static void qtg_pg_sql_shown(const qtg_pg_conn *c, char *out, size_t cap) {
-  const char *p = c->sql_head;
+static void qtg_pg_sql_shown(const char *sql, int cut, char *out, size_t cap) {
+  const char *p = sql;
   size_t o = 0;
   int space = 1; /* leading white space goes */
   for (; *p && o < QTG_PG_SQL_SHOWN && o + 4 < cap; p++) {
@@ -304,7 +320,7 @@ static void qtg_pg_sql_shown(const qtg_pg_conn *c, char *out, size_t cap) {
     space = white;
   }
   while (*p == ' ' || *p == '\n' || *p == '\t' || *p == '\r') p++;
-  int more = *p != '\0' || strlen(c->sql_head) == sizeof c->sql_head - 1;
+  int more = *p != '\0' || cut;
   if (more) o = qtg_pg_utf8_whole(out, o);
   while (o > 0 && out[o - 1] == ' ') o--;
   if (more) {
@@ -331,23 +347,55 @@ static void qtg_pg_field(qtg_pg_log_fields *f, const char *key, const char *val,
   f->kinds[f->n] = '\0';
 }
 
+/* What c waits on: a command's SQL (its first bytes: *cut when there was
+ * more), or, in a batch, its first statement not answered yet (*left: how
+ * many are not), or its commit (the Sync after the statements before it:
+ * *commit).  The server sends a pipeline's results at its Sync or when its
+ * buffer fills, so a later statement may be the one waiting: the backend
+ * pid's row in pg_stat_activity says which. */
+static const char *qtg_pg_slow_current(const qtg_pg_conn *c, int *cut, int *commit, int *left) {
+  *cut = 0;
+  *commit = c->slow_commit;
+  *left = 1;
+  if (c->batch_n == 0) {
+    *cut = strlen(c->sql_head) == sizeof c->sql_head - 1;
+    return c->sql_head;
+  }
+  /* in the commit step each command before the Sync ends with a NULL */
+  int k = c->step == QTG_PG_STEP_SYNC ? c->pipe_nulls : c->batch_done;
+  *commit = c->step == QTG_PG_STEP_SYNC && k >= c->batch_n - c->batch_ahead;
+  if (*commit) return "COMMIT";
+  if (k >= c->batch_n) k = c->batch_n - 1;
+  *left = c->batch_n - k;
+  return c->stmts[c->batch_idx[k]].sql;
+}
+
+/* A warning names what c waits on now; its last line names what the last
+ * warning named. */
+static void qtg_pg_slow_name(qtg_pg_conn *c) {
+  int cut;
+  const char *current = qtg_pg_slow_current(c, &cut, &c->slow_shown_commit, &c->slow_shown_left);
+  qtg_pg_sql_shown(current, cut, c->slow_shown, sizeof c->slow_shown);
+  if (strncasecmp(c->slow_shown, "COMMIT", 6) == 0) c->slow_shown_commit = 1;
+}
+
 /* One line about a slow command: msg (its age in it), then the task that
- * waits on it, what it is (its SQL's first bytes; a batch's first
- * statement and their number; whether it commits), how long it has waited
- * and where it runs; outcome and sqlstate (may be NULL) on its last line. */
+ * waits on it, what it is (qtg_pg_slow_name: the first bytes of its SQL;
+ * in a batch, the statements not answered; whether it is a commit), how
+ * long it has waited and where it runs; outcome and sqlstate (may be NULL)
+ * on its last line. */
 static void qtg_pg_slow_log(const qtg_pg_conn *c, const char *verb, uint64_t age_ms, const char *outcome,
                             const char *sqlstate) {
-  char msg[96], sql[QTG_PG_SQL_SHOWN + 8], waited[32], pid[16], batch[16];
+  char msg[96], waited[32], pid[16], left[16];
   qtg_pg_log_fields f = {.n = 0};
   snprintf(msg, sizeof msg, "database statement %s after %.1f s", verb, (double)age_ms / 1000);
   snprintf(waited, sizeof waited, "%.1f", (double)age_ms / 1000);
-  snprintf(pid, sizeof pid, "%d", PQbackendPID(c->pg));
-  snprintf(batch, sizeof batch, "%d", c->batch_n);
-  qtg_pg_sql_shown(c, sql, sizeof sql);
+  snprintf(pid, sizeof pid, "%d", c->slow_pid);
+  snprintf(left, sizeof left, "%d", c->slow_shown_left);
   qtg_pg_field(&f, "task", c->slow_task[0] ? c->slow_task : NULL, 's');
-  qtg_pg_field(&f, "statement", sql, 's');
-  if (c->batch_n > 1) qtg_pg_field(&f, "statements", batch, 'n');
-  if (c->slow_commit || strncasecmp(sql, "COMMIT", 6) == 0) qtg_pg_field(&f, "commit", "true", 'b');
+  qtg_pg_field(&f, "statement", c->slow_shown, 's');
+  if (c->slow_shown_left > 1) qtg_pg_field(&f, "statements", left, 'n');
+  if (c->slow_shown_commit) qtg_pg_field(&f, "commit", "true", 'b');
   qtg_pg_field(&f, "waited_seconds", waited, 'n');
   qtg_pg_field(&f, "host", PQhost(c->pg), 's');
   qtg_pg_field(&f, "port", PQport(c->pg), 'n');
@@ -367,6 +415,7 @@ static void qtg_pg_slow_warn(qtg_pg_pool *p, qtg_pg_conn *c, uint64_t age) {
   if (task || !c->slow_warned) snprintf(c->slow_task, sizeof c->slow_task, "%s", task ? task : "");
   c->slow_warned++;
   c->slow_next_ms = age + (age < QTG_PG_SLOW_REPEAT_MAX_MS ? age : QTG_PG_SLOW_REPEAT_MAX_MS) + 1;
+  qtg_pg_slow_name(c);
   qtg_pg_slow_log(c, "still running", age, NULL, NULL);
 }
 
@@ -374,11 +423,14 @@ static void qtg_pg_slow_warn(qtg_pg_pool *p, qtg_pg_conn *c, uint64_t age) {
  * past its next warning, gets one. */
 static void qtg_pg_slow_check(uv_timer_t *t) {
   qtg_pg_pool *p = t->data;
+  int busy = 0;
   for (qtg_pg_conn *c = p->conns; c; c = c->next) {
     if (c->state != QTG_PG_BUSY) continue;
+    busy = 1;
     uint64_t age = qtg_pg_slow_age_ms(c);
     if (age >= (c->slow_warned ? c->slow_next_ms : (uint64_t)p->slow_ms)) qtg_pg_slow_warn(p, c, age);
   }
+  if (!busy) uv_timer_stop(t); /* an idle daemon is not woken: the next command starts it */
 }
 
 /* A command that was warned about is over: its last line says how it
@@ -410,13 +462,27 @@ static void qtg_pg_slow_done(qtg_pg_conn *c, PGresult *const *res, int n, const 
   qtg_pg_slow_end(c, "ok", NULL);
 }
 
-/* The walk runs every quarter of the threshold, between 50 ms and 1 s:
- * a warning comes at most that late.  The timer does not keep the loop
- * alive. */
+/* A committing batch's statements sent ahead of its commit start when the
+ * commit is in: the commit's watch ends (its last line, if it was warned
+ * about) and theirs begins. */
+static void qtg_pg_slow_rearm(qtg_pg_conn *c, int failed) {
+  if (!c->pool || !c->pool->slow_timer || c->pool->slow_off) return;
+  /* still in the commit step: the last line names the commit */
+  qtg_pg_slow_end(c, failed ? "error" : "ok", NULL);
+  c->sent_ns = uv_hrtime();
+  c->slow_warned = 0;
+  c->slow_commit = 0;
+}
+
+/* The walk runs every quarter of the threshold, between 50 ms and 1 s,
+ * while a command may be in flight (qtg_pg_slow_arm starts it, a walk that
+ * finds none stops it): a warning comes at most that late.  The timer does
+ * not keep the loop alive. */
 static int qtg_pg_slow_start(qtg_pg_pool *p) {
   uint64_t period = (uint64_t)p->slow_ms / 4;
   if (period < 50) period = 50;
   if (period > 1000) period = 1000;
+  p->slow_period = period;
   p->slow_timer = malloc(sizeof *p->slow_timer);
   if (!p->slow_timer) return -1;
   if (uv_timer_init(p->loop, p->slow_timer) != 0) {
@@ -425,13 +491,14 @@ static int qtg_pg_slow_start(qtg_pg_pool *p) {
     return -1;
   }
   p->slow_timer->data = p;
-  if (uv_timer_start(p->slow_timer, qtg_pg_slow_check, period, period) != 0) {
-    uv_close((uv_handle_t *)p->slow_timer, qtg_pg_poll_closed);
-    p->slow_timer = NULL;
-    return -1;
-  }
   uv_unref((uv_handle_t *)p->slow_timer);
   return 0;
+}
+
+void qtg_pg_pool_slow_off(qtg_pg_pool *p) {
+  p->slow_off = 1;
+  if (p->slow_timer) uv_timer_stop(p->slow_timer);
+  for (qtg_pg_conn *c = p->conns; c; c = c->next) c->slow_warned = 0;
 }
 
 void qtg_pg_pool_slow_stats(const qtg_pg_pool *p, int *slow, uint64_t *total, uint64_t *oldest_ms) {
@@ -937,6 +1004,7 @@ static int qtg_pg_ahead_begin(qtg_pg_conn *c, PGresult *sync) {
     c->batch_res[m - 1] = commit_err;
   }
   qtg_pg_after_commit_end(c, !failed);
+  qtg_pg_slow_rearm(c, failed);
   c->pipe = QTG_PG_PIPE_IMPLICIT;
   c->pipe_failed = 0;
   c->pipe_nulls = 0;
@@ -1406,6 +1474,7 @@ int qtg_pg_query_batch(qtg_pg_conn *c, int n, const char *const *sqls, const int
   for (int i = 0; i < n; i++)
     if ((idx[i] = qtg_pg_stmt_find(c, sqls[i])) < 0) return 1;
   if (qtg_pg_begin_command(c, NULL, data, sqls[0], commit) != 0) return -1;
+  memcpy(c->batch_idx, idx, (size_t)n * sizeof *idx);
   c->bcb = cb;
   c->batch_n = n;
   c->batch_ahead = ahead;

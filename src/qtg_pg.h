@@ -60,6 +60,9 @@ typedef struct {
  * counted once); *oldest_ms: how long the oldest command in flight has
  * run (0: none, or the watch is off). */
 void qtg_pg_pool_slow_stats(const qtg_pg_pool *pool, int *slow, uint64_t *total, uint64_t *oldest_ms);
+/* The watch off for good: a command-line tool whose statements may rightly
+ * run long (a migration, the audit trail's walk). */
+void qtg_pg_pool_slow_off(qtg_pg_pool *pool);
 
 int qtg_pg_pool_new(uv_loop_t *loop, const char *conninfo, const qtg_pg_pool_config *cfg,
                     void (*drop)(void *data), qtg_pg_pool **out);

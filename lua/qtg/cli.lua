@@ -17,9 +17,12 @@ local commands = {
 -- unbound(s): lift the pooled sessions' statement and lock bounds
 -- (MG_DB_STATEMENT_TIMEOUT_SECONDS, MG_DB_LOCK_TIMEOUT_SECONDS) on s, for a
 -- command whose one statement may rightly run long (a migration, the audit
--- trail's walk).  The SET runs under the bound it lifts: one the server
--- cancelled (57014: a tiny bound on a loaded machine) is sent again.
+-- trail's walk), and the process's slow-statement lines with them
+-- (MG_DB_SLOW_WARN_SECONDS: a long walk is no stall).  The SET runs under
+-- the bound it lifts: one the server cancelled (57014: a tiny bound on a
+-- loaded machine) is sent again.
 function M.unbound(s)
+  require("qtg").db.slow_watch_off()
   for try = 1, 5 do
     local ok, err = pcall(s.exec, s, "SET statement_timeout = 0; SET lock_timeout = 0")
     if ok then return end

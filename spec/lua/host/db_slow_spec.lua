@@ -114,6 +114,31 @@ while db.stats().slow > 0 and qtg.monotonic() < deadline do qtg.sleep(0.05) end
 print("stats after " .. cjson.encode(db.stats()))
 ]]
 
+-- A child whose pipelined batch waits on the row the spec holds: the
+-- batch's second statement (SELECT, then the UPDATE), or with SLOW_AHEAD
+-- the UPDATE sent ahead of a commit that is in at once.  The statements are
+-- prepared first (a batch of unprepared ones goes one by one).
+local BATCH_CHILD = [[
+io.stdout:setvbuf("line")
+local qtg = require("qtg")
+local upd = "UPDATE " .. assert(os.getenv("SLOW_TABLE")) .. " SET n = n + 1 WHERE id = 1 AND $1::text <> ''"
+local s = qtg.db.acquire()
+s:pipeline_transaction(function() s:query(upd, "x") s:query("SELECT $1::text AS a", "y") end)
+print("prepared")
+while not io.open(os.getenv("SLOW_GO")) do qtg.sleep(0.05) end
+s:begin_pipeline()
+if os.getenv("SLOW_AHEAD") then
+  s:send_ahead({ upd, "ahead" })
+  s:commit_batch({ "SELECT $1::text AS a", "first" })
+  s:take_ahead()
+  s:commit()
+else
+  s:commit_batch({ "SELECT $1::text AS a", "first" }, { upd, "second" })
+end
+s:release()
+print("batch done")
+]]
+
 describe("the slow-statement watch (MG_DB_SLOW_WARN_SECONDS)", function()
   local tbl, dir
   setup(function()
@@ -268,6 +293,67 @@ describe("the slow-statement watch (MG_DB_SLOW_WARN_SECONDS)", function()
     local after = cjson.decode((assert(all:match("stats after (%b{})"), all)))
     assert.same({ 0, 1 }, { after.slow, after.slow_total })
     assert.is_nil(all:find(SECRET, 1, true), all)
+  end)
+
+  -- A statement sent ahead of a commit, stuck after the commit was in, was
+  -- named as the commit's batch and called a commit; a committing batch
+  -- stuck on a statement was called a commit too.  A batch is named by its
+  -- first statement not answered yet: the server sends a pipeline's results
+  -- at its Sync (or when its buffer fills), so which one waits is for
+  -- pg_stat_activity to say (backend_pid).
+  local UPD = "UPDATE %s SET n = n + 1 WHERE id = 1 AND $1::text <> ''"
+  for _, case in ipairs({ { "a committing batch by its first statement not answered, not as a commit", {},
+                            "SELECT $1::text AS a", 2 },
+                          { "a statement sent ahead of a commit that is in by itself", { SLOW_AHEAD = "1" },
+                            UPD, 1 } }) do
+    it("names " .. case[1], function()
+      support.write(dir .. "/batch_child.lua", BATCH_CHILD)
+      local go = dir .. "/go-" .. common.uid("b", 4)
+      local env = support.base_env({ MG_LOG_FORMAT = "json", SLOW_TABLE = tbl, SLOW_GO = go,
+                                     MG_DB_SLOW_WARN_SECONDS = "0.5" })
+      for k, v in pairs(case[2]) do env[k] = v end
+      local h = support.start(env, { "exec", dir .. "/batch_child.lua" })
+      common.wait_log(h, "prepared", 20, "the prepared statements")
+      local holder = hold_row()
+      local ok, err = pcall(function()
+        support.write(go, "")
+        common.wait_for(function() return #still(slow_lines(support.read(h.log))) >= 1 end, 20, "a warning")
+      end)
+      let_go(holder)
+      assert(ok, err)
+      assert.equal(0, support.wait_exit(h, 30), support.read(h.log))
+      local all = support.read(h.log)
+      assert.matches("batch done", all, 1, true)
+      local lines = slow_lines(all)
+      assert.is_true(#lines >= 2, all)
+      for _, l in ipairs(lines) do
+        assert.equal(case[3]:format(tbl), l.statement)
+        assert.equal(case[4] > 1 and case[4] or nil, l.statements)
+        assert.is_nil(l.commit, all)
+      end
+      assert.equal("ok", finished(lines)[1].outcome)
+    end)
+  end
+
+  -- `qtgd audit verify` and `qtgd migrate` lift the statement bounds: a long
+  -- walk of the trail is no stall, and their output is a report.
+  it("says nothing for a command-line tool that lifts the statement bounds", function()
+    local holder = qtg.db.acquire()
+    holder:begin()
+    holder:exec("LOCK TABLE audit_events IN ACCESS EXCLUSIVE MODE")
+    local env = support.base_env({ MG_LOG_FORMAT = "json", MG_DB_SLOW_WARN_SECONDS = "0.2" })
+    local h = support.start(env, { "audit", "verify" })
+    local ok, err = pcall(function()
+      common.wait_for(function() return common.waiting_on(holder:pid()) > 0 end, 20, "audit verify to wait")
+      qtg.sleep(1)
+    end)
+    pcall(holder.rollback, holder)
+    holder:release()
+    assert(ok, err)
+    support.wait_exit(h, 60)
+    local all = support.read(h.log)
+    assert.matches("audit verify:", all, 1, true)
+    assert.same({}, slow_lines(all))
   end)
 
   it("is off at 0, 10 s by default, and refuses a bad value naming it", function()
