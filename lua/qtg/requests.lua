@@ -670,6 +670,7 @@ function M.resume(s, id, actor)
     RESUMABLE[req.request_state](s, req)
     nodes_db.set_request_state(s, req, "EXECUTING", actor, {
       event = "request_resumed", action = "request.resume",
+      fields = { clear_finished = true },   -- a FAILED request had finished
     })
     return req
   end)

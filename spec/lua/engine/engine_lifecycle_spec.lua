@@ -314,9 +314,11 @@ describe("request lifecycle", function()
       assert.equal("FAILED", n.b.node_state)
       assert.equal("EXECUTING", sup.request(s, req.id).request_state)
       -- as an earlier engine left it
-      s:query("UPDATE movement_requests SET request_state = 'FAILED' WHERE id = $1::uuid", req.id)
+      s:query("UPDATE movement_requests SET request_state = 'FAILED', finished_at = now() WHERE id = $1::uuid", req.id)
+      assert.is_truthy(sup.request(s, req.id).finished_at ~= qtg.db.NULL)
       local r2 = requests.resume(s, req.id, sup.ACTOR)
       assert.equal("EXECUTING", r2.request_state)
+      assert.equal(qtg.db.NULL, sup.request(s, req.id).finished_at)   -- running again
       assert.equal(1, #s:query([[SELECT 1 FROM audit_outbox WHERE request_id = $1::uuid
                                   AND action = 'request.resume' AND actor = $2]], req.id, sup.ACTOR))
       local settled = sup.drive(s, function() return sup.request(s, req.id).request_state ~= "EXECUTING" end, 60,
