@@ -19,6 +19,7 @@
 -- cannot reach; check_states, a node or request whose state was changed
 -- without its audit row (the runtime role may UPDATE those tables).
 local cjson = require "cjson"
+local canon = require "qtg.canon_json"
 local errors = require "qtg.errors"
 
 local M = {}
@@ -106,10 +107,12 @@ end
 
 -- ------------------------------------------------------ against an export
 -- An export line is read in chunks, so memory is bounded by the longest
--- line, and a line longer than MAX_LINE is refused: no writer of the trail
--- makes a row near that size (documents are bounded at 64 KiB), and a file
--- without newlines must not be read whole.
-M.MAX_LINE = 64 * 1024 * 1024
+-- line, and a line longer than MAX_LINE is refused (a file without
+-- newlines must not be read whole).  The bound is above what a row can
+-- hold (a jsonb value is at most 255 MB, escaped in the line): the
+-- runtime role writes audit rows' details, and one row of its own must not
+-- make every later export unreadable.
+M.MAX_LINE = 1024 * 1024 * 1024
 M.CHUNK = 64 * 1024
 -- Export rows looked up per statement (WHERE id = ANY ($1)).
 M.COMPARE_BATCH = 1000
@@ -166,18 +169,104 @@ end
 -- The fields of an export line that are compared, and what each must be.
 local FIELDS = {
   { "id", function(v) return whole(v, 1) end, "a whole number >= 1" },
-  { "network_class", function(v) return type(v) == "string" end, "a string" },
+  { "network_class", function(v) return type(v) == "string" and canon.text_ok(v) end,
+    "a string of valid UTF-8 without NUL" },
   { "chain_seq", function(v) return whole(v, 1) end, "a whole number >= 1" },
   { "row_hash", function(v) return type(v) == "string" and #v == 64 and v:match("^[0-9a-f]+$") ~= nil end,
     "64 hex digits" },
 }
 
+-- ---- the members of a line's object, nested values stepped over ----------
+-- Only the compared fields are decoded: a row's detail (written by the
+-- runtime role) may nest deeper than a decoder allows, and is stepped over
+-- by counting brackets outside strings, never decoded.
+
+local function skip_space(t, i) return t:find("[^ \t\r\n]", i) or #t + 1 end
+
+-- the closing quote of the JSON string opening at i, or nil
+local function string_end(t, i)
+  local j = i + 1
+  while true do
+    local q = t:find('["\\]', j)
+    if not q then return nil end
+    if t:byte(q) == 34 then return q end
+    j = q + 2 -- the escaped character
+  end
+end
+
+-- the closing bracket of the array or object opening at i, or nil
+local function nested_end(t, i)
+  local depth, j = 0, i
+  while true do
+    local k = t:find('[][{}"]', j)
+    if not k then return nil end
+    local c = t:byte(k)
+    if c == 34 then
+      k = string_end(t, k)
+      if not k then return nil end
+    elseif c == 91 or c == 123 then
+      depth = depth + 1
+    else
+      depth = depth - 1
+      if depth == 0 then return k end
+    end
+    j = k + 1
+  end
+end
+
+-- the last byte of the value at i, or nil
+local function value_end(t, i)
+  local c = t:byte(i)
+  if c == 34 then return string_end(t, i) end
+  if c == 91 or c == 123 then return nested_end(t, i) end
+  local e = (t:find("[,}%s]", i) or #t + 1) - 1
+  return e >= i and e or nil
+end
+
+-- members(text, wanted) -> {key = decoded value} of the members of the JSON
+-- object `text` whose keys `wanted` names | nil, why
+function M.members(t, wanted)
+  local i = skip_space(t, 1)
+  if t:byte(i) ~= 123 then return nil, "not a JSON object" end
+  local out = {}
+  i = skip_space(t, i + 1)
+  if t:byte(i) == 125 then
+    if skip_space(t, i + 1) <= #t then return nil, "not JSON (text after the object)" end
+    return out
+  end
+  while true do
+    local ke = t:byte(i) == 34 and string_end(t, i)
+    local okk, key = pcall(cjson.decode, ke and t:sub(i, ke) or "")
+    if not okk or type(key) ~= "string" then return nil, "not JSON (a member's key expected)" end
+    i = skip_space(t, ke + 1)
+    if t:byte(i) ~= 58 then return nil, "not JSON (':' expected after a key)" end
+    i = skip_space(t, i + 1)
+    local ve = value_end(t, i)
+    if not ve then return nil, "not JSON (a value expected)" end
+    if wanted[key] then
+      if out[key] ~= nil then return nil, "the field " .. key .. " is there twice" end
+      local okv, v = pcall(cjson.decode, t:sub(i, ve))
+      if not okv then return nil, "not JSON (the field " .. key .. ")" end
+      out[key] = v
+    end
+    i = skip_space(t, ve + 1)
+    local sep = t:byte(i)
+    if sep == 125 then
+      if skip_space(t, i + 1) <= #t then return nil, "not JSON (text after the object)" end
+      return out
+    end
+    if sep ~= 44 then return nil, "not JSON (',' or '}' expected)" end
+    i = skip_space(t, i + 1)
+  end
+end
+
+local WANTED = { id = true, network_class = true, chain_seq = true, row_hash = true }
+
 -- parse_line(text, n) -> {line, id, network_class, chain_seq, row_hash}
 local function parse_line(text, n)
   if not text:find("%S") then bad_export(n, "empty") end
-  local ok, row = pcall(cjson.decode, text)
-  if not ok then bad_export(n, "not JSON (%s)", tostring(row):sub(1, 200)) end
-  if type(row) ~= "table" or row[1] ~= nil then bad_export(n, "not a JSON object") end
+  local row, why = M.members(text, WANTED)
+  if not row then bad_export(n, "%s", why) end
   local rec = { line = n }
   for _, f in ipairs(FIELDS) do
     local v = row[f[1]]
@@ -238,9 +327,13 @@ local function compare_batch(s, batch)
   return nil
 end
 
+-- What ends the reading of an export: a line that is not an export row
+-- (bad_export: a half-written last line, say) or a file that cannot be read.
+local UNUSABLE = { bad_export = true, unreadable_export = true }
+
 -- compare(s, f, since_id) -> {ok = bool, lines = n, compared = n, skipped
 -- = n, difference = {line, id, network_class, chain_seq, problem, meaning}
--- or nil}: each row of the export read from the open file f must be in
+-- or nil, unusable = {kind, line, message} or nil}: each row of the export read from the open file f must be in
 -- the database with the same chain, place and row_hash, read in
 -- COMPARE_BATCH lines at a time.  A row that is not there is `missing`, or
 -- `chain_ends_earlier` when its chain now ends before its place (the tail
@@ -248,8 +341,9 @@ end
 -- with an id below since_id are read and checked for form but not
 -- compared (verify --since: the rows from ID on); rows of the database
 -- that the export does not hold are not looked at.  A line that is not an
--- export row raises a bad_export error naming it (export_lines: and a file
--- that cannot be read, unreadable_export).
+-- export row ends the reading (report.unusable, kind bad_export, naming
+-- it; unreadable_export: the file cannot be read), after the complete
+-- lines before it are compared.
 function M.compare(s, f, since_id)
   local since = since_id or 0
   local report = { ok = true, lines = 0, compared = 0, skipped = 0 }
@@ -262,17 +356,25 @@ function M.compare(s, f, since_id)
     batch = {}
     return d == nil
   end
-  for text, n in M.export_lines(f) do
-    report.lines = n
-    local rec = parse_line(text, n)
-    if rec.id < since then
-      report.skipped = report.skipped + 1
-    else
-      batch[#batch + 1] = rec
-      if #batch >= M.COMPARE_BATCH and not flush() then return report end
+  local ok, err = pcall(function()
+    for text, n in M.export_lines(f) do
+      report.lines = n
+      local rec = parse_line(text, n)
+      if rec.id < since then
+        report.skipped = report.skipped + 1
+      else
+        batch[#batch + 1] = rec
+        if #batch >= M.COMPARE_BATCH and not flush() then return end
+      end
     end
+  end)
+  if not ok and not (type(err) == "table" and UNUSABLE[err.kind]) then error(err, 0) end
+  -- the complete lines before a bad one are compared all the same
+  if report.ok then flush() end
+  if not ok then
+    report.ok = false
+    report.unusable = { kind = err.kind, line = err.line, message = err.message }
   end
-  flush()
   return report
 end
 
@@ -298,14 +400,18 @@ M.REQUEST_ACTIONS = {
 -- $2, $3: REQUEST_ACTIONS as two arrays), the state a row has before any
 -- audited change (nodes are created BLOCKED with their request, whose
 -- request.create row is the only one written; a request without a row
--- naming its state is a mismatch) and the columns the report shows.
+-- naming its state is a mismatch), what its first audited change must be
+-- (a node's leaves BLOCKED; a request's is its creation) and the columns
+-- the report shows.
 M.STATE_CHECKS = {
   { kind = "node", table = "movement_request_nodes", column = "node_state",
     entity_type = "movement_request_node", initial = "'BLOCKED'",
+    first = "t.from_state = 'BLOCKED'",
     actions = "SELECT 'node.' || lower(state), state FROM node_states",
     shown = "x.request_id, x.node_key" },
   { kind = "request", table = "movement_requests", column = "request_state",
     entity_type = "movement_request", initial = "NULL::text",
+    first = "t.action = 'request.create'",
     actions = "SELECT 'request.' || lower(state), state FROM request_states\n"
       .. "    UNION ALL SELECT * FROM unnest($2::text[], $3::text[])",
     shown = "x.id AS request_id, NULL::text AS node_key" },
@@ -315,34 +421,53 @@ M.STATE_CHECKS = {
 -- not yet promoted are read in one snapshot: a change and its outbox row
 -- commit together, and a promotion moves a row from the outbox to the
 -- trail in one statement, so a state is never seen without the row that
--- names it.  The latest row is the highest outbox id (the order the rows
--- were written; one sequence for both tables).  The trail is read once,
--- sorted by entity (DISTINCT ON): no index is needed, and none is added
--- to the promotion's inserts (docs/security.md).
+-- names it.  The rows are in the order they were written (the outbox id:
+-- one sequence for both tables).  Two things are judged per entity:
+--   * its state now is the one its latest state-naming row names;
+--   * each such row starts where the one before it (or the entity's
+--     creation) left it: its from_state is the previous row's state, and
+--     the first is the creation (a request's request.create) or leaves the
+--     state it was created in (a node's, BLOCKED).  So a change made
+--     without its row shows even after the engine has written more rows on
+--     top of it (a request set APPROVED by hand, then run by the engine).
+-- The trail is read once, sorted by entity and order (one sort serves the
+-- window and the DISTINCT ON): no index is needed, and none is added to
+-- the promotion's inserts (docs/security.md).
 local STATES_SQL = [[
 WITH named(action, state) AS (
   %s
 ), trail AS (
-  SELECT e.outbox_id AS seq, e.id AS event_id, e.entity_id, e.action
+  SELECT e.outbox_id AS seq, e.id AS event_id, e.entity_id, e.action, e.detail->>'from_state' AS from_state
     FROM audit_events e WHERE e.entity_type = '%s'
   UNION ALL
-  SELECT o.id, NULL, o.entity_id, o.action
+  SELECT o.id, NULL, o.entity_id, o.action, o.detail->>'from_state'
     FROM audit_outbox o WHERE o.entity_type = '%s'
-), last AS (
-  SELECT DISTINCT ON (t.entity_id) t.entity_id, t.seq, t.event_id, n.state
+), steps AS (
+  SELECT t.entity_id, t.seq, t.event_id, t.action, t.from_state, n.state,
+         lag(n.state) OVER (PARTITION BY t.entity_id ORDER BY t.seq) AS before,
+         row_number() OVER (PARTITION BY t.entity_id ORDER BY t.seq) = 1 AS first_row,
+         max(t.seq) OVER (PARTITION BY t.entity_id) AS last_seq
     FROM trail t JOIN named n ON n.action = t.action
-   ORDER BY t.entity_id, t.seq DESC
+), last AS (
+  SELECT entity_id, seq, event_id, state FROM steps WHERE seq = last_seq
+), gaps AS (
+  SELECT DISTINCT ON (entity_id) entity_id, seq AS gap_seq, event_id AS gap_event, action AS gap_action,
+         from_state AS gap_from, before AS gap_before
+    FROM steps t
+   WHERE CASE WHEN first_row THEN NOT coalesce(%s, false) ELSE from_state IS DISTINCT FROM before END
+   ORDER BY entity_id, seq
 ), judged AS (
   SELECT x.id, %s, x.%s AS state, x.updated_at, l.state AS audited, l.event_id, l.seq AS outbox_id,
-         x.%s IS DISTINCT FROM coalesce(l.state, %s) AS mismatch
-    FROM %s x LEFT JOIN last l ON l.entity_id = x.id::text
+         g.gap_seq, g.gap_event, g.gap_action, g.gap_from, g.gap_before,
+         (x.%s IS DISTINCT FROM coalesce(l.state, %s) OR g.entity_id IS NOT NULL) AS mismatch
+    FROM %s x LEFT JOIN last l ON l.entity_id = x.id::text LEFT JOIN gaps g ON g.entity_id = x.id::text
 )
 SELECT c.checked, c.mismatched, b.*
   FROM (SELECT count(*) AS checked, count(*) FILTER (WHERE mismatch) AS mismatched FROM judged) c
   LEFT JOIN LATERAL (SELECT * FROM judged WHERE mismatch ORDER BY updated_at DESC, id LIMIT $1) b ON true]]
 
 for _, c in ipairs(M.STATE_CHECKS) do
-  c.sql = STATES_SQL:format(c.actions, c.entity_type, c.entity_type, c.shown, c.column, c.column,
+  c.sql = STATES_SQL:format(c.actions, c.entity_type, c.entity_type, c.first, c.shown, c.column, c.column,
     c.initial, c.table)
 end
 
@@ -359,13 +484,15 @@ local function value(v) if v == NULL then return nil end return v end
 
 -- check_states(s[, limit]) -> {ok = bool, checked = {node = n, request =
 -- n}, mismatched = {node = n, request = n}, count = n, mismatches =
--- {{kind, id, request_id, node_key, state, audited, event_id, outbox_id},
--- ...}}: every node and request whose
--- current state is not the one its latest audited state change names
--- (audited nil: none names one), counted all, listed up to `limit` per
--- kind (default 20), the most recently updated first.  event_id is the
--- audit_events row, or nil while the row is still in audit_outbox
--- (outbox_id).
+-- {{kind, id, request_id, node_key, state, audited, event_id, outbox_id,
+-- gap}, ...}}: every node and request whose current state is not the one
+-- its latest audited state change names (audited nil: none names one), or
+-- whose audited changes skip one (gap = {outbox_id, event_id, action,
+-- from_state, before}: the first row that does not start where the one
+-- before it left the entity, before nil: its first row is not its
+-- creation), counted all, listed up to `limit` per kind (default 20), the
+-- most recently updated first.  event_id is the audit_events row, or nil
+-- while the row is still in audit_outbox (outbox_id).
 function M.check_states(s, limit)
   limit = limit or 20
   local names, states = request_action_arrays()
@@ -379,7 +506,9 @@ function M.check_states(s, limit)
       if r.id ~= NULL then
         report.mismatches[#report.mismatches + 1] = { kind = c.kind, id = r.id,
           request_id = r.request_id, node_key = value(r.node_key), state = r.state,
-          audited = value(r.audited), event_id = value(r.event_id), outbox_id = value(r.outbox_id) }
+          audited = value(r.audited), event_id = value(r.event_id), outbox_id = value(r.outbox_id),
+          gap = value(r.gap_seq) and { outbox_id = r.gap_seq, event_id = value(r.gap_event),
+            action = r.gap_action, from_state = value(r.gap_from), before = value(r.gap_before) } or nil }
       end
     end
   end

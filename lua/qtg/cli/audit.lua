@@ -71,7 +71,20 @@ local function print_chain(r)
   return false
 end
 
+-- What an export that cannot be compared is told as (exit 2).
+local EXPORT_ERRORS = {
+  bad_export = "qtgd audit verify: %s is not an audit export: %s",
+  unreadable_export = "qtgd audit verify: cannot read the export %s: %s",
+}
+
 local function print_against(r, file)
+  if r.unusable then
+    -- every complete line before it was compared; a difference there is said too
+    io.stderr:write(string.format(EXPORT_ERRORS[r.unusable.kind], file, tostring(r.unusable.message)), "\n")
+    say("audit verify: %d rows of %s compared before line %s, which ends the comparison", r.compared, file,
+      tostring(r.unusable.line or "?"))
+    if not r.difference then return false end
+  end
   if r.ok then
     say("audit verify: ok, %d rows of %s compared%s, each still in the database as exported", r.compared,
       file, r.skipped > 0 and string.format(" (%d below --since passed over)", r.skipped) or "")
@@ -90,7 +103,8 @@ local function print_states(r)
     return true
   end
   say("audit verify: UNAUDITED STATE: %d of %d nodes and %d of %d requests are not in the state their "
-    .. "last audit row names (up to %d of each listed, the most recently updated first):",
+    .. "last audit row names, or their audit rows skip a change (up to %d of each listed, the most "
+    .. "recently updated first):",
     r.mismatched.node, r.checked.node, r.mismatched.request, r.checked.request, M.LIST_LIMIT)
   for _, m in ipairs(r.mismatches) do
     local which = m.kind == "node"
@@ -106,6 +120,14 @@ local function print_states(r)
         m.audited)
     end
     say("  %s is %s; %s", which, m.state, last)
+    local g = m.gap
+    if g then
+      local row = g.event_id and "row " .. tostring(g.event_id) or "outbox row " .. tostring(g.outbox_id)
+      say("    a change without its audit row: %s (%s) %s", row, tostring(g.action), g.before
+        and string.format("starts from %s, but the row before it left it %s", tostring(g.from_state), g.before)
+        or string.format("is its first and starts from %s: not where it was created (a request's first "
+          .. "row is request.create, a node's starts from BLOCKED)", tostring(g.from_state)))
+    end
   end
   return false
 end
@@ -117,12 +139,6 @@ local function open_export(path)
   if not f then return nil, err end
   return f, path
 end
-
--- What an export that cannot be compared is told as (exit 2).
-local EXPORT_ERRORS = {
-  bad_export = "qtgd audit verify: %s is not an audit export: %s",
-  unreadable_export = "qtgd audit verify: cannot read the export %s: %s",
-}
 
 local commands = {}
 
@@ -141,17 +157,11 @@ function commands.verify(opts)
     return { chain = chain, against = against, states = audit.check_states(s, M.LIST_LIMIT) }
   end)
   if f and f ~= io.stdin then f:close() end
-  if not ok then
-    local why = type(res) == "table" and EXPORT_ERRORS[res.kind]
-    if why then
-      io.stderr:write(string.format(why, name, tostring(res.message)), "\n")
-      return 2
-    end
-    error(res, 0)
-  end
+  if not ok then error(res, 0) end
   local good = print_chain(res.chain)
   if res.against then good = print_against(res.against, name) and good end
   good = print_states(res.states) and good
+  if res.against and res.against.unusable then return 2 end
   return good and 0 or 1
 end
 

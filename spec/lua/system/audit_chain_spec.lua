@@ -438,8 +438,8 @@ describe("the audit chain", function()
       end
       local function without(field) return with(field, nil) end
       local cases = {
-        { "garbage\n", 1, "not JSON" },
-        { good .. "not json {\n", 4, "not JSON" },
+        { "garbage\n", 1, "not a JSON object" },
+        { good .. "not json {\n", 4, "not a JSON object" },
         { good .. "\n" .. first .. "\n", 4, "empty" },
         { "[1, 2]\n", 1, "not a JSON object" },
         { "null\n", 1, "not a JSON object" },
@@ -454,30 +454,49 @@ describe("the audit chain", function()
         { with("id", -row.id) .. "\n", 1, "the field id must be a whole number >= 1" },
         { (with("id", 1):gsub('"id":1', '"id":1e400')) .. "\n", 1, "the field id must be a whole number >= 1" },
         { with("chain_seq", 0) .. "\n", 1, "the field chain_seq must be a whole number >= 1" },
-        { with("network_class", 7) .. "\n", 1, "the field network_class must be a string" },
+        { with("network_class", 7) .. "\n", 1, "the field network_class must be a string of valid UTF-8 without NUL" },
+        { with("network_class", "a\0b") .. "\n", 1, "the field network_class must be a string of valid UTF-8 without NUL" },
+        { (with("network_class", "ZZ"):gsub("ZZ", "\255")) .. "\n", 1, "the field network_class must be a string of valid UTF-8 without NUL" },
+        { first .. " trailing\n", 1, "not JSON (text after the object)" },
+        { (first:gsub("^{", '{"id":1,')) .. "\n", 1, "the field id is there twice" },
         { with("row_hash", row.row_hash:sub(2)) .. "\n", 1, "the field row_hash must be 64 hex digits" },
         { with("row_hash", row.row_hash:upper()) .. "\n", 1, "the field row_hash must be 64 hex digits" },
         { with("row_hash", { row.row_hash }) .. "\n", 1, "the field row_hash must be 64 hex digits" },
-        { string.rep("[", 5000) .. "\n", 1, "not JSON" },
-        { "\0\1\2\n", 1, "not JSON" },
+        { string.rep("[", 5000) .. "\n", 1, "not a JSON object" },
+        { "\0\1\2\n", 1, "not a JSON object" },
       }
       for i, c in ipairs(cases) do
         common.write(dir .. "/bad.jsonl", c[1])
-        local ok, err = pcall(compare, s, dir .. "/bad.jsonl")
-        assert.is_false(ok, "case " .. i .. " passed")
-        assert.equals("bad_export", err.kind, "case " .. i .. ": " .. tostring(err.message or err))
+        local report = compare(s, dir .. "/bad.jsonl")
+        assert.is_false(report.ok, "case " .. i .. " passed")
+        local err = report.unusable
+        assert.is_table(err, "case " .. i)
+        assert.equals("bad_export", err.kind, "case " .. i .. ": " .. tostring(err.message))
         assert.equals(c[2], err.line, "case " .. i)
         assert.matches("line " .. c[2] .. ": " .. c[3], err.message, 1, true)
+        -- the complete lines before it were compared
+        assert.equals(c[2] - 1, report.compared, "case " .. i)
       end
+      -- a detail nested past any decoder's depth (the runtime role writes
+      -- details) is stepped over, not decoded
+      local deep = cjson.decode(first)
+      deep.detail = "DEEP"
+      common.write(dir .. "/deep.jsonl", (cjson.encode(deep):gsub('"DEEP"', string.rep("[", 100000)
+        .. string.rep("]", 100000))) .. "\n")
+      local deep_report = compare(s, dir .. "/deep.jsonl")
+      assert.is_nil(deep_report.unusable)
+      assert.is_true(deep_report.ok)
       -- a line longer than the bound is refused, read a chunk at a time
       -- (never whole); a real row that spans many chunks is compared
       local max = audit.MAX_LINE
       audit.MAX_LINE = 3 * audit.CHUNK
       local ok, err = pcall(function()
         common.write(dir .. "/long.jsonl", first .. "\n" .. string.rep("x", 10 * audit.CHUNK))
-        local okl, errl = pcall(compare, s, dir .. "/long.jsonl")
-        assert.is_false(okl)
-        assert.equals("line 2: longer than " .. audit.MAX_LINE .. " bytes: not an audit export line", errl.message)
+        local long = compare(s, dir .. "/long.jsonl")
+        assert.is_false(long.ok)
+        assert.equals("line 2: longer than " .. audit.MAX_LINE .. " bytes: not an audit export line",
+          long.unusable.message)
+        assert.equals(1, long.compared)
         local padded = cjson.decode(first)
         padded.detail = { padding = string.rep("y", 2 * audit.CHUNK + 17) }
         common.write(dir .. "/padded.jsonl", cjson.encode(padded) .. "\r\n" .. first)
@@ -624,6 +643,66 @@ describe("the states against the audit trail", function()
     assert.is_true(one.mismatched.node >= 2 and one.mismatched.request >= 1)
     assert.equals(2, #one.mismatches)
     assert.equals(report.checked.node, one.checked.node)
+  end)
+
+  -- A change made without its row, then followed by the engine's own rows:
+  -- the state at the end was audited, the step to it was not.  A request
+  -- nobody approved ran to COMPLETED, and verify passed.
+  it("names a request set APPROVED by hand and then run by the engine, and a node retried by hand", function()
+    local req = sup.create(s, CHAIN)
+    local failing = sup.create_approved(s, FAIL)
+    assert.is_true(sup.drive(s, done(failing.id, { "FAILED" }), 20))
+    local a = sup.nodes(s, failing.id).a
+    s:begin()
+    s:exec("SET LOCAL ROLE qtg_runtime")
+    s:query("UPDATE movement_requests SET request_state = 'APPROVED' WHERE id = $1::uuid", req.id)
+    s:query("UPDATE movement_request_nodes SET node_state = 'READY' WHERE request_id = $1::uuid AND node_key = 'a'",
+      req.id)
+    s:query("UPDATE movement_requests SET request_state = 'EXECUTING', finished_at = NULL WHERE id = $1::uuid",
+      failing.id)
+    s:query("UPDATE movement_request_nodes SET node_state = 'READY' WHERE id = $1::uuid", a.id)
+    s:exec("RESET ROLE")
+    s:commit()
+    assert.is_true(sup.drive(s, function(x)
+      return done(req.id, { "COMPLETED" })(x) and done(failing.id, { "FAILED" })(x)
+    end, 30))
+    assert.equals(2, sup.nodes(s, failing.id).a.attempt_no)      -- submitted again, with no retry row
+    local report = audit.check_states(s, 100000)
+    local by_id = {}
+    for _, m in ipairs(mismatched(report, rows_of({ req.id, failing.id }))) do by_id[m.id] = m end
+    -- each ends in the state its last row names: only the gap gives them away
+    local r = assert(by_id[req.id], "the request set APPROVED by hand is not named")
+    assert.equals(r.state, r.audited)
+    assert.same({ "request.executing", "APPROVED", "PENDING_APPROVAL" }, { r.gap.action, r.gap.from_state, r.gap.before })
+    local n = assert(by_id[sup.nodes(s, req.id).a.id], "its node, made READY by hand, is not named")
+    assert.is_nil(n.gap.before)                 -- its first row does not leave BLOCKED
+    assert.equals("READY", n.gap.from_state)
+    local f = assert(by_id[failing.id], "the request put back to EXECUTING by hand is not named")
+    assert.same({ "FAILED", "EXECUTING" }, { f.gap.before, f.gap.from_state })
+    local fa = assert(by_id[a.id], "the node put back to READY by hand is not named")
+    assert.same({ "FAILED", "READY" }, { fa.gap.before, fa.gap.from_state })
+  end)
+
+  -- A request the runtime role wrote in whole, APPROVED with READY nodes:
+  -- no row of its creation, and the engine ran it.
+  it("names a request inserted by hand, whose first audit row is not its creation", function()
+    local req = sup.create(s, CHAIN)
+    s:begin()
+    s:exec("SET LOCAL ROLE qtg_runtime")
+    local ghost = s:query([[INSERT INTO movement_requests SELECT (jsonb_populate_record(r, jsonb_build_object(
+        'id', gen_random_uuid(), 'idempotency_key', 'ghost-' || r.id, 'request_state', 'APPROVED'))).*
+        FROM movement_requests r WHERE r.id = $1::uuid RETURNING id::text]], req.id)[1].id
+    s:query([[INSERT INTO movement_request_nodes SELECT (jsonb_populate_record(n, jsonb_build_object(
+        'id', gen_random_uuid(), 'request_id', $2::uuid, 'node_state', CASE n.node_key WHEN 'a' THEN 'READY'
+        ELSE 'BLOCKED' END))).* FROM movement_request_nodes n WHERE n.request_id = $1::uuid]], req.id, ghost)
+    s:exec("RESET ROLE")
+    s:commit()
+    assert.is_true(sup.drive(s, done(ghost, { "COMPLETED" }), 30))
+    local m = mismatched(audit.check_states(s, 100000), { ghost })[1]
+    assert.is_table(m, "the request inserted by hand is not named")
+    assert.equals("COMPLETED", m.state)
+    assert.is_nil(m.gap.before)
+    assert.equals("request.executing", m.gap.action)
   end)
 
   it("compares a change whose audit row is not promoted yet with that row", function()
@@ -784,7 +863,7 @@ return 0]]
     assert.equals(1, rc, out)
     assert.matches(("audit verify: DIFFERS from %s at line 1: row "):format(path), out, 1, true)
     for _, c in ipairs({
-      { "garbage.jsonl", "not json\n", "qtgd audit verify: %s is not an audit export: line 1: not JSON" },
+      { "garbage.jsonl", "not json\n", "qtgd audit verify: %s is not an audit export: line 1: not a JSON object" },
       { "missing.jsonl", '{"id": 1, "network_class": "", "chain_seq": 1}\n',
         "qtgd audit verify: %s is not an audit export: line 1: the field row_hash is missing" },
     }) do
@@ -792,7 +871,10 @@ return 0]]
       rc, out = audit_cmd("verify", "--against", q(dir .. "/" .. c[1]))
       assert.equals(2, rc, out)
       assert.matches(c[3]:format(dir .. "/" .. c[1]), out, 1, true)
-      assert.not_matches("audit verify: ok", out, 1, true)
+      -- the other checks are still said; the comparison says where it ended
+      assert.matches("compared before line 1, which ends the comparison", out, 1, true)
+      assert.matches("every chain holds", out, 1, true)
+      assert.not_matches("each still in the database as exported", out, 1, true)
     end
     rc, out = audit_cmd("verify", "--against", q(dir .. "/no-such-file"))
     assert.equals(2, rc, out)
