@@ -271,8 +271,7 @@ function M.run(lib)
   end
 
   -- 5. audit promoted; SIGTERM stops everyone cleanly and leaves nothing behind
-  r.audit_pending = lib.scalar("SELECT count(*)::int FROM audit_outbox")
-  if r.audit_pending > 0 then lib.fail("%d audit rows never promoted", r.audit_pending) end
+  lib.check_audit(r)
   lib.stop_daemons_cleanly()
   lib.signal(signer, "TERM")
   local src = lib.wait_exit(signer, 30)

@@ -593,10 +593,30 @@ function M.check(opts)
     M.fail("%d callbacks received twice, at most %d expected", r.callbacks_duplicated, opts.max_callback_dups)
   end
 
-  -- 5. audit: everything promoted, in order, once
+  -- 5. audit
+  M.check_audit(r)
+  return r
+end
+
+-- check_audit(r): everything promoted, in order, once; the chain holds, and
+-- every state change of a node or a request, through every kill, has its
+-- row (qtgd audit verify's checks).
+function M.check_audit(r)
   r.audit_pending = M.scalar("SELECT count(*)::int FROM audit_outbox")
   if r.audit_pending > 0 then M.fail("%d audit rows never promoted", r.audit_pending) end
   r.audit_events = M.scalar("SELECT count(*)::int FROM audit_events")
+  local audit = require "qtg.audit"
+  local chain = M.with_retry(function(s) return audit.verify(s) end)
+  if not chain.ok then M.fail("the audit chain is broken: %s", chain.broken.meaning) end
+  local states = M.with_retry(function(s) return audit.check_states(s, 5) end)
+  r.audit_unaudited_states = states.count
+  if not states.ok then
+    local m = states.mismatches[1]
+    M.fail("%d nodes or requests changed without their audit row (first: %s %s is %s, audited %s%s)",
+      states.count, m.kind, m.id, m.state, tostring(m.audited),
+      m.gap and (", a change from " .. tostring(m.gap.before) .. " to " .. tostring(m.gap.from_state)
+        .. " without its row") or "")
+  end
   return r
 end
 
