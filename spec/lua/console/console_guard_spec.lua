@@ -112,14 +112,16 @@ describe("console guard", function()
     os.execute("rm -rf " .. q(tmp))
   end)
 
-  -- raw(steps...) -> its output lines (waits for it to end).
-  local function raw(...)
-    local args = { "python3", q(client), q(sock) }
+  -- raw_on(socket, steps...) -> its output lines (waits for it to end);
+  -- raw(steps...): on the spec's daemon.
+  local function raw_on(path, ...)
+    local args = { "python3", q(client), q(path) }
     for _, s in ipairs({ ... }) do args[#args + 1] = q(s) end
     local rc, out = sup.run({}, args)
     assert.equals(0, rc, out)
     return out
   end
+  local function raw(...) return raw_on(sock, ...) end
 
   -- raw_bg(steps...) -> its output file; the client runs in the background.
   local n = 0
@@ -268,11 +270,7 @@ describe("console guard", function()
       { "run" })
     local dsock = run .. "/console.sock"
     assert(sup.eventually(function() return os.execute("test -S " .. q(dsock)) == 0 end, 30), sup.read(d.log))
-    local function deval(code)
-      local rc, out = sup.run({}, { "python3", q(client), q(dsock), q("e" .. code) })
-      assert.equals(0, rc, out)
-      return out:match("^(.-)\n?$")
-    end
+    local function deval(code) return raw_on(dsock, "e" .. code):match("^(.-)\n?$") end
     -- the operator installs a new policy module and a worker module that spins while it loads
     sup.write(dir .. "/lua/qtg/observe_intervals.lua",
       "local M = dofile(" .. string.format("%q", sup.root .. "/lua/qtg/observe_intervals.lua") .. ") M.SPEC_NEW = true return M")
@@ -340,13 +338,7 @@ describe("console guard", function()
                                        MG_DB_POOL_SIZE = "2", MG_DB_ACQUIRE_TIMEOUT_SECONDS = "2" }), { "run" })
     local dsock = dir .. "/console.sock"
     assert(sup.eventually(function() return os.execute("test -S " .. q(dsock)) == 0 end, 30), sup.read(d.log))
-    local function draw(...)
-      local args = { "python3", q(client), q(dsock) }
-      for _, s in ipairs({ ... }) do args[#args + 1] = q(s) end
-      local rc, out = sup.run({}, args)
-      assert.equals(0, rc, out)
-      return out
-    end
+    local function draw(...) return raw_on(dsock, ...) end
     local function in_use_settles()
       return sup.eventually(function()
         return draw("e=qtg.db.stats().in_use"):match("^r ([01])\n?$")

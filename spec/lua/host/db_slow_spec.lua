@@ -43,21 +43,18 @@ local function slow_lines(text)
   return out
 end
 
-local function still(lines)
+-- The lines of `lines` that say the statement is `what` ("still running",
+-- "finished") after some time.
+local function saying(lines, what)
   local out = {}
   for _, l in ipairs(lines) do
-    if l.msg:match("^database statement still running after [%d.]+ s$") then out[#out + 1] = l end
+    if l.msg:match("^database statement " .. what .. " after [%d.]+ s$") then out[#out + 1] = l end
   end
   return out
 end
 
-local function finished(lines)
-  local out = {}
-  for _, l in ipairs(lines) do
-    if l.msg:match("^database statement finished after [%d.]+ s$") then out[#out + 1] = l end
-  end
-  return out
-end
+local function still(lines) return saying(lines, "still running") end
+local function finished(lines) return saying(lines, "finished") end
 
 -- The server a URL names: its host parameter or its authority's host.
 local function url_host(url)
