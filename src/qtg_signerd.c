@@ -786,6 +786,8 @@ static int64_t qtg_signerd_now_ms(void) {
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+static void qtg_signerd_reload_approvers(qtg_signerd *d);
+
 /* Decide one whole request line (buf, len, without the LF) of an allowed
  * peer, record the decision and answer it. */
 static void qtg_signerd_serve(qtg_signerd *d, int fd, const struct ucred *peer,
@@ -832,6 +834,14 @@ static void qtg_signerd_serve(qtg_signerd *d, int fd, const struct ucred *peer,
     return;
   } else {
     parsed = 1;
+    /* A reload asked for while lines waited (each decision may wait on the
+     * database up to its statement timeout) applies from the next decision,
+     * not after every waiting line: a revoked approver stops counting at
+     * once. */
+    if (qtg_signerd_hup) {
+      qtg_signerd_hup = 0;
+      qtg_signerd_reload_approvers(d);
+    }
     rc = qtg_signerd_decide_sign(d, &line, &dec);
     if (rc == -2) {
       qtg_signer_line_free(&line);

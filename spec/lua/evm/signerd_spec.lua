@@ -1002,6 +1002,64 @@ with open(sys.argv[3], "w") as f:
     os.execute("rm -rf " .. common.quote(kd))
   end)
 
+  -- A revocation waited behind every line already queued: the runtime held
+  -- a table lock so that each decision waited out the signer's statement
+  -- timeout, and the lines decided after the reload was asked for still
+  -- counted the revoked person.  It applies from the next decision now.
+  it("applies a revocation from the next decision, though lines wait behind a lock the runtime holds", function()
+    local class = new_class()
+    local dest = sup.random_address()
+    local req = engine.create(s, "sign_t_a", { intent = intent(dest), callback_url = false })
+    engine.move_class(s, req.id, class)
+    local e = approvers({ { "alice" }, { "bob" } }, { [class] = 2 })
+    must_as_runtime([[UPDATE movement_requests r SET approval_digest = qtg_approval_digest(r)
+                        WHERE id = $1::uuid]], req.id)
+    local st = statement(req.id)
+    signed_vote(req.id, "operator:alice", sup.host.approver_sign(e.key.alice, st))
+    signed_vote(req.id, "operator:bob", sup.host.approver_sign(e.key.bob, st))
+    local node = approved_as_runtime(req.id)
+    local p = payload({ to = dest, nonce = 960 })
+    reserve(node.id, DEV[1].address, 960, p.signing_hash)
+    local h = start_local_signer("sa=" .. sup.key_file(dir, "sa", DEV[1].key), { MG_SIGNER_APPROVERS = e.path })
+    -- the runtime holds movement_requests: the first decision waits on it
+    local holder = qtg.db.acquire()
+    holder:begin()
+    holder:query("SET LOCAL ROLE qtg_runtime")
+    holder:query("LOCK TABLE movement_requests IN ACCESS EXCLUSIVE MODE")
+    local line = ("SIGN %s %s 1 sa %s"):format(req.id, node.id, p.payload)
+    local out = dir .. "/queued.out"
+    common.background(([[/usr/bin/python3 -c 'import socket,sys,time
+cs=[]
+for line in sys.argv[2:]:
+  c=socket.socket(socket.AF_UNIX); c.settimeout(60); c.connect(sys.argv[1]); cs.append(c)
+for c, line in zip(cs, sys.argv[2:]): c.sendall(line.encode()+b"\n")
+for c in cs: print(c.makefile().readline().strip()[:60], flush=True)' %s %s %s]]):format(
+      common.quote(qtg.signer.socket_path()), common.quote(line), common.quote(line)), out)
+    local ok, err = pcall(function()
+      -- the first line is being decided (waiting on the lock; the signer's
+      -- statement timeout is 5 s), the second waits behind it
+      qtg.sleep(1)
+      -- bob is revoked while both lines wait: the file without him, and a reload
+      e.write({ [class] = 2 }, "bob")
+      assert.is_true(common.signal(h, "HUP"))
+      qtg.sleep(0.5)
+    end)
+    holder:rollback()
+    holder:release()
+    assert(ok, err)
+    common.wait_for(function() return select(2, (sup.host.read(out) or ""):gsub("\n", "")) >= 2 end, 30,
+      "both answers")
+    local answers = {}
+    for l in sup.host.read(out):gmatch("[^\n]+") do answers[#answers + 1] = l end
+    -- the line being decided when the reload was asked for ends on the old
+    -- enrolment; the next one is decided on the new
+    assert.matches("^OK ", answers[1])
+    assert.matches("^REFUSED APPROVALS_INCOMPLETE", answers[2])
+    assert.equal(1, sup.log_count(h, "signer: reload: the enrolment was read again"))
+    sup.host.stop(h)
+    os.execute("rm -rf " .. common.quote(e.dir))
+  end)
+
   -- Amount tiers (`quorum CLASS N above AMOUNT ASSET`) are the signer's
   -- own: approvals_required is a row the daemon's role writes, so a
   -- policy that asks 3 above 1 ETH binds a compromised daemon only when
