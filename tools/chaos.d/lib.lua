@@ -608,7 +608,7 @@ function M.check_audit(r)
   local audit = require "qtg.audit"
   local chain = M.with_retry(function(s) return audit.verify(s) end)
   if not chain.ok then M.fail("the audit chain is broken: %s", chain.broken.meaning) end
-  local states = M.with_retry(function(s) return audit.check_states(s, 5) end)
+  local states = M.with_retry(function(s) return require("qtg.audit_states").check_states(s, 5) end)
   r.audit_unaudited_states = states.count
   if not states.ok then
     local m = states.mismatches[1]

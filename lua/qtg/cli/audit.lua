@@ -153,8 +153,8 @@ function commands.verify(opts)
   end
   local ok, res = pcall(with_session, function(s)
     local chain = audit.verify(s, opts.since)
-    local against = f and audit.compare(s, f, opts.since)
-    return { chain = chain, against = against, states = audit.check_states(s, M.LIST_LIMIT) }
+    local against = f and require("qtg.audit_against").compare(s, f, opts.since)
+    return { chain = chain, against = against, states = require("qtg.audit_states").check_states(s, M.LIST_LIMIT) }
   end)
   if f and f ~= io.stdin then f:close() end
   if not ok then error(res, 0) end

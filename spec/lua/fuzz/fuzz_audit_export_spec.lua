@@ -1,4 +1,4 @@
--- Fuzz: the reading of an audit export line (lua/qtg/audit.lua, members),
+-- Fuzz: the reading of an audit export line (lua/qtg/audit_against.lua, members),
 -- which `qtgd audit verify --against FILE` runs on every line of a file
 -- from storage the database cannot reach.  It decodes the compared fields
 -- of the line's object and steps over every other value without decoding
@@ -11,7 +11,7 @@
 --   * a detail nested thousands deep is stepped over.
 -- Seed and scale: spec/lua/support/fuzz.lua (QTG_FUZZ_SEED, QTG_FUZZ_SCALE).
 local cjson = require "cjson"
-local audit = require "qtg.audit"
+local against = require "qtg.audit_against"
 local F = require "spec.lua.support.fuzz"
 
 
@@ -50,7 +50,7 @@ end
 
 -- What the members read agrees with cjson wherever cjson reads an object.
 local function agrees(text)
-  local ok, out, why = pcall(audit.members, text, ASKED)
+  local ok, out, why = pcall(against.members, text, ASKED)
   if not ok then return false, "raised: " .. tostring(out) end
   if out == nil and type(why) ~= "string" then return false, "nil without a reason" end
   -- cjson reads a text as a C string: what follows a NUL byte is not read
@@ -83,12 +83,12 @@ describe("fuzz: an audit export line's fields", function()
       local n = g:int(1000, 20000)
       local text = '{"id":7,"detail":' .. string.rep("[", n) .. string.rep("]", n)
         .. ',"network_class":"c","chain_seq":1,"row_hash":"' .. string.rep("0", 64) .. '"}'
-      local out, why = audit.members(text, ASKED)
+      local out, why = against.members(text, ASKED)
       if not out then return false, why end
       return out.id == 7 and out.network_class == "c" and out.chain_seq == 1, F.show(out)
     end)
     -- unbalanced, it is refused, not read past
-    local out, why = audit.members('{"id":7,"detail":' .. string.rep("[", 3000) .. "}", ASKED)
+    local out, why = against.members('{"id":7,"detail":' .. string.rep("[", 3000) .. "}", ASKED)
     assert.is_nil(out)
     assert.is_string(why)
   end)

@@ -13,6 +13,8 @@ local cjson = require "cjson"
 local support = require "spec.lua.support.host"
 local common = require "spec.lua.support.common"
 local audit = require "qtg.audit"
+local against = require "qtg.audit_against"
+local audit_states = require "qtg.audit_states"
 local promoter = require "qtg.workers.audit_outbox_promoter"
 
 local sup -- spec/lua/support/engine.lua, loaded in setup
@@ -90,10 +92,10 @@ local function export_file(dir, name, since_id)
   return path, rows
 end
 
--- compare(s, path[, since]) -> audit.compare's report for the file at path.
+-- compare(s, path[, since]) -> against.compare's report for the file at path.
 local function compare(t, path, since)
   local f = assert(io.open(path, "rb"))
-  local ok, res = pcall(audit.compare, t, f, since)
+  local ok, res = pcall(against.compare, t, f, since)
   f:close()
   if not ok then error(res, 0) end
   return res
@@ -488,23 +490,23 @@ describe("the audit chain", function()
       assert.is_true(deep_report.ok)
       -- a line longer than the bound is refused, read a chunk at a time
       -- (never whole); a real row that spans many chunks is compared
-      local max = audit.MAX_LINE
-      audit.MAX_LINE = 3 * audit.CHUNK
+      local max = against.MAX_LINE
+      against.MAX_LINE = 3 * against.CHUNK
       local ok, err = pcall(function()
-        common.write(dir .. "/long.jsonl", first .. "\n" .. string.rep("x", 10 * audit.CHUNK))
+        common.write(dir .. "/long.jsonl", first .. "\n" .. string.rep("x", 10 * against.CHUNK))
         local long = compare(s, dir .. "/long.jsonl")
         assert.is_false(long.ok)
-        assert.equals("line 2: longer than " .. audit.MAX_LINE .. " bytes: not an audit export line",
+        assert.equals("line 2: longer than " .. against.MAX_LINE .. " bytes: not an audit export line",
           long.unusable.message)
         assert.equals(1, long.compared)
         local padded = cjson.decode(first)
-        padded.detail = { padding = string.rep("y", 2 * audit.CHUNK + 17) }
+        padded.detail = { padding = string.rep("y", 2 * against.CHUNK + 17) }
         common.write(dir .. "/padded.jsonl", cjson.encode(padded) .. "\r\n" .. first)
         local report = compare(s, dir .. "/padded.jsonl")
         assert.is_true(report.ok)
         assert.equals(2, report.lines)
       end)
-      audit.MAX_LINE = max
+      against.MAX_LINE = max
       assert(ok, err)
       -- an empty file: nothing to compare
       common.write(dir .. "/empty.jsonl", "")
@@ -595,10 +597,10 @@ describe("the states against the audit trail", function()
     local pending = s:query("SELECT count(*)::int AS n FROM audit_outbox WHERE request_id = ANY ($1::uuid[])",
       "{" .. table.concat(ids, ",") .. "}")[1].n
     assert.is_true(pending > 20, "the audit rows are still to promote")
-    local report = audit.check_states(s, 100000)
+    local report = audit_states.check_states(s, 100000)
     assert.same({}, mismatched(report, rows_of(ids)))
     repeat until promoter.promote(s, 500) == 0
-    report = audit.check_states(s, 100000)
+    report = audit_states.check_states(s, 100000)
     assert.same({}, mismatched(report, rows_of(ids)))
     assert.is_true(report.checked.node >= 2 * #ids and report.checked.request >= #ids)
   end)
@@ -619,8 +621,8 @@ describe("the states against the audit trail", function()
     s:query("UPDATE movement_request_nodes SET node_state = 'CANCELLED' WHERE id = $1::uuid", blocked.id)
     s:query("UPDATE movement_requests SET request_state = 'CANCELLED' WHERE id = $1::uuid", req.id)
     s:exec("RESET ROLE")
-    local ok, report = pcall(audit.check_states, s, 100000)
-    local ok1, one = pcall(audit.check_states, s, 1)
+    local ok, report = pcall(audit_states.check_states, s, 100000)
+    local ok1, one = pcall(audit_states.check_states, s, 1)
     s:rollback()
     assert(ok, report)
     assert(ok1, one)
@@ -667,7 +669,7 @@ describe("the states against the audit trail", function()
       return done(req.id, { "COMPLETED" })(x) and done(failing.id, { "FAILED" })(x)
     end, 30))
     assert.equals(2, sup.nodes(s, failing.id).a.attempt_no)      -- submitted again, with no retry row
-    local report = audit.check_states(s, 100000)
+    local report = audit_states.check_states(s, 100000)
     local by_id = {}
     for _, m in ipairs(mismatched(report, rows_of({ req.id, failing.id }))) do by_id[m.id] = m end
     -- each ends in the state its last row names: only the gap gives them away
@@ -698,7 +700,7 @@ describe("the states against the audit trail", function()
     s:exec("RESET ROLE")
     s:commit()
     assert.is_true(sup.drive(s, done(ghost, { "COMPLETED" }), 30))
-    local m = mismatched(audit.check_states(s, 100000), { ghost })[1]
+    local m = mismatched(audit_states.check_states(s, 100000), { ghost })[1]
     assert.is_table(m, "the request inserted by hand is not named")
     assert.equals("COMPLETED", m.state)
     assert.is_nil(m.gap.before)
@@ -710,12 +712,12 @@ describe("the states against the audit trail", function()
     local node = sup.nodes(s, req.id).a
     local row = s:query([[SELECT id FROM audit_outbox WHERE entity_id = $1 AND action = 'node.ready']], node.id)[1]
     assert.is_truthy(row, "the node's READY row waits in the outbox")
-    assert.same({}, mismatched(audit.check_states(s, 100000), { node.id, req.id }))
+    assert.same({}, mismatched(audit_states.check_states(s, 100000), { node.id, req.id }))
     s:begin()
     s:exec("SET LOCAL ROLE qtg_runtime")
     s:query("UPDATE movement_request_nodes SET node_state = 'SUBMITTED' WHERE id = $1::uuid", node.id)
     s:exec("RESET ROLE")
-    local ok, report = pcall(audit.check_states, s, 100000)
+    local ok, report = pcall(audit_states.check_states, s, 100000)
     s:rollback()
     assert(ok, report)
     assert.same({ { kind = "node", id = node.id, request_id = req.id, node_key = "a", state = "SUBMITTED",
