@@ -114,6 +114,29 @@ describe("the runtime role", function()
     assert.equals(1, n)
   end)
 
+  -- sql/0202: one row of a detail too large to hash stopped every later
+  -- promotion (the chain trigger ran out of memory on its text)
+  it("may not write an audit row too large to promote; promotion goes on", function()
+    s:begin()
+    s:exec("SET LOCAL ROLE qtg_runtime")
+    local ok, err = pcall(s.query, s, [[INSERT INTO audit_outbox (actor, action, entity_type, entity_id, detail)
+      VALUES ('system:spec', 'spec.poison', 'spec', '1', jsonb_build_object('x', repeat(chr(1), 2000000)))]])
+    s:rollback()
+    assert.is_false(ok, "a 2 MB detail was taken")
+    assert.equals("23514", err.sqlstate, tostring(err.message))   -- check_violation
+    assert.matches("audit_outbox_detail_bounded", tostring(err.message), 1, true)
+    -- one just under the bound is taken and promoted
+    s:begin()
+    s:exec("SET LOCAL ROLE qtg_runtime")
+    s:query([[INSERT INTO audit_outbox (actor, action, entity_type, entity_id, detail)
+      VALUES ('system:spec', 'spec.large', 'spec', '1', jsonb_build_object('x', repeat('y', 1000000)))]])
+    local promoted = promoter.promote(s, 500)
+    local n = s:query("SELECT count(*)::int AS n FROM audit_events WHERE action = 'spec.large'")[1].n
+    s:rollback()
+    assert.is_true(promoted >= 1)
+    assert.equals(1, n)
+  end)
+
   it("may not hand the promotion a made-up end of a chain (sql/0194)", function()
     -- the chain's end is carried in transaction-local settings while rows
     -- are promoted; a caller that set them before the call made the row
