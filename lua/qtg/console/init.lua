@@ -110,8 +110,8 @@ function M.handle(session, kind, payload)
     local ok, why = audit_chunk(session, payload)
     if not ok then
       return "x", "not run: its audit record cannot be written (" .. why .. "); nothing runs in "
-        .. "the console unrecorded.  A console holding the pool's sessions in its variables gives "
-        .. "them back when it disconnects; else try again when the database answers"
+        .. "the console unrecorded.  If a console holds the pool's sessions (qtg.db.acquire() kept "
+        .. "in a variable), interrupt or disconnect it; else try again when the database answers"
     end
     return eval.evaluate(payload, env)
   elseif kind == "c" then
