@@ -1038,7 +1038,8 @@ for c in cs: print(c.makefile().readline().strip()[:60], flush=True)' %s %s %s]]
     local ok, err = pcall(function()
       -- the first line is being decided (waiting on the lock; the signer's
       -- statement timeout is 5 s), the second waits behind it
-      qtg.sleep(1)
+      common.wait_for(function() return common.waiting_on(holder:pid(), "qtgd signer") > 0 end, 30,
+        "the signer to wait on the lock")
       -- bob is revoked while both lines wait: the file without him, and a reload
       e.write({ [class] = 2 }, "bob")
       assert.is_true(common.signal(h, "HUP"))

@@ -216,11 +216,12 @@ function M.database_url(dbname)
   return head .. dbname .. tail
 end
 
--- waiting_on(pid) -> how many of qtgd's server processes wait on a lock
--- the server process pid holds.
-function M.waiting_on(pid)
+-- waiting_on(pid[, application]) -> how many server processes of qtgd's
+-- (or of that application_name: "qtgd signer") wait on a lock the server
+-- process pid holds.
+function M.waiting_on(pid, application)
   return query([[SELECT count(*)::int AS n FROM pg_stat_activity
-                  WHERE application_name = 'qtgd' AND $1 = ANY(pg_blocking_pids(pid))]], pid)[1].n
+                  WHERE application_name = $2 AND $1 = ANY(pg_blocking_pids(pid))]], pid, application or "qtgd")[1].n
 end
 
 -- statement(id, deployment[, kind]) -> the text a key signs for request id
