@@ -628,20 +628,23 @@ c.sendall(b"KEYS\n"); print(c.makefile().readline().strip())' ]]
     assert.is_nil(sig)
     assert.equal("ALREADY_SIGNED_ELSEWHERE", err.code, tostring(err.message))
     assert.truthy(err.message:find("nonce 910", 1, true), err.message)
-    -- a second node row for the same plan node: refused by the database or
-    -- by the signer, never signed
-    local ok, rows = as_runtime([[
+    -- a second node row for the same plan node: refused by the database
+    -- (sql/0203: a node carries its plan node's key) and, written past it by
+    -- the owner, by the signer; never signed
+    local again_sql = [[
       INSERT INTO movement_request_nodes (request_id, plan_node_id, node_key, node_kind, action_type,
              executor, node_state)
       SELECT request_id, plan_node_id, 'transfer_again', node_kind, action_type, executor, 'READY'
-        FROM movement_request_nodes WHERE id = $1::uuid RETURNING id]], node.id)
-    if ok then
-      local third = payload({ to = dest, nonce = 912 })
-      reserve(rows[1].id, from, 912, third.signing_hash)
-      sig, err = sign(rows[1].id, 1, third)
-      assert.is_nil(sig)
-      assert.equal("ALREADY_SIGNED_ELSEWHERE", err.code, tostring(err.message))
-    end
+        FROM movement_request_nodes WHERE id = $1::uuid RETURNING id]]
+    local ok, refusal = as_runtime(again_sql, node.id)
+    assert.is_false(ok, "a second node row for one plan node was inserted")
+    assert.equal("55000", refusal.sqlstate, tostring(refusal.message))
+    local rows = common.unfrozen(s, again_sql, node.id)
+    local third = payload({ to = dest, nonce = 912 })
+    reserve(rows[1].id, from, 912, third.signing_hash)
+    sig, err = sign(rows[1].id, 1, third)
+    assert.is_nil(sig)
+    assert.equal("ALREADY_SIGNED_ELSEWHERE", err.code, tostring(err.message))
     local granted = s:query([[SELECT nonce FROM signer_events WHERE request_id = $1::uuid
                                AND decision = 'granted' ORDER BY id]], req.id)
     assert.same({ 910, 910 }, { granted[1].nonce, granted[2].nonce })
@@ -1280,13 +1283,17 @@ for c in cs: print(c.makefile().readline().strip()[:60], flush=True)' %s %s %s]]
     reserve(node.id, DEV[1].address, 950, good.signing_hash)
     local sig, err = sign(node.id, good)
     assert.truthy(sig, err and err.message)
-    -- a node row for the manual step that says evm_transfer: refused
-    local decoy = must_as_runtime([[
+    -- a node row for the manual step that says evm_transfer: refused by the
+    -- database (sql/0203) and, written past it by the owner, by the signer
+    local decoy_sql = [[
       INSERT INTO movement_request_nodes (request_id, plan_node_id, node_key, node_kind, action_type,
              executor, node_state)
       SELECT request_id, plan_node_id, 'payout_now', 'action', 'evm_transfer', 'evm_transfer', 'READY'
-        FROM movement_request_nodes WHERE request_id = $1::uuid AND node_key = 'payout' RETURNING id]],
-      req.id)[1].id
+        FROM movement_request_nodes WHERE request_id = $1::uuid AND node_key = 'payout' RETURNING id]]
+    local inserted, refusal = as_runtime(decoy_sql, req.id)
+    assert.is_false(inserted, "a node row unlike its plan node was inserted")
+    assert.equal("55000", refusal.sqlstate, tostring(refusal.message))
+    local decoy = common.unfrozen(s, decoy_sql, req.id)[1].id
     local bad = payload({ to = b, nonce = 951 })
     reserve(decoy, DEV[1].address, 951, bad.signing_hash)
     sig, err = sign(decoy, bad)

@@ -235,8 +235,9 @@ end
 
 -- unfrozen(s, sql, ...): one statement with triggers off (a superuser's
 -- session_replication_role = replica), for a spec moving a request that
--- left PENDING_APPROVAL to another network class: the freeze trigger
--- (sql/0070) refuses that to everyone else.
+-- left PENDING_APPROVAL to another network class (the freeze trigger,
+-- sql/0070, refuses that to everyone else), or writing a row the guards
+-- refuse to attack a check further on (the signer's).
 function M.unfrozen(s, sql, ...)
   s:query("SET session_replication_role = replica")
   local ok, res = pcall(s.query, s, sql, ...)

@@ -339,6 +339,38 @@ describe("the runtime role", function()
     assert.is_true((as_runtime("UPDATE movement_request_nodes SET error_detail = 'x' WHERE id = $1::uuid", node)))
   end)
 
+  -- A node deleted and inserted again naming another plan's step (or
+  -- saying another executor than its step's) was run by the dispatcher,
+  -- and the state check could not tell (sql/0203).
+  it("may not insert a node that is not a step of its request's plan, nor delete a node or a request", function()
+    local req, pn = new_pending()
+    local other, other_pn = new_pending()
+    local step = s:query([[SELECT node_kind, action_type, executor FROM plan_nodes WHERE id = $1]], pn.b)[1]
+    local insert = [[INSERT INTO movement_request_nodes (request_id, plan_node_id, node_key, node_kind,
+                       action_type, executor, node_state)
+                     SELECT $1::uuid, id, $2, node_kind, action_type, $3, 'BLOCKED' FROM plan_nodes WHERE id = $4]]
+    -- another plan version's step, under a key the request does not have
+    refused_55000(string.format("movement_request_nodes: plan node %s is not a step of plan version %s (request %s)",
+      other_pn.a, req.plan_version_id, req.id), as_runtime(insert, req.id, "a_again", step.executor, other_pn.a))
+    -- its own plan's step under another key, or with another executor
+    refused_55000(string.format("movement_request_nodes: a node of plan node %s is (b, %s, %s, %s), not (b_again, %s, %s, %s)",
+      pn.b, step.node_kind, step.action_type, step.executor, step.node_kind, step.action_type, step.executor),
+      as_runtime(insert, req.id, "b_again", step.executor, pn.b))
+    refused_55000(string.format("movement_request_nodes: a node of plan node %s is (b, %s, %s, %s), not (b, %s, %s, evm_transfer)",
+      pn.b, step.node_kind, step.action_type, step.executor, step.node_kind, step.action_type),
+      as_runtime(insert, req.id, "b", "evm_transfer", pn.b))
+    -- deleting: no privilege, for a node or a request
+    for _, c in ipairs({ { "DELETE FROM movement_request_nodes WHERE request_id = $1::uuid", "movement_request_nodes" },
+                         { "DELETE FROM movement_requests WHERE id = $1::uuid", "movement_requests" } }) do
+      local ok, err = as_runtime(c[1], other.id)
+      assert.is_false(ok, c[1])
+      assert.equals("42501", err.sqlstate, tostring(err.message))
+      assert.equals("permission denied for table " .. c[2], err.message)
+    end
+    assert.equals(2, s:query("SELECT count(*)::int AS n FROM movement_request_nodes WHERE request_id = $1::uuid",
+      other.id)[1].n)
+  end)
+
   it("still loads a new plan version of a template whose old one is sealed, and approves and runs a request on it", function()
     local sup = require "spec.lua.support.engine"
     local templates = require "qtg.templates"
