@@ -569,10 +569,29 @@ static int qtg_db_pipeline(lua_State *L) {
 
 /* ---- sessions -------------------------------------------------------------- */
 
-static void qtg_db_push_session(lua_State *L, qtg_host *h, qtg_pg_conn *conn) {
+/* Held sessions are listed on the host so a console that closes can give
+ * back what its commands' tasks still hold (qtg_db_give_back), whatever
+ * else still reaches their Lua values. */
+static void qtg_db_held(qtg_db_session *s) {
+  s->prev = NULL;
+  s->next = s->h->db_sessions;
+  if (s->next) s->next->prev = s;
+  s->h->db_sessions = s;
+}
+
+static void qtg_db_unheld(qtg_db_session *s) {
+  if (s->prev) s->prev->next = s->next;
+  else if (s->h->db_sessions == s) s->h->db_sessions = s->next;
+  if (s->next) s->next->prev = s->prev;
+  s->prev = s->next = NULL;
+}
+
+static void qtg_db_push_session(lua_State *L, qtg_host *h, qtg_task *t, qtg_pg_conn *conn) {
   qtg_db_session *s = lua_newuserdata(L, sizeof *s);
   s->conn = conn;
   s->h = h;
+  s->owner = t ? qtg_task_owner(t) : 0;
+  qtg_db_held(s);
   luaL_getmetatable(L, QTG_DB_SESSION);
   lua_setmetatable(L, -2);
 }
@@ -588,7 +607,7 @@ static void qtg_db_acquired(qtg_pg_conn *conn, const char *err, void *data) {
     lua_pushnil(co);
     qtg_db_push_conn_error(co, err ? err : "cannot connect");
   } else {
-    qtg_db_push_session(co, h, conn);
+    qtg_db_push_session(co, h, t, conn);
     lua_pushnil(co);
   }
   qtg_task_resume(t, 2);
@@ -654,7 +673,7 @@ static int qtg_db_raw_acquire(lua_State *L) {
   int rc = qtg_pg_acquire(h->pool, qtg_db_acquired, q, &conn);
   if (rc == 1) {
     free(q);
-    qtg_db_push_session(L, h, conn);
+    qtg_db_push_session(L, h, t, conn);
     return 1;
   }
   if (rc < 0) {
@@ -683,7 +702,21 @@ static void qtg_db_let_go(qtg_db_session *s, void (*how)(qtg_pg_conn *)) {
     if (w && w->task) qtg_task_interrupt(w->task);
   }
   if (s->conn && s->h->pool) how(s->conn);
+  if (s->conn) qtg_db_unheld(s);
   s->conn = NULL;
+}
+
+int qtg_db_give_back(qtg_host *h, int (*owned)(uint64_t owner, void *arg), void *arg) {
+  int n = 0;
+  /* from the head again after each: a release may run an interrupted task,
+   * which may release (unlist) other sessions itself */
+  for (;;) {
+    qtg_db_session *s = h->db_sessions;
+    while (s && !owned(s->owner, arg)) s = s->next;
+    if (!s) return n;
+    qtg_db_let_go(s, qtg_pg_release);
+    n++;
+  }
 }
 
 static int qtg_db_release(lua_State *L) {
@@ -704,6 +737,7 @@ static int qtg_db_discard(lua_State *L) {
 static int qtg_db_session_gc(lua_State *L) {
   qtg_db_session *s = luaL_checkudata(L, 1, QTG_DB_SESSION);
   if (s->conn && s->h->pool && !s->h->closing) qtg_pg_release_later(s->conn);
+  if (s->conn) qtg_db_unheld(s);
   s->conn = NULL;
   return 0;
 }

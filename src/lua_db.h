@@ -1,6 +1,7 @@
 /* lua_db.h -- internal to qtg.db (lua_db.c, lua_db_claim.c): the session
  * userdata and the conversions both files use, so the claim primitives
- * work on the session itself and not on a copy of its layout.
+ * work on the session itself and not on a copy of its layout; and the one
+ * call the console makes, giving back what a closed console's tasks held.
  */
 #ifndef QTG_LUA_DB_H
 #define QTG_LUA_DB_H
@@ -13,11 +14,20 @@
 #define QTG_DB_SESSION "qtg.db.session"
 
 /* The userdata behind a Lua session (metatable QTG_DB_SESSION): one
- * pooled connection, NULL once released. */
-typedef struct {
+ * pooled connection, NULL once released.  While it holds one it is on the
+ * host's list of held sessions (h->db_sessions), tagged with the owner of
+ * the task that acquired it (qtg_task_owner: a console command's number). */
+typedef struct qtg_db_session {
   qtg_pg_conn *conn;
   qtg_host *h;
+  uint64_t owner;
+  struct qtg_db_session *prev, *next;
 } qtg_db_session;
+
+/* Give back every held session whose owner satisfies owned(owner, arg), as
+ * its release does (a statement in flight: the task waiting on it is
+ * interrupted first); the Lua value is left released.  Returns how many. */
+int qtg_db_give_back(qtg_host *h, int (*owned)(uint64_t owner, void *arg), void *arg);
 
 /* The first member of every request lua_db.c and lua_db_claim.c hand the
  * pool as callback data: the pool frees a request whose callback will never

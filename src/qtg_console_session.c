@@ -27,6 +27,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "lua_db.h"
 #include "qtg_log.h"
 
 typedef struct {
@@ -114,17 +115,35 @@ void qtg_console_unlink(qtg_console_session *sess) {
   sess->next = sess->prev = NULL;
 }
 
+/* A command's number, the owner of its task and of every task it spawns:
+ * the session's id in the high half, so what a session's commands hold is
+ * found by the id alone. */
+static uint64_t qtg_console_command_number(const qtg_console_session *sess, uint64_t count) {
+  return (sess->id << 32) | (count & 0xffffffffu);
+}
+
+static int qtg_console_owns(uint64_t owner, void *arg) {
+  return owner && owner >> 32 == ((const qtg_console_session *)arg)->id;
+}
+
 /* Free the session once nothing refers to it any more.  Lua references are
  * dropped here only while the console is open; qtg_console_close drops them
- * itself, since close callbacks may run after the Lua state is gone.  What
- * the session's variables held is collected at once: a database session an
- * operator kept in one (`s = qtg.db.acquire()`) goes back to the pool when
- * the console goes, not whenever the collector comes by. */
+ * itself, since close callbacks may run after the Lua state is gone.  The
+ * database sessions its commands and their tasks acquired and still hold
+ * go back to the pool now, whatever still reaches them (a function left in
+ * `qtg`, a task still running): the pool is the workers' and every other
+ * console's, and a console that is gone cannot give them back.  Its
+ * variables are collected first, so what only they held goes back as a
+ * release does. */
 static void qtg_console_maybe_free(qtg_console_session *sess) {
   if (sess->pipe_open || sess->busy) return;
   if (sess->console && sess->table_ref != LUA_NOREF) {
     qtg_unref(sess->host->L, sess->table_ref);
     lua_gc(sess->host->L, LUA_GCCOLLECT, 0);
+    int n = qtg_db_give_back(sess->host, qtg_console_owns, sess);
+    if (n > 0)
+      qtg_log_warn("console: gave back %d database session%s the closed console (uid %lu, pid %ld) "
+                   "still held outside its variables", n, n == 1 ? "" : "s", sess->uid, sess->pid);
   }
   qtg_console_unlink(sess);
   qtg_console_free_queue(sess);
@@ -316,7 +335,7 @@ void qtg_console_guard(qtg_console_session *sess, lua_State *L) {
   struct qtg_console *c = sess->console;
   if (!c || sess->task || !h->current || qtg_task_thread(h->current) != L) return;
   sess->task = h->current;
-  sess->command = ++c->next_command;
+  sess->command = qtg_console_command_number(sess, ++c->next_command);
   qtg_task_set_owner(sess->task, sess->command);
   sess->last_look = sess->burst_start = uv_hrtime();
   sess->seen_iteration = c->iterations;

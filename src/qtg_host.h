@@ -75,6 +75,7 @@ struct qtg_host {
   lua_Hook saved_hook;          /* hook in place before an interrupt's */
   int saved_hook_mask, saved_hook_count;
   void *sleeps;                 /* pending qtg.sleep timers (lua_core.c) */
+  void *db_sessions;            /* Lua sessions holding a connection (lua_db.c) */
   struct qtg_resolve_req *resolves; /* name lookups a task waits on
                                  * (lua_api_net.c; dropped at close) */
   int opened;                   /* subsystems opened so far */

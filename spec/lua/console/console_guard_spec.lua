@@ -362,6 +362,26 @@ describe("console guard", function()
     assert.matches("interrupt or disconnect it", out, 1, true)
     assert.is_truthy(in_use_settles(), sup.read(d.log))
     assert.equals("r 2", draw("e=1 + 1"):match("^(.-)\n?$"))
+    -- kept where other code still reaches them (a function left in qtg, a
+    -- task the command spawned, still running): given back when it goes all the same
+    local kept = tmp .. "/pool-kept.out"
+    holder = common.background(table.concat({ "python3", q(client), q(dsock),
+      q("elocal s1 = qtg.db.acquire() qtg.spec_kept = function() return s1 end "
+        .. "qtg.spawn(function() qtg.spec_spawned = qtg.db.acquire() qtg.sleep(60) end) "
+        .. "while not qtg.spec_spawned do qtg.sleep(0.05) end print('kept')"),
+      q("@o"), q("@sleep120") }, " "), kept)
+    assert.is_truthy(sup.eventually(function() return (sup.read(kept) or ""):find("o kept", 1, true) end, 30),
+      sup.read(kept))
+    os.execute("kill " .. holder)
+    assert.is_truthy(in_use_settles(), sup.read(d.log))
+    assert.is_truthy(sup.eventually(function()
+      return sup.read(d.log):find("console: gave back 2 database sessions the closed console", 1, true)
+    end, 30), sup.read(d.log))
+    -- what still reaches them holds a released session
+    assert.matches("^r false\t\"[^\n]*session already released\"$",
+      draw("elocal ok, err = pcall(function() return qtg.spec_kept():query('SELECT 1') end) "
+        .. "return ok, tostring(err)"):match("^(.-)\n?$"))
+    assert.equals("r 2", draw("eqtg.spec_kept, qtg.spec_spawned = nil, nil return 1 + 1"):match("^(.-)\n?$"))
     local code = sup.stop(d, 60)
     local log = sup.read(d.log)
     assert.equals(0, code, log)
