@@ -18,6 +18,8 @@
 --                                      least: the enrolment's quorum for its class,
 --                                      raised by the tiers for its asset and amount
 --   count(s, req, votes)            -> the votes that count (one per person)
+--   signed(e, statement, created_by, votes) -> the same, of enrolment e and a
+--                                      statement already read (qtgd audit verify)
 --   same_person(a, b)               -> true when two principals are one enrolled person
 --   initiation_required()           -> true when the enrolment says 'initiation signed'
 --   initiation_statement(s, id)     -> what the request's maker signs (nil: not required)
@@ -180,14 +182,13 @@ function M.same_person(a, b)
   return person ~= nil and person == e:person(b)
 end
 
--- votes: rows {principal=, signature=, ...} already judged for the digest
--- and the roles; keep the first that verifies of each enrolled person.
-function M.count(s, req, votes)
-  local e = M.enrolment()
-  if not e then return votes end
-  local statement = M.statement(s, req.id)
+-- signed(e, statement, created_by, votes) -> the votes of enrolment e that
+-- count, as qtgd signer counts them: the first whose signature of the
+-- statement verifies of each enrolled person, never the person of
+-- created_by.  votes: rows {principal=, signature=, ...}.
+function M.signed(e, statement, created_by, votes)
   local seen, list = {}, {}
-  local initiator = e:person(req.created_by)
+  local initiator = e:person(created_by)
   if initiator then seen[initiator] = true end
   for _, v in ipairs(votes) do
     local person = e:person(v.principal)
@@ -198,6 +199,14 @@ function M.count(s, req, votes)
     end
   end
   return list
+end
+
+-- votes: rows {principal=, signature=, ...} already judged for the digest
+-- and the roles; keep the first that verifies of each enrolled person.
+function M.count(s, req, votes)
+  local e = M.enrolment()
+  if not e then return votes end
+  return M.signed(e, M.statement(s, req.id), req.created_by, votes)
 end
 
 return M

@@ -1,11 +1,16 @@
--- qtgd audit verify [--since ID] [--against FILE] | export [--since ID]
+-- qtgd audit verify [--since ID] [--against FILE] [--approvers FILE]
+--        | export [--since ID]
 --   verify  walk every audit chain and report the first broken link; with
 --           --against, compare every row of FILE (an earlier export; `-`:
 --           standard input) with the database and report the first
 --           difference; then compare every node's and request's state
 --           with its last audited state change and report each that
---           differs.  Exit 0 when everything holds, 1 when anything does
---           not, 2 when FILE cannot be read or is not an export
+--           differs; with --approvers (an enrolment file, as the signer's
+--           MG_SIGNER_APPROVERS), report each request past its approval
+--           without the signed approvals that enrolment asks
+--           (qtg.audit_approvals).  Exit 0 when everything holds, 1 when
+--           anything does not, 2 when a FILE cannot be read or is not an
+--           export or an enrolment
 --   export  every audit_events row (with id > ID) as one JSON line on
 --           stdout, in id order, hashes included, for off-site storage
 local audit = require "qtg.audit"
@@ -16,7 +21,7 @@ local M = {}
 M.LIST_LIMIT = 20
 
 local function usage()
-  io.stderr:write("usage: qtgd audit verify [--since ID] [--against FILE] | export [--since ID]\n")
+  io.stderr:write("usage: qtgd audit verify [--since ID] [--against FILE] [--approvers FILE] | export [--since ID]\n")
   return 2
 end
 
@@ -27,6 +32,7 @@ local OPTIONS = {
     if v:match("^%d+$") and #v <= 18 then return tonumber(v) end
   end, { verify = true, export = true } },
   ["--against"] = { "against", function(v) if v ~= "" then return v end end, { verify = true } },
+  ["--approvers"] = { "approvers", function(v) if v ~= "" then return v end end, { verify = true } },
 }
 
 local function parse(args)
@@ -132,6 +138,20 @@ local function print_states(r)
   return false
 end
 
+local function print_approvals(r, file)
+  if r.ok then
+    say("audit verify: ok, %d requests past their approval carry the signed approvals %s asks",
+      r.checked, file)
+    return true
+  end
+  say("audit verify: APPROVED WITHOUT SIGNATURES: %d of %d requests past their approval lack what %s "
+    .. "asks (up to %d listed):", r.short, r.checked, file, M.LIST_LIMIT)
+  for _, m in ipairs(r.list) do
+    say("  request %s (%s, class %s): %s", m.id, m.state, printable(m.network_class), table.concat(m.problems, "; "))
+  end
+  return false
+end
+
 -- The export to compare with, open: FILE or standard input (`-`).
 local function open_export(path)
   if path == "-" then return io.stdin, "standard input" end
@@ -151,16 +171,28 @@ function commands.verify(opts)
       return 2
     end
   end
+  local enrolment
+  if opts.approvers then
+    local err
+    enrolment, err = require("qtg").approvers.load(opts.approvers)
+    if not enrolment then
+      if f and f ~= io.stdin then f:close() end
+      io.stderr:write("qtgd audit verify: cannot use the enrolment: ", tostring(err), "\n")
+      return 2
+    end
+  end
   local ok, res = pcall(with_session, function(s)
     local chain = audit.verify(s, opts.since)
     local against = f and require("qtg.audit_against").compare(s, f, opts.since)
-    return { chain = chain, against = against, states = require("qtg.audit_states").check_states(s, M.LIST_LIMIT) }
+    return { chain = chain, against = against, states = require("qtg.audit_states").check_states(s, M.LIST_LIMIT),
+             approvals = enrolment and require("qtg.audit_approvals").check(s, enrolment, M.LIST_LIMIT) }
   end)
   if f and f ~= io.stdin then f:close() end
   if not ok then error(res, 0) end
   local good = print_chain(res.chain)
   if res.against then good = print_against(res.against, name) and good end
   good = print_states(res.states) and good
+  if res.approvals then good = print_approvals(res.approvals, opts.approvers) and good end
   if res.against and res.against.unusable then return 2 end
   return good and 0 or 1
 end
