@@ -241,7 +241,13 @@ static const char qtg_signerd_facts_sql[] =
     "   'hex') AS plan_digest,"
     "  pn.executor AS plan_executor, pn.action_type AS plan_action_type, r.initiation_signature,"
     "  (SELECT count(*) FROM public.plan_nodes p3 WHERE p3.plan_version_id = pv.id"
-    "    AND p3.executor = 'evm_transfer' AND p3.action_type = 'evm_transfer') AS transfers"
+    "    AND p3.executor = 'evm_transfer' AND p3.action_type = 'evm_transfer') AS transfers,"
+    "  (SELECT string_agg(p4.node_key || ' ' || COALESCE(n4.node_state, '(no node)'), ', '"
+    "                     ORDER BY p4.node_key)"
+    "     FROM public.plan_edges e JOIN public.plan_nodes p4 ON p4.id = e.from_node_id"
+    "     LEFT JOIN public.movement_request_nodes n4 ON n4.request_id = r.id AND n4.plan_node_id = p4.id"
+    "    WHERE e.to_node_id = pn.id AND n4.node_state IS DISTINCT FROM 'COMPLETED'"
+    "      AND n4.node_state IS DISTINCT FROM 'SKIPPED') AS steps_before"
     " FROM r"
     " JOIN public.plan_versions pv ON pv.id = r.plan_version_id"
     " LEFT JOIN public.movement_request_nodes n ON n.id = $2::uuid"
@@ -254,7 +260,7 @@ enum {
   F_ACTION_TYPE, F_PLANNED_KEY, F_PLAN_NODE, F_MAX_FEE, F_MAX_AMOUNT, F_MAX_TIP, F_GAS_LIMIT,
   F_ALLOWED_CHAINS, F_ALLOWED_CHAINS_TYPE,
   F_EXPECTED, F_CLASS, F_ID, F_CREATED_BY, F_PLAN_DIGEST, F_PLAN_EXECUTOR, F_PLAN_ACTION_TYPE,
-  F_INITIATION, F_TRANSFERS, F__COUNT
+  F_INITIATION, F_TRANSFERS, F_STEPS_BEFORE, F__COUNT
 };
 
 /* The approvals given for a digest, with their signatures (MG_SIGNER_APPROVERS). */
@@ -461,6 +467,13 @@ static int qtg_signerd_check_facts(qtg_decision *dec, PGresult *r, const qtg_sig
     QTG_REFUSE(dec, "EXECUTOR_NOT_SIGNABLE",
                "the node's plan node runs %s/%s: only evm_transfer plan nodes are signed",
                qtg_field(r, F_PLAN_EXECUTOR), qtg_field(r, F_PLAN_ACTION_TYPE));
+  /* the plan's order (its sealed edges): every step right before this one
+   * done, as the engine readies a node; the runtime writes node states and
+   * could make a transfer READY ahead of a manual gate */
+  const char *before = qtg_field(r, F_STEPS_BEFORE);
+  if (before != NULL)
+    QTG_REFUSE(dec, "STEPS_BEFORE_NOT_DONE",
+               "the plan's steps right before this one are not COMPLETED or SKIPPED: %s", before);
   const char *plan_node = qtg_field(r, F_PLAN_NODE);
   snprintf(dec->plan_node, sizeof dec->plan_node, "%s", plan_node ? plan_node : "");
   const char *planned = qtg_field(r, F_PLANNED_KEY);

@@ -1302,6 +1302,41 @@ for c in cs: print(c.makefile().readline().strip()[:60], flush=True)' %s %s %s]]
     os.execute("rm -rf " .. common.quote(kd))
   end)
 
+  -- The plan's order binds the signer: a transfer is signed only once every
+  -- step right before it (the plan's edges, sealed with it) is COMPLETED or
+  -- SKIPPED, as the engine readies a node.  The runtime writes node states:
+  -- an adversarial review (session 32) made a transfer READY past an
+  -- unfinished manual gate and had it signed and paid.
+  it("signs a transfer only once the steps right before it in its plan are done", function()
+    start_local_signer("sa=" .. sup.key_file(dir, "sa", DEV[1].key))
+    local tkey = "sign_t_gated_" .. qtg.crypto.hex(qtg.crypto.random_bytes(4))
+    local doc = sup.template(tkey, "sa", { allowed_chain_ids = { CHAIN }, max_amount = "25" })
+    table.insert(doc.nodes, 1, { key = "gate", kind = "manual", action_type = "manual_confirmation",
+      executor = "manual", config = { instructions = "the treasurer confirms the beneficiary" } })
+    doc.edges[#doc.edges + 1] = { from = "gate", to = "transfer" }
+    engine.load_doc(s, doc)
+    local dest = sup.random_address()
+    local req = sup.create(s, tkey, new_class(), intent(dest))
+    local nodes = engine.nodes(s, req.id)
+    assert.same({ "READY", "BLOCKED" }, { nodes.gate.node_state, nodes.transfer.node_state })
+    -- the runtime makes the transfer READY past the gate, and the request
+    -- EXECUTING (the engine has it WAITING_MANUAL_ACTION on the gate)
+    must_as_runtime("UPDATE movement_request_nodes SET node_state = 'READY' WHERE id = $1::uuid", nodes.transfer.id)
+    must_as_runtime("UPDATE movement_requests SET request_state = 'EXECUTING' WHERE id = $1::uuid", req.id)
+    local p = payload({ to = dest, nonce = 975 })
+    reserve(nodes.transfer.id, DEV[1].address, 975, p.signing_hash)
+    local sig, err = ask_sa(req.id, nodes.transfer.id, p)
+    assert.is_nil(sig, "a transfer was signed ahead of the manual gate before it")
+    assert.equal("STEPS_BEFORE_NOT_DONE", err.code, tostring(err.message))
+    assert.matches("not COMPLETED or SKIPPED: gate READY", err.message, 1, true)
+    local ev = events_of(req.id)
+    assert.equal("STEPS_BEFORE_NOT_DONE", ev[#ev].code)
+    -- the gate done: the same transfer is signed
+    must_as_runtime("UPDATE movement_request_nodes SET node_state = 'COMPLETED' WHERE id = $1::uuid", nodes.gate.id)
+    sig, err = ask_sa(req.id, nodes.transfer.id, p)
+    assert.truthy(sig, err and err.message)
+  end)
+
   -- The signer recomputes the digest and the plan digest with built-ins,
   -- but a built-in named without its schema is looked up on the session's
   -- search_path, and an overload with exact argument types in public wins
