@@ -32,6 +32,30 @@ function M.run(env, args)
   return rc, out
 end
 
+-- own_database(s, prefix, dir[, child]) -> url, db, out: a database of its
+-- own on the suite's cluster (named prefix_RANDOM, created through session
+-- s), migrated by the qtgd under test.  With child (Lua source), written
+-- to dir/child.lua, `qtgd exec` runs it there with the repo's root as its
+-- argument: out is what it printed.  drop_database(s, db) removes it.
+function M.own_database(s, prefix, dir, child)
+  local db = prefix .. "_" .. qtg.crypto.hex(qtg.crypto.random_bytes(4))
+  s:exec("CREATE DATABASE " .. db)
+  local url = common.database_url(db)
+  local env = common.base_env({ MG_DATABASE_URL = url })
+  local rc, out = M.run(env, { common.quote(M.bin), "migrate" })
+  assert(rc == 0, out)
+  if child then
+    common.write(dir .. "/child.lua", child)
+    rc, out = M.run(env, { common.quote(M.bin), "exec", common.quote(dir .. "/child.lua"), common.quote(M.root) })
+    assert(rc == 0, out)
+  end
+  return url, db, out
+end
+
+function M.drop_database(s, db)
+  s:exec("DROP DATABASE IF EXISTS " .. db .. " WITH (FORCE)")
+end
+
 -- Start `qtgd ARGS` in the background; returns a handle with pid, log
 -- (common.spawn) and dir, its own temporary directory.
 function M.start(env, args)

@@ -64,6 +64,12 @@ describe("qtg.audit_approvals", function()
     s:query("UPDATE movement_requests SET request_state = 'APPROVED', approved_at = now() WHERE id = $1::uuid", id)
     return id
   end
+  -- alice's and bob's signed votes: the enrolment's quorum
+  local function signed_by_two(id)
+    vote(id, "alice", true)
+    vote(id, "bob", true)
+    return id
+  end
   -- id -> its problems, for the requests of this spec
   local function problems(ids)
     local loaded = assert(qtg.approvers.load(e.path))
@@ -78,9 +84,7 @@ describe("qtg.audit_approvals", function()
   end
 
   it("passes a request two enrolled persons signed, and names each way a request past approval falls short", function()
-    local good = approved(new_request())
-    vote(good, "alice", true)
-    vote(good, "bob", true)
+    local good = approved(signed_by_two(new_request()))
     -- one real signature and a vote of a principal nobody enrolled
     local forged = new_request()
     vote(forged, "alice", true)
@@ -92,27 +96,17 @@ describe("qtg.audit_approvals", function()
     vote(unsigned, "bob", false)
     approved(unsigned)
     -- two signatures, and a rejection
-    local rejected = new_request()
-    vote(rejected, "alice", true)
-    vote(rejected, "bob", true)
+    local rejected = signed_by_two(new_request())
     vote(rejected, "carol", true, "reject")
     approved(rejected)
     -- a class the enrolment does not name
-    local elsewhere = new_request(class .. "-other")
-    vote(elsewhere, "alice", true)
-    vote(elsewhere, "bob", true)
-    approved(elsewhere)
+    local elsewhere = approved(signed_by_two(new_request(class .. "-other")))
     -- approvals_required above the enrolment's quorum (written while pending)
     local three = new_request()
     s:query("UPDATE movement_requests SET approvals_required = 3 WHERE id = $1::uuid", three)
-    vote(three, "alice", true)
-    vote(three, "bob", true)
-    approved(three)
+    approved(signed_by_two(three))
     -- what was approved changed afterwards, past the freeze (the owner)
-    local changed = new_request()
-    vote(changed, "alice", true)
-    vote(changed, "bob", true)
-    approved(changed)
+    local changed = approved(signed_by_two(new_request()))
     common.unfrozen(s, [[UPDATE movement_requests SET intent = jsonb_set(intent, '{amount}', '"900"')
                          WHERE id = $1::uuid]], changed)
     -- still pending, no vote: not past its approval
@@ -140,9 +134,7 @@ describe("qtg.audit_approvals", function()
     local id = new_request()
     s:query([[UPDATE movement_requests SET created_by = 'operator:alice' WHERE id = $1::uuid]], id)
     s:query("UPDATE movement_requests r SET approval_digest = qtg_approval_digest(r) WHERE id = $1::uuid", id)
-    vote(id, "alice", true)
-    vote(id, "bob", true)
-    approved(id)
+    approved(signed_by_two(id))
     assert.equals("1 signed approval of 2 asked (2 approve votes recorded)", problems({ id })[id])
   end)
 end)
@@ -177,23 +169,16 @@ return 0]]
   local ids, e = {}, nil
   setup(function()
     s = qtg.db.acquire()
-    db = "qtg_aa_" .. qtg.crypto.hex(qtg.crypto.random_bytes(4))
-    s:exec("CREATE DATABASE " .. db)
-    url = common.database_url(db)
     dir = support.tmpdir()
-    local rc, out = support.run(support.base_env({ MG_DATABASE_URL = url }), { q(support.bin), "migrate" })
-    assert(rc == 0, out)
-    common.write(dir .. "/child.lua", CHILD)
-    rc, out = support.run(support.base_env({ MG_DATABASE_URL = url }),
-      { q(support.bin), "exec", q(dir .. "/child.lua"), q(support.root) })
-    assert(rc == 0, out)
+    local out
+    url, db, out = support.own_database(s, "qtg_aa", dir, CHILD)
     local class
     for id, c in out:gmatch("request=([%x%-]+) class=(%S+)") do ids[#ids + 1], class = id, c end
     assert.equals(2, #ids, out)
     e = enrolment(dir, { "alice", "bob" }, { [class] = 2 })
   end)
   teardown(function()
-    s:exec("DROP DATABASE IF EXISTS " .. db .. " WITH (FORCE)")
+    support.drop_database(s, db)
     s:release()
     os.execute("rm -rf " .. q(dir))
   end)

@@ -782,20 +782,13 @@ return 0]]
   local waiting
   setup(function()
     s = qtg.db.acquire()
-    db = "qtg_audit_" .. qtg.crypto.hex(qtg.crypto.random_bytes(4))
-    s:exec("CREATE DATABASE " .. db)
-    url = common.database_url(db)
     dir = support.tmpdir()
-    local rc, out = support.run(support.base_env({ MG_DATABASE_URL = url }), { q(support.bin), "migrate" })
-    assert(rc == 0, out)
-    common.write(dir .. "/child.lua", CHILD)
-    rc, out = support.run(support.base_env({ MG_DATABASE_URL = url }),
-      { q(support.bin), "exec", q(dir .. "/child.lua"), q(support.root) })
-    assert(rc == 0, out)
+    local out
+    url, db, out = support.own_database(s, "qtg_audit", dir, CHILD)
     waiting = out:match("waiting=([%x%-]+)")
   end)
   teardown(function()
-    s:exec("DROP DATABASE IF EXISTS " .. db .. " WITH (FORCE)")
+    support.drop_database(s, db)
     s:release()
     os.execute("rm -rf " .. q(dir))
   end)
