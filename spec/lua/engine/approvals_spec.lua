@@ -598,10 +598,7 @@ describe("approvals", function()
             q(common.bin()), d and q(d) or ""))
           return c, o
         end
-        local function psql(sql)
-          local o, c = common.sh(("psql %s -v ON_ERROR_STOP=1 -Atqc %s"):format(q(url), q(sql)))
-          assert(c == 0, o)
-        end
+        local function psql(sql) common.psql(url, sql) end
         rc, out = migrate(dir)
         assert.equal(0, rc, out)
         psql([[INSERT INTO address_book (asset, chain, address, label, change_id)

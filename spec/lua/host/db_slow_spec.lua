@@ -436,11 +436,7 @@ describe("the slow-statement watch (MG_DB_SLOW_WARN_SECONDS)", function()
     local out, rc = common.sh(tools_pg .. " --fast ensure")
     local url = out:match("(postgresql://%S+)")
     assert.is_truthy(rc == 0 and url, out)
-    local function psql(sql)
-      local o, c = common.sh(("psql %s -v ON_ERROR_STOP=1 -Atqc %s"):format(common.quote(url), common.quote(sql)))
-      assert.equal(0, c, o)
-      return o
-    end
+    local function psql(sql) return common.psql(url, sql) end
     local h
     local ok, err = pcall(function()
       psql("CREATE TABLE paid (note text)")

@@ -233,6 +233,15 @@ function M.statement(id, deployment, kind)
   return query("SELECT " .. fn .. "(r, $2) AS t FROM movement_requests r WHERE id = $1::uuid", id, deployment)[1].t
 end
 
+-- psql(url, sql) -> what psql printed (unaligned, tuples only): one
+-- statement on another database, or as another role, through psql; raises
+-- with psql's message when it fails.
+function M.psql(url, sql)
+  local out, rc = M.sh(("psql %s -v ON_ERROR_STOP=1 -Atqc %s"):format(M.quote(url), M.quote(sql)))
+  assert(rc == 0, out)
+  return out
+end
+
 -- unfrozen(s, sql, ...): one statement with triggers off (a superuser's
 -- session_replication_role = replica), for a spec moving a request that
 -- left PENDING_APPROVAL to another network class (the freeze trigger,

@@ -157,11 +157,7 @@ end
 sup.create(s, "spec_aa_own")
 return 0]]
 
-  local function psql(sql)
-    local out, rc = common.sh(("psql %s -v ON_ERROR_STOP=1 -Atqc %s"):format(q(url), q(sql)))
-    assert(rc == 0, out)
-    return out
-  end
+  local function psql(sql) return common.psql(url, sql) end
   local function verify(...)
     return support.run(support.base_env({ MG_DATABASE_URL = url }), { q(support.bin), "audit", "verify", ... })
   end

@@ -753,11 +753,7 @@ repeat until promoter.promote(s, 500) == 0
 io.stdout:write("waiting=", waiting.id, "\n")
 return 0]]
 
-  local function psql(sql)
-    local out, rc = common.sh(("psql %s -v ON_ERROR_STOP=1 -Atqc %s"):format(q(url), q(sql)))
-    assert(rc == 0, out)
-    return out
-  end
+  local function psql(sql) return common.psql(url, sql) end
   local function audit_cmd(...)
     local args = { q(support.bin), "audit", ... }
     return support.run(support.base_env({ MG_DATABASE_URL = url, MG_DB_STATEMENT_TIMEOUT_SECONDS = "0.001" }), args)
