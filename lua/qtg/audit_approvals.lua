@@ -10,7 +10,7 @@
 -- fact, with an enrolment file the operator names (the signer's, not one
 -- the daemon's uid can write):
 --   * its approval digest is the one its columns give (qtg_approval_digest);
---   * no reject vote for that digest;
+--   * no reject vote (for any digest, as the signer reads them);
 --   * its network class is enrolled, and the signed approve votes for that
 --     digest, counted as the signer counts them (qtg.signed_approvals.signed:
 --     one per enrolled person whose signature of the request's approval
@@ -42,9 +42,10 @@ SELECT r.id::text AS id, r.network_class, r.request_state, r.created_by, r.appro
        upper(r.intent->>'asset') AS asset, r.intent->>'amount' AS amount,
        ]] .. approvals.PAYING_SQL:format("r.plan_version_id") .. [[ AS transfers,
        (SELECT coalesce(jsonb_agg(jsonb_build_object('principal', a.principal, 'decision', a.decision,
-                                                     'signature', a.signature) ORDER BY a.id), '[]')
-          FROM request_approvals a
-         WHERE a.request_id = r.id AND a.approval_digest = r.approval_digest)::text AS votes
+                                                     'signature', a.signature,
+                                                     'this_digest', a.approval_digest = r.approval_digest)
+                                  ORDER BY a.id), '[]')
+          FROM request_approvals a WHERE a.request_id = r.id)::text AS votes
   FROM movement_requests r
  WHERE r.id > $1::uuid
    AND (r.request_state IN ('APPROVED', 'EXECUTING', 'COMPLETED', 'FAILED', 'MANUAL_INTERVENTION')
@@ -66,7 +67,7 @@ local function problems_of(e, r)
   for _, v in ipairs(votes) do
     if v.decision == "reject" then
       out[#out + 1] = string.format("%s rejected it", tostring(v.principal))
-    elseif v.decision == "approve" then
+    elseif v.decision == "approve" and v.this_digest == true then
       approving[#approving + 1] = { principal = v.principal, signature = text(v.signature) }
     end
   end

@@ -109,13 +109,17 @@ describe("qtg.audit_approvals", function()
     local changed = approved(signed_by_two(new_request()))
     common.unfrozen(s, [[UPDATE movement_requests SET intent = jsonb_set(intent, '{amount}', '"900"')
                          WHERE id = $1::uuid]], changed)
+    -- signed votes recorded for another digest (an earlier version of the request)
+    local stale = approved(signed_by_two(new_request()))
+    common.unfrozen(s, "UPDATE request_approvals SET approval_digest = repeat('0', 64) WHERE request_id = $1::uuid",
+      stale)
     -- still pending, no vote: not past its approval
     local pending = new_request()
     -- still pending by its state, but a node of it was dispatched
     local dispatched = new_request()
     s:query("UPDATE movement_request_nodes SET attempt_no = 1 WHERE request_id = $1::uuid", dispatched)
 
-    local p = problems({ good, forged, unsigned, rejected, elsewhere, three, changed, pending, dispatched })
+    local p = problems({ good, forged, unsigned, rejected, elsewhere, three, changed, stale, pending, dispatched })
     assert.is_nil(p[good])
     assert.is_nil(p[pending])
     assert.equals("1 signed approval of 2 asked (2 approve votes recorded)", p[forged])
@@ -128,6 +132,7 @@ describe("qtg.audit_approvals", function()
     assert.equals("its approval digest is not the one its columns give: no signature covers what it is; "
       .. "0 signed approvals of 2 asked (2 approve votes recorded)", p[changed])
     assert.equals("0 signed approvals of 2 asked (0 approve votes recorded)", p[dispatched])
+    assert.equals("0 signed approvals of 2 asked (0 approve votes recorded)", p[stale])
   end)
 
   it("never counts the initiator's person, nor one person twice", function()
