@@ -19,8 +19,9 @@
 --     and amount (its tiers);
 --   * with `initiation signed`, its maker's signature of its initiation
 --     statement verifies.
--- A request is past its approval when it is APPROVED, EXECUTING, COMPLETED,
--- FAILED or MANUAL_INTERVENTION, has an approved_at, or has a node that was
+-- A request is past its approval when it is APPROVED, EXECUTING,
+-- WAITING_MANUAL_ACTION, COMPLETED, FAILED or MANUAL_INTERVENTION, has an
+-- approved_at, or has a node that was
 -- dispatched (attempt_no > 0): money may have moved for it.  Requests are
 -- read a page at a time in id order, each page one statement.
 --   check(s, e, limit) -> { ok=, checked=, short=, list={ {id=, state=,
@@ -48,7 +49,8 @@ SELECT r.id::text AS id, r.network_class, r.request_state, r.created_by, r.appro
           FROM request_approvals a WHERE a.request_id = r.id)::text AS votes
   FROM movement_requests r
  WHERE r.id > $1::uuid
-   AND (r.request_state IN ('APPROVED', 'EXECUTING', 'COMPLETED', 'FAILED', 'MANUAL_INTERVENTION')
+   AND (r.request_state IN ('APPROVED', 'EXECUTING', 'WAITING_MANUAL_ACTION', 'COMPLETED', 'FAILED',
+                            'MANUAL_INTERVENTION')
         OR r.approved_at IS NOT NULL
         OR EXISTS (SELECT 1 FROM movement_request_nodes n WHERE n.request_id = r.id AND n.attempt_no > 0))
  ORDER BY r.id

@@ -113,13 +113,18 @@ describe("qtg.audit_approvals", function()
     local stale = approved(signed_by_two(new_request()))
     common.unfrozen(s, "UPDATE request_approvals SET approval_digest = repeat('0', 64) WHERE request_id = $1::uuid",
       stale)
+    -- waiting on a manual step, its approved_at cleared: past its approval by its state
+    local waiting = new_request()
+    s:query("UPDATE movement_requests SET request_state = 'APPROVED' WHERE id = $1::uuid", waiting)
+    s:query("UPDATE movement_requests SET request_state = 'WAITING_MANUAL_ACTION', approved_at = NULL "
+      .. "WHERE id = $1::uuid", waiting)
     -- still pending, no vote: not past its approval
     local pending = new_request()
     -- still pending by its state, but a node of it was dispatched
     local dispatched = new_request()
     s:query("UPDATE movement_request_nodes SET attempt_no = 1 WHERE request_id = $1::uuid", dispatched)
 
-    local p = problems({ good, forged, unsigned, rejected, elsewhere, three, changed, stale, pending, dispatched })
+    local p = problems({ good, forged, unsigned, rejected, elsewhere, three, changed, stale, waiting, pending, dispatched })
     assert.is_nil(p[good])
     assert.is_nil(p[pending])
     assert.equals("1 signed approval of 2 asked (2 approve votes recorded)", p[forged])
@@ -133,6 +138,7 @@ describe("qtg.audit_approvals", function()
       .. "0 signed approvals of 2 asked (2 approve votes recorded)", p[changed])
     assert.equals("0 signed approvals of 2 asked (0 approve votes recorded)", p[dispatched])
     assert.equals("0 signed approvals of 2 asked (0 approve votes recorded)", p[stale])
+    assert.equals("0 signed approvals of 2 asked (0 approve votes recorded)", p[waiting])
   end)
 
   it("never counts the initiator's person, nor one person twice", function()
