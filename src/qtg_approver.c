@@ -5,9 +5,10 @@
  *                              public key for the signer's enrolment
  *   qtgd approver public FILE  print FILE's public key again
  *   qtgd approver sign FILE [DOCUMENT PLAN] --request UUID
- *                      --kind approval|initiation
+ *                      --kind approval|initiation|attestation [--step KEY]
  *                      [--deployment NAME] [--class NAME]
- *                              read one approval (or initiation) statement
+ *                              read one approval (initiation, attestation)
+ *                              statement
  *                              on stdin, show it on stderr, print its
  *                              signature (128 hex);
  *                              with DOCUMENT and PLAN (the API's
@@ -26,19 +27,22 @@
  *                              digest) is refused; and only a statement of
  *                              the --kind asked: the same key signs a
  *                              person's approvals and, as a request's
- *                              maker, its initiation.  --request and
- *                              --kind are required: a key never signs a
- *                              request nobody named.  The flags go
+ *                              maker, its initiation, and as a person who
+ *                              saw a manual step done, its attestation
+ *                              (--step names the step, required then).
+ *                              --request and --kind are required: a key
+ *                              never signs a request nobody named.  The flags go
  *                              anywhere after `sign`; a usage error exits
  *                              2, a refusal 1, neither printing a
  *                              signature.
  *
  * The statement comes from the request (the API's and the console's
- * approval_statement, or the initiation_statement its maker signs: a
- * client system's key is used the same way); docs/approvals.md says how to
- * check it before signing.  A statement of any other shape is refused, so
- * the key signs these statements only.  Both kinds have the same
- * deployment, request and class lines, and the flags confirm them alike.
+ * approval_statement, the initiation_statement its maker signs (a client
+ * system's key is used the same way), or a manual node's
+ * attestation_statement); docs/approvals.md says how to check it before
+ * signing.  A statement of any other shape is refused, so the key signs
+ * these statements only.  Every kind has the same deployment, request and
+ * class lines, and the flags confirm them alike.
  */
 #include "qtg_approver.h"
 
@@ -58,13 +62,16 @@
 
 static const char qtg_approver_usage[] =
     "usage: qtgd approver key FILE | public FILE\n"
-    "       qtgd approver sign FILE [DOCUMENT PLAN] --request UUID --kind approval|initiation\n"
+    "       qtgd approver sign FILE [DOCUMENT PLAN] --request UUID\n"
+    "                          --kind approval|initiation|attestation [--step KEY]\n"
     "                          [--deployment NAME] [--class NAME] < statement\n"
     "  --request UUID    (required) sign only if the statement is for this request\n"
     "                    (the id from your own records, not from the statement: a\n"
     "                    lowercase uuid)\n"
-    "  --kind approval|initiation\n"
+    "  --kind approval|initiation|attestation\n"
     "                    (required) sign only a statement of this kind\n"
+    "  --step KEY        (required with --kind attestation) sign only the attestation\n"
+    "                    of this manual step\n"
     "  --deployment NAME, --class NAME\n"
     "                    sign only if the statement names this deployment, this class\n";
 
@@ -252,14 +259,17 @@ static int qtg_approver_new_key(const char *path) {
 }
 
 /* The statement's lines an approver can confirm with a flag of the same
- * name (--deployment, --request, --class): the same in both kinds. */
-enum { QTG_CONFIRM_DEPLOYMENT, QTG_CONFIRM_REQUEST, QTG_CONFIRM_CLASS, QTG_CONFIRM_LINES };
-static const char *const qtg_confirm_word[QTG_CONFIRM_LINES] = {"deployment", "request", "class"};
-static const char *const qtg_statement_kind_name[] = {"approval", "initiation"};
+ * name (--deployment, --request, --class: the same in every kind; --step:
+ * an attestation's only). */
+enum { QTG_CONFIRM_DEPLOYMENT, QTG_CONFIRM_REQUEST, QTG_CONFIRM_CLASS, QTG_CONFIRM_STEP, QTG_CONFIRM_LINES };
+static const char *const qtg_confirm_word[QTG_CONFIRM_LINES] = {"deployment", "request", "class", "step"};
+static const char *const qtg_statement_kind_name[] = {"approval", "initiation", "attestation"};
+enum { QTG_STATEMENT_KINDS = 3 };
 static const char *const qtg_confirm_form[QTG_CONFIRM_LINES] = {
     "--deployment takes a name ([A-Za-z0-9_.-], at most 64), not",
     "--request takes a lowercase uuid (8-4-4-4-12 hex digits), not",
-    "--class takes a network class ([a-z0-9_-], at most 32), not"};
+    "--class takes a network class ([a-z0-9_-], at most 32), not",
+    "--step takes a plan node key ([a-z][a-z0-9_], at most 63), not"};
 
 /* What `sign` was given: the key, the two texts (or NULL), and the value
  * of each confirming flag (NULL when not given). */
@@ -277,10 +287,10 @@ static int qtg_confirm_value_ok(int which, const char *value) {
   char hex[65], out[QTG_APPROVAL_STATEMENT_MAX];
   memset(hex, '0', 64);
   hex[64] = '\0';
-  return qtg_request_statement(out, sizeof out, QTG_STATEMENT_APPROVAL,
-                               which == QTG_CONFIRM_DEPLOYMENT ? value : "x",
-                               which == QTG_CONFIRM_REQUEST ? value : zero_uuid,
-                               which == QTG_CONFIRM_CLASS ? value : "x", hex, hex);
+  return qtg_attestation_statement(out, sizeof out, which == QTG_CONFIRM_DEPLOYMENT ? value : "x",
+                                   which == QTG_CONFIRM_REQUEST ? value : zero_uuid,
+                                   which == QTG_CONFIRM_CLASS ? value : "x", hex, hex,
+                                   which == QTG_CONFIRM_STEP ? value : "x");
 }
 
 static int qtg_approver_usage_error(const char *what, const char *arg) {
@@ -295,12 +305,13 @@ static int qtg_approver_usage_error(const char *what, const char *arg) {
   return -1;
 }
 
-/* --kind approval|initiation into args->kind. */
+/* --kind approval|initiation|attestation into args->kind. */
 static int qtg_approver_kind_flag(const char *flag, const char *value, qtg_approver_sign_args *args) {
   if (args->kind >= 0) return qtg_approver_usage_error("given twice:", flag);
-  for (int k = 0; k < 2; k++)
+  for (int k = 0; k < QTG_STATEMENT_KINDS; k++)
     if (strcmp(value, qtg_statement_kind_name[k]) == 0) args->kind = k;
-  if (args->kind < 0) return qtg_approver_usage_error("--kind takes approval or initiation, not", value);
+  if (args->kind < 0)
+    return qtg_approver_usage_error("--kind takes approval, initiation or attestation, not", value);
   return 0;
 }
 
@@ -349,8 +360,14 @@ static int qtg_approver_sign_parse(int argc, char **argv, qtg_approver_sign_args
     return qtg_approver_usage_error("sign needs --request UUID: the request's id from your own records "
                                     "(its ticket), which the statement must name", NULL);
   if (args->kind < 0)
-    return qtg_approver_usage_error("sign needs --kind approval or --kind initiation: which statement "
+    return qtg_approver_usage_error("sign needs --kind approval, initiation or attestation: which statement "
                                     "you mean to sign", NULL);
+  if ((args->kind == QTG_STATEMENT_ATTESTATION) != (args->expect[QTG_CONFIRM_STEP] != NULL))
+    return qtg_approver_usage_error(args->kind == QTG_STATEMENT_ATTESTATION
+                                        ? "an attestation needs --step KEY: the manual step you attest, "
+                                          "from your own records"
+                                        : "--step is an attestation's: only --kind attestation takes it",
+                                    NULL);
   args->key = pos[0];
   args->document = npos == 3 ? pos[1] : NULL;
   args->plan = npos == 3 ? pos[2] : NULL;
@@ -389,7 +406,7 @@ static int qtg_approver_confirm(const char *text, const char *const expect[QTG_C
     differs++;
   }
   if (differs == 0) return 0;
-  fputs("qtgd approver: not signed: this statement is not for the request you confirmed "
+  fputs("qtgd approver: not signed: this statement is not for the request (or the step) you confirmed "
         "(a twin request has the same digest and another request line)\n", stderr);
   return -1;
 }
@@ -397,13 +414,15 @@ static int qtg_approver_confirm(const char *text, const char *const expect[QTG_C
 /* The last line on stderr: which request the signature is for, and which
  * of its lines the flags confirmed. */
 static void qtg_approver_summary(const char *text, int kind, const qtg_approver_sign_args *args) {
-  static const int order[QTG_CONFIRM_LINES] = {QTG_CONFIRM_REQUEST, QTG_CONFIRM_CLASS, QTG_CONFIRM_DEPLOYMENT};
+  static const int order[QTG_CONFIRM_LINES] = {QTG_CONFIRM_STEP, QTG_CONFIRM_REQUEST, QTG_CONFIRM_CLASS,
+                                               QTG_CONFIRM_DEPLOYMENT};
   const char *const *expect = args->expect;
   fprintf(stderr, "==> %s statement (confirmed) for", qtg_statement_kind_name[kind]);
-  for (int i = 0; i < QTG_CONFIRM_LINES; i++) {
+  for (int i = kind == QTG_STATEMENT_ATTESTATION ? 0 : 1; i < QTG_CONFIRM_LINES; i++) {
     size_t len;
     const char *got = qtg_statement_line(text, qtg_confirm_word[order[i]], &len);
-    fprintf(stderr, "%s %s ", i == 0 ? "" : ",", qtg_confirm_word[order[i]]);
+    fprintf(stderr, "%s %s ", i == 0 || (i == 1 && kind != QTG_STATEMENT_ATTESTATION) ? "" : ",",
+            qtg_confirm_word[order[i]]);
     qtg_approver_escape(got, len, 1);
     if (expect[order[i]] != NULL) fputs(" (confirmed)", stderr);
   }
@@ -431,9 +450,9 @@ static int qtg_approver_sign_stdin(const uint8_t secret[QTG_APPROVER_SECRET_LEN]
   }
   int kind = qtg_request_statement_check(text, len);
   if (kind < 0) {
-    fprintf(stderr, "qtgd approver: stdin is not one approval or initiation statement "
-                    "(qtg-approval-v2 or qtg-initiation-v1, then deployment, request, class, digest "
-                    "and plan lines)\n");
+    fprintf(stderr, "qtgd approver: stdin is not one approval, initiation or attestation statement "
+                    "(qtg-approval-v3, qtg-initiation-v2 or qtg-attestation-v1, then deployment, request, "
+                    "class, digest and plan lines, and an attestation's step line)\n");
     return 1;
   }
   text[len] = '\0';

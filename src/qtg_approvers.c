@@ -807,32 +807,59 @@ int qtg_approvers_verify(const qtg_approvers *a, int person, const char *msg, si
   return ok ? 1 : 0;
 }
 
-static const char *const qtg_statement_header[] = {"qtg-approval-v2", "qtg-initiation-v1"};
+static const char *const qtg_statement_header[] = {"qtg-approval-v3", "qtg-initiation-v2",
+                                                   "qtg-attestation-v1"};
 
-int qtg_request_statement(char *out, size_t outlen, qtg_statement_kind kind, const char *deployment,
-                          const char *request, const char *klass, const char *digest,
-                          const char *plan) {
-  if ((kind != QTG_STATEMENT_APPROVAL && kind != QTG_STATEMENT_INITIATION) || deployment == NULL ||
+/* A plan node's key, as plan_nodes' CHECK has it: [a-z][a-z0-9_]{0,62}. */
+static int qtg_is_step(const char *s) {
+  size_t len = strlen(s);
+  if (len == 0 || len > 63 || s[0] < 'a' || s[0] > 'z') return 0;
+  for (size_t i = 1; i < len; i++)
+    if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= '0' && s[i] <= '9') || s[i] == '_')) return 0;
+  return 1;
+}
+
+/* Any kind's statement: the facts, and for an attestation its step line. */
+static int qtg_statement_write(char *out, size_t outlen, qtg_statement_kind kind, const char *deployment,
+                               const char *request, const char *klass, const char *digest,
+                               const char *plan, const char *step) {
+  if (kind < QTG_STATEMENT_APPROVAL || kind > QTG_STATEMENT_ATTESTATION || deployment == NULL ||
       request == NULL || klass == NULL || digest == NULL || plan == NULL ||
+      (kind == QTG_STATEMENT_ATTESTATION) != (step != NULL) || (step != NULL && !qtg_is_step(step)) ||
       !qtg_is_name(deployment, strlen(deployment)) || !qtg_is_uuid(request) ||
       !qtg_is_class(klass, strlen(klass)) || strlen(digest) != 64 || !qtg_is_lower_hex(digest, 64) ||
       strlen(plan) != 64 || !qtg_is_lower_hex(plan, 64))
     return -1;
-  int n = snprintf(out, outlen, "%s\ndeployment %s\nrequest %s\nclass %s\ndigest %s\nplan %s\n",
-                   qtg_statement_header[kind], deployment, request, klass, digest, plan);
+  int n = snprintf(out, outlen, "%s\ndeployment %s\nrequest %s\nclass %s\ndigest %s\nplan %s\n%s%s%s",
+                   qtg_statement_header[kind], deployment, request, klass, digest, plan,
+                   step != NULL ? "step " : "", step != NULL ? step : "", step != NULL ? "\n" : "");
   return n > 0 && (size_t)n < outlen ? 0 : -1;
+}
+
+int qtg_request_statement(char *out, size_t outlen, qtg_statement_kind kind, const char *deployment,
+                          const char *request, const char *klass, const char *digest,
+                          const char *plan) {
+  if (kind == QTG_STATEMENT_ATTESTATION) return -1;
+  return qtg_statement_write(out, outlen, kind, deployment, request, klass, digest, plan, NULL);
+}
+
+int qtg_attestation_statement(char *out, size_t outlen, const char *deployment, const char *request,
+                              const char *klass, const char *digest, const char *plan, const char *step) {
+  if (step == NULL) return -1;
+  return qtg_statement_write(out, outlen, QTG_STATEMENT_ATTESTATION, deployment, request, klass, digest,
+                             plan, step);
 }
 
 int qtg_request_statement_check(const char *text, size_t len) {
   char deployment[QTG_APPROVER_NAME_MAX + 1], req[37], klass[QTG_CLASS_MAX + 1], digest[65],
-      plan[65], again[QTG_APPROVAL_STATEMENT_MAX];
+      plan[65], step[64], again[QTG_APPROVAL_STATEMENT_MAX];
   const char *p = text, *end = text + len;
-  const char *prefix[] = {"\ndeployment ", "\nrequest ", "\nclass ", "\ndigest ", "\nplan "};
-  char *dst[] = {deployment, req, klass, digest, plan};
-  size_t cap[] = {sizeof deployment, sizeof req, sizeof klass, sizeof digest, sizeof plan};
+  const char *prefix[] = {"\ndeployment ", "\nrequest ", "\nclass ", "\ndigest ", "\nplan ", "\nstep "};
+  char *dst[] = {deployment, req, klass, digest, plan, step};
+  size_t cap[] = {sizeof deployment, sizeof req, sizeof klass, sizeof digest, sizeof plan, sizeof step};
   if (len >= sizeof again || memchr(text, '\0', len) != NULL) return -1;
   int kind = -1;
-  for (int k = QTG_STATEMENT_APPROVAL; k <= QTG_STATEMENT_INITIATION; k++) {
+  for (int k = QTG_STATEMENT_APPROVAL; k <= QTG_STATEMENT_ATTESTATION; k++) {
     size_t hl = strlen(qtg_statement_header[k]);
     if (len > hl && memcmp(text, qtg_statement_header[k], hl) == 0 && text[hl] == '\n') {
       kind = k;
@@ -840,7 +867,8 @@ int qtg_request_statement_check(const char *text, size_t len) {
     }
   }
   if (kind < 0) return -1;
-  for (int i = 0; i < 5; i++) {
+  int lines = kind == QTG_STATEMENT_ATTESTATION ? 6 : 5;
+  for (int i = 0; i < lines; i++) {
     size_t pl = strlen(prefix[i]);
     if ((size_t)(end - p) < pl || memcmp(p, prefix[i], pl) != 0) return -1;
     p += pl;
@@ -851,8 +879,8 @@ int qtg_request_statement_check(const char *text, size_t len) {
     p = stop;
   }
   /* the one form: rebuilt from its facts, it is byte for byte the same */
-  if (qtg_request_statement(again, sizeof again, (qtg_statement_kind)kind, deployment, req, klass,
-                            digest, plan) != 0)
+  if (qtg_statement_write(again, sizeof again, (qtg_statement_kind)kind, deployment, req, klass, digest, plan,
+                          kind == QTG_STATEMENT_ATTESTATION ? step : NULL) != 0)
     return -1;
   return strlen(again) == len && memcmp(again, text, len) == 0 ? kind : -1;
 }

@@ -53,16 +53,20 @@
  *
  * The statements (text, every line ending in "\n"):
  *
- *   qtg-approval-v2     (an approver's)   or   qtg-initiation-v1 (the maker's)
+ *   qtg-approval-v3 (an approver's), qtg-initiation-v2 (the maker's) or
+ *   qtg-attestation-v1 (a person's, that a manual step is done)
  *   deployment NAME (the enrolment's)
  *   request UUID
  *   class NETWORK_CLASS
  *   digest APPROVAL_DIGEST (64 hex: the request's approval document)
- *   plan PLAN_DIGEST (64 hex: the plan version's nodes and risk controls)
+ *   plan PLAN_DIGEST (64 hex: the plan version's nodes, the steps right before
+ *                     each, and its risk controls: sql/0205)
+ *   step NODE_KEY (an attestation's only: the manual step it attests)
  *
  * The request id keeps one approval from approving a twin request (the same
  * intent gives the same digest); the plan digest covers what the request's
- * nodes do (a destination written in a node's config).
+ * nodes do (a destination written in a node's config) and in which order
+ * (a manual gate before a transfer).
  *
  * Functions return 0 on success and -1 on failure (err filled), unless
  * they say otherwise.
@@ -80,12 +84,16 @@ enum {
   QTG_APPROVER_PUBLIC_LEN = 32,
   QTG_APPROVER_SECRET_LEN = 32,
   QTG_APPROVER_SIGNATURE_LEN = 64,
-  QTG_APPROVAL_STATEMENT_MAX = 384
+  QTG_APPROVAL_STATEMENT_MAX = 512
 };
 
 typedef struct qtg_approvers qtg_approvers;
 
-typedef enum { QTG_STATEMENT_APPROVAL = 0, QTG_STATEMENT_INITIATION = 1 } qtg_statement_kind;
+typedef enum {
+  QTG_STATEMENT_APPROVAL = 0,
+  QTG_STATEMENT_INITIATION = 1,
+  QTG_STATEMENT_ATTESTATION = 2
+} qtg_statement_kind;
 
 /* Parse an enrolment file's text. */
 int qtg_approvers_parse(const char *text, size_t len, qtg_approvers **out, char *err,
@@ -187,12 +195,19 @@ size_t qtg_approvers_classes_at(const qtg_approvers *a, int quorum, char *out, s
 int qtg_approvers_verify(const qtg_approvers *a, int person, const char *msg, size_t len,
                          const char *sig_hex);
 
-/* Write the statement of this kind for these facts into out; -1 when a
- * fact is not of its form (deployment [A-Za-z0-9_.-]{1,64}, uuid, class
- * [a-z0-9_-]{1,32}, 64 lowercase hex) or out is too small. */
+/* Write the statement of this kind (an approval or an initiation) for
+ * these facts into out; -1 when a fact is not of its form (deployment
+ * [A-Za-z0-9_.-]{1,64}, uuid, class [a-z0-9_-]{1,32}, 64 lowercase hex),
+ * the kind is an attestation, or out is too small. */
 int qtg_request_statement(char *out, size_t outlen, qtg_statement_kind kind, const char *deployment,
                           const char *request, const char *klass, const char *digest,
                           const char *plan);
+
+/* The same for the attestation that the request's manual step `step` (a
+ * plan node key, [a-z][a-z0-9_]{0,62}) is done: the facts, then a step
+ * line. */
+int qtg_attestation_statement(char *out, size_t outlen, const char *deployment, const char *request,
+                              const char *klass, const char *digest, const char *plan, const char *step);
 
 /* The kind of statement text (len bytes) is exactly, or -1 when it is
  * not one statement. */

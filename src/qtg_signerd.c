@@ -236,7 +236,9 @@ static const char qtg_signerd_facts_sql[] =
     "  encode(sha256(convert_to(jsonb_build_object('risk_controls', pv.risk_controls,"
     "   'nodes', COALESCE((SELECT jsonb_agg(jsonb_build_object('node_key', p2.node_key,"
     "     'node_kind', p2.node_kind, 'action_type', p2.action_type, 'executor', p2.executor,"
-    "     'config', p2.config) ORDER BY p2.node_key)"
+    "     'config', p2.config, 'after', COALESCE((SELECT jsonb_agg(pf.node_key ORDER BY pf.node_key)"
+    "       FROM public.plan_edges e2 JOIN public.plan_nodes pf ON pf.id = e2.from_node_id"
+    "      WHERE e2.to_node_id = p2.id), '[]'::jsonb)) ORDER BY p2.node_key)"
     "    FROM public.plan_nodes p2 WHERE p2.plan_version_id = pv.id), '[]'::jsonb))::text, 'UTF8')),"
     "   'hex') AS plan_digest,"
     "  pn.executor AS plan_executor, pn.action_type AS plan_action_type, r.initiation_signature,"
@@ -262,6 +264,23 @@ enum {
   F_EXPECTED, F_CLASS, F_ID, F_CREATED_BY, F_PLAN_DIGEST, F_PLAN_EXECUTOR, F_PLAN_ACTION_TYPE,
   F_INITIATION, F_TRANSFERS, F_STEPS_BEFORE, F__COUNT
 };
+
+/* The manual steps anywhere before a node in its sealed plan (the plan's
+ * edges followed back), with the node each has in the request and its
+ * attestation (MG_SIGNER_APPROVERS).  The runtime writes node states, so a
+ * gate COMPLETED by the runtime alone proves nothing: its attestation,
+ * signed by an enrolled person, does. */
+static const char qtg_signerd_attested_sql[] =
+    "WITH RECURSIVE before(id) AS ("
+    "  SELECT e.from_node_id FROM public.plan_edges e"
+    "   WHERE e.to_node_id = (SELECT n.plan_node_id FROM public.movement_request_nodes n"
+    "                          WHERE n.id = $2::uuid AND n.request_id = $1::uuid)"
+    "  UNION"
+    "  SELECT e.from_node_id FROM public.plan_edges e JOIN before b ON e.to_node_id = b.id)"
+    " SELECT p.node_key, n.node_state, n.attested_by, n.attestation_signature"
+    "   FROM before b JOIN public.plan_nodes p ON p.id = b.id"
+    "   LEFT JOIN public.movement_request_nodes n ON n.request_id = $1::uuid AND n.plan_node_id = p.id"
+    "  WHERE starts_with(p.action_type, 'manual_') ORDER BY p.node_key";
 
 /* The approvals given for a digest, with their signatures (MG_SIGNER_APPROVERS). */
 static const char qtg_signerd_votes_sql[] =
@@ -421,12 +440,46 @@ static int qtg_signerd_check_signed(qtg_decision *dec, const qtg_approvers *a, P
   return 0;
 }
 
+/* With MG_SIGNER_APPROVERS: every manual step before the node (steps: rows
+ * of qtg_signerd_attested_sql) is COMPLETED and attested: an enrolled
+ * person, not the request's maker, signed its attestation statement. */
+static int qtg_signerd_check_attested(qtg_decision *dec, const qtg_approvers *a, PGresult *r,
+                                      PGresult *steps) {
+  int maker = qtg_approvers_person_of(a, qtg_field(r, F_CREATED_BY));
+  for (int i = 0; i < PQntuples(steps); i++) {
+    const char *key = PQgetvalue(steps, i, 0);
+    const char *state = PQgetisnull(steps, i, 1) ? "(no node)" : PQgetvalue(steps, i, 1);
+    const char *by = PQgetisnull(steps, i, 2) ? NULL : PQgetvalue(steps, i, 2);
+    const char *sig = PQgetisnull(steps, i, 3) ? NULL : PQgetvalue(steps, i, 3);
+    if (strcmp(state, "COMPLETED") != 0)
+      QTG_REFUSE(dec, "STEP_NOT_ATTESTED", "manual step %s before this one is %s, not COMPLETED", key, state);
+    if (by == NULL || sig == NULL)
+      QTG_REFUSE(dec, "STEP_NOT_ATTESTED", "manual step %s before this one carries no attestation "
+                 "(MG_SIGNER_APPROVERS: a person signs that it is done)", key);
+    int who = qtg_approvers_person_of(a, by);
+    if (who < 0)
+      QTG_REFUSE(dec, "STEP_NOT_ATTESTED", "manual step %s was attested by %.128s, who is no enrolled person",
+                 key, by);
+    if (who == maker)
+      QTG_REFUSE(dec, "STEP_NOT_ATTESTED", "manual step %s was attested by %s, who made the request",
+                 key, qtg_approvers_person_name(a, who));
+    char statement[QTG_APPROVAL_STATEMENT_MAX];
+    if (qtg_attestation_statement(statement, sizeof statement, qtg_approvers_deployment(a), qtg_field(r, F_ID),
+                                  qtg_field(r, F_CLASS), qtg_field(r, F_DIGEST), qtg_field(r, F_PLAN_DIGEST),
+                                  key) != 0 ||
+        !qtg_approvers_verify(a, who, statement, strlen(statement), sig))
+      QTG_REFUSE(dec, "STEP_NOT_ATTESTED", "%s did not sign the attestation of manual step %s of this request",
+                 qtg_approvers_person_name(a, who), key);
+  }
+  return 0;
+}
+
 /* Every check on the facts, in order; the first that fails refuses.  votes
- * is NULL unless MG_SIGNER_APPROVERS is set. */
+ * and steps are NULL unless MG_SIGNER_APPROVERS is set. */
 static int qtg_signerd_check_facts(qtg_decision *dec, PGresult *r, const qtg_signer_line *l,
                                    const qtg_eip1559_tx *tx, const uint8_t key_addr[20],
                                    const char *key_classes, const qtg_approvers *approvers,
-                                   PGresult *votes) {
+                                   PGresult *votes, PGresult *steps) {
   const char *state = qtg_field(r, F_STATE), *stored = qtg_field(r, F_STORED_DIGEST);
   const char *digest = qtg_field(r, F_DIGEST);
   qtg_u256 want, cap;
@@ -474,6 +527,7 @@ static int qtg_signerd_check_facts(qtg_decision *dec, PGresult *r, const qtg_sig
   if (before != NULL)
     QTG_REFUSE(dec, "STEPS_BEFORE_NOT_DONE",
                "the plan's steps right before this one are not COMPLETED or SKIPPED: %s", before);
+  if (steps != NULL && qtg_signerd_check_attested(dec, approvers, r, steps) != 0) return -1;
   const char *plan_node = qtg_field(r, F_PLAN_NODE);
   snprintf(dec->plan_node, sizeof dec->plan_node, "%s", plan_node ? plan_node : "");
   const char *planned = qtg_field(r, F_PLANNED_KEY);
@@ -696,19 +750,24 @@ static int qtg_signerd_decide_sign(qtg_signerd *d, const qtg_signer_line *l, qtg
     PQclear(r);
     QTG_REFUSE(dec, "REQUEST_NOT_FOUND", "no request %s", l->request_id);
   }
-  PGresult *votes = NULL;
+  PGresult *votes = NULL, *steps = NULL;
   if (d->approvers != NULL) {
     const char *vp[2] = {l->request_id, qtg_field(r, F_DIGEST)};
+    const char *sp[2] = {l->request_id, l->node_id};
     votes = PQexecParams(db, qtg_signerd_votes_sql, 2, NULL, vp, NULL, NULL, 0);
-    if (votes == NULL || PQresultStatus(votes) != PGRES_TUPLES_OK) {
-      qtg_log_warn("signer: reading the approvals failed: %s", PQerrorMessage(db));
+    if (votes != NULL && PQresultStatus(votes) == PGRES_TUPLES_OK)
+      steps = PQexecParams(db, qtg_signerd_attested_sql, 2, NULL, sp, NULL, NULL, 0);
+    if (steps == NULL || PQresultStatus(steps) != PGRES_TUPLES_OK) {
+      qtg_log_warn("signer: reading the approvals and attestations failed: %s", PQerrorMessage(db));
+      PQclear(steps);
       PQclear(votes);
       PQclear(r);
       qtg_signerd_db_drop(d);
       return -2;
     }
   }
-  int rc = qtg_signerd_check_facts(dec, r, l, &tx, key_addr, d->key_classes, d->approvers, votes);
+  int rc = qtg_signerd_check_facts(dec, r, l, &tx, key_addr, d->key_classes, d->approvers, votes, steps);
+  PQclear(steps);
   PQclear(votes);
   PQclear(r);
   if (rc != 0) return -1;

@@ -18,7 +18,10 @@
 --     larger of approvals_required and the enrolment's quorum for its class
 --     and amount (its tiers);
 --   * with `initiation signed`, its maker's signature of its initiation
---     statement verifies.
+--     statement verifies;
+--   * every manual step it COMPLETED carries an attestation: the signature
+--     of its attestation statement by an enrolled person, not its maker's
+--     (the signer's STEP_NOT_ATTESTED, sql/0206).
 -- A request is past its approval when it is APPROVED, EXECUTING,
 -- WAITING_MANUAL_ACTION, COMPLETED, FAILED or MANUAL_INTERVENTION, has an
 -- approved_at, or has a node that was
@@ -46,7 +49,14 @@ SELECT r.id::text AS id, r.network_class, r.request_state, r.created_by, r.appro
                                                      'signature', a.signature,
                                                      'this_digest', a.approval_digest = r.approval_digest)
                                   ORDER BY a.id), '[]')
-          FROM request_approvals a WHERE a.request_id = r.id)::text AS votes
+          FROM request_approvals a WHERE a.request_id = r.id)::text AS votes,
+       (SELECT coalesce(jsonb_agg(jsonb_build_object('step', n.node_key, 'by', n.attested_by,
+                                                     'signature', n.attestation_signature,
+                                                     'statement', qtg_attestation_statement(r, $2, n.node_key))
+                                  ORDER BY n.node_key), '[]')
+          FROM movement_request_nodes n JOIN plan_nodes pn ON pn.id = n.plan_node_id
+         WHERE n.request_id = r.id AND n.node_state = 'COMPLETED'
+           AND starts_with(pn.action_type, 'manual_'))::text AS attestations
   FROM movement_requests r
  WHERE r.id > $1::uuid
    AND (r.request_state IN ('APPROVED', 'EXECUTING', 'WAITING_MANUAL_ACTION', 'COMPLETED', 'FAILED',
@@ -88,6 +98,21 @@ local function problems_of(e, r)
   if e:initiation_signed() and not (text(r.initiation_signature)
       and e:verify_initiation(r.created_by, r.initiation_statement, r.initiation_signature)) then
     out[#out + 1] = string.format("its maker %s did not sign its initiation", tostring(r.created_by))
+  end
+  local maker = e:person(r.created_by)
+  for _, a in ipairs(cjson.decode(r.attestations)) do
+    local by, person = text(a.by), text(a.by) and e:person(a.by)
+    local why
+    if not by or not text(a.signature) then
+      why = "was completed without a person's attestation"
+    elseif not person then
+      why = string.format("was attested by %s, who is no enrolled person", by)
+    elseif person == maker then
+      why = string.format("was attested by %s, who made the request", by)
+    elseif not e:verify(by, a.statement, a.signature) then
+      why = string.format("carries an attestation %s did not sign", by)
+    end
+    if why then out[#out + 1] = string.format("manual step %s %s", tostring(a.step), why) end
   end
   return out
 end

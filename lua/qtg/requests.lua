@@ -725,8 +725,9 @@ local function same_initiator(s, actor, created_by)
   return a ~= nil and c ~= nil and a.actor == c.actor
 end
 
-function M.complete_manual_step(s, node_id, actor, input)
+function M.complete_manual_step(s, node_id, actor, input, signature)
   check_actor(actor)
+  signed.check_signature(signature)
   return in_tx(s, function()
     local req, node = lock_node(s, node_id)
     if not state.is_manual(node.action_type) then
@@ -760,6 +761,12 @@ function M.complete_manual_step(s, node_id, actor, input)
     if same_initiator(s, actor, req.created_by) then
       refuse("forbidden", "%s created request %s and cannot complete its manual step %s (four eyes)",
         actor, req.id, node.node_key)
+    end
+    -- under signed approvals the completing person signs that it is done:
+    -- the signer takes no node state the runtime wrote for it alone
+    if signed.check_attestation(s, req, node.node_key, actor, signature) then
+      s:query([[UPDATE movement_request_nodes SET attested_by = $2, attestation_signature = $3
+                 WHERE id = $1::uuid]], node.id, actor, signature)
     end
     local adapter, why = executors.get(node.executor)
     if not adapter or type(adapter.complete) ~= "function" then

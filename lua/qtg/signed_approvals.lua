@@ -27,6 +27,11 @@
 --   check_initiation(s, req, actor, sig) -> raises unless sig is the maker's
 --   initiated(s, req[, statement])  -> true when the stored maker's signature verifies
 --                                      (statement: its initiation statement, if read already)
+--   attestation_statement(s, id, step) -> what the person completing manual step
+--                                      `step` (its node key) signs (nil: no enrolment)
+--   check_attestation(s, req, step, actor, sig) -> true when the attestation is to be
+--                                      stored (an enrolment is set and sig is actor's),
+--                                      nil without an enrolment; raises otherwise
 -- With 'initiation signed' the maker of each request (an enrolled person,
 -- or an enrolled initiator: a client system's key) signs its initiation
 -- statement before anyone may approve it, and the signer signs nothing of
@@ -106,6 +111,31 @@ function M.initiated(s, req, statement)
   local sig = req.initiation_signature
   return type(sig) == "string"
     and e:verify_initiation(req.created_by, statement or M.initiation_statement(s, req.id), sig)
+end
+
+-- With an enrolment, a manual step's completion is signed too: the
+-- signer signs a transfer only when every manual step before it in the
+-- plan carries a person's attestation (sql/0206, STEP_NOT_ATTESTED).
+function M.attestation_statement(s, id, step)
+  local deployment = M.deployment()
+  if not deployment then return nil end
+  return s:query("SELECT qtg_attestation_statement(r, $2, $3) AS t FROM movement_requests r WHERE id = $1::uuid",
+    id, deployment, step)[1].t
+end
+
+function M.check_attestation(s, req, step, actor, sig)
+  local e = M.enrolment()
+  if not e then return nil end
+  local person = e:person(actor)
+  if not person then
+    errors.raise("forbidden", "%s is not enrolled as a person (MG_SIGNER_APPROVERS): under signed approvals "
+      .. "a manual step is completed by a person who signs its attestation", actor)
+  end
+  if sig == nil or not e:verify(actor, M.attestation_statement(s, req.id, step), sig) then
+    errors.raise("forbidden", "%s: completing manual step %s needs %s's signature of its attestation statement "
+      .. "(manual.attestation_statement; qtgd approver sign --kind attestation --step %s)", actor, step, person, step)
+  end
+  return true
 end
 
 function M.check_signature(sig)

@@ -657,7 +657,7 @@ static void test_worker_commands(fixture *f) {
   char *out = CONSOLE_OK(f, "help()");
   const char *names[] = {"workers()", "pause(name)", "resume_worker(name)", "tick(name)", "req(id)",
                          "requests{", "create{", "approve(id)", "reject(id, reason)", "cancel(id, reason[, {reconciled = true}])",
-                         "resume(id)", "retry(node_id)", "complete_manual(node_id, artifacts)", "dlq()",
+                         "resume(id)", "retry(node_id)", "complete_manual(node_id, artifacts[, signature])", "dlq()",
                          "redeliver(callback_id)", "signers()", "set_expected_signer(key, address)",
                          "balances()", "settings()", "reload()", NULL};
   for (int i = 0; names[i]; i++) CHECK_HAS(out, names[i]);

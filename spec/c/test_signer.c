@@ -646,7 +646,7 @@ static void test_approvers(void) {
       CHECK(&tc, rc == -1 && a == NULL && strstr(err, "small order"));
       if (rc == 0) {
         fprintf(stderr, "  accepted the small-order key %s (forged signature verifies: %d)\n", small[i],
-                qtg_approvers_verify(a, 0, "qtg-approval-v2\n", 16, forged));
+                qtg_approvers_verify(a, 0, "qtg-approval-v3\n", 16, forged));
         qtg_approvers_free(a);
       }
     }
@@ -669,7 +669,7 @@ static void test_approvers(void) {
   const char *d64 = "00000000000000000000000000000000000000000000000000000000000000aa";
   CHECK(&tc, qtg_request_statement(st, sizeof st, QTG_STATEMENT_APPROVAL, "desk-1", req, "mainnet", d64, d64) == 0);
   CHECK(&tc, qtg_request_statement_check(st, strlen(st)) == 0);
-  CHECK(&tc, strncmp(st, "qtg-approval-v2\ndeployment desk-1\nrequest 0b6d1c2e-", 51) == 0 &&
+  CHECK(&tc, strncmp(st, "qtg-approval-v3\ndeployment desk-1\nrequest 0b6d1c2e-", 51) == 0 &&
                  st[strlen(st) - 1] == '\n');
   CHECK(&tc, qtg_request_statement_check(st, strlen(st) - 1) == -1);
   char longer[QTG_APPROVAL_STATEMENT_MAX + 8];
@@ -689,8 +689,20 @@ static void test_approvers(void) {
   CHECK(&tc, qtg_request_statement(st, sizeof st, QTG_STATEMENT_APPROVAL, NULL, req, "mainnet", d64, d64) == -1);
   CHECK(&tc, qtg_request_statement(st, sizeof st, QTG_STATEMENT_APPROVAL, "desk 1", req, "mainnet", d64, d64) == -1);
   CHECK(&tc, qtg_request_statement(st, 40, QTG_STATEMENT_APPROVAL, "desk-1", req, "mainnet", d64, d64) == -1);
-  const char *swapped = "qtg-approval-v2\nrequest 0b6d1c2e-1111-4222-8333-944455556666\ndeployment desk-1\n";
+  const char *swapped = "qtg-approval-v3\nrequest 0b6d1c2e-1111-4222-8333-944455556666\ndeployment desk-1\n";
   CHECK(&tc, qtg_request_statement_check(swapped, strlen(swapped)) == -1);
+  /* the versions before sql/0205, whose plan line left the order out, are
+   * no statement any more: the approver's tool signs neither */
+  {
+    char old[QTG_APPROVAL_STATEMENT_MAX];
+    const char *before[] = {"qtg-approval-v2", "qtg-initiation-v1", "qtg-approval-v1"};
+    CHECK(&tc, qtg_request_statement(st, sizeof st, QTG_STATEMENT_APPROVAL, "desk-1", req, "mainnet", d64,
+                                     d64) == 0);
+    for (int i = 0; i < 3; i++) {
+      snprintf(old, sizeof old, "%s%s", before[i], strchr(st, '\n'));
+      CHECK(&tc, qtg_request_statement_check(old, strlen(old)) == -1);
+    }
+  }
   /* the maker's statement: the same facts under its own first line; a
    * signature of one is never a signature of the other */
   {
@@ -699,7 +711,7 @@ static void test_approvers(void) {
                                      d64, d64) == 0);
     CHECK(&tc, qtg_request_statement(init, sizeof init, QTG_STATEMENT_INITIATION, "desk-1", req, "mainnet",
                                      d64, d64) == 0);
-    CHECK(&tc, strncmp(init, "qtg-initiation-v1\ndeployment desk-1\n", 36) == 0);
+    CHECK(&tc, strncmp(init, "qtg-initiation-v2\ndeployment desk-1\n", 36) == 0);
     CHECK(&tc, strcmp(strchr(init, '\n'), strchr(st, '\n')) == 0);
     CHECK(&tc, qtg_request_statement_check(init, strlen(init)) == QTG_STATEMENT_INITIATION);
     CHECK(&tc, qtg_request_statement_check(st, strlen(st)) == QTG_STATEMENT_APPROVAL);
@@ -725,6 +737,49 @@ static void test_approvers(void) {
       CHECK(&tc, qtg_approvers_verify(a, alice, init, strlen(init), hex) == 1);
       CHECK(&tc, qtg_approvers_verify(a, alice, st, strlen(st), hex) == 0);
       CHECK(&tc, qtg_approvers_verify(a, bot, init, strlen(init), hex) == 0);
+      qtg_approvers_free(a);
+    }
+  }
+  /* a manual step's attestation: the facts, then the step; a signature of
+   * it is one of no other statement, nor of another step's */
+  {
+    char att[QTG_APPROVAL_STATEMENT_MAX], gate2[QTG_APPROVAL_STATEMENT_MAX], cut[QTG_APPROVAL_STATEMENT_MAX];
+    CHECK(&tc, qtg_request_statement(st, sizeof st, QTG_STATEMENT_APPROVAL, "desk-1", req, "mainnet", d64,
+                                     d64) == 0);
+    CHECK(&tc, qtg_attestation_statement(att, sizeof att, "desk-1", req, "mainnet", d64, d64, "gate") == 0);
+    CHECK(&tc, strncmp(att, "qtg-attestation-v1\ndeployment desk-1\n", 37) == 0);
+    CHECK(&tc, strlen(att) > 11 && strcmp(att + strlen(att) - 11, "\nstep gate\n") == 0);
+    CHECK(&tc, qtg_request_statement_check(att, strlen(att)) == QTG_STATEMENT_ATTESTATION);
+    CHECK(&tc, qtg_attestation_statement(gate2, sizeof gate2, "desk-1", req, "mainnet", d64, d64, "gate_2") == 0);
+    /* the longest facts and step fit */
+    char widest[QTG_APPROVAL_STATEMENT_MAX];
+    CHECK(&tc, qtg_attestation_statement(widest, sizeof widest,
+                                         "dddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddd", req,
+                                         "cccccccccccccccccccccccccccccccc", d64, d64,
+                                         "s12345678901234567890123456789012345678901234567890123456789012") == 0 &&
+                   qtg_request_statement_check(widest, strlen(widest)) == QTG_STATEMENT_ATTESTATION);
+    /* a step no plan node key could be, a missing step, an approval with one */
+    const char *bad_steps[] = {"", "Gate", "1gate", "gate\nplan x", "gate x", "ga-te",
+                               "s1234567890123456789012345678901234567890123456789012345678901234", NULL};
+    for (int i = 0; bad_steps[i]; i++)
+      CHECK(&tc, qtg_attestation_statement(cut, sizeof cut, "desk-1", req, "mainnet", d64, d64, bad_steps[i]) == -1);
+    CHECK(&tc, qtg_attestation_statement(cut, sizeof cut, "desk-1", req, "mainnet", d64, d64, NULL) == -1);
+    CHECK(&tc, qtg_request_statement(cut, sizeof cut, QTG_STATEMENT_ATTESTATION, "desk-1", req, "mainnet", d64,
+                                     d64) == -1);
+    snprintf(cut, sizeof cut, "%.*s", (int)(strstr(att, "step ") - att), att);     /* without its step */
+    CHECK(&tc, qtg_request_statement_check(cut, strlen(cut)) == -1);
+    snprintf(cut, sizeof cut, "%sstep gate\n", st);                                /* an approval with one */
+    CHECK(&tc, qtg_request_statement_check(cut, strlen(cut)) == -1);
+    snprintf(cut, sizeof cut, "%sstep gate\n", att);                               /* a second step */
+    CHECK(&tc, qtg_request_statement_check(cut, strlen(cut)) == -1);
+    a = enrolment(DEPLOY "quorum * 1\nperson alice ed25519:" ED_PUBLIC " operator:alice\n");
+    CHECK(&tc, a != NULL);
+    if (a != NULL) {
+      CHECK(&tc, qtg_approver_sign(secret, att, strlen(att), sig) == 0);
+      qtg_hex_encode(sig, 64, hex);
+      CHECK(&tc, qtg_approvers_verify(a, 0, att, strlen(att), hex) == 1);
+      CHECK(&tc, qtg_approvers_verify(a, 0, gate2, strlen(gate2), hex) == 0);
+      CHECK(&tc, qtg_approvers_verify(a, 0, st, strlen(st), hex) == 0);
       qtg_approvers_free(a);
     }
   }

@@ -180,11 +180,15 @@ const SCENARIOS = {
     const fields = await page.$$eval('dialog[open] input[data-field]', (is) => is.map((i) => i.name));
     const disabledEmpty = await page.$eval('#confirm-ok', (b) => b.disabled);
     await page.type(`dialog[open] input[data-field=${fields[0]}]`, plan.complete.reference);
+    const disabledUnsigned = await page.$eval('#confirm-ok', (b) => b.disabled);
+    // under signed approvals the operator signs the attestation it shows
+    const statement = await page.$eval('dialog[open] pre.statement', (p) => p.textContent);
+    await page.type('dialog[open] #confirm-signature', plan.complete.signature);
     const disabledTyped = await page.$eval('#confirm-ok', (b) => b.disabled);
     await page.screenshot({ path: `${plan.out}/complete-dialog.png` });
     await page.click('#confirm-ok');
     await page.waitForSelector(`#dag g.node[data-node-key=${plan.complete.node}]:not([data-state=READY])`, { timeout: TIMEOUT });
-    return { lines, fields, disabledEmpty, disabledTyped, offeredToInitiator };
+    return { lines, fields, disabledEmpty, disabledUnsigned, disabledTyped, statement, offeredToInitiator };
   },
 
   // a read-only token: no approve, reject or cancel offered, no inbox link

@@ -9,7 +9,9 @@
 -- (ETH only, a plain decimal of at most 18 decimals) to the node's config
 -- destination when it names one (a literal address only) or else the
 -- intent's, on the node's config chain_id or else the intent's, within the
--- plan's risk_controls.  Every other node is listed as not signed here.
+-- plan's risk_controls, once the steps right before it (its "after") are
+-- done.  Every other node is listed as not signed here; each node's
+-- "after" is shown under it.
 --
 -- The chunk returns describe(document_text, plan_text) -> text, or nil and
 -- why when a text is no JSON object (the tool then signs nothing).
@@ -112,6 +114,20 @@ local function caps(rc)
     type(allowed) == "table" and "[" .. concat(chains, ", ") .. "]" or "(any)")
 end
 
+-- The steps right before node n, as the plan document lists them (its
+-- "after"): the signer signs n's transfer only once each is COMPLETED or
+-- SKIPPED.  A line, or nil when n runs first.
+local function order(n)
+  local after = field(n, "after")
+  if type(after) ~= "table" then
+    return "    its steps before it are not listed (" .. shown(after) .. "): read the plan text"
+  end
+  if #after == 0 then return nil end
+  local keys = {}
+  for i, k in ipairs(after) do keys[i] = shown(k) end
+  return "    runs only after: " .. concat(keys, ", ")
+end
+
 local function describe(document_text, plan_text)
   local doc, why = object(document_text, "the document")
   if not doc then return nil, why end
@@ -149,6 +165,7 @@ local function describe(document_text, plan_text)
       out[#out + 1] = format("  node %s: %s / %s: not signed by qtg's signer", key,
         shown(field(n, "executor")), shown(field(n, "action_type")))
     end
+    out[#out + 1] = order(n)
   end
   if transfers == 0 then
     out[#out + 1] = "  nothing: no node of this plan is one the signer signs"

@@ -72,20 +72,28 @@ export function nodeActions(req, node, ctx) {
 
 // run(action, target, what[, extra]) -> the API's answer, or null when not
 // confirmed.  A manual step's dialog shows its instructions and asks for
-// its required inputs one field each; an action's own fields (a maker's
-// signature) are asked the same way and sent as body fields; the action's
-// body (a reconciled cancel's flag) and extra fields (an approval's
-// signature) go into the body as given.
+// its required inputs one field each, and under signed approvals shows its
+// attestation statement and asks for the operator's signature of it; an
+// action's own fields (a maker's signature) are asked the same way and
+// sent as body fields; the action's body (a reconciled cancel's flag) and
+// extra fields (an approval's signature) go into the body as given.
 export async function run(action, target, what, extra) {
   const manual = action.input && target.manual ? target.manual : null;
-  const lines = typeof action.lines === 'function' ? action.lines(target) : action.lines;
-  const answer = await confirmAction({ title: `${action.label} ${what}?`,
-    lines: manual && manual.instructions ? [manual.instructions] : lines,
+  const attest = manual && manual.attestation_statement ? manual.attestation_statement : null;
+  let lines = typeof action.lines === 'function' ? action.lines(target) : action.lines;
+  if (manual) lines = manual.instructions ? [manual.instructions] : [];
+  if (attest) {
+    lines = lines.concat([`Sign this attestation statement with your own key (qtgd approver sign --kind attestation`
+      + ` --step ${target.node_key}) and paste the signature: you attest that the step is done.`,
+    h('pre', { class: 'mono statement' }, attest)]);
+  }
+  const answer = await confirmAction({ title: `${action.label} ${what}?`, lines,
     reason: action.reason, input: action.input, fields: manual ? manual.required_inputs : action.fields,
-    confirm: action.label });
+    signature: !!attest, confirm: action.label });
   if (!answer) return null;
   const body = {};
   if (action.field && answer.reason) body[action.field] = answer.reason;
+  if (attest) body.signature = answer.signature;
   if (action.input) body.input = answer.input;
   else if (action.fields) Object.assign(body, answer.input);
   Object.assign(body, action.body || {}, extra || {});

@@ -46,7 +46,8 @@ export function whyWaiting(req, workers) {
     if (held && n.node_state === 'READY') {
       lines.push(`Node ${n.node_key} is ready but does not start while the request is stopping.`);
     } else if (n.node_kind === 'manual' && n.node_state === 'READY') {
-      lines.push(`Manual step ${n.node_key} waits for an operator to complete it.`);
+      lines.push(`Manual step ${n.node_key} waits for an operator to complete it`
+        + `${n.manual && n.manual.attestation_statement ? ', who signs that it is done' : ''}.`);
     } else if (n.node_state === 'READY') {
       lines.push(`Node ${n.node_key} is ready; the next dispatcher pass submits it.`);
     } else if (IN_FLIGHT.includes(n.node_state)) {

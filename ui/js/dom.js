@@ -70,12 +70,14 @@ export function table(columns, rows, attrs) {
 function c0(columns, r) { return columns.rowAttrs ? columns.rowAttrs(r) : {}; }
 
 // confirmAction({title, lines (text, or elements shown as they are), reason: 'required'|'optional'|'none',
-// reasonLabel, input: bool, fields: [name...], confirm})
-//   -> Promise<{reason, input}|null>.
+// reasonLabel, input: bool, fields: [name...], signature: bool, confirm})
+//   -> Promise<{reason, input, signature}|null>.
 // A modal <dialog>: Confirm stays disabled while a required reason is
-// empty, a named field is empty, or the JSON input is not an object.  With
-// fields, the input is {name: value} from one text box each; with input
-// and no fields, a JSON object typed in a text area.
+// empty, a named field is empty, the JSON input is not an object, or a
+// signature asked for is not 128 hex digits.  With fields, the input is
+// {name: value} from one text box each; with input and no fields, a JSON
+// object typed in a text area; with signature, a box of its own (a
+// manual step's attestation, beside the step's inputs).
 export function confirmAction(opts) {
   return new Promise((resolve) => {
     const reason = opts.reason || 'none';
@@ -84,6 +86,8 @@ export function confirmAction(opts) {
     const names = opts.fields || [];
     const boxes = names.map((n, i) => h('input', { id: `confirm-field-${i}`, name: n, 'data-field': n, size: 40 }));
     const input = opts.input && names.length === 0 ? h('textarea', { id: 'confirm-input', rows: 6, class: 'mono' }, '{}') : null;
+    const sig = opts.signature ? h('input', { id: 'confirm-signature', size: 64, class: 'mono', autocomplete: 'off',
+      placeholder: '128 hex digits' }) : null;
     const problem = h('p', { class: 'error', id: 'confirm-problem' });
     const ok = h('button', { type: 'button', class: 'danger', id: 'confirm-ok' }, opts.confirm || 'Confirm');
     const cancel = h('button', { type: 'button', id: 'confirm-cancel' }, 'Cancel');
@@ -95,6 +99,8 @@ export function confirmAction(opts) {
       boxes.map((b, i) => [h('label', { for: `confirm-field-${i}` }, `${names[i]} (required)`), b]),
       input && h('label', { for: 'confirm-input' }, 'Input (a JSON object)'),
       input,
+      sig && h('label', { for: 'confirm-signature' }, 'Your signature of the statement above (required)'),
+      sig,
       problem,
       h('div', { class: 'buttons' }, cancel, ok));
     const parsed = () => {
@@ -110,6 +116,7 @@ export function confirmAction(opts) {
       if (reason === 'required' && !area.value.trim()) why = 'A reason is required.';
       else if (input && parsed() === null) why = 'The input must be a JSON object.';
       else if (boxes.some((b) => !b.value.trim())) why = 'Every field is required.';
+      else if (sig && !/^[0-9a-f]{128}$/.test(sig.value.trim())) why = 'The signature is 128 lowercase hex digits.';
       ok.disabled = !!why;
       problem.textContent = why;
     };
@@ -117,9 +124,11 @@ export function confirmAction(opts) {
     if (area) area.addEventListener('input', check);
     if (input) input.addEventListener('input', check);
     for (const b of boxes) b.addEventListener('input', check);
+    if (sig) sig.addEventListener('input', check);
     cancel.addEventListener('click', () => done(null));
     dlg.addEventListener('cancel', (e) => { e.preventDefault(); done(null); });
-    ok.addEventListener('click', () => done({ reason: area ? area.value.trim() : undefined, input: parsed() }));
+    ok.addEventListener('click', () => done({ reason: area ? area.value.trim() : undefined, input: parsed(),
+      signature: sig ? sig.value.trim() : undefined }));
     document.body.append(dlg);
     check();
     dlg.showModal();

@@ -187,14 +187,19 @@ local function request_detail(s, id)
   local req, nodes = require("qtg.requests").get(s, id)
   local doc = request_doc(s, req)
   local list, errors = canon.array(), canon.array()
-  -- a manual step's instructions and the inputs completing it requires
+  -- a manual step's instructions and the inputs completing it requires;
+  -- under signed approvals the statement completing it signs, and who did
   local manual = {}
+  local signed = require "qtg.signed_approvals"
   for _, m in ipairs(s:query([[
-      SELECT n.id, pn.config FROM movement_request_nodes n JOIN plan_nodes pn ON pn.id = n.plan_node_id
+      SELECT n.id, n.node_key, n.attested_by, pn.config FROM movement_request_nodes n
+        JOIN plan_nodes pn ON pn.id = n.plan_node_id
        WHERE n.request_id = $1::uuid AND n.node_kind = 'manual']], id)) do
     local c = type(m.config) == "table" and m.config or {}
     manual[m.id] = { instructions = type(c.instructions) == "string" and c.instructions or NULL,
-                     required_inputs = arr(type(c.required_inputs) == "table" and c.required_inputs or {}) }
+                     required_inputs = arr(type(c.required_inputs) == "table" and c.required_inputs or {}),
+                     attestation_statement = signed.attestation_statement(s, id, m.node_key) or NULL,
+                     attested_by = m.attested_by or NULL }
   end
   for i, n in ipairs(nodes) do
     list[i] = pick(n, NODE_FIELDS)
@@ -268,7 +273,7 @@ local function node_action(fn_name)
     if fn_name == "complete_manual_step" then
       local input = (ctx.body or {}).input
       if input == nil then input = {} end
-      req = requests.complete_manual_step(ctx.s, id, principal(ctx), input)
+      req = requests.complete_manual_step(ctx.s, id, principal(ctx), input, (ctx.body or {}).signature)
     else
       req = requests.retry(ctx.s, id, principal(ctx))
     end
@@ -674,9 +679,10 @@ M.LIST = {
     mutating = true, body = NONE, handler = node_action("retry"),
     summary = "retry a FAILED or UNKNOWN node", response = "RequestDetail" },
   { method = "POST", path = "/v3/nodes/{id}/complete", name = "complete_node", owned = "node", role = "operate",
-    mutating = true, body = { optional = true, fields = { input = { type = "any" } } },
+    mutating = true, body = { optional = true, fields = { input = { type = "any" }, signature = { type = "string" } } },
     handler = node_action("complete_manual_step"),
-    summary = "complete a READY manual step with its input", response = "RequestDetail" },
+    summary = "complete a READY manual step with its input (and, under signed approvals, the signature of "
+      .. "its manual.attestation_statement)", response = "RequestDetail" },
   { method = "GET", path = "/v3/balances", name = "balances", role = "read", outside = fetch_balances,
     handler = balances, query = { fresh = { type = "boolean" }, venue_key = { type = "string" } },
     summary = "latest balance of each venue and asset; fresh=true (operate) fetches one venue now",

@@ -52,8 +52,10 @@ M.LIST = {
     .. "nothing submitted again)" },
   { "retry", "(node_id)", "a FAILED or UNKNOWN node -> READY, of a FAILED, MANUAL_INTERVENTION or "
     .. "EXECUTING request (which becomes EXECUTING)" },
-  { "complete_manual", "(node_id, artifacts)", "a READY manual step -> COMPLETED, of a WAITING_MANUAL_ACTION "
-    .. "or EXECUTING request; artifacts: the step's required_inputs (req() lists them)" },
+  { "complete_manual", "(node_id, artifacts[, signature])", "a READY manual step -> COMPLETED, of a "
+    .. "WAITING_MANUAL_ACTION or EXECUTING request; artifacts: the step's required_inputs (req() lists them); "
+    .. "under signed approvals, your signature of its attestation statement (req(id).attestation_statements; "
+    .. "qtgd approver sign --kind attestation --step KEY)" },
   { "dlq", "()", "dead-lettered callbacks" },
   { "redeliver", "(callback_id)", "a dlq callback row -> a new pending row; refused while its last "
     .. "redelivery is pending or was delivered" },
@@ -200,7 +202,8 @@ local NODE_COLUMNS = { "node_key", "node_kind", "action_type", "node_state", "at
                        "provider_refs", "error_code", "error_detail", "next_observe_at", "id" }
 local REQUEST_ORDER = { "id", "created", "template_key", "request_state", "network_class", "created_by",
                         "approved_by", "approvals", "created_at", "updated_at", "expires_at",
-                        "finished_at", "last_error_code", "reason", "manual_steps", "current_frontier",
+                        "finished_at", "last_error_code", "reason", "manual_steps", "attestation_statements",
+                        "current_frontier",
                         "callback_url", "idempotency_key", "intent", "nodes", "callbacks" }
 local REQUEST_COLUMNS = { "id", "template_key", "request_state", "created_at", "created_by",
                           "last_error_code" }
@@ -223,9 +226,10 @@ local function request_detail(s, id)
       JOIN plan_nodes pn ON pn.id = n.plan_node_id
      WHERE n.request_id = $1::uuid ORDER BY pn.ordinal, n.node_key]], id), NODE_COLUMNS)
   -- what an operator must do for a manual step, and what to give
-  local manual = {}
+  local manual, attestations = {}, {}
+  local signed = require "qtg.signed_approvals"
   for _, n in ipairs(s:query([[
-    SELECT n.id, n.node_key, n.node_state, pn.config->>'instructions' AS instructions,
+    SELECT n.id, n.node_key, n.node_state, n.attested_by, pn.config->>'instructions' AS instructions,
            pn.config->'required_inputs' AS required_inputs
       FROM movement_request_nodes n JOIN plan_nodes pn ON pn.id = n.plan_node_id
      WHERE n.request_id = $1::uuid AND n.action_type LIKE 'manual\_%' ORDER BY pn.ordinal, n.node_key]], id)) do
@@ -233,8 +237,12 @@ local function request_detail(s, id)
     manual[#manual + 1] = string.format("%s (%s, node %s): %s%s", n.node_key, n.node_state, n.id,
       tostring(n.instructions ~= qtg.db.NULL and n.instructions or "(no instructions)"),
       #inputs > 0 and ("; complete_manual(node_id, {" .. table.concat(inputs, "=, ") .. "=})") or "")
+      .. (type(n.attested_by) == "string" and ("; attested by " .. n.attested_by) or "")
+    -- under signed approvals, what completing it signs
+    if n.node_state == "READY" then attestations[n.node_key] = signed.attestation_statement(s, id, n.node_key) end
   end
   if #manual > 0 then r.manual_steps = manual end
+  if next(attestations) then r.attestation_statements = attestations end
   -- who rejected or cancelled it, and why (the audit trail keeps the reason)
   local why = s:query([[
     SELECT actor, action, detail->>'reason' AS reason, created_at FROM (
@@ -589,13 +597,13 @@ function M.bind(ctx)
     end)
   end
 
-  function c.complete_manual(node_id, artifacts)
+  function c.complete_manual(node_id, artifacts, signature)
     node_id = resolve_id("node", node_id)
     if type(artifacts) ~= "table" then
-      usage("complete_manual(node_id, artifacts): artifacts must be a table (the step's inputs)")
+      usage("complete_manual(node_id, artifacts[, signature]): artifacts must be a table (the step's inputs)")
     end
     return lifecycle(function(mod, s)
-      local r = mod.complete_manual_step(s, node_id, me(s), artifacts)
+      local r = mod.complete_manual_step(s, node_id, me(s), artifacts, signature)
       return r.id
     end)
   end

@@ -11,7 +11,8 @@
 --   * the enrolment's quorum (2) holds where the policy asks 1, and the
 --     daemon's count ignores a vote row forged as qtg_runtime;
 --   * the initiator's person cannot attest the request's manual step under
---     another principal either.
+--     another principal either, and a manual step is completed only with
+--     the completing person's signature of its attestation statement.
 --   * `qtgd approver sign --request ID` (the id from the approver's own
 --     records) signs only that request's statement: a twin's (the same
 --     digest, the same texts) is refused, as is another deployment or
@@ -95,7 +96,7 @@ describe("signed approvals through the API", function()
     end
     enrolment()
     operator = api.every_class_token("read,operate", { name = names.operator })
-    alice = api.every_class_token("read,approve", { name = names.alice })
+    alice = api.every_class_token("read,approve,operate", { name = names.alice })
     bob = api.every_class_token("read,approve", { name = names.bob })
     ivan = api.every_class_token("read,approve,operate", { name = names.ivan })
     mallory = api.every_class_token("read,approve", { name = names.mallory })
@@ -124,7 +125,7 @@ describe("signed approvals through the API", function()
     assert.equal(item.digest, crypto.sha256_hex(item.approval_document_text))
     assert.equal(item.approval_statement:match("\nplan (%x+)\n$"), crypto.sha256_hex(item.plan_document_text))
     assert.equal("31", require("cjson").decode(item.approval_document_text).intent.amount)
-    assert.equal("qtg-approval-v2\ndeployment " .. DEPLOYMENT .. "\nrequest " .. id .. "\nclass " .. d.class .. "\n",
+    assert.equal("qtg-approval-v3\ndeployment " .. DEPLOYMENT .. "\nrequest " .. id .. "\nclass " .. d.class .. "\n",
       item.approval_statement:match("^(.-\n.-\n.-\n.-\n)"))
     local detail = api.call(d, "GET", "/v3/requests/" .. id, { token = alice }).json
     assert.equal(item.approval_statement, detail.approval_statement)
@@ -159,7 +160,7 @@ describe("signed approvals through the API", function()
     local document = '{"intent": {"destination": "0x' .. string.rep("e", 40) .. '", "destination\226\128\139": "0x'
       .. string.rep("a", 40) .. '", "memo": "caf\195\169 \240\159\146\184"}}'
     local plan = '{"nodes": [], "risk_controls": {}}'
-    local st = "qtg-approval-v2\ndeployment spec-desk\nrequest 0b6d1c2e-1111-4222-8333-944455556666\nclass spec\ndigest "
+    local st = "qtg-approval-v3\ndeployment spec-desk\nrequest 0b6d1c2e-1111-4222-8333-944455556666\nclass spec\ndigest "
       .. crypto.sha256_hex(document) .. "\nplan " .. crypto.sha256_hex(plan) .. "\n"
     assert.truthy(host.approver_sign(key.alice, st, document, plan))
     local shown = common.read(key.alice .. ".statement.err")
@@ -174,15 +175,15 @@ describe("signed approvals through the API", function()
   -- what each node would pay, and what the signer would refuse.
   local function payments(document, plan)
     local crypto = require("qtg").crypto
-    local st = "qtg-approval-v2\ndeployment spec-desk\nrequest 0b6d1c2e-1111-4222-8333-944455556666\nclass spec\n"
+    local st = "qtg-approval-v3\ndeployment spec-desk\nrequest 0b6d1c2e-1111-4222-8333-944455556666\nclass spec\n"
       .. "digest " .. crypto.sha256_hex(document) .. "\nplan " .. crypto.sha256_hex(plan) .. "\n"
     local sig, why = host.approver_sign(key.alice, st, document, plan)
     return sig, sig and common.read(key.alice .. ".statement.err") or why
   end
   local A, B = "0x" .. string.rep("a", 40), "0x" .. string.rep("b", 40)
-  local function transfer(key_, config)
+  local function transfer(key_, config, after)
     return { node_key = key_, node_kind = "action", executor = "evm_transfer", action_type = "evm_transfer",
-             config = config }
+             config = config, after = after or {} }
   end
   local RISK = { max_amount = "25", max_fee_per_gas_wei = "200000000000",
                  max_priority_fee_per_gas_wei = "5000000000", gas_limit = 21000, allowed_chain_ids = { 31337 } }
@@ -196,15 +197,21 @@ describe("signed approvals through the API", function()
     local intent = { asset = "eth", amount = "1.5", chain_id = 31337, destination = A }
     local sig, shown = payments(texts(intent, {
       transfer("pay", { signer_key = "evm_hot" }),
-      transfer("pay_again", { signer_key = "evm_hot", destination = B }),
-      { node_key = "watch", executor = "evm_transfer", action_type = "destination_chain_receive_observe", config = {} },
+      transfer("pay_again", { signer_key = "evm_hot", destination = B }, { "pay" }),
+      { node_key = "watch", executor = "evm_transfer", action_type = "destination_chain_receive_observe", config = {},
+        after = { "pay", "pay_again" } },
+      { node_key = "odd", executor = "manual", action_type = "manual_confirmation", config = {}, after = "pay" },
     }))
     assert.truthy(sig, shown)
     for _, line in ipairs({
-      "  node pay: pays 1.5 ETH to " .. A .. " on chain 31337, signed with key evm_hot\n",
+      "  node pay: pays 1.5 ETH to " .. A .. " on chain 31337, signed with key evm_hot\n  node pay_again",
       "  node pay_again: pays 1.5 ETH to " .. B .. " on chain 31337, signed with key evm_hot\n"
-        .. "    the node's own destination, not the intent's (" .. A .. ")\n",
-      "  node watch: evm_transfer / destination_chain_receive_observe: not signed by qtg's signer\n",
+        .. "    the node's own destination, not the intent's (" .. A .. ")\n"
+        .. "    runs only after: pay\n",
+      "  node watch: evm_transfer / destination_chain_receive_observe: not signed by qtg's signer\n"
+        .. "    runs only after: pay, pay_again\n",
+      "  node odd: manual / manual_confirmation: not signed by qtg's signer\n"
+        .. "    its steps before it are not listed (pay): read the plan text\n",
       "  in all: 2 transfers of 1.5 ETH each\n",
       "  within the plan's risk_controls: max_amount 25, max_fee_per_gas 200000000000 wei, "
         .. "max_priority_fee_per_gas 5000000000 wei, gas_limit 21000, allowed_chain_ids [31337]\n",
@@ -347,6 +354,25 @@ describe("signed approvals through the API", function()
     assert.equal(1, rc, err)
     assert.equal("", out)
     assert.truthy(err:find("this is an approval statement, and --kind says initiation", 1, true), err)
+    -- a manual step's attestation: signed only for the step named with
+    -- --step, and only as an attestation
+    local attestation = common.statement(id, DEPLOYMENT, "attestation", "desk_confirmation")
+    rc, out, err = sign_with(attestation, { key.alice, "--request", id, "--kind", "attestation",
+      "--step", "desk_confirmation" })
+    assert.equal(0, rc, err)
+    assert.equal(host.approver_sign(key.alice, attestation) .. "\n", out)
+    assert.truthy(err:find("==> attestation statement (confirmed) for step desk_confirmation (confirmed), request "
+      .. id .. " (confirmed)", 1, true), err)
+    rc, out, err = sign_with(attestation, { key.alice, "--request", id, "--kind", "attestation", "--step", "withdraw" })
+    assert.equal(1, rc, err)
+    assert.equal("", out)
+    assert.truthy(err:find("statement: step desk_confirmation\n  expected:  step withdraw\n", 1, true), err)
+    rc, out, err = sign_with(attestation, { key.alice, "--request", id, "--kind", "approval" })
+    assert.equal(1, rc, err)
+    assert.truthy(err:find("this is an attestation statement, and --kind says approval", 1, true), err)
+    rc, out, err = sign_with(st, { key.alice, "--request", id, "--kind", "attestation", "--step", "desk_confirmation" })
+    assert.equal(1, rc, err)
+    assert.truthy(err:find("this is an approval statement, and --kind says attestation", 1, true), err)
     -- usage errors (exit 2, no signature): unknown flags, a missing value,
     -- a flag twice, a request id that is not a lowercase uuid
     for _, c in ipairs({
@@ -365,12 +391,18 @@ describe("signed approvals through the API", function()
       { { key.alice, "--class", "Main" }, "--class takes a network class" },
       { { key.alice, document, "--request", id }, "DOCUMENT needs its PLAN" },
       { { "--request", id }, "needs a key FILE" },
-      { { key.alice, "--kind", "approvals" }, "--kind takes approval or initiation, not 'approvals'" },
+      { { key.alice, "--kind", "approvals" }, "--kind takes approval, initiation or attestation, not 'approvals'" },
       { { key.alice, "--kind" }, "a value is missing after '--kind'" },
       { { key.alice, "--kind", "approval", "--kind", "approval" }, "given twice: '--kind'" },
       -- a key never signs a request nobody named, nor a kind nobody asked
       { { key.alice, document, plan, "--kind", "approval" }, "sign needs --request UUID" },
-      { { key.alice, "--request", id }, "sign needs --kind approval or --kind initiation" },
+      { { key.alice, "--request", id }, "sign needs --kind approval, initiation or attestation" },
+      -- an attestation names its step, from the operator's own records
+      { { key.alice, "--request", id, "--kind", "attestation" }, "an attestation needs --step KEY" },
+      { { key.alice, "--request", id, "--kind", "approval", "--step", "desk_confirmation" },
+        "--step is an attestation's" },
+      { { key.alice, "--request", id, "--kind", "attestation", "--step", "Desk" }, "--step takes a plan node key" },
+      { { key.alice, "--request", id, "--kind", "attestation", "--step", "a b" }, "--step takes a plan node key" },
       { { key.alice }, "sign needs --request UUID" },
     }) do
       rc, out, err = sign_with(st, c[1])
@@ -450,6 +482,62 @@ describe("signed approvals through the API", function()
     assert.truthy(r.body:find("four eyes", 1, true), r.body)
   end)
 
+  -- Under signed approvals a manual step is an attestation a person signs
+  -- (sql/0206): the signer takes no manual step the runtime completed by
+  -- itself.  Every completion that would not carry a valid attestation is
+  -- refused and leaves the step READY.
+  it("completes a manual step only with its attestation signed by an enrolled person", function()
+    local id = create("34")
+    for _, who in ipairs({ { alice, "alice" }, { bob, "bob" } }) do
+      local r = approve(id, who[1], host.approver_sign(key[who[2]], statement(id)))
+      assert.equal(200, r.status, r.body)
+    end
+    local manual = common.wait_for(function()
+      for _, n in ipairs(api.call(d, "GET", "/v3/requests/" .. id, { token = alice }).json.nodes) do
+        if n.node_kind == "manual" and n.node_state == "READY" then return n end
+      end
+    end, 60, "the manual step to be READY")
+    local function attestation(step)
+      return rows("SELECT qtg_attestation_statement(r, $2, $3) AS t FROM movement_requests r WHERE id = $1::uuid",
+        id, DEPLOYMENT, step)[1].t
+    end
+    local want = attestation(manual.node_key)
+    assert.equal(want, manual.manual.attestation_statement)
+    assert.equal(statement(id):gsub("^qtg%-approval%-v3", "qtg-attestation-v1") .. "step " .. manual.node_key
+      .. "\n", want)
+    local function complete(token, sig)
+      return api.check(doc, api.call(d, "POST", "/v3/nodes/" .. manual.id .. "/complete",
+        { token = token, key = common.uid("k", 4), json = { input = { desk_reference = "D-10" }, signature = sig } }),
+        "POST", "/v3/nodes/{id}/complete")
+    end
+    local stranger = api.every_class_token("read,operate", { name = common.uid("stranger", 4) })
+    for i, c in ipairs({
+      { alice, nil, 403, "attestation statement" },
+      { alice, "xyz", 422, "128 lowercase hex" },
+      { alice, host.approver_sign(key.bob, want), 403, "attestation statement" },
+      { alice, host.approver_sign(key.alice, statement(id)), 403, "attestation statement" },
+      { alice, host.approver_sign(key.alice, attestation("withdraw")), 403, "attestation statement" },
+      { ivan, host.approver_sign(key.ivan, want), 403, "four eyes" },
+      { stranger, host.approver_sign(key.mallory, want), 403, "not enrolled as a person" },
+    }) do
+      local r = complete(c[1], c[2])
+      assert.equal(c[3], r.status, i .. ": " .. r.body)
+      assert.truthy(r.body:find(c[4], 1, true), i .. ": " .. r.body)
+    end
+    local row = rows("SELECT node_state, attested_by FROM movement_request_nodes WHERE id = $1::uuid", manual.id)[1]
+    assert.equal("READY", row.node_state)
+    assert.equal(NULL_TEXT, tostring(row.attested_by))
+    local sig = host.approver_sign(key.alice, want)
+    local r = complete(alice, sig)
+    assert.equal(200, r.status, r.body)
+    row = rows([[SELECT node_state, attested_by, attestation_signature FROM movement_request_nodes
+                  WHERE id = $1::uuid]], manual.id)[1]
+    assert.same({ "COMPLETED", "api:" .. names.alice, sig }, { row.node_state, row.attested_by, row.attestation_signature })
+    for _, n in ipairs(r.json.nodes) do
+      if n.id == manual.id then assert.equal("api:" .. names.alice, n.manual.attested_by) end
+    end
+  end)
+
   -- Revoking an approver: the file without them and a reload (SIGHUP), no
   -- restart.  Their vote is refused from then on; a file the reload cannot
   -- take refuses every vote until it is fixed.
@@ -511,7 +599,7 @@ describe("signed approvals through the API", function()
       local id = r.json.id
       assert.is_false(r.json.initiated)
       local initiation = r.json.initiation_statement
-      assert.equal("qtg-initiation-v1\ndeployment " .. DEPLOYMENT .. "\nrequest " .. id .. "\n",
+      assert.equal("qtg-initiation-v2\ndeployment " .. DEPLOYMENT .. "\nrequest " .. id .. "\n",
         initiation:match("^(.-\n.-\n.-\n)"))
       assert.equal(r.json.approval_statement:gsub("^[^\n]*", ""), (initiation:gsub("^[^\n]*", "")))
       -- not initiated: no approval taken, not in the inbox

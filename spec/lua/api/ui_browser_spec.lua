@@ -16,7 +16,7 @@ local api, common, host
 local d, report, plan
 local tokens = {}
 local ids = {}
-local keydir, statement, approver_key
+local keydir, statement, approver_key, desk_key
 -- the approvers' enrolment of this daemon names this deployment
 local DEPLOYMENT = "ui-desk"
 
@@ -66,8 +66,8 @@ local function seed_many(from_id)
 end
 
 -- the approver's signature of the request's statement (qtgd approver sign)
-local function statement_of(id, kind)
-  return common.statement(id, DEPLOYMENT, kind)
+local function statement_of(id, kind, step)
+  return common.statement(id, DEPLOYMENT, kind, step)
 end
 
 local function signed(id)
@@ -109,25 +109,27 @@ describe("the web console in a browser", function()
     -- the requests' maker (the operator's and the own-scope client's
     -- system) signs each request it makes first (initiation signed)
     keydir = host.tmpdir()
-    local pub, maker_pub, approver_name, operator_name, own_name
+    local pub, maker_pub, desk_pub, approver_name, operator_name, own_name, desk_name
     approver_key, pub = host.approver_key(keydir, "approver")
     maker_key, maker_pub = host.approver_key(keydir, "desk-system")
+    desk_key, desk_pub = host.approver_key(keydir, "desk")
     local class = common.uid("api", 4)   -- the tokens are made before their daemon starts
     tokens.approver, approver_name = api.token("read,approve", { class = class })
     tokens.operator, operator_name = api.token("read,operate", { class = class })
     tokens.own, own_name = api.token("read,operate", { scope = "own", class = class })
+    -- a second operator attests the manual step (never the initiator: four
+    -- eyes), a person with a key of their own who signs that it is done
+    tokens.desk, desk_name = api.token("read,operate", { class = class })
     local enrolment = keydir .. "/approvers"
-    host.write(enrolment, ("deployment %s\ninitiation signed\nperson approver %s api:%s\n"
-      .. "initiator desk-system %s api:%s,api:%s\nquorum * 1\n"):format(DEPLOYMENT, pub, approver_name, maker_pub,
-      operator_name, own_name))
+    host.write(enrolment, ("deployment %s\ninitiation signed\nperson approver %s api:%s\nperson desk %s api:%s\n"
+      .. "initiator desk-system %s api:%s,api:%s\nquorum * 1\n"):format(DEPLOYMENT, pub, approver_name, desk_pub,
+      desk_name, maker_pub, operator_name, own_name))
     os.execute("chmod 644 " .. common.quote(enrolment))
     d = api.start({ MG_NETWORK_CLASS = class, MG_NODE_DISPATCH_INTERVAL_SECONDS = "0.2",
                     MG_NODE_OBSERVE_INTERVAL_SECONDS = "0.2",
                     MG_API_RATE_LIMIT_PER_SECOND = "1000", MG_API_RATE_LIMIT_BURST = "1000",
                     MG_SIGNER_APPROVERS = enrolment })
     tokens.reader = api.token("read")
-    -- a second operator attests the manual step (never the initiator: four eyes)
-    tokens.desk = api.token("read,operate")
 
     -- the filter: two requests to one fresh destination, one of them rejected
     local dest = "0x" .. common.uid("", 20):gsub("[^%x]", ""):sub(1, 40)
@@ -187,7 +189,9 @@ describe("the web console in a browser", function()
       reject = { id = ids.reject, reason = "amount does not match the desk ticket" },
       cancelUnknown = { id = ids.cancel_unknown, reason = "desk confirmed by phone: nothing was paid" },
       stopping = { id = ids.stopping },
-      complete = { id = ids.complete, node = "desk_confirmation", reference = "DESK-UI-1" },
+      complete = { id = ids.complete, node = "desk_confirmation", reference = "DESK-UI-1",
+                   signature = host.approver_sign(desk_key, statement_of(ids.complete, "attestation",
+                     "desk_confirmation")) },
       dlq = { id = ids.dlq, bulkRequest = ids.bulk_request },
       readOnly = { id = ids.read_only },
       paging = { template = "otc_settlement_manual", state = "EXPIRED", pages = 3 },
@@ -281,12 +285,15 @@ describe("the web console in a browser", function()
     assert.equal(plan.reject.reason, vote.comment)
   end)
 
-  it("completes a manual step through its input form, as another operator than the initiator", function()
+  it("completes a manual step through its input form, as another operator than the initiator, who signs it", function()
     local s = scenario("complete")
     assert.equal(0, s.offeredToInitiator)
     assert.same({ "desk_reference" }, s.fields)
     assert.is_true(s.disabledEmpty)
+    -- the input given, the attestation not signed yet
+    assert.is_true(s.disabledUnsigned)
     assert.is_false(s.disabledTyped)
+    assert.equal(statement_of(ids.complete, "attestation", "desk_confirmation"), s.statement)
     local instructions = false
     for _, l in ipairs(s.lines) do instructions = instructions or l:find("OTC desk", 1, true) ~= nil end
     assert.is_true(instructions, "the dialog shows the step's instructions: " .. cjson.encode(s.lines))
@@ -294,10 +301,12 @@ describe("the web console in a browser", function()
       local st = rows("SELECT request_state FROM movement_requests WHERE id = $1::uuid", ids.complete)[1].request_state
       return st == "COMPLETED", st
     end, 30, "the request to complete")
-    local node = rows([[SELECT node_state, provider_refs->>'desk_reference' AS ref FROM movement_request_nodes
+    local node = rows([[SELECT node_state, provider_refs->>'desk_reference' AS ref, attestation_signature
+                          FROM movement_request_nodes
                          WHERE request_id = $1::uuid AND node_key = 'desk_confirmation']], ids.complete)[1]
     assert.equal("COMPLETED", node.node_state)
     assert.equal("DESK-UI-1", node.ref)
+    assert.equal(plan.complete.signature, node.attestation_signature)
   end)
 
   it("cancels beside an UNKNOWN node only as reconciled, saying what the operator vouches for", function()

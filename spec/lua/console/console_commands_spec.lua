@@ -94,7 +94,7 @@ describe("console request commands", function()
       "cancel%(id, reason%[, {reconciled = true}%]%)%s+PENDING_APPROVAL, APPROVED, EXECUTING, WAITING_MANUAL_ACTION or MANUAL_INTERVENTION",
       "resume%(id%)%s+MANUAL_INTERVENTION %-> EXECUTING; refused while a node is FAILED",
       "FAILED %-> EXECUTING while a node is in flight",
-      "retry%(node_id%)%s+a FAILED or UNKNOWN node", "complete_manual%(node_id, artifacts%)%s+a READY manual step",
+      "retry%(node_id%)%s+a FAILED or UNKNOWN node", "complete_manual%(node_id, artifacts%[, signature%]%)%s+a READY manual step",
       "redeliver%(callback_id%)%s+a dlq callback row",
     }) do
       assert.matches(want, text)

@@ -181,6 +181,14 @@ local function statement(id, deployment)
   return common.statement(id, deployment or DEPLOYMENT)
 end
 
+-- the attestation statement of a request's manual step (sql/0206), and
+-- one stored on its node as the daemon's role would
+local function attestation(id, step) return common.statement(id, DEPLOYMENT, "attestation", step) end
+local function attest(node_id, principal, signature)
+  must_as_runtime([[UPDATE movement_request_nodes SET attested_by = $2, attestation_signature = $3
+                     WHERE id = $1::uuid]], node_id, principal, signature)
+end
+
 -- a vote of principal for the request's stored digest, as the daemon's role
 local function signed_vote(request_id, principal, signature)
   must_as_runtime([[INSERT INTO request_approvals (request_id, principal, decision, approval_digest, signature)
@@ -1346,6 +1354,160 @@ for c in cs: print(c.makefile().readline().strip()[:60], flush=True)' %s %s %s]]
     must_as_runtime("UPDATE movement_request_nodes SET node_state = 'COMPLETED' WHERE id = $1::uuid", nodes.gate.id)
     sig, err = ask_sa(req.id, nodes.transfer.id, p)
     assert.truthy(sig, err and err.message)
+  end)
+
+  -- The plan document approvers sign names the steps right before each
+  -- node ("after", sql/0205), so the statement's plan line covers the
+  -- order.  Before, two plans that differed only by a manual gate before
+  -- the transfer had the same document and the same plan line: approvers
+  -- could neither see nor sign whether the gate came first.
+  it("has approvers sign the plan's order: a signature of the plan without it counts for nothing", function()
+    local function template(gated)
+      local tkey = "sign_t_order_" .. qtg.crypto.hex(qtg.crypto.random_bytes(4))
+      local doc = sup.template(tkey, "sa", { allowed_chain_ids = { CHAIN }, max_amount = "25" })
+      table.insert(doc.nodes, 1, { key = "gate", kind = "manual", action_type = "manual_confirmation",
+        executor = "manual", config = { instructions = "the treasurer confirms the beneficiary" } })
+      if gated then doc.edges[#doc.edges + 1] = { from = "gate", to = "transfer" } end
+      engine.load_doc(s, doc)
+      return tkey
+    end
+    local class, dest = new_class(), sup.random_address()
+    local gated = sup.create(s, template(true), class, intent(dest))
+    local open = sup.create(s, template(false), class, intent(dest))
+    -- each plan's document, and the digest of the same document without
+    -- the order (the plan line before sql/0205)
+    local function plan(id)
+      local row = s:query([[
+        SELECT q.d::text AS text,
+               encode(sha256(convert_to(jsonb_build_object('risk_controls', q.d->'risk_controls', 'nodes',
+                 (SELECT jsonb_agg(x.n - 'after' ORDER BY x.i)
+                    FROM jsonb_array_elements(q.d->'nodes') WITH ORDINALITY x (n, i)))::text, 'UTF8')),
+                 'hex') AS unordered,
+               qtg_approval_document(r)::text AS document
+          FROM movement_requests r, LATERAL (SELECT qtg_approval_plan_document(r.plan_version_id) AS d) q
+         WHERE r.id = $1::uuid]], id)[1]
+      local after = {}
+      for _, n in ipairs(cjson.decode(row.text).nodes) do after[n.node_key] = table.concat(n.after, ",") end
+      row.after = after
+      return row
+    end
+    local g, o = plan(gated.id), plan(open.id)
+    assert.same({ gate = "", transfer = "gate", destination_receive = "transfer",
+                  destination_finality = "destination_receive" }, g.after)
+    assert.same({ gate = "", transfer = "", destination_receive = "transfer",
+                  destination_finality = "destination_receive" }, o.after)
+    assert.equal(g.unordered, o.unordered)       -- what approvers signed before: the same for both
+    local st = statement(gated.id)
+    local line = st:match("\nplan (%x+)\n")
+    assert.not_equal(line, statement(open.id):match("\nplan (%x+)\n"))
+    assert.not_equal(g.unordered, line)
+    -- the approver's tool shows the order it signs
+    local e = approvers({ { "alice", "operator:alice,api:alice" }, { "bob", "operator:bob,api:bob" } },
+      { [class] = 2 })
+    assert.truthy(sup.host.approver_sign(e.key.alice, st, g.document, g.text))
+    local shown = common.read(e.key.alice .. ".statement.err")
+    assert.truthy(shown:find(("  node transfer: pays %s ETH to %s on chain %d, signed with key sa\n"
+      .. "    runs only after: gate\n"):format(AMOUNT, dest, CHAIN), 1, true), shown)
+    assert.truthy(sup.host.approver_sign(e.key.alice, statement(open.id), o.document, o.text))
+    shown = common.read(e.key.alice .. ".statement.err")
+    assert.truthy(shown:find(("  node transfer: pays %s ETH to %s on chain %d, signed with key sa\n"
+      .. "    runs only after"):format(AMOUNT, dest, CHAIN), 1, true) == nil, shown)
+    assert.truthy(shown:find("  node destination_receive: [^\n]*\n    runs only after: transfer\n"), shown)
+    -- signatures of the gated request's statement with the plan line that
+    -- leaves the order out do not count; of its statement, they do
+    local unordered = st:gsub("\nplan %x+\n", "\nplan " .. g.unordered .. "\n")
+    for _, name in ipairs({ "alice", "bob" }) do
+      signed_vote(gated.id, "operator:" .. name, sup.host.approver_sign(e.key[name], unordered))
+    end
+    local nodes = engine.nodes(s, gated.id)
+    must_as_runtime("UPDATE movement_request_nodes SET node_state = 'COMPLETED' WHERE id = $1::uuid", nodes.gate.id)
+    must_as_runtime("UPDATE movement_request_nodes SET node_state = 'READY' WHERE id = $1::uuid", nodes.transfer.id)
+    must_as_runtime("UPDATE movement_requests SET request_state = 'EXECUTING' WHERE id = $1::uuid", gated.id)
+    local p = payload({ to = dest, nonce = 976 })
+    reserve(nodes.transfer.id, DEV[1].address, 976, p.signing_hash)
+    start_local_signer("sa=" .. sup.key_file(dir, "sa", DEV[1].key), { MG_SIGNER_APPROVERS = e.path })
+    local sig, err = ask_sa(gated.id, nodes.transfer.id, p)
+    assert.is_nil(sig, "signed on signatures of a plan line without the order")
+    assert.equal("APPROVALS_INCOMPLETE", err.code, tostring(err.message))
+    assert.matches("0 of 2 enrolled approvers", err.message, 1, true)
+    for _, name in ipairs({ "alice", "bob" }) do
+      signed_vote(gated.id, "api:" .. name, sup.host.approver_sign(e.key[name], st))
+    end
+    -- (the gate attested: "signs a transfer past manual steps only when ...")
+    attest(nodes.gate.id, "operator:alice", sup.host.approver_sign(e.key.alice, attestation(gated.id, "gate")))
+    sig, err = ask_sa(gated.id, nodes.transfer.id, p)
+    assert.truthy(sig, err and err.message)
+    os.execute("rm -rf " .. common.quote(e.dir))
+  end)
+
+  -- A manual step binds the signer only when a person signed that it is
+  -- done (sql/0206): the runtime writes node states, and set a gate
+  -- COMPLETED by itself to have the transfer after it signed (session 33's
+  -- order check alone let it).  Every manual step before the transfer in
+  -- the plan, not only the one right before it, needs an enrolled person's
+  -- attestation, and never the maker's.
+  it("signs a transfer past manual steps only when an enrolled person attested each", function()
+    local tkey = "sign_t_attest_" .. qtg.crypto.hex(qtg.crypto.random_bytes(4))
+    local doc = sup.template(tkey, "sa", { allowed_chain_ids = { CHAIN }, max_amount = "25" })
+    for i, key in ipairs({ "desk", "gate" }) do
+      table.insert(doc.nodes, i, { key = key, kind = "manual", action_type = "manual_confirmation",
+        executor = "manual", config = { instructions = "confirm " .. key } })
+    end
+    doc.edges[#doc.edges + 1] = { from = "desk", to = "gate" }
+    doc.edges[#doc.edges + 1] = { from = "gate", to = "transfer" }
+    engine.load_doc(s, doc)
+    local class, dest = new_class(), sup.random_address()
+    local req = sup.create(s, tkey, class, intent(dest))
+    local e = approvers({ { "alice" }, { "bob" }, { "ivan", engine.INITIATOR .. ",operator:ivan" } }, { [class] = 2 })
+    local st = statement(req.id)
+    for _, name in ipairs({ "alice", "bob" }) do
+      signed_vote(req.id, "operator:" .. name, sup.host.approver_sign(e.key[name], st))
+    end
+    local nodes = engine.nodes(s, req.id)
+    -- the runtime completes both manual steps and readies the transfer
+    for _, key in ipairs({ "desk", "gate" }) do
+      must_as_runtime("UPDATE movement_request_nodes SET node_state = 'READY' WHERE id = $1::uuid AND node_state = 'BLOCKED'",
+        nodes[key].id)
+      must_as_runtime("UPDATE movement_request_nodes SET node_state = 'COMPLETED' WHERE id = $1::uuid", nodes[key].id)
+    end
+    must_as_runtime("UPDATE movement_request_nodes SET node_state = 'READY' WHERE id = $1::uuid", nodes.transfer.id)
+    must_as_runtime("UPDATE movement_requests SET request_state = 'EXECUTING' WHERE id = $1::uuid", req.id)
+    local p = payload({ to = dest, nonce = 977 })
+    reserve(nodes.transfer.id, DEV[1].address, 977, p.signing_hash)
+    start_local_signer("sa=" .. sup.key_file(dir, "sa", DEV[1].key), { MG_SIGNER_APPROVERS = e.path })
+    local function refused(why, text)
+      local sig, err = ask_sa(req.id, nodes.transfer.id, p)
+      assert.is_nil(sig, why)
+      assert.equal("STEP_NOT_ATTESTED", err.code, why .. ": " .. tostring(err.message))
+      assert.matches(text, err.message, 1, true)
+    end
+    refused("no attestation", "manual step desk before this one carries no attestation")
+    local desk, gate = attestation(req.id, "desk"), attestation(req.id, "gate")
+    assert.matches("^qtg%-attestation%-v1\n.*\nstep desk\n$", desk)
+    -- the one right before it attested, the one before that not
+    attest(nodes.gate.id, "operator:alice", sup.host.approver_sign(e.key.alice, gate))
+    refused("the step two before unattested", "manual step desk before this one carries no attestation")
+    -- the runtime's forgeries: nobody enrolled; bob's signature under
+    -- alice's name; alice's signature of another step's attestation, and of
+    -- the approval statement; the maker's own attestation
+    attest(nodes.desk.id, "operator:mallory", sup.host.approver_sign(e.key.alice, desk))
+    refused("an attester nobody enrolled", "attested by operator:mallory, who is no enrolled person")
+    attest(nodes.desk.id, "operator:alice", sup.host.approver_sign(e.key.bob, desk))
+    refused("another person's signature", "alice did not sign the attestation of manual step desk")
+    attest(nodes.desk.id, "operator:alice", sup.host.approver_sign(e.key.alice, gate))
+    refused("another step's attestation", "alice did not sign the attestation of manual step desk")
+    attest(nodes.desk.id, "operator:alice", sup.host.approver_sign(e.key.alice, st))
+    refused("the approval statement", "alice did not sign the attestation of manual step desk")
+    attest(nodes.desk.id, "operator:ivan", sup.host.approver_sign(e.key.ivan, desk))
+    refused("the maker's attestation", "attested by ivan, who made the request")
+    -- attested, but the runtime puts the step back: not done
+    attest(nodes.desk.id, "operator:bob", sup.host.approver_sign(e.key.bob, desk))
+    common.unfrozen(s, "UPDATE movement_request_nodes SET node_state = 'READY' WHERE id = $1::uuid", nodes.desk.id)
+    refused("an attested step not COMPLETED", "manual step desk before this one is READY, not COMPLETED")
+    common.unfrozen(s, "UPDATE movement_request_nodes SET node_state = 'COMPLETED' WHERE id = $1::uuid", nodes.desk.id)
+    local sig, err = ask_sa(req.id, nodes.transfer.id, p)
+    assert.truthy(sig, err and err.message)
+    os.execute("rm -rf " .. common.quote(e.dir))
   end)
 
   -- The signer recomputes the digest and the plan digest with built-ins,

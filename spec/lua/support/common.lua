@@ -224,12 +224,19 @@ function M.waiting_on(pid, application)
                   WHERE application_name = $2 AND $1 = ANY(pg_blocking_pids(pid))]], pid, application or "qtgd")[1].n
 end
 
--- statement(id, deployment[, kind]) -> the text a key signs for request id
--- in that deployment: its approval statement, or with kind "initiation"
--- its maker's (sql/0190, sql/0192).
-local STATEMENT_FUNCTION = { approval = "qtg_approval_statement", initiation = "qtg_initiation_statement" }
-function M.statement(id, deployment, kind)
-  local fn = assert(STATEMENT_FUNCTION[kind or "approval"], "kind is approval or initiation")
+-- statement(id, deployment[, kind[, step]]) -> the text a key signs for
+-- request id in that deployment: its approval statement, with kind
+-- "initiation" its maker's, with kind "attestation" the one that its
+-- manual step `step` is done (sql/0190, sql/0192, sql/0206).
+function M.statement(id, deployment, kind, step)
+  kind = kind or "approval"
+  if kind == "attestation" then
+    assert(step, "an attestation names its step")
+    return query("SELECT qtg_attestation_statement(r, $2, $3) AS t FROM movement_requests r WHERE id = $1::uuid",
+      id, deployment, step)[1].t
+  end
+  local fn = assert(({ approval = "qtg_approval_statement", initiation = "qtg_initiation_statement" })[kind],
+    "kind is approval, initiation or attestation")
   return query("SELECT " .. fn .. "(r, $2) AS t FROM movement_requests r WHERE id = $1::uuid", id, deployment)[1].t
 end
 

@@ -104,7 +104,8 @@ end
 -- The signature (128 hex) of statement with the key at path (`qtgd
 -- approver sign`); with document and plan (texts), signed only when they
 -- are what the statement hashes: nil, the tool's message when not.  It
--- confirms the request and kind the statement names (--request, --kind):
+-- confirms the request, kind and step the statement names (--request,
+-- --kind, an attestation's --step):
 -- the specs of what the flags refuse call the tool themselves.
 function M.approver_sign(path, statement, document, plan)
   local file = path .. ".statement"
@@ -112,6 +113,8 @@ function M.approver_sign(path, statement, document, plan)
   local kind = statement:match("^qtg%-(%a+)%-v%d+\n") or "approval"
   local extra = " --kind " .. common.quote(kind) .. " --request "
     .. common.quote(statement:match("\nrequest ([^\n]*)\n") or "none")
+  local step = statement:match("\nstep ([^\n]*)\n$")
+  if kind == "attestation" then extra = extra .. " --step " .. common.quote(step or "none") end
   if document then
     common.write(file .. ".document", document)
     common.write(file .. ".plan", plan)

@@ -148,6 +148,49 @@ describe("qtg.audit_approvals", function()
     approved(signed_by_two(id))
     assert.equals("1 signed approval of 2 asked (2 approve votes recorded)", problems({ id })[id])
   end)
+
+  -- A manual step completed with no attestation a person signed (the
+  -- runtime set it COMPLETED itself), or with one that does not hold:
+  -- the signer would not have signed past it (STEP_NOT_ATTESTED).
+  it("names each manual step completed without an enrolled person's attestation", function()
+    local gated = "spec_aa_gate_" .. uid()
+    sup.load_doc(s, sup.doc(gated, { { "gate", "manual", "manual_confirmation" },
+                                     { "a", "action", "withdrawal", { sim = { observes = 0 } } } },
+                            { { "gate", "a" } }))
+    local function completed(by, signer, step, maker)
+      local id = sup.create(s, gated, { callback_url = false }).id
+      sup.move_class(s, id, class)
+      if maker then s:query("UPDATE movement_requests SET created_by = $2 WHERE id = $1::uuid", id, maker) end
+      s:query("UPDATE movement_requests r SET approval_digest = qtg_approval_digest(r) WHERE id = $1::uuid", id)
+      approved(signed_by_two(id))
+      local sig
+      if signer then
+        local st = s:query("SELECT qtg_attestation_statement(r, $2, $3) AS t FROM movement_requests r WHERE id = $1::uuid",
+          id, DEPLOYMENT, step or "gate")[1].t
+        sig = support.approver_sign(e.key[signer], st)
+      end
+      s:query([[UPDATE movement_request_nodes SET node_state = 'READY'
+                 WHERE request_id = $1::uuid AND node_key = 'gate' AND node_state = 'BLOCKED']], id)
+      s:query([[UPDATE movement_request_nodes SET node_state = 'COMPLETED', attested_by = $2,
+                       attestation_signature = $3 WHERE request_id = $1::uuid AND node_key = 'gate']],
+        id, by and "operator:" .. by or nil, sig)
+      return id
+    end
+    local good = completed("carol", "carol")
+    local bare = completed(nil, nil)
+    local stranger = completed("mallory", "carol")
+    local forged = completed("carol", "alice")
+    local other_step = completed("carol", "carol", "a")
+    -- the maker attesting her own request's step
+    local own = completed("carol", "carol", nil, "operator:carol")
+    local p = problems({ good, bare, stranger, forged, other_step, own })
+    assert.is_nil(p[good])
+    assert.equals("manual step gate was completed without a person's attestation", p[bare])
+    assert.equals("manual step gate was attested by operator:mallory, who is no enrolled person", p[stranger])
+    assert.equals("manual step gate carries an attestation operator:carol did not sign", p[forged])
+    assert.equals("manual step gate carries an attestation operator:carol did not sign", p[other_step])
+    assert.equals("manual step gate was attested by operator:carol, who made the request", p[own])
+  end)
 end)
 
 -- The command, on a database of its own: requests the engine approved

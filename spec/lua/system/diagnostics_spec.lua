@@ -257,12 +257,12 @@ describe("qtgd's command line", function()
     assert.matches("File exists", out, 1, true)
     assert.matches("ed25519:" .. pub, select(2, approver({ "public", key })), 1, true)
     -- anything but one statement is not signed
-    local st = "qtg-approval-v2\ndeployment desk-1\nrequest 0b6d1c2e-1111-4222-8333-944455556666\nclass mainnet\ndigest "
+    local st = "qtg-approval-v3\ndeployment desk-1\nrequest 0b6d1c2e-1111-4222-8333-944455556666\nclass mainnet\ndigest "
       .. string.rep("a", 64) .. "\nplan " .. string.rep("b", 64) .. "\n"
     local sign = { "sign", key, "--request", "0b6d1c2e-1111-4222-8333-944455556666", "--kind", "approval" }
     for _, bad in ipairs({ "", "hello", st .. "x", st:gsub("mainnet", "Mainnet"), st:sub(1, -2),
                            (st:gsub("request ", "request  ")), (st:gsub("deployment desk%-1\n", "")),
-                           (st:gsub("v2", "v1")) }) do
+                           (st:gsub("v3", "v2")), (st:gsub("v3", "v1")) }) do
       rc, out = approver(sign, bad)
       assert.equal(1, rc, out)
       assert.is_nil(out:match("%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x"
