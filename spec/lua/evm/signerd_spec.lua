@@ -1487,19 +1487,20 @@ for c in cs: print(c.makefile().readline().strip()[:60], flush=True)' %s %s %s]]
     -- the one right before it attested, the one before that not
     attest(nodes.gate.id, "operator:alice", sup.host.approver_sign(e.key.alice, gate))
     refused("the step two before unattested", "manual step desk before this one carries no attestation")
-    -- the runtime's forgeries: nobody enrolled; bob's signature under
-    -- alice's name; alice's signature of another step's attestation, and of
-    -- the approval statement; the maker's own attestation
-    attest(nodes.desk.id, "operator:mallory", sup.host.approver_sign(e.key.alice, desk))
-    refused("an attester nobody enrolled", "attested by operator:mallory, who is no enrolled person")
-    attest(nodes.desk.id, "operator:alice", sup.host.approver_sign(e.key.bob, desk))
-    refused("another person's signature", "alice did not sign the attestation of manual step desk")
-    attest(nodes.desk.id, "operator:alice", sup.host.approver_sign(e.key.alice, gate))
-    refused("another step's attestation", "alice did not sign the attestation of manual step desk")
-    attest(nodes.desk.id, "operator:alice", sup.host.approver_sign(e.key.alice, st))
-    refused("the approval statement", "alice did not sign the attestation of manual step desk")
-    attest(nodes.desk.id, "operator:ivan", sup.host.approver_sign(e.key.ivan, desk))
-    refused("the maker's attestation", "attested by ivan, who made the request")
+    -- the runtime's forgeries of desk's attestation: { attested_by, whose
+    -- key signs, what it signs, why, the refusal }
+    local not_alice = "alice did not sign the attestation of manual step desk"
+    for _, f in ipairs({
+      { "operator:mallory", "alice", desk, "an attester nobody enrolled",
+        "attested by operator:mallory, who is no enrolled person" },
+      { "operator:alice", "bob", desk, "another person's signature", not_alice },
+      { "operator:alice", "alice", gate, "another step's attestation", not_alice },
+      { "operator:alice", "alice", st, "the approval statement", not_alice },
+      { "operator:ivan", "ivan", desk, "the maker's attestation", "attested by ivan, who made the request" },
+    }) do
+      attest(nodes.desk.id, f[1], sup.host.approver_sign(e.key[f[2]], f[3]))
+      refused(f[4], f[5])
+    end
     -- attested, but the runtime puts the step back: not done
     attest(nodes.desk.id, "operator:bob", sup.host.approver_sign(e.key.bob, desk))
     common.unfrozen(s, "UPDATE movement_request_nodes SET node_state = 'READY' WHERE id = $1::uuid", nodes.desk.id)
