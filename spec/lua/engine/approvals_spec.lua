@@ -442,6 +442,22 @@ describe("approvals", function()
         for _, r in ipairs(cmds.approvals({ pending = true })) do assert.not_equal(req.id, r.id) end
         e = select(2, pcall(cmds.add_operator, "x-" .. uid_ok, uid_ok + 1, { "read" }))
         assert.equal("forbidden", e.kind)
+        -- the runtime's and the signer roster's commands ask their roles
+        -- too: operate to redeliver, admin for the rest; the reader and the
+        -- approver hold neither
+        local address = "0x" .. string.rep("1", 40)
+        for _, c in ipairs({
+          { "redeliver", { 1 }, "operate" },
+          { "set_expected_signer", { "evm_hot", address }, "admin" },
+          { "reload", {}, "admin" },
+          { "sql_write", { "UPDATE operators SET roles = roles WHERE false" }, "admin" },
+        }) do
+          for who, bound in pairs({ reader = stranger, approver = cmds }) do
+            e = select(2, pcall(bound[c[1]], unpack(c[2])))
+            assert.equal("forbidden", type(e) == "table" and e.kind, who .. " " .. c[1] .. ": " .. tostring(e))
+            assert.truthy(tostring(e.message):find("needs the " .. c[3] .. " role", 1, true), tostring(e.message))
+          end
+        end
       end)
       s:query("DELETE FROM operators WHERE uid = $1", uid_ok)
       if not ok then error(err, 0) end
