@@ -8,7 +8,10 @@
 --           differs; with --approvers (an enrolment file, as the signer's
 --           MG_SIGNER_APPROVERS), report each request past its approval
 --           without the signed approvals that enrolment asks
---           (qtg.audit_approvals).  Exit 0 when everything holds, 1 when
+--           (qtg.audit_approvals); and list each signer grant whose
+--           transfer did not complete and whose bytes the daemon's rows
+--           do not show mined, dead or in flight (qtg.audit_grants).
+--           Exit 0 when everything holds, 1 when
 --           anything does not, 2 when a FILE cannot be read or is not an
 --           export or an enrolment
 --   export  every audit_events row (with id > ID) as one JSON line on
@@ -152,6 +155,23 @@ local function print_approvals(r, file)
   return false
 end
 
+local function print_grants(r)
+  if r.ok then
+    say("audit verify: ok, each of the signer's %d grants is settled or in flight on its own bytes", r.checked)
+    return true
+  end
+  say("audit verify: SIGNED TRANSFERS NOT SETTLED: %d of the signer's %d grants are for transfers that did "
+    .. "not complete and whose bytes the daemon's rows do not show mined, dead or in flight (up to %d listed): "
+    .. "if the chain has not used the nonce, those bytes can still be mined; look it up, and fill the nonce "
+    .. "before approving the payment again (docs/evm.md):", r.open, r.checked, M.LIST_LIMIT)
+  for _, g in ipairs(r.list) do
+    say("  grant %s: node %s of request %s (%s): nonce %s of %s on chain %s, payload %s, granted %s; %s",
+      tostring(g.id), tostring(g.node_id), tostring(g.request_id), g.node_state, tostring(g.nonce),
+      tostring(g.address), tostring(g.chain_id), tostring(g.payload_hash), tostring(g.granted_at), g.held)
+  end
+  return false
+end
+
 -- The export to compare with, open: FILE or standard input (`-`).
 local function open_export(path)
   if path == "-" then return io.stdin, "standard input" end
@@ -185,7 +205,8 @@ function commands.verify(opts)
     local chain = audit.verify(s, opts.since)
     local against = f and require("qtg.audit_against").compare(s, f, opts.since)
     return { chain = chain, against = against, states = require("qtg.audit_states").check_states(s, M.LIST_LIMIT),
-             approvals = enrolment and require("qtg.audit_approvals").check(s, enrolment, M.LIST_LIMIT) }
+             approvals = enrolment and require("qtg.audit_approvals").check(s, enrolment, M.LIST_LIMIT),
+             grants = require("qtg.audit_grants").check(s, M.LIST_LIMIT) }
   end)
   if f and f ~= io.stdin then f:close() end
   if not ok then error(res, 0) end
@@ -193,6 +214,7 @@ function commands.verify(opts)
   if res.against then good = print_against(res.against, name) and good end
   good = print_states(res.states) and good
   if res.approvals then good = print_approvals(res.approvals, opts.approvers) and good end
+  good = print_grants(res.grants) and good
   if res.against and res.against.unusable then return 2 end
   return good and 0 or 1
 end

@@ -1,0 +1,84 @@
+-- qtg.audit_grants: transfers the signer signed whose bytes may still be
+-- mined though the daemon's rows no longer carry them (`qtgd audit verify`,
+-- docs/evm.md "Before a transfer is approved again").
+--
+-- signer_events is the signer's own log (only the signer inserts, nobody
+-- updates or deletes): each grant names the node, chain, sender, nonce and
+-- payload it signed.  The reservation rows and node states are the
+-- runtime role's: a compromised daemon can have a transfer signed at a
+-- nonce ahead of the chain, keep the bytes, release or delete its
+-- reservation and report the transfer FAILED; when the chain reaches that
+-- nonce the bytes can still be mined, and a new approval of the same
+-- payment would pay twice.  This lists every grant that is neither
+--   * settled: its node COMPLETED, or the reservation at its nonce
+--     consumed (the chain used the nonce), or its bytes known dead (another
+--     transaction took the nonce: bytes_dead_at), nor
+--   * in flight: its node SUBMITTING, SUBMITTED, OBSERVING or UNKNOWN and
+--     the reservation at its nonce holding this very payload (signed or
+--     broadcast).
+-- A listed grant is not proof of an attack (a daemon killed between the
+-- grant and its write leaves one, and a FAILED transfer's surfaced bytes
+-- are listed until the reaper's verdict): it is a signed transaction to
+-- look up on the chain before its payment is approved again.  Grants are
+-- read a page at a time in id order, each page one statement.
+--   check(s, limit) -> { ok=, checked=, open=, list={ {id=, request_id=,
+--                       node_id=, node_state=, chain_id=, address=, nonce=,
+--                       payload_hash=, granted_at=, held=} ... } }
+local M = {}
+
+M.PAGE = 1000
+
+local GRANTS_SQL = [[
+SELECT e.id, e.request_id::text AS request_id, e.request_node_id::text AS node_id, e.chain_id,
+       e.signer_address AS address, e.nonce, e.payload_hash, e.created_at::text AS granted_at,
+       n.node_state, r.status AS reservation, r.payload_hash = e.payload_hash AS same_payload,
+       r.bytes_dead_at IS NOT NULL AS dead
+  FROM signer_events e
+  LEFT JOIN movement_request_nodes n ON n.id = e.request_node_id
+  LEFT JOIN evm_nonce_reservation r
+         ON r.chain_id = e.chain_id AND r.address = lower(e.signer_address) AND r.nonce = e.nonce
+ WHERE e.decision = 'granted' AND e.nonce IS NOT NULL AND e.id > $1
+ ORDER BY e.id
+ LIMIT $2]]
+
+local IN_FLIGHT = { SUBMITTING = true, SUBMITTED = true, OBSERVING = true, UNKNOWN = true }
+local HOLDING = { signed = true, broadcast = true }
+
+local function text(v) return type(v) == "string" and v or nil end
+
+-- Whether grant g needs no look: settled, or in flight on its own bytes.
+local function accounted(g)
+  if g.node_state == "COMPLETED" or g.reservation == "consumed" or g.dead == true then return true end
+  return IN_FLIGHT[g.node_state] == true and HOLDING[g.reservation] == true and g.same_payload == true
+end
+
+-- What the daemon's rows say of the grant's bytes, in a few words.
+local function held(g)
+  local r = text(g.reservation)
+  if not r then return "no reservation row at that nonce" end
+  if g.same_payload ~= true then return string.format("the reservation row at that nonce is %s, for another payload", r) end
+  return string.format("the reservation row at that nonce is %s", r)
+end
+
+function M.check(s, limit)
+  local report = { ok = true, checked = 0, open = 0, list = {} }
+  local after = 0
+  repeat
+    local rows = s:query(GRANTS_SQL, after, M.PAGE)
+    for _, g in ipairs(rows) do
+      report.checked = report.checked + 1
+      if not accounted(g) then
+        report.ok, report.open = false, report.open + 1
+        if #report.list < limit then
+          report.list[#report.list + 1] = { id = g.id, request_id = text(g.request_id), node_id = text(g.node_id),
+            node_state = text(g.node_state) or "(no node)", chain_id = g.chain_id, address = text(g.address),
+            nonce = g.nonce, payload_hash = text(g.payload_hash), granted_at = text(g.granted_at), held = held(g) }
+        end
+      end
+      after = g.id
+    end
+  until #rows < M.PAGE
+  return report
+end
+
+return M
