@@ -1531,22 +1531,22 @@ for c in cs: print(c.makefile().readline().strip()[:60], flush=True)' %s %s %s]]
     end
     local function reservation(nonce) return "chain_id = " .. CHAIN .. " AND nonce = " .. nonce end
     -- released, the node FAILED: the attack
-    local released, rp = granted(985)
-    must_as_runtime("UPDATE evm_nonce_reservation SET status = 'released' WHERE " .. reservation(985))
+    local released, rp = granted(1985)
+    must_as_runtime("UPDATE evm_nonce_reservation SET status = 'released' WHERE " .. reservation(1985))
     must_as_runtime("UPDATE movement_request_nodes SET node_state = 'FAILED' WHERE id = $1::uuid", released.id)
     -- the row deleted, the node left READY
-    local deleted = granted(986)
-    must_as_runtime("DELETE FROM evm_nonce_reservation WHERE " .. reservation(986))
+    local deleted = granted(1986)
+    must_as_runtime("DELETE FROM evm_nonce_reservation WHERE " .. reservation(1986))
     -- in flight on its own bytes, then completed: neither is listed
-    local flying = granted(987)
+    local flying = granted(1987)
     must_as_runtime([[UPDATE evm_nonce_reservation SET status = 'signed', signed_raw_tx = '0x02aa',
-                        tx_hash = $1 WHERE ]] .. reservation(987), "0x" .. string.rep("ab", 32))
+                        tx_hash = $1 WHERE ]] .. reservation(1987), "0x" .. string.rep("ab", 32))
     for _, st in ipairs({ "SUBMITTING", "SUBMITTED" }) do
       must_as_runtime("UPDATE movement_request_nodes SET node_state = $2 WHERE id = $1::uuid", flying.id, st)
     end
-    local done = granted(988)
+    local done = granted(1988)
     must_as_runtime([[UPDATE evm_nonce_reservation SET status = 'signed', signed_raw_tx = '0x02bb',
-                        tx_hash = $1 WHERE ]] .. reservation(988), "0x" .. string.rep("cd", 32))
+                        tx_hash = $1 WHERE ]] .. reservation(1988), "0x" .. string.rep("cd", 32))
     for _, st in ipairs({ "SUBMITTING", "SUBMITTED", "COMPLETED" }) do
       must_as_runtime("UPDATE movement_request_nodes SET node_state = $2 WHERE id = $1::uuid", done.id, st)
     end
@@ -1554,19 +1554,19 @@ for c in cs: print(c.makefile().readline().strip()[:60], flush=True)' %s %s %s]]
     for _, g in ipairs(require("qtg.audit_grants").check(s, 1000000).list) do listed[g.node_id] = g end
     assert.truthy(listed[released.id], "the released grant is listed")
     assert.equal("FAILED", listed[released.id].node_state)
-    assert.equal(985, tonumber(listed[released.id].nonce))
+    assert.equal(1985, tonumber(listed[released.id].nonce))
     assert.equal("the reservation row at that nonce is released", listed[released.id].held)
     assert.equal(rp.signing_hash, listed[released.id].payload_hash)
     assert.truthy(listed[deleted.id], "the deleted row's grant is listed")
     assert.equal("no reservation row at that nonce", listed[deleted.id].held)
     assert.is_nil(listed[flying.id], "a transfer in flight on its own bytes is not listed")
     assert.is_nil(listed[done.id], "a completed transfer is not listed")
-    -- the command names it and exits 1
+    -- the command lists them (the oldest 20 of this shared database's) and exits 1
     local rc, out = sup.host.run(sup.host.base_env(), { common.quote(sup.host.bin), "audit", "verify" })
     assert.equal(1, rc, out)
     assert.truthy(out:find("SIGNED TRANSFERS NOT SETTLED", 1, true), out)
-    assert.truthy(out:find("node " .. released.id:gsub("%-", "%%-") .. " of request [%x%-]+ %(FAILED%): nonce 985 of "
-      .. DEV[1].address:lower() .. " on chain " .. CHAIN), out)
+    assert.truthy(out:find("\n  grant %d+: node [%x%-]+ of request [%x%-]+ %(%u+%): nonce %d+ of 0x%x+ on chain "
+      .. CHAIN .. ", payload 0x%x+, granted [^;]+; [^\n]+\n"), out)
   end)
 
   -- The signer recomputes the digest and the plan digest with built-ins,
