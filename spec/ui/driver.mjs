@@ -188,7 +188,14 @@ const SCENARIOS = {
     await page.screenshot({ path: `${plan.out}/complete-dialog.png` });
     await page.click('#confirm-ok');
     await page.waitForSelector(`#dag g.node[data-node-key=${plan.complete.node}]:not([data-state=READY])`, { timeout: TIMEOUT });
-    return { lines, fields, disabledEmpty, disabledUnsigned, disabledTyped, statement, offeredToInitiator };
+    // the nodes table names who attested it (its column before the actions)
+    const attestedBy = await (await page.waitForFunction((key) => {
+      const row = [...document.querySelectorAll('#nodes-table tbody tr')]
+        .find((r) => r.querySelector('td b')?.textContent === key);
+      const cells = row ? [...row.querySelectorAll('td')] : [];
+      return (cells.length > 1 && cells[cells.length - 2].textContent) || null;
+    }, { timeout: TIMEOUT }, plan.complete.node)).jsonValue();
+    return { lines, fields, disabledEmpty, disabledUnsigned, disabledTyped, statement, attestedBy, offeredToInitiator };
   },
 
   // a read-only token: no approve, reject or cancel offered, no inbox link

@@ -155,6 +155,8 @@ export function render(main, ctx) {
         { title: 'Next observe', cell: (n) => when(n.next_observe_at) },
         { title: 'Provider refs', cell: (n) => h('pre', {}, json(n.provider_refs)) },
         { title: 'Error', cell: (n) => (n.error_code ? `${n.error_code}: ${n.error_detail || ''}` : '') },
+        // a manual step completed under signed approvals: who signed that it was done
+        { title: 'Attested by', cell: (n) => (n.manual && n.manual.attested_by) || '' },
         { title: '', cell: (n) => nodeActions(req, n, ctx).map((a) => h('button', { type: 'button', 'data-action': a.key,
           'data-node': n.node_key, onclick: () => act(a, n, `node ${n.node_key}`) }, a.label)) },
       ], req.nodes, { id: 'nodes-table', class: 'list' })),

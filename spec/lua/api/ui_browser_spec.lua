@@ -189,7 +189,7 @@ describe("the web console in a browser", function()
       reject = { id = ids.reject, reason = "amount does not match the desk ticket" },
       cancelUnknown = { id = ids.cancel_unknown, reason = "desk confirmed by phone: nothing was paid" },
       stopping = { id = ids.stopping },
-      complete = { id = ids.complete, node = "desk_confirmation", reference = "DESK-UI-1",
+      complete = { id = ids.complete, node = "desk_confirmation", reference = "DESK-UI-1", attester = "api:" .. desk_name,
                    signature = host.approver_sign(desk_key, statement_of(ids.complete, "attestation",
                      "desk_confirmation")) },
       dlq = { id = ids.dlq, bulkRequest = ids.bulk_request },
@@ -307,6 +307,7 @@ describe("the web console in a browser", function()
     assert.equal("COMPLETED", node.node_state)
     assert.equal("DESK-UI-1", node.ref)
     assert.equal(plan.complete.signature, node.attestation_signature)
+    assert.equal(plan.complete.attester, s.attestedBy)
   end)
 
   it("cancels beside an UNKNOWN node only as reconciled, saying what the operator vouches for", function()
