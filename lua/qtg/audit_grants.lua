@@ -16,6 +16,9 @@
 --   * in flight: its node SUBMITTING, SUBMITTED, OBSERVING or UNKNOWN and
 --     the reservation at its nonce holding this very payload (signed or
 --     broadcast).
+-- Settled and in flight are read from the runtime's rows: a runtime that
+-- also forges a reservation consumed or its bytes dead hides the grant
+-- here (it stays in signer_events); only the chain says for sure.
 -- A listed grant is not proof of an attack (a daemon killed between the
 -- grant and its write leaves one, and a FAILED transfer's surfaced bytes
 -- are listed until the reaper's verdict): it is a signed transaction to
