@@ -1,7 +1,12 @@
 /* fuzz_json.c -- the `json` target: JSON at the process's boundary.
  *
  * Input byte 0 picks the part, the rest is the text:
- *   even  decode: cjson.decode (what qtg.db does to every json/jsonb value
+ *   2 mod 4  syntax: qtg.canon_json.syntax_error (the strict check `qtgd
+ *         audit verify --against` makes of every export line) never raises,
+ *         names a byte within the text when it refuses, and every text it
+ *         passes a strict cjson (no hex, NaN or Infinity; depth past the
+ *         input's) reads too: it passes nothing that is not JSON.
+ *   other even  decode: cjson.decode (what qtg.db does to every json/jsonb value
  *         and what policies do to provider and receiver bodies) of the
  *         bytes, then qtg.canon_json on the result, as the engine does before
  *         it writes: a value canon_json encodes must decode to the same
@@ -30,7 +35,7 @@
 #include "qtg_log.h"
 
 static lua_State *fuzz_L;
-static int fuzz_decode_ref = LUA_NOREF, fuzz_log_ref = LUA_NOREF;
+static int fuzz_decode_ref = LUA_NOREF, fuzz_log_ref = LUA_NOREF, fuzz_syntax_ref = LUA_NOREF;
 
 static const char fuzz_json_lua[] =
     "local cjson = require 'cjson'\n"
@@ -72,7 +77,22 @@ static const char fuzz_json_lua[] =
     "  end\n"
     "  return nil\n"
     "end\n"
-    "return decode_check, log_check\n";
+    "local strict = cjson.new()\n"
+    "strict.decode_invalid_numbers(false)\n"
+    "strict.decode_max_depth(100000)\n"
+    "local function syntax_check(text)\n"
+    "  local ok, why = pcall(canon.syntax_error, text)\n"
+    "  if not ok then return 'syntax_error raised: ' .. tostring(why) end\n"
+    "  if why ~= nil then\n"
+    "    local at = type(why) == 'string' and tonumber(why:match('^byte (%d+): .'))\n"
+    "    if not at or at < 1 or at > #text + 1 then return 'not byte N within the text: ' .. tostring(why) end\n"
+    "    return nil\n"
+    "  end\n"
+    "  local dok, err = pcall(strict.decode, text)\n"
+    "  if not dok then return 'passed a text strict cjson refuses: ' .. tostring(err) end\n"
+    "  return nil\n"
+    "end\n"
+    "return decode_check, log_check, syntax_check\n";
 
 static void fuzz_json_close(void) {
   if (fuzz_L) lua_close(fuzz_L);
@@ -92,10 +112,11 @@ static lua_State *fuzz_json_state(void) {
   lua_setfield(L, -2, "cpath");
   lua_pop(L, 1);
   if (luaL_loadbuffer(L, fuzz_json_lua, sizeof fuzz_json_lua - 1, "=fuzz_json") != 0 ||
-      lua_pcall(L, 0, 2, 0) != 0) {
+      lua_pcall(L, 0, 3, 0) != 0) {
     fprintf(stderr, "fuzz json: %s\n", lua_tostring(L, -1));
     abort();
   }
+  fuzz_syntax_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   fuzz_log_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   fuzz_decode_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   fuzz_L = L;
@@ -103,18 +124,20 @@ static lua_State *fuzz_json_state(void) {
   return L;
 }
 
-static int fuzz_json_decode(const char *text, size_t len) {
+/* Runs the check *ref names (set when the state is made, so read after it)
+ * on the text: 0, or -1 with what failed. */
+static int fuzz_json_check(const int *ref, const char *what, const char *text, size_t len) {
   lua_State *L = fuzz_json_state();
-  lua_rawgeti(L, LUA_REGISTRYINDEX, fuzz_decode_ref);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, *ref);
   lua_pushlstring(L, text, len);
   if (lua_pcall(L, 1, 1, 0) != 0) {
-    fprintf(stderr, "json decode: the check raised: %s\n", lua_tostring(L, -1));
+    fprintf(stderr, "json %s: the check raised: %s\n", what, lua_tostring(L, -1));
     lua_pop(L, 1);
     return -1;
   }
   int rc = 0;
   if (!lua_isnil(L, -1)) {
-    fprintf(stderr, "json decode: %s\n", lua_tostring(L, -1));
+    fprintf(stderr, "json %s: %s\n", what, lua_tostring(L, -1));
     rc = -1;
   }
   lua_pop(L, 1);
@@ -201,6 +224,7 @@ static int fuzz_json_log(const char *text, size_t len) {
 int qtg_fuzz_json(const uint8_t *data, size_t size) {
   if (size == 0) return 0;
   const char *text = (const char *)data + 1;
-  if (data[0] % 2 == 0) return fuzz_json_decode(text, size - 1);
+  if (data[0] % 4 == 2) return fuzz_json_check(&fuzz_syntax_ref, "syntax", text, size - 1);
+  if (data[0] % 2 == 0) return fuzz_json_check(&fuzz_decode_ref, "decode", text, size - 1);
   return fuzz_json_log(text, size - 1);
 }

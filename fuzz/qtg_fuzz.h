@@ -14,8 +14,10 @@
  *             qtg_keys_load): never a crash, and no error message quotes a
  *             key's bytes
  *   json      the JSON boundary: cjson.decode of any bytes and qtg.canon_json
- *             on what it gives (canonical form is stable), and the JSON-lines
- *             logger (every line is one valid JSON object whatever its text)
+ *             on what it gives (canonical form is stable), the JSON-lines
+ *             logger (every line is one valid JSON object whatever its text),
+ *             and canon_json's strict syntax check (passes nothing a strict
+ *             cjson refuses)
  *   console   the console's wire format, bytes sent to a live console server
  *             (qtg_console_session.c): one final frame per command, a fatal
  *             frame for a malformed one, and the session always ends

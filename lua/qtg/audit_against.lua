@@ -90,7 +90,11 @@ local FIELDS = {
 -- ---- the members of a line's object, nested values stepped over ----------
 -- Only the compared fields are decoded: a row's detail (written by the
 -- runtime role) may nest deeper than a decoder allows, and is stepped over
--- by counting brackets outside strings, never decoded.
+-- by counting brackets outside strings, never decoded.  The whole line is
+-- first checked to be JSON as RFC 8259 writes it, at any depth
+-- (canon.syntax_error): a line cjson would read but a strict reader would
+-- not (a raw tab in a string, 0x10 for a number, a broken value in a field
+-- stepped over) is refused, not read one way here and another elsewhere.
 
 local function skip_space(t, i) return t:find("[^ \t\r\n]", i) or #t + 1 end
 
@@ -135,10 +139,13 @@ local function value_end(t, i)
 end
 
 -- members(text, wanted) -> {key = decoded value} of the members of the JSON
--- object `text` whose keys `wanted` names | nil, why
+-- object `text` whose keys `wanted` names | nil, why (text that is not
+-- strictly JSON, or a wanted key given twice)
 function M.members(t, wanted)
   local i = skip_space(t, 1)
   if t:byte(i) ~= 123 then return nil, "not a JSON object" end
+  local bad = canon.syntax_error(t)
+  if bad then return nil, "not JSON (" .. bad .. ")" end
   local out = {}
   i = skip_space(t, i + 1)
   if t:byte(i) == 125 then

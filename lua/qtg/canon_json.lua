@@ -265,6 +265,124 @@ function M.duplicate_key(text)
   end
 end
 
+-- ---- strict syntax ---------------------------------------------------------
+-- syntax_error(text) -> nil when text is one JSON value as RFC 8259 writes
+-- it (strings without raw control characters and with only its escapes, a
+-- low surrogate escape after each high one and nowhere else, numbers
+-- without hex, a leading '+', a leading zero or a bare '.', no NaN or
+-- Infinity, nothing after the value), else "byte N: what".  Any depth: the
+-- open containers are a stack of bytes, not a recursion.  cjson reads more
+-- than this (raw tabs in strings, and hex or NaN unless told not to), and
+-- refuses depth past its limit: a reader that must refuse every text that
+-- is not JSON, and read one nested deeper than cjson allows, checks here
+-- first (qtg.audit_against).
+local B_SPACE_SET = "[^ \t\r\n]"
+local ESCAPE_OK = { [34] = true, [92] = true, [47] = true, [98] = true,
+  [102] = true, [110] = true, [114] = true, [116] = true }
+
+local function skip_space(t, i) return find(t, B_SPACE_SET, i) or #t + 1 end
+
+-- the closing quote of the string opening at i | nil, why, the byte at fault
+local function strict_string_end(t, i)
+  local j, low_due = i + 1, false
+  while true do
+    local k = find(t, '[%z\1-\31"\\]', j)
+    if not k then return nil, "a string without its closing quote", i end
+    local c = byte(t, k)
+    local unit -- the UTF-16 unit of a \u escape
+    if c == B_BSLASH then
+      local e = byte(t, k + 1)
+      if e == 117 then
+        local hex = find(t, "^%x%x%x%x", k + 2) and sub(t, k + 2, k + 5)
+        if not hex then return nil, "\\u without four hex digits", k end
+        unit = tonumber(hex, 16)
+        j = k + 6
+      elseif e and ESCAPE_OK[e] then
+        j = k + 2
+      else
+        return nil, "an escape JSON does not have", k
+      end
+    elseif c ~= B_QUOTE then
+      return nil, "a raw control character in a string", k
+    end
+    local is_low = unit and unit >= 0xDC00 and unit <= 0xDFFF
+    if low_due ~= (is_low or false) then
+      return nil, low_due and "a high surrogate escape without its low one"
+        or "a low surrogate escape without its high one", k
+    end
+    low_due = unit ~= nil and unit >= 0xD800 and unit <= 0xDBFF
+    if c == B_QUOTE then return k end
+    if low_due and sub(t, j, j + 1) ~= "\\u" then
+      return nil, "a high surrogate escape without its low one", k
+    end
+  end
+end
+
+-- the last byte of the number, literal or string at i | nil, why, the byte
+-- at fault
+local function strict_scalar_end(t, i)
+  local c = byte(t, i)
+  if c == B_QUOTE then return strict_string_end(t, i) end
+  for _, word in ipairs({ "true", "false", "null" }) do
+    if sub(t, i, i + #word - 1) == word then return i + #word - 1 end
+  end
+  local _, e = find(t, "^%-?%d+", i)
+  if not e then return nil, "a value expected", i end
+  local digits = c == 45 and i + 1 or i
+  if e > digits and byte(t, digits) == 48 then return nil, "a number with a leading zero", i end
+  local _, f = find(t, "^%.%d+", e + 1)
+  if f then e = f elseif byte(t, e + 1) == 46 then return nil, "a '.' without digits after it", e + 1 end
+  local _, x = find(t, "^[eE][+-]?%d+", e + 1)
+  if x then e = x elseif find(t, "^[eE]", e + 1) then return nil, "an exponent without digits", e + 1 end
+  return e
+end
+
+function M.syntax_error(t)
+  local open, depth = {}, 0 -- the open containers' closing bytes
+  local i = skip_space(t, 1)
+  local want = "value"      -- or "key", or "next" (after a value)
+  while true do
+    local c = byte(t, i)
+    if want == "next" then
+      if depth == 0 then
+        if i <= #t then return "byte " .. i .. ": text after the value" end
+        return nil
+      end
+      if c == B_COMMA then
+        want = open[depth] == B_RBRACE and "key" or "value"
+        i = skip_space(t, i + 1)
+      elseif c == open[depth] then
+        open[depth], depth = nil, depth - 1
+        i = skip_space(t, i + 1)
+      else
+        return "byte " .. i .. ": ',' or '" .. string.char(open[depth]) .. "' expected"
+      end
+    elseif want == "key" then
+      local e, why, at
+      if c == B_QUOTE then e, why, at = strict_string_end(t, i) end
+      if not e then return "byte " .. (at or i) .. ": " .. (why or "a key expected") end
+      i = skip_space(t, e + 1)
+      if byte(t, i) ~= B_COLON then return "byte " .. i .. ": ':' expected after a key" end
+      want, i = "value", skip_space(t, i + 1)
+    elseif c == B_LBRACE or c == B_LBRACKET then
+      local close = c == B_LBRACE and B_RBRACE or B_RBRACKET
+      i = skip_space(t, i + 1)
+      if byte(t, i) == close then
+        want, i = "next", skip_space(t, i + 1)
+      else
+        depth = depth + 1
+        open[depth] = close
+        want = close == B_RBRACE and "key" or "value"
+      end
+    else
+      if not c then return "byte " .. i .. ": a value expected, the text ended" end
+      local e, why, at = strict_scalar_end(t, i)
+      if not e then return "byte " .. at .. ": " .. why end
+      want, i = "next", skip_space(t, e + 1)
+    end
+  end
+end
+
 -- decode(text[, decoder]) -> value | nil, message: the decoder's (default
 -- cjson's) decode in pcall, then M.duplicate_key: one place for "JSON qtg
 -- reads".

@@ -458,4 +458,54 @@ describe("canonical JSON", function()
     for _ = 1, 70 do deep = { deep } end
     assert.has_error(function() canon.encode(deep) end, "canon_json: nesting deeper than 64")
   end)
+
+  it("checks syntax strictly, at any depth, naming the byte at fault", function()
+    local json = {
+      "{}", "[]", ' {"a" : 1 } ', '{"a":[1,2,{"b":null}],"c":"x\\u00e9\\n\\/"}', "0", "-0.5e+10",
+      "1E-3", '"\\ud83d\\ude00"', "true", "false", "null", '"\\u0000"', "\t[ 1 ,\r\n2 ]\n",
+    }
+    for _, t in ipairs(json) do assert.is_nil(canon.syntax_error(t), t) end
+    local not_json = {
+      { "0x10", "byte 2: text after the value" },
+      { '{"a":0x10}', "byte 7: ',' or '}' expected" },
+      { '"a\tb"', "byte 3: a raw control character in a string" },
+      { '"a\0b"', "byte 3: a raw control character in a string" },
+      { "[1,,2]", "byte 4: a value expected" },
+      { "[1,]", "byte 4: a value expected" },
+      { '{"a":1,}', "byte 8: a key expected" },
+      { '{"a" 1}', "byte 6: ':' expected after a key" },
+      { "{a:1}", "byte 2: a key expected" },
+      { "01", "byte 1: a number with a leading zero" },
+      { "-01", "byte 1: a number with a leading zero" },
+      { "+1", "byte 1: a value expected" },
+      { ".5", "byte 1: a value expected" },
+      { "1.", "byte 2: a '.' without digits after it" },
+      { "1e", "byte 2: an exponent without digits" },
+      { "NaN", "byte 1: a value expected" },
+      { "-Infinity", "byte 1: a value expected" },
+      { '"\\x"', "byte 2: an escape JSON does not have" },
+      { '"\\u12"', "byte 2: \\u without four hex digits" },
+      { '"\\ud83d"', "byte 2: a high surrogate escape without its low one" },
+      { '"\\ud83dx"', "byte 2: a high surrogate escape without its low one" },
+      { '"\\ude00"', "byte 2: a low surrogate escape without its high one" },
+      { '"\\ud83d\\u0041"', "byte 8: a high surrogate escape without its low one" },
+      { "[1] 2", "byte 5: text after the value" },
+      { "", "byte 1: a value expected, the text ended" },
+      { "  ", "byte 3: a value expected, the text ended" },
+      { "[", "byte 2: a value expected, the text ended" },
+      { '{"a":1', "byte 7: ',' or '}' expected" },
+      { '"abc', "byte 1: a string without its closing quote" },
+      { "tru", "byte 1: a value expected" },
+      { "truex", "byte 5: text after the value" },
+      { "[1 2]", "byte 4: ',' or ']' expected" },
+      { '{"a":1]', "byte 7: ',' or '}' expected" },
+      { "[-]", "byte 2: a value expected" },
+    }
+    for _, c in ipairs(not_json) do assert.equal(c[2], canon.syntax_error(c[1]), c[1]) end
+    -- deeper than any decoder's limit, one pass, no recursion
+    local deep = string.rep("[", 200000) .. string.rep("]", 200000)
+    assert.is_nil(canon.syntax_error(deep))
+    assert.equal("byte 400001: text after the value", canon.syntax_error(deep .. "]"))
+    assert.equal("byte 400000: ',' or ']' expected", canon.syntax_error(deep:sub(1, -2) .. "}"))
+  end)
 end)
