@@ -89,10 +89,7 @@ end
 -- for the claimed key (a 4xx refusal it raises included); a 5xx or any
 -- other failure frees the key instead (and is raised again).
 function M.finish(s, claim, call)
-  local function forget()
-    s:query("DELETE FROM api_idempotency_keys WHERE client = $1 AND network_class = $2 AND idempotency_key = $3",
-      claim.client, claim.class, claim.key)
-  end
+  local function forget() M.release(s, claim) end
   local ok, status, headers, text = pcall(call)
   if not ok then
     if problem.known(status) and problem.KINDS[status.kind][1] < 500 then
@@ -113,6 +110,13 @@ function M.finish(s, claim, call)
       status, text, headers["Content-Type"] or "application/json", headers.Location)
   end
   return status, headers, text
+end
+
+-- release(s, claim): the claimed key freed, nothing stored for it (the
+-- request was refused before its route ran).
+function M.release(s, claim)
+  s:query("DELETE FROM api_idempotency_keys WHERE client = $1 AND network_class = $2 AND idempotency_key = $3",
+    claim.client, claim.class, claim.key)
 end
 
 -- wrap(s, principal, route, req, body, call) -> status, headers, body:

@@ -141,14 +141,21 @@ local function encode(status, doc, headers)
   return status, h, type(doc) == "string" and doc or canon.encode(doc)
 end
 
--- The checks every route passes on session s, in order: the token, its
--- role, its rate, ownership, the body.  Returns the handler's ctx.
-local function admit(s, route, params, query, req)
+-- The token of req on session s, holding route's role: its principal, or
+-- raises unauthorized or forbidden.
+local function authorize(s, route, req)
   local principal = tokens.authenticate(s, req.headers.authorization)
   if not tokens.has_role(principal, route.role) then
     problem.raise("forbidden", "token %s lacks the %s role that %s %s requires", principal.name,
       route.role, route.method, route.path)
   end
+  return principal
+end
+
+-- The checks every route passes on session s, in order: the token, its
+-- role, its rate, ownership, the body.  Returns the handler's ctx.
+local function admit(s, route, params, query, req)
+  local principal = authorize(s, route, req)
   rate_limit(principal)
   ownership.check(s, route, params, principal)
   local body = parse_body(route, req)
@@ -162,7 +169,11 @@ end
 -- stores the answer.  A session held through such a wait (up to seconds,
 -- for a name whose DNS server never answers) was the pool's: a client
 -- looping on it left the workers none.  A refusal `outside` raises is the
--- request's answer, stored for its key like the handler's.
+-- request's answer, stored for its key like the handler's.  The token is
+-- checked again in the second session, before the handler writes: one
+-- revoked or expired during the wait is refused there (401, the key freed,
+-- as for any refusal before the route runs), not honoured for seconds
+-- after its revocation was committed.
 local function run_outside(route, params, query, req)
   local ctx, replay = qtg.db.with_session(function(s)
     local ctx = admit(s, route, params, query, req)
@@ -178,6 +189,11 @@ local function run_outside(route, params, query, req)
   local ok, err = pcall(route.outside, ctx)
   return qtg.db.with_session(function(s)
     ctx.s = s
+    local still, refusal = pcall(authorize, s, route, req)
+    if not still then
+      if ctx.claim then idempotency.release(s, ctx.claim) end
+      error(refusal, 0)
+    end
     local function call()
       if not ok then error(err, 0) end
       return encode(route.handler(ctx))

@@ -34,6 +34,9 @@
 --     their memory freed, and the close waits for no resolver (the child
 --     exits 0 within a few seconds; on the ASan build its leak check at
 --     exit would fail it).
+-- The API's check of a callback_url waits outside any database session; a
+-- name the stand-in answers late ("slow-...", 2.5 s) shows a token revoked
+-- during that wait refused before the request is written.
 -- The memory of a lookup is freed once in every order (answer first,
 -- deadline first, interrupt first, host close first) -- the ASan pass of
 -- this spec checks it.  In this process: the validation of `seconds`.
@@ -43,10 +46,12 @@ local cjson = require "cjson"
 local common, dir
 local q
 
--- The DNS server that never answers.  Arguments: the ready file, the
--- file it appends one line per query to.  In a new network namespace lo
--- is down: it brings it up first (SIOCGIFFLAGS, then SIOCSIFFLAGS with
--- IFF_UP; no iproute2 needed).  It ends by itself after 5 minutes.
+-- The DNS server that never answers, but for names starting "slow-": those
+-- it answers after SLOW_ANSWER_SECONDS, 1.1.1.1 (a public address) for an
+-- A question and no address for any other.  Arguments: the ready file, the file it appends
+-- one line per query to.  In a new network namespace lo is down: it brings
+-- it up first (SIOCGIFFLAGS, then SIOCSIFFLAGS with IFF_UP; no iproute2
+-- needed).  It ends by itself after 5 minutes.
 local BLACK_HOLE = [=[
 import fcntl, os, socket, struct, sys, time
 ready, log = sys.argv[1], sys.argv[2]
@@ -56,18 +61,43 @@ fcntl.ioctl(s, 0x8914, struct.pack("16sH", b"lo", flags | 1))
 s.close()
 u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 u.bind(("127.0.0.77", 53))
-u.settimeout(1)
+u.settimeout(0.05)
+SLOW_ANSWER_SECONDS = 2.5
+def question(data):
+    i = 12
+    labels = []
+    while data[i] != 0:
+        labels.append(data[i + 1:i + 1 + data[i]].decode("ascii", "replace"))
+        i += 1 + data[i]
+    return ".".join(labels), data[i + 1:i + 3], i + 5
+def answer(data):
+    name, qtype, end = question(data)
+    ans = b""
+    if qtype == b"\x00\x01":
+        ans = b"\xc0\x0c\x00\x01\x00\x01\x00\x00\x00\x3c\x00\x04\x01\x01\x01\x01"
+    return data[:2] + b"\x81\x80\x00\x01" + struct.pack(">H", 1 if ans else 0) + b"\x00\x00\x00\x00" \
+        + data[12:end] + ans
 with open(ready + ".tmp", "w") as f:
     f.write("%d\n" % os.getpid())
 os.rename(ready + ".tmp", ready)
 end = time.monotonic() + 300
+due = []
 while time.monotonic() < end:
+    now = time.monotonic()
+    for at, data, peer in [d for d in due if d[0] <= now]:
+        u.sendto(answer(data), peer)
+    due = [d for d in due if d[0] > now]
     try:
         data, peer = u.recvfrom(4096)
     except socket.timeout:
         continue
     with open(log, "a") as f:
         f.write("%d bytes from %s\n" % (len(data), peer[0]))
+    try:
+        if question(data)[0].startswith("slow-"):
+            due.append((time.monotonic() + SLOW_ANSWER_SECONDS, data, peer))
+    except IndexError:
+        pass
 ]=]
 
 -- Runs inside the namespaces: the black hole, the bind mount, the child.
@@ -543,6 +573,72 @@ describe("qtg.api_net.resolve's deadline", function()
     local res = cjson.decode((assert(common.read(out), "no result; log: " .. log)))
     assert.truthy(res.acquires > 20, "the worker took " .. res.acquires .. " sessions")
     assert.truthy(res.longest < 1, "the worker waited " .. res.longest .. " s for a session")
+  end)
+
+  -- The creation's name lookup takes the stand-in's 2.5 s: a token revoked
+  -- one second into it is refused before the request is written, and its
+  -- Idempotency-Key freed; a token left alone creates the request.
+  it("refuses a creation whose token was revoked while its callback_url's name was looked up", function()
+    local usable, why = namespaces({ ["api_child.lua"] = API_CHILD })
+    if not usable then
+      pending(why)
+      return
+    end
+    local api = require "spec.lua.support.api"
+    api.load_templates()
+    local kept = api.token("read,operate")
+    local revoked, revoked_name = api.token("read,operate")
+    local out = dir .. "/api_revoke.json"
+    local sock = out .. ".sock"
+    local env = common.base_env({ MG_API_CALLBACK_ALLOW_PRIVATE = "false", MG_API_REQUEST_TIMEOUT_SECONDS = "20" })
+    local h = common.spawn(dir .. "/api_revoke_child", env,
+      ("unshare --mount --net sh %s %s %s api_child.lua api_revoke.json"):format(q(dir .. "/run.sh"), q(dir),
+        q(common.bin())))
+    common.wait_for(function() return os.execute("test -S " .. q(sock)) == 0 or not common.alive(h) end, 60,
+      function() return "the child's API (log: " .. tostring(common.read(h.log)) .. ")" end)
+    local keys = { kept = common.uid("kept", 4), revoked = common.uid("revoked", 4) }
+    local jobs = {}
+    for which, token in pairs({ kept = kept, revoked = revoked }) do
+      local body = cjson.encode({ template_key = "otc_settlement_manual", intent = api.OTC_INTENT,
+                                  callback_url = ("https://slow-%s.example/cb"):format(which) })
+      jobs[#jobs + 1] = table.concat({ "curl -s -o", q(dir .. "/" .. which .. ".json"), "-w '%{http_code}'",
+        "--max-time 30 --unix-socket", q(sock), "-X POST -H", q("Authorization: Bearer " .. token),
+        "-H 'Content-Type: application/json' -H", q("Idempotency-Key: " .. keys[which]),
+        "--data-binary", q(body), q("http://qtg/v3/requests"), ">", q(dir .. "/" .. which .. ".code") }, " ")
+    end
+    local t0 = qtg.monotonic()
+    os.execute("(" .. table.concat(jobs, " & ") .. " & wait) >/dev/null 2>&1 &")
+    qtg.sleep(1)
+    local rc, said = api.tokens_cli({ "revoke", revoked_name })
+    assert.equal(0, rc, said)
+    local revoked_after = qtg.monotonic() - t0
+    common.wait_for(function()
+      return (common.read(dir .. "/kept.code") or "") ~= "" and (common.read(dir .. "/revoked.code") or "") ~= ""
+    end, 60, function() return "the two creations' answers" end)
+    local took = qtg.monotonic() - t0
+    common.write(out .. ".go", "")
+    local code = common.exit_code(h, 60)
+    assert.equal(0, code, "child exit " .. tostring(code) .. "; log: " .. tostring(common.read(h.log)))
+    assert.truthy(revoked_after < 2.4, "the revocation came " .. revoked_after .. " s in, after the lookup")
+    assert.truthy(took >= 2.4, "the lookup took " .. took .. " s, not the stand-in's 2.5: "
+      .. tostring(common.read(dir .. "/kept.json")))
+    -- the token left alone: created
+    assert.equal("201", common.read(dir .. "/kept.code"), tostring(common.read(dir .. "/kept.json")))
+    local doc = cjson.decode(common.read(dir .. "/kept.json"))
+    assert.equal("https://slow-kept.example/cb", doc.callback_url)
+    -- the revoked one: refused, nothing written, the key freed
+    assert.equal("401", common.read(dir .. "/revoked.code"), tostring(common.read(dir .. "/revoked.json")))
+    doc = cjson.decode(common.read(dir .. "/revoked.json"))
+    assert.equal("the API token was revoked", doc.detail)
+    local rows = common.query([[SELECT count(*)::int AS n FROM movement_requests WHERE callback_url = $1]],
+      "https://slow-revoked.example/cb")
+    assert.equal(0, rows[1].n)
+    rows = common.query([[SELECT count(*)::int AS n FROM api_idempotency_keys WHERE idempotency_key = $1]],
+      keys.revoked)
+    assert.equal(0, rows[1].n)
+    rows = common.query([[SELECT count(*)::int AS n FROM movement_requests WHERE callback_url = $1]],
+      "https://slow-kept.example/cb")
+    assert.equal(1, rows[1].n)
   end)
 
 end)

@@ -28,6 +28,7 @@ local function load_templates()
                     book.for_intent(setmetatable({ asset = "USDT" }, { __index = M.OTC_INTENT })) })
   templates_loaded = true
 end
+M.load_templates = load_templates
 
 -- The daemons started and not yet stopped, in order: a token is made for
 -- the class of the last (token()'s default).
