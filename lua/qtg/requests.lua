@@ -197,13 +197,18 @@ local function grant(s, req, actor, approved, decision)
     s:query("UPDATE movement_requests SET approval_digest = $2 WHERE id = $1::uuid", req.id, digest)
     req.approval_digest = digest
   end
-  local list = {}
+  local list, voters = {}, {}
   for _, v in ipairs(approved) do
     list[#list + 1] = { principal = v.principal, comment = v.comment, at = v.created_at }
+    voters[#voters + 1] = { principal = v.principal, at = v.created_at }
   end
   local g = nodes_db.load_all(s, req)
+  -- the callback names every counted approval (not its comment, which is
+  -- the approvers' own note), so a client system sees who approved
   nodes_db.write_request(s, req, { request_state = "APPROVED", approved_by = actor, approved_now = true },
-    { event = "request_approved", data = { from_state = "PENDING_APPROVAL" } },
+    { event = "request_approved", data = { from_state = "PENDING_APPROVAL", approved_by = actor,
+                                           approvals_required = req.approvals_required,
+                                           approvals = canon.array(voters) } },
     { actor = actor, action = "request.approve", detail = {
         from_state = "PENDING_APPROVAL", approval_digest = digest, intent = req.intent,
         amount = type(req.intent) == "table" and req.intent.amount or nil,

@@ -36,9 +36,9 @@ local function enrol(p)
     p.name, "{" .. table.concat(p.roles, ",") .. "}")
 end
 
-local function create(template, intent, initiator)
+local function create(template, intent, initiator, callback_url)
   return requests.create(s, { template_key = template or T, intent = intent or sup.INTENT,
-    idempotency_key = sup.uid("idem") }, initiator or ALICE)
+    idempotency_key = sup.uid("idem"), callback_url = callback_url }, initiator or ALICE)
 end
 
 local function state(id) return sup.request(s, id).request_state end
@@ -97,8 +97,8 @@ describe("approvals", function()
       assert.equal("CANCELLED", state(req.id))
     end)
 
-    it("puts the digest, the intent, the amount and every approval in the audit detail", function()
-      local req = create(T, { asset = "USDC", amount = "250000" })
+    it("puts the digest, the intent, the amount and every approval in the audit detail, the voters in the callback", function()
+      local req = create(T, { asset = "USDC", amount = "250000" }, nil, "http://127.0.0.1:9/callback")
       requests.approve(s, req.id, BOB, "checked the invoice")
       requests.approve(s, req.id, CAROL)
       local a = s:query([[SELECT detail FROM audit_outbox WHERE request_id = $1::uuid AND action = 'request.approve']], req.id)[1]
@@ -116,6 +116,21 @@ describe("approvals", function()
       local vote = s:query([[SELECT detail FROM audit_outbox WHERE request_id = $1::uuid AND action = 'request.approval']], req.id)[1]
       assert.equal(digest, vote.detail.approval_digest)
       assert.equal("250000", vote.detail.amount)
+      -- the client system's callback names both voters, without their comments
+      local cbs = sup.callbacks(s, req.id)
+      local approved = cbs[#cbs].body
+      for _, cb in ipairs(cbs) do
+        if cb.body.event_type == "request_approved" then approved = cb.body end
+      end
+      assert.equal("request_approved", approved.event_type)
+      assert.equal("operator:carol", approved.data.approved_by)
+      assert.equal(2, approved.data.approvals_required)
+      assert.equal(2, #approved.data.approvals)
+      assert.equal("operator:bob", approved.data.approvals[1].principal)
+      assert.equal("operator:carol", approved.data.approvals[2].principal)
+      assert.is_string(approved.data.approvals[1].at)
+      assert.is_nil(approved.data.approvals[1].comment)
+      for _, cb in ipairs(cbs) do assert.is_nil(cb.payload:find("checked the invoice", 1, true)) end
     end)
   end)
 
