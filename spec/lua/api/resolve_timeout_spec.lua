@@ -324,6 +324,21 @@ local function namespaces(files)
   return true
 end
 
+-- api_child(result, env) -> h, the API's socket | nil, why: API_CHILD run
+-- in namespaces of its own with env, writing dir/RESULT, once its API
+-- answers on dir/RESULT.sock.
+local function api_child(result, env)
+  local usable, why = namespaces({ ["api_child.lua"] = API_CHILD })
+  if not usable then return nil, why end
+  local sock = dir .. "/" .. result .. ".sock"
+  local h = common.spawn(dir .. "/" .. result .. ".child", env,
+    ("unshare --mount --net sh %s %s %s api_child.lua %s"):format(q(dir .. "/run.sh"), q(dir),
+      q(common.bin()), q(result)))
+  common.wait_for(function() return os.execute("test -S " .. q(sock)) == 0 or not common.alive(h) end, 60,
+    function() return "the child's API (log: " .. tostring(common.read(h.log)) .. ")" end)
+  return h, sock
+end
+
 describe("qtg.api_net.resolve's deadline", function()
   setup(function()
     common = require "spec.lua.support.common"
@@ -511,22 +526,15 @@ describe("qtg.api_net.resolve's deadline", function()
   -- (MG_DB_POOL_SIZE), and the workers waited.  The lookup now runs
   -- between two sessions (qtg.api's run_outside).
   it("holds no database session while the API looks up a callback_url's name", function()
-    local usable, why = namespaces({ ["api_child.lua"] = API_CHILD })
-    if not usable then
-      pending(why)
-      return
-    end
     local api = require "spec.lua.support.api"
     local token = api.token("read,operate")
     local out = dir .. "/api_result.json"
-    local sock = out .. ".sock"
-    local env = common.base_env({ MG_DB_POOL_SIZE = "2", MG_API_CALLBACK_ALLOW_PRIVATE = "false",
-                                  MG_API_REQUEST_TIMEOUT_SECONDS = "8" })
-    local h = common.spawn(dir .. "/api_child", env,
-      ("unshare --mount --net sh %s %s %s api_child.lua api_result.json"):format(q(dir .. "/run.sh"), q(dir),
-        q(common.bin())))
-    common.wait_for(function() return os.execute("test -S " .. q(sock)) == 0 or not common.alive(h) end, 60,
-      function() return "the child's API (log: " .. tostring(common.read(h.log)) .. ")" end)
+    local h, sock = api_child("api_result.json", common.base_env({ MG_DB_POOL_SIZE = "2",
+      MG_API_CALLBACK_ALLOW_PRIVATE = "false", MG_API_REQUEST_TIMEOUT_SECONDS = "8" }))
+    if not h then
+      pending(sock)
+      return
+    end
     local function curl(method, path, body, key, file)
       local words = { "curl -s -o", q(file), "-w '%{http_code}' --max-time 30 --unix-socket", q(sock),
                       "-X", method, "-H", q("Authorization: Bearer " .. token) }
@@ -579,23 +587,17 @@ describe("qtg.api_net.resolve's deadline", function()
   -- one second into it is refused before the request is written, and its
   -- Idempotency-Key freed; a token left alone creates the request.
   it("refuses a creation whose token was revoked while its callback_url's name was looked up", function()
-    local usable, why = namespaces({ ["api_child.lua"] = API_CHILD })
-    if not usable then
-      pending(why)
-      return
-    end
     local api = require "spec.lua.support.api"
     api.load_templates()
     local kept = api.token("read,operate")
     local revoked, revoked_name = api.token("read,operate")
     local out = dir .. "/api_revoke.json"
-    local sock = out .. ".sock"
-    local env = common.base_env({ MG_API_CALLBACK_ALLOW_PRIVATE = "false", MG_API_REQUEST_TIMEOUT_SECONDS = "20" })
-    local h = common.spawn(dir .. "/api_revoke_child", env,
-      ("unshare --mount --net sh %s %s %s api_child.lua api_revoke.json"):format(q(dir .. "/run.sh"), q(dir),
-        q(common.bin())))
-    common.wait_for(function() return os.execute("test -S " .. q(sock)) == 0 or not common.alive(h) end, 60,
-      function() return "the child's API (log: " .. tostring(common.read(h.log)) .. ")" end)
+    local h, sock = api_child("api_revoke.json", common.base_env({ MG_API_CALLBACK_ALLOW_PRIVATE = "false",
+      MG_API_REQUEST_TIMEOUT_SECONDS = "20" }))
+    if not h then
+      pending(sock)
+      return
+    end
     local keys = { kept = common.uid("kept", 4), revoked = common.uid("revoked", 4) }
     local jobs = {}
     for which, token in pairs({ kept = kept, revoked = revoked }) do
