@@ -8,7 +8,9 @@
  * payload of 1..QTG_SIGNER_PAYLOAD_MAX bytes, and a refused line has a
  * reason (fixed texts: the parser never quotes its input); a decoded payload re-encodes to the
  * same bytes (only canonical RLP is accepted).  The input is also decoded as
- * a raw payload, so the decoder sees every byte string, read as
+ * a raw payload, so the decoder sees every byte string; a parsed FILL line
+ * has a key name, a payload, a principal and a signature of 128 lowercase
+ * hex digits or none; the input is read as
  * MG_SIGNER_KEY_CLASSES (qtg_signer_classes_check, key_serves_class), as
  * an MG_SIGNER_APPROVERS enrolment (qtg_approvers_parse; its tiered count,
  * qtg_approvers_quorum_for, qtg_approvers_tiers_of and qtg_approvers_uneven)
@@ -155,6 +157,23 @@ int qtg_fuzz_signer(const uint8_t *data, size_t size) {
         strlen(l.request_id) != QTG_SIGNER_UUID_LEN || strlen(l.node_id) != QTG_SIGNER_UUID_LEN ||
         strlen(l.key) == 0 || strlen(l.key) > 64) {
       fprintf(stderr, "signer: a SIGN line was accepted with a field out of shape\n");
+      qtg_signer_line_free(&l);
+      return -1;
+    }
+    rc = fuzz_decode_roundtrip(l.payload, l.payload_len);
+    qtg_signer_line_free(&l);
+    return rc;
+  }
+  if (l.verb == QTG_SIGNER_VERB_FILL) {
+    size_t sl = strlen(l.signature);
+    int bad = l.payload_len == 0 || l.payload_len > QTG_SIGNER_PAYLOAD_MAX || strlen(l.key) == 0 ||
+              strlen(l.key) > 64 || !qtg_approvers_principal_ok(l.principal, strlen(l.principal)) ||
+              (sl != 0 && sl != 128);
+    for (size_t i = 0; i < sl; i++)
+      if (!((l.signature[i] >= '0' && l.signature[i] <= '9') || (l.signature[i] >= 'a' && l.signature[i] <= 'f')))
+        bad = 1;
+    if (bad) {
+      fprintf(stderr, "signer: a FILL line was accepted with a field out of shape\n");
       qtg_signer_line_free(&l);
       return -1;
     }

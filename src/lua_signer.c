@@ -8,6 +8,8 @@
  *   address(name)            lowercase 0x address, or nil, err
  *   health(name)             {ok=true, signer_address=} or {ok=false, error=, code=}
  *   sign(name, sign_request) {signature=, r=, s=, recid=, address=} or nil, err
+ *   fill(name, {payload=, principal=, signature=})
+ *                            the same, for a fill of a nonce (qtg.evm_fill)
  *   checksum_address(addr)   EIP-55 form (raises {kind="invalid"} on bad input)
  *   recover(hash, signature) the address that signed hash, or nil, err
  *   raw_call(line)           one protocol line to the signer -> its answer line

@@ -44,8 +44,9 @@ static const qtg_command qtg_commands[] = {
    "or write it as JSON lines", 1, -1},
   {"tokens", "create|list|revoke ...", "API tokens: create --name N --roles read,operate,approve,admin", 1, -1},
   {"signer", "", "run the signer: holds MG_SIGNER_KEYS, signs only what was approved", 1, 0},
-  {"approver", "key|public FILE | sign FILE [DOCUMENT PLAN] [--request UUID] [--deployment NAME] [--class NAME] [--kind K]",
-   "an approver's own Ed25519 key: make it, print its public key, sign a statement on stdin", 0, -1},
+  {"approver", "key|public FILE | sign FILE [DOCUMENT PLAN] [--request UUID] [--deployment NAME] [--class NAME] [--kind K]"
+               " | sign-fill FILE --deployment NAME --chain ID --sender ADDRESS --nonce N",
+   "an approver's own Ed25519 key: make it, print its public key, sign a statement on stdin or a fill", 0, -1},
   {"console", "[-e CODE] [--socket PATH]", "attach a Lua console to the running daemon", 0, -1},
   {"settings", "[--markdown]", "print every MG_* setting with its value and default", 0, 1},
   {"version", "", "print the version", 0, 0},

@@ -4,6 +4,14 @@
  *   qtgd approver key FILE     make a key (FILE, mode 0600, new); print the
  *                              public key for the signer's enrolment
  *   qtgd approver public FILE  print FILE's public key again
+ *   qtgd approver sign-fill FILE --deployment NAME --chain ID --sender ADDRESS --nonce N
+ *                              sign the statement that has qtg's signer
+ *                              fill that nonce (a 0-value transfer of the
+ *                              sender to itself: docs/evm.md, "Filling a
+ *                              nonce"), written from the flags alone (the
+ *                              approver's own records: an explorer's view
+ *                              of the sender), shown on stderr; print its
+ *                              signature (128 hex).  Every flag required.
  *   qtgd approver sign FILE [DOCUMENT PLAN] --request UUID
  *                      --kind approval|initiation|attestation [--step KEY]
  *                      [--deployment NAME] [--class NAME]
@@ -62,6 +70,7 @@
 
 static const char qtg_approver_usage[] =
     "usage: qtgd approver key FILE | public FILE\n"
+    "       qtgd approver sign-fill FILE --deployment NAME --chain ID --sender ADDRESS --nonce N\n"
     "       qtgd approver sign FILE [DOCUMENT PLAN] --request UUID\n"
     "                          --kind approval|initiation|attestation [--step KEY]\n"
     "                          [--deployment NAME] [--class NAME] < statement\n"
@@ -429,6 +438,24 @@ static void qtg_approver_summary(const char *text, int kind, const qtg_approver_
   fputc('\n', stderr);
 }
 
+/* Sign a statement (text, checked): stderr shows what is signed, stdout
+ * gets the signature (128 hex).  The exit code. */
+static int qtg_approver_print_signed(const uint8_t secret[QTG_APPROVER_SECRET_LEN], const char *text) {
+  uint8_t sig[QTG_APPROVER_SIGNATURE_LEN];
+  char hex[2 * QTG_APPROVER_SIGNATURE_LEN + 1];
+  if (qtg_approver_sign(secret, text, strlen(text), sig) != 0) {
+    fprintf(stderr, "qtgd approver: signing failed\n");
+    return 1;
+  }
+  qtg_hex_encode(sig, sizeof sig, hex);
+  fprintf(stderr, "signed:\n%s", text);
+  if (printf("%s\n", hex) < 0 || fflush(stdout) != 0) {
+    fprintf(stderr, "qtgd approver: cannot write the signature: %s\n", strerror(errno));
+    return 1;
+  }
+  return 0;
+}
+
 static int qtg_approver_sign_stdin(const uint8_t secret[QTG_APPROVER_SECRET_LEN],
                                    const qtg_approver_sign_args *args) {
   char text[QTG_APPROVAL_STATEMENT_MAX + 1];
@@ -463,19 +490,8 @@ static int qtg_approver_sign_stdin(const uint8_t secret[QTG_APPROVER_SECRET_LEN]
   }
   if (qtg_approver_confirm(text, args->expect) != 0) return 1;
   if (args->document != NULL && qtg_approver_check_texts(text, args->document, args->plan) != 0) return 1;
-  uint8_t sig[QTG_APPROVER_SIGNATURE_LEN];
-  char hex[2 * QTG_APPROVER_SIGNATURE_LEN + 1];
-  if (qtg_approver_sign(secret, text, len, sig) != 0) {
-    fprintf(stderr, "qtgd approver: signing failed\n");
-    return 1;
-  }
-  qtg_hex_encode(sig, sizeof sig, hex);
-  fprintf(stderr, "signed:\n%.*s", (int)len, text);
+  if (qtg_approver_print_signed(secret, text) != 0) return 1;
   qtg_approver_summary(text, kind, args);
-  if (printf("%s\n", hex) < 0 || fflush(stdout) != 0) {
-    fprintf(stderr, "qtgd approver: cannot write the signature: %s\n", strerror(errno));
-    return 1;
-  }
   return 0;
 }
 
@@ -493,8 +509,66 @@ static int qtg_approver_sign_main(int argc, char **argv) {
   return rc;
 }
 
+/* sign-fill FILE --deployment NAME --chain ID --sender ADDRESS --nonce N */
+static int qtg_approver_sign_fill_main(int argc, char **argv) {
+  static const char *const flag[] = {"--deployment", "--chain", "--sender", "--nonce"};
+  static const char *const form[] = {
+      "--deployment takes a name ([A-Za-z0-9_.-], at most 64), not",
+      "--chain takes a chain id (a decimal from 1, no leading zero, at most 18 digits), not",
+      "--sender takes 0x and 40 hex digits, not",
+      "--nonce takes a nonce (a decimal from 0, no leading zero, at most 18 digits), not"};
+  /* a value known good for each fact, to try one given value at a time */
+  const char *good[4] = {"d", "1", "0x0000000000000000000000000000000000000000", "0"};
+  const char *value[4] = {NULL, NULL, NULL, NULL}, *key = NULL;
+  char sender[43], text[QTG_APPROVAL_STATEMENT_MAX];
+  for (int i = 1; i < argc; i++) {
+    int which = -1;
+    for (int f = 0; f < 4; f++)
+      if (strcmp(argv[i], flag[f]) == 0) which = f;
+    if (which < 0 && argv[i][0] == '-') return qtg_approver_usage_error("unknown option", argv[i]), 2;
+    if (which < 0) {
+      if (key != NULL) return qtg_approver_usage_error("too many arguments at", argv[i]), 2;
+      key = argv[i];
+      continue;
+    }
+    if (i + 1 >= argc) return qtg_approver_usage_error("a value is missing after", argv[i]), 2;
+    if (value[which] != NULL) return qtg_approver_usage_error("given twice:", argv[i]), 2;
+    value[which] = argv[++i];
+  }
+  if (key == NULL) return qtg_approver_usage_error("sign-fill needs a key FILE", NULL), 2;
+  for (int f = 0; f < 4; f++)
+    if (value[f] == NULL) return qtg_approver_usage_error("sign-fill needs", flag[f]), 2;
+  /* the address as the signer writes it: lowercase */
+  snprintf(sender, sizeof sender, "%s", value[2]);
+  for (char *c = sender; *c; c++)
+    if (*c >= 'A' && *c <= 'F') *c = (char)(*c - 'A' + 'a');
+  if (strlen(value[2]) == 42 && sender[1] == 'X') sender[1] = 'x';
+  const char *given[4] = {value[0], value[1], strlen(value[2]) == 42 ? sender : value[2], value[3]};
+  for (int f = 0; f < 4; f++) {
+    const char *one[4] = {good[0], good[1], good[2], good[3]};
+    one[f] = given[f];
+    if (qtg_fill_statement(text, sizeof text, one[0], one[1], one[2], one[3]) != 0)
+      return qtg_approver_usage_error(form[f], value[f]), 2;
+  }
+  if (qtg_fill_statement(text, sizeof text, given[0], given[1], given[2], given[3]) != 0)
+    return qtg_approver_usage_error("not a fill statement:", value[0]), 2;
+  uint8_t secret[QTG_APPROVER_SECRET_LEN];
+  char err[512];
+  if (qtg_keys_read_secret("qtgd approver", key, secret, err, sizeof err) != 0) {
+    fprintf(stderr, "%s\n", err);
+    return 1;
+  }
+  int rc = qtg_approver_print_signed(secret, text);
+  OPENSSL_cleanse(secret, sizeof secret);
+  if (rc == 0)
+    fprintf(stderr, "==> fill of nonce %s of %s on chain %s: a transfer of nothing to itself, which uses that "
+                    "nonce up (any transaction signed at it is then never mined)\n", given[3], given[2], given[1]);
+  return rc;
+}
+
 int qtg_approver_main(int argc, char **argv) {
   if (argc >= 1 && strcmp(argv[0], "sign") == 0) return qtg_approver_sign_main(argc, argv);
+  if (argc >= 1 && strcmp(argv[0], "sign-fill") == 0) return qtg_approver_sign_fill_main(argc, argv);
   if (argc != 2 || (strcmp(argv[0], "key") != 0 && strcmp(argv[0], "public") != 0)) {
     fputs(qtg_approver_usage, stderr);
     return 2;

@@ -132,9 +132,7 @@ static int qtg_is_uuid(const char *s) {
   return 1;
 }
 
-/* A principal: KIND:NAME, KIND [a-z]+, NAME printable without blanks or
- * commas, at most QTG_APPROVER_PRINCIPAL_MAX bytes in all. */
-static int qtg_is_principal(const char *s, size_t len) {
+int qtg_approvers_principal_ok(const char *s, size_t len) {
   size_t i = 0;
   if (len == 0 || len > QTG_APPROVER_PRINCIPAL_MAX) return 0;
   while (i < len && s[i] >= 'a' && s[i] <= 'z') i++;
@@ -378,7 +376,7 @@ static int qtg_add_principals(qtg_approvers *a, qtg_person *p, const char *list,
   while (start <= len) {
     size_t end = start;
     while (end < len && list[end] != ',') end++;
-    if (!qtg_is_principal(list + start, end - start)) {
+    if (!qtg_approvers_principal_ok(list + start, end - start)) {
       snprintf(err, errlen, "line %d: '%.*s' is not a principal (KIND:NAME, e.g. operator:alice)",
                line, (int)(end - start > 140 ? 140 : end - start), list + start);
       return -1;
@@ -848,6 +846,28 @@ int qtg_attestation_statement(char *out, size_t outlen, const char *deployment, 
   if (step == NULL) return -1;
   return qtg_statement_write(out, outlen, QTG_STATEMENT_ATTESTATION, deployment, request, klass, digest,
                              plan, step);
+}
+
+/* A decimal without a leading zero (0 itself allowed when zero_ok), at
+ * most 18 digits: below 2^63, as PostgreSQL's bigint holds it. */
+static int qtg_is_decimal(const char *s, int zero_ok) {
+  size_t len = strlen(s);
+  if (len == 0 || len > 18 || (s[0] == '0' && (len > 1 || !zero_ok))) return 0;
+  for (size_t i = 0; i < len; i++)
+    if (s[i] < '0' || s[i] > '9') return 0;
+  return 1;
+}
+
+int qtg_fill_statement(char *out, size_t outlen, const char *deployment, const char *chain,
+                       const char *sender, const char *nonce) {
+  if (deployment == NULL || chain == NULL || sender == NULL || nonce == NULL ||
+      !qtg_is_name(deployment, strlen(deployment)) || !qtg_is_decimal(chain, 0) ||
+      !qtg_is_decimal(nonce, 1) || strlen(sender) != 42 || sender[0] != '0' || sender[1] != 'x' ||
+      !qtg_is_lower_hex(sender + 2, 40))
+    return -1;
+  int n = snprintf(out, outlen, "qtg-fill-v1\ndeployment %s\nchain %s\nsender %s\nnonce %s\n", deployment,
+                   chain, sender, nonce);
+  return n > 0 && (size_t)n < outlen ? 0 : -1;
 }
 
 int qtg_request_statement_check(const char *text, size_t len) {

@@ -95,6 +95,11 @@ typedef enum {
   QTG_STATEMENT_ATTESTATION = 2
 } qtg_statement_kind;
 
+/* 1 when s (len bytes) is a principal: KIND:NAME, KIND [a-z]+, NAME
+ * printable without blanks or commas, at most QTG_APPROVER_PRINCIPAL_MAX
+ * bytes in all; else 0. */
+int qtg_approvers_principal_ok(const char *s, size_t len);
+
 /* Parse an enrolment file's text. */
 int qtg_approvers_parse(const char *text, size_t len, qtg_approvers **out, char *err,
                         size_t errlen);
@@ -208,6 +213,23 @@ int qtg_request_statement(char *out, size_t outlen, qtg_statement_kind kind, con
  * line. */
 int qtg_attestation_statement(char *out, size_t outlen, const char *deployment, const char *request,
                               const char *klass, const char *digest, const char *plan, const char *step);
+
+/* The statement a person signs to have the signer fill a nonce (a
+ * 0-value transfer of sender to itself at nonce on chain: docs/evm.md,
+ * "Filling a nonce"):
+ *
+ *   qtg-fill-v1
+ *   deployment NAME
+ *   chain CHAIN_ID (decimal, from 1)
+ *   sender 0x<40 lowercase hex>
+ *   nonce N (decimal, from 0)
+ *
+ * -1 when a fact is not of its form (decimals of at most 18 digits without
+ * a leading zero) or out is too small.  It names no request: a fill moves
+ * no money, and the nonce it fills may belong to no request the daemon
+ * still shows. */
+int qtg_fill_statement(char *out, size_t outlen, const char *deployment, const char *chain,
+                       const char *sender, const char *nonce);
 
 /* The kind of statement text (len bytes) is exactly, or -1 when it is
  * not one statement. */

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "qtg_approvers.h"
 #include "qtg_crypto.h"
 
 static int qtg_hexdigit(char c) {
@@ -55,6 +56,49 @@ static int qtg_tokens(const char *s, size_t len, const char **tok, size_t *tlen,
 
 #define QTG_FAIL(...) do { snprintf(err, errlen, __VA_ARGS__); return -1; } while (0)
 
+/* The payload token p (pl bytes) into out->payload.  0, -1 (err filled)
+ * or -2 (out of memory). */
+static int qtg_payload_parse(const char *p, size_t pl, qtg_signer_line *out, char *err, size_t errlen) {
+  if (pl < 4 || p[0] != '0' || p[1] != 'x' || (pl - 2) % 2 != 0)
+    QTG_FAIL("payload must be 0x followed by an even number of hex digits");
+  if ((pl - 2) / 2 > QTG_SIGNER_PAYLOAD_MAX) QTG_FAIL("payload too long");
+  for (size_t i = 2; i < pl; i++)
+    if (!qtg_hexdigit(p[i])) QTG_FAIL("payload must be 0x followed by an even number of hex digits");
+  out->payload = malloc((pl - 2) / 2);
+  if (out->payload == NULL) {
+    snprintf(err, errlen, "out of memory");
+    return -2;
+  }
+  if (qtg_hex_decode(p + 2, pl - 2, out->payload) != 0) {
+    qtg_signer_line_free(out);
+    QTG_FAIL("payload must be 0x followed by an even number of hex digits");
+  }
+  out->payload_len = (pl - 2) / 2;
+  return 0;
+}
+
+/* FILL <key> 0x<payload> <principal> <signature|->: the tokens after the verb. */
+static int qtg_fill_parse(const char **tok, const size_t *tl, int n, qtg_signer_line *out, char *err,
+                          size_t errlen) {
+  if (n != 5) QTG_FAIL("FILL takes key name, payload, principal and signature (or -)");
+  if (!qtg_is_key_name(tok[1], tl[1])) QTG_FAIL("key name must be 1-64 of [A-Za-z0-9_.-]");
+  if (!qtg_approvers_principal_ok(tok[3], tl[3])) QTG_FAIL("principal must be KIND:NAME, at most 128 bytes");
+  int unsigned_fill = tl[4] == 1 && tok[4][0] == '-';
+  if (!unsigned_fill) {
+    if (tl[4] != 128) QTG_FAIL("signature must be 128 hex digits or -");
+    for (size_t i = 0; i < tl[4]; i++)
+      if (!qtg_hexdigit(tok[4][i])) QTG_FAIL("signature must be 128 hex digits or -");
+  }
+  int rc = qtg_payload_parse(tok[2], tl[2], out, err, errlen);
+  if (rc != 0) return rc;
+  out->verb = QTG_SIGNER_VERB_FILL;
+  memcpy(out->key, tok[1], tl[1]);
+  memcpy(out->principal, tok[3], tl[3]);
+  for (size_t i = 0; !unsigned_fill && i < tl[4]; i++)   /* lowercase, as signatures are stored */
+    out->signature[i] = (char)(tok[4][i] >= 'A' && tok[4][i] <= 'F' ? tok[4][i] - 'A' + 'a' : tok[4][i]);
+  return 0;
+}
+
 int qtg_signer_line_parse(const char *s, size_t len, qtg_signer_line *out,
                           char *err, size_t errlen) {
   const char *tok[6];
@@ -84,7 +128,9 @@ int qtg_signer_line_parse(const char *s, size_t len, qtg_signer_line *out,
     memcpy(out->key, tok[1], tl[1]);
     return 0;
   }
-  if (!(tl[0] == 4 && memcmp(tok[0], "SIGN", 4) == 0)) QTG_FAIL("unknown verb (SIGN, ADDRESS, KEYS, APPROVALS)");
+  if (tl[0] == 4 && memcmp(tok[0], "FILL", 4) == 0) return qtg_fill_parse(tok, tl, n, out, err, errlen);
+  if (!(tl[0] == 4 && memcmp(tok[0], "SIGN", 4) == 0))
+    QTG_FAIL("unknown verb (SIGN, FILL, ADDRESS, KEYS, APPROVALS)");
   if (n != 6) QTG_FAIL("SIGN takes request id, node id, attempt, key name and payload");
   if (!qtg_is_uuid(tok[1], tl[1])) QTG_FAIL("request id must be a lowercase uuid");
   if (!qtg_is_uuid(tok[2], tl[2])) QTG_FAIL("node id must be a lowercase uuid");
@@ -96,23 +142,8 @@ int qtg_signer_line_parse(const char *s, size_t len, qtg_signer_line *out,
   }
   if (attempt > 2147483647LL) QTG_FAIL("attempt out of range");
   if (!qtg_is_key_name(tok[4], tl[4])) QTG_FAIL("key name must be 1-64 of [A-Za-z0-9_.-]");
-  const char *p = tok[5];
-  size_t pl = tl[5];
-  if (pl < 4 || p[0] != '0' || p[1] != 'x' || (pl - 2) % 2 != 0)
-    QTG_FAIL("payload must be 0x followed by an even number of hex digits");
-  if ((pl - 2) / 2 > QTG_SIGNER_PAYLOAD_MAX) QTG_FAIL("payload too long");
-  for (size_t i = 2; i < pl; i++)
-    if (!qtg_hexdigit(p[i])) QTG_FAIL("payload must be 0x followed by an even number of hex digits");
-  out->payload = malloc((pl - 2) / 2);
-  if (out->payload == NULL) {
-    snprintf(err, errlen, "out of memory");
-    return -2;
-  }
-  if (qtg_hex_decode(p + 2, pl - 2, out->payload) != 0) {
-    qtg_signer_line_free(out);
-    QTG_FAIL("payload must be 0x followed by an even number of hex digits");
-  }
-  out->payload_len = (pl - 2) / 2;
+  int rc = qtg_payload_parse(tok[5], tl[5], out, err, errlen);
+  if (rc != 0) return rc;
   out->verb = QTG_SIGNER_VERB_SIGN;
   memcpy(out->request_id, tok[1], tl[1]);
   memcpy(out->node_id, tok[2], tl[2]);

@@ -7,13 +7,14 @@
  * spaces, nothing optional):
  *
  *   SIGN <request uuid> <node uuid> <attempt> <key name> 0x<payload hex>
+ *   FILL <key name> 0x<payload hex> <principal> <signature hex|->
  *   ADDRESS <key name>
  *   KEYS
  *   APPROVALS
  *
  * answered by
  *
- *   OK <words...>                 SIGN: 0x<r s v hex> 0x<address>
+ *   OK <words...>                 SIGN, FILL: 0x<r s v hex> 0x<address>
  *                                 ADDRESS: 0x<address>; KEYS: the names
  *                                 APPROVALS: how approvals are checked:
  *                                 "enrolled <deployment> <sha256 of the
@@ -22,9 +23,13 @@
  *
  * uuids are lowercase 8-4-4-4-12 hex, attempt a decimal 1..2147483647
  * without leading zeros, key names [A-Za-z0-9_.-]{1,64}, the payload 0x +
- * lowercase or uppercase hex of 1..QTG_SIGNER_PAYLOAD_MAX bytes.  Anything
- * else is refused as SIGNER_BAD_REQUEST before any database or key is
- * touched.
+ * lowercase or uppercase hex of 1..QTG_SIGNER_PAYLOAD_MAX bytes.  FILL (a
+ * 0-value transfer of the key's address to itself, at a nonce the signer
+ * granted a transfer at: docs/evm.md, "Filling a nonce") names who asks (a
+ * principal, qtg_approvers_principal_ok) and carries that person's Ed25519
+ * signature of the fill statement (128 hex digits), or "-" for none (a
+ * signer without an enrolment does not ask for one).  Anything else is
+ * refused as SIGNER_BAD_REQUEST before any database or key is touched.
  *
  * The payload is an unsigned EIP-1559 transaction (0x02 || rlp of nine
  * fields); qtg_eip1559_decode reads it and refuses every non-canonical form
@@ -48,7 +53,8 @@ typedef enum {
   QTG_SIGNER_VERB_SIGN,
   QTG_SIGNER_VERB_ADDRESS,
   QTG_SIGNER_VERB_KEYS,
-  QTG_SIGNER_VERB_APPROVALS
+  QTG_SIGNER_VERB_APPROVALS,
+  QTG_SIGNER_VERB_FILL
 } qtg_signer_verb;
 
 typedef struct {
@@ -57,8 +63,10 @@ typedef struct {
   char node_id[QTG_SIGNER_UUID_LEN + 1];
   int attempt;
   char key[65];
-  uint8_t *payload;          /* malloc'd (SIGN only); qtg_signer_line_free */
+  uint8_t *payload;          /* malloc'd (SIGN, FILL); qtg_signer_line_free */
   size_t payload_len;
+  char principal[129];       /* FILL: who asks */
+  char signature[129];       /* FILL: 128 hex, or "" for "-" */
 } qtg_signer_line;
 
 /* Parse one request line (without its LF).  0 on success; -1 with a reason

@@ -101,7 +101,7 @@ typedef struct {
 typedef struct {
   int granted;
   char code[48];
-  char reason[256];
+  char reason[384];
   char digest[65];
   char payload_hash[67];
   char address[QTG_ADDRESS_HEX_LEN + 1];
@@ -774,6 +774,136 @@ static int qtg_signerd_decide_sign(qtg_signerd *d, const qtg_signer_line *l, qtg
   return qtg_signerd_decide_nonce(d, db, l, &tx, dec);
 }
 
+/* ---- FILL: a nonce voided by a 0-value transfer to itself ---------------------------
+ *
+ * A nonce the signer granted a transfer at can hold bytes that will never
+ * be mined where they are wanted (refused by the RPC: the sender's later
+ * transfers wait behind the gap for ever), or bytes a compromised daemon
+ * kept and hid (docs/security.md, "A signature ahead of the chain").  A
+ * fill uses that nonce up with a transfer that moves nothing: the key's
+ * address to itself, value 0, no data, 21,000 gas, fees within the caps of
+ * the plan the granted transfer was signed under.  Only a nonce the
+ * signer's own log shows a transfer granted at is filled (signer_events:
+ * the daemon's role cannot write it), for a key that serves that request's
+ * class; with MG_SIGNER_APPROVERS, only for an enrolled person's Ed25519
+ * signature of the fill statement (qtg_fill_statement), whoever relays it.
+ * The grant is recorded with no request (code FILL_GRANTED), so it never
+ * stands for a transfer, nor justifies another fill. */
+static const char qtg_signerd_fill_grant_sql[] =
+    "SELECT e.signer_key, m.network_class, pv.risk_controls->>'max_fee_per_gas_wei',"
+    "  pv.risk_controls->>'max_priority_fee_per_gas_wei', e.request_id::text"
+    " FROM public.signer_events e"
+    " LEFT JOIN public.movement_requests m ON m.id = e.request_id"
+    " LEFT JOIN public.plan_versions pv ON pv.id = m.plan_version_id"
+    " WHERE e.decision = 'granted' AND e.request_id IS NOT NULL AND e.chain_id = $1::bigint"
+    "   AND e.signer_address = $2 AND e.nonce = $3::bigint"
+    " ORDER BY e.id DESC LIMIT 1";
+
+enum { G_KEY, G_CLASS, G_MAX_FEE, G_MAX_TIP, G_REQUEST };
+
+/* What a fill's payload must be, and who must have asked for it (the
+ * grant row g read; dec's chain, nonce and address set).  0, or -1
+ * refused (dec filled). */
+static int qtg_signerd_check_fill(qtg_signerd *d, const qtg_signer_line *l, const qtg_eip1559_tx *tx,
+                                  const uint8_t key_addr[20], PGresult *g, qtg_decision *dec) {
+  qtg_u256 cap, gas, zero;
+  memset(&zero, 0, sizeof zero);
+  if (!tx->has_to || memcmp(tx->to, key_addr, 20) != 0)
+    QTG_REFUSE(dec, "FILL_NOT_SELF", "a fill pays the key's own address %s", dec->address);
+  if (qtg_u256_cmp(&tx->value, &zero) != 0) QTG_REFUSE(dec, "FILL_NOT_SELF", "a fill moves nothing: its value is 0");
+  if (tx->data_len != 0) QTG_REFUSE(dec, "DATA_NOT_ALLOWED", "a fill carries no call data");
+  if (qtg_parse_u256("21000", &gas) != 0 || qtg_u256_cmp(&tx->gas_limit, &gas) != 0)
+    QTG_REFUSE(dec, "FEES_ABOVE_CAP", "a fill's gas limit is 21000");
+  if (PQntuples(g) == 0)
+    QTG_REFUSE(dec, "NONCE_NOT_GRANTED", "no transfer was granted at nonce %s on chain %s from %s: only such a "
+               "nonce is filled", dec->nonce, dec->chain, dec->address);
+  const char *klass = PQgetisnull(g, 0, G_CLASS) ? NULL : PQgetvalue(g, 0, G_CLASS);
+  if (klass == NULL)
+    QTG_REFUSE(dec, "REQUEST_NOT_FOUND", "request %s, granted at this nonce, is gone: no fee cap to fill under",
+               PQgetvalue(g, 0, G_REQUEST));
+  if (!qtg_signer_key_serves_class(d->key_classes, l->key, klass))
+    QTG_REFUSE(dec, "KEY_NOT_FOR_CLASS", "key %s does not sign for network class %s (MG_SIGNER_KEY_CLASSES)",
+               l->key, klass);
+  const struct { int field; const char *name, *what; const qtg_u256 *asked; } caps[] = {
+    {G_MAX_FEE, "max_fee_per_gas_wei", "max_fee_per_gas", &tx->max_fee_per_gas},
+    {G_MAX_TIP, "max_priority_fee_per_gas_wei", "max_priority_fee_per_gas", &tx->max_priority_fee_per_gas},
+  };
+  for (size_t i = 0; i < sizeof caps / sizeof caps[0]; i++) {
+    const char *text = PQgetisnull(g, 0, caps[i].field) ? NULL : PQgetvalue(g, 0, caps[i].field);
+    if (text == NULL) QTG_REFUSE(dec, "FEES_ABOVE_CAP", "the granted transfer's plan sets no %s", caps[i].name);
+    if (qtg_parse_u256(text, &cap) != 0)
+      QTG_REFUSE(dec, "FEES_ABOVE_CAP", "the plan's %s is no decimal integer: %.40s", caps[i].name, text);
+    if (qtg_u256_cmp(caps[i].asked, &cap) > 0)
+      QTG_REFUSE(dec, "FEES_ABOVE_CAP", "%s exceeds the plan's %s %s", caps[i].what, caps[i].name, text);
+  }
+  if (d->approvers == NULL) return 0;
+  char statement[QTG_APPROVAL_STATEMENT_MAX];
+  int person = qtg_approvers_person_of(d->approvers, l->principal);
+  if (person < 0)
+    QTG_REFUSE(dec, "FILL_NOT_SIGNED", "%s is no enrolled person's principal: a fill is signed for by a person",
+               l->principal);
+  if (l->signature[0] == '\0')
+    QTG_REFUSE(dec, "FILL_NOT_SIGNED", "a fill needs %s's signature of its statement (qtgd approver sign-fill)",
+               l->principal);
+  if (qtg_fill_statement(statement, sizeof statement, qtg_approvers_deployment(d->approvers), dec->chain,
+                         dec->address, dec->nonce) != 0)
+    QTG_REFUSE(dec, "FILL_NOT_SIGNED", "no fill statement can be written for chain %s, nonce %s", dec->chain,
+               dec->nonce);
+  if (!qtg_approvers_verify(d->approvers, person, statement, strlen(statement), l->signature))
+    QTG_REFUSE(dec, "FILL_NOT_SIGNED", "the signature is not %s's of the statement filling nonce %s on chain %s "
+               "from %s", qtg_approvers_person_name(d->approvers, person), dec->nonce, dec->chain, dec->address);
+  return 0;
+}
+
+/* 0 granted, -1 refused (dec filled), -2 the database failed. */
+static int qtg_signerd_decide_fill(qtg_signerd *d, const qtg_signer_line *l, qtg_decision *dec) {
+  qtg_eip1559_tx tx;
+  uint8_t key_addr[20], hash[32];
+  char why[160];
+  qtg_keccak256(l->payload, l->payload_len, hash);
+  dec->payload_hash[0] = '0', dec->payload_hash[1] = 'x';
+  qtg_hex_encode(hash, 32, dec->payload_hash + 2);
+  if (d->approvers_broken)
+    QTG_REFUSE(dec, "APPROVERS_UNREADABLE", "MG_SIGNER_APPROVERS %s could not be read at the last "
+               "reload: nothing is signed until it is fixed and reloaded", d->approvers_path);
+  if (qtg_keys_signer_address(d->keys, l->key, key_addr) != 0)
+    QTG_REFUSE(dec, "SIGNER_NOT_FOUND", "no signer key %s is loaded", l->key);
+  qtg_signer_address_hex(key_addr, dec->address);
+  if (qtg_eip1559_decode(l->payload, l->payload_len, &tx, why, sizeof why) != 0)
+    QTG_REFUSE(dec, "PAYLOAD_NOT_EIP1559", "%s", why);
+  if (qtg_u256_bigint(&tx.chain_id, dec->chain, sizeof dec->chain) != 0 ||
+      qtg_u256_bigint(&tx.nonce, dec->nonce, sizeof dec->nonce) != 0) {
+    dec->chain[0] = dec->nonce[0] = '\0';
+    QTG_REFUSE(dec, "NONCE_NOT_GRANTED", "chain id or nonce out of range");
+  }
+  PGconn *db = qtg_signerd_db(d);
+  if (db == NULL) return -2;
+  PGresult *r = PQexec(db, "BEGIN");
+  int ok = r != NULL && PQresultStatus(r) == PGRES_COMMAND_OK;
+  PQclear(r);
+  if (!ok) {
+    qtg_log_warn("signer: opening a fill's decision failed: %s", PQerrorMessage(db));
+    qtg_signerd_db_drop(d);
+    return -2;
+  }
+  const char *gp[3] = {dec->chain, dec->address, dec->nonce};
+  PGresult *g = qtg_signerd_query(d, db, qtg_signerd_fill_grant_sql, 3, gp, "reading the grant at the nonce");
+  if (g == NULL) return -2;
+  int rc = qtg_signerd_check_fill(d, l, &tx, key_addr, g, dec);
+  PQclear(g);
+  if (rc != 0) return -1;
+  qtg_signature sig;
+  if (qtg_keys_sign_hash(d->keys, l->key, hash, &sig) != QTG_SIGNER_OK)
+    QTG_REFUSE(dec, "SIGNER_INTERNAL", "signing failed");
+  qtg_signer_signature_hex(&sig, dec->signature);
+  dec->granted = 1;
+  snprintf(dec->code, sizeof dec->code, "FILL_GRANTED");
+  snprintf(dec->reason, sizeof dec->reason, "a 0-value transfer of %s to itself at nonce %s on chain %s, for %s%s",
+           dec->address, dec->nonce, dec->chain, l->principal,
+           d->approvers != NULL ? " (signed)" : " (no enrolment: not signed)");
+  return 0;
+}
+
 /* COMMIT: 1 when it committed (in a failed transaction COMMIT answers
  * ROLLBACK), else 0. */
 static int qtg_signerd_commit(PGconn *db) {
@@ -914,7 +1044,8 @@ static void qtg_signerd_serve(qtg_signerd *d, int fd, const struct ucred *peer,
       qtg_signerd_hup = 0;
       qtg_signerd_reload_approvers(d);
     }
-    rc = qtg_signerd_decide_sign(d, &line, &dec);
+    rc = line.verb == QTG_SIGNER_VERB_FILL ? qtg_signerd_decide_fill(d, &line, &dec)
+                                           : qtg_signerd_decide_sign(d, &line, &dec);
     if (rc == -2) {
       qtg_signer_line_free(&line);
       qtg_signerd_answer(fd, "REFUSED SIGNER_DB_UNAVAILABLE the signer cannot read the database");

@@ -22,8 +22,11 @@
 -- A listed grant is not proof of an attack (a daemon killed between the
 -- grant and its write leaves one, and a FAILED transfer's surfaced bytes
 -- are listed until the reaper's verdict): it is a signed transaction to
--- look up on the chain before its payment is approved again.  Grants are
--- read a page at a time in id order, each page one statement.
+-- look up on the chain before its payment is approved again, or to void
+-- by filling its nonce (qtg.evm_fill): a fill signed at its nonce is
+-- named with it (the chain says whether the fill was mined).  A fill's
+-- own grant is no transfer and is not listed.  Grants are read a page at
+-- a time in id order, each page one statement.
 --   check(s, limit) -> { ok=, checked=, open=, list={ {id=, request_id=,
 --                       node_id=, node_state=, chain_id=, address=, nonce=,
 --                       payload_hash=, granted_at=, held=} ... } }
@@ -35,12 +38,15 @@ local GRANTS_SQL = [[
 SELECT e.id, e.request_id::text AS request_id, e.request_node_id::text AS node_id, e.chain_id,
        e.signer_address AS address, e.nonce, e.payload_hash, e.created_at::text AS granted_at,
        n.node_state, r.status AS reservation, r.payload_hash = e.payload_hash AS same_payload,
-       r.bytes_dead_at IS NOT NULL AS dead
+       r.bytes_dead_at IS NOT NULL AS dead,
+       (SELECT max(f.id) FROM signer_events f
+         WHERE f.decision = 'granted' AND f.nonce = e.nonce AND f.chain_id = e.chain_id
+           AND f.signer_address = e.signer_address AND f.code = 'FILL_GRANTED') AS filled_by
   FROM signer_events e
   LEFT JOIN movement_request_nodes n ON n.id = e.request_node_id
   LEFT JOIN evm_nonce_reservation r
          ON r.chain_id = e.chain_id AND r.address = lower(e.signer_address) AND r.nonce = e.nonce
- WHERE e.decision = 'granted' AND e.nonce IS NOT NULL AND e.id > $1
+ WHERE e.decision = 'granted' AND e.nonce IS NOT NULL AND e.request_id IS NOT NULL AND e.id > $1
  ORDER BY e.id
  LIMIT $2]]
 
@@ -58,9 +64,13 @@ end
 -- What the daemon's rows say of the grant's bytes, in a few words.
 local function held(g)
   local r = text(g.reservation)
-  if not r then return "no reservation row at that nonce" end
-  if g.same_payload ~= true then return string.format("the reservation row at that nonce is %s, for another payload", r) end
-  return string.format("the reservation row at that nonce is %s", r)
+  local fill = type(g.filled_by) == "number"
+    and string.format("; a fill was signed at that nonce (signer event %d): see that it was mined", g.filled_by) or ""
+  if not r then return "no reservation row at that nonce" .. fill end
+  if g.same_payload ~= true then
+    return string.format("the reservation row at that nonce is %s, for another payload%s", r, fill)
+  end
+  return string.format("the reservation row at that nonce is %s%s", r, fill)
 end
 
 function M.check(s, limit)

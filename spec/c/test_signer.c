@@ -441,6 +441,30 @@ static void test_proto(void) {
   CHECK(&tc, parse("ADDRESS evm.hot-1", &l) == 0 && l.verb == QTG_SIGNER_VERB_ADDRESS);
   CHECK(&tc, parse("APPROVALS", &l) == 0 && l.verb == QTG_SIGNER_VERB_APPROVALS);
   CHECK(&tc, parse("APPROVALS x", &l) == -1 && parse("APPROVALS ", &l) == -1 && parse("APPROVAL", &l) == -1);
+  /* FILL: key, payload, principal, a signature (lowercased) or "-" */
+  {
+    char sig128[129], line[512];
+    memset(sig128, 'A', 128);
+    sig128[128] = '\0';
+    snprintf(line, sizeof line, "FILL evm_hot 0x" TX " operator:alice %s", sig128);
+    CHECK(&tc, parse(line, &l) == 0 && l.verb == QTG_SIGNER_VERB_FILL && strcmp(l.key, "evm_hot") == 0 &&
+                   strcmp(l.principal, "operator:alice") == 0 && l.payload_len == 52 && l.signature[0] == 'a' &&
+                   strlen(l.signature) == 128);
+    qtg_signer_line_free(&l);
+    CHECK(&tc, parse("FILL evm_hot 0x" TX " console:0 -", &l) == 0 && l.signature[0] == '\0' &&
+                   strcmp(l.principal, "console:0") == 0);
+    qtg_signer_line_free(&l);
+    const char *bad_fills[] = {"FILL evm_hot 0x" TX " operator:alice", "FILL evm_hot 0x" TX " alice -",
+                               "FILL evm_hot 0x" TX " operator: -", "FILL evm_hot 0x" TX " :alice -",
+                               "FILL evm_hot 0x" TX " operator:a,b -", "FILL evm_hot 0x" TX " operator:alice --",
+                               "FILL evm_hot 0x" TX " operator:alice 00", "FILL evm_hot 0x0 operator:alice -",
+                               "FILL bad/key 0x" TX " operator:alice -", "FILL 0x" TX " operator:alice -",
+                               "FILL evm_hot 0x" TX " operator:alice - extra", NULL};
+    for (int i = 0; bad_fills[i]; i++) CHECK(&tc, parse(bad_fills[i], &l) == -1);
+    sig128[5] = 'g';
+    snprintf(line, sizeof line, "FILL evm_hot 0x" TX " operator:alice %s", sig128);
+    CHECK(&tc, parse(line, &l) == -1);
+  }
   /* exact decimal amounts */
   CHECK(&tc, qtg_amount_to_units("0.25", 4, 18, &v) == 0);
   qtg_u256_decimal(&v, dec, sizeof dec);
@@ -780,6 +804,43 @@ static void test_approvers(void) {
       CHECK(&tc, qtg_approvers_verify(a, 0, att, strlen(att), hex) == 1);
       CHECK(&tc, qtg_approvers_verify(a, 0, gate2, strlen(gate2), hex) == 0);
       CHECK(&tc, qtg_approvers_verify(a, 0, st, strlen(st), hex) == 0);
+      qtg_approvers_free(a);
+    }
+  }
+  /* a fill: deployment, chain, sender, nonce; a signature of it verifies
+   * for no other nonce, chain, sender or deployment, nor as an approval */
+  {
+    char fill[QTG_APPROVAL_STATEMENT_MAX], other[QTG_APPROVAL_STATEMENT_MAX];
+    const char *from = "0x70997970c51812dc3a010c7d01b50e0d17dc79c8";
+    CHECK(&tc, qtg_fill_statement(fill, sizeof fill, "desk-1", "31337", from, "7") == 0);
+    CHECK_STR(&tc, fill, "qtg-fill-v1\ndeployment desk-1\nchain 31337\nsender "
+                         "0x70997970c51812dc3a010c7d01b50e0d17dc79c8\nnonce 7\n");
+    CHECK(&tc, qtg_request_statement_check(fill, strlen(fill)) == -1);
+    CHECK(&tc, qtg_fill_statement(other, sizeof other, "desk-1", "31337", from, "0") == 0);
+    const char *bad[][4] = {{"desk 1", "31337", from, "7"}, {"desk-1", "0", from, "7"},
+                            {"desk-1", "031337", from, "7"}, {"desk-1", "31337", from, "07"},
+                            {"desk-1", "31337", from, "-1"}, {"desk-1", "1234567890123456789", from, "7"},
+                            {"desk-1", "31337", "0x70997970C51812dc3a010c7d01b50e0d17dc79c8", "7"},
+                            {"desk-1", "31337", "70997970c51812dc3a010c7d01b50e0d17dc79c8", "7"},
+                            {"desk-1", "31337", "0x70997970c51812dc3a010c7d01b50e0d17dc79c", "7"},
+                            {"desk-1", "31337", from, "7\nnonce 8"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+      CHECK(&tc, qtg_fill_statement(other, sizeof other, bad[i][0], bad[i][1], bad[i][2], bad[i][3]) == -1);
+    CHECK(&tc, qtg_fill_statement(other, 10, "desk-1", "31337", from, "7") == -1);
+    a = enrolment(DEPLOY "quorum * 1\nperson alice ed25519:" ED_PUBLIC " operator:alice\n");
+    CHECK(&tc, a != NULL);
+    if (a != NULL) {
+      CHECK(&tc, qtg_approver_sign(secret, fill, strlen(fill), sig) == 0);
+      qtg_hex_encode(sig, 64, hex);
+      CHECK(&tc, qtg_approvers_verify(a, 0, fill, strlen(fill), hex) == 1);
+      const char *twins[][4] = {{"desk-1", "31337", from, "8"}, {"desk-1", "1", from, "7"},
+                                {"desk-1", "31337", "0x3c44cdddb6a900fa2b585dd299e03d12fa4293bc", "7"},
+                                {"desk-2", "31337", from, "7"}};
+      for (size_t i = 0; i < sizeof twins / sizeof twins[0]; i++) {
+        CHECK(&tc, qtg_fill_statement(other, sizeof other, twins[i][0], twins[i][1], twins[i][2], twins[i][3]) == 0);
+        CHECK(&tc, qtg_approvers_verify(a, 0, other, strlen(other), hex) == 0);
+      }
+      CHECK(&tc, qtg_approvers_principal_ok("operator:alice", 14) == 1 && qtg_approvers_principal_ok("alice", 5) == 0);
       qtg_approvers_free(a);
     }
   }

@@ -47,6 +47,29 @@ function signer.health(name)
   if a then return { ok = true, signer_address = a } end
   return { ok = false, error = tostring(err.message), code = err.code or 'SIGNER_UNAVAILABLE' }
 end
+-- fill(name, {payload=, principal=, signature=}) -> {signature=, r=, s=,
+-- recid=, address=}: a fill of a nonce (the signer checks the payload is a
+-- transfer of nothing to the key's own address at a nonce it granted a
+-- transfer at, and, with an enrolment, the person's signature).
+function signer.fill(name, req)
+  if not key_ok(name) then return bad('key name must be 1-64 of [A-Za-z0-9_.-]') end
+  if type(req) ~= 'table' or type(req.payload) ~= 'string' then return bad('fill needs {payload=, principal=}') end
+  local principal, sig = req.principal, req.signature
+  if type(principal) ~= 'string' or not principal:match('^[a-z]+:[^%s,]+$') or #principal > 128 then
+    return bad('fill needs the principal who asks (KIND:NAME)')
+  end
+  if sig ~= nil and (type(sig) ~= 'string' or not sig:match('^%x+$') or #sig ~= 128) then
+    return bad('a fill signature is 128 hex digits')
+  end
+  local s, err = call(string.format('FILL %s %s %s %s', name, req.payload, principal, sig or '-'))
+  if not s then return nil, err end
+  local got, addr = s:match('^(0x%x+) (0x%x+)$')
+  if not got or #got ~= 132 then
+    return nil, setmetatable({ kind = 'signer_unavailable', message = 'the signer answered garbage' }, signer.error_mt)
+  end
+  return { signature = got, r = '0x' .. got:sub(3, 66), s = '0x' .. got:sub(67, 130),
+           recid = tonumber(got:sub(131, 132), 16), address = addr }
+end
 function signer.sign(name, req)
   if not key_ok(name) then return bad('key name must be 1-64 of [A-Za-z0-9_.-]') end
   if type(req) ~= 'table' then return bad('sign_request must be a table') end

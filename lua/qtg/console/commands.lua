@@ -59,6 +59,10 @@ M.LIST = {
   { "dlq", "()", "dead-lettered callbacks" },
   { "redeliver", "(callback_id)", "a dlq callback row -> a new pending row; refused while its last "
     .. "redelivery is pending or was delivered" },
+  { "fill_nonce", "(chain_id, sender, nonce[, signature])", "have the signer fill a nonce it granted a "
+    .. "transfer at (a transfer of nothing to the sender itself), and send it: the way out of EVM_NONCE_GAP, "
+    .. "EVM_TX_REJECTED and a grant audit verify lists; with signed approvals, your signature from "
+    .. "qtgd approver sign-fill (operate)" },
   { "signers", "()", "the signer roster: expected and observed addresses, posture" },
   { "set_expected_signer", "(key, address)", "enroll the address a signer key must have" },
   { "balances", "()", "the latest balance snapshot of each venue" },
@@ -698,6 +702,14 @@ function M.bind(ctx)
       return view.record(row, { "id", "redelivery_of", "request_id", "event_type", "status",
                                 "callback_timestamp", "callback_nonce" })
     end)
+  end
+
+  function c.fill_nonce(chain_id, sender, nonce, signature)
+    local who = as("operate", "fill a nonce")
+    local r = require("qtg.evm_fill").fill({ chain_id = chain_id, sender = sender, nonce = nonce,
+                                             signature = signature }, who)
+    return view.record(r, { "tx_hash", "chain_id", "sender", "nonce", "max_fee_per_gas",
+                            "max_priority_fee_per_gas", "sent", "request_id" })
   end
 
   c.signers = signers

@@ -458,11 +458,12 @@ describe("approvals", function()
         e = select(2, pcall(cmds.add_operator, "x-" .. uid_ok, uid_ok + 1, { "read" }))
         assert.equal("forbidden", e.kind)
         -- the runtime's and the signer roster's commands ask their roles
-        -- too: operate to redeliver, admin for the rest; the reader and the
+        -- too: operate to redeliver and to fill a nonce, admin for the rest; the reader and the
         -- approver hold neither
         local address = "0x" .. string.rep("1", 40)
         for _, c in ipairs({
           { "redeliver", { 1 }, "operate" },
+          { "fill_nonce", { 31337, address, 0 }, "operate" },
           { "set_expected_signer", { "evm_hot", address }, "admin" },
           { "reload", {}, "admin" },
           { "sql_write", { "UPDATE operators SET roles = roles WHERE false" }, "admin" },

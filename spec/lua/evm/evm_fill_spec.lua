@@ -1,0 +1,272 @@
+-- Filling a nonce (lua/qtg/evm_fill.lua, the signer's FILL in
+-- src/qtg_signerd.c, `qtgd approver sign-fill`): a transfer of nothing from
+-- a signer key's address to itself, at a nonce the signer granted a
+-- transfer at, so that the transfer's bytes are never mined.  A real anvil,
+-- a real `qtgd signer` holding the key, real PostgreSQL.
+--   * a grant whose bytes the daemon kept (never sent): the fill is signed
+--     and mined, moves nothing, and the kept bytes are refused by the chain
+--     afterwards; the signer's log and the audit trail say who filled, and
+--     `qtgd audit verify` names the fill beside the grant it lists;
+--   * what the signer refuses, asked directly as a console user could: a
+--     nonce it granted nothing at, a payload that pays another address or
+--     moves value or carries data or more gas, fees above the plan's caps,
+--     a key it does not hold; a nonce the chain used already is refused
+--     before the signer is asked;
+--   * with an enrolment: no signature, another person's, a stranger's
+--     principal, an initiator's, a signature of another nonce or another
+--     deployment: each refused (FILL_NOT_SIGNED); the one `qtgd approver
+--     sign-fill` made for this nonce, relayed by that person at the
+--     console (fill_nonce), fills it.
+local qtg = require "qtg"
+local common = require "spec.lua.support.common"
+
+local CHAIN = 31413
+local AMOUNT = "0.25"
+local MAX_FEE, MAX_TIP = 200000000000, 5000000000
+local DEPLOYMENT = "fill-desk"
+
+local sup, engine, cond, s, dir, anvil, DEV
+
+local function new_class() return "fillspec-" .. qtg.crypto.hex(qtg.crypto.random_bytes(4)) end
+
+-- an unsigned EIP-1559 transaction: a transfer of AMOUNT to `to` unless over says otherwise
+local function fields(over)
+  local f = { chain_id = CHAIN, nonce = 0, value = "250000000000000000", gas_limit = 21000,
+              max_fee_per_gas = tostring(MAX_FEE), max_priority_fee_per_gas = tostring(MAX_TIP), data = "0x" }
+  for k, v in pairs(over) do f[k] = v end
+  return f
+end
+
+-- the signer on this process's socket holding key `name` = DEV[i]'s
+local function start_signer(name, i, extra)
+  local env = sup.run_env("unused", { MG_SIGNER_KEYS = name .. "=" .. sup.key_file(dir, name, DEV[i].key),
+                                      MG_SIGNER_SOCKET = qtg.signer.socket_path() })
+  for k, v in pairs(extra or {}) do env[k] = v end
+  return sup.start_signer(env)
+end
+
+-- A transfer of request template `tpl` granted at the sender's next nonce
+-- and never sent: {from=, nonce=, raw= (the kept bytes), dest=, request=}.
+local function kept_grant(tpl, key, i)
+  local from, dest = DEV[i].address, sup.random_address()
+  local req = sup.create(s, tpl, new_class(), { asset = "ETH", amount = AMOUNT, destination = dest,
+                                                chain_id = CHAIN })
+  local node = engine.nodes(s, req.id).transfer
+  local nonce = sup.nonce(anvil.url, from)
+  local f = fields({ to = dest, nonce = nonce })
+  local tx = qtg.evm.eip1559(f)
+  s:query([[INSERT INTO evm_nonce_reservation (chain_id, address, nonce, request_node_id, payload_hash)
+            VALUES ($1, $2, $3, $4::uuid, $5)]], CHAIN, from, nonce, node.id, tx.signing_hash)
+  local sig, err = qtg.signer.sign(key, { request_id = req.id, request_node_id = node.id, attempt_no = 1,
+                                          payload = tx.payload, payload_hash = tx.signing_hash })
+  assert(sig, err and err.message)
+  return { from = from, nonce = nonce, raw = qtg.evm.eip1559(f, sig).raw, dest = dest, request = req.id }
+end
+
+-- the fill through qtg.evm_fill, with this spec's chain configured
+local function fill(args, who)
+  return cond.with_settings({ evm_rpc_urls = CHAIN .. "=" .. anvil.url }, require("qtg.evm_fill").fill, args,
+    who or "operator:spec")
+end
+
+local function refused(fn, ...)
+  local ok, err = pcall(fn, ...)
+  assert.is_false(ok, "not refused")
+  return err
+end
+
+-- the fill a signer is asked for directly: {code=} of its refusal, or the signature
+local function ask_fill(key, f, principal, signature)
+  local tx = qtg.evm.eip1559(f)
+  local sig, err = qtg.signer.fill(key, { payload = tx.payload, principal = principal or "operator:spec",
+                                          signature = signature })
+  return sig, err
+end
+
+local function mined_fill(r, from, nonce)
+  local receipt = sup.wait_for(function() return sup.receipt(anvil.url, r.tx_hash) end, 30, "the fill mined")
+  assert.equal("0x1", receipt.status)
+  local tx = sup.rpc(anvil.url, "eth_getTransactionByHash", { r.tx_hash })
+  assert.equal(from, tx.from:lower())
+  assert.equal(from, tx.to:lower())
+  assert.equal("0x0", tx.value)
+  assert.equal(nonce, tonumber(tx.nonce:sub(3), 16))
+  assert.equal(nonce + 1, sup.nonce(anvil.url, from))
+end
+
+describe("filling a nonce", function()
+  setup(function()
+    sup = require "spec.lua.support.evm"
+    engine = require "spec.lua.support.engine"
+    cond = require "spec.lua.support.conditional"
+    DEV = sup.DEV
+    s = qtg.db.acquire()
+    dir = sup.host.tmpdir()
+    anvil = sup.start_anvil({ chain_id = CHAIN, block_time = 1 })
+    s:query("DELETE FROM evm_nonce_reservation WHERE chain_id = $1", CHAIN)
+    local rc = { allowed_chain_ids = { CHAIN }, max_amount = "25" }
+    engine.load_doc(s, sup.template("fill_t_a", "fa", rc))
+    engine.load_doc(s, sup.template("fill_t_b", "fb", rc))
+  end)
+
+  teardown(function()
+    sup.stop_all()
+    sup.cleanup()
+    s:release()
+    os.execute("rm -rf " .. common.quote(dir))
+  end)
+
+  after_each(function() sup.host.stop_all() end)
+
+  it("fills a granted nonce whose bytes were kept: nothing moves, and the kept bytes are never mined", function()
+    start_signer("fa", 1)
+    local g = kept_grant("fill_t_a", "fa", 1)
+    local from, n = g.from, g.nonce
+    -- what the signer refuses, asked as a console user could
+    local cases = {
+      { "NONCE_NOT_GRANTED", fields({ to = from, value = "0", nonce = n + 1 }) },
+      { "NONCE_NOT_GRANTED", fields({ to = from, value = "0", nonce = n, chain_id = CHAIN + 1 }) },
+      { "FILL_NOT_SELF", fields({ to = g.dest, value = "0", nonce = n }) },
+      { "FILL_NOT_SELF", fields({ to = from, value = "1", nonce = n }) },
+      { "DATA_NOT_ALLOWED", fields({ to = from, value = "0", nonce = n, data = "0xa9059cbb" }) },
+      { "FEES_ABOVE_CAP", fields({ to = from, value = "0", nonce = n, gas_limit = 21001 }) },
+      { "FEES_ABOVE_CAP", fields({ to = from, value = "0", nonce = n, max_fee_per_gas = tostring(MAX_FEE + 1) }) },
+      { "FEES_ABOVE_CAP", fields({ to = from, value = "0", nonce = n,
+                                   max_priority_fee_per_gas = tostring(MAX_TIP + 1) }) },
+      { "SIGNER_NOT_FOUND", fields({ to = from, value = "0", nonce = n }), "nokey" },
+    }
+    for i, c in ipairs(cases) do
+      local sig, err = ask_fill(c[3] or "fa", c[2])
+      assert.is_nil(sig, "case " .. i)
+      assert.equal(c[1], err.code, "case " .. i .. ": " .. tostring(err.message))
+    end
+    -- a bad principal or signature never reaches a decision
+    local _, err = qtg.signer.fill("fa", { payload = qtg.evm.eip1559(fields({ to = from, value = "0" })).payload,
+                                           principal = "nobody" })
+    assert.equal("SIGNER_BAD_REQUEST", err.code)
+    -- bad input to the fill itself
+    assert.equal("usage", refused(fill, { chain_id = 0, sender = from, nonce = n }).kind)
+    assert.equal("usage", refused(fill, { chain_id = CHAIN, sender = "0x1234", nonce = n }).kind)
+    assert.equal("usage", refused(fill, { chain_id = CHAIN, sender = from, nonce = -1 }).kind)
+    assert.equal("usage", refused(fill, { chain_id = CHAIN, sender = from, nonce = n, signature = "zz" }).kind)
+    local e = refused(fill, { chain_id = CHAIN, sender = from, nonce = n + 1 })
+    assert.equal("not_found", e.kind, tostring(e.message))
+    assert.equal(n, sup.nonce(anvil.url, from), "nothing was sent")
+    -- the fill: signed, sent, mined; a transfer of nothing to itself
+    local r = fill({ chain_id = CHAIN, sender = from:upper():gsub("^0X", "0x"), nonce = n })
+    assert.is_true(r.sent)
+    assert.equal(g.request, r.request_id)
+    mined_fill(r, from, n)
+    -- the kept bytes can never be mined now; the destination got nothing
+    local h, serr = require("qtg.evm_rpc").send_raw_transaction(anvil.url, g.raw)
+    assert.is_nil(h)
+    assert.is_true(require("qtg.evm_rpc").is_nonce_too_low(serr), tostring(serr and serr.message))
+    assert.equal("0", sup.balance(anvil.url, g.dest))
+    -- the signer's log: the fill, with no request (it stands for no transfer)
+    local ev = s:query([[SELECT * FROM signer_events WHERE code = 'FILL_GRANTED' AND chain_id = $1
+                          AND signer_address = $2 AND nonce = $3]], CHAIN, from, n)
+    assert.equal(1, #ev)
+    assert.equal(qtg.db.NULL, ev[1].request_id)
+    assert.truthy(ev[1].reason:find("for operator:spec", 1, true), ev[1].reason)
+    local refusals = s:query([[SELECT count(*)::int AS n FROM signer_events WHERE decision = 'refused'
+                                AND signer_address = $1 AND code IN ('NONCE_NOT_GRANTED', 'FILL_NOT_SELF',
+                                'DATA_NOT_ALLOWED', 'FEES_ABOVE_CAP')]], from)[1].n
+    assert.equal(#cases - 1, refusals)
+    -- the audit trail: who filled which nonce, with the transaction
+    local a = s:query([[SELECT actor, detail, request_id::text FROM audit_outbox WHERE action = 'evm.fill'
+                         AND entity_id = $1]], CHAIN .. "/" .. from .. "/" .. n)
+    assert.equal(1, #a)
+    assert.equal("operator:spec", a[1].actor)
+    assert.equal(r.tx_hash, a[1].detail.tx_hash)
+    assert.equal(g.request, a[1].request_id)
+    -- `qtgd audit verify` still lists the kept grant (the chain has the last
+    -- word) and names the fill signed at its nonce; the fill is no transfer
+    local listed = {}
+    for _, g2 in ipairs(require("qtg.audit_grants").check(s, 100000).list) do
+      if g2.address == from and g2.chain_id == CHAIN then listed[#listed + 1] = g2 end
+    end
+    assert.equal(1, #listed)
+    assert.equal(g.request, listed[1].request_id)
+    assert.truthy(listed[1].held:find("a fill was signed at that nonce (signer event " .. ev[1].id .. ")", 1, true),
+      listed[1].held)
+    -- the nonce is used: a second fill is refused before the signer is asked
+    e = refused(fill, { chain_id = CHAIN, sender = from, nonce = n })
+    assert.equal("illegal_transition", e.kind)
+    assert.truthy(e.message:find("used already", 1, true), e.message)
+  end)
+
+  it("with an enrolment, fills only for an enrolled person's signature of that very fill", function()
+    -- the grant, under a signer counting the rows (sup.start_signer's default)
+    local first = start_signer("fb", 2)
+    local g = kept_grant("fill_t_b", "fb", 2)
+    local from, n = g.from, g.nonce
+    sup.host.stop(first, 30)
+    -- the same key under an enrolment: alice and bob persons, ini an initiator
+    local keys, pubs, lines = {}, {}, { "deployment " .. DEPLOYMENT, "quorum * 1" }
+    for _, p in ipairs({ { "alice", "person" }, { "bob", "person" }, { "ini", "initiator" } }) do
+      keys[p[1]], pubs[p[1]] = sup.host.approver_key(dir, p[1])
+      lines[#lines + 1] = ("%s %s %s operator:%s"):format(p[2], p[1], pubs[p[1]], p[1])
+    end
+    local path = dir .. "/approvers"
+    sup.host.write(path, table.concat(lines, "\n") .. "\n")
+    os.execute("chmod 644 " .. common.quote(path))
+    start_signer("fb", 2, { MG_SIGNER_APPROVERS = path })
+    local function sign_fill(who, over)
+      local a = { deployment = DEPLOYMENT, chain = tostring(CHAIN), sender = from, nonce = tostring(n) }
+      for k, v in pairs(over or {}) do a[k] = v end
+      local q = common.quote
+      -- its stdout alone (stderr shows the approver what is signed)
+      local rc, out = sup.host.run({}, { "sh", "-c", q(table.concat({ q(sup.host.bin), "approver", "sign-fill",
+        q(keys[who]), "--deployment", q(a.deployment), "--chain", q(a.chain), "--sender", q(a.sender), "--nonce",
+        q(a.nonce), "2>/dev/null" }, " ")) })
+      return rc, out:match("^(%x+)\n$")
+    end
+    local _, alice = sign_fill("alice")
+    assert.equal(128, #alice)
+    local _, other_nonce = sign_fill("alice", { nonce = tostring(n + 1) })
+    local _, other_desk = sign_fill("alice", { deployment = "another-desk" })
+    local _, other_chain = sign_fill("alice", { chain = "1" })
+    local _, ini = sign_fill("ini")
+    local f = fields({ to = from, value = "0", nonce = n })
+    for i, c in ipairs({
+      { "operator:alice", nil },              -- no signature
+      { "operator:bob", alice },              -- another person's
+      { "operator:mallory", alice },          -- no enrolled person's principal
+      { "operator:ini", ini },                -- an initiator signs requests, never fills
+      { "operator:alice", other_nonce },      -- another nonce's statement
+      { "operator:alice", other_desk },       -- another deployment's
+      { "operator:alice", other_chain },      -- another chain's
+    }) do
+      local sig, err = ask_fill("fb", f, c[1], c[2])
+      assert.is_nil(sig, "case " .. i)
+      assert.equal("FILL_NOT_SIGNED", err.code, "case " .. i .. ": " .. tostring(err.message))
+    end
+    assert.equal(n, sup.nonce(anvil.url, from))
+    -- the tool refuses what is not a fill, and signs nothing then
+    for _, over in ipairs({ { nonce = "07" }, { chain = "0" }, { sender = "0x1234" }, { deployment = "a b" } }) do
+      local rc, sig = sign_fill("alice", over)
+      assert.equal(2, rc)
+      assert.is_nil(sig)
+    end
+    local rc, out = sup.host.run({}, { common.quote(sup.host.bin), "approver", "sign-fill", common.quote(keys.alice),
+      "--chain", tostring(CHAIN), "--sender", from, "--nonce", tostring(n), "2>&1" })
+    assert.equal(2, rc)
+    assert.truthy(out:find("sign-fill needs '--deployment'", 1, true), out)
+    -- alice, an operator with the operate role at the console, relays her
+    -- own signature of this fill: filled
+    local uid = 910000 + math.random(1, 9999)
+    require("qtg.principals").add(s, "alice", uid, { "read", "operate" }, "system:spec")
+    local cmds = require("qtg.console.commands").bind({ actor = "console:" .. uid, print = function() end })
+    local ok, r = pcall(cond.with_settings, { evm_rpc_urls = CHAIN .. "=" .. anvil.url }, cmds.fill_nonce, CHAIN,
+      from, n, alice:upper())
+    s:query("DELETE FROM operators WHERE uid = $1", uid)
+    assert(ok, tostring(r))
+    assert.equal("operator:alice", s:query([[SELECT actor FROM audit_outbox WHERE action = 'evm.fill'
+                                               AND entity_id = $1]], CHAIN .. "/" .. from .. "/" .. n)[1].actor)
+    mined_fill(r, from, n)
+    assert.equal("0", sup.balance(anvil.url, g.dest))
+    local ev = s:query([[SELECT reason FROM signer_events WHERE code = 'FILL_GRANTED' AND signer_address = $1]], from)
+    assert.equal(1, #ev)
+    assert.truthy(ev[1].reason:find("operator:alice (signed)", 1, true), ev[1].reason)
+  end)
+end)
