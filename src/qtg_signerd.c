@@ -720,10 +720,11 @@ static int qtg_signerd_decide_nonce(qtg_signerd *d, PGconn *db, const qtg_signer
   return 0;
 }
 
-/* 0 granted, -1 refused (dec filled), -2 the database failed. */
-static int qtg_signerd_decide_sign(qtg_signerd *d, const qtg_signer_line *l, qtg_decision *dec) {
-  qtg_eip1559_tx tx;
-  uint8_t key_addr[20], hash[32];
+/* What SIGN and FILL check first: the payload's hash (into dec), the
+ * enrolment readable, the key loaded (its address into key_addr and dec),
+ * the payload an EIP-1559 transaction (into tx).  0, or -1 refused. */
+static int qtg_signerd_read_payload(qtg_signerd *d, const qtg_signer_line *l, qtg_eip1559_tx *tx,
+                                    uint8_t key_addr[20], uint8_t hash[32], qtg_decision *dec) {
   char why[160];
   qtg_keccak256(l->payload, l->payload_len, hash);
   dec->payload_hash[0] = '0', dec->payload_hash[1] = 'x';
@@ -734,8 +735,16 @@ static int qtg_signerd_decide_sign(qtg_signerd *d, const qtg_signer_line *l, qtg
   if (qtg_keys_signer_address(d->keys, l->key, key_addr) != 0)
     QTG_REFUSE(dec, "SIGNER_NOT_FOUND", "no signer key %s is loaded", l->key);
   qtg_signer_address_hex(key_addr, dec->address);
-  if (qtg_eip1559_decode(l->payload, l->payload_len, &tx, why, sizeof why) != 0)
+  if (qtg_eip1559_decode(l->payload, l->payload_len, tx, why, sizeof why) != 0)
     QTG_REFUSE(dec, "PAYLOAD_NOT_EIP1559", "%s", why);
+  return 0;
+}
+
+/* 0 granted, -1 refused (dec filled), -2 the database failed. */
+static int qtg_signerd_decide_sign(qtg_signerd *d, const qtg_signer_line *l, qtg_decision *dec) {
+  qtg_eip1559_tx tx;
+  uint8_t key_addr[20], hash[32];
+  if (qtg_signerd_read_payload(d, l, &tx, key_addr, hash, dec) != 0) return -1;
   PGconn *db = qtg_signerd_db(d);
   if (db == NULL) return -2;
   const char *params[5] = {l->request_id, l->node_id, l->key, NULL, NULL};
@@ -859,18 +868,7 @@ static int qtg_signerd_check_fill(qtg_signerd *d, const qtg_signer_line *l, cons
 static int qtg_signerd_decide_fill(qtg_signerd *d, const qtg_signer_line *l, qtg_decision *dec) {
   qtg_eip1559_tx tx;
   uint8_t key_addr[20], hash[32];
-  char why[160];
-  qtg_keccak256(l->payload, l->payload_len, hash);
-  dec->payload_hash[0] = '0', dec->payload_hash[1] = 'x';
-  qtg_hex_encode(hash, 32, dec->payload_hash + 2);
-  if (d->approvers_broken)
-    QTG_REFUSE(dec, "APPROVERS_UNREADABLE", "MG_SIGNER_APPROVERS %s could not be read at the last "
-               "reload: nothing is signed until it is fixed and reloaded", d->approvers_path);
-  if (qtg_keys_signer_address(d->keys, l->key, key_addr) != 0)
-    QTG_REFUSE(dec, "SIGNER_NOT_FOUND", "no signer key %s is loaded", l->key);
-  qtg_signer_address_hex(key_addr, dec->address);
-  if (qtg_eip1559_decode(l->payload, l->payload_len, &tx, why, sizeof why) != 0)
-    QTG_REFUSE(dec, "PAYLOAD_NOT_EIP1559", "%s", why);
+  if (qtg_signerd_read_payload(d, l, &tx, key_addr, hash, dec) != 0) return -1;
   if (qtg_u256_bigint(&tx.chain_id, dec->chain, sizeof dec->chain) != 0 ||
       qtg_u256_bigint(&tx.nonce, dec->nonce, sizeof dec->nonce) != 0) {
     dec->chain[0] = dec->nonce[0] = '\0';
