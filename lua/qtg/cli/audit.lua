@@ -163,7 +163,8 @@ local function print_grants(r)
   say("audit verify: SIGNED TRANSFERS NOT SETTLED: %d of the signer's %d grants are for transfers that did "
     .. "not complete and whose bytes the daemon's rows do not show mined, dead or in flight (up to %d listed): "
     .. "if the chain has not used the nonce, those bytes can still be mined; look it up, and fill the nonce "
-    .. "before approving the payment again (docs/evm.md):", r.open, r.checked, M.LIST_LIMIT)
+    .. "(the console's fill_nonce(chain_id, sender, nonce)) before approving the payment again (docs/evm.md):",
+    r.open, r.checked, M.LIST_LIMIT)
   for _, g in ipairs(r.list) do
     say("  grant %s: node %s of request %s (%s): nonce %s of %s on chain %s, payload %s, granted %s; %s",
       tostring(g.id), tostring(g.node_id), tostring(g.request_id), g.node_state, tostring(g.nonce),

@@ -407,8 +407,9 @@ function M.preflight(ctx)
     -- again, so a new transfer's nonce would wait behind it for ever
     return refuse(fail("EVM_NONCE_GAP", string.format(
       "nonce %d of %s on chain %d is surfaced and not used on the chain (count %d): a new transfer would wait "
-        .. "behind it for ever; fill that nonce (docs/evm.md, EVM_TX_REJECTED), then retry",
-      backlog.gap, p.from, p.chain_id, count)))
+        .. "behind it for ever; fill that nonce (at the console: fill_nonce(%d, '%s', %d); docs/evm.md, "
+        .. "\"Filling a nonce\"), then retry",
+      backlog.gap, p.from, p.chain_id, count, p.chain_id, p.from, backlog.gap)))
   end
   if backlog.ahead > 0 then
     return refuse(fail("EVM_NONCE_BOOKS_MISMATCH", string.format(

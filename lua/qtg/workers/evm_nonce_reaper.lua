@@ -253,7 +253,8 @@ local function watch(s, row, owner, url, latest)
   if row.nonce >= latest then
     nonces.clear_taken(row, s)
     return note(s, row, owner, string.format("surfaced, and nonce %d is still free: the signed bytes of %s can "
-      .. "still be mined by whoever holds them; fill the nonce (docs/evm.md)", row.nonce, row.tx_hash))
+      .. "still be mined by whoever holds them; fill the nonce (at the console: fill_nonce(%d, '%s', %d); "
+      .. "docs/evm.md)", row.nonce, row.tx_hash, row.chain_id, row.address, row.nonce))
   end
   local what, how = taken_held(s, row, owner, latest)
   if not what then return end

@@ -650,6 +650,8 @@ describe("evm_transfer on a real anvil chain", function()
     assert.equal("PREFLIGHT_REJECTED", node.error_code)
     assert.equal("EVM_NONCE_GAP", node.error_detail:match("^([A-Z_]+):"), node.error_detail)
     assert.truthy(node.error_detail:find("nonce " .. n0 .. " of " .. sender, 1, true), node.error_detail)
+    assert.truthy(node.error_detail:find(("fill_nonce(%d, '%s', %d)"):format(CHAIN, sender, n0), 1, true),
+      node.error_detail)
     assert.equal(0, #sup.reservations(s, node.id), "nothing reserved behind the gap")
     assert.equal(n0, sup.nonce(anvil.url, sender))
     -- the operator fills the nonce; the retry goes out at the next one

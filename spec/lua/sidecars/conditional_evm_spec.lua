@@ -334,6 +334,8 @@ describe("evm_nonce_reaper", function()
       local r = row(id)
       assert.equals("surfaced", r.status)
       assert.matches("can still be mined by whoever holds them", r.last_error)
+      assert.truthy(r.last_error:find(("fill_nonce(%d, '%s', %d)"):format(r.chain_id, r.address, r.nonce), 1, true),
+        r.last_error)
       assert.equals(qtg.db.NULL, r.reap_lease_owner)
     end
     -- whoever held the refused bytes has them mined; another transaction
