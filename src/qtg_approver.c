@@ -67,6 +67,7 @@
 #include "qtg_approvers.h"
 #include "qtg_crypto.h"
 #include "qtg_keys.h"
+#include "qtg_signer.h"
 
 static const char qtg_approver_usage[] =
     "usage: qtgd approver key FILE | public FILE\n"
@@ -531,7 +532,8 @@ static int qtg_approver_sign_fill_main(int argc, char **argv) {
       key = argv[i];
       continue;
     }
-    if (i + 1 >= argc) return qtg_approver_usage_error("a value is missing after", argv[i]), 2;
+    if (i + 1 >= argc || strncmp(argv[i + 1], "--", 2) == 0)
+      return qtg_approver_usage_error("a value is missing after", argv[i]), 2;
     if (value[which] != NULL) return qtg_approver_usage_error("given twice:", argv[i]), 2;
     value[which] = argv[++i];
   }
@@ -543,6 +545,18 @@ static int qtg_approver_sign_fill_main(int argc, char **argv) {
   for (char *c = sender; *c; c++)
     if (*c >= 'A' && *c <= 'F') *c = (char)(*c - 'A' + 'a');
   if (strlen(value[2]) == 42 && sender[1] == 'X') sender[1] = 'x';
+  /* mixed case is an EIP-55 checksum, and a typo in it is refused */
+  uint8_t addr[QTG_ADDRESS_LEN];
+  char summed[43];
+  int upper = 0, lower = 0;
+  for (const char *c = value[2] + (strlen(value[2]) > 2 ? 2 : 0); *c; c++) {
+    upper |= *c >= 'A' && *c <= 'F';
+    lower |= *c >= 'a' && *c <= 'f';
+  }
+  if (upper && lower &&
+      (qtg_signer_parse_address(value[2], strlen(value[2]), addr) != 0 ||
+       (qtg_signer_checksum_address(addr, summed), strcmp(summed + 2, value[2] + 2) != 0)))
+    return qtg_approver_usage_error("--sender fails its EIP-55 checksum:", value[2]), 2;
   const char *given[4] = {value[0], value[1], strlen(value[2]) == 42 ? sender : value[2], value[3]};
   for (int f = 0; f < 4; f++) {
     const char *one[4] = {good[0], good[1], good[2], good[3]};
@@ -562,7 +576,8 @@ static int qtg_approver_sign_fill_main(int argc, char **argv) {
   OPENSSL_cleanse(secret, sizeof secret);
   if (rc == 0)
     fprintf(stderr, "==> fill of nonce %s of %s on chain %s: a transfer of nothing to itself, which uses that "
-                    "nonce up (any transaction signed at it is then never mined)\n", given[3], given[2], given[1]);
+                    "nonce up once it is mined (a transaction signed at it then never is)\n", given[3], given[2],
+            given[1]);
   return rc;
 }
 

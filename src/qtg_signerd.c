@@ -302,6 +302,21 @@ static const char qtg_signerd_grant_lock_sql[] =
     "SELECT pg_advisory_xact_lock(hashtextextended("
     " 'qtg.signer.grant:' || $1::text || '/' || $2::text, 0))";
 
+/* The nonce's lock, taken by a transfer's decision (after its one-nonce
+ * lock) and by a fill's: a fill and a transfer at one nonce are decided
+ * one after the other, so a transfer never slips in beside a fill being
+ * granted.  Held until the decision's record commits. */
+static const char qtg_signerd_nonce_lock_sql[] =
+    "SELECT pg_advisory_xact_lock(hashtextextended("
+    " 'qtg.signer.nonce:' || $1::text || '/' || $2::text || '/' || $3::text, 0))";
+
+/* A fill granted at the nonce: nothing else is signed there any more
+ * (the fill was asked for so that no transfer is mined at it). */
+static const char qtg_signerd_filled_sql[] =
+    "SELECT e.id FROM public.signer_events e"
+    " WHERE e.decision = 'granted' AND e.code = 'FILL_GRANTED' AND e.chain_id = $1::bigint"
+    "   AND e.signer_address = $2 AND e.nonce = $3::bigint ORDER BY e.id LIMIT 1";
+
 /* An earlier grant for the same planned transfer of the request at another
  * chain, sender or nonce (sql/0171): signer_events is the signer's own
  * record, which the daemon's role cannot write.  A grant recorded before
@@ -683,6 +698,26 @@ static int qtg_signerd_check_earlier(qtg_signerd *d, PGconn *db, const qtg_signe
              was);
 }
 
+/* Take the nonce's lock, and refuse a nonce a fill was granted at.  0, -1
+ * refused (dec filled), -2 the database failed. */
+static int qtg_signerd_check_filled(qtg_signerd *d, PGconn *db, qtg_decision *dec) {
+  const char *np[3] = {dec->chain, dec->address, dec->nonce};
+  PGresult *r = qtg_signerd_query(d, db, qtg_signerd_nonce_lock_sql, 3, np, "taking the nonce's lock");
+  if (r == NULL) return -2;
+  PQclear(r);
+  r = qtg_signerd_query(d, db, qtg_signerd_filled_sql, 3, np, "reading the fills at the nonce");
+  if (r == NULL) return -2;
+  if (PQntuples(r) == 0) {
+    PQclear(r);
+    return 0;
+  }
+  char id[24];
+  snprintf(id, sizeof id, "%s", PQgetvalue(r, 0, 0));
+  PQclear(r);
+  QTG_REFUSE(dec, "NONCE_FILLED", "a fill was signed at nonce %s on chain %s from %s (signer event %s): nothing "
+             "else is signed there", dec->nonce, dec->chain, dec->address, id);
+}
+
 /* The nonce: one the daemon reserved for this node and payload, and the
  * only one this transfer is signed at.  From the one-nonce check on, the
  * decision runs in the transaction qtg_signerd_grant_begin opens, which
@@ -707,6 +742,8 @@ static int qtg_signerd_decide_nonce(qtg_signerd *d, PGconn *db, const qtg_signer
   snprintf(dec->nonce, sizeof dec->nonce, "%s", nonce);
   if (qtg_signerd_grant_begin(d, db, l->request_id, dec->plan_node) != 0) return -2;
   int rc = qtg_signerd_check_earlier(d, db, l, dec);
+  if (rc != 0) return rc;
+  rc = qtg_signerd_check_filled(d, db, dec);
   if (rc != 0) return rc;
   uint8_t sighash[32];
   qtg_signature sig;
@@ -797,9 +834,12 @@ static int qtg_signerd_decide_sign(qtg_signerd *d, const qtg_signer_line *l, qtg
  * class; with MG_SIGNER_APPROVERS, only for an enrolled person's Ed25519
  * signature of the fill statement (qtg_fill_statement), whoever relays it.
  * The grant is recorded with no request (code FILL_GRANTED), so it never
- * stands for a transfer, nor justifies another fill. */
+ * stands for a transfer, nor justifies another fill; from then on no
+ * transfer is signed at that nonce (NONCE_FILLED): a kept transfer signed
+ * again at the fee cap would otherwise outbid the fill.  A fill and a
+ * transfer at one nonce are decided under one lock. */
 static const char qtg_signerd_fill_grant_sql[] =
-    "SELECT e.signer_key, m.network_class, pv.risk_controls->>'max_fee_per_gas_wei',"
+    "SELECT m.network_class, pv.risk_controls->>'max_fee_per_gas_wei',"
     "  pv.risk_controls->>'max_priority_fee_per_gas_wei', e.request_id::text"
     " FROM public.signer_events e"
     " LEFT JOIN public.movement_requests m ON m.id = e.request_id"
@@ -808,7 +848,7 @@ static const char qtg_signerd_fill_grant_sql[] =
     "   AND e.signer_address = $2 AND e.nonce = $3::bigint"
     " ORDER BY e.id DESC LIMIT 1";
 
-enum { G_KEY, G_CLASS, G_MAX_FEE, G_MAX_TIP, G_REQUEST };
+enum { G_CLASS, G_MAX_FEE, G_MAX_TIP, G_REQUEST };
 
 /* What a fill's payload must be, and who must have asked for it (the
  * grant row g read; dec's chain, nonce and address set).  0, or -1
@@ -885,7 +925,10 @@ static int qtg_signerd_decide_fill(qtg_signerd *d, const qtg_signer_line *l, qtg
     return -2;
   }
   const char *gp[3] = {dec->chain, dec->address, dec->nonce};
-  PGresult *g = qtg_signerd_query(d, db, qtg_signerd_fill_grant_sql, 3, gp, "reading the grant at the nonce");
+  PGresult *g = qtg_signerd_query(d, db, qtg_signerd_nonce_lock_sql, 3, gp, "taking the nonce's lock");
+  if (g == NULL) return -2;
+  PQclear(g);
+  g = qtg_signerd_query(d, db, qtg_signerd_fill_grant_sql, 3, gp, "reading the grant at the nonce");
   if (g == NULL) return -2;
   int rc = qtg_signerd_check_fill(d, l, &tx, key_addr, g, dec);
   PQclear(g);

@@ -1,12 +1,16 @@
 -- qtg.evm_fill: fill a nonce -- a transfer of nothing from a signer key's
 -- address to itself, signed by qtg's signer at a nonce it granted a
--- transfer at, and sent -- so that whatever else was signed at that nonce
--- is never mined, and the sender's later transfers no longer wait behind
--- it (docs/evm.md, "Filling a nonce").  The operator's way out of
+-- transfer at, and sent -- so that, once it is mined, whatever else was
+-- signed at that nonce never is, and the sender's later transfers no
+-- longer wait behind it (docs/evm.md, "Filling a nonce").  A fill above
+-- the chain's count waits in the pools behind the nonces before it, and a
+-- pool may drop it: the answer says so (queued_behind), and fill_nonce
+-- again sends a new one.  The operator's way out of
 -- EVM_NONCE_GAP and EVM_TX_REJECTED, and the way to void a grant `qtgd
 -- audit verify` lists as not settled, without taking the key out of the
 -- signer.
---   fill(args, principal) -> {tx_hash=, chain_id=, sender=, nonce=, ...}
+--   fill(args, principal) -> {tx_hash=, chain_id=, sender=, nonce=,
+--     sent=, queued_behind= (nonces before it not yet mined, or nil), ...}
 --     args: {chain_id=, sender=, nonce=, signature=}; signature: the
 --     person's signature of the fill statement (`qtgd approver sign-fill`),
 --     which a signer with an enrolment asks for.
@@ -95,6 +99,12 @@ function M.fill(args, principal)
     refuse("not_found", "the signer granted no transfer at nonce %d on chain %d from %s: only such a nonce is "
       .. "filled", nonce, chain_id, sender)
   end
+  -- a daemon fills its own class's nonces: one signer may serve several
+  if grant.network_class ~= qtg.settings.network_class then
+    refuse("forbidden", "the transfer granted at nonce %d on chain %d from %s is of network class %s, and this "
+      .. "daemon serves %s: fill it from a daemon of that class", nonce, chain_id, sender,
+      tostring(grant.network_class), tostring(qtg.settings.network_class))
+  end
   local controls, cwhy = evm_tx.controls(grant.risk_controls)
   if not controls then refuse("invalid", "the granted transfer's plan: %s", tostring(cwhy)) end
   local transfer = require("qtg.executors.evm_transfer")
@@ -122,21 +132,28 @@ function M.fill(args, principal)
   if signed.from ~= sender then
     refuse("invalid", "the signature recovers to %s, not the sender %s", tostring(signed.from), sender)
   end
-  local sent, err = rpc.send_raw_transaction(url, signed.raw)
   local result = { tx_hash = signed.tx_hash, chain_id = chain_id, sender = sender, nonce = nonce,
                    max_fee_per_gas = fields.max_fee_per_gas,
-                   max_priority_fee_per_gas = fields.max_priority_fee_per_gas,
-                   sent = sent ~= nil or rpc.is_already_known(err), request_id = grant.request_id }
-  if not result.sent then result.send_error = errors.text(err) end
+                   max_priority_fee_per_gas = fields.max_priority_fee_per_gas, request_id = grant.request_id,
+                   -- a nonce above the chain's count waits in the pools, which may drop it: it
+                   -- voids the bytes at its nonce only once mined
+                   queued_behind = count < nonce and (nonce - count) or nil }
+  -- recorded before it is sent, with its bytes: a fill is never out
+  -- without its audit row, and can be sent again as it is
   qtg.db.with_session(function(s)
     outbox.audit(s, actor, "evm.fill", "evm_nonce", string.format("%d/%s/%d", chain_id, sender, nonce),
-      grant.request_id, result)
+      grant.request_id, { tx_hash = signed.tx_hash, raw = signed.raw, chain_id = chain_id, sender = sender,
+                          nonce = nonce, max_fee_per_gas = fields.max_fee_per_gas,
+                          max_priority_fee_per_gas = fields.max_priority_fee_per_gas,
+                          chain_count = count })
   end)
+  local sent, err = rpc.send_raw_transaction(url, signed.raw)
+  result.sent = sent ~= nil or rpc.is_already_known(err)
   qtg.log.warn("evm nonce filled", { chain_id = chain_id, from = sender, nonce = nonce, tx_hash = signed.tx_hash,
-    sent = result.sent, actor = actor })
+    sent = result.sent, queued_behind = result.queued_behind, actor = actor })
   if not result.sent then
-    refuse("unavailable", "the fill %s was signed but the RPC refused it: %s (its raw bytes: %s)",
-      signed.tx_hash, result.send_error, signed.raw)
+    refuse("unavailable", "the fill %s was signed but the RPC did not take it: %s (its raw bytes, in the audit "
+      .. "row evm.fill too: %s)", signed.tx_hash, errors.text(err), signed.raw)
   end
   return result
 end

@@ -45,14 +45,14 @@ local function start_signer(name, i, extra)
   return sup.start_signer(env)
 end
 
--- A transfer of request template `tpl` granted at the sender's next nonce
--- and never sent: {from=, nonce=, raw= (the kept bytes), dest=, request=}.
-local function kept_grant(tpl, key, i)
-  local from, dest = DEV[i].address, sup.random_address()
-  local req = sup.create(s, tpl, new_class(), { asset = "ETH", amount = AMOUNT, destination = dest,
-                                                chain_id = CHAIN })
+-- A transfer of request template `tpl` granted at the sender's nonce
+-- `ahead` past the chain's count (default 0) and never sent: {from=,
+-- nonce=, raw= (the kept bytes), dest=, request=, class=, node=, payload=}.
+local function kept_grant(tpl, key, i, ahead)
+  local from, dest, class = DEV[i].address, sup.random_address(), new_class()
+  local req = sup.create(s, tpl, class, { asset = "ETH", amount = AMOUNT, destination = dest, chain_id = CHAIN })
   local node = engine.nodes(s, req.id).transfer
-  local nonce = sup.nonce(anvil.url, from)
+  local nonce = sup.nonce(anvil.url, from) + (ahead or 0)
   local f = fields({ to = dest, nonce = nonce })
   local tx = qtg.evm.eip1559(f)
   s:query([[INSERT INTO evm_nonce_reservation (chain_id, address, nonce, request_node_id, payload_hash)
@@ -60,13 +60,14 @@ local function kept_grant(tpl, key, i)
   local sig, err = qtg.signer.sign(key, { request_id = req.id, request_node_id = node.id, attempt_no = 1,
                                           payload = tx.payload, payload_hash = tx.signing_hash })
   assert(sig, err and err.message)
-  return { from = from, nonce = nonce, raw = qtg.evm.eip1559(f, sig).raw, dest = dest, request = req.id }
+  return { from = from, nonce = nonce, raw = qtg.evm.eip1559(f, sig).raw, dest = dest, request = req.id,
+           class = class, node = node.id, payload = tx }
 end
 
--- the fill through qtg.evm_fill, with this spec's chain configured
-local function fill(args, who)
-  return cond.with_settings({ evm_rpc_urls = CHAIN .. "=" .. anvil.url }, require("qtg.evm_fill").fill, args,
-    who or "operator:spec")
+-- the fill through qtg.evm_fill, as a daemon of `class` with this spec's chain configured
+local function fill(class, args, who)
+  return cond.with_settings({ evm_rpc_urls = CHAIN .. "=" .. anvil.url, network_class = class },
+    require("qtg.evm_fill").fill, args, who or "operator:spec")
 end
 
 local function refused(fn, ...)
@@ -107,6 +108,7 @@ describe("filling a nonce", function()
     local rc = { allowed_chain_ids = { CHAIN }, max_amount = "25" }
     engine.load_doc(s, sup.template("fill_t_a", "fa", rc))
     engine.load_doc(s, sup.template("fill_t_b", "fb", rc))
+    engine.load_doc(s, sup.template("fill_t_c", "fc", rc))
   end)
 
   teardown(function()
@@ -145,15 +147,19 @@ describe("filling a nonce", function()
                                            principal = "nobody" })
     assert.equal("SIGNER_BAD_REQUEST", err.code)
     -- bad input to the fill itself
-    assert.equal("usage", refused(fill, { chain_id = 0, sender = from, nonce = n }).kind)
-    assert.equal("usage", refused(fill, { chain_id = CHAIN, sender = "0x1234", nonce = n }).kind)
-    assert.equal("usage", refused(fill, { chain_id = CHAIN, sender = from, nonce = -1 }).kind)
-    assert.equal("usage", refused(fill, { chain_id = CHAIN, sender = from, nonce = n, signature = "zz" }).kind)
-    local e = refused(fill, { chain_id = CHAIN, sender = from, nonce = n + 1 })
+    assert.equal("usage", refused(fill, g.class, { chain_id = 0, sender = from, nonce = n }).kind)
+    assert.equal("usage", refused(fill, g.class, { chain_id = CHAIN, sender = "0x1234", nonce = n }).kind)
+    assert.equal("usage", refused(fill, g.class, { chain_id = CHAIN, sender = from, nonce = -1 }).kind)
+    assert.equal("usage", refused(fill, g.class, { chain_id = CHAIN, sender = from, nonce = n, signature = "zz" }).kind)
+    local e = refused(fill, g.class, { chain_id = CHAIN, sender = from, nonce = n + 1 })
     assert.equal("not_found", e.kind, tostring(e.message))
     assert.equal(n, sup.nonce(anvil.url, from), "nothing was sent")
     -- the fill: signed, sent, mined; a transfer of nothing to itself
-    local r = fill({ chain_id = CHAIN, sender = from:upper():gsub("^0X", "0x"), nonce = n })
+    -- a daemon of another class does not fill this class's nonces
+    e = refused(fill, new_class(), { chain_id = CHAIN, sender = from, nonce = n })
+    assert.equal("forbidden", e.kind, tostring(e.message))
+    assert.truthy(e.message:find("is of network class " .. g.class, 1, true), e.message)
+    local r = fill(g.class, { chain_id = CHAIN, sender = from:upper():gsub("^0X", "0x"), nonce = n })
     assert.is_true(r.sent)
     assert.equal(g.request, r.request_id)
     mined_fill(r, from, n)
@@ -162,6 +168,16 @@ describe("filling a nonce", function()
     assert.is_nil(h)
     assert.is_true(require("qtg.evm_rpc").is_nonce_too_low(serr), tostring(serr and serr.message))
     assert.equal("0", sup.balance(anvil.url, g.dest))
+    -- the transfer itself is never signed at the filled nonce again (its
+    -- node made READY and its reservation written again, as the runtime
+    -- can), whatever its fee: it would outbid the fill
+    s:query("DELETE FROM evm_nonce_reservation WHERE request_node_id = $1::uuid", g.node)
+    s:query([[INSERT INTO evm_nonce_reservation (chain_id, address, nonce, request_node_id, payload_hash)
+              VALUES ($1, $2, $3, $4::uuid, $5)]], CHAIN, from, n, g.node, g.payload.signing_hash)
+    local again, aerr = qtg.signer.sign("fa", { request_id = g.request, request_node_id = g.node, attempt_no = 1,
+                                               payload = g.payload.payload, payload_hash = g.payload.signing_hash })
+    assert.is_nil(again)
+    assert.equal("NONCE_FILLED", aerr.code, tostring(aerr.message))
     -- the signer's log: the fill, with no request (it stands for no transfer)
     local ev = s:query([[SELECT * FROM signer_events WHERE code = 'FILL_GRANTED' AND chain_id = $1
                           AND signer_address = $2 AND nonce = $3]], CHAIN, from, n)
@@ -190,9 +206,33 @@ describe("filling a nonce", function()
     assert.truthy(listed[1].held:find("a fill was signed at that nonce (signer event " .. ev[1].id .. ")", 1, true),
       listed[1].held)
     -- the nonce is used: a second fill is refused before the signer is asked
-    e = refused(fill, { chain_id = CHAIN, sender = from, nonce = n })
+    e = refused(fill, g.class, { chain_id = CHAIN, sender = from, nonce = n })
     assert.equal("illegal_transition", e.kind)
     assert.truthy(e.message:find("used already", 1, true), e.message)
+  end)
+
+  it("sends a fill above the chain's count queued behind the nonces before it, and says so", function()
+    start_signer("fc", 3)
+    local g = kept_grant("fill_t_c", "fc", 3, 1)
+    local from, n = g.from, g.nonce
+    local r = fill(g.class, { chain_id = CHAIN, sender = from, nonce = n })
+    assert.is_true(r.sent)
+    assert.equal(1, r.queued_behind)
+    -- its bytes are in the audit row, to send again should a pool drop it
+    local a = s:query([[SELECT detail FROM audit_outbox WHERE action = 'evm.fill' AND entity_id = $1]],
+      CHAIN .. "/" .. from .. "/" .. n)[1]
+    assert.equal(r.tx_hash, "0x" .. qtg.crypto.keccak256_hex(qtg.crypto.unhex(a.detail.raw:sub(3))))
+    assert.equal(n - 1, a.detail.chain_count)
+    sup.rpc(anvil.url, "evm_mine", {})
+    assert.is_nil(sup.receipt(anvil.url, r.tx_hash), "mined before the nonce before it")
+    -- the nonce before it used: the fill is mined, and the kept bytes never can be
+    sup.rpc(anvil.url, "anvil_impersonateAccount", { from })
+    sup.rpc(anvil.url, "eth_sendTransaction", { { from = from, to = from, value = "0x0",
+                                                  nonce = string.format("0x%x", n - 1) } })
+    sup.rpc(anvil.url, "anvil_stopImpersonatingAccount", { from })
+    mined_fill(r, from, n)
+    assert.is_nil((require("qtg.evm_rpc").send_raw_transaction(anvil.url, g.raw)))
+    assert.equal("0", sup.balance(anvil.url, g.dest))
   end)
 
   it("with an enrolment, fills only for an enrolled person's signature of that very fill", function()
@@ -243,7 +283,10 @@ describe("filling a nonce", function()
     end
     assert.equal(n, sup.nonce(anvil.url, from))
     -- the tool refuses what is not a fill, and signs nothing then
-    for _, over in ipairs({ { nonce = "07" }, { chain = "0" }, { sender = "0x1234" }, { deployment = "a b" } }) do
+    local typo = qtg.signer.checksum_address(from)
+    typo = typo:sub(1, 2) .. typo:sub(3):gsub("%a", function(c) return c == c:upper() and c:lower() or c:upper() end)
+    for _, over in ipairs({ { nonce = "07" }, { chain = "0" }, { sender = "0x1234" }, { deployment = "a b" },
+                            { deployment = "--chain" }, { sender = typo } }) do
       local rc, sig = sign_fill("alice", over)
       assert.equal(2, rc)
       assert.is_nil(sig)
@@ -257,8 +300,8 @@ describe("filling a nonce", function()
     local uid = 910000 + math.random(1, 9999)
     require("qtg.principals").add(s, "alice", uid, { "read", "operate" }, "system:spec")
     local cmds = require("qtg.console.commands").bind({ actor = "console:" .. uid, print = function() end })
-    local ok, r = pcall(cond.with_settings, { evm_rpc_urls = CHAIN .. "=" .. anvil.url }, cmds.fill_nonce, CHAIN,
-      from, n, alice:upper())
+    local ok, r = pcall(cond.with_settings, { evm_rpc_urls = CHAIN .. "=" .. anvil.url, network_class = g.class },
+      cmds.fill_nonce, CHAIN, from, n, alice:upper())
     s:query("DELETE FROM operators WHERE uid = $1", uid)
     assert(ok, tostring(r))
     assert.equal("operator:alice", s:query([[SELECT actor FROM audit_outbox WHERE action = 'evm.fill'
