@@ -27,6 +27,7 @@
 -- named with it (the chain says whether the fill was mined).  A fill's
 -- own grant is no transfer and is not listed.  Grants are read a page at
 -- a time in id order, each page one statement.
+--   in_flight(g)     the grant's transfer is live on its own bytes
 --   check(s, limit) -> { ok=, checked=, open=, list={ {id=, request_id=,
 --                       node_id=, node_state=, chain_id=, address=, nonce=,
 --                       payload_hash=, granted_at=, held=} ... } }
@@ -55,10 +56,17 @@ local HOLDING = { signed = true, broadcast = true }
 
 local function text(v) return type(v) == "string" and v or nil end
 
+-- in_flight(g): grant g's transfer is submitted (or unknown) and its
+-- reservation holds this very payload, signed or broadcast: a live
+-- payment (g: node_state, reservation, same_payload).
+function M.in_flight(g)
+  return IN_FLIGHT[g.node_state] == true and HOLDING[g.reservation] == true and g.same_payload == true
+end
+
 -- Whether grant g needs no look: settled, or in flight on its own bytes.
 local function accounted(g)
   if g.node_state == "COMPLETED" or g.reservation == "consumed" or g.dead == true then return true end
-  return IN_FLIGHT[g.node_state] == true and HOLDING[g.reservation] == true and g.same_payload == true
+  return M.in_flight(g)
 end
 
 -- What the daemon's rows say of the grant's bytes, in a few words.

@@ -32,11 +32,16 @@ M.REPLACE_PERCENT = 125
 
 -- The transfer the signer's log shows granted at the nonce, with the plan
 -- caps it was signed under (what the signer checks the fill against).
+-- With it, what the daemon's rows say of that transfer (audit_grants.in_flight).
 local GRANT_SQL = [[
-  SELECT e.signer_key, e.request_id::text AS request_id, m.network_class, pv.risk_controls
+  SELECT e.signer_key, e.request_id::text AS request_id, m.network_class, pv.risk_controls,
+         n.node_state, n.node_key, r.status AS reservation, r.payload_hash = e.payload_hash AS same_payload
     FROM signer_events e
     LEFT JOIN movement_requests m ON m.id = e.request_id
     LEFT JOIN plan_versions pv ON pv.id = m.plan_version_id
+    LEFT JOIN movement_request_nodes n ON n.id = e.request_node_id
+    LEFT JOIN evm_nonce_reservation r ON r.chain_id = e.chain_id AND r.address = e.signer_address
+                                     AND r.nonce = e.nonce
    WHERE e.decision = 'granted' AND e.request_id IS NOT NULL AND e.chain_id = $1
      AND e.signer_address = $2 AND e.nonce = $3
    ORDER BY e.id DESC LIMIT 1]]
@@ -59,7 +64,10 @@ end
 
 -- check(args) -> chain_id, sender (lowercase), nonce, signature | raises usage.
 local function check(args)
-  if type(args) ~= "table" then refuse("usage", "fill takes {chain_id=, sender=, nonce=, signature=}") end
+  if type(args) ~= "table" then
+    refuse("usage", "fill takes {chain_id=, sender=, nonce=, signature=, cancel=}")
+  end
+  if args.cancel ~= nil and type(args.cancel) ~= "boolean" then refuse("usage", "cancel must be true or false") end
   local chain_id = whole(args.chain_id, 1, "chain_id")
   local sender, why = rpc.check_address(args.sender)
   if not sender then refuse("usage", "sender: %s", why) end
@@ -98,6 +106,12 @@ function M.fill(args, principal)
   if not grant then
     refuse("not_found", "the signer granted no transfer at nonce %d on chain %d from %s: only such a nonce is "
       .. "filled", nonce, chain_id, sender)
+  end
+  -- a live payment is cancelled only when asked to be
+  if require("qtg.audit_grants").in_flight(grant) and args.cancel ~= true then
+    refuse("illegal_transition", "the transfer at nonce %d on chain %d from %s (node %s of request %s) is %s on its "
+      .. "own signed bytes: a fill would cancel a live payment; ask with cancel = true to do that", nonce, chain_id,
+      sender, tostring(grant.node_key), grant.request_id, tostring(grant.node_state))
   end
   -- a daemon fills its own class's nonces: one signer may serve several
   if grant.network_class ~= qtg.settings.network_class then
@@ -150,10 +164,13 @@ function M.fill(args, principal)
   local sent, err = rpc.send_raw_transaction(url, signed.raw)
   result.sent = sent ~= nil or rpc.is_already_known(err)
   qtg.log.warn("evm nonce filled", { chain_id = chain_id, from = sender, nonce = nonce, tx_hash = signed.tx_hash,
-    sent = result.sent, queued_behind = result.queued_behind, actor = actor })
+    sent = result.sent, queued_behind = result.queued_behind, actor = actor,
+    error = not result.sent and errors.text(err) or nil })
   if not result.sent then
-    refuse("unavailable", "the fill %s was signed but the RPC did not take it: %s (its raw bytes, in the audit "
-      .. "row evm.fill too: %s)", signed.tx_hash, errors.text(err), signed.raw)
+    refuse("unavailable", "the fill %s was signed, and %s: %s (its raw bytes, in the audit row evm.fill too: %s)",
+      signed.tx_hash, rpc.is_tx_refused(err) and "the RPC refused it"
+        or "whether the RPC took it is not known (look the hash up before filling again)",
+      errors.text(err), signed.raw)
   end
   return result
 end

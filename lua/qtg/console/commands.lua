@@ -59,10 +59,10 @@ M.LIST = {
   { "dlq", "()", "dead-lettered callbacks" },
   { "redeliver", "(callback_id)", "a dlq callback row -> a new pending row; refused while its last "
     .. "redelivery is pending or was delivered" },
-  { "fill_nonce", "(chain_id, sender, nonce[, signature])", "have the signer fill a nonce it granted a "
-    .. "transfer at (a transfer of nothing to the sender itself), and send it: the way out of EVM_NONCE_GAP, "
-    .. "EVM_TX_REJECTED and a grant audit verify lists; with signed approvals, your signature from "
-    .. "qtgd approver sign-fill (operate)" },
+  { "fill_nonce", "(chain_id, sender, nonce[, signature[, {cancel = true}]])", "have the signer fill a nonce it "
+    .. "granted a transfer at (a transfer of nothing to the sender itself), and send it: the way out of "
+    .. "EVM_NONCE_GAP, EVM_TX_REJECTED and a grant audit verify lists; with signed approvals, your signature "
+    .. "from qtgd approver sign-fill; a transfer in flight on its own bytes only with cancel = true (operate)" },
   { "signers", "()", "the signer roster: expected and observed addresses, posture" },
   { "set_expected_signer", "(key, address)", "enroll the address a signer key must have" },
   { "balances", "()", "the latest balance snapshot of each venue" },
@@ -704,10 +704,13 @@ function M.bind(ctx)
     end)
   end
 
-  function c.fill_nonce(chain_id, sender, nonce, signature)
+  function c.fill_nonce(chain_id, sender, nonce, signature, opts)
+    if opts ~= nil and type(opts) ~= "table" then
+      usage("fill_nonce(chain_id, sender, nonce[, signature[, {cancel = true}]]): the options are a table")
+    end
     local who = as("operate", "fill a nonce")
     local r = require("qtg.evm_fill").fill({ chain_id = chain_id, sender = sender, nonce = nonce,
-                                             signature = signature }, who)
+                                             signature = signature, cancel = opts and opts.cancel }, who)
     return view.record(r, { "tx_hash", "chain_id", "sender", "nonce", "max_fee_per_gas",
                             "max_priority_fee_per_gas", "sent", "request_id" })
   end

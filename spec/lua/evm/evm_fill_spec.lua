@@ -12,6 +12,9 @@
 --     moves value or carries data or more gas, fees above the plan's caps,
 --     a key it does not hold; a nonce the chain used already is refused
 --     before the signer is asked;
+--   * a transfer in flight on its own bytes is filled (cancelled) only with
+--     cancel = true; a fill above the chain's count is sent queued behind
+--     the nonces before it, said so, and mined once they are;
 --   * with an enrolment: no signature, another person's, a stranger's
 --     principal, an initiator's, a signature of another nonce or another
 --     deployment: each refused (FILL_NOT_SIGNED); the one `qtgd approver
@@ -211,11 +214,21 @@ describe("filling a nonce", function()
     assert.truthy(e.message:find("used already", 1, true), e.message)
   end)
 
-  it("sends a fill above the chain's count queued behind the nonces before it, and says so", function()
+  it("cancels a live transfer only when asked to, and sends a fill above the chain's count queued, saying so", function()
     start_signer("fc", 3)
     local g = kept_grant("fill_t_c", "fc", 3, 1)
     local from, n = g.from, g.nonce
-    local r = fill(g.class, { chain_id = CHAIN, sender = from, nonce = n })
+    -- the transfer in flight on its own bytes (signed, its node submitting):
+    -- a fill would cancel a live payment, and is refused unless asked to
+    s:query([[UPDATE evm_nonce_reservation SET status = 'signed', signed_raw_tx = $2, tx_hash = $3
+               WHERE request_node_id = $1::uuid]], g.node, g.raw,
+      "0x" .. qtg.crypto.keccak256_hex(qtg.crypto.unhex(g.raw:sub(3))))
+    s:query("UPDATE movement_request_nodes SET node_state = 'SUBMITTING' WHERE id = $1::uuid", g.node)
+    local e = refused(fill, g.class, { chain_id = CHAIN, sender = from, nonce = n })
+    assert.equal("illegal_transition", e.kind)
+    assert.truthy(e.message:find("would cancel a live payment", 1, true), e.message)
+    assert.equal("usage", refused(fill, g.class, { chain_id = CHAIN, sender = from, nonce = n, cancel = "yes" }).kind)
+    local r = fill(g.class, { chain_id = CHAIN, sender = from, nonce = n, cancel = true })
     assert.is_true(r.sent)
     assert.equal(1, r.queued_behind)
     -- its bytes are in the audit row, to send again should a pool drop it
