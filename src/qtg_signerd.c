@@ -651,22 +651,27 @@ static PGresult *qtg_signerd_query(qtg_signerd *d, PGconn *db, const char *sql, 
   return NULL;
 }
 
+/* BEGIN the transaction of a decision (what: its name in the warning).  -1
+ * with the connection dropped. */
+static int qtg_signerd_begin(qtg_signerd *d, PGconn *db, const char *what) {
+  PGresult *r = PQexec(db, "BEGIN");
+  int ok = r != NULL && PQresultStatus(r) == PGRES_COMMAND_OK;
+  PQclear(r);
+  if (ok) return 0;
+  qtg_log_warn("signer: opening %s failed: %s", what, PQerrorMessage(db));
+  qtg_signerd_db_drop(d);
+  return -1;
+}
+
 /* Open the one-nonce check's transaction and take its lock on the request
  * and plan node: a signer deciding the same transfer on another host waits
  * here until this decision's record commits, then reads its grant.  -1
  * with the connection dropped. */
 static int qtg_signerd_grant_begin(qtg_signerd *d, PGconn *db, const char *request_id,
                                    const char *plan_node) {
-  PGresult *r = PQexec(db, "BEGIN");
-  int ok = r != NULL && PQresultStatus(r) == PGRES_COMMAND_OK;
-  PQclear(r);
-  if (!ok) {
-    qtg_log_warn("signer: opening the one-nonce check failed: %s", PQerrorMessage(db));
-    qtg_signerd_db_drop(d);
-    return -1;
-  }
+  if (qtg_signerd_begin(d, db, "the one-nonce check") != 0) return -1;
   const char *p[2] = {request_id, plan_node};
-  r = qtg_signerd_query(d, db, qtg_signerd_grant_lock_sql, 2, p, "taking the one-nonce lock");
+  PGresult *r = qtg_signerd_query(d, db, qtg_signerd_grant_lock_sql, 2, p, "taking the one-nonce lock");
   if (r == NULL) return -1;
   PQclear(r);
   return 0;
@@ -916,14 +921,7 @@ static int qtg_signerd_decide_fill(qtg_signerd *d, const qtg_signer_line *l, qtg
   }
   PGconn *db = qtg_signerd_db(d);
   if (db == NULL) return -2;
-  PGresult *r = PQexec(db, "BEGIN");
-  int ok = r != NULL && PQresultStatus(r) == PGRES_COMMAND_OK;
-  PQclear(r);
-  if (!ok) {
-    qtg_log_warn("signer: opening a fill's decision failed: %s", PQerrorMessage(db));
-    qtg_signerd_db_drop(d);
-    return -2;
-  }
+  if (qtg_signerd_begin(d, db, "a fill's decision") != 0) return -2;
   const char *gp[3] = {dec->chain, dec->address, dec->nonce};
   PGresult *g = qtg_signerd_query(d, db, qtg_signerd_nonce_lock_sql, 3, gp, "taking the nonce's lock");
   if (g == NULL) return -2;

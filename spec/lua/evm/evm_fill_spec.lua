@@ -104,22 +104,14 @@ describe("filling a nonce", function()
     engine = require "spec.lua.support.engine"
     cond = require "spec.lua.support.conditional"
     DEV = sup.DEV
-    s = qtg.db.acquire()
-    dir = sup.host.tmpdir()
-    anvil = sup.start_anvil({ chain_id = CHAIN, block_time = 1 })
-    s:query("DELETE FROM evm_nonce_reservation WHERE chain_id = $1", CHAIN)
+    s, dir, anvil = sup.fresh_chain(CHAIN)
     local rc = { allowed_chain_ids = { CHAIN }, max_amount = "25" }
     engine.load_doc(s, sup.template("fill_t_a", "fa", rc))
     engine.load_doc(s, sup.template("fill_t_b", "fb", rc))
     engine.load_doc(s, sup.template("fill_t_c", "fc", rc))
   end)
 
-  teardown(function()
-    sup.stop_all()
-    sup.cleanup()
-    s:release()
-    os.execute("rm -rf " .. common.quote(dir))
-  end)
+  teardown(function() sup.done(s, dir) end)
 
   after_each(function() sup.host.stop_all() end)
 

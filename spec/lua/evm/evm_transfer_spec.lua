@@ -160,12 +160,7 @@ describe("evm_transfer on a real anvil chain", function()
   setup(function()
     sup = require "spec.lua.support.evm"
     DEV = sup.DEV
-    s = qtg.db.acquire()
-    dir = sup.host.tmpdir()
-    anvil = sup.start_anvil({ chain_id = CHAIN, block_time = 1 })
-    -- a fresh chain: forget the books of an earlier run on this chain id
-    s:query("DELETE FROM evm_transfer_tx WHERE chain_id = $1", CHAIN)
-    s:query("DELETE FROM evm_nonce_reservation WHERE chain_id = $1", CHAIN)
+    s, dir, anvil = sup.fresh_chain(CHAIN)
     local k = {}
     for i, name in ipairs({ "main", "crash", "errs", "rec", "poor", "stale", "flaky", "taken" }) do
       local dev = ({ stale = 5, flaky = 6, taken = 7 })[name] or i
@@ -181,12 +176,7 @@ describe("evm_transfer on a real anvil chain", function()
     sup.engine.load_doc(s, sup.template("evm_t_nokey", "nokey", rc))
   end)
 
-  teardown(function()
-    sup.stop_all()
-    sup.cleanup()
-    s:release()
-    os.execute("rm -rf " .. common.quote(dir))
-  end)
+  teardown(function() sup.done(s, dir) end)
 
   after_each(function() sup.host.stop_all() end)
 

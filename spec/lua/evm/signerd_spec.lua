@@ -201,11 +201,7 @@ describe("qtgd signer", function()
     sup = require "spec.lua.support.evm"
     engine = require "spec.lua.support.engine"
     DEV = sup.DEV
-    s = qtg.db.acquire()
-    dir = sup.host.tmpdir()
-    anvil = sup.start_anvil({ chain_id = CHAIN, block_time = 1 })
-    s:query("DELETE FROM evm_transfer_tx WHERE chain_id = $1", CHAIN)
-    s:query("DELETE FROM evm_nonce_reservation WHERE chain_id = $1", CHAIN)
+    s, dir, anvil = sup.fresh_chain(CHAIN)
     local rc = { allowed_chain_ids = { CHAIN }, max_amount = "25" }
     engine.load_doc(s, sup.template("sign_t_a", "sa", rc))
     engine.load_doc(s, sup.template("sign_t_b", "sb", rc))
@@ -219,11 +215,8 @@ describe("qtgd signer", function()
   end)
 
   teardown(function()
-    sup.stop_all()
-    sup.cleanup()
     s:query("DELETE FROM signer_roster WHERE signer_key IN ('sa', 'sb')")
-    s:release()
-    os.execute("rm -rf " .. common.quote(dir))
+    sup.done(s, dir)
   end)
 
   after_each(function() sup.host.stop_all() end)

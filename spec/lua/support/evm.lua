@@ -177,6 +177,26 @@ function M.cleanup()
   common.remove_dirs(dirs)
 end
 
+-- fresh_chain(chain_id) -> s, dir, anvil: a database session, a directory
+-- for key files and an anvil of chain_id (a block a second), the books of
+-- an earlier run on that chain id forgotten: the set-up of a spec with a
+-- chain of its own.  done(s, dir) is its tear-down.
+function M.fresh_chain(chain_id)
+  local s = qtg.db.acquire()
+  local dir = host.tmpdir()
+  local anvil = M.start_anvil({ chain_id = chain_id, block_time = 1 })
+  s:query("DELETE FROM evm_transfer_tx WHERE chain_id = $1", chain_id)
+  s:query("DELETE FROM evm_nonce_reservation WHERE chain_id = $1", chain_id)
+  return s, dir, anvil
+end
+
+function M.done(s, dir)
+  M.stop_all()
+  M.cleanup()
+  s:release()
+  os.execute("rm -rf " .. q(dir))
+end
+
 -- ---- requests -------------------------------------------------------------------------
 
 -- A template doc like templates/evm_transfer.json, for a signer key and
