@@ -703,14 +703,21 @@ static int qtg_signerd_check_earlier(qtg_signerd *d, PGconn *db, const qtg_signe
              was);
 }
 
+/* Take the lock of dec's chain, sender and nonce (their texts in np), then
+ * run sql on them: its result, or NULL with the connection dropped. */
+static PGresult *qtg_signerd_at_nonce(qtg_signerd *d, PGconn *db, const char *const np[3], const char *sql,
+                                      const char *what) {
+  PGresult *r = qtg_signerd_query(d, db, qtg_signerd_nonce_lock_sql, 3, np, "taking the nonce's lock");
+  if (r == NULL) return NULL;
+  PQclear(r);
+  return qtg_signerd_query(d, db, sql, 3, np, what);
+}
+
 /* Take the nonce's lock, and refuse a nonce a fill was granted at.  0, -1
  * refused (dec filled), -2 the database failed. */
 static int qtg_signerd_check_filled(qtg_signerd *d, PGconn *db, qtg_decision *dec) {
   const char *np[3] = {dec->chain, dec->address, dec->nonce};
-  PGresult *r = qtg_signerd_query(d, db, qtg_signerd_nonce_lock_sql, 3, np, "taking the nonce's lock");
-  if (r == NULL) return -2;
-  PQclear(r);
-  r = qtg_signerd_query(d, db, qtg_signerd_filled_sql, 3, np, "reading the fills at the nonce");
+  PGresult *r = qtg_signerd_at_nonce(d, db, np, qtg_signerd_filled_sql, "reading the fills at the nonce");
   if (r == NULL) return -2;
   if (PQntuples(r) == 0) {
     PQclear(r);
@@ -923,10 +930,7 @@ static int qtg_signerd_decide_fill(qtg_signerd *d, const qtg_signer_line *l, qtg
   if (db == NULL) return -2;
   if (qtg_signerd_begin(d, db, "a fill's decision") != 0) return -2;
   const char *gp[3] = {dec->chain, dec->address, dec->nonce};
-  PGresult *g = qtg_signerd_query(d, db, qtg_signerd_nonce_lock_sql, 3, gp, "taking the nonce's lock");
-  if (g == NULL) return -2;
-  PQclear(g);
-  g = qtg_signerd_query(d, db, qtg_signerd_fill_grant_sql, 3, gp, "reading the grant at the nonce");
+  PGresult *g = qtg_signerd_at_nonce(d, db, gp, qtg_signerd_fill_grant_sql, "reading the grant at the nonce");
   if (g == NULL) return -2;
   int rc = qtg_signerd_check_fill(d, l, &tx, key_addr, g, dec);
   PQclear(g);

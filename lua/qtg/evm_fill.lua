@@ -5,13 +5,12 @@
 -- longer wait behind it (docs/evm.md, "Filling a nonce").  A fill above
 -- the chain's count waits in the pools behind the nonces before it, and a
 -- pool may drop it: the answer says so (queued_behind), and fill_nonce
--- again sends a new one.  The operator's way out of
--- EVM_NONCE_GAP and EVM_TX_REJECTED, and the way to void a grant `qtgd
--- audit verify` lists as not settled, without taking the key out of the
--- signer.
+-- again sends a new one.  The operator's way out of EVM_NONCE_GAP and
+-- EVM_TX_REJECTED, and the way to void a grant `qtgd audit verify` lists
+-- as not settled, without taking the key out of the signer.
 --   fill(args, principal) -> {tx_hash=, chain_id=, sender=, nonce=,
 --     sent=, queued_behind= (nonces before it not yet mined, or nil), ...}
---     args: {chain_id=, sender=, nonce=, signature=}; signature: the
+--     args: {chain_id=, sender=, nonce=, signature=, cancel=}; signature: the
 --     person's signature of the fill statement (`qtgd approver sign-fill`),
 --     which a signer with an enrolment asks for.
 -- What binds the signature is the signer's (qtg_signerd.c, FILL): this
@@ -107,17 +106,17 @@ function M.fill(args, principal)
     refuse("not_found", "the signer granted no transfer at nonce %d on chain %d from %s: only such a nonce is "
       .. "filled", nonce, chain_id, sender)
   end
-  -- a live payment is cancelled only when asked to be
-  if require("qtg.audit_grants").in_flight(grant) and args.cancel ~= true then
-    refuse("illegal_transition", "the transfer at nonce %d on chain %d from %s (node %s of request %s) is %s on its "
-      .. "own signed bytes: a fill would cancel a live payment; ask with cancel = true to do that", nonce, chain_id,
-      sender, tostring(grant.node_key), grant.request_id, tostring(grant.node_state))
-  end
   -- a daemon fills its own class's nonces: one signer may serve several
   if grant.network_class ~= qtg.settings.network_class then
     refuse("forbidden", "the transfer granted at nonce %d on chain %d from %s is of network class %s, and this "
       .. "daemon serves %s: fill it from a daemon of that class", nonce, chain_id, sender,
       tostring(grant.network_class), tostring(qtg.settings.network_class))
+  end
+  -- a live payment is cancelled only when asked to be
+  if require("qtg.audit_grants").in_flight(grant) and args.cancel ~= true then
+    refuse("illegal_transition", "the transfer at nonce %d on chain %d from %s (node %s of request %s) is %s on its "
+      .. "own signed bytes: a fill would cancel a live payment; ask with cancel = true to do that", nonce, chain_id,
+      sender, tostring(grant.node_key), grant.request_id, tostring(grant.node_state))
   end
   local controls, cwhy = evm_tx.controls(grant.risk_controls)
   if not controls then refuse("invalid", "the granted transfer's plan: %s", tostring(cwhy)) end

@@ -47,6 +47,18 @@ function signer.health(name)
   if a then return { ok = true, signer_address = a } end
   return { ok = false, error = tostring(err.message), code = err.code or 'SIGNER_UNAVAILABLE' }
 end
+-- A SIGN or FILL line's answer (OK's words): {signature=, r=, s=, recid=,
+-- address=}, or nil, err when it is not a signature and an address.
+local function signed(line)
+  local s, err = call(line)
+  if not s then return nil, err end
+  local sig, addr = s:match('^(0x%x+) (0x%x+)$')
+  if not sig or #sig ~= 132 then
+    return nil, setmetatable({ kind = 'signer_unavailable', message = 'the signer answered garbage' }, signer.error_mt)
+  end
+  return { signature = sig, r = '0x' .. sig:sub(3, 66), s = '0x' .. sig:sub(67, 130),
+           recid = tonumber(sig:sub(131, 132), 16), address = addr }
+end
 -- fill(name, {payload=, principal=, signature=}) -> {signature=, r=, s=,
 -- recid=, address=}: a fill of a nonce (the signer checks the payload is a
 -- transfer of nothing to the key's own address at a nonce it granted a
@@ -61,14 +73,7 @@ function signer.fill(name, req)
   if sig ~= nil and (type(sig) ~= 'string' or not sig:match('^%x+$') or #sig ~= 128) then
     return bad('a fill signature is 128 hex digits')
   end
-  local s, err = call(string.format('FILL %s %s %s %s', name, req.payload, principal, sig or '-'))
-  if not s then return nil, err end
-  local got, addr = s:match('^(0x%x+) (0x%x+)$')
-  if not got or #got ~= 132 then
-    return nil, setmetatable({ kind = 'signer_unavailable', message = 'the signer answered garbage' }, signer.error_mt)
-  end
-  return { signature = got, r = '0x' .. got:sub(3, 66), s = '0x' .. got:sub(67, 130),
-           recid = tonumber(got:sub(131, 132), 16), address = addr }
+  return signed(string.format('FILL %s %s %s %s', name, req.payload, principal, sig or '-'))
 end
 function signer.sign(name, req)
   if not key_ok(name) then return bad('key name must be 1-64 of [A-Za-z0-9_.-]') end
@@ -79,12 +84,7 @@ function signer.sign(name, req)
     return bad('sign_request.attempt_no must be an integer from 1')
   end
   if type(payload) ~= 'string' then return bad('sign_request.payload must be 0x hex') end
-  local s, err = call(string.format('SIGN %s %s %d %s %s', rid:lower(), nid:lower(), attempt, name, payload))
-  if not s then return nil, err end
-  local sig, addr = s:match('^(0x%x+) (0x%x+)$')
-  if not sig or #sig ~= 132 then
-    return nil, setmetatable({ kind = 'signer_unavailable', message = 'the signer answered garbage' }, signer.error_mt)
-  end
-  return { signature = sig, r = '0x' .. sig:sub(3, 66), s = '0x' .. sig:sub(67, 130),
-           recid = tonumber(sig:sub(131, 132), 16), address = addr, payload_hash = req.payload_hash }
+  local r, err = signed(string.format('SIGN %s %s %d %s %s', rid:lower(), nid:lower(), attempt, name, payload))
+  if r then r.payload_hash = req.payload_hash end
+  return r, err
 end
