@@ -8,6 +8,7 @@
 -- iteration count (e.g. 20 for a longer hunt).  Nothing here does I/O while
 -- the module loads.
 local bit = require "bit"
+local canon = require "qtg.canon_json"
 
 local M = {}
 
@@ -176,6 +177,16 @@ function M.show(v, limit)
   local s = go(v, 0)
   if #s > limit then s = s:sub(1, limit) .. "..." end
   return s
+end
+
+-- encode(v): v as JSON text with its object keys sorted (qtg.canon_json),
+-- so a text made from a generated value is the same in every process
+-- (cjson writes keys in the table's order, which is not); nil when v holds
+-- what JSON cannot (NaN, infinity, a key that is not a string, nesting past
+-- 64).
+function M.encode(v)
+  local ok, text = pcall(canon.encode, v)
+  return ok and text or nil
 end
 
 -- deep_equal(a, b): same JSON value (numbers by value, NaN equal to NaN).
