@@ -12,7 +12,9 @@
 -- payment would pay twice.  This lists every grant that is neither
 --   * settled: its node COMPLETED, or the reservation at its nonce
 --     consumed (the chain used the nonce), or its bytes known dead (another
---     transaction took the nonce: bytes_dead_at), nor
+--     transaction took the nonce: bytes_dead_at), or a fill mined at its
+--     nonce (evm_fills, which evm_nonce_reaper settles; counted only where
+--     signer_events shows a fill granted at that nonce), nor
 --   * in flight: its node SUBMITTING, SUBMITTED, OBSERVING or UNKNOWN and
 --     the reservation at its nonce holding this very payload (signed or
 --     broadcast).
@@ -24,8 +26,8 @@
 -- are listed until the reaper's verdict): it is a signed transaction to
 -- look up on the chain before its payment is approved again, or to void
 -- by filling its nonce (qtg.evm_fill): a fill signed at its nonce is
--- named with it (the chain says whether the fill was mined).  A fill's
--- own grant is no transfer and is not listed.  Grants are read a page at
+-- named with it, with what the reaper has seen of it (sent, taken,
+-- dropped).  A fill's own grant is no transfer and is not listed.  Grants are read a page at
 -- a time in id order, each page one statement.
 --   in_flight(g)     the grant's transfer is live on its own bytes
 --   check(s, limit) -> { ok=, checked=, open=, list={ {id=, request_id=,
@@ -42,7 +44,12 @@ SELECT e.id, e.request_id::text AS request_id, e.request_node_id::text AS node_i
        r.bytes_dead_at IS NOT NULL AS dead,
        (SELECT max(f.id) FROM signer_events f
          WHERE f.decision = 'granted' AND f.nonce = e.nonce AND f.chain_id = e.chain_id
-           AND f.signer_address = e.signer_address AND f.code = 'FILL_GRANTED') AS filled_by
+           AND f.signer_address = e.signer_address AND f.code = 'FILL_GRANTED') AS filled_by,
+       (SELECT string_agg(x.status, ', ' ORDER BY x.id) FROM evm_fills x
+         WHERE x.chain_id = e.chain_id AND x.address = lower(e.signer_address) AND x.nonce = e.nonce) AS fills,
+       EXISTS (SELECT 1 FROM evm_fills x
+                WHERE x.chain_id = e.chain_id AND x.address = lower(e.signer_address) AND x.nonce = e.nonce
+                  AND x.status = 'mined') AS fill_mined
   FROM signer_events e
   LEFT JOIN movement_request_nodes n ON n.id = e.request_node_id
   LEFT JOIN evm_nonce_reservation r
@@ -66,14 +73,20 @@ end
 -- Whether grant g needs no look: settled, or in flight on its own bytes.
 local function accounted(g)
   if g.node_state == "COMPLETED" or g.reservation == "consumed" or g.dead == true then return true end
+  -- a fill row says mined only where the signer's own log shows a fill granted
+  if g.fill_mined == true and type(g.filled_by) == "number" then return true end
   return M.in_flight(g)
 end
 
 -- What the daemon's rows say of the grant's bytes, in a few words.
 local function held(g)
   local r = text(g.reservation)
-  local fill = type(g.filled_by) == "number"
-    and string.format("; a fill was signed at that nonce (signer event %d): see that it was mined", g.filled_by) or ""
+  local fill = ""
+  if type(g.filled_by) == "number" then
+    fill = string.format("; a fill was signed at that nonce (signer event %d)", g.filled_by)
+      .. (text(g.fills) and string.format(", qtg's fills there are %s", g.fills) or "")
+      .. ": see that it was mined"
+  end
   if not r then return "no reservation row at that nonce" .. fill end
   if g.same_payload ~= true then
     return string.format("the reservation row at that nonce is %s, for another payload%s", r, fill)

@@ -2,17 +2,23 @@
 -- address to itself, signed by qtg's signer at a nonce it granted a
 -- transfer at, and sent -- so that, once it is mined, whatever else was
 -- signed at that nonce never is, and the sender's later transfers no
--- longer wait behind it (docs/evm.md, "Filling a nonce").  A fill above
--- the chain's count waits in the pools behind the nonces before it, and a
--- pool may drop it: the answer says so (queued_behind), and fill_nonce
--- again sends a new one.  The operator's way out of EVM_NONCE_GAP and
--- EVM_TX_REJECTED, and the way to void a grant `qtgd audit verify` lists
--- as not settled, without taking the key out of the signer.
+-- longer wait behind it (docs/evm.md, "Filling a nonce").  The operator's
+-- way out of EVM_NONCE_GAP and EVM_TX_REJECTED, and the way to void a
+-- grant `qtgd audit verify` lists as not settled, without taking the key
+-- out of the signer.
 --   fill(args, principal) -> {tx_hash=, chain_id=, sender=, nonce=,
 --     sent=, queued_behind= (nonces before it not yet mined, or nil), ...}
 --     args: {chain_id=, sender=, nonce=, signature=, cancel=}; signature: the
 --     person's signature of the fill statement (`qtgd approver sign-fill`),
 --     which a signer with an enrolment asks for.
+-- A fill voids the bytes at its nonce only once mined, and a pool may drop
+-- it (one above the chain's count waits behind the nonces before it), so
+-- it is written to evm_fills (sql/0208) with its bytes before they are
+-- sent, and evm_nonce_reaper watches it (M.WATCH_SQL, M.watch): mined;
+-- sent again, the same bytes, while the node has lost them; replaced by
+-- another fill mined at the nonce; taken, when the chain used the nonce for
+-- a transaction that is none of qtg's fills (operators are alerted: maybe
+-- the very bytes it was to void); dropped, when the RPC refuses it.
 -- What binds the signature is the signer's (qtg_signerd.c, FILL): this
 -- module picks the fees and sends the bytes.
 local qtg = require("qtg")
@@ -20,13 +26,15 @@ local errors = require("qtg.errors")
 local rpc = require("qtg.evm_rpc")
 local evm_tx = require("qtg.evm_tx")
 local outbox = require("qtg.outbox")
+local nonces = require("qtg.evm_nonces")
+local notify = require("qtg.notifications")
 
 local M = {}
 
 M.GAS_LIMIT = 21000
--- Bytes already stored at the nonce may be in a pool: a node replaces them
--- only for fees at least 10 % higher, so a fill asks 25 % more than they
--- did (within the plan's caps).
+-- Bytes already stored at the nonce (the transfer's, or an earlier fill's)
+-- may be in a pool: a node replaces them only for fees at least 10 %
+-- higher, so a fill asks 25 % more than they did (within the plan's caps).
 M.REPLACE_PERCENT = 125
 
 -- The transfer the signer's log shows granted at the nonce, with the plan
@@ -45,11 +53,24 @@ local GRANT_SQL = [[
      AND e.signer_address = $2 AND e.nonce = $3
    ORDER BY e.id DESC LIMIT 1]]
 
--- The fees of the bytes stored at the nonce, if any were.
+-- The fees of the bytes stored at the nonce: the transfer's, and the fills'
+-- still sent.
 local STORED_SQL = [[
-  SELECT t.fields FROM evm_nonce_reservation r JOIN evm_transfer_tx t ON t.reservation_id = r.id
-   WHERE r.chain_id = $1 AND r.address = $2 AND r.nonce = $3 AND t.fields IS NOT NULL
-   ORDER BY r.id DESC LIMIT 1]]
+  (SELECT t.fields FROM evm_nonce_reservation r JOIN evm_transfer_tx t ON t.reservation_id = r.id
+    WHERE r.chain_id = $1 AND r.address = $2 AND r.nonce = $3 AND t.fields IS NOT NULL
+    ORDER BY r.id DESC LIMIT 1)
+  UNION ALL
+  SELECT jsonb_build_object('max_fee_per_gas', f.max_fee_per_gas::text,
+                            'max_priority_fee_per_gas', f.max_priority_fee_per_gas::text)
+    FROM evm_fills f
+   WHERE f.chain_id = $1 AND f.address = $2 AND f.nonce = $3 AND f.status = 'sent']]
+
+local INSERT_SQL = [[
+  INSERT INTO evm_fills (chain_id, address, nonce, tx_hash, signed_raw_tx, max_fee_per_gas,
+                         max_priority_fee_per_gas, request_id, actor)
+  VALUES ($1, $2, $3, $4, $5, $6::numeric, $7::numeric, $8::uuid, $9)
+  ON CONFLICT (tx_hash) WHERE status = 'sent' DO NOTHING
+  RETURNING id]]
 
 local function refuse(kind, fmt, ...) errors.raise(kind, fmt, ...) end
 
@@ -78,17 +99,18 @@ local function check(args)
   return chain_id, sender, nonce, sig and sig:lower() or nil
 end
 
--- bumped(fees, stored, controls): fees raised to REPLACE_PERCENT of the
--- stored transaction's, never past the caps.
+-- bumped(fees, stored, controls): fees raised to REPLACE_PERCENT of every
+-- stored transaction's (stored: rows of STORED_SQL), never past the caps.
 local function bumped(fees, stored, controls)
-  if type(stored) ~= "table" then return fees end
   local out = { max_fee_per_gas = fees.max_fee_per_gas, max_priority_fee_per_gas = fees.max_priority_fee_per_gas }
-  for field, cap in pairs({ max_fee_per_gas = controls.max_fee_per_gas,
-                            max_priority_fee_per_gas = controls.max_priority_fee_per_gas }) do
-    local was = tonumber(stored[field])
-    if was then
-      local want = math.ceil(was * M.REPLACE_PERCENT / 100)
-      if want > out[field] then out[field] = math.min(want, cap) end
+  for _, row in ipairs(stored) do
+    for field, cap in pairs({ max_fee_per_gas = controls.max_fee_per_gas,
+                              max_priority_fee_per_gas = controls.max_priority_fee_per_gas }) do
+      local was = type(row.fields) == "table" and tonumber(row.fields[field])
+      if was then
+        local want = math.ceil(was * M.REPLACE_PERCENT / 100)
+        if want > out[field] then out[field] = math.min(want, cap) end
+      end
     end
   end
   if out.max_priority_fee_per_gas > out.max_fee_per_gas then out.max_priority_fee_per_gas = out.max_fee_per_gas end
@@ -100,7 +122,7 @@ function M.fill(args, principal)
   local actor = type(principal) == "table" and principal.actor or principal
   if type(actor) ~= "string" or actor == "" then refuse("usage", "fill needs the principal who asks") end
   local grant, stored = qtg.db.with_session(function(s)
-    return s:query(GRANT_SQL, chain_id, sender, nonce)[1], s:query(STORED_SQL, chain_id, sender, nonce)[1]
+    return s:query(GRANT_SQL, chain_id, sender, nonce)[1], s:query(STORED_SQL, chain_id, sender, nonce)
   end)
   if not grant then
     refuse("not_found", "the signer granted no transfer at nonce %d on chain %d from %s: only such a nonce is "
@@ -131,7 +153,7 @@ function M.fill(args, principal)
   end
   local fees, ferr = transfer.fee_data(url, controls)
   if not fees then refuse("unavailable", "fees: %s", errors.text(ferr)) end
-  fees = bumped(fees, stored and stored.fields, controls)
+  fees = bumped(fees, stored, controls)
   local fields = evm_tx.fields({ chain_id = chain_id, nonce = nonce, to = sender, value_wei = "0",
                                  gas_limit = M.GAS_LIMIT, fees = fees })
   local tx = qtg.evm.eip1559(fields)
@@ -152,26 +174,205 @@ function M.fill(args, principal)
                    -- voids the bytes at its nonce only once mined
                    queued_behind = count < nonce and (nonce - count) or nil }
   -- recorded before it is sent, with its bytes: a fill is never out
-  -- without its audit row, and can be sent again as it is
-  qtg.db.with_session(function(s)
-    outbox.audit(s, actor, "evm.fill", "evm_nonce", string.format("%d/%s/%d", chain_id, sender, nonce),
-      grant.request_id, { tx_hash = signed.tx_hash, raw = signed.raw, chain_id = chain_id, sender = sender,
-                          nonce = nonce, max_fee_per_gas = fields.max_fee_per_gas,
-                          max_priority_fee_per_gas = fields.max_priority_fee_per_gas,
-                          chain_count = count })
+  -- without its row and its audit row, and is sent again as it is
+  result.fill_id = qtg.db.with_session(function(s)
+    return s:transaction(function()
+      outbox.audit(s, actor, "evm.fill", "evm_nonce", string.format("%d/%s/%d", chain_id, sender, nonce),
+        grant.request_id, { tx_hash = signed.tx_hash, raw = signed.raw, chain_id = chain_id, sender = sender,
+                            nonce = nonce, max_fee_per_gas = fields.max_fee_per_gas,
+                            max_priority_fee_per_gas = fields.max_priority_fee_per_gas,
+                            chain_count = count })
+      local row = s:query(INSERT_SQL, chain_id, sender, nonce, signed.tx_hash, signed.raw,
+        fields.max_fee_per_gas, fields.max_priority_fee_per_gas, grant.request_id, actor)[1]
+        -- the same bytes are sent already (fees at the caps both times): that row watches them
+        or s:query("SELECT id FROM evm_fills WHERE tx_hash = $1 AND status = 'sent'", signed.tx_hash)[1]
+      return row.id
+    end)
   end)
   local sent, err = rpc.send_raw_transaction(url, signed.raw)
   result.sent = sent ~= nil or rpc.is_already_known(err)
+  if not result.sent and rpc.is_tx_refused(err) then
+    qtg.db.with_session(function(s)
+      s:query([[UPDATE evm_fills SET status = 'dropped', settled_at = clock_timestamp(), last_error = $2
+                 WHERE id = $1 AND status = 'sent']], result.fill_id, "refused at its first send: " .. errors.text(err))
+    end)
+  end
   qtg.log.warn("evm nonce filled", { chain_id = chain_id, from = sender, nonce = nonce, tx_hash = signed.tx_hash,
     sent = result.sent, queued_behind = result.queued_behind, actor = actor,
     error = not result.sent and errors.text(err) or nil })
   if not result.sent then
     refuse("unavailable", "the fill %s was signed, and %s: %s (its raw bytes, in the audit row evm.fill too: %s)",
       signed.tx_hash, rpc.is_tx_refused(err) and "the RPC refused it"
-        or "whether the RPC took it is not known (look the hash up before filling again)",
+        or "whether the RPC took it is not known (evm_nonce_reaper looks it up, and sends it again if the node "
+          .. "lost it)",
       errors.text(err), signed.raw)
   end
   return result
+end
+
+-- ---- the watch (evm_nonce_reaper's fills arm) ----------------------------------------
+
+-- The claim: fills still sent, untouched for $1 seconds, of chains $2, least
+-- recently looked at first, at most $3, leased for $4 seconds to owner $5
+-- (the reaper's other arms' form).  kind = 'fill' tells the reaper's rows apart.
+M.WATCH_SQL = [[
+WITH c AS (
+  SELECT id FROM evm_fills
+   WHERE status = 'sent' AND coalesce(last_checked_at, created_at) < now() - make_interval(secs => $1)
+     AND chain_id = ANY($2::bigint[])
+     AND (reap_lease_until IS NULL OR reap_lease_until < now())
+   ORDER BY coalesce(last_checked_at, created_at) ASC, id ASC
+   LIMIT $3
+   FOR UPDATE SKIP LOCKED)
+UPDATE evm_fills f
+   SET reap_lease_until = now() + make_interval(secs => $4), reap_lease_owner = $5
+  FROM c
+ WHERE f.id = c.id
+RETURNING f.id, f.chain_id, f.address, f.nonce, f.tx_hash, f.signed_raw_tx, f.request_id::text AS request_id,
+          f.rebroadcasts, f.nonce_taken_since, 'fill' AS kind]]
+
+local NOTE_SQL = [[
+UPDATE evm_fills
+   SET last_error = $2, last_checked_at = clock_timestamp(), reap_lease_until = NULL, reap_lease_owner = NULL
+ WHERE id = $1 AND reap_lease_owner = $3]]
+
+local SETTLE_SQL = [[
+UPDATE evm_fills
+   SET status = $2, mined_block = $3, last_error = $4, settled_at = clock_timestamp(),
+       last_checked_at = clock_timestamp(), reap_lease_until = NULL, reap_lease_owner = NULL
+ WHERE id = $1 AND status = 'sent' AND reap_lease_owner = $5
+RETURNING id]]
+
+local LOOK_TAKEN_SQL = [[
+UPDATE evm_fills
+   SET nonce_taken_since = coalesce(nonce_taken_since, clock_timestamp()), nonce_taken_looks = nonce_taken_looks + 1
+ WHERE id = $1
+RETURNING nonce_taken_looks AS looks, extract(epoch FROM clock_timestamp() - nonce_taken_since)::float8 AS seconds]]
+
+local CLEAR_TAKEN_SQL = [[
+UPDATE evm_fills SET nonce_taken_since = NULL, nonce_taken_looks = 0 WHERE id = $1 AND nonce_taken_since IS NOT NULL]]
+
+-- The other fills at the row's nonce.
+local SIBLINGS_SQL = [[
+SELECT id, tx_hash, status FROM evm_fills
+ WHERE chain_id = $1 AND address = $2 AND nonce = $3 AND id <> $4 AND status IN ('sent', 'mined')
+ ORDER BY id]]
+
+local function clip(v)
+  local text = tostring(v):gsub("%c", " ")
+  return #text > 500 and text:sub(1, 500) .. "..." or text
+end
+
+local function entity(row) return string.format("%d/%s/%d", row.chain_id, row.address, row.nonce) end
+
+local function request_of(row) return row.request_id ~= qtg.db.NULL and row.request_id or nil end
+
+-- note(s, row, owner, text): what the look saw, the lease dropped.
+function M.note(s, row, owner, text)
+  s:query(NOTE_SQL, row.id, clip(text), owner)
+  qtg.log.info("fill watched", { fill_id = row.id, chain_id = row.chain_id, from = row.address,
+    nonce = row.nonce, note = clip(text) })
+end
+
+-- settle(s, row, owner, to, t): the final status with its audit row; a
+-- nonce taken by another transaction is the operators' to hear of (a
+-- critical notification, and the request's request_attention callback).
+local function settle(s, row, owner, to, t)
+  s:transaction(function()
+    if not s:query(SETTLE_SQL, row.id, to, t.block or qtg.db.NULL, t.reason and clip(t.reason) or qtg.db.NULL,
+                   owner)[1] then
+      return
+    end
+    local detail = { fill_id = row.id, chain_id = row.chain_id, sender = row.address, nonce = row.nonce,
+                     tx_hash = row.tx_hash, status = to, block = t.block, reason = t.reason }
+    if to == "taken" then
+      notify.surface(s, { worker = "evm_nonce_reaper", kind = "fill_nonce_taken",
+        dedupe_key = "fill_nonce_taken:" .. tostring(row.id), entity_type = "evm_nonce", entity_id = entity(row),
+        request_id = request_of(row), data = detail, severity = "critical" })
+    else
+      outbox.audit(s, "system:evm_nonce_reaper", "evm.fill_" .. to, "evm_nonce", entity(row), request_of(row),
+        detail)
+    end
+  end)
+  local log = to == "mined" and qtg.log.info or qtg.log.warn
+  log("fill " .. to, { fill_id = row.id, chain_id = row.chain_id, from = row.address, nonce = row.nonce,
+    tx_hash = row.tx_hash, reason = t.reason })
+end
+
+-- Our hash has a receipt: the fill is mined if the transaction is ours.
+local function mined(s, row, owner, url, receipt)
+  local tx, err = rpc.get_transaction_by_hash(url, row.tx_hash)
+  if not tx then
+    return M.note(s, row, owner, "a receipt for " .. row.tx_hash .. " but eth_getTransactionByHash: "
+      .. (tx == false and "not found" or errors.text(err)))
+  end
+  local block = rpc.quantity(receipt.blockNumber)
+  if type(tx.from) ~= "string" or tx.from:lower() ~= row.address or rpc.quantity(tx.nonce) ~= row.nonce
+      or block == nil then
+    return M.note(s, row, owner, string.format("the node's answer for %s is not this fill (from %s, nonce %s, "
+      .. "block %s): looked at again", row.tx_hash, tostring(tx.from), tostring(tx.nonce),
+      tostring(receipt.blockNumber)))
+  end
+  settle(s, row, owner, "mined", { block = block })
+end
+
+-- The nonce is used, and not by this fill: by another of ours (replaced),
+-- or, once that has held (qtg.evm_nonces.taken_verdict), by something else.
+local function used(s, row, owner, url, latest)
+  for _, sib in ipairs(s:query(SIBLINGS_SQL, row.chain_id, row.address, row.nonce, row.id)) do
+    local receipt = sib.status == "mined" or rpc.get_transaction_receipt(url, sib.tx_hash)
+    if receipt then
+      return settle(s, row, owner, "replaced", { reason = "fill " .. sib.tx_hash .. " was mined at this nonce" })
+    end
+  end
+  local look = s:query(LOOK_TAKEN_SQL, row.id)[1]
+  local final, how = nonces.taken_verdict(look.looks, look.seconds)
+  local what = string.format("the chain's count (%d) has passed nonce %d and no fill of qtg's at it was mined",
+    latest, row.nonce)
+  if not final then return M.note(s, row, owner, what .. ": " .. how) end
+  settle(s, row, owner, "taken", { reason = what .. " (" .. how .. "): another transaction used the nonce, "
+    .. "maybe the very bytes the fill was to void; look the nonce up on the chain" })
+end
+
+-- The nonce is free: the fill waits, or is sent again, the same bytes.
+local function pending(s, row, owner, url, latest)
+  if row.nonce_taken_since ~= nil and row.nonce_taken_since ~= qtg.db.NULL then s:query(CLEAR_TAKEN_SQL, row.id) end
+  local known, kerr = rpc.get_transaction_by_hash(url, row.tx_hash)
+  if known == nil then return M.note(s, row, owner, "eth_getTransactionByHash: " .. errors.text(kerr)) end
+  local behind = row.nonce > latest and string.format(" (behind %d nonces not yet mined)", row.nonce - latest) or ""
+  if known then return M.note(s, row, owner, "pending in the node's pool" .. behind) end
+  local hash, serr = rpc.send_raw_transaction(url, row.signed_raw_tx)
+  if hash or rpc.is_already_known(serr) then
+    s:query("UPDATE evm_fills SET rebroadcasts = rebroadcasts + 1 WHERE id = $1 AND reap_lease_owner = $2",
+      row.id, owner)
+    return M.note(s, row, owner, "the node had lost it: sent again, the same bytes" .. behind)
+  end
+  if rpc.is_nonce_too_low(serr) or serr.kind ~= "rpc" then
+    return M.note(s, row, owner, "sending it again: " .. errors.text(serr))
+  end
+  local n = row.rebroadcasts + 1
+  if n >= qtg.settings.evm_nonce_reaper_max_rebroadcasts then
+    return settle(s, row, owner, "dropped", { reason = string.format("the RPC refused it %d times, last: %s; "
+      .. "fill the nonce again (fill_nonce)", n, errors.text(serr)) })
+  end
+  s:query("UPDATE evm_fills SET rebroadcasts = $2 WHERE id = $1 AND reap_lease_owner = $3", row.id, n, owner)
+  M.note(s, row, owner, "sending it again was refused: " .. errors.text(serr))
+end
+
+-- watch(s, row, owner, url, latest): one look at a fill still sent
+-- (a row of M.WATCH_SQL; latest: the chain's count for its sender).
+function M.watch(s, row, owner, url, latest)
+  local ok, bytes = pcall(qtg.crypto.unhex, row.signed_raw_tx)
+  if not ok or "0x" .. qtg.crypto.keccak256_hex(bytes) ~= row.tx_hash then
+    qtg.log.error("a fill's stored bytes do not hash to its tx_hash", { fill_id = row.id })
+    return M.note(s, row, owner, "IMPOSSIBLE: the stored bytes do not hash to " .. row.tx_hash
+      .. ": the row cannot say what was signed")
+  end
+  local receipt, rerr = rpc.get_transaction_receipt(url, row.tx_hash)
+  if receipt == nil then return M.note(s, row, owner, "eth_getTransactionReceipt: " .. errors.text(rerr)) end
+  if receipt then return mined(s, row, owner, url, receipt) end
+  if row.nonce < latest then return used(s, row, owner, url, latest) end
+  return pending(s, row, owner, url, latest)
 end
 
 return M

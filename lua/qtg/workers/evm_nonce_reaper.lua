@@ -44,6 +44,9 @@
 --      the status and lease read at the claim (an executor that moved the
 --      row meanwhile wins), with an audit row; surfaced rows also get an
 --      operator notification and the request's request_attention callback.
+-- A third arm claims the fills still sent (evm_fills, untouched for the
+-- same age) and hands each to qtg.evm_fill.watch: mined, sent again,
+-- replaced, taken (operators alerted) or dropped.
 -- An RPC failure (timeout, error status, garbage) is written to the row's
 -- last_error and the lease is dropped: the row is tried again next pass.
 local qtg = require("qtg")
@@ -52,6 +55,7 @@ local nonces = require("qtg.evm_nonces")
 local outbox = require("qtg.outbox")
 local notify = require("qtg.notifications")
 local heartbeats = require("qtg.heartbeats")
+local fills = require("qtg.evm_fill")
 
 local M = {}
 
@@ -128,6 +132,7 @@ end
 
 -- Write an error note on the row and drop the lease (own transaction).
 local function note(s, row, owner, message)
+  if row.kind == "fill" then return fills.note(s, row, owner, message) end
   s:query(M.NOTE_SQL, row.id, clip(message), owner)
   qtg.log.warn("nonce reservation not settled", log_fields(row, { error = clip(message) }))
 end
@@ -135,7 +140,7 @@ end
 -- Impossible: record it on the row, then stop the core group.
 local function impossible(s, row, owner, message)
   local msg = "IMPOSSIBLE: " .. message
-  pcall(s.query, s, M.NOTE_SQL, row.id, clip(msg), owner)
+  pcall(note, s, row, owner, msg)
   qtg.log.error("nonce reservation in an impossible state", log_fields(row, { error = msg }))
   qtg.fatal(string.format("evm_nonce_reaper: reservation %s (chain %s, %s nonce %s): %s",
     tostring(row.id), tostring(row.chain_id), row.address, tostring(row.nonce), message))
@@ -311,6 +316,7 @@ local function reconcile_signed(s, row, owner, url, latest)
 end
 
 local function reconcile(s, row, owner, url, latest)
+  if row.kind == "fill" then return fills.watch(s, row, owner, url, latest) end
   local ok, why = check_record(row)
   if not ok then return impossible(s, row, owner, why) end
   if row.status == "surfaced" then return watch(s, row, owner, url, latest) end
@@ -323,15 +329,20 @@ local function reconcile(s, row, owner, url, latest)
   return reconcile_signed(s, row, owner, url, latest)
 end
 
--- claim(...) -> the stale rows, then the watched ones (each arm BATCH at
--- most), leased in one short transaction.
+-- The arms, in the order a pass claims and reconciles them.
+M.ARMS = { M.CLAIM_SQL, M.WATCH_SQL, fills.WATCH_SQL }
+
+-- claim(...) -> the stale rows, the watched ones, then the fills still
+-- sent (each arm BATCH at most), leased in one short transaction.
 local function claim(s, settings, chains, owner)
-  local lease = 2 * M.BATCH * 5 * settings.evm_rpc_timeout_seconds + 30
+  local lease = #M.ARMS * M.BATCH * 5 * settings.evm_rpc_timeout_seconds + 30
   local list = "{" .. table.concat(chains, ",") .. "}"
   return s:transaction(function()
-    local rows = s:query(M.CLAIM_SQL, settings.evm_nonce_reaper_age_seconds, list, M.BATCH, lease, owner)
-    for _, r in ipairs(s:query(M.WATCH_SQL, settings.evm_nonce_reaper_age_seconds, list, M.BATCH, lease, owner)) do
-      rows[#rows + 1] = r
+    local rows = {}
+    for _, sql in ipairs(M.ARMS) do
+      for _, r in ipairs(s:query(sql, settings.evm_nonce_reaper_age_seconds, list, M.BATCH, lease, owner)) do
+        rows[#rows + 1] = r
+      end
     end
     return rows
   end)

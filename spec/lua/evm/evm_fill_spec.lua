@@ -15,6 +15,12 @@
 --   * a transfer in flight on its own bytes is filled (cancelled) only with
 --     cancel = true; a fill above the chain's count is sent queued behind
 --     the nonces before it, said so, and mined once they are;
+--   * evm_nonce_reaper watches every fill sent (evm_fills): mined (the
+--     grant settled for `qtgd audit verify`; a row forged mined where the
+--     signer granted no fill settles nothing), sent again when the pool
+--     lost it, replaced by a later fill that outbids it, taken when the
+--     kept bytes are mined instead (a critical notification), dropped when
+--     the RPC refuses it; what was signed never changes in its row;
 --   * with an enrolment: no signature, another person's, a stranger's
 --     principal, an initiator's, a signature of another nonce or another
 --     deployment: each refused (FILL_NOT_SIGNED); the one `qtgd approver
@@ -73,6 +79,27 @@ local function fill(class, args, who)
     require("qtg.evm_fill").fill, args, who or "operator:spec")
 end
 
+-- one pass of evm_nonce_reaper on this spec's chain, every row due at once
+local function reaper_pass(over)
+  local t = { evm_rpc_urls = CHAIN .. "=" .. anvil.url, evm_nonce_reaper_age_seconds = 0,
+              evm_nonce_taken_confirm_seconds = 0 }
+  for k, v in pairs(over or {}) do t[k] = v end
+  return cond.tick("evm_nonce_reaper", t)
+end
+
+local function fill_row(hash)
+  return s:query("SELECT * FROM evm_fills WHERE tx_hash = $1 ORDER BY id DESC LIMIT 1", hash)[1]
+end
+
+-- the grants `qtgd audit verify` lists for sender `from` on this chain
+local function listed_for(from)
+  local out = {}
+  for _, g in ipairs(require("qtg.audit_grants").check(s, 100000).list) do
+    if g.address == from and g.chain_id == CHAIN then out[#out + 1] = g end
+  end
+  return out
+end
+
 local function refused(fn, ...)
   local ok, err = pcall(fn, ...)
   assert.is_false(ok, "not refused")
@@ -119,6 +146,7 @@ describe("filling a nonce", function()
     start_signer("fa", 1)
     local g = kept_grant("fill_t_a", "fa", 1)
     local from, n = g.from, g.nonce
+    local logged_before = s:query("SELECT coalesce(max(id), 0) AS id FROM signer_events")[1].id
     -- what the signer refuses, asked as a console user could
     local cases = {
       { "NONCE_NOT_GRANTED", fields({ to = from, value = "0", nonce = n + 1 }) },
@@ -154,6 +182,14 @@ describe("filling a nonce", function()
     e = refused(fill, new_class(), { chain_id = CHAIN, sender = from, nonce = n })
     assert.equal("forbidden", e.kind, tostring(e.message))
     assert.truthy(e.message:find("is of network class " .. g.class, 1, true), e.message)
+    -- a fill row the runtime forges as mined, where the signer granted no
+    -- fill, settles nothing for `qtgd audit verify`
+    s:query([[INSERT INTO evm_fills (chain_id, address, nonce, tx_hash, signed_raw_tx, max_fee_per_gas,
+                max_priority_fee_per_gas, actor, status, mined_block, settled_at)
+              VALUES ($1, $2, $3, $4, '0x00', 1, 1, 'operator:forger', 'mined', 1, now())]], CHAIN, from, n,
+      "0x" .. string.rep("ab", 32))
+    assert.equal(1, #listed_for(from))
+    s:query("DELETE FROM evm_fills WHERE actor = 'operator:forger'")
     local r = fill(g.class, { chain_id = CHAIN, sender = from:upper():gsub("^0X", "0x"), nonce = n })
     assert.is_true(r.sent)
     assert.equal(g.request, r.request_id)
@@ -181,7 +217,7 @@ describe("filling a nonce", function()
     assert.truthy(ev[1].reason:find("for operator:spec", 1, true), ev[1].reason)
     local refusals = s:query([[SELECT count(*)::int AS n FROM signer_events WHERE decision = 'refused'
                                 AND signer_address = $1 AND code IN ('NONCE_NOT_GRANTED', 'FILL_NOT_SELF',
-                                'DATA_NOT_ALLOWED', 'FEES_ABOVE_CAP')]], from)[1].n
+                                'DATA_NOT_ALLOWED', 'FEES_ABOVE_CAP') AND id > $2]], from, logged_before)[1].n
     assert.equal(#cases - 1, refusals)
     -- the audit trail: who filled which nonce, with the transaction
     local a = s:query([[SELECT actor, detail, request_id::text FROM audit_outbox WHERE action = 'evm.fill'
@@ -192,18 +228,37 @@ describe("filling a nonce", function()
     assert.equal(g.request, a[1].request_id)
     -- `qtgd audit verify` still lists the kept grant (the chain has the last
     -- word) and names the fill signed at its nonce; the fill is no transfer
-    local listed = {}
-    for _, g2 in ipairs(require("qtg.audit_grants").check(s, 100000).list) do
-      if g2.address == from and g2.chain_id == CHAIN then listed[#listed + 1] = g2 end
-    end
+    local listed = listed_for(from)
     assert.equal(1, #listed)
     assert.equal(g.request, listed[1].request_id)
-    assert.truthy(listed[1].held:find("a fill was signed at that nonce (signer event " .. ev[1].id .. ")", 1, true),
-      listed[1].held)
+    assert.truthy(listed[1].held:find("a fill was signed at that nonce (signer event " .. ev[1].id
+      .. "), qtg's fills there are sent", 1, true), listed[1].held)
     -- the nonce is used: a second fill is refused before the signer is asked
     e = refused(fill, g.class, { chain_id = CHAIN, sender = from, nonce = n })
     assert.equal("illegal_transition", e.kind)
     assert.truthy(e.message:find("used already", 1, true), e.message)
+    -- the fill's row, written with its bytes before the send, is watched:
+    -- the reaper sees it mined, and the grant is settled
+    local row = fill_row(r.tx_hash)
+    assert.equal("sent", row.status)
+    assert.equal(r.fill_id, row.id)
+    assert.equal("operator:spec", row.actor)
+    assert.equal(g.request, row.request_id)
+    reaper_pass()
+    row = fill_row(r.tx_hash)
+    assert.equal("mined", row.status, tostring(row.last_error))
+    assert.is_true(row.mined_block > 0)
+    assert.equal(1, #s:query([[SELECT 1 FROM audit_outbox WHERE action = 'evm.fill_mined' AND entity_id = $1]],
+      CHAIN .. "/" .. from .. "/" .. n))
+    assert.equal(0, #listed_for(from))
+    -- what was signed, and a settled status, never change
+    for _, sql in ipairs({ "UPDATE evm_fills SET status = 'sent', settled_at = NULL WHERE id = $1",
+                           "UPDATE evm_fills SET tx_hash = '0x' || repeat('cd', 32) WHERE id = $1",
+                           "UPDATE evm_fills SET actor = 'operator:other' WHERE id = $1" }) do
+      local ok, err = pcall(s.query, s, sql, row.id)
+      assert.is_false(ok, sql)
+      assert.truthy(tostring(err):find("fill " .. row.id, 1, true), tostring(err))
+    end
   end)
 
   it("cancels a live transfer only when asked to, and sends a fill above the chain's count queued, saying so", function()
@@ -230,14 +285,114 @@ describe("filling a nonce", function()
     assert.equal(n - 1, a.detail.chain_count)
     sup.rpc(anvil.url, "evm_mine", {})
     assert.is_nil(sup.receipt(anvil.url, r.tx_hash), "mined before the nonce before it")
-    -- the nonce before it used: the fill is mined, and the kept bytes never can be
+    -- the transfer's reservation is left to its own watch in this spec's
+    -- reaper passes (it would send the transfer's bytes again)
+    s:query("UPDATE evm_nonce_reservation SET updated_at = now() + interval '1 hour' WHERE request_node_id = $1::uuid",
+      g.node)
+    -- the pool loses the fill: the reaper sends the same bytes again
+    local rpc = require "qtg.evm_rpc"
+    sup.rpc(anvil.url, "anvil_dropAllTransactions", {})
+    assert.is_false(rpc.get_transaction_by_hash(anvil.url, r.tx_hash))
+    reaper_pass()
+    local row = fill_row(r.tx_hash)
+    assert.equal("sent", row.status)
+    assert.equal(1, row.rebroadcasts)
+    assert.truthy(row.last_error:find("sent again, the same bytes (behind 1 nonces", 1, true), row.last_error)
+    assert.truthy(rpc.get_transaction_by_hash(anvil.url, r.tx_hash), "in the pool again")
+    -- a second fill at the nonce outbids the first by a quarter, within the caps
+    local r2 = fill(g.class, { chain_id = CHAIN, sender = from, nonce = n, cancel = true })
+    assert.is_true(r2.sent)
+    assert.is_true(tonumber(r2.max_fee_per_gas) >= math.ceil(tonumber(r.max_fee_per_gas) * 1.25))
+    assert.is_true(tonumber(r2.max_priority_fee_per_gas) >= math.ceil(tonumber(r.max_priority_fee_per_gas) * 1.25))
+    -- the nonce before it used: the second fill is mined, and the kept bytes never can be
     sup.rpc(anvil.url, "anvil_impersonateAccount", { from })
     sup.rpc(anvil.url, "eth_sendTransaction", { { from = from, to = from, value = "0x0",
                                                   nonce = string.format("0x%x", n - 1) } })
     sup.rpc(anvil.url, "anvil_stopImpersonatingAccount", { from })
-    mined_fill(r, from, n)
-    assert.is_nil((require("qtg.evm_rpc").send_raw_transaction(anvil.url, g.raw)))
+    mined_fill(r2, from, n)
+    assert.is_nil((rpc.send_raw_transaction(anvil.url, g.raw)))
     assert.equal("0", sup.balance(anvil.url, g.dest))
+    -- the reaper: the second mined, the first replaced by it
+    reaper_pass()
+    assert.equal("mined", fill_row(r2.tx_hash).status)
+    row = fill_row(r.tx_hash)
+    assert.equal("replaced", row.status)
+    assert.truthy(row.last_error:find("fill " .. r2.tx_hash .. " was mined at this nonce", 1, true), row.last_error)
+  end)
+
+  it("alerts the operators when the chain uses a filled nonce for another transaction", function()
+    start_signer("fa", 1)
+    local g = kept_grant("fill_t_a", "fa", 1, 1)
+    local from, n = g.from, g.nonce
+    local r = fill(g.class, { chain_id = CHAIN, sender = from, nonce = n })
+    assert.equal(1, r.queued_behind)
+    -- the pool loses the fill, and the kept bytes are sent instead, then mined
+    local rpc = require "qtg.evm_rpc"
+    sup.rpc(anvil.url, "anvil_dropAllTransactions", {})
+    assert.is_false(rpc.get_transaction_by_hash(anvil.url, r.tx_hash))
+    assert.truthy(rpc.send_raw_transaction(anvil.url, g.raw))
+    sup.rpc(anvil.url, "anvil_impersonateAccount", { from })
+    sup.rpc(anvil.url, "eth_sendTransaction", { { from = from, to = from, value = "0x0",
+                                                  nonce = string.format("0x%x", n - 1) } })
+    sup.rpc(anvil.url, "anvil_stopImpersonatingAccount", { from })
+    local kept_hash = "0x" .. qtg.crypto.keccak256_hex(qtg.crypto.unhex(g.raw:sub(3)))
+    sup.wait_for(function() return sup.receipt(anvil.url, kept_hash) end, 30, "the kept bytes mined")
+    -- the verdict waits for the look to hold; then it is final, and loud
+    reaper_pass({ evm_nonce_taken_confirm_seconds = 3600 })
+    local row = fill_row(r.tx_hash)
+    assert.equal("sent", row.status)
+    assert.truthy(row.last_error:find("no fill of qtg's at it was mined", 1, true), row.last_error)
+    reaper_pass()
+    row = fill_row(r.tx_hash)
+    assert.equal("taken", row.status)
+    assert.truthy(row.last_error:find("maybe the very bytes the fill was to void", 1, true), row.last_error)
+    local note = s:query([[SELECT severity, payload FROM notification_outbox WHERE kind = 'fill_nonce_taken'
+                            AND dedupe_key = $1]], "fill_nonce_taken:" .. row.id)
+    assert.equal(1, #note)
+    assert.equal("critical", note[1].severity)
+    assert.equal(1, #s:query([[SELECT 1 FROM audit_outbox WHERE action = 'fill_nonce_taken'
+                                AND request_id = $1::uuid]], g.request))
+    -- the grant is still listed: its bytes were mined, not voided
+    local listed = listed_for(from)
+    assert.equal(1, #listed)
+    assert.truthy(listed[1].held:find("qtg's fills there are taken", 1, true), listed[1].held)
+  end)
+
+  it("drops a fill the RPC refuses, at its first send or at every send again", function()
+    start_signer("fa", 1)
+    local g = kept_grant("fill_t_a", "fa", 1)
+    local from, n = g.from, g.nonce
+    local funds = sup.rpc(anvil.url, "eth_getBalance", { from, "latest" })
+    -- no funds for gas: refused at the first send
+    sup.rpc(anvil.url, "anvil_setBalance", { from, "0x0" })
+    local e = refused(fill, g.class, { chain_id = CHAIN, sender = from, nonce = n })
+    assert.equal("unavailable", e.kind)
+    assert.truthy(e.message:find("the RPC refused it", 1, true), e.message)
+    local rows = s:query("SELECT * FROM evm_fills WHERE chain_id = $1 AND address = $2 AND nonce = $3", CHAIN, from, n)
+    assert.equal(1, #rows)
+    assert.equal("dropped", rows[1].status)
+    assert.truthy(rows[1].last_error:find("refused at its first send", 1, true), rows[1].last_error)
+    -- funded: a new fill is sent; the pool loses it, the funds go, and
+    -- every send again is refused: dropped after the reaper's limit
+    sup.rpc(anvil.url, "anvil_setBalance", { from, funds })
+    local r = fill(g.class, { chain_id = CHAIN, sender = from, nonce = n })
+    assert.is_true(r.sent)
+    sup.rpc(anvil.url, "anvil_dropAllTransactions", {})
+    sup.rpc(anvil.url, "anvil_setBalance", { from, "0x0" })
+    reaper_pass({ evm_nonce_reaper_max_rebroadcasts = 2 })
+    local row = fill_row(r.tx_hash)
+    assert.equal("sent", row.status)
+    assert.equal(1, row.rebroadcasts)
+    assert.truthy(row.last_error:find("sending it again was refused", 1, true), row.last_error)
+    reaper_pass({ evm_nonce_reaper_max_rebroadcasts = 2 })
+    row = fill_row(r.tx_hash)
+    assert.equal("dropped", row.status)
+    assert.truthy(row.last_error:find("refused it 2 times", 1, true), row.last_error)
+    assert.equal(1, #s:query("SELECT 1 FROM audit_outbox WHERE action = 'evm.fill_dropped' AND entity_id = $1",
+      CHAIN .. "/" .. from .. "/" .. n))
+    -- funded again, the next fill goes through
+    sup.rpc(anvil.url, "anvil_setBalance", { from, funds })
+    mined_fill(fill(g.class, { chain_id = CHAIN, sender = from, nonce = n }), from, n)
   end)
 
   it("with an enrolment, fills only for an enrolled person's signature of that very fill", function()
