@@ -252,6 +252,11 @@ RETURNING nonce_taken_looks AS looks, extract(epoch FROM clock_timestamp() - non
 local CLEAR_TAKEN_SQL = [[
 UPDATE evm_fills SET nonce_taken_since = NULL, nonce_taken_looks = 0 WHERE id = $1 AND nonce_taken_since IS NOT NULL]]
 
+-- The transfers' signed bytes the daemon holds at the row's nonce.
+local KEPT_SQL = [[
+SELECT tx_hash FROM evm_nonce_reservation
+ WHERE chain_id = $1 AND address = $2 AND nonce = $3 AND tx_hash IS NOT NULL]]
+
 -- The other fills at the row's nonce.
 local SIBLINGS_SQL = [[
 SELECT id, tx_hash, status FROM evm_fills
@@ -317,12 +322,22 @@ local function mined(s, row, owner, url, receipt)
 end
 
 -- The nonce is used, and not by this fill: by another of ours (replaced),
--- or, once that has held (qtg.evm_nonces.taken_verdict), by something else.
+-- by the transfer's bytes the daemon holds there (taken: the payment
+-- moved), or, once that has held (qtg.evm_nonces.taken_verdict), by
+-- something else.
 local function used(s, row, owner, url, latest)
   for _, sib in ipairs(s:query(SIBLINGS_SQL, row.chain_id, row.address, row.nonce, row.id)) do
     local receipt = sib.status == "mined" or rpc.get_transaction_receipt(url, sib.tx_hash)
     if receipt then
       return settle(s, row, owner, "replaced", { reason = "fill " .. sib.tx_hash .. " was mined at this nonce" })
+    end
+  end
+  for _, kept in ipairs(s:query(KEPT_SQL, row.chain_id, row.address, row.nonce)) do
+    local receipt = rpc.get_transaction_receipt(url, kept.tx_hash)
+    if receipt then
+      return settle(s, row, owner, "taken", { reason = string.format("the transfer's own bytes %s were mined at "
+        .. "this nonce (block %s) instead of the fill: the payment it was to void moved; reconcile its request",
+        kept.tx_hash, tostring(rpc.quantity(receipt.blockNumber))) })
     end
   end
   local look = s:query(LOOK_TAKEN_SQL, row.id)[1]
