@@ -215,21 +215,11 @@ end
 -- The claim: fills still sent, untouched for $1 seconds, of chains $2, least
 -- recently looked at first, at most $3, leased for $4 seconds to owner $5
 -- (the reaper's other arms' form).  kind = 'fill' tells the reaper's rows apart.
-M.WATCH_SQL = [[
-WITH c AS (
-  SELECT id FROM evm_fills
-   WHERE status = 'sent' AND coalesce(last_checked_at, created_at) < now() - make_interval(secs => $1)
-     AND chain_id = ANY($2::bigint[])
-     AND (reap_lease_until IS NULL OR reap_lease_until < now())
-   ORDER BY coalesce(last_checked_at, created_at) ASC, id ASC
-   LIMIT $3
-   FOR UPDATE SKIP LOCKED)
-UPDATE evm_fills f
-   SET reap_lease_until = now() + make_interval(secs => $4), reap_lease_owner = $5
-  FROM c
- WHERE f.id = c.id
-RETURNING f.id, f.chain_id, f.address, f.nonce, f.tx_hash, f.signed_raw_tx, f.request_id::text AS request_id,
-          f.rebroadcasts, f.nonce_taken_since, 'fill' AS kind]]
+M.WATCH_SQL = nonces.leased{ table = "evm_fills",
+  where = "status = 'sent' AND coalesce(last_checked_at, created_at) < now() - make_interval(secs => $1)",
+  order = "coalesce(last_checked_at, created_at) ASC",
+  returning = "r.id, r.chain_id, r.address, r.nonce, r.tx_hash, r.signed_raw_tx, r.request_id::text AS request_id, "
+    .. "r.rebroadcasts, r.nonce_taken_since, 'fill' AS kind" }
 
 local NOTE_SQL = [[
 UPDATE evm_fills

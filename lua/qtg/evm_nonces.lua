@@ -333,4 +333,29 @@ function M.read(fn)
   return res
 end
 
+-- leased(arm) -> the claim of one arm of evm_nonce_reaper: the rows of
+-- arm.table (default evm_nonce_reservation) its arm.where picks ($1 age in
+-- seconds, $2 chain ids), in arm.order, at most $3, leased for $4 seconds
+-- to owner $5, FOR UPDATE SKIP LOCKED; it returns arm.returning (the row
+-- is r).  No lock is held across the RPC calls that follow: the lease
+-- keeps other processes off the rows.
+function M.leased(arm)
+  return [[
+WITH c AS (
+  SELECT id FROM ]] .. (arm.table or "evm_nonce_reservation") .. [[
+
+   WHERE ]] .. arm.where .. [[
+
+     AND chain_id = ANY($2::bigint[])
+     AND (reap_lease_until IS NULL OR reap_lease_until < now())
+   ORDER BY ]] .. arm.order .. [[, id ASC
+   LIMIT $3
+   FOR UPDATE SKIP LOCKED)
+UPDATE ]] .. (arm.table or "evm_nonce_reservation") .. [[ r
+   SET reap_lease_until = now() + make_interval(secs => $4), reap_lease_owner = $5
+  FROM c
+ WHERE r.id = c.id
+RETURNING ]] .. arm.returning
+end
+
 return M

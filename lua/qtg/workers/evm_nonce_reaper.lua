@@ -62,25 +62,10 @@ local M = {}
 M.BATCH = 10
 M.WORKER = "evm_nonce_reaper"
 
--- leased(arm) -> the claim of one arm: the rows its WHERE picks
--- ($1 age in seconds, $2 chain ids), in its ORDER, at most $3, leased for
--- $4 seconds to owner $5, FOR UPDATE SKIP LOCKED, with their request's id.
+-- leased(arm): an arm's claim over the reservations, with their request's id.
 local function leased(arm)
-  return [[
-WITH c AS (
-  SELECT id FROM evm_nonce_reservation
-   WHERE ]] .. arm.where .. [[
-
-     AND chain_id = ANY($2::bigint[])
-     AND (reap_lease_until IS NULL OR reap_lease_until < now())
-   ORDER BY ]] .. arm.order .. [[, id ASC
-   LIMIT $3
-   FOR UPDATE SKIP LOCKED)
-UPDATE evm_nonce_reservation r
-   SET reap_lease_until = now() + make_interval(secs => $4), reap_lease_owner = $5
-  FROM c
- WHERE r.id = c.id
-RETURNING r.*, (SELECT n.request_id FROM movement_request_nodes n WHERE n.id = r.request_node_id) AS request_id]]
+  arm.returning = "r.*, (SELECT n.request_id FROM movement_request_nodes n WHERE n.id = r.request_node_id) AS request_id"
+  return nonces.leased(arm)
 end
 
 -- The stale arm: unsettled rows untouched for the age, longest idle first.
