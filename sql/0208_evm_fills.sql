@@ -19,20 +19,25 @@
 --   dropped   the RPC refused these bytes (at the first send, or at every
 --             send again up to MG_EVM_NONCE_REAPER_MAX_REBROADCASTS): a new
 --             fill_nonce is the way on (final)
--- The bytes and their hash never change once written.  The rows are the
--- runtime role's, like the reservations: a runtime that forges 'mined'
--- hides a grant from `qtgd audit verify`, which says so.
+-- A fill is born 'sent'; what was signed (bytes, hashes, fees, request,
+-- actor, confirmations) never changes, and a settled row does not change
+-- at all.  The rows are the runtime role's, like the reservations: their
+-- 'mined' is the runtime's word, as a reservation's 'consumed' is, and
+-- `qtgd audit verify` takes it only for the very payload a FILL_GRANTED in
+-- the signer's log names (docs/evm.md, "Filling a nonce").
 CREATE TABLE evm_fills (
   id                        bigserial PRIMARY KEY,
   chain_id                  bigint NOT NULL CHECK (chain_id > 0),
   address                   text NOT NULL CHECK (address ~ '^0x[0-9a-f]{40}$'),
   nonce                     bigint NOT NULL CHECK (nonce >= 0),
   tx_hash                   text NOT NULL CHECK (tx_hash ~ '^0x[0-9a-f]{64}$'),
+  payload_hash              text NOT NULL CHECK (payload_hash ~ '^0x[0-9a-f]{64}$'),
   signed_raw_tx             text NOT NULL CHECK (signed_raw_tx ~ '^0x([0-9a-f]{2})+$'),
   max_fee_per_gas           numeric(78, 0) NOT NULL CHECK (max_fee_per_gas >= 0),
   max_priority_fee_per_gas  numeric(78, 0) NOT NULL CHECK (max_priority_fee_per_gas >= 0),
   request_id                uuid,
   actor                     text NOT NULL,
+  confirmations             int NOT NULL DEFAULT 1 CHECK (confirmations >= 1),
   status                    text NOT NULL DEFAULT 'sent'
                             CHECK (status IN ('sent', 'mined', 'replaced', 'taken', 'dropped')),
   mined_block               bigint,
@@ -49,23 +54,29 @@ CREATE TABLE evm_fills (
   CHECK ((status = 'sent') = (settled_at IS NULL))
 );
 
--- Only 'sent' changes, and to a final status; the bytes are write-once.
+-- A fill is born sent; only a sent row changes, and what was signed never.
 CREATE FUNCTION qtg_check_evm_fill() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, public, pg_temp AS $$
 BEGIN
-  IF NEW.status IS DISTINCT FROM OLD.status AND OLD.status <> 'sent' THEN
-    RAISE EXCEPTION 'fill % is % already: it does not become %', OLD.id, OLD.status, NEW.status
+  IF TG_OP = 'INSERT' THEN
+    IF NEW.status <> 'sent' OR NEW.settled_at IS NOT NULL OR NEW.mined_block IS NOT NULL THEN
+      RAISE EXCEPTION 'a fill is written sent, not %', NEW.status USING ERRCODE = 'check_violation';
+    END IF;
+    RETURN NEW;
+  END IF;
+  IF OLD.status <> 'sent' THEN
+    RAISE EXCEPTION 'fill % is % already: it does not change', OLD.id, OLD.status
       USING ERRCODE = 'check_violation';
   END IF;
-  IF (NEW.chain_id, NEW.address, NEW.nonce, NEW.tx_hash, NEW.signed_raw_tx, NEW.max_fee_per_gas,
-      NEW.max_priority_fee_per_gas, NEW.request_id, NEW.actor, NEW.created_at)
-     IS DISTINCT FROM (OLD.chain_id, OLD.address, OLD.nonce, OLD.tx_hash, OLD.signed_raw_tx, OLD.max_fee_per_gas,
-      OLD.max_priority_fee_per_gas, OLD.request_id, OLD.actor, OLD.created_at) THEN
+  IF (NEW.chain_id, NEW.address, NEW.nonce, NEW.tx_hash, NEW.payload_hash, NEW.signed_raw_tx, NEW.max_fee_per_gas,
+      NEW.max_priority_fee_per_gas, NEW.request_id, NEW.actor, NEW.confirmations, NEW.created_at)
+     IS DISTINCT FROM (OLD.chain_id, OLD.address, OLD.nonce, OLD.tx_hash, OLD.payload_hash, OLD.signed_raw_tx,
+      OLD.max_fee_per_gas, OLD.max_priority_fee_per_gas, OLD.request_id, OLD.actor, OLD.confirmations, OLD.created_at) THEN
     RAISE EXCEPTION 'fill %: what was signed and by whom is write-once', OLD.id USING ERRCODE = 'check_violation';
   END IF;
   RETURN NEW;
 END $$;
-CREATE TRIGGER evm_fills_guard BEFORE UPDATE ON evm_fills
+CREATE TRIGGER evm_fills_guard BEFORE INSERT OR UPDATE ON evm_fills
   FOR EACH ROW EXECUTE FUNCTION qtg_check_evm_fill();
 
 -- the reaper's watch: fills still sent, least recently looked at first

@@ -13,14 +13,15 @@
 --   * settled: its node COMPLETED, or the reservation at its nonce
 --     consumed (the chain used the nonce), or its bytes known dead (another
 --     transaction took the nonce: bytes_dead_at), or a fill mined at its
---     nonce (evm_fills, which evm_nonce_reaper settles; counted only where
---     signer_events shows a fill granted at that nonce), nor
+--     nonce (evm_fills, which evm_nonce_reaper settles; counted only for
+--     the payload of a fill signer_events shows granted there), nor
 --   * in flight: its node SUBMITTING, SUBMITTED, OBSERVING or UNKNOWN and
 --     the reservation at its nonce holding this very payload (signed or
 --     broadcast).
 -- Settled and in flight are read from the runtime's rows: a runtime that
--- also forges a reservation consumed or its bytes dead hides the grant
--- here (it stays in signer_events); only the chain says for sure.
+-- also forges a reservation consumed, its bytes dead, or a fill it had
+-- signed (and never sent) mined hides the grant here (it stays in
+-- signer_events); only the chain says for sure.
 -- A listed grant is not proof of an attack (a daemon killed between the
 -- grant and its write leaves one, and a FAILED transfer's surfaced bytes
 -- are listed until the reaper's verdict): it is a signed transaction to
@@ -48,6 +49,9 @@ SELECT e.id, e.request_id::text AS request_id, e.request_node_id::text AS node_i
        (SELECT string_agg(x.status, ', ' ORDER BY x.id) FROM evm_fills x
          WHERE x.chain_id = e.chain_id AND x.address = lower(e.signer_address) AND x.nonce = e.nonce) AS fills,
        EXISTS (SELECT 1 FROM evm_fills x
+                 JOIN signer_events f ON f.decision = 'granted' AND f.code = 'FILL_GRANTED'
+                                     AND f.chain_id = x.chain_id AND lower(f.signer_address) = x.address
+                                     AND f.nonce = x.nonce AND f.payload_hash = x.payload_hash
                 WHERE x.chain_id = e.chain_id AND x.address = lower(e.signer_address) AND x.nonce = e.nonce
                   AND x.status = 'mined') AS fill_mined
   FROM signer_events e
@@ -73,8 +77,8 @@ end
 -- Whether grant g needs no look: settled, or in flight on its own bytes.
 local function accounted(g)
   if g.node_state == "COMPLETED" or g.reservation == "consumed" or g.dead == true then return true end
-  -- a fill row says mined only where the signer's own log shows a fill granted
-  if g.fill_mined == true and type(g.filled_by) == "number" then return true end
+  -- a fill row mined, for the very payload of a fill the signer's own log shows granted
+  if g.fill_mined == true then return true end
   return M.in_flight(g)
 end
 

@@ -35,6 +35,9 @@ M.GAS_LIMIT = 21000
 -- Bytes already stored at the nonce (the transfer's, or an earlier fill's)
 -- may be in a pool: a node replaces them only for fees at least 10 %
 -- higher, so a fill asks 25 % more than they did (within the plan's caps).
+-- Where the daemon's rows hold no fees of the transfer granted there (the
+-- bytes were kept off the rows, or their write was lost), the fill bids
+-- the caps: the kept bytes may bid them too.
 M.REPLACE_PERCENT = 125
 
 -- The transfer the signer's log shows granted at the nonce, with the plan
@@ -42,7 +45,10 @@ M.REPLACE_PERCENT = 125
 -- With it, what the daemon's rows say of that transfer (audit_grants.in_flight).
 local GRANT_SQL = [[
   SELECT e.signer_key, e.request_id::text AS request_id, m.network_class, pv.risk_controls,
-         n.node_state, n.node_key, r.status AS reservation, r.payload_hash = e.payload_hash AS same_payload
+         n.node_state, n.node_key, r.status AS reservation, r.payload_hash = e.payload_hash AS same_payload,
+         (SELECT max((pn.config->>'confirmations')::int) FROM plan_nodes pn
+           WHERE pn.plan_version_id = m.plan_version_id
+             AND pn.config->>'confirmations' ~ '^[1-9][0-9]{0,5}$') AS confirmations
     FROM signer_events e
     LEFT JOIN movement_requests m ON m.id = e.request_id
     LEFT JOIN plan_versions pv ON pv.id = m.plan_version_id
@@ -53,24 +59,25 @@ local GRANT_SQL = [[
      AND e.signer_address = $2 AND e.nonce = $3
    ORDER BY e.id DESC LIMIT 1]]
 
--- The fees of the bytes stored at the nonce: the transfer's, and the fills'
--- still sent.
+-- The fees of the bytes stored at the nonce: the transfer's (kind
+-- 'transfer'), and the fills' still sent.
 local STORED_SQL = [[
-  (SELECT t.fields FROM evm_nonce_reservation r JOIN evm_transfer_tx t ON t.reservation_id = r.id
+  (SELECT 'transfer' AS kind, t.fields FROM evm_nonce_reservation r JOIN evm_transfer_tx t ON t.reservation_id = r.id
     WHERE r.chain_id = $1 AND r.address = $2 AND r.nonce = $3 AND t.fields IS NOT NULL
     ORDER BY r.id DESC LIMIT 1)
   UNION ALL
-  SELECT jsonb_build_object('max_fee_per_gas', f.max_fee_per_gas::text,
-                            'max_priority_fee_per_gas', f.max_priority_fee_per_gas::text)
+  SELECT 'fill', jsonb_build_object('max_fee_per_gas', f.max_fee_per_gas::text,
+                                    'max_priority_fee_per_gas', f.max_priority_fee_per_gas::text)
     FROM evm_fills f
    WHERE f.chain_id = $1 AND f.address = $2 AND f.nonce = $3 AND f.status = 'sent']]
 
+-- The row, or the one already watching these very bytes (fresh = false).
 local INSERT_SQL = [[
-  INSERT INTO evm_fills (chain_id, address, nonce, tx_hash, signed_raw_tx, max_fee_per_gas,
-                         max_priority_fee_per_gas, request_id, actor)
-  VALUES ($1, $2, $3, $4, $5, $6::numeric, $7::numeric, $8::uuid, $9)
-  ON CONFLICT (tx_hash) WHERE status = 'sent' DO NOTHING
-  RETURNING id]]
+  INSERT INTO evm_fills (chain_id, address, nonce, tx_hash, payload_hash, signed_raw_tx, max_fee_per_gas,
+                         max_priority_fee_per_gas, request_id, actor, confirmations)
+  VALUES ($1, $2, $3, $4, $5, $6, $7::numeric, $8::numeric, $9::uuid, $10, $11)
+  ON CONFLICT (tx_hash) WHERE status = 'sent' DO UPDATE SET last_checked_at = evm_fills.last_checked_at
+  RETURNING id, xmax = 0 AS fresh]]
 
 local function refuse(kind, fmt, ...) errors.raise(kind, fmt, ...) end
 
@@ -100,8 +107,14 @@ local function check(args)
 end
 
 -- bumped(fees, stored, controls): fees raised to REPLACE_PERCENT of every
--- stored transaction's (stored: rows of STORED_SQL), never past the caps.
+-- stored transaction's (stored: rows of STORED_SQL), never past the caps;
+-- the caps when no transfer's fees are stored.
 local function bumped(fees, stored, controls)
+  local known = false
+  for _, row in ipairs(stored) do known = known or row.kind == "transfer" end
+  if not known then
+    return { max_fee_per_gas = controls.max_fee_per_gas, max_priority_fee_per_gas = controls.max_priority_fee_per_gas }
+  end
   local out = { max_fee_per_gas = fees.max_fee_per_gas, max_priority_fee_per_gas = fees.max_priority_fee_per_gas }
   for _, row in ipairs(stored) do
     for field, cap in pairs({ max_fee_per_gas = controls.max_fee_per_gas,
@@ -174,27 +187,35 @@ function M.fill(args, principal)
                    -- voids the bytes at its nonce only once mined
                    queued_behind = count < nonce and (nonce - count) or nil }
   -- recorded before it is sent, with its bytes: a fill is never out
-  -- without its row and its audit row, and is sent again as it is
-  result.fill_id = qtg.db.with_session(function(s)
+  -- without its row and its audit row, and is sent again as it is; the
+  -- same bytes twice (fees at the caps both times) are the one row
+  local confirmations = tonumber(grant.confirmations)
+  if not confirmations or confirmations < 1 or confirmations ~= math.floor(confirmations) then confirmations = 1 end
+  local row = qtg.db.with_session(function(s)
     return s:transaction(function()
       outbox.audit(s, actor, "evm.fill", "evm_nonce", string.format("%d/%s/%d", chain_id, sender, nonce),
         grant.request_id, { tx_hash = signed.tx_hash, raw = signed.raw, chain_id = chain_id, sender = sender,
                             nonce = nonce, max_fee_per_gas = fields.max_fee_per_gas,
                             max_priority_fee_per_gas = fields.max_priority_fee_per_gas,
                             chain_count = count })
-      local row = s:query(INSERT_SQL, chain_id, sender, nonce, signed.tx_hash, signed.raw,
-        fields.max_fee_per_gas, fields.max_priority_fee_per_gas, grant.request_id, actor)[1]
-        -- the same bytes are sent already (fees at the caps both times): that row watches them
-        or s:query("SELECT id FROM evm_fills WHERE tx_hash = $1 AND status = 'sent'", signed.tx_hash)[1]
-      return row.id
+      return s:query(INSERT_SQL, chain_id, sender, nonce, signed.tx_hash, tx.signing_hash, signed.raw,
+        fields.max_fee_per_gas, fields.max_priority_fee_per_gas, grant.request_id, actor, confirmations)[1]
     end)
   end)
+  result.fill_id = row.id
   local sent, err = rpc.send_raw_transaction(url, signed.raw)
   result.sent = sent ~= nil or rpc.is_already_known(err)
-  if not result.sent and rpc.is_tx_refused(err) then
+  -- refused bytes are dropped, unless an earlier call's row watches them
+  -- (they may be in a pool already): the reaper settles that one
+  if not result.sent and rpc.is_tx_refused(err) and row.fresh then
     qtg.db.with_session(function(s)
-      s:query([[UPDATE evm_fills SET status = 'dropped', settled_at = clock_timestamp(), last_error = $2
-                 WHERE id = $1 AND status = 'sent']], result.fill_id, "refused at its first send: " .. errors.text(err))
+      s:transaction(function()
+        local reason = "refused at its first send: " .. errors.text(err)
+        s:query([[UPDATE evm_fills SET status = 'dropped', settled_at = clock_timestamp(), last_error = $2
+                   WHERE id = $1 AND status = 'sent']], row.id, reason)
+        outbox.audit(s, actor, "evm.fill_dropped", "evm_nonce", string.format("%d/%s/%d", chain_id, sender, nonce),
+          grant.request_id, { fill_id = row.id, tx_hash = signed.tx_hash, reason = reason })
+      end)
     end)
   end
   qtg.log.warn("evm nonce filled", { chain_id = chain_id, from = sender, nonce = nonce, tx_hash = signed.tx_hash,
@@ -219,7 +240,7 @@ M.WATCH_SQL = nonces.leased{ table = "evm_fills",
   where = "status = 'sent' AND coalesce(last_checked_at, created_at) < now() - make_interval(secs => $1)",
   order = "coalesce(last_checked_at, created_at) ASC",
   returning = "r.id, r.chain_id, r.address, r.nonce, r.tx_hash, r.signed_raw_tx, r.request_id::text AS request_id, "
-    .. "r.rebroadcasts, r.nonce_taken_since, 'fill' AS kind" }
+    .. "r.rebroadcasts, r.nonce_taken_since, r.confirmations, 'fill' AS kind" }
 
 local NOTE_SQL = [[
 UPDATE evm_fills
@@ -236,21 +257,23 @@ RETURNING id]]
 local LOOK_TAKEN_SQL = [[
 UPDATE evm_fills
    SET nonce_taken_since = coalesce(nonce_taken_since, clock_timestamp()), nonce_taken_looks = nonce_taken_looks + 1
- WHERE id = $1
+ WHERE id = $1 AND reap_lease_owner = $2
 RETURNING nonce_taken_looks AS looks, extract(epoch FROM clock_timestamp() - nonce_taken_since)::float8 AS seconds]]
 
 local CLEAR_TAKEN_SQL = [[
-UPDATE evm_fills SET nonce_taken_since = NULL, nonce_taken_looks = 0 WHERE id = $1 AND nonce_taken_since IS NOT NULL]]
+UPDATE evm_fills SET nonce_taken_since = NULL, nonce_taken_looks = 0
+ WHERE id = $1 AND reap_lease_owner = $2 AND nonce_taken_since IS NOT NULL]]
 
 -- The transfers' signed bytes the daemon holds at the row's nonce.
 local KEPT_SQL = [[
 SELECT tx_hash FROM evm_nonce_reservation
  WHERE chain_id = $1 AND address = $2 AND nonce = $3 AND tx_hash IS NOT NULL]]
 
--- The other fills at the row's nonce.
+-- The other fills at the row's nonce that may have been mined: a dropped
+-- one's bytes were refused by a node, yet another pool may hold them.
 local SIBLINGS_SQL = [[
 SELECT id, tx_hash, status FROM evm_fills
- WHERE chain_id = $1 AND address = $2 AND nonce = $3 AND id <> $4 AND status IN ('sent', 'mined')
+ WHERE chain_id = $1 AND address = $2 AND nonce = $3 AND id <> $4 AND status IN ('sent', 'mined', 'dropped')
  ORDER BY id]]
 
 local function clip(v)
@@ -269,9 +292,16 @@ function M.note(s, row, owner, text)
     nonce = row.nonce, note = clip(text) })
 end
 
+-- surface(s, row, kind, detail): the operators hear of it (a critical
+-- notification, once per fill, and the request's request_attention callback).
+local function surface(s, row, kind, detail)
+  notify.surface(s, { worker = "evm_nonce_reaper", kind = kind, dedupe_key = kind .. ":" .. tostring(row.id),
+    entity_type = "evm_nonce", entity_id = entity(row), request_id = request_of(row), data = detail,
+    severity = "critical" })
+end
+
 -- settle(s, row, owner, to, t): the final status with its audit row; a
--- nonce taken by another transaction is the operators' to hear of (a
--- critical notification, and the request's request_attention callback).
+-- nonce taken by another transaction is the operators' to hear of.
 local function settle(s, row, owner, to, t)
   s:transaction(function()
     if not s:query(SETTLE_SQL, row.id, to, t.block or qtg.db.NULL, t.reason and clip(t.reason) or qtg.db.NULL,
@@ -281,9 +311,7 @@ local function settle(s, row, owner, to, t)
     local detail = { fill_id = row.id, chain_id = row.chain_id, sender = row.address, nonce = row.nonce,
                      tx_hash = row.tx_hash, status = to, block = t.block, reason = t.reason }
     if to == "taken" then
-      notify.surface(s, { worker = "evm_nonce_reaper", kind = "fill_nonce_taken",
-        dedupe_key = "fill_nonce_taken:" .. tostring(row.id), entity_type = "evm_nonce", entity_id = entity(row),
-        request_id = request_of(row), data = detail, severity = "critical" })
+      surface(s, row, "fill_nonce_taken", detail)
     else
       outbox.audit(s, "system:evm_nonce_reaper", "evm.fill_" .. to, "evm_nonce", entity(row), request_of(row),
         detail)
@@ -294,7 +322,10 @@ local function settle(s, row, owner, to, t)
     tx_hash = row.tx_hash, reason = t.reason })
 end
 
--- Our hash has a receipt: the fill is mined if the transaction is ours.
+-- Our hash has a receipt: the fill is mined if the transaction is ours,
+-- once its block has the confirmations its transfer's plan asks of its
+-- transfer (the most any node of the plan names; a reorg before them can
+-- still put other bytes at the nonce).
 local function mined(s, row, owner, url, receipt)
   local tx, err = rpc.get_transaction_by_hash(url, row.tx_hash)
   if not tx then
@@ -308,6 +339,15 @@ local function mined(s, row, owner, url, receipt)
       .. "block %s): looked at again", row.tx_hash, tostring(tx.from), tostring(tx.nonce),
       tostring(receipt.blockNumber)))
   end
+  if row.confirmations > 1 then
+    local head, herr = rpc.block_number(url)
+    if not head then return M.note(s, row, owner, "eth_blockNumber: " .. errors.text(herr)) end
+    local have = evm_tx.confirmations(block, head)
+    if have < row.confirmations then
+      return M.note(s, row, owner, string.format("mined in block %d: %d of %d confirmations", block, have,
+        row.confirmations))
+    end
+  end
   settle(s, row, owner, "mined", { block = block })
 end
 
@@ -316,21 +356,28 @@ end
 -- moved), or, once that has held (qtg.evm_nonces.taken_verdict), by
 -- something else.
 local function used(s, row, owner, url, latest)
+  -- a lookup that fails says nothing: noted, and no look is counted
   for _, sib in ipairs(s:query(SIBLINGS_SQL, row.chain_id, row.address, row.nonce, row.id)) do
-    local receipt = sib.status == "mined" or rpc.get_transaction_receipt(url, sib.tx_hash)
+    local receipt, err = true, nil
+    if sib.status ~= "mined" then receipt, err = rpc.get_transaction_receipt(url, sib.tx_hash) end
+    if receipt == nil then return M.note(s, row, owner, "eth_getTransactionReceipt (fill " .. sib.tx_hash .. "): "
+      .. errors.text(err)) end
     if receipt then
       return settle(s, row, owner, "replaced", { reason = "fill " .. sib.tx_hash .. " was mined at this nonce" })
     end
   end
   for _, kept in ipairs(s:query(KEPT_SQL, row.chain_id, row.address, row.nonce)) do
-    local receipt = rpc.get_transaction_receipt(url, kept.tx_hash)
+    local receipt, err = rpc.get_transaction_receipt(url, kept.tx_hash)
+    if receipt == nil then return M.note(s, row, owner, "eth_getTransactionReceipt (the transfer's bytes "
+      .. kept.tx_hash .. "): " .. errors.text(err)) end
     if receipt then
       return settle(s, row, owner, "taken", { reason = string.format("the transfer's own bytes %s were mined at "
         .. "this nonce (block %s) instead of the fill: the payment it was to void moved; reconcile its request",
         kept.tx_hash, tostring(rpc.quantity(receipt.blockNumber))) })
     end
   end
-  local look = s:query(LOOK_TAKEN_SQL, row.id)[1]
+  local look = s:query(LOOK_TAKEN_SQL, row.id, owner)[1]
+  if not look then return end -- the lease is gone: another pass has the row
   local final, how = nonces.taken_verdict(look.looks, look.seconds)
   local what = string.format("the chain's count (%d) has passed nonce %d and no fill of qtg's at it was mined",
     latest, row.nonce)
@@ -341,20 +388,38 @@ end
 
 -- The nonce is free: the fill waits, or is sent again, the same bytes.
 local function pending(s, row, owner, url, latest)
-  if row.nonce_taken_since ~= nil and row.nonce_taken_since ~= qtg.db.NULL then s:query(CLEAR_TAKEN_SQL, row.id) end
+  if row.nonce_taken_since ~= nil and row.nonce_taken_since ~= qtg.db.NULL then
+    s:query(CLEAR_TAKEN_SQL, row.id, owner)
+  end
   local known, kerr = rpc.get_transaction_by_hash(url, row.tx_hash)
   if known == nil then return M.note(s, row, owner, "eth_getTransactionByHash: " .. errors.text(kerr)) end
   local behind = row.nonce > latest and string.format(" (behind %d nonces not yet mined)", row.nonce - latest) or ""
   if known then return M.note(s, row, owner, "pending in the node's pool" .. behind) end
   local hash, serr = rpc.send_raw_transaction(url, row.signed_raw_tx)
+  if hash and hash:lower() ~= row.tx_hash then
+    qtg.log.error("the node answered another hash for a fill's bytes", { fill_id = row.id, hash = hash })
+    return M.note(s, row, owner, "IMPOSSIBLE: the node answered hash " .. hash .. " for bytes that hash to "
+      .. row.tx_hash)
+  end
   if hash or rpc.is_already_known(serr) then
     s:query("UPDATE evm_fills SET rebroadcasts = rebroadcasts + 1 WHERE id = $1 AND reap_lease_owner = $2",
       row.id, owner)
     return M.note(s, row, owner, "the node had lost it: sent again, the same bytes" .. behind)
   end
-  if rpc.is_nonce_too_low(serr) or serr.kind ~= "rpc" then
-    return M.note(s, row, owner, "sending it again: " .. errors.text(serr))
+  -- outbid: other bytes of the sender hold the nonce in the pool, at fees
+  -- the fill does not beat -- maybe the very bytes it was to void
+  if rpc.is_outbid(serr) then
+    local what = "sending it again: " .. errors.text(serr) .. ": other bytes hold nonce " .. row.nonce
+      .. " in the node's pool at higher fees, maybe the transfer's the fill was to void; fill again at higher "
+      .. "fees within the caps, or look the nonce up"
+    s:transaction(function()
+      surface(s, row, "fill_outbid", { fill_id = row.id, chain_id = row.chain_id, sender = row.address,
+        nonce = row.nonce, tx_hash = row.tx_hash, reason = clip(what) })
+    end)
+    return M.note(s, row, owner, what)
   end
+  -- only a refusal of the bytes themselves counts towards dropping them
+  if not rpc.is_tx_refused(serr) then return M.note(s, row, owner, "sending it again: " .. errors.text(serr)) end
   local n = row.rebroadcasts + 1
   if n >= qtg.settings.evm_nonce_reaper_max_rebroadcasts then
     return settle(s, row, owner, "dropped", { reason = string.format("the RPC refused it %d times, last: %s; "

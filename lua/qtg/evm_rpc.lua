@@ -319,12 +319,19 @@ local function matches_any(err, list)
   return false
 end
 
+-- Another transaction of the sender holds the nonce in the pool, at fees
+-- these bytes do not beat by the pool's margin (geth, erigon, reth, anvil;
+-- besu; nethermind).
+M.OUTBID = { "replacement transaction underpriced", "replacement transaction under-priced",
+             "replacementnotallowed" }
+
 function M.is_already_known(err) return matches_any(err, M.ALREADY_KNOWN) end
 function M.is_nonce_too_low(err) return matches_any(err, M.NONCE_TOO_LOW) end
--- "replacement transaction underpriced" is not a refusal of the bytes: it
--- says another transaction of the sender holds the nonce in the pool.
+function M.is_outbid(err) return matches_any(err, M.OUTBID) end
+-- Being outbid is not a refusal of the bytes: another transaction of the
+-- sender holds the nonce in the pool, and these bytes can still be mined.
 function M.is_tx_refused(err)
-  if matches_any(err, { "replacement transaction underpriced" }) then return false end
+  if M.is_outbid(err) then return false end
   return matches_any(err, M.TX_REFUSED)
 end
 

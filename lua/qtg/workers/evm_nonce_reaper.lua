@@ -103,8 +103,8 @@ UPDATE evm_nonce_reservation
  WHERE id = $1 AND reap_lease_owner = $3]]
 
 local function log_fields(row, extra)
-  local f = { worker = M.WORKER, reservation_id = row.id, chain_id = row.chain_id,
-              address = row.address, nonce = row.nonce }
+  local f = { worker = M.WORKER, chain_id = row.chain_id, address = row.address, nonce = row.nonce }
+  f[row.kind == "fill" and "fill_id" or "reservation_id"] = row.id
   for k, v in pairs(extra or {}) do f[k] = v end
   return f
 end
@@ -127,8 +127,8 @@ local function impossible(s, row, owner, message)
   local msg = "IMPOSSIBLE: " .. message
   pcall(note, s, row, owner, msg)
   qtg.log.error("nonce reservation in an impossible state", log_fields(row, { error = msg }))
-  qtg.fatal(string.format("evm_nonce_reaper: reservation %s (chain %s, %s nonce %s): %s",
-    tostring(row.id), tostring(row.chain_id), row.address, tostring(row.nonce), message))
+  qtg.fatal(string.format("evm_nonce_reaper: %s %s (chain %s, %s nonce %s): %s",
+    row.kind == "fill" and "fill" or "reservation", tostring(row.id), tostring(row.chain_id), row.address, tostring(row.nonce), message))
 end
 
 -- The changes operators hear of (a critical notification and the request's

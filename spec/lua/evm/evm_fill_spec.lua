@@ -15,12 +15,15 @@
 --   * a transfer in flight on its own bytes is filled (cancelled) only with
 --     cancel = true; a fill above the chain's count is sent queued behind
 --     the nonces before it, said so, and mined once they are;
---   * evm_nonce_reaper watches every fill sent (evm_fills): mined (the
---     grant settled for `qtgd audit verify`; a row forged mined where the
---     signer granted no fill settles nothing), sent again when the pool
---     lost it, replaced by a later fill that outbids it, taken when the
---     kept bytes are mined instead (a critical notification), dropped when
---     the RPC refuses it; what was signed never changes in its row;
+--   * evm_nonce_reaper watches every fill sent (evm_fills): mined once its
+--     block has the plan's confirmations (the grant settled for `qtgd
+--     audit verify`; a row born mined is refused, and one made mined for a
+--     payload the signer filled nowhere settles nothing), sent again when
+--     the pool lost it, replaced by a later fill that outbids it, taken
+--     when the kept bytes are mined instead (a critical notification, at
+--     once when they are the bytes the daemon holds), outbid in the pool
+--     (a critical notification, never a drop), dropped when the RPC
+--     refuses the bytes themselves; a settled row never changes;
 --   * with an enrolment: no signature, another person's, a stranger's
 --     principal, an initiator's, a signature of another nonce or another
 --     deployment: each refused (FILL_NOT_SIGNED); the one `qtgd approver
@@ -55,14 +58,17 @@ local function start_signer(name, i, extra)
 end
 
 -- A transfer of request template `tpl` granted at the sender's nonce
--- `ahead` past the chain's count (default 0) and never sent: {from=,
--- nonce=, raw= (the kept bytes), dest=, request=, class=, node=, payload=}.
-local function kept_grant(tpl, key, i, ahead)
+-- `ahead` past the chain's count (default 0) and never sent, at the caps
+-- unless `fees` says otherwise: {from=, nonce=, raw= (the kept bytes),
+-- dest=, request=, class=, node=, payload=}.
+local function kept_grant(tpl, key, i, ahead, fees)
   local from, dest, class = DEV[i].address, sup.random_address(), new_class()
   local req = sup.create(s, tpl, class, { asset = "ETH", amount = AMOUNT, destination = dest, chain_id = CHAIN })
   local node = engine.nodes(s, req.id).transfer
   local nonce = sup.nonce(anvil.url, from) + (ahead or 0)
-  local f = fields({ to = dest, nonce = nonce })
+  local over = { to = dest, nonce = nonce }
+  for k, v in pairs(fees or {}) do over[k] = v end
+  local f = fields(over)
   local tx = qtg.evm.eip1559(f)
   s:query([[INSERT INTO evm_nonce_reservation (chain_id, address, nonce, request_node_id, payload_hash)
             VALUES ($1, $2, $3, $4::uuid, $5)]], CHAIN, from, nonce, node.id, tx.signing_hash)
@@ -86,6 +92,9 @@ local function reaper_pass(over)
   for k, v in pairs(over or {}) do t[k] = v end
   return cond.tick("evm_nonce_reaper", t)
 end
+
+-- the plan's confirmations (3, the finality node's) past a fill's block
+local function confirm() sup.rpc(anvil.url, "anvil_mine", { "0x2" }) end
 
 local function fill_row(hash)
   return s:query("SELECT * FROM evm_fills WHERE tx_hash = $1 ORDER BY id DESC LIMIT 1", hash)[1]
@@ -182,16 +191,12 @@ describe("filling a nonce", function()
     e = refused(fill, new_class(), { chain_id = CHAIN, sender = from, nonce = n })
     assert.equal("forbidden", e.kind, tostring(e.message))
     assert.truthy(e.message:find("is of network class " .. g.class, 1, true), e.message)
-    -- a fill row the runtime forges as mined, where the signer granted no
-    -- fill, settles nothing for `qtgd audit verify`
-    s:query([[INSERT INTO evm_fills (chain_id, address, nonce, tx_hash, signed_raw_tx, max_fee_per_gas,
-                max_priority_fee_per_gas, actor, status, mined_block, settled_at)
-              VALUES ($1, $2, $3, $4, '0x00', 1, 1, 'operator:forger', 'mined', 1, now())]], CHAIN, from, n,
-      "0x" .. string.rep("ab", 32))
-    assert.equal(1, #listed_for(from))
-    s:query("DELETE FROM evm_fills WHERE actor = 'operator:forger'")
     local r = fill(g.class, { chain_id = CHAIN, sender = from:upper():gsub("^0X", "0x"), nonce = n })
     assert.is_true(r.sent)
+    -- no fees of the transfer are on the daemon's rows: the kept bytes may
+    -- bid the caps, so the fill does
+    assert.equal(tostring(MAX_FEE), r.max_fee_per_gas)
+    assert.equal(tostring(MAX_TIP), r.max_priority_fee_per_gas)
     assert.equal(g.request, r.request_id)
     mined_fill(r, from, n)
     -- the kept bytes can never be mined now; the destination got nothing
@@ -238,12 +243,34 @@ describe("filling a nonce", function()
     assert.equal("illegal_transition", e.kind)
     assert.truthy(e.message:find("used already", 1, true), e.message)
     -- the fill's row, written with its bytes before the send, is watched:
-    -- the reaper sees it mined, and the grant is settled
+    -- the reaper sees it mined once its block has the plan's confirmations,
+    -- and the grant is settled
     local row = fill_row(r.tx_hash)
     assert.equal("sent", row.status)
     assert.equal(r.fill_id, row.id)
     assert.equal("operator:spec", row.actor)
     assert.equal(g.request, row.request_id)
+    assert.equal(3, row.confirmations)
+    assert.equal(ev[1].payload_hash, row.payload_hash)
+    reaper_pass()
+    row = fill_row(r.tx_hash)
+    assert.equal("sent", row.status)
+    assert.truthy(row.last_error:find(": 1 of 3 confirmations", 1, true), row.last_error)
+    assert.equal(1, #listed_for(from))
+    -- a fill row the runtime writes: born mined is refused; made mined for a
+    -- payload the signer filled nowhere, it settles nothing
+    local ok, ierr = pcall(s.query, s, [[INSERT INTO evm_fills (chain_id, address, nonce, tx_hash, payload_hash,
+        signed_raw_tx, max_fee_per_gas, max_priority_fee_per_gas, actor, status, mined_block, settled_at)
+      VALUES ($1, $2, $3, $4, $4, '0x00', 1, 1, 'operator:forger', 'mined', 1, now())]], CHAIN, from, n,
+      "0x" .. string.rep("ab", 32))
+    assert.is_false(ok)
+    assert.truthy(tostring(ierr):find("a fill is written sent", 1, true), tostring(ierr))
+    local forged = s:query([[INSERT INTO evm_fills (chain_id, address, nonce, tx_hash, payload_hash, signed_raw_tx,
+        max_fee_per_gas, max_priority_fee_per_gas, actor) VALUES ($1, $2, $3, $4, $4, '0x00', 1, 1, 'operator:forger')
+      RETURNING id]], CHAIN, from, n, "0x" .. string.rep("ab", 32))[1].id
+    s:query("UPDATE evm_fills SET status = 'mined', mined_block = 1, settled_at = now() WHERE id = $1", forged)
+    assert.equal(1, #listed_for(from))
+    confirm()
     reaper_pass()
     row = fill_row(r.tx_hash)
     assert.equal("mined", row.status, tostring(row.last_error))
@@ -254,7 +281,8 @@ describe("filling a nonce", function()
     -- what was signed, and a settled status, never change
     for _, sql in ipairs({ "UPDATE evm_fills SET status = 'sent', settled_at = NULL WHERE id = $1",
                            "UPDATE evm_fills SET tx_hash = '0x' || repeat('cd', 32) WHERE id = $1",
-                           "UPDATE evm_fills SET actor = 'operator:other' WHERE id = $1" }) do
+                           "UPDATE evm_fills SET actor = 'operator:other' WHERE id = $1",
+                           "UPDATE evm_fills SET mined_block = mined_block + 1 WHERE id = $1" }) do
       local ok, err = pcall(s.query, s, sql, row.id)
       assert.is_false(ok, sql)
       assert.truthy(tostring(err):find("fill " .. row.id, 1, true), tostring(err))
@@ -263,7 +291,8 @@ describe("filling a nonce", function()
 
   it("cancels a live transfer only when asked to, and sends a fill above the chain's count queued, saying so", function()
     start_signer("fc", 3)
-    local g = kept_grant("fill_t_c", "fc", 3, 1)
+    local low = { max_fee_per_gas = "3000000000", max_priority_fee_per_gas = "1000000000" }
+    local g = kept_grant("fill_t_c", "fc", 3, 1, low)
     local from, n = g.from, g.nonce
     -- the transfer in flight on its own bytes (signed, its node submitting):
     -- a fill would cancel a live payment, and is refused unless asked to
@@ -271,6 +300,9 @@ describe("filling a nonce", function()
                WHERE request_node_id = $1::uuid]], g.node, g.raw,
       "0x" .. qtg.crypto.keccak256_hex(qtg.crypto.unhex(g.raw:sub(3))))
     s:query("UPDATE movement_request_nodes SET node_state = 'SUBMITTING' WHERE id = $1::uuid", g.node)
+    s:query([[INSERT INTO evm_transfer_tx (reservation_id, request_node_id, attempt_no, chain_id, from_address, fields)
+              SELECT id, request_node_id, 1, chain_id, address, $2::jsonb FROM evm_nonce_reservation
+               WHERE request_node_id = $1::uuid]], g.node, require("cjson").encode(low))
     local e = refused(fill, g.class, { chain_id = CHAIN, sender = from, nonce = n })
     assert.equal("illegal_transition", e.kind)
     assert.truthy(e.message:find("would cancel a live payment", 1, true), e.message)
@@ -278,6 +310,9 @@ describe("filling a nonce", function()
     local r = fill(g.class, { chain_id = CHAIN, sender = from, nonce = n, cancel = true })
     assert.is_true(r.sent)
     assert.equal(1, r.queued_behind)
+    -- a quarter over the transfer's stored fees (or the market's, if higher)
+    assert.is_true(tonumber(r.max_fee_per_gas) >= 3750000000, r.max_fee_per_gas)
+    assert.is_true(tonumber(r.max_priority_fee_per_gas) >= 1250000000, r.max_priority_fee_per_gas)
     -- its bytes are in the audit row, to send again should a pool drop it
     local a = s:query([[SELECT detail FROM audit_outbox WHERE action = 'evm.fill' AND entity_id = $1]],
       CHAIN .. "/" .. from .. "/" .. n)[1]
@@ -313,6 +348,7 @@ describe("filling a nonce", function()
     assert.is_nil((rpc.send_raw_transaction(anvil.url, g.raw)))
     assert.equal("0", sup.balance(anvil.url, g.dest))
     -- the reaper: the second mined, the first replaced by it
+    confirm()
     reaper_pass()
     assert.equal("mined", fill_row(r2.tx_hash).status)
     row = fill_row(r.tx_hash)
@@ -403,15 +439,57 @@ describe("filling a nonce", function()
     assert.equal("sent", row.status)
     assert.equal(1, row.rebroadcasts)
     assert.truthy(row.last_error:find("sending it again was refused", 1, true), row.last_error)
+    -- the same bytes asked again (the caps both times) are that row: its
+    -- refusal here does not drop the row the reaper watches
+    e = refused(fill, g.class, { chain_id = CHAIN, sender = from, nonce = n })
+    assert.truthy(e.message:find("the RPC refused it", 1, true), e.message)
+    local again = fill_row(r.tx_hash)
+    assert.equal(row.id, again.id)
+    assert.equal("sent", again.status)
     reaper_pass({ evm_nonce_reaper_max_rebroadcasts = 2 })
     row = fill_row(r.tx_hash)
     assert.equal("dropped", row.status)
     assert.truthy(row.last_error:find("refused it 2 times", 1, true), row.last_error)
-    assert.equal(1, #s:query("SELECT 1 FROM audit_outbox WHERE action = 'evm.fill_dropped' AND entity_id = $1",
+    assert.equal(2, #s:query("SELECT 1 FROM audit_outbox WHERE action = 'evm.fill_dropped' AND entity_id = $1",
       CHAIN .. "/" .. from .. "/" .. n))
     -- funded again, the next fill goes through
     sup.rpc(anvil.url, "anvil_setBalance", { from, funds })
     mined_fill(fill(g.class, { chain_id = CHAIN, sender = from, nonce = n }), from, n)
+  end)
+
+  it("alerts the operators when other bytes hold a fill's nonce in the pool, and never drops it for that", function()
+    start_signer("fa", 1)
+    local g = kept_grant("fill_t_a", "fa", 1, 1)
+    local from, n = g.from, g.nonce
+    local rpc = require "qtg.evm_rpc"
+    -- someone pools the kept bytes (at the caps) before the fill: the fill
+    -- cannot outbid them, and its send's outcome is not a refusal
+    assert.truthy(rpc.send_raw_transaction(anvil.url, g.raw))
+    local e = refused(fill, g.class, { chain_id = CHAIN, sender = from, nonce = n })
+    assert.equal("unavailable", e.kind)
+    assert.truthy(e.message:find("is not known", 1, true), e.message)
+    local row = s:query([[SELECT * FROM evm_fills WHERE chain_id = $1 AND address = $2 AND nonce = $3]],
+      CHAIN, from, n)[1]
+    assert.equal("sent", row.status)
+    for _ = 1, 3 do reaper_pass({ evm_nonce_reaper_max_rebroadcasts = 1 }) end
+    row = fill_row(row.tx_hash)
+    assert.equal("sent", row.status)
+    assert.equal(0, row.rebroadcasts)
+    assert.truthy(row.last_error:find("other bytes hold nonce " .. n .. " in the node's pool", 1, true),
+      row.last_error)
+    local note = s:query("SELECT severity FROM notification_outbox WHERE kind = 'fill_outbid' AND dedupe_key = $1",
+      "fill_outbid:" .. row.id)
+    assert.equal(1, #note)
+    assert.equal("critical", note[1].severity)
+    -- the nonce before it used: the kept bytes are mined, and the fill is taken
+    sup.rpc(anvil.url, "anvil_impersonateAccount", { from })
+    sup.rpc(anvil.url, "eth_sendTransaction", { { from = from, to = from, value = "0x0",
+                                                  nonce = string.format("0x%x", n - 1) } })
+    sup.rpc(anvil.url, "anvil_stopImpersonatingAccount", { from })
+    local kept_hash = "0x" .. qtg.crypto.keccak256_hex(qtg.crypto.unhex(g.raw:sub(3)))
+    sup.wait_for(function() return sup.receipt(anvil.url, kept_hash) end, 30, "the kept bytes mined")
+    reaper_pass()
+    assert.equal("taken", fill_row(row.tx_hash).status)
   end)
 
   it("with an enrolment, fills only for an enrolled person's signature of that very fill", function()

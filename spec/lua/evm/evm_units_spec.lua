@@ -258,6 +258,16 @@ describe("evm_transfer executor: checks without a chain", function()
       assert.is_false(rpc.is_tx_refused(node_err(msg)), msg)
     end
     assert.is_false(rpc.is_tx_refused({ kind = "timeout", message = "insufficient funds" }))
+    -- outbid: another transaction of the sender holds the nonce in the pool
+    for _, msg in ipairs({ "replacement transaction underpriced", "FEE_TOO_LOW: replacement transaction underpriced",
+                           "Replacement transaction under-priced", "ReplacementNotAllowed" }) do
+      assert.is_true(rpc.is_outbid(node_err(msg)), msg)
+      assert.is_false(rpc.is_tx_refused(node_err(msg)), msg)
+    end
+    for _, msg in ipairs({ "transaction underpriced", "nonce too low", "insufficient funds", "" }) do
+      assert.is_false(rpc.is_outbid(node_err(msg)), msg)
+    end
+    assert.is_false(rpc.is_outbid({ kind = "timeout", message = "replacement transaction underpriced" }))
   end)
 
   it("refuses a chain without an endpoint (this process has none)", function()
