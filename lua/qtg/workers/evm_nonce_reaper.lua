@@ -242,9 +242,13 @@ local function watch(s, row, owner, url, latest)
   if receipt then return mined(s, row, owner, url, receipt, latest) end
   if row.nonce >= latest then
     nonces.clear_taken(row, s)
+    local sent = s:query([[SELECT id, tx_hash FROM evm_fills WHERE chain_id = $1 AND address = $2 AND nonce = $3
+                             AND status = 'sent' ORDER BY id DESC LIMIT 1]], row.chain_id, row.address, row.nonce)[1]
+    local way = sent and string.format("a fill is sent there (fill %d, %s), watched until mined", sent.id, sent.tx_hash)
+      or string.format("fill the nonce (at the console: fill_nonce(%d, '%s', %d); docs/evm.md)", row.chain_id,
+        row.address, row.nonce)
     return note(s, row, owner, string.format("surfaced, and nonce %d is still free: the signed bytes of %s can "
-      .. "still be mined by whoever holds them; fill the nonce (at the console: fill_nonce(%d, '%s', %d); "
-      .. "docs/evm.md)", row.nonce, row.tx_hash, row.chain_id, row.address, row.nonce))
+      .. "still be mined by whoever holds them; %s", row.nonce, row.tx_hash, way))
   end
   local what, how = taken_held(s, row, owner, latest)
   if not what then return end

@@ -320,10 +320,10 @@ describe("filling a nonce", function()
     assert.equal(n - 1, a.detail.chain_count)
     sup.rpc(anvil.url, "evm_mine", {})
     assert.is_nil(sup.receipt(anvil.url, r.tx_hash), "mined before the nonce before it")
-    -- the transfer's reservation is left to its own watch in this spec's
-    -- reaper passes (it would send the transfer's bytes again)
-    s:query("UPDATE evm_nonce_reservation SET updated_at = now() + interval '1 hour' WHERE request_node_id = $1::uuid",
-      g.node)
+    -- the cancelled transfer's reservation surfaced, as its FAILED report
+    -- leaves it: the reaper watches its bytes (and never sends them again)
+    s:query([[UPDATE evm_nonce_reservation SET status = 'surfaced', surfaced_reason = 'spec: cancelled by a fill'
+               WHERE request_node_id = $1::uuid]], g.node)
     -- the pool loses the fill: the reaper sends the same bytes again
     local rpc = require "qtg.evm_rpc"
     sup.rpc(anvil.url, "anvil_dropAllTransactions", {})
@@ -334,6 +334,9 @@ describe("filling a nonce", function()
     assert.equal(1, row.rebroadcasts)
     assert.truthy(row.last_error:find("sent again, the same bytes (behind 1 nonces", 1, true), row.last_error)
     assert.truthy(rpc.get_transaction_by_hash(anvil.url, r.tx_hash), "in the pool again")
+    local watched = s:query("SELECT last_error FROM evm_nonce_reservation WHERE request_node_id = $1::uuid", g.node)[1]
+    assert.truthy(watched.last_error:find(("a fill is sent there (fill %d, %s)"):format(row.id, r.tx_hash), 1, true),
+      watched.last_error)
     -- a second fill at the nonce outbids the first by a quarter, within the caps
     local r2 = fill(g.class, { chain_id = CHAIN, sender = from, nonce = n, cancel = true })
     assert.is_true(r2.sent)
