@@ -375,6 +375,54 @@ describe("the runtime role", function()
       other.id)[1].n)
   end)
 
+  -- An edge of one plan version joined another version's node, and a
+  -- pending request moved to another plan kept its nodes: the plan
+  -- document approvers sign read "gate, then transfer" while the signer,
+  -- following the edge, reached a step of another version that asked no
+  -- attestation (sql/0209; a review, session 36).
+  it("may not join two plan versions by an edge, nor move a request that has nodes to another plan", function()
+    local _, y, ypn = new_template()
+    local _, z, zpn = new_template()
+    for _, c in ipairs({ { y, zpn.a, ypn.b }, { y, ypn.a, zpn.b }, { z, ypn.b, ypn.a }, { y, zpn.b, zpn.a } }) do
+      local ok, err = as_runtime("INSERT INTO plan_edges (plan_version_id, from_node_id, to_node_id) VALUES ($1, $2, $3)",
+        c[1], c[2], c[3])
+      assert.is_false(ok, "an edge of version " .. c[1] .. " from " .. c[2] .. " to " .. c[3])
+      assert.equals("23503", err.sqlstate, tostring(err.message))
+    end
+    local req = new_pending()
+    refused_55000(string.format("request %s has nodes of plan version %s: its plan version does not change", req.id,
+      req.plan_version_id), as_runtime("UPDATE movement_requests SET plan_version_id = $2 WHERE id = $1::uuid", req.id, y))
+  end)
+
+  -- The seal and the node check read other rows with a plain SELECT: from
+  -- a REPEATABLE READ snapshot taken before a request existed, its sealed
+  -- plan was changed after it (sql/0209).
+  it("writes the plan tables, a request's nodes and its plan version only at READ COMMITTED", function()
+    local req, pn = new_pending()
+    local step = s:query("SELECT node_kind, action_type, executor FROM plan_nodes WHERE id = $1", pn.b)[1]
+    for _, level in ipairs({ "repeatable read", "serializable" }) do
+      for _, c in ipairs({
+        { "UPDATE", "plan_nodes", "UPDATE plan_nodes SET config = config WHERE id = $1", pn.a },
+        { "DELETE", "plan_edges", "DELETE FROM plan_edges WHERE plan_version_id = $1", req.plan_version_id },
+        { "UPDATE", "plan_versions", "UPDATE plan_versions SET risk_controls = risk_controls WHERE id = $1",
+          req.plan_version_id },
+        { "INSERT", "movement_request_nodes", [[INSERT INTO movement_request_nodes (request_id, plan_node_id, node_key,
+            node_kind, action_type, executor, node_state) VALUES ($1::uuid, $2, 'b2', $3, $4, $5, 'BLOCKED')]],
+          req.id, pn.b, step.node_kind, step.action_type, step.executor },
+        { "UPDATE", "movement_requests", "UPDATE movement_requests SET plan_version_id = plan_version_id WHERE id = $1::uuid",
+          req.id },
+      }) do
+        s:begin()
+        s:exec("SET TRANSACTION ISOLATION LEVEL " .. level)
+        s:exec("SET LOCAL ROLE qtg_runtime")
+        local ok, err = pcall(s.query, s, c[3], unpack(c, 4))
+        s:rollback()
+        refused_55000(string.format("%s on %s runs only at READ COMMITTED, not %s: its checks must see every commit "
+          .. "before it", c[1], c[2], level), ok, err)
+      end
+    end
+  end)
+
   it("still loads a new plan version of a template whose old one is sealed, and approves and runs a request on it", function()
     local sup = require "spec.lua.support.engine"
     local templates = require "qtg.templates"
