@@ -114,18 +114,49 @@ local function caps(rc)
     type(allowed) == "table" and "[" .. concat(chains, ", ") .. "]" or "(any)")
 end
 
+-- A plan node's action is a manual step's: a person completes it, and the
+-- signer asks that person's signed attestation (docs/approvals.md,
+-- "Attested manual steps"); any other step is done on the daemon's word.
+local function manual(n)
+  local action = field(n, "action_type")
+  return type(action) == "string" and action:sub(1, 7) == "manual_"
+end
+
 -- The steps right before node n, as the plan document lists them (its
 -- "after"): the signer signs n's transfer only once each is COMPLETED or
--- SKIPPED.  A line, or nil when n runs first.
-local function order(n)
+-- SKIPPED, and a manual one only with a person's attestation.  A line, or
+-- nil when n runs first.  by_key: the plan's nodes by key.
+local function order(n, by_key)
   local after = field(n, "after")
   if type(after) ~= "table" then
     return "    its steps before it are not listed (" .. shown(after) .. "): read the plan text"
   end
   if #after == 0 then return nil end
   local keys = {}
-  for i, k in ipairs(after) do keys[i] = shown(k) end
+  for i, k in ipairs(after) do
+    keys[i] = shown(k) .. (manual(by_key[k]) and " (attested by a person)" or " (the daemon's word)")
+  end
   return "    runs only after: " .. concat(keys, ", ")
+end
+
+-- The manual steps anywhere before node n (its "after", followed back):
+-- each needs a person's attestation before the signer signs n.  A line, or
+-- nil when there is none.
+local function attested_before(n, by_key)
+  local seen, found, todo = {}, {}, { n }
+  while #todo > 0 do
+    local after = field(table.remove(todo), "after")
+    for _, k in ipairs(type(after) == "table" and after or {}) do
+      if type(k) == "string" and not seen[k] then
+        seen[k] = true
+        if manual(by_key[k]) then found[#found + 1] = k end
+        if by_key[k] then todo[#todo + 1] = by_key[k] end
+      end
+    end
+  end
+  if #found == 0 then return nil end
+  table.sort(found)
+  return "    signed only once an enrolled person (not the request's maker) has attested: " .. concat(found, ", ")
 end
 
 local function describe(document_text, plan_text)
@@ -141,7 +172,13 @@ local function describe(document_text, plan_text)
   local rc = field(plan, "risk_controls")
   local out = { "what qtg's signer may sign under this statement (by its own rules; docs/approvals.md):" }
   local transfers = 0
-  for _, n in ipairs(type(field(plan, "nodes")) == "table" and plan.nodes or {}) do
+  local nodes = type(field(plan, "nodes")) == "table" and plan.nodes or {}
+  local by_key = {}
+  for _, n in ipairs(nodes) do
+    local key = field(n, "node_key")
+    if type(key) == "string" then by_key[key] = n end
+  end
+  for _, n in ipairs(nodes) do
     local key = shown(field(n, "node_key"))
     if signed_here(n) then
       local cfg = field(n, "config")
@@ -160,12 +197,13 @@ local function describe(document_text, plan_text)
         if own ~= nil and (type(theirs) ~= "string" or theirs:lower() ~= dest:lower()) then
           out[#out + 1] = format("    the node's own destination, not the intent's (%s)", shown(theirs))
         end
+        out[#out + 1] = attested_before(n, by_key)
       end
     else
       out[#out + 1] = format("  node %s: %s / %s: not signed by qtg's signer", key,
         shown(field(n, "executor")), shown(field(n, "action_type")))
     end
-    out[#out + 1] = order(n)
+    out[#out + 1] = order(n, by_key)
   end
   if transfers == 0 then
     out[#out + 1] = "  nothing: no node of this plan is one the signer signs"

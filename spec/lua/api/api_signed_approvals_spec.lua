@@ -207,9 +207,9 @@ describe("signed approvals through the API", function()
       "  node pay: pays 1.5 ETH to " .. A .. " on chain 31337, signed with key evm_hot\n  node pay_again",
       "  node pay_again: pays 1.5 ETH to " .. B .. " on chain 31337, signed with key evm_hot\n"
         .. "    the node's own destination, not the intent's (" .. A .. ")\n"
-        .. "    runs only after: pay\n",
+        .. "    runs only after: pay (the daemon's word)\n",
       "  node watch: evm_transfer / destination_chain_receive_observe: not signed by qtg's signer\n"
-        .. "    runs only after: pay, pay_again\n",
+        .. "    runs only after: pay (the daemon's word), pay_again (the daemon's word)\n",
       "  node odd: manual / manual_confirmation: not signed by qtg's signer\n"
         .. "    its steps before it are not listed (pay): read the plan text\n",
       "  in all: 2 transfers of 1.5 ETH each\n",

@@ -1400,12 +1400,14 @@ for c in cs: print(c.makefile().readline().strip()[:60], flush=True)' %s %s %s]]
     assert.truthy(sup.host.approver_sign(e.key.alice, st, g.document, g.text))
     local shown = common.read(e.key.alice .. ".statement.err")
     assert.truthy(shown:find(("  node transfer: pays %s ETH to %s on chain %d, signed with key sa\n"
-      .. "    runs only after: gate\n"):format(AMOUNT, dest, CHAIN), 1, true), shown)
+      .. "    signed only once an enrolled person (not the request's maker) has attested: gate\n"
+      .. "    runs only after: gate (attested by a person)\n"):format(AMOUNT, dest, CHAIN), 1, true), shown)
     assert.truthy(sup.host.approver_sign(e.key.alice, statement(open.id), o.document, o.text))
     shown = common.read(e.key.alice .. ".statement.err")
     assert.truthy(shown:find(("  node transfer: pays %s ETH to %s on chain %d, signed with key sa\n"
       .. "    runs only after"):format(AMOUNT, dest, CHAIN), 1, true) == nil, shown)
-    assert.truthy(shown:find("  node destination_receive: [^\n]*\n    runs only after: transfer\n"), shown)
+    assert.truthy(shown:find("  node destination_receive: [^\n]*\n    runs only after: transfer %(the daemon's word%)\n"),
+      shown)
     -- signatures of the gated request's statement with the plan line that
     -- leaves the order out do not count; of its statement, they do
     local unordered = st:gsub("\nplan %x+\n", "\nplan " .. g.unordered .. "\n")
