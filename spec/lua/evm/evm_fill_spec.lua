@@ -123,6 +123,21 @@ local function ask_fill(key, f, principal, signature)
   return sig, err
 end
 
+-- the sender's nonce `nonce` used by a transfer of nothing from outside
+-- qtg (anvil impersonates the sender): what waits behind it can be mined
+local function use_nonce(from, nonce)
+  sup.rpc(anvil.url, "anvil_impersonateAccount", { from })
+  sup.rpc(anvil.url, "eth_sendTransaction", { { from = from, to = from, value = "0x0",
+                                                nonce = string.format("0x%x", nonce) } })
+  sup.rpc(anvil.url, "anvil_stopImpersonatingAccount", { from })
+end
+
+-- wait until the signed bytes `raw` are mined
+local function mined_raw(raw, what)
+  local hash = "0x" .. qtg.crypto.keccak256_hex(qtg.crypto.unhex(raw:sub(3)))
+  sup.wait_for(function() return sup.receipt(anvil.url, hash) end, 30, what)
+end
+
 local function mined_fill(r, from, nonce)
   local receipt = sup.wait_for(function() return sup.receipt(anvil.url, r.tx_hash) end, 30, "the fill mined")
   assert.equal("0x1", receipt.status)
@@ -343,10 +358,7 @@ describe("filling a nonce", function()
     assert.is_true(tonumber(r2.max_fee_per_gas) >= math.ceil(tonumber(r.max_fee_per_gas) * 1.25))
     assert.is_true(tonumber(r2.max_priority_fee_per_gas) >= math.ceil(tonumber(r.max_priority_fee_per_gas) * 1.25))
     -- the nonce before it used: the second fill is mined, and the kept bytes never can be
-    sup.rpc(anvil.url, "anvil_impersonateAccount", { from })
-    sup.rpc(anvil.url, "eth_sendTransaction", { { from = from, to = from, value = "0x0",
-                                                  nonce = string.format("0x%x", n - 1) } })
-    sup.rpc(anvil.url, "anvil_stopImpersonatingAccount", { from })
+    use_nonce(from, n - 1)
     mined_fill(r2, from, n)
     assert.is_nil((rpc.send_raw_transaction(anvil.url, g.raw)))
     assert.equal("0", sup.balance(anvil.url, g.dest))
@@ -370,12 +382,8 @@ describe("filling a nonce", function()
     sup.rpc(anvil.url, "anvil_dropAllTransactions", {})
     assert.is_false(rpc.get_transaction_by_hash(anvil.url, r.tx_hash))
     assert.truthy(rpc.send_raw_transaction(anvil.url, g.raw))
-    sup.rpc(anvil.url, "anvil_impersonateAccount", { from })
-    sup.rpc(anvil.url, "eth_sendTransaction", { { from = from, to = from, value = "0x0",
-                                                  nonce = string.format("0x%x", n - 1) } })
-    sup.rpc(anvil.url, "anvil_stopImpersonatingAccount", { from })
-    local kept_hash = "0x" .. qtg.crypto.keccak256_hex(qtg.crypto.unhex(g.raw:sub(3)))
-    sup.wait_for(function() return sup.receipt(anvil.url, kept_hash) end, 30, "the kept bytes mined")
+    use_nonce(from, n - 1)
+    mined_raw(g.raw, "the kept bytes mined")
     -- the verdict waits for the look to hold; then it is final, and loud
     reaper_pass({ evm_nonce_taken_confirm_seconds = 3600 })
     local row = fill_row(r.tx_hash)
@@ -404,11 +412,8 @@ describe("filling a nonce", function()
     local r2 = fill(g2.class, { chain_id = CHAIN, sender = from, nonce = g2.nonce })
     sup.rpc(anvil.url, "anvil_dropAllTransactions", {})
     assert.truthy(rpc.send_raw_transaction(anvil.url, g2.raw))
-    sup.rpc(anvil.url, "anvil_impersonateAccount", { from })
-    sup.rpc(anvil.url, "eth_sendTransaction", { { from = from, to = from, value = "0x0",
-                                                  nonce = string.format("0x%x", g2.nonce - 1) } })
-    sup.rpc(anvil.url, "anvil_stopImpersonatingAccount", { from })
-    sup.wait_for(function() return sup.receipt(anvil.url, hash2) end, 30, "the transfer's bytes mined")
+    use_nonce(from, g2.nonce - 1)
+    mined_raw(g2.raw, "the transfer's bytes mined")
     reaper_pass({ evm_nonce_taken_confirm_seconds = 3600 })
     row = fill_row(r2.tx_hash)
     assert.equal("taken", row.status)
@@ -485,12 +490,8 @@ describe("filling a nonce", function()
     assert.equal(1, #note)
     assert.equal("critical", note[1].severity)
     -- the nonce before it used: the kept bytes are mined, and the fill is taken
-    sup.rpc(anvil.url, "anvil_impersonateAccount", { from })
-    sup.rpc(anvil.url, "eth_sendTransaction", { { from = from, to = from, value = "0x0",
-                                                  nonce = string.format("0x%x", n - 1) } })
-    sup.rpc(anvil.url, "anvil_stopImpersonatingAccount", { from })
-    local kept_hash = "0x" .. qtg.crypto.keccak256_hex(qtg.crypto.unhex(g.raw:sub(3)))
-    sup.wait_for(function() return sup.receipt(anvil.url, kept_hash) end, 30, "the kept bytes mined")
+    use_nonce(from, n - 1)
+    mined_raw(g.raw, "the kept bytes mined")
     reaper_pass()
     assert.equal("taken", fill_row(row.tx_hash).status)
   end)
