@@ -143,14 +143,14 @@ end
 -- each needs a person's attestation before the signer signs n.  A line, or
 -- nil when there is none.
 local function attested_before(n, by_key)
-  local seen, found, todo = {}, {}, { n }
-  while #todo > 0 do
-    local after = field(table.remove(todo), "after")
+  local seen, found, queue = {}, {}, { n }
+  while #queue > 0 do
+    local after = field(table.remove(queue), "after")
     for _, k in ipairs(type(after) == "table" and after or {}) do
       if type(k) == "string" and not seen[k] then
         seen[k] = true
         if manual(by_key[k]) then found[#found + 1] = k end
-        if by_key[k] then todo[#todo + 1] = by_key[k] end
+        if by_key[k] then queue[#queue + 1] = by_key[k] end
       end
     end
   end
