@@ -394,6 +394,59 @@ describe("the runtime role", function()
       req.plan_version_id), as_runtime("UPDATE movement_requests SET plan_version_id = $2 WHERE id = $1::uuid", req.id, y))
   end)
 
+  -- Two runtime sessions, one inserting a node of the request's plan
+  -- version while the other moved the request to another plan, each
+  -- committed without seeing the other and left a request holding a node
+  -- of another version's step (sql/0210; a review, session 37).
+  it("makes a node's insert and a change of its request's plan wait for each other, and refuses the second", function()
+    local common = require "spec.lua.support.common"
+    local _, y = new_template()
+    local s2 = qtg.db.acquire()
+    local ok, err = pcall(function()
+      for _, first in ipairs({ "move", "insert" }) do
+        local req, zpn = new_pending()
+        -- a pending request whose nodes are not written yet (the owner may delete them)
+        s:query("DELETE FROM movement_request_nodes WHERE request_id = $1::uuid", req.id)
+        local change = {
+          move = function(x) return x:query("UPDATE movement_requests SET plan_version_id = $2 WHERE id = $1::uuid", req.id, y) end,
+          insert = function(x)
+            return x:query([[INSERT INTO movement_request_nodes (request_id, plan_node_id, node_key, node_kind,
+                               action_type, executor, node_state)
+                             SELECT $1::uuid, id, node_key, node_kind, action_type, executor, 'SKIPPED'
+                               FROM plan_nodes WHERE id = $2]], req.id, zpn.a)
+          end,
+        }
+        local second = first == "move" and "insert" or "move"
+        s:begin()
+        s:exec("SET LOCAL ROLE qtg_runtime")
+        change[first](s)
+        local pid = s:query("SELECT pg_backend_pid() AS p")[1].p
+        s2:begin()
+        s2:exec("SET LOCAL ROLE qtg_runtime")
+        local task = qtg.spawn(function() return change[second](s2) end)
+        common.wait_for(function() return common.waiting_on(pid) > 0 end, 10, "the " .. second .. " waiting on the " .. first)
+        s:commit()
+        local done, why = qtg.join(task)
+        s2:rollback()
+        if first == "move" then
+          refused_55000(string.format("movement_request_nodes: plan node %s is not a step of plan version %s (request %s)",
+            zpn.a, y, req.id), done, why)
+        else
+          refused_55000(string.format("request %s has nodes of plan version %s: its plan version does not change",
+            req.id, req.plan_version_id), done, why)
+        end
+        local held = s:query([[SELECT r.plan_version_id AS v, count(n.id)::int AS nodes FROM movement_requests r
+                                 LEFT JOIN movement_request_nodes n ON n.request_id = r.id
+                                WHERE r.id = $1::uuid GROUP BY r.plan_version_id]], req.id)[1]
+        assert.same(first == "move" and { v = y, nodes = 0 } or { v = req.plan_version_id, nodes = 1 }, held)
+      end
+    end)
+    if s:in_transaction() then s:rollback() end
+    if s2:in_transaction() then s2:rollback() end
+    s2:release()
+    assert(ok, err)
+  end)
+
   -- The seal and the node check read other rows with a plain SELECT: from
   -- a REPEATABLE READ snapshot taken before a request existed, its sealed
   -- plan was changed after it (sql/0209).
