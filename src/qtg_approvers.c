@@ -283,7 +283,7 @@ int qtg_approvers_quorum_for(const qtg_approvers *a, const char *klass, const ch
     if (parsed < 0) {
       char tier[200];
       qtg_tier_describe(t, tier, sizeof tier);
-      snprintf(why, whylen, "the request's amount is not a plain decimal of at most %d decimals, "
+      snprintf(why, whylen, "the request's amount is not a plain decimal string of at most %d decimals, "
                "and MG_SIGNER_APPROVERS has %s", QTG_TIER_DECIMALS, tier);
       return -1;
     }

@@ -201,7 +201,9 @@ static PGconn *qtg_signerd_db(qtg_signerd *d) {
 /* The request, node, plan and approval facts of one decision.  The approval
  * digest is the expression of qtg_approval_digest (sql/0060) written out
  * with built-ins only: a role that can replace a qtg_* function cannot
- * change what is checked here. */
+ * change what is checked here.  The amount is read only from a JSON string
+ * (NULL otherwise, refused): the daemon writes amounts as strings, and an
+ * approver's tool cannot show a large JSON number exactly. */
 static const char qtg_signerd_facts_sql[] =
     "WITH r AS ("
     " SELECT m.*, encode(sha256(convert_to(jsonb_build_object("
@@ -216,7 +218,8 @@ static const char qtg_signerd_facts_sql[] =
     "      AND a.principal IS DISTINCT FROM r.created_by) AS approvals,"
     "  (SELECT count(*) FROM public.request_approvals a"
     "    WHERE a.request_id = r.id AND a.decision = 'reject') AS rejects,"
-    "  upper(r.intent->>'asset') AS asset, r.intent->>'amount' AS amount,"
+    "  upper(r.intent->>'asset') AS asset,"
+    "  CASE WHEN jsonb_typeof(r.intent->'amount') = 'string' THEN r.intent->>'amount' END AS amount,"
     "  CASE WHEN jsonb_typeof(pn.config->'destination') IS NULL THEN r.intent->>'destination'"
     "       WHEN jsonb_typeof(pn.config->'destination') = 'string' THEN pn.config->>'destination' END AS destination,"
     "  CASE WHEN pn.config ? 'chain_id' THEN pn.config->>'chain_id' ELSE r.intent->>'chain_id' END AS chain_id,"
@@ -606,7 +609,7 @@ static int qtg_signerd_check_facts(qtg_decision *dec, PGresult *r, const qtg_sig
     QTG_REFUSE(dec, "VALUE_MISMATCH", "only the native asset (ETH) is signed, the request moves %s",
                asset ? asset : "(none)");
   if (amount == NULL || qtg_amount_to_units(amount, strlen(amount), 18, &want) != 0)
-    QTG_REFUSE(dec, "VALUE_MISMATCH", "the approved amount is not a plain decimal of at most 18 decimals");
+    QTG_REFUSE(dec, "VALUE_MISMATCH", "the approved amount is not a plain decimal string of at most 18 decimals");
   if (qtg_u256_cmp(&want, &tx->value) != 0) {
     char got[80];
     qtg_u256_decimal(&tx->value, got, sizeof got);

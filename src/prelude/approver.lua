@@ -17,7 +17,7 @@
 -- why when a text is no JSON object (the tool then signs nothing).
 local cjson = require "cjson"
 
-local format, concat, floor, abs, huge = string.format, table.concat, math.floor, math.abs, math.huge
+local format, concat, floor, abs = string.format, table.concat, math.floor, math.abs
 
 local ADDRESS = "^0[xX]" .. ("%x"):rep(40) .. "$"
 
@@ -45,15 +45,10 @@ local function shown(v)
   return "(a JSON " .. (type(v) == "table" and "object or array" or type(v)) .. ")"
 end
 
--- As the signer reads the amount's text (->>): a JSON number's text is
--- its own, which cjson cannot give back exactly unless it is whole, so a
--- fractional number is not judged here (it is shown as "not shown exactly").
+-- As the signer reads an amount: a JSON string of a plain decimal (a JSON
+-- number is refused there, whatever its digits: this tool could not show
+-- a large one exactly).
 local function plain_decimal(s)
-  if type(s) == "number" then
-    if s ~= s or s < 0 or s == huge then return false end
-    if s == floor(s) then return shown(s):match("^%d+$") ~= nil end
-    return true
-  end
   if type(s) ~= "string" then return false end
   local whole, frac = s:match("^(%d+)%.?(%d*)$")
   return whole ~= nil and #frac <= 18 and not s:match("%.$")
@@ -84,7 +79,7 @@ local function refusal(dest, asset, amount, chain, allowed)
     return "its destination is not a literal address"
   end
   if asset ~= "ETH" then return "only ETH is signed, and the intent moves " .. shown(asset) end
-  if not plain_decimal(amount) then return "the amount is not a plain decimal of at most 18 decimals" end
+  if not plain_decimal(amount) then return "the amount is not a plain decimal string of at most 18 decimals" end
   local id = chain_id(chain)
   if not id then return "its chain_id is not a chain id (decimal digits from 1 to 2^53 - 1)" end
   if type(allowed) == "table" then

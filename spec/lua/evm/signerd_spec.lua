@@ -276,6 +276,21 @@ describe("qtgd signer", function()
     assert.truthy(sig, err and err.message)
     assert.equal(from, sig.address)
     assert.equal(from, qtg.signer.recover(good.signing_hash, sig.signature))
+    local granted_digest = engine.request(s, req.id).approval_digest
+    -- the amount as a JSON number of the very value paid, the digests made
+    -- to match (triggers bypassed): refused, the signer reads amounts from
+    -- strings only (no approver's tool shows a large number exactly)
+    s:transaction(function()
+      s:query("SET LOCAL session_replication_role = replica")
+      s:query([[UPDATE movement_requests SET intent = intent || '{"amount": 0.25}' WHERE id = $1::uuid]], req.id)
+      s:query("UPDATE movement_requests r SET approval_digest = qtg_approval_digest(r) WHERE id = $1::uuid", req.id)
+      s:query([[UPDATE request_approvals a SET approval_digest = r.approval_digest FROM movement_requests r
+                 WHERE r.id = a.request_id AND r.id = $1::uuid]], req.id)
+    end)
+    sig, err = ask(good)
+    assert.is_nil(sig)
+    assert.equal("VALUE_MISMATCH", err.code, tostring(err.message))
+    assert.truthy(err.message:find("the approved amount is not a plain decimal string", 1, true), err.message)
     -- the request's rows changed after approval (triggers bypassed, as a
     -- superuser could): the digest no longer matches
     s:transaction(function()
@@ -292,13 +307,13 @@ describe("qtgd signer", function()
     assert.equal("REQUEST_NOT_APPROVED", err.code, tostring(err.message))
     -- every decision is in signer_events, the payload hash and digest with it
     local ev = events_of(req.id)
-    assert.equal(#cases + 3, #ev)
+    assert.equal(#cases + 4, #ev)
     local granted = 0
     for _, e in ipairs(ev) do
       if e.decision == "granted" then
         granted = granted + 1
         assert.equal(good.signing_hash, e.payload_hash)
-        assert.equal(engine.request(s, req.id).approval_digest, e.approval_digest)
+        assert.equal(granted_digest, e.approval_digest)
       else
         assert.truthy(e.reason ~= "" and e.code ~= "GRANTED")
       end
@@ -1096,8 +1111,9 @@ for c in cs: print(c.makefile().readline().strip()[:60], flush=True)' %s %s %s]]
       local req = engine.create(s, template or "sign_t_a", { intent = intent(dest, amount), callback_url = false })
       engine.move_class(s, req.id, class)
       if written then
-        common.unfrozen(s, [[UPDATE movement_requests SET intent = jsonb_set(intent, '{amount}', to_jsonb($2::text))
-                              WHERE id = $1::uuid]], req.id, written)
+        common.unfrozen(s, string.format([[UPDATE movement_requests SET intent = jsonb_set(intent, '{amount}',
+                              to_jsonb($2::%s)) WHERE id = $1::uuid]], type(written) == "number" and "numeric" or "text"),
+          req.id, written)
       end
       must_as_runtime([[UPDATE movement_requests r SET approval_digest = qtg_approval_digest(r),
                           approvals_required = 1 WHERE id = $1::uuid]], req.id)
@@ -1176,6 +1192,11 @@ for c in cs: print(c.makefile().readline().strip()[:60], flush=True)' %s %s %s]]
     local odd, sign_odd = forged("2", { "alice", "bob", "carol" }, "2e0")
     refused(sign_odd, "APPROVALS_INCOMPLETE", "not a plain decimal")
     assert.truthy(last_event(odd).reason:find(rule, 1, true), last_event(odd).reason)
+    -- an amount written as a JSON number (the daemon writes strings): read
+    -- from strings only, so it is no amount the tier can judge either
+    local num, sign_num = forged("2", { "alice", "bob", "carol" }, 2)
+    refused(sign_num, "APPROVALS_INCOMPLETE", "the request's amount is not a plain decimal string")
+    assert.equal("refused", last_event(num).decision)
     -- the template's max_amount (25) binds the signer too: an intent
     -- rewritten past it before the approvals (the daemon's own check is
     -- the runtime's) is refused, whatever signed; 25 itself is signed
