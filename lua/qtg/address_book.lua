@@ -97,7 +97,7 @@ end
 local function is_admin(p) return principals.has_role(p, "admin") end
 
 local function approvals_now(s, c)
-  local votes = s:query([[SELECT principal FROM address_book_votes
+  local votes = s:query([[SELECT principal, created_at FROM address_book_votes
                            WHERE change_id = $1 AND decision = 'approve' ORDER BY created_at, principal]], c.id)
   return #principals.current_votes(s, c.proposed_by, votes, is_admin, true)
 end

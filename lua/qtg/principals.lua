@@ -133,40 +133,51 @@ end
 -- approval status a GET shows) takes no lock.
 local function locked(sql, lock) return lock and sql .. " FOR SHARE" or sql end
 
+-- since (a vote's created_at, or nil): a row made after it is another
+-- principal under the same name, who did not cast that vote (a removed
+-- operator added again, a revoked token's name given to a new token), so
+-- for that vote the actor is gone.  `born` is NULL without since.
+local BORN = "created_at <= $2::timestamptz AS born"
+local function cast_it(row, since) return since == nil or row.born == true end
+
 local CURRENT = {
-  operator = function(s, _, name, lock)
-    local row = s:query(locked("SELECT name, roles::text AS roles FROM operators WHERE name = $1", lock), name)[1]
-    return row and operator_principal(row) or nil
+  operator = function(s, _, name, lock, since)
+    local row = s:query(locked("SELECT name, roles::text AS roles, " .. BORN .. " FROM operators WHERE name = $1",
+      lock), name, since)[1]
+    return row and cast_it(row, since) and operator_principal(row) or nil
   end,
-  api = function(s, actor, name, lock)
-    local row = s:query(locked([[SELECT roles::text AS roles FROM api_tokens
+  api = function(s, actor, name, lock, since)
+    local row = s:query(locked("SELECT roles::text AS roles, " .. BORN .. [[ FROM api_tokens
                            WHERE name = $1 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())]], lock),
-      name)[1]
-    return row and { actor = actor, kind = "api_client", name = name, roles = roles_of(row.roles) } or nil
+      name, since)[1]
+    return row and cast_it(row, since) and { actor = actor, kind = "api_client", name = name,
+                                             roles = roles_of(row.roles) } or nil
   end,
-  console = function(s, actor, uid, lock)
+  console = function(s, actor, uid, lock, since)
     if not (uid:match("^%d+$") and #uid <= 15) then return in_process(actor, uid) end
-    local row = s:query(locked("SELECT name, roles::text AS roles FROM operators WHERE uid = $1", lock),
-      tonumber(uid))[1]
-    if row then return operator_principal(row) end
+    local row = s:query(locked("SELECT name, roles::text AS roles, " .. BORN .. " FROM operators WHERE uid = $1",
+      lock), tonumber(uid), since)[1]
+    if row then return cast_it(row, since) and operator_principal(row) or nil end
     return M.console(s, tonumber(uid))
   end,
   system = function(_, actor, name) return in_process(actor, name) end,
 }
 
--- current(s, actor[, lock]) -> the principal actor is now, or nil when it
--- is gone (a removed operator, a revoked or expired token) or never votes;
--- lock: as a vote counts it (its row FOR SHARE until the transaction ends).
-function M.current(s, actor, lock)
+-- current(s, actor[, lock[, since]]) -> the principal actor is now, or nil
+-- when it is gone (a removed operator, a revoked or expired token, one
+-- made after since under the same name) or never votes; lock: as a vote
+-- counts it (its row FOR SHARE until the transaction ends).
+function M.current(s, actor, lock, since)
   if type(actor) ~= "string" then return nil end
   local prefix, name = actor:match(ACTOR)
   local resolve = prefix and CURRENT[prefix]
-  return resolve and resolve(s, actor, name, lock) or nil
+  return resolve and resolve(s, actor, name, lock, since) or nil
 end
 
 -- current_votes(s, excluded, votes, holds[, lock]) -> the votes (rows with
--- a `principal`) that count, in their order: each by a principal that
--- exists now (current) and holds(principal) says may vote, one per
+-- a `principal` and their `created_at`) that count, in their order: each
+-- by a principal that exists now and existed when it voted (current,
+-- since the vote's time) and holds(principal) says may vote, one per
 -- principal as it resolves now, never excluded's (the request's initiator,
 -- a change's proposer: in any spelling that resolves to the same one).
 -- lock: as current's.  A request's approvals and an address book change's
@@ -177,7 +188,7 @@ function M.current_votes(s, excluded, votes, holds, lock)
   if them then seen[them.actor] = true end
   local out = {}
   for _, v in ipairs(votes) do
-    local now = not seen[v.principal] and M.current(s, v.principal, lock)
+    local now = not seen[v.principal] and M.current(s, v.principal, lock, assert(v.created_at, "a vote's created_at"))
     if now and not seen[now.actor] and holds(now) then
       seen[v.principal], seen[now.actor] = true, true
       out[#out + 1] = v

@@ -564,6 +564,13 @@ function M.reject(s, id, who, reason)
         id, p.actor)[1] then
       refuse("illegal_transition", "%s already decided on request %s", p.actor, id)
     end
+    -- a rejection takes one of the roles an approval takes: those of the
+    -- rule the request was last judged by
+    local stored = type(req.approval_policy) == "table" and req.approval_policy or {}
+    if type(stored.roles) == "table" and not holds_one(p, stored.roles) then
+      refuse("forbidden", "%s may not reject request %s: rule %s needs one of the roles %s", p.actor, id,
+        tostring(stored.rule), table.concat(stored.roles, ", "))
+    end
     s:query([[INSERT INTO request_approvals (request_id, principal, decision, comment, approval_digest)
               SELECT $1::uuid, $2, 'reject', $3, qtg_approval_digest(r) FROM movement_requests r
                WHERE r.id = $1::uuid]], id, p.actor, type(reason) == "string" and reason or nil)

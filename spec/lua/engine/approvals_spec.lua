@@ -223,8 +223,16 @@ describe("approvals", function()
         local req = create()
         local e = sup.refused("forbidden", requests.approve, s, req.id, BOB)
         assert.matches("admins_only", e.message, 1, true)
+        -- nor reject it: a rejection takes the roles an approval takes
+        e = sup.refused("forbidden", requests.reject, s, req.id, BOB, "not mine to judge")
+        assert.equal("operator:bob may not reject request " .. req.id .. ": rule admins_only needs one of the roles admin",
+          e.message)
+        assert.equal("PENDING_APPROVAL", state(req.id))
         requests.approve(s, req.id, DAVE)
         assert.equal("APPROVED", state(req.id))
+        local rejected = create()
+        requests.reject(s, rejected.id, DAVE, "unknown beneficiary")
+        assert.equal("REJECTED", state(rejected.id))
       end)
     end)
 
@@ -553,10 +561,11 @@ describe("approvals", function()
       local c = book.propose(s, { action = "add", asset = "USDT", chain = "1", address = addr, label = "ops" }, who("ab1", { "admin" }))
       assert.equal(2, c.approvals_required)
       assert.equal(1, book.vote(s, c.id, gone, "approve").approvals)
-      -- removed: its vote no longer counts
+      -- removed: its vote no longer counts, nor once enrolled again
       principals.remove(s, "ab_gone", "system:spec")
       local second = book.vote(s, c.id, demoted, "approve")
       assert.same({ "PENDING", 1 }, { second.state, second.approvals })
+      enrol(gone)
       -- demoted to read: neither
       s:query("UPDATE operators SET roles = '{read}' WHERE name = 'ab_demoted'")
       local third = book.vote(s, c.id, who("ab3", { "admin" }), "approve")
@@ -565,7 +574,7 @@ describe("approvals", function()
       local fourth = book.vote(s, c.id, who("ab2", { "admin" }), "approve")
       assert.same({ "APPLIED", 2 }, { fourth.state, fourth.approvals })
       assert.is_not_nil(book.entry(s, key))
-      s:query("DELETE FROM operators WHERE name = 'ab_demoted'")
+      s:query("DELETE FROM operators WHERE name IN ('ab_demoted', 'ab_gone')")
     end)
 
     it("keys an address as requests match it: one entry and one pending change, whatever the spelling", function()
@@ -911,6 +920,11 @@ describe("approvals", function()
         local other = create(T, { asset = "USDC", amount = "100000" })
         local e = sup.refused("forbidden", requests.approve, s, other.id, BOB)
         assert.matches("no enrolled operator", e.message, 1, true)
+        -- an operator enrolled again under the name did not cast the vote
+        -- made before it: it does not count again
+        enrol(BOB)
+        local st = requests.approval_status(s, req.id)
+        assert.same({ 1, false, true }, { st.still_needed, st.approved_by[1].counts, st.approved_by[2].counts })
         requests.approve(s, req.id, DAVE)
         assert.equal("APPROVED", state(req.id))
         -- demoted: carol's approve role taken away after her vote
@@ -939,8 +953,14 @@ describe("approvals", function()
         local req = create(T, { asset = "USDC", amount = "100000" })
         requests.approve(s, req.id, client)
         ending(name)
+        if s:query("SELECT 1 FROM api_tokens WHERE name = $1 AND revoked_at IS NOT NULL", name)[1] then
+          -- a new token under the revoked one's name did not cast its vote
+          tokens.create(s, { name = name, roles = { "read", "approve" }, created_by = "system:spec",
+                             network_class = qtg.settings.network_class })
+        end
         requests.approve(s, req.id, CAROL)
         assert.equal("PENDING_APPROVAL", state(req.id))
+        assert.equal(1, requests.approval_status(s, req.id).still_needed)
         requests.approve(s, req.id, DAVE)
         assert.equal("APPROVED", state(req.id))
       end
