@@ -148,12 +148,13 @@ end
 -- M.text_ok, last step first; nil when none does.  The path's text is made
 -- only for what is found: made at every level on the way down, a document
 -- of long keys nested deep cost memory of its depth squared.
-local function bad_text_steps(v)
-  if type(v) == "string" then return not M.text_ok(v) and {} or nil end
-  if type(v) ~= "table" then return nil end
+-- The steps down to the first value or key of v that is_bad says is bad,
+-- innermost first; nil when none is.
+local function bad_steps(v, is_bad)
+  if type(v) ~= "table" then return is_bad(v) and {} or nil end
   for k, x in pairs(v) do
-    if type(k) == "string" and not M.text_ok(k) then return { " (a key)" } end
-    local steps = bad_text_steps(x)
+    if type(k) == "string" and is_bad(k) then return { " (a key)" } end
+    local steps = bad_steps(x, is_bad)
     if steps then
       steps[#steps + 1] = type(k) == "number" and ("[" .. k .. "]") or ("." .. tostring(k))
       return steps
@@ -162,16 +163,27 @@ local function bad_text_steps(v)
   return nil
 end
 
--- bad_text_path(v, path) -> where in v (path, then ".key" / "[i]" steps)
--- the first string, value or key, fails M.text_ok; nil when none does.
--- Call it on an encodable value (M.encode bounds the depth).
-function M.bad_text_path(v, path)
-  local steps = bad_text_steps(v)
+local function bad_path(v, path, is_bad)
+  local steps = bad_steps(v, is_bad)
   if not steps then return nil end
   local out = { path }
   for i = #steps, 1, -1 do out[#out + 1] = steps[i] end
   return table.concat(out)
 end
+
+local function bad_text(v) return type(v) == "string" and not M.text_ok(v) end
+local function inexact(v) return type(v) == "number" and (v >= 2 ^ 53 or v <= -2 ^ 53) end
+
+-- bad_text_path(v, path) -> where in v (path, then ".key" / "[i]" steps)
+-- the first string, value or key, fails M.text_ok; nil when none does.
+-- Call it on an encodable value (M.encode bounds the depth).
+function M.bad_text_path(v, path) return bad_path(v, path, bad_text) end
+
+-- inexact_number_path(v, path) -> where in v the first number of 2^53 or
+-- more in size is (a double, cjson's and JavaScript's number, holds such
+-- an integer only to about 16 digits: it was rounded when the text was
+-- read), or nil.  Call it on an encodable value.
+function M.inexact_number_path(v, path) return bad_path(v, path, inexact) end
 
 -- storable(v[, name]) -> true | nil, reason: v can be written to a jsonb
 -- column -- M.encode accepts it (finite numbers, string keys, at most 64

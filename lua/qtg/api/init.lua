@@ -106,6 +106,11 @@ local function parse_body(route, req)
     if err:match("^duplicate key ") then problem.raise("bad_request", "the body has a %s", err) end
     problem.raise("bad_request", "malformed JSON: %s", err)
   end
+  -- cjson reads more than JSON (hex and NaN, a leading zero or '+', raw
+  -- control characters in strings): a body is refused unless it is JSON
+  -- as RFC 8259 writes it
+  local syntax = canon.syntax_error(body)
+  if syntax then problem.raise("bad_request", "malformed JSON: %s", syntax) end
   if type(doc) ~= "table" or canon.is_array(doc) or (next(doc) == nil and body:match("^%s*%[")) then
     problem.raise("bad_request", "the body must be a JSON object")
   end
@@ -113,6 +118,11 @@ local function parse_body(route, req)
   -- could not be stored or compared as sent
   local storable, why = canon.storable(doc, "body")
   if not storable then problem.raise("bad_request", "%s", why) end
+  local inexact = canon.inexact_number_path(doc, "body")
+  if inexact then
+    problem.raise("bad_request", "%s is a number of 2^53 or more, which is not read exactly: send it as a string",
+      inexact)
+  end
   for k, v in pairs(doc) do
     local def = route.body.fields[k]
     if not def then

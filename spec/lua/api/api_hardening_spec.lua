@@ -118,6 +118,42 @@ describe("HTTP API hardening", function()
     assert.equal("10", rows("SELECT intent->>'amount' AS a FROM movement_requests WHERE id = $1", ok.json.id)[1].a)
   end)
 
+  -- cjson reads hex, a leading zero, NaN and raw tabs in strings, and
+  -- rounds an integer past 2^53: 9223372036854775808 was stored as
+  -- 9223372036854775800, 0x10 as 16 (a review, session 37).
+  it("refuses a body that is not strict JSON, and a number of 2^53 or more, and writes nothing", function()
+    local before = count_requests(d.class)
+    local intent = '"amount":"10","asset":"USDC","venue":"otc-desk","destination":"0x70997970c51812dc3a010c7d01b50e0d17dc79c8",'
+      .. '"destination_chain":"ethereum","counterparty":"acme"'
+    local function body(params)
+      return '{"template_key":"otc_settlement_manual","intent":{' .. intent .. '},"input_params":{"n":' .. params .. '}}'
+    end
+    for _, c in ipairs({
+      { body("0x10"), "malformed JSON: byte " },
+      { body("010"), "a number with a leading zero" },
+      { body("NaN"), "malformed JSON: byte " },
+      { body("+1"), "malformed JSON: byte " },
+      { body("1."), "a '.' without digits after it" },
+      { body('"a\tb"'), "a raw control character in a string" },
+      { body("9223372036854775808"), "body.input_params.n is a number of 2^53 or more" },
+      { body("9007199254740992"), "body.input_params.n is a number of 2^53 or more" },
+      { body("-9007199254740992"), "body.input_params.n is a number of 2^53 or more" },
+      { body("[1, 1e300]"), "body.input_params.n[2] is a number of 2^53 or more" },
+    }) do
+      local r = api.call(d, "POST", "/v3/requests", { token = operator, key = common.uid("k", 4),
+        body = c[1], headers = { ["Content-Type"] = "application/json" } })
+      local doc = expect_problem(400, "bad_request", r, c[1])
+      assert.truthy(doc.detail:find(c[2], 1, true), c[1] .. ": " .. doc.detail)
+    end
+    assert.equal(before, count_requests(d.class))
+    -- the largest integer a double holds exactly, and a fraction: taken as sent
+    local ok = api.call(d, "POST", "/v3/requests", { token = operator, key = common.uid("k", 4),
+      body = body("[9007199254740991, -9007199254740991, 0.5, 1e3]"), headers = { ["Content-Type"] = "application/json" } })
+    assert.equal(201, ok.status, ok.body)
+    assert.equal("[9007199254740991, -9007199254740991, 0.5, 1000]",
+      rows("SELECT input_params->>'n' AS n FROM movement_requests WHERE id = $1", ok.json.id)[1].n)
+  end)
+
   -- The review's attack: a body of 1,000 nested objects, each with one key
   -- of about 1 KB (1 MB, under MG_API_MAX_BODY_BYTES), from a token of
   -- scope own.  cjson took 1,000 levels and the duplicate-key check built
