@@ -12,7 +12,7 @@
  *                              approver's own records: an explorer's view
  *                              of the sender), shown on stderr; print its
  *                              signature (128 hex).  Every flag required.
- *   qtgd approver sign FILE [DOCUMENT PLAN] --request UUID
+ *   qtgd approver sign FILE DOCUMENT PLAN | --unchecked  --request UUID
  *                      --kind approval|initiation|attestation [--step KEY]
  *                      [--deployment NAME] [--class NAME]
  *                              read one approval (initiation, attestation)
@@ -39,7 +39,11 @@
  *                              saw a manual step done, its attestation
  *                              (--step names the step, required then).
  *                              --request and --kind are required: a key
- *                              never signs a request nobody named.  The flags go
+ *                              never signs a request nobody named; so are
+ *                              DOCUMENT and PLAN for an approval and an
+ *                              initiation, unless --unchecked says to sign
+ *                              without them (an attestation, of a request
+ *                              approved and frozen, may go without).  The flags go
  *                              anywhere after `sign`; a usage error exits
  *                              2, a refusal 1, neither printing a
  *                              signature.
@@ -72,9 +76,10 @@
 static const char qtg_approver_usage[] =
     "usage: qtgd approver key FILE | public FILE\n"
     "       qtgd approver sign-fill FILE --deployment NAME --chain ID --sender ADDRESS --nonce N\n"
-    "       qtgd approver sign FILE [DOCUMENT PLAN] --request UUID\n"
+    "       qtgd approver sign FILE DOCUMENT PLAN --request UUID\n"
     "                          --kind approval|initiation|attestation [--step KEY]\n"
     "                          [--deployment NAME] [--class NAME] < statement\n"
+    "       qtgd approver sign FILE --unchecked --request UUID --kind ... < statement\n"
     "  --request UUID    (required) sign only if the statement is for this request\n"
     "                    (the id from your own records, not from the statement: a\n"
     "                    lowercase uuid)\n"
@@ -83,7 +88,12 @@ static const char qtg_approver_usage[] =
     "  --step KEY        (required with --kind attestation) sign only the attestation\n"
     "                    of this manual step\n"
     "  --deployment NAME, --class NAME\n"
-    "                    sign only if the statement names this deployment, this class\n";
+    "                    sign only if the statement names this deployment, this class\n"
+    "  DOCUMENT PLAN     the texts the statement's digest and plan lines hash: signed\n"
+    "                    only if they do, after showing what the signer may pay from\n"
+    "                    them (required for an approval or an initiation)\n"
+    "  --unchecked       sign without DOCUMENT and PLAN: the digest and plan lines\n"
+    "                    are then checked against nothing you have read\n";
 
 enum { QTG_APPROVER_TEXT_MAX = 1 << 20 };
 
@@ -287,6 +297,7 @@ typedef struct {
   const char *key, *document, *plan;
   const char *expect[QTG_CONFIRM_LINES];
   int kind;                     /* --kind: the statement kind, -1 when not given */
+  int unchecked;                /* --unchecked: no DOCUMENT and PLAN */
 } qtg_approver_sign_args;
 
 /* 0 when value is of the form of line `which` in a statement (a uuid in
@@ -330,6 +341,11 @@ static int qtg_approver_kind_flag(const char *flag, const char *value, qtg_appro
 static int qtg_approver_sign_flag(int argc, char **argv, int *i, qtg_approver_sign_args *args) {
   const char *flag = argv[*i];
   int which = -1;
+  if (strcmp(flag, "--unchecked") == 0) {
+    if (args->unchecked) return qtg_approver_usage_error("given twice:", flag);
+    args->unchecked = 1;
+    return 0;
+  }
   if (strcmp(flag, "--kind") == 0) {
     if (*i + 1 >= argc || strncmp(argv[*i + 1], "--", 2) == 0)
       return qtg_approver_usage_error("a value is missing after", flag);
@@ -377,6 +393,19 @@ static int qtg_approver_sign_parse(int argc, char **argv, qtg_approver_sign_args
                                         ? "an attestation needs --step KEY: the manual step you attest, "
                                           "from your own records"
                                         : "--step is an attestation's: only --kind attestation takes it",
+                                    NULL);
+  /* The texts are what binds the statement's digest and plan lines to what
+   * the approver read: a daemon can rewrite a pending request and hand out
+   * its new statement with the old request line. */
+  if (npos == 3 && args->unchecked)
+    return qtg_approver_usage_error("--unchecked is for signing without DOCUMENT and PLAN, and both were given",
+                                    NULL);
+  if (npos == 1 && !args->unchecked && args->kind != QTG_STATEMENT_ATTESTATION)
+    return qtg_approver_usage_error(args->kind == QTG_STATEMENT_APPROVAL
+                                        ? "an approval needs its DOCUMENT and PLAN texts, which the statement's "
+                                          "digest and plan lines must hash (or --unchecked)"
+                                        : "an initiation needs its DOCUMENT and PLAN texts, which the statement's "
+                                          "digest and plan lines must hash (or --unchecked)",
                                     NULL);
   args->key = pos[0];
   args->document = npos == 3 ? pos[1] : NULL;
@@ -427,7 +456,8 @@ static void qtg_approver_summary(const char *text, int kind, const qtg_approver_
   static const int order[QTG_CONFIRM_LINES] = {QTG_CONFIRM_STEP, QTG_CONFIRM_REQUEST, QTG_CONFIRM_CLASS,
                                                QTG_CONFIRM_DEPLOYMENT};
   const char *const *expect = args->expect;
-  fprintf(stderr, "==> %s statement (confirmed) for", qtg_statement_kind_name[kind]);
+  fprintf(stderr, "==> %s statement (confirmed; digest and plan %s) for", qtg_statement_kind_name[kind],
+          args->document != NULL ? "checked against their texts" : "NOT checked against any text");
   for (int i = kind == QTG_STATEMENT_ATTESTATION ? 0 : 1; i < QTG_CONFIRM_LINES; i++) {
     size_t len;
     const char *got = qtg_statement_line(text, qtg_confirm_word[order[i]], &len);

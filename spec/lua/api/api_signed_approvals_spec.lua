@@ -306,8 +306,9 @@ describe("signed approvals through the API", function()
       "--deployment", DEPLOYMENT, "--kind", "approval" })
     assert.equal(0, rc, err)
     assert.equal(signed .. "\n", out)
-    assert.truthy(err:find("==> approval statement (confirmed) for request " .. id .. " (confirmed), class "
-      .. d.class .. " (confirmed), deployment " .. DEPLOYMENT .. " (confirmed)\n", 1, true), err)
+    assert.truthy(err:find("==> approval statement (confirmed; digest and plan checked against their texts) for request "
+      .. id .. " (confirmed), class " .. d.class .. " (confirmed), deployment " .. DEPLOYMENT .. " (confirmed)\n", 1, true),
+      err)
     -- and it verifies as before: the daemon takes it as alice's vote
     local r = approve(id, alice, signed)
     assert.equal(200, r.status, r.body)
@@ -322,11 +323,12 @@ describe("signed approvals through the API", function()
     assert.truthy(err:find("not signed", 1, true), err)
     -- another deployment's statement, another class
     rc, out, err = sign_with(statement(id, "other-desk"), { key.alice, "--request", id, "--deployment", DEPLOYMENT,
-      "--kind", "approval" })
+      "--kind", "approval", "--unchecked" })
     assert.equal(1, rc, err)
     assert.equal("", out)
     assert.truthy(err:find("statement: deployment other-desk\n  expected:  deployment " .. DEPLOYMENT, 1, true), err)
-    rc, out, err = sign_with(st, { key.alice, "--class", "other" .. d.class, "--request", id, "--kind", "approval" })
+    rc, out, err = sign_with(st, { key.alice, "--class", "other" .. d.class, "--request", id, "--kind", "approval",
+      "--unchecked" })
     assert.equal(1, rc, err)
     assert.equal("", out)
     assert.truthy(err:find("statement's class line", 1, true), err)
@@ -334,23 +336,26 @@ describe("signed approvals through the API", function()
     assert.is_nil(err:find("statement's request line", 1, true), err)
     -- the maker's initiation statement has the same lines, checked alike
     local initiation = common.statement(id, DEPLOYMENT, "initiation")
-    rc, out, err = sign_with(initiation, { key.alice, "--request", id, "--kind", "initiation" })
+    rc, out, err = sign_with(initiation, { key.alice, document, plan, "--request", id, "--kind", "initiation" })
     assert.equal(0, rc, err)
     assert.equal(host.approver_sign(key.alice, initiation) .. "\n", out)
-    assert.truthy(err:find("==> initiation statement (confirmed) for request " .. id .. " (confirmed)", 1, true), err)
-    rc, out, err = sign_with(initiation, { key.alice, "--request", twin, "--kind", "initiation" })
+    assert.truthy(err:find("==> initiation statement (confirmed; digest and plan checked against their texts) for request "
+      .. id .. " (confirmed)", 1, true), err)
+    rc, out, err = sign_with(initiation, { key.alice, "--request", twin, "--kind", "initiation", "--unchecked" })
     assert.equal(1, rc, err)
     assert.equal("", out)
     -- --kind: an approver who asks to sign an approval is not given the
     -- request's initiation to sign (the same key makes them its maker)
-    rc, out, err = sign_with(initiation, { key.alice, "--kind", "approval", "--request", id })
+    rc, out, err = sign_with(initiation, { key.alice, "--kind", "approval", "--request", id, "--unchecked" })
     assert.equal(1, rc, err)
     assert.equal("", out)
     assert.truthy(err:find("this is an initiation statement, and --kind says approval", 1, true), err)
-    rc, out, err = sign_with(st, { "--kind", "approval", key.alice, "--request", id })
+    -- without the texts only when told: then the last line says so
+    rc, out, err = sign_with(st, { "--kind", "approval", key.alice, "--request", id, "--unchecked" })
     assert.equal(0, rc, err)
-    assert.truthy(err:find("==> approval statement (confirmed) for request " .. id .. " (confirmed)", 1, true), err)
-    rc, out, err = sign_with(st, { key.alice, "--kind", "initiation", "--request", id })
+    assert.truthy(err:find("==> approval statement (confirmed; digest and plan NOT checked against any text) for request "
+      .. id .. " (confirmed)", 1, true), err)
+    rc, out, err = sign_with(st, { key.alice, "--kind", "initiation", "--request", id, "--unchecked" })
     assert.equal(1, rc, err)
     assert.equal("", out)
     assert.truthy(err:find("this is an approval statement, and --kind says initiation", 1, true), err)
@@ -361,13 +366,13 @@ describe("signed approvals through the API", function()
       "--step", "desk_confirmation" })
     assert.equal(0, rc, err)
     assert.equal(host.approver_sign(key.alice, attestation) .. "\n", out)
-    assert.truthy(err:find("==> attestation statement (confirmed) for step desk_confirmation (confirmed), request "
-      .. id .. " (confirmed)", 1, true), err)
+    assert.truthy(err:find("==> attestation statement (confirmed; digest and plan NOT checked against any text) for step "
+      .. "desk_confirmation (confirmed), request " .. id .. " (confirmed)", 1, true), err)
     rc, out, err = sign_with(attestation, { key.alice, "--request", id, "--kind", "attestation", "--step", "withdraw" })
     assert.equal(1, rc, err)
     assert.equal("", out)
     assert.truthy(err:find("statement: step desk_confirmation\n  expected:  step withdraw\n", 1, true), err)
-    rc, out, err = sign_with(attestation, { key.alice, "--request", id, "--kind", "approval" })
+    rc, out, err = sign_with(attestation, { key.alice, "--request", id, "--kind", "approval", "--unchecked" })
     assert.equal(1, rc, err)
     assert.truthy(err:find("this is an attestation statement, and --kind says approval", 1, true), err)
     rc, out, err = sign_with(st, { key.alice, "--request", id, "--kind", "attestation", "--step", "desk_confirmation" })
@@ -404,6 +409,12 @@ describe("signed approvals through the API", function()
       { { key.alice, "--request", id, "--kind", "attestation", "--step", "Desk" }, "--step takes a plan node key" },
       { { key.alice, "--request", id, "--kind", "attestation", "--step", "a b" }, "--step takes a plan node key" },
       { { key.alice }, "sign needs --request UUID" },
+      -- an approval or an initiation is signed against its texts, or --unchecked
+      { { key.alice, "--request", id, "--kind", "approval" }, "an approval needs its DOCUMENT and PLAN texts" },
+      { { key.alice, "--request", id, "--kind", "initiation" }, "an initiation needs its DOCUMENT and PLAN texts" },
+      { { key.alice, document, plan, "--request", id, "--kind", "approval", "--unchecked" },
+        "--unchecked is for signing without DOCUMENT and PLAN" },
+      { { key.alice, "--request", id, "--kind", "approval", "--unchecked", "--unchecked" }, "given twice: '--unchecked'" },
     }) do
       rc, out, err = sign_with(st, c[1])
       assert.equal(2, rc, c[2] .. ": " .. err)
@@ -415,8 +426,8 @@ describe("signed approvals through the API", function()
     rc, out, err = sign_with(st, { key.alice, document, plan, "--kind", "approval", "--request", id })
     assert.equal(0, rc, err)
     assert.equal(signed .. "\n", out)
-    assert.truthy(err:find("==> approval statement (confirmed) for request " .. id .. " (confirmed), class "
-      .. d.class .. ", deployment " .. DEPLOYMENT .. "\n", 1, true), err)
+    assert.truthy(err:find("==> approval statement (confirmed; digest and plan checked against their texts) for request "
+      .. id .. " (confirmed), class " .. d.class .. ", deployment " .. DEPLOYMENT .. "\n", 1, true), err)
   end)
 
   it("refuses every vote that would not count, and takes a quorum of two signed ones", function()

@@ -103,7 +103,9 @@ end
 
 -- The signature (128 hex) of statement with the key at path (`qtgd
 -- approver sign`); with document and plan (texts), signed only when they
--- are what the statement hashes: nil, the tool's message when not.  It
+-- are what the statement hashes: nil, the tool's message when not;
+-- without them, --unchecked (the specs that forge rows sign what they
+-- wrote).  It
 -- confirms the request, kind and step the statement names (--request,
 -- --kind, an attestation's --step):
 -- the specs of what the flags refuse call the tool themselves.
@@ -119,6 +121,8 @@ function M.approver_sign(path, statement, document, plan)
     common.write(file .. ".document", document)
     common.write(file .. ".plan", plan)
     extra = extra .. " " .. common.quote(file .. ".document") .. " " .. common.quote(file .. ".plan")
+  else
+    extra = extra .. " --unchecked"
   end
   -- its stdout alone (what it shows on stderr is for the approver's eyes)
   local rc, out = M.run({}, { "sh", "-c", common.quote(common.quote(M.bin) .. " approver sign "
