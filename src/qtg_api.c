@@ -26,9 +26,10 @@
  * Also refused here, 400 and the connection closed, is any framing a
  * proxy in front could read otherwise than libmicrohttpd (request
  * smuggling): both Content-Length and Transfer-Encoding, Content-Length
- * twice or not all digits, Transfer-Encoding twice or not just chunked, a
- * header name that is not a token (`Transfer-Encoding : chunked`), and a
- * framing header continued on a second line (qtg_api_framing_refusal).
+ * twice or not all digits, Transfer-Encoding twice, not just chunked or in
+ * a request before HTTP/1.1, a header name that is not a token
+ * (`Transfer-Encoding : chunked`), and a framing header continued on a
+ * second line (qtg_api_framing_refusal).
  * The request line's path is passed as sent (raw_path, from the
  * URI log callback) beside libmicrohttpd's decoded one; the router matches
  * the raw one (lua/qtg/api/routes.lua).
@@ -506,7 +507,7 @@ static enum MHD_Result qtg_api_count_framing(void *cls, enum MHD_ValueKind kind,
  * otherwise than libmicrohttpd, which takes the first Content-Length and
  * ignores a name it does not know, and the rest of the bytes would be
  * served as another request (request smuggling). */
-static const char *qtg_api_framing_refusal(struct MHD_Connection *conn) {
+static const char *qtg_api_framing_refusal(struct MHD_Connection *conn, const char *version) {
   qtg_api_framing f;
   memset(&f, 0, sizeof f);
   if (MHD_get_connection_values_n(conn, MHD_HEADER_KIND, qtg_api_count_framing, &f) < 0)
@@ -523,6 +524,10 @@ static const char *qtg_api_framing_refusal(struct MHD_Connection *conn) {
   if (f.bad_length) return "a Content-Length that is not all digits is refused";
   if (f.codings > 1 || f.bad_coding)
     return "a Transfer-Encoding is refused unless it is given once and is only 'chunked'";
+  /* HTTP/1.0 has no transfer codings: such a request's framing is faulty
+   * (RFC 9112 6.1), and a proxy of that version frames it by the close */
+  if (f.codings && (version == NULL || strcmp(version, MHD_HTTP_VERSION_1_1) != 0))
+    return "a Transfer-Encoding in a request of a version before HTTP/1.1 is refused";
   return NULL;
 }
 
@@ -533,7 +538,6 @@ static enum MHD_Result qtg_api_access(void *cls, struct MHD_Connection *conn, co
   qtg_api_listener *l = cls;
   struct qtg_api *api = l->api;
   qtg_api_req *r = *con_cls;
-  (void)version;
   if (!r) {
     r = calloc(1, sizeof *r);
     if (!r) return MHD_NO;
@@ -558,7 +562,7 @@ static enum MHD_Result qtg_api_access(void *cls, struct MHD_Connection *conn, co
     /* Framing a proxy may read otherwise (qtg_api_framing_refusal): refused
      * before any body is read, and the connection closed, so nothing after
      * these headers is taken for another request. */
-    const char *why = qtg_api_framing_refusal(conn);
+    const char *why = qtg_api_framing_refusal(conn, version);
     if (why) {
       r->close = 1;
       qtg_api_set_problem(r, 400, "bad_request", "Bad Request", why);

@@ -345,6 +345,16 @@ describe("HTTP API hardening", function()
       assert.falsy(out:find('"status":"ok"', 1, true), v .. " -> " .. out)
     end
     assert.equal(before, count_requests(d.class))
+    -- a Transfer-Encoding in an HTTP/1.0 request: faulty framing (RFC 9112
+    -- 6.1), which libmicrohttpd read as chunked and served what followed
+    local out = raw(d, "POST /v3/requests HTTP/1.0\r\nHost: x\r\nAuthorization: Bearer " .. operator
+      .. "\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n" .. smuggled)
+    local answers = 0
+    for _ in out:gmatch("HTTP/1%.[01] %d%d%d") do answers = answers + 1 end
+    assert.truthy(out:match("^HTTP/1%.[01] 400"), out)
+    assert.truthy(out:find("a Transfer-Encoding in a request of a version before HTTP/1.1 is refused", 1, true), out)
+    assert.equal(1, answers, out)
+    assert.falsy(out:find('"status":"ok"', 1, true), out)
     -- one Content-Length of digits, and one Transfer-Encoding: chunked, still work
     local ok = raw(d, "GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
     assert.truthy(ok:match("^HTTP/1%.1 200"), ok)
