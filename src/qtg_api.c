@@ -687,16 +687,32 @@ static void qtg_api_schedule(qtg_api_listener *l) {
 
 /* Deadlines of connections still owing a request's headers or body: shut
  * down (libmicrohttpd then reads the end and closes the connection itself). */
+/* Whether the peer of fd has closed its side with nothing left unread: a
+ * request it owes can then never arrive. */
+static int qtg_api_peer_gone(int fd) {
+  char byte;
+  return recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+}
+
+/* Cut the connections that owe headers or a body past their deadline, and
+ * those whose client closed its side without sending them: libmicrohttpd
+ * notices that close only at the idle timeout, and until then the socket
+ * counts against its address's share (MG_API_MAX_CONNECTIONS_PER_IP), so
+ * a client that opens and drops half-sent requests keeps its address
+ * refused without holding one connection itself. */
 static void qtg_api_sweep_slow(struct qtg_api *api, double now) {
   for (qtg_api_conn *c = api->conns; c; c = c->next) {
+    if (c->owes == QTG_OWES_NOTHING || c->cut) continue;
     double limit = c->owes == QTG_OWES_HEADERS ? api->header_timeout : api->body_timeout;
-    if (c->owes == QTG_OWES_NOTHING || c->cut || now - c->since < limit) continue;
     const union MHD_ConnectionInfo *info = MHD_get_connection_info(c->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
     if (!info) continue;
+    int slow = now - c->since >= limit;
+    if (!slow && !qtg_api_peer_gone(info->connect_fd)) continue;
     c->cut = 1;
-    api->cut_slow++;
+    if (slow) api->cut_slow++;
     if (shutdown(info->connect_fd, SHUT_RDWR) != 0)
-      qtg_logf(QTG_LOG_DEBUG, "component", "api", "shutdown of a slow connection: %s", strerror(errno));
+      qtg_logf(QTG_LOG_DEBUG, "component", "api", "shutdown of a connection that owes a request: %s",
+               strerror(errno));
     qtg_api_schedule(c->l);
   }
 }

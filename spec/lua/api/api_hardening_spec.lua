@@ -511,6 +511,71 @@ print("served:%s" % served)
     assert.equal(200, r1.status)
   end)
 
+  -- A client that opened connections, sent part of a request's headers and
+  -- closed them left them in CLOSE-WAIT until the header deadline: its
+  -- address was refused meanwhile, without it holding a connection (a
+  -- review, session 37).  The deadlines here are 60 s, so only noticing the
+  -- close serves the address again within the test's 10 s.
+  it("lets go at once of a connection its client closed before its request was whole, and answers a whole one "
+     .. "whose client closed its side after sending it", function()
+    local d4 = api.start({ MG_WORKERS_ENABLED = "false", MG_API_MAX_CONNECTIONS_PER_IP = "8",
+                           MG_API_HEADER_TIMEOUT_SECONDS = "60", MG_API_BODY_TIMEOUT_SECONDS = "60",
+                           MG_API_IDLE_TIMEOUT_SECONDS = "60" })
+    local script = [[
+import socket, sys, time
+host, port = sys.argv[1], int(sys.argv[2])
+def ask(data, half_close):
+    s = socket.create_connection((host, port), timeout=5)
+    s.sendall(data)
+    if half_close:
+        s.shutdown(socket.SHUT_WR)
+    got = b""
+    try:
+        while True:
+            b = s.recv(65536)
+            if not b:
+                break
+            got += b
+    except OSError:
+        pass
+    s.close()
+    return got.split(b"\r\n")[0].decode("latin-1") or "closed"
+for i in range(3):
+    for k in range(20):
+        try:   # past the address's share, refused: the next round shows whether it lasts
+            s = socket.create_connection((host, port), timeout=5)
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Half: " if k % 2
+                      else b"POST /v3/requests HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+            s.close()
+        except OSError:
+            pass
+    start, served = time.monotonic(), None
+    while time.monotonic() - start < 10 and served is None:
+        try:
+            if ask(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", False) == "HTTP/1.1 200 OK":
+                served = time.monotonic() - start
+        except OSError:
+            pass
+        time.sleep(0.1)
+    print("round%d:%s" % (i, "never" if served is None else "served"))
+answers = set()
+for i in range(20):
+    answers.add(ask(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", True))
+    answers.add(ask(b"POST /v3/requests HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 2\r\n"
+                    b"Connection: close\r\n\r\n{}", True))
+print("half_closed:" + ",".join(sorted(answers)))
+]]
+    local dir = host.tmpdir()
+    host.write(dir .. "/halfsent.py", script)
+    local h, port = d4.address:match("^(.-):(%d+)$")
+    local rc, out = host.run({}, { "python3", common.quote(dir .. "/halfsent.py"), h, port })
+    os.execute("rm -rf " .. common.quote(dir))
+    api.stop(d4)
+    assert.equal(0, rc, out)
+    for i = 0, 2 do assert.truthy(out:find("round" .. i .. ":served", 1, true), out) end
+    assert.truthy(out:find("half_closed:HTTP/1.1 200 OK,HTTP/1.1 401 Unauthorized\n", 1, true), out)
+  end)
+
   it("closes a request whose body trickles in past MG_API_BODY_TIMEOUT_SECONDS", function()
     -- whole headers, then one body byte every 0.2 s of a declared 1,000
     -- (each byte restarts the idle timeout, 60 s); a body that arrives in
