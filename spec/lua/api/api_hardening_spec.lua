@@ -39,26 +39,36 @@ local function expect_problem(status, kind, r, what)
   return doc
 end
 
+-- The Python the raw-socket scripts share: read_all(s) -> what the daemon
+-- sent on s until it closed the connection ("...TIMEOUT" appended after 5 s
+-- of nothing), the socket closed.
+local PY_READ_ALL = [[
+import socket, sys
+def read_all(s):
+    got = b""
+    try:
+        while True:
+            b = s.recv(65536)
+            if not b:
+                break
+            got += b
+    except socket.timeout:
+        got += b"...TIMEOUT"
+    except OSError:
+        pass
+    s.close()
+    return got
+]]
+
 -- raw(d, bytes) -> everything the daemon sent back until it closed the
 -- connection (or 5 s passed: then "...TIMEOUT" is appended)
 local function raw(daemon, bytes)
-  local script = [[
-import socket, sys
+  local script = PY_READ_ALL .. [[
 host, port = sys.argv[1], int(sys.argv[2])
 data = sys.stdin.buffer.read()
 s = socket.create_connection((host, port), timeout=5)
 s.sendall(data)
-got = b""
-try:
-    while True:
-        b = s.recv(65536)
-        if not b:
-            break
-        got += b
-except socket.timeout:
-    got += b"...TIMEOUT"
-s.close()
-sys.stdout.write(got.decode("latin-1"))
+sys.stdout.write(read_all(s).decode("latin-1"))
 ]]
   local dir = host.tmpdir()
   host.write(dir .. "/raw.py", script)
@@ -521,25 +531,15 @@ print("served:%s" % served)
     local d4 = api.start({ MG_WORKERS_ENABLED = "false", MG_API_MAX_CONNECTIONS_PER_IP = "8",
                            MG_API_HEADER_TIMEOUT_SECONDS = "60", MG_API_BODY_TIMEOUT_SECONDS = "60",
                            MG_API_IDLE_TIMEOUT_SECONDS = "60" })
-    local script = [[
-import socket, sys, time
+    local script = PY_READ_ALL .. [[
+import time
 host, port = sys.argv[1], int(sys.argv[2])
 def ask(data, half_close):
     s = socket.create_connection((host, port), timeout=5)
     s.sendall(data)
     if half_close:
         s.shutdown(socket.SHUT_WR)
-    got = b""
-    try:
-        while True:
-            b = s.recv(65536)
-            if not b:
-                break
-            got += b
-    except OSError:
-        pass
-    s.close()
-    return got.split(b"\r\n")[0].decode("latin-1") or "closed"
+    return read_all(s).split(b"\r\n")[0].decode("latin-1") or "closed"
 for i in range(3):
     for k in range(20):
         try:   # past the address's share, refused: the next round shows whether it lasts
