@@ -259,7 +259,7 @@ describe("qtgd's command line", function()
     -- anything but one statement is not signed
     local st = "qtg-approval-v3\ndeployment desk-1\nrequest 0b6d1c2e-1111-4222-8333-944455556666\nclass mainnet\ndigest "
       .. string.rep("a", 64) .. "\nplan " .. string.rep("b", 64) .. "\n"
-    local sign = { "sign", key, "--request", "0b6d1c2e-1111-4222-8333-944455556666", "--kind", "approval" }
+    local sign = { "sign", key, "--request", "0b6d1c2e-1111-4222-8333-944455556666", "--kind", "approval", "--unchecked" }
     for _, bad in ipairs({ "", "hello", st .. "x", st:gsub("mainnet", "Mainnet"), st:sub(1, -2),
                            (st:gsub("request ", "request  ")), (st:gsub("deployment desk%-1\n", "")),
                            (st:gsub("v3", "v2")), (st:gsub("v3", "v1")) }) do
@@ -276,7 +276,9 @@ describe("qtgd's command line", function()
     assert.equal(1, rc, out)
     assert.matches("0644", out, 1, true)
     for _, args in ipairs({ {}, { "sign" }, { "frob", key }, { "sign", key, "only-one" }, { "key", key, "x", "y" },
-                            { "sign", key } }) do
+                            { "sign", key },
+                            -- an approval without its texts, unless --unchecked
+                            { "sign", key, "--request", "0b6d1c2e-1111-4222-8333-944455556666", "--kind", "approval" } }) do
       rc, out = approver(args)
       assert.equal(2, rc, table.concat(args, " ") .. ": " .. out)
     end
