@@ -685,8 +685,6 @@ static void qtg_api_schedule(qtg_api_listener *l) {
   if (l->d) uv_timer_start(&l->timer, qtg_api_on_timer, 0, 0);
 }
 
-/* Deadlines of connections still owing a request's headers or body: shut
- * down (libmicrohttpd then reads the end and closes the connection itself). */
 /* Whether the peer of fd has closed its side with nothing left unread: a
  * request it owes can then never arrive. */
 static int qtg_api_peer_gone(int fd) {
@@ -694,12 +692,14 @@ static int qtg_api_peer_gone(int fd) {
   return recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
 }
 
-/* Cut the connections that owe headers or a body past their deadline, and
- * those whose client closed its side without sending them: libmicrohttpd
- * notices that close only at the idle timeout, and until then the socket
- * counts against its address's share (MG_API_MAX_CONNECTIONS_PER_IP), so
- * a client that opens and drops half-sent requests keeps its address
- * refused without holding one connection itself. */
+/* Shut down the connections that owe a request's headers or body past
+ * their deadline, and those whose client closed its side without sending
+ * them (libmicrohttpd then reads the end and closes the connection
+ * itself): by itself it notices such a close only at the idle timeout,
+ * and until then the socket counts against its address's share
+ * (MG_API_MAX_CONNECTIONS_PER_IP), so a client that opens and drops
+ * half-sent requests keeps its address refused without holding one
+ * connection itself. */
 static void qtg_api_sweep_slow(struct qtg_api *api, double now) {
   for (qtg_api_conn *c = api->conns; c; c = c->next) {
     if (c->owes == QTG_OWES_NOTHING || c->cut) continue;
