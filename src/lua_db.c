@@ -27,6 +27,7 @@ typedef struct {
   int failed_commit; /* ... and one after a failed statement cannot */
   int ahead; /* a batch's statements after its commit (raw_batch_commit_ahead) */
   uv_timer_t *deadline; /* an acquire's MG_DB_ACQUIRE_TIMEOUT_SECONDS */
+  int in_share; /* an acquire of the API's share (MG_API_DB_SESSIONS) */
 } qtg_db_req;
 
 static void qtg_db_timer_closed(uv_handle_t *handle) { free(handle); }
@@ -623,6 +624,13 @@ static void qtg_db_acquire_cancel(qtg_task *t, void *arg) {
   qtg_task_resume(t, 2);
 }
 
+/* The API's share of the pool (MG_API_DB_SESSIONS; 0: half, rounded up). */
+static int qtg_db_api_sessions(qtg_host *h) {
+  int size = (int)qtg_settings_num(h->settings, QTG_S_DB_POOL_SIZE);
+  int share = (int)qtg_settings_num(h->settings, QTG_S_API_DB_SESSIONS);
+  return share > 0 ? share : (size + 1) / 2;
+}
+
 /* MG_DB_ACQUIRE_TIMEOUT_SECONDS passed with the task still waiting: every
  * session is held (tasks that each hold one and wait for another would
  * otherwise wait for good) or none could be opened. */
@@ -632,12 +640,18 @@ static void qtg_db_acquire_expired(uv_timer_t *timer) {
   qtg_task *t = q->head.task;
   qtg_pg_acquire_cancel(h->pool, q);
   qtg_task_set_cancel(t, NULL, NULL);
-  char msg[200];
-  snprintf(msg, sizeof msg,
-           "no database session within %g s (MG_DB_ACQUIRE_TIMEOUT_SECONDS; "
-           "a pool of %g: all in use, or none could be opened)",
-           qtg_settings_num(h->settings, QTG_S_DB_ACQUIRE_TIMEOUT_SECONDS),
-           qtg_settings_num(h->settings, QTG_S_DB_POOL_SIZE));
+  char msg[240];
+  if (q->in_share)
+    snprintf(msg, sizeof msg,
+             "no database session within %g s (MG_DB_ACQUIRE_TIMEOUT_SECONDS; "
+             "the API's share of the pool, %d (MG_API_DB_SESSIONS), all in use, or none could be opened)",
+             qtg_settings_num(h->settings, QTG_S_DB_ACQUIRE_TIMEOUT_SECONDS), qtg_db_api_sessions(h));
+  else
+    snprintf(msg, sizeof msg,
+             "no database session within %g s (MG_DB_ACQUIRE_TIMEOUT_SECONDS; "
+             "a pool of %g: all in use, or none could be opened)",
+             qtg_settings_num(h->settings, QTG_S_DB_ACQUIRE_TIMEOUT_SECONDS),
+             qtg_settings_num(h->settings, QTG_S_DB_POOL_SIZE));
   qtg_db_req_free(q);
   lua_State *co = qtg_task_thread(t);
   lua_pushnil(co);
@@ -670,7 +684,8 @@ static int qtg_db_raw_acquire(lua_State *L) {
   q->head.h = h;
   q->head.task = t;
   qtg_pg_conn *conn = NULL;
-  int rc = qtg_pg_acquire(h->pool, qtg_db_acquired, q, &conn);
+  q->in_share = lua_toboolean(L, 1);
+  int rc = qtg_pg_acquire(h->pool, q->in_share, qtg_db_acquired, q, &conn);
   if (rc == 1) {
     free(q);
     qtg_db_push_session(L, h, t, conn);
@@ -776,6 +791,14 @@ static int qtg_db_stats(lua_State *L) {
   lua_setfield(L, -2, "in_use");
   lua_pushinteger(L, waiting);
   lua_setfield(L, -2, "waiting");
+  /* the API's share of it (MG_API_DB_SESSIONS) */
+  qtg_pg_pool_share_stats(h->pool, &size, &in_use, &waiting);
+  lua_pushinteger(L, size);
+  lua_setfield(L, -2, "api_share");
+  lua_pushinteger(L, in_use);
+  lua_setfield(L, -2, "api_in_use");
+  lua_pushinteger(L, waiting);
+  lua_setfield(L, -2, "api_waiting");
   /* the slow-statement watch (MG_DB_SLOW_WARN_SECONDS) */
   int slow;
   uint64_t slow_total, oldest_ms;
@@ -933,6 +956,7 @@ int qtg_pg_open(qtg_host *h, char *err, size_t errlen) {
     .lock_timeout_ms = qtg_db_setting_ms(h, QTG_S_DB_LOCK_TIMEOUT_SECONDS),
     .slow_warn_ms = qtg_db_setting_ms(h, QTG_S_DB_SLOW_WARN_SECONDS),
     .describe = qtg_db_describe,
+    .share_size = qtg_db_api_sessions(h),
   };
   if (qtg_pg_pool_new(h->loop, url, &cfg, qtg_db_drop, &h->pool) != 0) {
     snprintf(err, errlen, "out of memory creating the PostgreSQL pool");

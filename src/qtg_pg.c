@@ -66,6 +66,7 @@ typedef struct qtg_pg_after_commit {
 typedef struct qtg_pg_waiter {
   qtg_pg_acquire_cb cb;
   void *data;
+  int in_share;              /* the share's acquire (qtg_pg_acquire) */
   struct qtg_pg_waiter *next;
 } qtg_pg_waiter;
 
@@ -131,6 +132,7 @@ struct qtg_pg_conn {
   int after_commit_n;
   int after_commit_asked;    /* opened with QTG_PG_POOL_OPTIONS */
   int release_later;         /* qtg_pg_release_later: released on the next turn */
+  int in_share;              /* held by the share's acquire */
   /* the command in flight, for the slow-statement watch (a pool's only) */
   uint64_t sent_ns;          /* uv_hrtime() when it was sent */
   uint64_t slow_next_ms;     /* its age at which the next warning is due */
@@ -152,6 +154,7 @@ struct qtg_pg_pool {
   int tcp_timeout;          /* MG_DB_TCP_TIMEOUT_SECONDS (qtg_pg_tcp_params) */
   int statement_timeout_ms, lock_timeout_ms;
   int size, nconns, nconnecting, nidle, nwaiters, nin_use;
+  int share_size, nshare_in_use; /* the share's bound, its connections in use */
   qtg_pg_conn *conns;
   qtg_pg_waiter *whead, *wtail;
   void (*drop)(void *data); /* frees the data of a callback never to be called */
@@ -559,6 +562,7 @@ static void qtg_pg_conn_destroy(qtg_pg_conn *c) {
     if (c->state == QTG_PG_CONNECTING) p->nconnecting--;
     if (c->state == QTG_PG_IDLE && !c->in_use) p->nidle--;
     if (c->in_use) p->nin_use--;
+    if (c->in_use && c->in_share) p->nshare_in_use--;
   }
   qtg_pg_conn_free(c);
 }
@@ -1188,6 +1192,7 @@ int qtg_pg_pool_new(uv_loop_t *loop, const char *conninfo, const qtg_pg_pool_con
   p->lock_timeout_ms = cfg->lock_timeout_ms > 0 ? cfg->lock_timeout_ms : 0;
   p->drop = drop;
   p->size = cfg->size > 0 ? cfg->size : 1;
+  p->share_size = cfg->share_size > 0 && cfg->share_size < p->size ? cfg->share_size : p->size;
   p->slow_ms = cfg->slow_warn_ms > 0 ? cfg->slow_warn_ms : 0;
   p->describe = cfg->describe;
   p->conninfo = strdup(conninfo);
@@ -1247,15 +1252,34 @@ static int qtg_pg_pool_grow(qtg_pg_pool *p) {
   return 0;
 }
 
+/* Mark c in use by an acquire (the share's when in_share). */
+static void qtg_pg_hand_over(qtg_pg_pool *p, qtg_pg_conn *c, int in_share) {
+  c->in_use = 1;
+  c->in_share = in_share;
+  p->nin_use++;
+  if (in_share) p->nshare_in_use++;
+}
+
+/* The longest waiter that may have a connection now (the share's only
+ * while it holds fewer than its bound), unlinked; NULL when none may. */
+static qtg_pg_waiter *qtg_pg_next_waiter(qtg_pg_pool *p) {
+  qtg_pg_waiter *prev = NULL;
+  for (qtg_pg_waiter *w = p->whead; w; prev = w, w = w->next) {
+    if (w->in_share && p->nshare_in_use >= p->share_size) continue;
+    if (prev) prev->next = w->next;
+    else p->whead = w->next;
+    if (p->wtail == w) p->wtail = prev;
+    p->nwaiters--;
+    return w;
+  }
+  return NULL;
+}
+
 static void qtg_pg_pool_conn_ready(qtg_pg_conn *c) {
   qtg_pg_pool *p = c->pool;
-  qtg_pg_waiter *w = p->whead;
+  qtg_pg_waiter *w = qtg_pg_next_waiter(p);
   if (w) {
-    p->whead = w->next;
-    if (!p->whead) p->wtail = NULL;
-    p->nwaiters--;
-    c->in_use = 1;
-    p->nin_use++;
+    qtg_pg_hand_over(p, c, w->in_share);
     w->cb(c, NULL, w->data);
     free(w);
     return;
@@ -1263,9 +1287,24 @@ static void qtg_pg_pool_conn_ready(qtg_pg_conn *c) {
   p->nidle++;
 }
 
-int qtg_pg_acquire(qtg_pg_pool *p, qtg_pg_acquire_cb cb, void *data, qtg_pg_conn **out) {
+/* Hand idle connections to the waiters that may have them now. */
+static void qtg_pg_serve_idle(qtg_pg_pool *p) {
+  for (qtg_pg_conn *c = p->conns; c && p->nidle > 0 && p->nwaiters > 0; c = c->next) {
+    if (c->state != QTG_PG_IDLE || c->in_use) continue;
+    qtg_pg_waiter *w = qtg_pg_next_waiter(p);
+    if (!w) return;
+    p->nidle--;
+    qtg_pg_hand_over(p, c, w->in_share);
+    w->cb(c, NULL, w->data);
+    free(w);
+    return; /* the waiter's task ran and may have changed the list: one at a time */
+  }
+}
+
+int qtg_pg_acquire(qtg_pg_pool *p, int in_share, qtg_pg_acquire_cb cb, void *data, qtg_pg_conn **out) {
   *out = NULL;
-  if (p->nidle > 0) {
+  in_share = in_share ? 1 : 0;
+  if (p->nidle > 0 && !(in_share && p->nshare_in_use >= p->share_size)) {
     qtg_pg_conn *next;
     for (qtg_pg_conn *c = p->conns; c; c = next) {
       next = c->next;
@@ -1277,9 +1316,8 @@ int qtg_pg_acquire(qtg_pg_pool *p, qtg_pg_acquire_cb cb, void *data, qtg_pg_conn
           qtg_pg_conn_destroy(c); /* or opened before after-commit notifications were switched */
           continue;
         }
-        c->in_use = 1;
         p->nidle--;
-        p->nin_use++;
+        qtg_pg_hand_over(p, c, in_share);
         *out = c;
         return 1;
       }
@@ -1289,6 +1327,7 @@ int qtg_pg_acquire(qtg_pg_pool *p, qtg_pg_acquire_cb cb, void *data, qtg_pg_conn
   if (!w) return -1;
   w->cb = cb;
   w->data = data;
+  w->in_share = in_share;
   if (p->wtail) p->wtail->next = w;
   else p->whead = w;
   p->wtail = w;
@@ -1328,7 +1367,10 @@ void qtg_pg_release(qtg_pg_conn *c) {
   qtg_pg_pool *p = c->pool;
   if (!c->in_use) return;
   if (c->state == QTG_PG_BROKEN || c->state == QTG_PG_BUSY || PQstatus(c->pg) == CONNECTION_BAD) {
+    int was_share = c->in_share;
     qtg_pg_conn_destroy(c);
+    /* a waiter of the share may have room now, on an idle connection */
+    if (was_share) qtg_pg_serve_idle(p);
     /* a waiter may need a new connection now */
     if (p->nwaiters > 0 && qtg_pg_pool_grow(p) != 0)
       qtg_log_warn("cannot open a PostgreSQL connection: %s", p->last_error);
@@ -1355,6 +1397,8 @@ void qtg_pg_release(qtg_pg_conn *c) {
   }
   c->in_use = 0;
   p->nin_use--;
+  if (c->in_share) p->nshare_in_use--;
+  c->in_share = 0;
   qtg_pg_pool_conn_ready(c);
 }
 
@@ -1589,6 +1633,13 @@ void qtg_pg_pool_stats(const qtg_pg_pool *p, int *size, int *open, int *in_use, 
   *open = p->nconns;
   *in_use = p->nin_use;
   *waiting = p->nwaiters;
+}
+
+void qtg_pg_pool_share_stats(const qtg_pg_pool *p, int *size, int *in_use, int *waiting) {
+  *size = p->share_size;
+  *in_use = p->nshare_in_use;
+  *waiting = 0;
+  for (const qtg_pg_waiter *w = p->whead; w; w = w->next) *waiting += w->in_share;
 }
 
 /* ---- listener ---------------------------------------------------------------- */

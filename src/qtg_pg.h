@@ -42,6 +42,8 @@ typedef struct {
   int statement_timeout_ms; /* each session's statement_timeout; 0: none */
   int lock_timeout_ms;      /* each session's lock_timeout; 0: none */
   int slow_warn_ms;         /* the slow-statement watch (below); 0: off */
+  int share_size;           /* connections the share holds at most (qtg_pg_acquire's
+                             * in_share); 0 or more than size: size */
   /* The name of the task waiting on a command's data (NULL: unknown), for
    * the watch's lines; may be NULL. */
   const char *(*describe)(void *data);
@@ -84,8 +86,14 @@ int qtg_pg_after_commit_parse(const char *msg, size_t *channel_len, const char *
 void qtg_pg_pool_free(qtg_pg_pool *pool);
 
 /* Returns 1 and sets *out when a connection is free now (no callback);
- * 0 when queued (cb called later, in FIFO order of waiters); -1 on error. */
-int qtg_pg_acquire(qtg_pg_pool *pool, qtg_pg_acquire_cb cb, void *data, qtg_pg_conn **out);
+ * 0 when queued (cb called later, in FIFO order of waiters); -1 on error.
+ * in_share: the acquire is the share's (cfg.share_size), which holds at
+ * most that many connections at once: beyond them it waits, and the
+ * waiters behind it that are not the share's are served first, so work
+ * outside the share (the workers) never waits behind more than share_size
+ * of the share's sessions however many of its acquires queue (the API's
+ * requests: docs/api.md). */
+int qtg_pg_acquire(qtg_pg_pool *pool, int in_share, qtg_pg_acquire_cb cb, void *data, qtg_pg_conn **out);
 /* Forget a queued acquire (its callback will not be called). */
 void qtg_pg_acquire_cancel(qtg_pg_pool *pool, void *data);
 /* Give a connection back; an open transaction is rolled back first and a
@@ -168,6 +176,8 @@ int qtg_pg_broken(const qtg_pg_conn *conn);
 PGTransactionStatusType qtg_pg_txn_status(const qtg_pg_conn *conn);
 int qtg_pg_backend_pid(const qtg_pg_conn *conn);
 void qtg_pg_pool_stats(const qtg_pg_pool *pool, int *size, int *open, int *in_use, int *waiting);
+/* The share's bound (cfg.share_size), its connections in use, its waiters. */
+void qtg_pg_pool_share_stats(const qtg_pg_pool *pool, int *size, int *in_use, int *waiting);
 /* Why the pool's last connection attempt failed ("" when none has). */
 const char *qtg_pg_pool_last_error(const qtg_pg_pool *pool);
 

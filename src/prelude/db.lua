@@ -3,7 +3,9 @@
 -- raise instead, and build transactions, savepoints and claims on them.
 local db, session = ...
 local raw_acquire, raw_query, raw_exec = db.raw_acquire, session.raw_query, session.raw_exec
-function db.acquire() local s, err = raw_acquire() if s == nil then error(err, 2) end return s end
+-- acquire([share]) -> a session; share "api": one of the API's share of the pool (MG_API_DB_SESSIONS), which waits while the share is all in use and lets the workers' acquires go first
+local SHARES = { api = true }
+function db.acquire(share) if share ~= nil and not SHARES[share] then error('qtg.db.acquire: unknown share ' .. tostring(share) .. ' (the shares: api)', 2) end local s, err = raw_acquire(share ~= nil) if s == nil then error(err, 2) end return s end
 function session:query(sql, ...) local rows, n = raw_query(self, sql, ...) if rows == nil then error(n, 2) end return rows, n end
 -- batch({sql, v1, ...}, ...) -> rows1, ...: statements of a pipeline transaction sent together (one round trip); one by one while one is not prepared yet
 local function one_by_one(self, n, ...) local out = {} for i = 1, n do local st = select(i, ...) out[i] = self:query(unpack(st, 1, #st)) end return unpack(out, 1, n) end
@@ -51,7 +53,10 @@ function session:release_savepoint(name) return self:exec('RELEASE SAVEPOINT "' 
 local claim = db.claim
 function claim.one(s, spec) local row, err = claim.raw_one(s, spec) if row == nil and err ~= nil then error(err, 2) end return row end
 function claim.try(s, sql, id, ...) local row, err = claim.raw_try(s, sql, id, ...) if row == nil and err ~= nil then error(err, 2) end return row end
-function db.with_session(fn, ...) local s = db.acquire() local ok, a, b, c = pcall(fn, s, ...) s:release() if not ok then error(a, 0) end return a, b, c end
+local function with(share, fn, ...) local s = db.acquire(share) local ok, a, b, c = pcall(fn, s, ...) s:release() if not ok then error(a, 0) end return a, b, c end
+function db.with_session(fn, ...) return with(nil, fn, ...) end
+-- with_api_session(fn, ...): with_session on a session of the API's share
+function db.with_api_session(fn, ...) return with('api', fn, ...) end
 -- with_discarded_session(fn, ...): with_session whose connection is closed afterwards, not handed to the next task: for code that may change its session's state (set_config, an advisory lock, a PREPARE): the console's SQL
 function db.with_discarded_session(fn, ...) local s = db.acquire() local ok, a, b, c = pcall(fn, s, ...) s:discard() if not ok then error(a, 0) end return a, b, c end
 -- notify(channel, payload): a NOTIFY in a transaction of its own that does not wait for its WAL flush (so it holds PostgreSQL's notification lock only for itself: src/qtg_pg.c, "After-commit notifications"); a lost one costs its listeners latency, as a NOTIFY may.  The host calls it for a committed transaction's notification no handler in this process takes

@@ -185,7 +185,7 @@ end
 -- as for any refusal before the route runs), not honoured for seconds
 -- after its revocation was committed.
 local function run_outside(route, params, query, req)
-  local ctx, replay = qtg.db.with_session(function(s)
+  local ctx, replay = qtg.db.with_api_session(function(s)
     local ctx = admit(s, route, params, query, req)
     if route.mutating then
       local claim = idempotency.begin(s, ctx.principal, route, req, ctx.body)
@@ -197,7 +197,7 @@ local function run_outside(route, params, query, req)
   end)
   if not ctx then return unpack(replay, 1, 3) end
   local ok, err = pcall(route.outside, ctx)
-  return qtg.db.with_session(function(s)
+  return qtg.db.with_api_session(function(s)
     ctx.s = s
     local still, refusal = pcall(authorize, s, route, req)
     if not still then
@@ -221,7 +221,7 @@ local function run_route(route, params, req)
     return encode(status, doc, headers)
   end
   if route.outside then return run_outside(route, params, query, req) end
-  return qtg.db.with_session(function(s)
+  return qtg.db.with_api_session(function(s)
     local ctx = admit(s, route, params, query, req)
     local function call() return encode(route.handler(ctx)) end
     if route.mutating then

@@ -119,8 +119,17 @@ function M.render(s)
         w.pass_seconds)
     end
   end
-  -- this process's statements past MG_DB_SLOW_WARN_SECONDS (its pool's watch)
+  -- this process's sessions: the API's share of its pool and the rest
   local db = qtg.db.stats()
+  family(out, "qtg_db_sessions_in_use", "gauge",
+    "this process's database sessions in use: the API's requests (its share: MG_API_DB_SESSIONS) and the other tasks (workers, console)",
+    { { holder = "api", value = db.api_in_use }, { holder = "other", value = db.in_use - db.api_in_use } },
+    { "holder" })
+  family(out, "qtg_db_acquires_waiting", "gauge",
+    "this process's tasks waiting for a database session: the API's requests and the other tasks",
+    { { holder = "api", value = db.api_waiting }, { holder = "other", value = db.waiting - db.api_waiting } },
+    { "holder" })
+  -- this process's statements past MG_DB_SLOW_WARN_SECONDS (its pool's watch)
   family(out, "qtg_db_slow_statements_in_flight", "gauge",
     "statements and commits of this process still running past MG_DB_SLOW_WARN_SECONDS (warned about)",
     { { value = db.slow } }, {})
