@@ -10,6 +10,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -730,6 +731,71 @@ fail:
   return -1;
 }
 
+/* Whether the directory dir, and each one above it, is safe to hold the
+ * enrolment: not owned by writer_uid (>= 0) and writable by its owner
+ * alone (a sticky directory excepted, where no one else can rename or
+ * remove the file).  Whoever may write a directory on the way can put
+ * another file in the enrolment's place: an older enrolment that still
+ * counts a revoked approver, or a link to a file of its choice, which the
+ * checks of the file itself would pass.  0, or -1 and err. */
+static int qtg_approvers_dirs_ok(const char *dir, long writer_uid, char *err, size_t errlen) {
+  char at[PATH_MAX];
+  if (snprintf(at, sizeof at, "%s", dir) >= (int)sizeof at) {
+    snprintf(err, errlen, "MG_SIGNER_APPROVERS: the path %s is too long", dir);
+    return -1;
+  }
+  for (;;) {
+    struct stat st;
+    if (stat(at, &st) != 0 || !S_ISDIR(st.st_mode)) {
+      snprintf(err, errlen, "MG_SIGNER_APPROVERS: cannot look at the directory %s: %s", at,
+               strerror(errno ? errno : ENOTDIR));
+      return -1;
+    }
+    if (writer_uid >= 0 && (long)st.st_uid == writer_uid) {
+      snprintf(err, errlen, "MG_SIGNER_APPROVERS: the directory %s is owned by uid %ld, the daemon's "
+               "(MG_SIGNER_ALLOWED_UID), which could put another file in the enrolment's place; "
+               "make it root's", at, writer_uid);
+      return -1;
+    }
+    if ((st.st_mode & 022) != 0 && (st.st_mode & S_ISVTX) == 0) {
+      snprintf(err, errlen, "MG_SIGNER_APPROVERS: the directory %s has mode %04o: group or others "
+               "could put another file in the enrolment's place; make it 0755 or stricter",
+               at, (unsigned)(st.st_mode & 07777));
+      return -1;
+    }
+    char *slash = strrchr(at, '/');
+    if (slash == NULL || strcmp(at, "/") == 0) return 0;
+    if (slash == at) slash[1] = '\0';
+    else *slash = '\0';
+  }
+}
+
+/* The directories path is reached through: each one its name passes
+ * through as given (a link on the way, or the file's own name, is replaced
+ * by whoever may write the directory holding it) and, once links are
+ * resolved, each one above the file itself; all up to the root. */
+static int qtg_approvers_path_ok(const char *path, long writer_uid, char *err, size_t errlen) {
+  char given[PATH_MAX], real[PATH_MAX], cwd[PATH_MAX];
+  int n;
+  if (path[0] == '/') n = snprintf(given, sizeof given, "%s", path);
+  else if (getcwd(cwd, sizeof cwd) != NULL) n = snprintf(given, sizeof given, "%s/%s", cwd, path);
+  else n = -1;
+  if (n < 0 || n >= (int)sizeof given || realpath(path, real) == NULL) {
+    snprintf(err, errlen, "MG_SIGNER_APPROVERS: cannot resolve %s: %s", path,
+             strerror(n < 0 || n >= (int)sizeof given ? ENAMETOOLONG : errno));
+    return -1;
+  }
+  /* from each, its directory: the text before the last slash ("/" for a file at the root) */
+  char *paths[2] = {given, real};
+  for (int i = 0; i < 2; i++) {
+    char *last = strrchr(paths[i], '/');
+    if (last == paths[i]) last[1] = '\0';
+    else *last = '\0';
+  }
+  if (qtg_approvers_dirs_ok(given, writer_uid, err, errlen) != 0) return -1;
+  return strcmp(given, real) == 0 ? 0 : qtg_approvers_dirs_ok(real, writer_uid, err, errlen);
+}
+
 int qtg_approvers_load(const char *path, qtg_approvers **out, char *err, size_t errlen) {
   return qtg_approvers_load_guarded(path, -1, out, err, errlen);
 }
@@ -759,6 +825,10 @@ int qtg_approvers_load_guarded(const char *path, long writer_uid, qtg_approvers 
   if ((st.st_mode & 022) != 0) {
     snprintf(err, errlen, "MG_SIGNER_APPROVERS: %s has mode %04o: group or others may change "
              "who approves; make it 0644 or stricter", path, (unsigned)(st.st_mode & 07777));
+    close(fd);
+    return -1;
+  }
+  if (qtg_approvers_path_ok(path, writer_uid, err, errlen) != 0) {
     close(fd);
     return -1;
   }

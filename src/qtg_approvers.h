@@ -105,12 +105,15 @@ int qtg_approvers_parse(const char *text, size_t len, qtg_approvers **out, char 
                         size_t errlen);
 
 /* Read and parse the file at path: a regular file that group and others
- * cannot write (the signer trusts what it says). */
+ * cannot write, in directories (each up to the root, along the path as
+ * given and along the file's own once links are resolved) that only their
+ * owner may write, or sticky ones (the signer trusts what it says). */
 int qtg_approvers_load(const char *path, qtg_approvers **out, char *err, size_t errlen);
 
-/* The same, and refused when the file is owned by writer_uid (the daemon's
- * uid, which could otherwise chmod and rewrite it); writer_uid < 0 checks
- * no owner. */
+/* The same, and refused when the file or one of those directories is
+ * owned by writer_uid (the daemon's uid, which could otherwise chmod and
+ * rewrite it, or put another file in its place); writer_uid < 0 checks no
+ * owner. */
 int qtg_approvers_load_guarded(const char *path, long writer_uid, qtg_approvers **out, char *err,
                                size_t errlen);
 

@@ -885,6 +885,49 @@ static void test_approvers(void) {
   qtg_approvers_free(a);
   snprintf(path, sizeof path, "%s/no-such-file", tmpdir);
   CHECK(&tc, qtg_approvers_load(path, &a, err, sizeof err) == -1 && strstr(err, "MG_SIGNER_APPROVERS"));
+
+  /* its directories: whoever may write one could put another file in its
+   * place (an older enrolment, a link), so each must be its owner's alone */
+  char dir[400], held[450], link[450];
+  snprintf(dir, sizeof dir, "%s/conf", tmpdir);
+  snprintf(held, sizeof held, "%s/approvers", dir);
+  snprintf(link, sizeof link, "%s/approvers-link", tmpdir);
+  CHECK(&tc, mkdir(dir, 0755) == 0 && chmod(dir, 0755) == 0);
+  f = fopen(held, "w");
+  CHECK(&tc, f != NULL);
+  if (f == NULL) return;
+  fprintf(f, DEPLOY "person alice ed25519:%s operator:alice\nquorum * 1\n", ED_PUBLIC);
+  fclose(f);
+  CHECK(&tc, chmod(held, 0644) == 0 && symlink(held, link) == 0);
+  CHECK(&tc, qtg_approvers_load(held, &a, err, sizeof err) == 0);
+  qtg_approvers_free(a);
+  CHECK(&tc, qtg_approvers_load(link, &a, err, sizeof err) == 0);
+  qtg_approvers_free(a);
+  /* the file's directory writable by its group: refused, by name and through the link */
+  CHECK(&tc, chmod(dir, 0775) == 0);
+  CHECK(&tc, qtg_approvers_load(held, &a, err, sizeof err) == -1 && a == NULL && strstr(err, "the directory") &&
+                 strstr(err, "0775"));
+  CHECK(&tc, qtg_approvers_load(link, &a, err, sizeof err) == -1 && a == NULL && strstr(err, "0775"));
+  /* sticky, as /tmp is: no one else can rename or remove the file there */
+  CHECK(&tc, chmod(dir, 01777) == 0);
+  CHECK(&tc, qtg_approvers_load(held, &a, err, sizeof err) == 0);
+  qtg_approvers_free(a);
+  CHECK(&tc, chmod(dir, 0755) == 0);
+  /* the link in a directory others may write (the link can be replaced),
+   * the file's own directory safe: refused */
+  CHECK(&tc, chmod(tmpdir, 0777) == 0);
+  CHECK(&tc, qtg_approvers_load(link, &a, err, sizeof err) == -1 && a == NULL && strstr(err, "0777"));
+  /* ... and a directory further up the file's path: refused too */
+  CHECK(&tc, qtg_approvers_load(held, &a, err, sizeof err) == -1 && a == NULL && strstr(err, "0777"));
+  CHECK(&tc, chmod(tmpdir, 0700) == 0);
+  /* a directory owned by the daemon's uid: refused although the file is not its */
+  if (geteuid() == 0) {
+    CHECK(&tc, chown(held, (uid_t)getuid() + 1, (gid_t)-1) == 0);
+    CHECK(&tc, qtg_approvers_load_guarded(held, (long)getuid(), &a, err, sizeof err) == -1 && a == NULL &&
+                   strstr(err, "the directory") && strstr(err, "owned by uid"));
+    CHECK(&tc, chown(held, (uid_t)getuid(), (gid_t)-1) == 0);
+  }
+  CHECK(&tc, unlink(link) == 0 && unlink(held) == 0 && rmdir(dir) == 0);
 }
 
 /* quorum CLASS|* N above AMOUNT ASSET: the count qtg_approvers_quorum_for
