@@ -778,37 +778,33 @@ static int qtg_db_session_tostring(lua_State *L) {
   return 1;
 }
 
+/* t[name] = n, t on the stack's top */
+static void qtg_db_set_number(lua_State *L, const char *name, lua_Number n) {
+  lua_pushnumber(L, n);
+  lua_setfield(L, -2, name);
+}
+
 static int qtg_db_stats(lua_State *L) {
   qtg_host *h = qtg_host_from_lua(L);
   int size, open, in_use, waiting;
   qtg_pg_pool_stats(h->pool, &size, &open, &in_use, &waiting);
-  lua_createtable(L, 0, 4);
-  lua_pushinteger(L, size);
-  lua_setfield(L, -2, "size");
-  lua_pushinteger(L, open);
-  lua_setfield(L, -2, "open");
-  lua_pushinteger(L, in_use);
-  lua_setfield(L, -2, "in_use");
-  lua_pushinteger(L, waiting);
-  lua_setfield(L, -2, "waiting");
+  lua_createtable(L, 0, 10);
+  qtg_db_set_number(L, "size", size);
+  qtg_db_set_number(L, "open", open);
+  qtg_db_set_number(L, "in_use", in_use);
+  qtg_db_set_number(L, "waiting", waiting);
   /* the API's share of it (MG_API_DB_SESSIONS) */
   qtg_pg_pool_share_stats(h->pool, &size, &in_use, &waiting);
-  lua_pushinteger(L, size);
-  lua_setfield(L, -2, "api_share");
-  lua_pushinteger(L, in_use);
-  lua_setfield(L, -2, "api_in_use");
-  lua_pushinteger(L, waiting);
-  lua_setfield(L, -2, "api_waiting");
+  qtg_db_set_number(L, "api_share", size);
+  qtg_db_set_number(L, "api_in_use", in_use);
+  qtg_db_set_number(L, "api_waiting", waiting);
   /* the slow-statement watch (MG_DB_SLOW_WARN_SECONDS) */
   int slow;
   uint64_t slow_total, oldest_ms;
   qtg_pg_pool_slow_stats(h->pool, &slow, &slow_total, &oldest_ms);
-  lua_pushinteger(L, slow);
-  lua_setfield(L, -2, "slow");
-  lua_pushnumber(L, (lua_Number)slow_total);
-  lua_setfield(L, -2, "slow_total");
-  lua_pushnumber(L, (lua_Number)oldest_ms / 1000);
-  lua_setfield(L, -2, "oldest_seconds");
+  qtg_db_set_number(L, "slow", slow);
+  qtg_db_set_number(L, "slow_total", (lua_Number)slow_total);
+  qtg_db_set_number(L, "oldest_seconds", (lua_Number)oldest_ms / 1000);
   return 1;
 }
 
