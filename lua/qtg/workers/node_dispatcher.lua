@@ -52,7 +52,11 @@ M.ACTOR = "system:node_dispatcher"
 -- the test: the FAILED and UNKNOWN nodes of a request, from an index leaf;
 -- the side effect beside an UNKNOWN one is a scalar subquery, read by the
 -- request's key for that row only (an EXISTS there became a hashed subplan
--- over every completed side-effect node the table holds).
+-- over every completed side-effect node the table holds).  The test is
+-- inside the LATERAL, a filter of its READY nodes below the lock: applied
+-- to the request above it, the claim locked a stopping request's READY
+-- node, passed the request over and kept that lock through the dispatch of
+-- the node it claimed (the spec's claim path keeps no such lock).
 -- FIFO by the request's created_at (the spec's order; created_at is each
 -- row's clock_timestamp()), its READY nodes by node_key.  The requests are
 -- walked in their index's order and each one's first READY node taken in a
@@ -72,18 +76,18 @@ SELECT n.id, r.id AS request_id
       AND n.action_type NOT LIKE 'manual\_%'
       AND NOT (n.id::text = ANY ($1::text[]))
       AND coalesce(n.executor, '') <> ALL (ARRAY(SELECT jsonb_array_elements_text($3::jsonb)))
+      AND NOT EXISTS (SELECT 1 FROM movement_request_nodes t
+                       WHERE t.request_id = r.id AND t.node_state IN ('FAILED', 'UNKNOWN')
+                         AND (t.node_state = 'FAILED'
+                              OR (SELECT true FROM movement_request_nodes p
+                                   WHERE p.request_id = t.request_id AND p.node_state = 'COMPLETED' AND p.side_effect
+                                   LIMIT 1) IS TRUE))
     ORDER BY n.node_key ASC
     LIMIT 1]] .. (lock and "\n      FOR UPDATE SKIP LOCKED" or "") .. [[
 
  ) n
  WHERE r.request_state IN ('APPROVED', 'EXECUTING')
    AND r.network_class = $2
-   AND NOT EXISTS (SELECT 1 FROM movement_request_nodes t
-                    WHERE t.request_id = r.id AND t.node_state IN ('FAILED', 'UNKNOWN')
-                      AND (t.node_state = 'FAILED'
-                           OR (SELECT true FROM movement_request_nodes p
-                                WHERE p.request_id = t.request_id AND p.node_state = 'COMPLETED' AND p.side_effect
-                                LIMIT 1) IS TRUE))
  ORDER BY r.created_at ASC
  LIMIT 1]]
 end

@@ -7,6 +7,8 @@ local dispatcher = require "qtg.workers.node_dispatcher"
 
 local sup
 local T = "spec_claim_one"
+-- three parallel nodes: one kept in flight, one that fails at submit, one left READY
+local STOPPING = "spec_claim_stopping"
 
 -- one tick of the dispatcher with its passes as the runtime runs it
 local function common_tick() return sup.tick("node_dispatcher", dispatcher.PASSES_PER_TICK) end
@@ -91,6 +93,11 @@ describe("per-candidate claim", function()
     s1, s2, s3 = qtg.db.acquire(), qtg.db.acquire(), qtg.db.acquire()
     s3:query("CREATE EXTENSION IF NOT EXISTS pgrowlocks")
     sup.load_doc(s3, sup.doc(T, { { "a", "action", "withdrawal", { sim = { observes = 0 } } } }))
+    sup.load_doc(s3, sup.doc(STOPPING, {
+      { "a_slow", "action", "withdrawal", { sim = { observes = 1000, retry_after_seconds = 600 } } },
+      { "b_fail", "action", "withdrawal", { sim = { fail = "submit" } } },
+      { "c_ready", "action", "withdrawal", { sim = { observes = 0 } } },
+    }))
   end)
   teardown(function()
     for _, s in ipairs({ s1, s2, s3 }) do
@@ -173,6 +180,33 @@ describe("per-candidate claim", function()
     s2:rollback()
     row = dispatcher.claim_one(s1, qtg.settings.network_class)
     assert.equal(older_node.id, row.node_id)
+    s1:rollback()
+  end)
+
+  -- A review (session 38): the stopping test was applied above the
+  -- LATERAL's lock, so the claim locked an older stopping request's READY
+  -- node, passed the request over, and kept that lock through the claimed
+  -- node's whole dispatch (the provider's submit included), as the spec's
+  -- claim path forbids.
+  it("the one-statement claim keeps no lock on the READY node of a stopping request it passes over", function()
+    local old = sup.create_approved(s3, STOPPING)
+    for _ = 1, 3 do sup.tick("node_dispatcher") end
+    local n = sup.nodes(s3, old.id)
+    assert.equal("SUBMITTED", n.a_slow.node_state)
+    assert.equal("FAILED", n.b_fail.node_state)
+    assert.equal("READY", n.c_ready.node_state)
+    assert.equal("EXECUTING", sup.request(s3, old.id).request_state) -- held while a_slow settles
+    local new = sup.create_approved(s3, T)
+    local new_node = sup.nodes(s3, new.id).a
+    local row = dispatcher.claim_one(s1, qtg.settings.network_class)
+    assert.equal(new_node.id, row.node_id)
+    local locks = node_row_locks(s3)
+    assert.is_string(locks[new_node.id], "the claimed node is row-locked")
+    assert.is_nil(locks[n.c_ready.id], "the passed-over node must carry no row lock")
+    s3:begin()
+    assert.equal(1, #s3:query([[SELECT id FROM movement_request_nodes WHERE id = $1::uuid
+                                 FOR UPDATE NOWAIT]], n.c_ready.id))
+    s3:rollback()
     s1:rollback()
   end)
 
