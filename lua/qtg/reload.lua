@@ -56,8 +56,8 @@ M.WORKER_MAX_SECONDS = 31536000
 -- are module names), and the registry's own check of a loaded module when
 -- it has one (a function returning a list of errors).
 M.FIRST_USE = {
-  { registry = "qtg.executors", field = "ADAPTERS" },
-  { registry = "qtg.venues", field = "VENUES" },
+  { registry = "qtg.executors", field = "ADAPTERS", check = "validate" },
+  { registry = "qtg.venues", field = "VENUES", check = "validate" },
   { registry = "qtg.approvals", field = "MODULE", check = "validate" },
 }
 

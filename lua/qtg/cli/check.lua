@@ -616,13 +616,10 @@ function M.check_policies(report)
         add(report, "FAIL", "policies", ("%s (%s) must return a table with tick(session)")
           :format(name, tostring(seen[name])))
         good = false
-      elseif name:match("^qtg%.executors%.") and type(mod) ~= "table" then
-        add(report, "FAIL", "policies", name .. " must return a table of executor functions")
-        good = false
       elseif name:match("^qtg%.executors%.") then
-        local ok, why = require("qtg.pacing").check_declaration(rawget(mod, "RATE_LIMITS"))
-        if not ok then
-          add(report, "FAIL", "policies", name .. ": " .. why)
+        local errs = emod.validate(mod)
+        if #errs > 0 then
+          add(report, "FAIL", "policies", name .. ": " .. table.concat(errs, "; "))
           good = false
         end
       end

@@ -112,6 +112,31 @@ function M.allowed(name, class)
     tostring(class), setting:upper(), list)
 end
 
+-- validate(adapter) -> list of errors (empty: usable): what reload and
+-- `qtgd check` ask of an adapter module before any node needs it.  A table
+-- with at least one of the calls, each call present a function, its
+-- RATE_LIMITS well formed (qtg.pacing).  A module that is not (a `return
+-- 42`, a `submit` that is a string) would fail every node dispatched to it.
+M.CALLS = { "preflight", "prepare", "submit", "observe", "recover", "health" }
+
+function M.validate(adapter)
+  if type(adapter) ~= "table" then
+    return { "an executor module must return a table of its functions (got " .. type(adapter) .. ")" }
+  end
+  local errs, any = {}, false
+  for _, fname in ipairs(M.CALLS) do
+    local f = rawget(adapter, fname)
+    if f ~= nil then
+      any = true
+      if type(f) ~= "function" then errs[#errs + 1] = fname .. " must be a function (got " .. type(f) .. ")" end
+    end
+  end
+  if not any then errs[#errs + 1] = "an executor module needs one of " .. table.concat(M.CALLS, ", ") end
+  local ok, why = require("qtg.pacing").check_declaration(rawget(adapter, "RATE_LIMITS"))
+  if not ok then errs[#errs + 1] = why end
+  return errs
+end
+
 function M.get(name)
   local modname = M.ADAPTERS[name]
   if not modname then return nil, "no executor named " .. tostring(name) end

@@ -34,6 +34,14 @@ function M.register(venue, module_name)
   M.VENUES[venue] = module_name
 end
 
+-- validate(adapter) -> list of errors (empty: usable), for reload.
+function M.validate(adapter)
+  if type(adapter) ~= "table" or type(rawget(adapter, "fetch_page")) ~= "function" then
+    return { "a venue adapter module must return a table with fetch_page(venue, cursor, settings)" }
+  end
+  return {}
+end
+
 -- adapter(venue) -> adapter module, or nil, reason.
 function M.adapter(venue)
   local name = M.VENUES[venue]

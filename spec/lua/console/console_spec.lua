@@ -434,6 +434,19 @@ return { registry = function() return { { name = %q, group = "sidecar", interval
         "qtg.venues.connector", "the connector is broken" },
       { "the approval policy", "qtg/policies/approval.lua", "return { rules = {} }\n",
         "qtg.policies.approval", "at least one rule" },
+      -- a review (session 38): these passed the reload, and every node
+      -- dispatched to the executor then FAILED with EXECUTOR_ERROR
+      { "an executor that is not a table", "qtg/executors/sim.lua", "return 42\n",
+        "qtg.executors.sim", "an executor module must return a table of its functions (got number)" },
+      { "an executor whose submit is not a function", "qtg/executors/sim.lua", "return { submit = 'no' }\n",
+        "qtg.executors.sim", "submit must be a function (got string)" },
+      { "an executor with none of the calls", "qtg/executors/manual.lua", "return { probe = true }\n",
+        "qtg.executors.manual", "an executor module needs one of preflight" },
+      { "an executor whose rate limits are malformed", "qtg/executors/sim.lua",
+        "return { submit = function() end, RATE_LIMITS = { submit = { per_second = 0 } } }\n",
+        "qtg.executors.sim", "RATE_LIMITS.submit.per_second must be a number > 0" },
+      { "a venue's adapter without fetch_page", "qtg/venues/connector.lua", "return { fetch = function() end }\n",
+        "qtg.venues.connector", "a venue adapter module must return a table with fetch_page" },
     }) do
       it("refuses " .. case[1] .. " that fails to load, though nothing has loaded it yet", function()
         write(case[2], case[3])
@@ -513,7 +526,7 @@ return { registry = function() return { { name = %q, group = "sidecar", interval
     end
 
     it("loads and keeps a good one, in force after the reload", function()
-      write("qtg/executors/manual.lua", "return { probe = 'new manual' }\n")
+      write("qtg/executors/manual.lua", "return { probe = 'new manual', observe = function() end }\n")
       local report = reload.reload("spec")
       -- this process runs no workers: stop the ones the reload's registry started
       for _, name in ipairs(report.started) do require("qtg").runtime.stop_worker(name) end

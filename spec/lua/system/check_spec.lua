@@ -370,6 +370,14 @@ return { rules = { { name = "tiers", match = { amount_over = "5" }, action = P.a
     assert.matches("qtg.executors.manual: ", line_of(out, "FAIL", "policies"), 1, true)
   end)
 
+  it("fails on an executor module that is not an adapter, as a reload refuses it", function()
+    local over = tmp .. "/lua-garbage"
+    sup.write(over .. "/qtg/executors/sim.lua", "return { submit = 'no' }\n")
+    local rc, out = check({ MG_LUA_PATH = over }, "--templates " .. q(tdir))
+    assert.equals(1, rc, out)
+    assert.matches("qtg.executors.sim: submit must be a function (got string)", line_of(out, "FAIL", "policies"), 1, true)
+  end)
+
   it("refuses unknown arguments with its usage", function()
     local rc, out = check({}, "--frobnicate")
     assert.equals(2, rc, out)
