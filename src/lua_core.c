@@ -61,7 +61,7 @@ static void qtg_sleep_cancel(qtg_task *t, void *arg) {
   uv_timer_stop(&r->timer);
   qtg_sleep_unlist(r);
   /* raw_sleep returns the error; the Lua wrapper qtg.sleep raises it. */
-  qtg_push_error(qtg_task_thread(t), "interrupted", "sleep interrupted by the operator");
+  qtg_push_error(qtg_task_thread(t), "interrupted", "sleep interrupted");
   qtg_task_resume(t, 1);
 }
 
@@ -179,7 +179,7 @@ static void qtg_join_cancel(qtg_task *joiner, void *arg) {
   th->joiner = NULL;
   lua_State *co = qtg_task_thread(joiner);
   lua_pushnil(co);
-  qtg_push_error(co, "interrupted", "join of task '%s' interrupted by the operator", th->name);
+  qtg_push_error(co, "interrupted", "join of task '%s' interrupted", th->name);
   qtg_task_resume(joiner, 2);
 }
 

@@ -250,7 +250,7 @@ static void qtg_db_query_cancel(qtg_task *t, void *arg) {
   free(q);
   lua_State *co = qtg_task_thread(t);
   lua_pushnil(co);
-  qtg_push_error(co, "interrupted", "query interrupted by the operator");
+  qtg_push_error(co, "interrupted", "query interrupted");
   qtg_task_resume(t, 2);
 }
 

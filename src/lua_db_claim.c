@@ -197,7 +197,7 @@ static void qtg_claim_cancel(qtg_task *t, void *arg) {
   qtg_claim_free(c);
   lua_State *co = qtg_task_thread(t);
   lua_pushnil(co);
-  qtg_push_error(co, "interrupted", "claim interrupted by the operator");
+  qtg_push_error(co, "interrupted", "claim interrupted");
   qtg_task_resume(t, 2);
 }
 

@@ -105,7 +105,7 @@ static void qtg_lua_http_cancel(qtg_task *t, void *arg) {
   free(w);
   lua_settop(co, 0);
   lua_pushnil(co);
-  qtg_push_error(co, "interrupted", "http request interrupted by the operator");
+  qtg_push_error(co, "interrupted", "http request interrupted");
   qtg_task_resume(t, 2);
 }
 

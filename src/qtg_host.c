@@ -259,7 +259,7 @@ static void qtg_task_interrupt_hook(lua_State *L, lua_Debug *ar) {
   if (!t || t->co != L || !t->interrupted) return;
   t->interrupted = 0;
   lua_sethook(L, h->saved_hook, h->saved_hook_mask, h->saved_hook_count);
-  qtg_raise(L, "interrupted", "interrupted by the operator");
+  qtg_raise(L, "interrupted", "interrupted");
 }
 
 static void qtg_task_run(qtg_task *t, int nargs) {

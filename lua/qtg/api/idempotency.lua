@@ -96,7 +96,12 @@ function M.finish(s, claim, call)
       local st, h, b = problem.response(status)
       status, headers, text = st, h, b
     else
-      forget()
+      -- the key is freed for a retry; when the failure took the session
+      -- with it (the request interrupted at its deadline, a lost
+      -- connection) it cannot be, and the first request's claim is taken
+      -- over after twice the request timeout instead (above): the failure
+      -- is raised as it was, not the freeing's
+      pcall(forget)
       error(status, 0)
     end
   end

@@ -241,6 +241,14 @@ local OUTAGE = {
 }
 
 local function failure(e, route, req)
+  -- the C server interrupts a request still running at its deadline
+  -- (MG_API_REQUEST_TIMEOUT_SECONDS) or at shutdown, and has answered it
+  -- 503 itself: a database or a provider that did not answer, not a fault
+  if type(e) == "table" and e.kind == "interrupted" then
+    qtg.log.warn("api request interrupted at its deadline or at shutdown", { route = route and route.path or "?",
+      method = req.method, error = tostring(e.message) })
+    return problem.response({ kind = "timeout", message = OUTAGE.timeout })
+  end
   if type(e) == "table" and OUTAGE[e.kind] then
     qtg.log.warn("api database outage", { route = route and route.path or "?", method = req.method,
       kind = e.kind, error = tostring(e.message) })

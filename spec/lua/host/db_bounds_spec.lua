@@ -160,6 +160,16 @@ print("slept", require("qtg").db.with_session(function(s) return s:query("SELECT
     holder:rollback()
     holder:release()
     assert(ok, err)
+    -- logged as what it is, a request stopped at its deadline, at warn: not
+    -- as a handler's failure "interrupted by the operator" (a review,
+    -- session 38: no operator did anything)
+    local log = common.wait_log(d.h, '[^\n]*"msg":"api request interrupted at its deadline or at shutdown"[^\n]*', 5,
+      "the interrupted request's log line")
+    assert.truthy(log:find('"level":"warn"', 1, true), log)
+    assert.truthy(log:find('"route":"/v3/requests/{id}/cancel"', 1, true), log)
+    local text = require("spec.lua.support.host").read(d.h.log) or ""
+    assert.is_nil(text:find("api handler failed", 1, true), text)
+    assert.is_nil(text:find("by the operator", 1, true), text)
     -- the request was not cancelled by the interrupted call, and can be now
     assert.equal("PENDING_APPROVAL",
       common.query("SELECT request_state FROM movement_requests WHERE id = $1", id)[1].request_state)
