@@ -168,9 +168,9 @@ M.SAVEPOINT = "dispatch_pipeline"
 -- or statement timeout (MG_DB_LOCK_TIMEOUT_SECONDS,
 -- MG_DB_STATEMENT_TIMEOUT_SECONDS: a migration's lock on the plan tables,
 -- another process's nonce reservation), a deadlock, a serialization
--- failure.  Before submit nothing was sent, so the tick raises, its claim
--- rolls back and the node is dispatched again at a later pass, rather than
--- failing a money movement on a transient condition.
+-- failure.  Before submit nothing was sent, so dispatch raises, its claim
+-- rolls back and the node is dispatched again later (held back: M.tick),
+-- rather than failing a money movement on a transient condition.
 M.TRANSIENT_SQLSTATES = { ["55P03"] = true, ["57014"] = true, ["40P01"] = true, ["40001"] = true }
 
 local function before_statement(s, progress)
@@ -329,13 +329,67 @@ end
 M.paced_until = {}
 local paced = M.paced_until
 
-local function paced_out()
-  local now, out = qtg.monotonic(), canon.array()
-  for name, until_t in pairs(paced) do
-    if until_t > now then out[#out + 1] = name else paced[name] = nil end
+-- The live names of a map name -> monotonic time it holds until (the
+-- past ones dropped), sorted.
+local function still_held(map)
+  local now, out = qtg.monotonic(), {}
+  for name, until_t in pairs(map) do
+    if until_t > now then out[#out + 1] = name else map[name] = nil end
   end
   table.sort(out)
+  return out
+end
+
+local function paced_out()
+  local out = canon.array()
+  for i, name in ipairs(still_held(paced)) do out[i] = name end
   return canon.encode(out)
+end
+
+-- Held back (process state): a dispatch that could not go on for a reason
+-- outside its node rolls its claim back, and the pass goes on with the
+-- next candidate instead of raising out of the tick, where the FIFO head
+-- would be claimed again at once and every node behind it would wait
+-- (a review, session 38: a signer down stopped every executor's dispatch
+-- in the class).
+--   the signer cannot be asked -> that executor, for a back-off that
+--     doubles from HOLD_MIN to HOLD_MAX while it keeps failing (a frozen
+--     signer costs the pass MG_SIGNER_TIMEOUT_SECONDS each try);
+--   a transient SQLSTATE (above) -> that node, for HOLD_MIN.
+-- A wake-up is set for the hold's end.  Nothing is recorded on the node:
+-- it is dispatched as before once the hold ends.
+M.HOLD_MIN, M.HOLD_MAX = 2, 60
+M.held_nodes = {}
+M.signer_backoff = {}
+local held_nodes, signer_backoff = M.held_nodes, M.signer_backoff
+
+local function hold(map, key, seconds, why, fields)
+  map[key] = qtg.monotonic() + seconds
+  require("qtg.wakeups").wake_in("node_dispatcher", seconds)
+  fields.worker, fields.hold_seconds, fields.error = "node_dispatcher", seconds, why.message
+  fields.kind, fields.sqlstate = why.kind, why.sqlstate
+  qtg.log.warn("dispatch held back", fields)
+end
+
+-- hold_back(s, row, err) -> true when err is one that holds back (the
+-- claim rolled back), false for any other (the caller raises it).
+function M.hold_back(s, row, err)
+  if type(err) ~= "table" then return false end
+  local why = { message = tostring(err.message), kind = err.kind, sqlstate = err.sqlstate }
+  if err.kind == "signer_unavailable" then
+    pcall(s.rollback, s)
+    local name = row.claim_executor
+    local seconds = math.min(M.HOLD_MAX, (signer_backoff[name] or M.HOLD_MIN / 2) * 2)
+    signer_backoff[name] = seconds
+    hold(paced, name, seconds, why, { executor = name, node_id = row.node_id, reason = "the signer cannot be asked" })
+    return true
+  end
+  if err.kind ~= "connection" and M.TRANSIENT_SQLSTATES[err.sqlstate] then
+    pcall(s.rollback, s)
+    hold(held_nodes, row.node_id, M.HOLD_MIN, why, { node_id = row.node_id, reason = "a transient database error" })
+    return true
+  end
+  return false
 end
 
 -- claim_one(s, class[, rows, nodes]) -> the claimed row in s's open
@@ -361,7 +415,9 @@ end
 M.draining = false
 
 local function claim_statement(tried, class)
-  return { M.CLAIM_ONE_SQL, "{" .. table.concat(tried, ",") .. "}", class, paced_out() }
+  local ids = still_held(held_nodes)
+  for _, id in ipairs(tried) do ids[#ids + 1] = id end
+  return { M.CLAIM_ONE_SQL, "{" .. table.concat(ids, ",") .. "}", class, paced_out() }
 end
 
 function M.claim_one(s, class, rows, nodes)
@@ -386,7 +442,7 @@ function M.claim_one(s, class, rows, nodes)
   return nil
 end
 
-M.MAX_PACED_CLAIMS = 8   -- claims rolled back for pacing in one tick, at most
+M.MAX_PACED_CLAIMS = 8   -- claims rolled back for pacing or held back in one tick, at most
 
 -- Passes per tick, at most.  Each pass claims one node, runs it and
 -- commits its outcome before the next pass's claim runs (the spec's one
@@ -416,10 +472,17 @@ function M.tick(s, passes)
     local go, wait = true, nil
     if adapter then go, wait = pacing.take(name, adapter, "submit") end
     if go then
-      done = done + 1
-      if done < passes then s:send_ahead(claim_statement({}, class), { nodes_db.CLAIMED_NODES_SQL }) end
-      M.dispatch(s, row, claimed_nodes, true)
-      rows, nodes = s:take_ahead()
+      if done + 1 < passes then s:send_ahead(claim_statement({}, class), { nodes_db.CLAIMED_NODES_SQL }) end
+      local ok, err = pcall(M.dispatch, s, row, claimed_nodes, true)
+      if ok then
+        done = done + 1
+        signer_backoff[name] = nil
+        rows, nodes = s:take_ahead()
+      elseif M.hold_back(s, row, err) then
+        paced_claims = paced_claims + 1
+      else
+        error(err, 0)
+      end
     else
       s:rollback()
       paced_claims = paced_claims + 1
