@@ -240,15 +240,83 @@ local function raised_text(e)
   return errors.text(e)
 end
 
+-- ---- calls the busy guard stopped
+-- A call that holds the loop past MG_TASK_BUSY_LIMIT_SECONDS is stopped by
+-- the busy guard (src/qtg_busy.c), which raises at every instruction of its
+-- task until the task has ended: nothing after the call runs, its claim
+-- rolls back, and the node was claimed again at the next pass and stopped
+-- again, the loop held for the limit each time (a review, session 38: one
+-- request whose adapter looped on its data held the daemon 30 s in every
+-- 30 s, and nothing behind it was dispatched).  Each call of a node's
+-- context is watched by a userdata whose finalizer runs when the call's
+-- task is collected (the host collects at once after a stop): a call that
+-- never came back is one that was stopped, and from then on this process
+-- answers that node's call of that name at that attempt with the error it
+-- raised, without running the adapter, so the node is recorded as after
+-- any raise there (preflight, prepare: FAILED; submit, observe: UNKNOWN,
+-- for recovery; recover: left UNKNOWN).  A reload forgets them (this
+-- module's state), as it replaces the adapter an operator has mended.
+local stopped, stopped_order, unlogged = {}, {}, {} -- stop key -> true; keys oldest first; keys to log
+M.STOPPED_MAX = 1000
+
+local function stop_key(fname, ctx)
+  if type(ctx) ~= "table" or ctx.request_node_id == nil then return nil end
+  return string.format("%s:%s:%s", tostring(ctx.request_node_id), tostring(ctx.attempt_no), fname)
+end
+
+-- from a finalizer: no yield, no raise, no I/O
+local function note_stopped(key)
+  if stopped[key] then return end
+  stopped[key] = true
+  stopped_order[#stopped_order + 1] = key
+  unlogged[#unlogged + 1] = key
+end
+
+local function take_note()
+  while #unlogged > 0 do
+    local node, attempt, fname = table.remove(unlogged, 1):match("^(.-):(.-):(.-)$")
+    qtg.log.error("executor call stopped by the busy guard: its node is answered so from now on",
+      { node_id = node, attempt_no = attempt, call = fname })
+  end
+  while #stopped_order > M.STOPPED_MAX do stopped[table.remove(stopped_order, 1)] = nil end
+end
+
+-- watch(key) -> a userdata and its finish(): finish() before it is
+-- collected, or the call was stopped
+local function watch(key)
+  local finished = false
+  local w = newproxy(true)
+  getmetatable(w).__gc = function() if not finished then note_stopped(key) end end
+  return w, function(kept) finished = kept ~= nil end
+end
+
+-- stopped_calls() -> the stop keys ("node id:attempt:call") this process answers
+function M.stopped_calls()
+  take_note()
+  local out = {}
+  for i, k in ipairs(stopped_order) do out[i] = k end
+  return out
+end
+
 -- call(adapter, fname, ...) -> answer | nil, err (M.error)
 -- Runs one adapter function, catching a raise (EXECUTOR_ERROR), a missing
--- function (EXECUTOR_ERROR) and a malformed answer (EXECUTOR_BAD_RESPONSE).
+-- function (EXECUTOR_ERROR) and a malformed answer (EXECUTOR_BAD_RESPONSE);
+-- a call the busy guard stopped before is answered with its error (above).
 function M.call(adapter, fname, ...)
   local f = adapter[fname]
   if type(f) ~= "function" then
     return nil, M.error(M.ERROR, "executor has no " .. fname .. "()")
   end
+  take_note()
+  local key = stop_key(fname, (...))
+  if key and stopped[key] then
+    return nil, M.error(M.ERROR, string.format("%s held the loop past MG_TASK_BUSY_LIMIT_SECONDS and was stopped "
+      .. "by the busy guard (not called again at this attempt until a reload)", fname))
+  end
+  local w, finish
+  if key then w, finish = watch(key) end
   local ok, answer = pcall(f, ...)
+  if finish then finish(w) end
   if not ok then
     -- the signer could not be asked: not the executor's failure, and not
     -- final; the dispatcher rolls the attempt back (node stays READY)
