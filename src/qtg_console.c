@@ -298,6 +298,7 @@ int qtg_console_open(qtg_host *h, char *err, size_t errlen) {
   c->host = h;
   c->handler_ref = LUA_NOREF;
   c->busy_limit_ns = (uint64_t)(qtg_settings_num(h->settings, QTG_S_CONSOLE_BUSY_LIMIT_SECONDS) * 1e9);
+  c->idle_ns = (uint64_t)(qtg_settings_num(h->settings, QTG_S_CONSOLE_IDLE_SECONDS) * 1e9);
   if (qtg_console_socket_path(h->settings, h->root_dir, c->path, sizeof c->path, &c->is_run_dir,
                               err, errlen) != 0) {
     free(c);

@@ -396,6 +396,7 @@ static void qtg_console_task_done(qtg_task *t, int ok, int nres, void *data) {
   const char *stop = sess->stop;
   qtg_console_unguard(sess);
   sess->busy = 0;
+  sess->last_active = uv_hrtime();
   if (sess->dropping) {
     if (stop) qtg_console_collect(T, sess->host);
     qtg_console_maybe_free(sess);
@@ -577,6 +578,7 @@ static void qtg_console_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t 
     return;
   }
   sess->in_len += (size_t)nread;
+  sess->last_active = uv_hrtime();
   qtg_console_parse(sess);
 }
 
@@ -591,6 +593,41 @@ static int qtg_console_new_table(lua_State *L, qtg_console_session *sess) {
   lua_pushnumber(L, (lua_Number)sess->pid);
   lua_setfield(L, -2, "pid");
   return qtg_ref(L);
+}
+
+/* A session past QTG_CONSOLE_MAX_SESSIONS: the open session idle longest
+ * (no command running, no input) is closed when it has been idle
+ * MG_CONSOLE_IDLE_SECONDS, so clients that connect and never send (a
+ * suspended `qtgd console`, a leaked socket) cannot keep the operators
+ * out; without one the newcomer is refused with the open sessions' client
+ * pids, to find them by.  0, or -1 with sess refused. */
+static int qtg_console_make_room(struct qtg_console *c, qtg_console_session *sess) {
+  int live = 0;
+  qtg_console_session *idlest = NULL;
+  for (qtg_console_session *s = c->sessions; s; s = s->next) {
+    if (s->dropping) continue;
+    live++;
+    if (s != sess && !s->busy && (!idlest || s->last_active < idlest->last_active)) idlest = s;
+  }
+  if (live <= QTG_CONSOLE_MAX_SESSIONS) return 0;
+  uint64_t now = uv_hrtime();
+  if (idlest && now - idlest->last_active >= c->idle_ns) {
+    char msg[160];
+    snprintf(msg, sizeof msg, "closed: all %d console sessions were open and this one had been idle longest "
+             "(%.0f s; MG_CONSOLE_IDLE_SECONDS)", QTG_CONSOLE_MAX_SESSIONS,
+             (double)(now - idlest->last_active) / 1e9);
+    qtg_log_warn("console: session %llu (pid %ld) %s", (unsigned long long)idlest->id, idlest->pid, msg);
+    qtg_console_refuse(idlest, msg);
+    return 0;
+  }
+  char msg[512];
+  int n = snprintf(msg, sizeof msg, "refused: too many console sessions are open (%d, none idle "
+                   "MG_CONSOLE_IDLE_SECONDS); their clients' pids:", QTG_CONSOLE_MAX_SESSIONS);
+  for (qtg_console_session *s = c->sessions; s && n > 0 && (size_t)n < sizeof msg - 24; s = s->next) {
+    if (s != sess && !s->dropping) n += snprintf(msg + n, sizeof msg - (size_t)n, " %ld", s->pid);
+  }
+  qtg_console_refuse(sess, msg);
+  return -1;
 }
 
 void qtg_console_accept(uv_stream_t *server, int status) {
@@ -609,6 +646,7 @@ void qtg_console_accept(uv_stream_t *server, int status) {
   sess->host = h;
   sess->table_ref = LUA_NOREF;
   sess->id = ++c->next_id;
+  sess->last_active = uv_hrtime();
   if (uv_pipe_init(h->loop, &sess->pipe, 0) < 0) {
     free(sess);
     return;
@@ -643,10 +681,7 @@ void qtg_console_accept(uv_stream_t *server, int status) {
     qtg_console_drop(sess, NULL);
     return;
   }
-  if (c->nsessions > QTG_CONSOLE_MAX_SESSIONS) {
-    qtg_console_refuse(sess, "refused: too many console sessions are open");
-    return;
-  }
+  if (qtg_console_make_room(c, sess) != 0) return;
   sess->table_ref = qtg_console_new_table(h->L, sess);
   if (uv_read_start((uv_stream_t *)&sess->pipe, qtg_console_alloc, qtg_console_read) < 0) {
     qtg_console_drop(sess, "cannot read from the client");

@@ -56,6 +56,7 @@ struct qtg_console_session {
   uint64_t last_look;             /* uv_hrtime of the guard's last look */
   uint64_t seen_iteration;        /* loop iteration the guard last saw */
   uint64_t burst_start;           /* when the command last got the CPU */
+  uint64_t last_active;           /* uv_hrtime of its last input or command's end */
   int table_ref;                  /* Lua table handed to every command */
   int pipe_open;                  /* close callback not yet run */
   int dropping;                   /* no more input or output */
@@ -80,6 +81,7 @@ struct qtg_console {
   uint64_t next_command;          /* command numbers (task owners), from 1 */
   int stopping;                   /* some command has `stop` set: hook every instruction */
   uint64_t busy_limit_ns;         /* MG_CONSOLE_BUSY_LIMIT_SECONDS */
+  uint64_t idle_ns;               /* MG_CONSOLE_IDLE_SECONDS */
   /* A task a command spawned that outlived it (an orphan): the guard holds
    * it to the busy limit too, within one loop iteration (a stopped orphan
    * cannot yield, so it ends before the loop turns again). */

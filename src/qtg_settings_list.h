@@ -32,6 +32,7 @@ QTG_SETTING(API_RATE_LIMIT_BURST, "MG_API_RATE_LIMIT_BURST", QTG_SET_INT, "100",
 QTG_SETTING(API_CALLBACK_ALLOW_PRIVATE, "MG_API_CALLBACK_ALLOW_PRIVATE", QTG_SET_BOOL, "false", 0, 0, "let API clients name loopback, private and link-local callback_url hosts (demo and tests only)")
 QTG_SETTING(TASK_BUSY_LIMIT_SECONDS, "MG_TASK_BUSY_LIMIT_SECONDS", QTG_SET_NUM, "30", 0, 3600, "qtgd run and qtgd check: a task (a worker's tick, an API handler, a reload, a policy module loading) that holds the loop this long without yielding is stopped with a busy error; one still holding it at 2.5 times this, where no Lua runs (a C call that does not return), aborts the process so the service manager restarts it (keep 2.5 times this below WatchdogSec=); console commands have MG_CONSOLE_BUSY_LIMIT_SECONDS; 0: off")
 QTG_SETTING(CONSOLE_BUSY_LIMIT_SECONDS, "MG_CONSOLE_BUSY_LIMIT_SECONDS", QTG_SET_NUM, "30", 0.1, 3600, "a console command that holds the loop this long without yielding is ended (keep below WatchdogSec=)")
+QTG_SETTING(CONSOLE_IDLE_SECONDS, "MG_CONSOLE_IDLE_SECONDS", QTG_SET_NUM, "60", 1, 86400, "when all 32 console sessions are open, a new one closes the session idle longest (no command running) if it has been idle this long; else the new one is refused with the open sessions' client pids")
 QTG_SETTING(WAKEUPS_ENABLED, "MG_WAKEUPS_ENABLED", QTG_SET_BOOL, "true", 0, 0, "NOTIFY wake-ups and draining (polling stays the fallback)")
 
 /* Workers: always-on */

@@ -45,6 +45,7 @@
 #include <libpq-fe.h>
 
 #include "qtg_console.h"
+#include "qtg_console_session.h"
 #include "qtg_test.h"
 
 static qtg_test_counts tc;
@@ -480,6 +481,7 @@ static pid_t start_daemon(fixture *f, const char *run_dir, const char *log, int 
     /* Polling at 0.5 s is enough here; NOTIFY wake-ups are tested on their
      * own (and their pending timers at exit are not this test's subject). */
     setenv("MG_WAKEUPS_ENABLED", "false", 1);
+    setenv("MG_CONSOLE_IDLE_SECONDS", "2", 1);
     unsetenv("MG_CONSOLE_SOCKET");
     execl(f->bin, f->bin, "run", (char *)NULL);
     _exit(127);
@@ -958,6 +960,49 @@ static void test_concurrency(fixture *f) {
   close(slow);
 }
 
+/* Sessions past QTG_CONSOLE_MAX_SESSIONS: clients that connect and never
+ * send kept operators out for as long as they stayed (a review, session
+ * 38).  The newcomer is refused, naming the open sessions' client pids,
+ * while none has been idle MG_CONSOLE_IDLE_SECONDS (2 s here); after that
+ * the session idle longest is closed to let it in. */
+static void test_idle_sessions(fixture *f) {
+  int fds[QTG_CONSOLE_MAX_SESSIONS];
+  int opened = 0;
+  for (int i = 0; i < QTG_CONSOLE_MAX_SESSIONS; i++) {
+    fds[i] = raw_session(f);
+    if (fds[i] >= 0) opened++;
+  }
+  CHECK(&tc, opened == QTG_CONSOLE_MAX_SESSIONS);
+  /* all fresh: the next one is refused, with their pids (this process's) */
+  int extra = raw_connect(f->sock);
+  int type = 0;
+  char *data = NULL;
+  CHECK(&tc, extra >= 0 && raw_frame(extra, &type, &data, 10) == 0 && type == QTG_CONSOLE_FATAL);
+  char pid[32];
+  snprintf(pid, sizeof pid, " %ld", (long)getpid());
+  CHECK(&tc, data && strstr(data, "refused: too many console sessions are open") && strstr(data, pid));
+  free(data);
+  if (extra >= 0) close(extra);
+  /* once they have been idle 2 s, a newcomer is served; one of them is closed */
+  sleep_s(2.3);
+  char *out = CONSOLE_OK(f, "=1 + 1");
+  CHECK_STR(&tc, out, "2\n");
+  free(out);
+  int closed = 0;
+  for (int i = 0; i < QTG_CONSOLE_MAX_SESSIONS; i++) {
+    if (fds[i] < 0) continue;
+    struct pollfd pfd = {.fd = fds[i], .events = POLLIN};
+    if (poll(&pfd, 1, 0) == 1 && raw_frame(fds[i], &type, &data, 1) == 0) {
+      CHECK(&tc, type == QTG_CONSOLE_FATAL && strstr(data, "had been idle longest"));
+      free(data);
+      closed++;
+    }
+  }
+  CHECK(&tc, closed == 1);
+  for (int i = 0; i < QTG_CONSOLE_MAX_SESSIONS; i++)
+    if (fds[i] >= 0) close(fds[i]);
+}
+
 static void test_other_uid(fixture *f) {
   if (geteuid() != 0) {
     fprintf(stderr, "note: not root: the other-uid test needs useradd and runuser; skipped\n");
@@ -1240,6 +1285,7 @@ int main(void) {
   test_bad_input(&f);
   test_interrupt(&f);
   test_concurrency(&f);
+  test_idle_sessions(&f);
   test_other_uid(&f);
   test_reload(&f);
   test_observe_interval_reload(&f);
