@@ -641,11 +641,13 @@ static void qtg_db_acquire_expired(uv_timer_t *timer) {
   qtg_pg_acquire_cancel(h->pool, q);
   qtg_task_set_cancel(t, NULL, NULL);
   char msg[240];
+  int share, share_in_use, share_waiting;
+  qtg_pg_pool_share_stats(h->pool, &share, &share_in_use, &share_waiting);
   if (q->in_share)
     snprintf(msg, sizeof msg,
              "no database session within %g s (MG_DB_ACQUIRE_TIMEOUT_SECONDS; "
              "the API's share of the pool, %d (MG_API_DB_SESSIONS), all in use, or none could be opened)",
-             qtg_settings_num(h->settings, QTG_S_DB_ACQUIRE_TIMEOUT_SECONDS), qtg_db_api_sessions(h));
+             qtg_settings_num(h->settings, QTG_S_DB_ACQUIRE_TIMEOUT_SECONDS), share);
   else
     snprintf(msg, sizeof msg,
              "no database session within %g s (MG_DB_ACQUIRE_TIMEOUT_SECONDS; "

@@ -1120,6 +1120,7 @@ static void qtg_pg_on_poll(uv_poll_t *handle, int status, int events) {
 }
 
 static int qtg_pg_pool_grow(qtg_pg_pool *p);
+static qtg_pg_waiter *qtg_pg_next_waiter(qtg_pg_pool *p);
 
 /* Open connections for waiters no connect in flight will serve, up to the
  * pool's size; when none can be opened, fail them all with the pool's
@@ -1157,12 +1158,10 @@ static void qtg_pg_conn_fail(qtg_pg_conn *c, const char *why) {
   if (was == QTG_PG_CONNECTING) {
     snprintf(p->last_error, sizeof p->last_error, "%s", msg);
     qtg_pg_conn_destroy(c);
-    /* Fail the longest waiter: the server cannot be reached right now. */
-    qtg_pg_waiter *w = p->whead;
+    /* Fail the longest waiter a connection was opened for: the server
+     * cannot be reached right now (not one waiting for the share's own). */
+    qtg_pg_waiter *w = qtg_pg_next_waiter(p);
     if (w) {
-      p->whead = w->next;
-      if (!p->whead) p->wtail = NULL;
-      p->nwaiters--;
       w->cb(NULL, p->last_error, w->data);
       free(w);
     }
@@ -1192,7 +1191,9 @@ int qtg_pg_pool_new(uv_loop_t *loop, const char *conninfo, const qtg_pg_pool_con
   p->lock_timeout_ms = cfg->lock_timeout_ms > 0 ? cfg->lock_timeout_ms : 0;
   p->drop = drop;
   p->size = cfg->size > 0 ? cfg->size : 1;
-  p->share_size = cfg->share_size > 0 && cfg->share_size < p->size ? cfg->share_size : p->size;
+  /* the share leaves one connection at least to the rest, when there are two */
+  int most = p->size > 1 ? p->size - 1 : 1;
+  p->share_size = cfg->share_size > 0 && cfg->share_size < most ? cfg->share_size : most;
   p->slow_ms = cfg->slow_warn_ms > 0 ? cfg->slow_warn_ms : 0;
   p->describe = cfg->describe;
   p->conninfo = strdup(conninfo);
@@ -1240,8 +1241,22 @@ void qtg_pg_pool_free(qtg_pg_pool *p) {
   free(p);
 }
 
+/* The waiters a connection would serve now: all but the share's past its
+ * bound (those wait for one of the share's to come back, not for a new
+ * connection, and a connect made for them would fail them when refused). */
+static int qtg_pg_eligible_waiters(const qtg_pg_pool *p) {
+  int plain = 0, share = 0;
+  for (const qtg_pg_waiter *w = p->whead; w; w = w->next) {
+    if (w->in_share) share++;
+    else plain++;
+  }
+  int room = p->share_size - p->nshare_in_use;
+  return plain + (share < room ? share : (room > 0 ? room : 0));
+}
+
 static int qtg_pg_pool_grow(qtg_pg_pool *p) {
-  while (p->nconns < p->size && p->nconnecting < p->nwaiters) {
+  int wanted = qtg_pg_eligible_waiters(p);
+  while (p->nconns < p->size && p->nconnecting < wanted) {
     qtg_pg_conn *c = qtg_pg_conn_start(p->loop, p->conninfo, p, NULL, p->last_error, sizeof p->last_error);
     if (!c) return -1;
     c->next = p->conns;

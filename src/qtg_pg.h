@@ -43,7 +43,8 @@ typedef struct {
   int lock_timeout_ms;      /* each session's lock_timeout; 0: none */
   int slow_warn_ms;         /* the slow-statement watch (below); 0: off */
   int share_size;           /* connections the share holds at most (qtg_pg_acquire's
-                             * in_share); 0 or more than size: size */
+                             * in_share); 0, or size or more: size - 1 (1 for a
+                             * pool of 1) */
   /* The name of the task waiting on a command's data (NULL: unknown), for
    * the watch's lines; may be NULL. */
   const char *(*describe)(void *data);
