@@ -27,6 +27,15 @@ static int qtg_lua_monotonic(lua_State *L) {
   return 1;
 }
 
+/* busy_collecting() -> true while the host collects what a task the busy
+ * guard stopped held (qtg_task_finish): a finalizer running then knows its
+ * object went with such a task (qtg.executors' watch of a call). */
+static int qtg_lua_busy_collecting(lua_State *L) {
+  qtg_host *h = qtg_host_from_lua(L);
+  lua_pushboolean(L, h != NULL && h->busy_collecting);
+  return 1;
+}
+
 /* Pending sleeps are listed on the host so host close can free them (a
  * sleeper still waiting at shutdown is never resumed). */
 typedef struct qtg_sleep_req {
@@ -341,6 +350,7 @@ static const qtg_lua_module qtg_lua_modules[] = {
 static const luaL_Reg qtg_core_funcs[] = {
   {"now", qtg_lua_now},
   {"monotonic", qtg_lua_monotonic},
+  {"busy_collecting", qtg_lua_busy_collecting},
   {"raw_sleep", qtg_lua_sleep},
   {"spawn", qtg_lua_spawn},
   {"spawn_unowned", qtg_lua_spawn_unowned},

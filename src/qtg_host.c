@@ -227,7 +227,11 @@ static void qtg_task_finish(qtg_task *t, int ok, int nres) {
   /* A task the busy guard stopped skipped its own clean-up (a session's
    * release, a rollback): what it held is garbage now, collected at once so
    * that its __gc hands it back. */
-  if (stopped) lua_gc(h->L, LUA_GCCOLLECT, 0);
+  if (stopped) {
+    h->busy_collecting = 1;   /* finalizers may ask: qtg.busy_collecting() */
+    lua_gc(h->L, LUA_GCCOLLECT, 0);
+    h->busy_collecting = 0;
+  }
   /* Tasks woken by this one's end (joiners) run only now, so they see it
    * gone: no nested resume observes a half-finished task. */
   while (h->ready) {

@@ -69,6 +69,7 @@ struct qtg_host {
   struct qtg_api *api;          /* HTTP API server (src/qtg_api.c) */
   struct qtg_watchdog *watchdog; /* systemd watchdog pings (qtg_notify.c) */
   struct qtg_busy *busy;        /* stops a task that holds the loop (qtg_busy.c) */
+  int busy_collecting;          /* collecting what a task the busy guard stopped held */
   qtg_task *current;            /* task whose code is running now */
   qtg_task *tasks;              /* every live task (freed at close) */
   qtg_task *ready;              /* woken inside a task's end, run after it */

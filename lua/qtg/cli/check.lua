@@ -602,7 +602,11 @@ function M.check_policies(report)
   local adapters = {}
   for name, modname in pairs(emod.ADAPTERS or {}) do adapters[#adapters + 1] = { name, modname } end
   table.sort(adapters, function(a, b) return a[1] < b[1] end)
-  for _, a in ipairs(adapters) do names[#names + 1] = a[2] end
+  local adapter_modules = {}
+  for _, a in ipairs(adapters) do
+    names[#names + 1] = a[2]
+    adapter_modules[a[2]] = true
+  end
   for _, n in ipairs(overridden) do names[#names + 1] = n end
   local loaded = {}
   for _, name in ipairs(names) do
@@ -616,7 +620,7 @@ function M.check_policies(report)
         add(report, "FAIL", "policies", ("%s (%s) must return a table with tick(session)")
           :format(name, tostring(seen[name])))
         good = false
-      elseif name:match("^qtg%.executors%.") then
+      elseif adapter_modules[name] then
         local errs = emod.validate(mod)
         if #errs > 0 then
           add(report, "FAIL", "policies", name .. ": " .. table.concat(errs, "; "))

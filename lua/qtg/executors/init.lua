@@ -119,20 +119,27 @@ end
 -- 42`, a `submit` that is a string) would fail every node dispatched to it.
 M.CALLS = { "preflight", "prepare", "submit", "observe", "recover", "health" }
 
+-- adapter[name] as a call reads it (through __index: an adapter may
+-- extend another), nil when that lookup raises
+local function field(adapter, name)
+  local ok, v = pcall(function() return adapter[name] end)
+  return ok and v or nil
+end
+
 function M.validate(adapter)
   if type(adapter) ~= "table" then
     return { "an executor module must return a table of its functions (got " .. type(adapter) .. ")" }
   end
   local errs, any = {}, false
   for _, fname in ipairs(M.CALLS) do
-    local f = rawget(adapter, fname)
+    local f = field(adapter, fname)
     if f ~= nil then
       any = true
       if type(f) ~= "function" then errs[#errs + 1] = fname .. " must be a function (got " .. type(f) .. ")" end
     end
   end
   if not any then errs[#errs + 1] = "an executor module needs one of " .. table.concat(M.CALLS, ", ") end
-  local ok, why = require("qtg.pacing").check_declaration(rawget(adapter, "RATE_LIMITS"))
+  local ok, why = require("qtg.pacing").check_declaration(field(adapter, "RATE_LIMITS"))
   if not ok then errs[#errs + 1] = why end
   return errs
 end
@@ -281,13 +288,29 @@ local function take_note()
   while #stopped_order > M.STOPPED_MAX do stopped[table.remove(stopped_order, 1)] = nil end
 end
 
--- watch(key) -> a userdata and its finish(): finish() before it is
--- collected, or the call was stopped
+-- watch(key) -> a userdata and its finish(): collected unfinished while
+-- the host collects what a task the busy guard stopped held, the call was
+-- stopped (an interrupt, the console's guard, a task collected at close are
+-- not busy stops), and blamed when it had run half the limit at least: the
+-- guard measures the task's whole resume, which may have held the loop
+-- before the call began
 local function watch(key)
-  local finished = false
+  local finished, started = false, qtg.monotonic()
   local w = newproxy(true)
-  getmetatable(w).__gc = function() if not finished then note_stopped(key) end end
+  getmetatable(w).__gc = function()
+    if finished or not qtg.busy_collecting() then return end
+    local limit = tonumber(qtg.settings.task_busy_limit_seconds) or 0
+    if qtg.monotonic() - started >= limit / 2 then note_stopped(key) end
+  end
   return w, function(kept) finished = kept ~= nil end
+end
+
+-- was_stopped(ctx, fname): the busy guard stopped this node's call fname
+-- at ctx's attempt (it is answered so, without running the adapter)
+function M.was_stopped(ctx, fname)
+  take_note()
+  local key = stop_key(fname, ctx)
+  return key ~= nil and stopped[key] == true
 end
 
 -- stopped_calls() -> the stop keys ("node id:attempt:call") this process answers

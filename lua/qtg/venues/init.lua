@@ -36,7 +36,8 @@ end
 
 -- validate(adapter) -> list of errors (empty: usable), for reload.
 function M.validate(adapter)
-  if type(adapter) ~= "table" or type(rawget(adapter, "fetch_page")) ~= "function" then
+  local ok, f = pcall(function() return type(adapter) == "table" and adapter.fetch_page end)
+  if not ok or type(f) ~= "function" then
     return { "a venue adapter module must return a table with fetch_page(venue, cursor, settings)" }
   end
   return {}

@@ -220,13 +220,18 @@ local function pipeline(s, g, node, progress)
   if not adapter then return fail(executors.NOT_REGISTERED, why) end
   local allowed, not_here = executors.allowed(node.executor, g.request.network_class)
   if not allowed then return fail("EXECUTOR_NOT_ALLOWED", not_here) end
-  local pre, perr = executors.call(adapter, "preflight", ctx)
+  -- a submit the busy guard stopped at this attempt is answered as it was
+  -- (qtg.executors): nothing is prepared or signed for a call not made
+  local resubmit = not executors.was_stopped(ctx, "submit")
+  local pre, perr = true, nil
+  if resubmit then pre, perr = executors.call(adapter, "preflight", ctx) end
   if not pre then return fail(perr.code, perr.message) end
-  if not pre.ok then
+  if resubmit and not pre.ok then
     return fail("PREFLIGHT_REJECTED", string.format("%s: %s", tostring(pre.error_code),
       tostring(pre.error_detail or "preflight refused")))
   end
-  local prepared, prerr = executors.call(adapter, "prepare", ctx)
+  local prepared, prerr = {}, nil
+  if resubmit then prepared, prerr = executors.call(adapter, "prepare", ctx) end
   if not prepared then return fail(prerr.code, prerr.message) end
   local signature
   if prepared.signer_key then

@@ -159,6 +159,22 @@ describe("console guard", function()
       eval("=select(2, xpcall(function() error('boom', 0) end, function(e) return 'handled: ' .. e end))"))
   end)
 
+  -- qtg.executors answers a call the busy guard stopped without making it
+  -- again; an operator's interrupt of a call made from the console (here
+  -- one waiting, not holding the loop) is no such stop (a review, session
+  -- 38: it was taken for one, and the node's observe answered so).
+  it("an executor call interrupted from the console is not taken for a busy stop", function()
+    local ctx = "{ request_node_id = '11111111-1111-1111-1111-111111111111', attempt_no = 1 }"
+    local out = raw("eprint('calling') return require('qtg.executors').call({ observe = function() "
+      .. "while true do qtg.sleep(0.05) end end }, 'observe', " .. ctx .. ")", "@o", "i")
+    assert.matches("o calling\nx interrupted: stopped by the operator", out, 1, true)
+    local after = raw("ecollectgarbage() collectgarbage() return #require('qtg.executors').stopped_calls()")
+    assert.matches("r 0", after, 1, true)
+    local again = raw("ereturn (require('qtg.executors').call({ observe = function() return { status = 'OBSERVING' } end }, "
+      .. "'observe', " .. ctx .. ")).status")
+    assert.matches('r "OBSERVING"', again, 1, true)
+  end)
+
   it("a client that goes away ends its runaway command", function()
     raw("eprint('spinning') " .. PCALL_LOOP, "@o", "@close")
     serves_on()
