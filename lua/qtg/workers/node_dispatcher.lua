@@ -170,7 +170,10 @@ M.SAVEPOINT = "dispatch_pipeline"
 -- another process's nonce reservation), a deadlock, a serialization
 -- failure.  Before submit nothing was sent, so dispatch raises, its claim
 -- rolls back and the node is dispatched again later (held back: M.tick),
--- rather than failing a money movement on a transient condition.
+-- rather than failing a money movement on a transient condition.  After
+-- submit (the outcome's write or commit failed) the tick raises as for
+-- any error: the node is dispatched again at the same attempt, with the
+-- same idempotency key, which the provider deduplicates.
 M.TRANSIENT_SQLSTATES = { ["55P03"] = true, ["57014"] = true, ["40P01"] = true, ["40001"] = true }
 
 local function before_statement(s, progress)
@@ -319,8 +322,14 @@ function M.dispatch(s, row, nodes, commit)
       outcome.answer = { status = "FAILED", error_code = "ENGINE_ERROR", error_detail = detail }
     end
   end
-  -- a savepoint taken is not released: COMMIT ends it (one round trip less)
-  record(s, g, node, outcome, starting, commit)
+  -- a savepoint taken is not released: COMMIT ends it (one round trip less).
+  -- A failure of the outcome's write after submit is marked so (the
+  -- provider was asked): the tick raises it rather than holding it back
+  local written, werr = pcall(record, s, g, node, outcome, starting, commit)
+  if not written then
+    if type(werr) == "table" and progress.submitted then werr.after_submit = true end
+    error(werr, 0)
+  end
   -- the request's first dispatch: how long it took from its approval
   if approved_at and node.node_state == "SUBMITTED" then
     metrics.observe("qtg_approve_to_submitted_seconds", {}, math.max(0, qtg.now() - approved_at))
@@ -389,7 +398,7 @@ function M.hold_back(s, row, err)
     hold(paced, name, seconds, why, { executor = name, node_id = row.node_id, reason = "the signer cannot be asked" })
     return true
   end
-  if err.kind ~= "connection" and M.TRANSIENT_SQLSTATES[err.sqlstate] then
+  if err.kind ~= "connection" and not err.after_submit and M.TRANSIENT_SQLSTATES[err.sqlstate] then
     pcall(s.rollback, s)
     hold(held_nodes, row.node_id, M.HOLD_MIN, why, { node_id = row.node_id, reason = "a transient database error" })
     return true
