@@ -735,9 +735,10 @@ fail:
  * enrolment: not owned by writer_uid (>= 0) and writable by its owner
  * alone (a sticky directory excepted, where no one else can rename or
  * remove the file).  Whoever may write a directory on the way can put
- * another file in the enrolment's place: an older enrolment that still
- * counts a revoked approver, or a link to a file of its choice, which the
- * checks of the file itself would pass.  0, or -1 and err. */
+ * another file in the enrolment's place, such as an older enrolment that
+ * still counts a revoked approver, which the checks of the file itself
+ * would pass.  dir is absolute and passes through no link (lstat: a link
+ * on the way is refused).  0, or -1 and err. */
 static int qtg_approvers_dirs_ok(const char *dir, long writer_uid, char *err, size_t errlen) {
   char at[PATH_MAX];
   if (snprintf(at, sizeof at, "%s", dir) >= (int)sizeof at) {
@@ -746,9 +747,13 @@ static int qtg_approvers_dirs_ok(const char *dir, long writer_uid, char *err, si
   }
   for (;;) {
     struct stat st;
-    if (stat(at, &st) != 0 || !S_ISDIR(st.st_mode)) {
-      snprintf(err, errlen, "MG_SIGNER_APPROVERS: cannot look at the directory %s: %s", at,
-               strerror(errno ? errno : ENOTDIR));
+    if (lstat(at, &st) != 0) {
+      snprintf(err, errlen, "MG_SIGNER_APPROVERS: cannot look at the directory %s: %s", at, strerror(errno));
+      return -1;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+      snprintf(err, errlen, "MG_SIGNER_APPROVERS: %s is not a directory (a link on the enrolment's path "
+               "is refused: whoever may change it chooses the file)", at);
       return -1;
     }
     if (writer_uid >= 0 && (long)st.st_uid == writer_uid) {
@@ -770,38 +775,53 @@ static int qtg_approvers_dirs_ok(const char *dir, long writer_uid, char *err, si
   }
 }
 
-/* The directories path is reached through: each one its name passes
- * through as given (a link on the way, or the file's own name, is replaced
- * by whoever may write the directory holding it) and, once links are
- * resolved, each one above the file itself; all up to the root. */
-static int qtg_approvers_path_ok(const char *path, long writer_uid, char *err, size_t errlen) {
-  char given[PATH_MAX], real[PATH_MAX], cwd[PATH_MAX];
-  int n;
-  if (path[0] == '/') n = snprintf(given, sizeof given, "%s", path);
-  else if (getcwd(cwd, sizeof cwd) != NULL) n = snprintf(given, sizeof given, "%s/%s", cwd, path);
-  else n = -1;
-  if (n < 0 || n >= (int)sizeof given || realpath(path, real) == NULL) {
-    snprintf(err, errlen, "MG_SIGNER_APPROVERS: cannot resolve %s: %s", path,
-             strerror(n < 0 || n >= (int)sizeof given ? ENAMETOOLONG : errno));
+/* The signer's checks of the enrolment's path (the file fd, already
+ * checked itself): an absolute path with no link, '.' or '..' on the way
+ * (each would be resolved in a directory the walk does not see), in
+ * directories that only their owner may write, none the daemon's, and
+ * still naming the file that was opened (no swap between the open and the
+ * checks). */
+static int qtg_approvers_path_ok(int fd, const char *path, long writer_uid, char *err, size_t errlen) {
+  char real[PATH_MAX];
+  if (realpath(path, real) == NULL) {
+    snprintf(err, errlen, "MG_SIGNER_APPROVERS: cannot resolve %s: %s", path, strerror(errno));
     return -1;
   }
-  /* from each, its directory: the text before the last slash ("/" for a file at the root) */
-  char *paths[2] = {given, real};
-  for (int i = 0; i < 2; i++) {
-    char *last = strrchr(paths[i], '/');
-    if (last == paths[i]) last[1] = '\0';
-    else *last = '\0';
+  if (path[0] != '/' || strcmp(real, path) != 0) {
+    snprintf(err, errlen, "MG_SIGNER_APPROVERS: give the enrolment as an absolute path with no link, '.' "
+             "or '..' on the way (%s is %s): a link is resolved in a directory whoever owns it may change",
+             path, real);
+    return -1;
   }
-  if (qtg_approvers_dirs_ok(given, writer_uid, err, errlen) != 0) return -1;
-  return strcmp(given, real) == 0 ? 0 : qtg_approvers_dirs_ok(real, writer_uid, err, errlen);
+  char dir[PATH_MAX];
+  snprintf(dir, sizeof dir, "%s", real);
+  char *last = strrchr(dir, '/');
+  if (last == dir) last[1] = '\0';
+  else *last = '\0';
+  if (qtg_approvers_dirs_ok(dir, writer_uid, err, errlen) != 0) return -1;
+  struct stat opened, named;
+  if (fstat(fd, &opened) != 0 || lstat(path, &named) != 0 || opened.st_dev != named.st_dev ||
+      opened.st_ino != named.st_ino) {
+    snprintf(err, errlen, "MG_SIGNER_APPROVERS: %s changed while it was read; read it again", path);
+    return -1;
+  }
+  return 0;
 }
 
+static int qtg_approvers_load_checked(const char *path, long writer_uid, int check_path, qtg_approvers **out,
+                                      char *err, size_t errlen);
+
 int qtg_approvers_load(const char *path, qtg_approvers **out, char *err, size_t errlen) {
-  return qtg_approvers_load_guarded(path, -1, out, err, errlen);
+  return qtg_approvers_load_checked(path, -1, 0, out, err, errlen);
 }
 
 int qtg_approvers_load_guarded(const char *path, long writer_uid, qtg_approvers **out, char *err,
                                size_t errlen) {
+  return qtg_approvers_load_checked(path, writer_uid, 1, out, err, errlen);
+}
+
+static int qtg_approvers_load_checked(const char *path, long writer_uid, int check_path, qtg_approvers **out,
+                                      char *err, size_t errlen) {
   struct stat st;
   *out = NULL;
   int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
@@ -828,7 +848,7 @@ int qtg_approvers_load_guarded(const char *path, long writer_uid, qtg_approvers 
     close(fd);
     return -1;
   }
-  if (qtg_approvers_path_ok(path, writer_uid, err, errlen) != 0) {
+  if (check_path && qtg_approvers_path_ok(fd, path, writer_uid, err, errlen) != 0) {
     close(fd);
     return -1;
   }

@@ -105,15 +105,16 @@ int qtg_approvers_parse(const char *text, size_t len, qtg_approvers **out, char 
                         size_t errlen);
 
 /* Read and parse the file at path: a regular file that group and others
- * cannot write, in directories (each up to the root, along the path as
- * given and along the file's own once links are resolved) that only their
- * owner may write, or sticky ones (the signer trusts what it says). */
+ * cannot write (the daemon's and the audit tool's reading). */
 int qtg_approvers_load(const char *path, qtg_approvers **out, char *err, size_t errlen);
 
-/* The same, and refused when the file or one of those directories is
- * owned by writer_uid (the daemon's uid, which could otherwise chmod and
- * rewrite it, or put another file in its place); writer_uid < 0 checks no
- * owner. */
+/* The signer's: the same, and refused when the file is owned by
+ * writer_uid (the daemon's uid, which could otherwise chmod and rewrite
+ * it; writer_uid < 0 checks no owner), unless path is absolute with no
+ * link, '.' or '..' on the way, in directories (each up to the root) that
+ * only their owner may write, or sticky ones, none owned by writer_uid
+ * (which could put another file in its place), and still names the file
+ * read. */
 int qtg_approvers_load_guarded(const char *path, long writer_uid, qtg_approvers **out, char *err,
                                size_t errlen);
 

@@ -886,8 +886,9 @@ static void test_approvers(void) {
   snprintf(path, sizeof path, "%s/no-such-file", tmpdir);
   CHECK(&tc, qtg_approvers_load(path, &a, err, sizeof err) == -1 && strstr(err, "MG_SIGNER_APPROVERS"));
 
-  /* its directories: whoever may write one could put another file in its
-   * place (an older enrolment, a link), so each must be its owner's alone */
+  /* the signer's reading (load_guarded): the path and its directories.
+   * Whoever may write a directory on the way, or change a link on it,
+   * could put another file (an older enrolment) in its place */
   char dir[400], held[450], link[450];
   snprintf(dir, sizeof dir, "%s/conf", tmpdir);
   snprintf(held, sizeof held, "%s/approvers", dir);
@@ -899,26 +900,30 @@ static void test_approvers(void) {
   fprintf(f, DEPLOY "person alice ed25519:%s operator:alice\nquorum * 1\n", ED_PUBLIC);
   fclose(f);
   CHECK(&tc, chmod(held, 0644) == 0 && symlink(held, link) == 0);
-  CHECK(&tc, qtg_approvers_load(held, &a, err, sizeof err) == 0);
+  CHECK(&tc, qtg_approvers_load_guarded(held, -1, &a, err, sizeof err) == 0);
   qtg_approvers_free(a);
+  /* a link, '.', '..' or a relative path: refused (resolved where the walk does not look) */
+  char dotted[500];
+  snprintf(dotted, sizeof dotted, "%s/./approvers", dir);
+  CHECK(&tc, qtg_approvers_load_guarded(link, -1, &a, err, sizeof err) == -1 && a == NULL &&
+                 strstr(err, "no link"));
+  CHECK(&tc, qtg_approvers_load_guarded(dotted, -1, &a, err, sizeof err) == -1 && strstr(err, "no link"));
+  CHECK(&tc, qtg_approvers_load_guarded("approvers-relative", -1, &a, err, sizeof err) == -1);
+  /* the daemon's and the audit tool's reading takes the link (the file's own checks) */
   CHECK(&tc, qtg_approvers_load(link, &a, err, sizeof err) == 0);
   qtg_approvers_free(a);
-  /* the file's directory writable by its group: refused, by name and through the link */
+  /* the file's directory writable by its group: refused */
   CHECK(&tc, chmod(dir, 0775) == 0);
-  CHECK(&tc, qtg_approvers_load(held, &a, err, sizeof err) == -1 && a == NULL && strstr(err, "the directory") &&
-                 strstr(err, "0775"));
-  CHECK(&tc, qtg_approvers_load(link, &a, err, sizeof err) == -1 && a == NULL && strstr(err, "0775"));
+  CHECK(&tc, qtg_approvers_load_guarded(held, -1, &a, err, sizeof err) == -1 && a == NULL &&
+                 strstr(err, "the directory") && strstr(err, "0775"));
   /* sticky, as /tmp is: no one else can rename or remove the file there */
   CHECK(&tc, chmod(dir, 01777) == 0);
-  CHECK(&tc, qtg_approvers_load(held, &a, err, sizeof err) == 0);
+  CHECK(&tc, qtg_approvers_load_guarded(held, -1, &a, err, sizeof err) == 0);
   qtg_approvers_free(a);
   CHECK(&tc, chmod(dir, 0755) == 0);
-  /* the link in a directory others may write (the link can be replaced),
-   * the file's own directory safe: refused */
+  /* a directory further up the path others may write: refused */
   CHECK(&tc, chmod(tmpdir, 0777) == 0);
-  CHECK(&tc, qtg_approvers_load(link, &a, err, sizeof err) == -1 && a == NULL && strstr(err, "0777"));
-  /* ... and a directory further up the file's path: refused too */
-  CHECK(&tc, qtg_approvers_load(held, &a, err, sizeof err) == -1 && a == NULL && strstr(err, "0777"));
+  CHECK(&tc, qtg_approvers_load_guarded(held, -1, &a, err, sizeof err) == -1 && a == NULL && strstr(err, "0777"));
   CHECK(&tc, chmod(tmpdir, 0700) == 0);
   /* a directory owned by the daemon's uid: refused although the file is not its */
   if (geteuid() == 0) {
