@@ -10,7 +10,12 @@
 --   * a session of the share that breaks (its server process terminated)
 --     gives its place to the next request waiting, so the share is never
 --     used up by connections that are gone;
---   * /metrics shows the sessions each holds and the acquires waiting.
+--   * /metrics shows the sessions each holds and the acquires waiting;
+--   * an acquire of the share that is in use waits for it, and no
+--     connection is opened for it: under a role the server allows two
+--     connections, both taken, it was failed by the refused connect while
+--     the pool had room, or connects were opened and refused one after
+--     another until the share's session came back (api_db_share_child.lua).
 local qtg = require "qtg"
 
 local api, common, engine
@@ -106,6 +111,24 @@ describe("the API's share of the database pool", function()
       assert.equal(0, metric(body, "qtg_db_acquires_waiting", "api"), body)
       assert.equal(1, metric(body, "qtg_db_sessions_in_use", "api"), body) -- its own
     end)
+
+  it("opens no connection for an acquire the share holds back: it waits for the share's session", function()
+    local role = "spec_share_" .. qtg.crypto.hex(qtg.crypto.random_bytes(4))
+    common.query("CREATE ROLE " .. role .. " LOGIN CONNECTION LIMIT 2")
+    local url = common.database_url(common.query("SELECT current_database() AS d")[1].d)
+      :gsub("^(%a[%w+.-]*://)[^@/]*@", "%1" .. role .. "@")
+    local dir = require("spec.lua.support.host").tmpdir()
+    local child = common.start_script(dir, "share", common.base_env({ MG_DATABASE_URL = url, MG_DB_POOL_SIZE = "4",
+      MG_API_DB_SESSIONS = "1" }), "api/api_db_share_child.lua", {})
+    local r = common.wait_result(child, 30)
+    common.query("DROP ROLE " .. role)
+    os.execute("rm -rf " .. common.quote(dir))
+    assert.is_true(r.ok, r.error)
+    assert.is_nil(r.err)
+    assert.is_true(r.waited, "the acquire was answered before the share's session came back")
+    assert.equal(2, r.max_open, "a connection was opened for the acquire the share held back")
+    assert.equal(r.share_pid, r.got_pid, "it took the share's session back")
+  end)
 
   it("refuses an acquire of a share that does not exist", function()
     local ok, err = pcall(qtg.db.acquire, "workers")
