@@ -24,6 +24,7 @@
 -- "executor", code the node's error code, message its error detail.
 local qtg = require "qtg"
 local canon = require "qtg.canon_json"
+local busy_stops = require "qtg.busy_stops"
 local errors = require "qtg.errors"
 
 local M = {}
@@ -248,77 +249,28 @@ local function raised_text(e)
 end
 
 -- ---- calls the busy guard stopped
--- A call that holds the loop past MG_TASK_BUSY_LIMIT_SECONDS is stopped by
--- the busy guard (src/qtg_busy.c), which raises at every instruction of its
--- task until the task has ended: nothing after the call runs, its claim
--- rolls back, and the node was claimed again at the next pass and stopped
--- again, the loop held for the limit each time (a review, session 38: one
--- request whose adapter looped on its data held the daemon 30 s in every
--- 30 s, and nothing behind it was dispatched).  Each call of a node's
--- context is watched by a userdata whose finalizer runs when the call's
--- task is collected (the host collects at once after a stop): a call that
--- never came back is one that was stopped, and from then on this process
--- answers that node's call of that name at that attempt with the error it
--- raised, without running the adapter, so the node is recorded as after
--- any raise there (preflight, prepare: FAILED; submit, observe: UNKNOWN,
--- for recovery; recover: left UNKNOWN).  A reload forgets them (this
--- module's state), as it replaces the adapter an operator has mended.
-local stopped, stopped_order, unlogged = {}, {}, {} -- stop key -> true; keys oldest first; keys to log
-M.STOPPED_MAX = 1000
+-- Each call of a node's context is watched (qtg.busy_stops, key "node
+-- id:attempt:call"): a call the busy guard stopped is, from then on,
+-- answered at that attempt with the error it raised, without running the
+-- adapter, so the node is recorded as after any raise there (preflight,
+-- prepare: FAILED; submit, observe: UNKNOWN, for recovery; recover: left
+-- UNKNOWN).  Without it the stopped dispatch rolled back, the node stayed
+-- READY at the FIFO head and was claimed and stopped again at every pass
+-- (a review, session 38: one adapter looping on one request's data held
+-- the daemon 30 s in every 30 s).
+M.CALLS = { "preflight", "prepare", "submit", "observe", "recover" }
+local STOPPED_LINE = "executor call stopped by the busy guard: its node is answered so from now on"
 
 local function stop_key(fname, ctx)
   if type(ctx) ~= "table" or ctx.request_node_id == nil then return nil end
-  return string.format("%s:%s:%s", tostring(ctx.request_node_id), tostring(ctx.attempt_no), fname)
-end
-
--- from a finalizer: no yield, no raise, no I/O
-local function note_stopped(key)
-  if stopped[key] then return end
-  stopped[key] = true
-  stopped_order[#stopped_order + 1] = key
-  unlogged[#unlogged + 1] = key
-end
-
-local function take_note()
-  while #unlogged > 0 do
-    local node, attempt, fname = table.remove(unlogged, 1):match("^(.-):(.-):(.-)$")
-    qtg.log.error("executor call stopped by the busy guard: its node is answered so from now on",
-      { node_id = node, attempt_no = attempt, call = fname })
-  end
-  while #stopped_order > M.STOPPED_MAX do stopped[table.remove(stopped_order, 1)] = nil end
-end
-
--- watch(key) -> a userdata and its finish(): collected unfinished while
--- the host collects what a task the busy guard stopped held, the call was
--- stopped (an interrupt, the console's guard, a task collected at close are
--- not busy stops), and blamed when it had run half the limit at least: the
--- guard measures the task's whole resume, which may have held the loop
--- before the call began
-local function watch(key)
-  local finished, started = false, qtg.monotonic()
-  local w = newproxy(true)
-  getmetatable(w).__gc = function()
-    if finished or not qtg.busy_collecting() then return end
-    local limit = tonumber(qtg.settings.task_busy_limit_seconds) or 0
-    if qtg.monotonic() - started >= limit / 2 then note_stopped(key) end
-  end
-  return w, function(kept) finished = kept ~= nil end
+  return busy_stops.key(ctx.request_node_id, ctx.attempt_no, fname)
 end
 
 -- was_stopped(ctx, fname): the busy guard stopped this node's call fname
 -- at ctx's attempt (it is answered so, without running the adapter)
 function M.was_stopped(ctx, fname)
-  take_note()
   local key = stop_key(fname, ctx)
-  return key ~= nil and stopped[key] == true
-end
-
--- stopped_calls() -> the stop keys ("node id:attempt:call") this process answers
-function M.stopped_calls()
-  take_note()
-  local out = {}
-  for i, k in ipairs(stopped_order) do out[i] = k end
-  return out
+  return key ~= nil and busy_stops.stopped(key)
 end
 
 -- call(adapter, fname, ...) -> answer | nil, err (M.error)
@@ -330,16 +282,13 @@ function M.call(adapter, fname, ...)
   if type(f) ~= "function" then
     return nil, M.error(M.ERROR, "executor has no " .. fname .. "()")
   end
-  take_note()
   local key = stop_key(fname, (...))
-  if key and stopped[key] then
+  if key and busy_stops.stopped(key) then
     return nil, M.error(M.ERROR, string.format("%s held the loop past MG_TASK_BUSY_LIMIT_SECONDS and was stopped "
       .. "by the busy guard (not called again at this attempt until a reload)", fname))
   end
-  local w, finish
-  if key then w, finish = watch(key) end
-  local ok, answer = pcall(f, ...)
-  if finish then finish(w) end
+  local ok, answer
+  if key then ok, answer = busy_stops.watched(key, STOPPED_LINE, nil, f, ...) else ok, answer = pcall(f, ...) end
   if not ok then
     -- the signer could not be asked: not the executor's failure, and not
     -- final; the dispatcher rolls the attempt back (node stays READY)

@@ -16,7 +16,10 @@
 --   preflight/prepare raise, garbage  FAILED EXECUTOR_ERROR / EXECUTOR_BAD_RESPONSE
 --   preflight refuses             FAILED   PREFLIGHT_REJECTED
 --   signer refuses                FAILED   SIGNING_REFUSED ("CODE: reason")
---   signer cannot be asked        the tick raises: rolled back, node stays READY
+--   signer cannot be asked        held back: rolled back, node stays READY
+--   the busy guard stopped it     before submit: FAILED ENGINE_ERROR at its
+--                                 next claim; in the outcome's write: left
+--                                 READY by this process until a reload
 --   submit answers                SUBMITTED / SUBMITTING / COMPLETED / FAILED / UNKNOWN
 --   submit raises or garbage      UNKNOWN  EXECUTOR_ERROR / EXECUTOR_BAD_RESPONSE
 --     (it may have reached the provider: never guessed, recovery decides)
@@ -30,6 +33,7 @@
 -- transaction is lost after the provider call, the node is READY again with
 -- the same attempt_no and the resubmission carries the same key.
 local qtg = require "qtg"
+local busy_stops = require "qtg.busy_stops"
 local canon = require "qtg.canon_json"
 local context = require "qtg.context"
 local executors = require "qtg.executors"
@@ -42,7 +46,9 @@ local M = {}
 
 M.ACTOR = "system:node_dispatcher"
 
--- $1: ids already tried (text[], given by M.claim_one), $2: network
+-- $1: ids already tried or held back (text[], given by M.claim_one: the
+-- ids of the nodes held back, M.hold_back, and of those whose outcome
+-- write the busy guard stopped, qtg.busy_stops), $2: network
 -- class, $3: executors paced out for now (JSON array of names).
 -- A request bound for FAILED or MANUAL_INTERVENTION is passed over
 -- (qtg.state.stopping: a FAILED node, or an UNKNOWN one beside a completed
@@ -282,6 +288,22 @@ local function record(s, g, node, outcome, starting, commit)
     attempt_no = node.attempt_no, error_code = code ~= NULL and code or nil })
 end
 
+-- The busy guard (qtg.busy_stops): a dispatch it stopped before submit,
+-- outside an executor's call (its own answer: qtg.executors), in engine or
+-- policy code on this node's data (a `$ref` resolution, the context, the
+-- signing request), is recorded at the node's next claim as that code's
+-- raise would be: FAILED, ENGINE_ERROR, nothing sent.  A stop in the
+-- outcome's write (the state rules) leaves the node READY for this process
+-- until a reload: writing anything about it runs the same code, and
+-- nothing was sent, or the provider deduplicates the resubmission's key.
+-- Either way the loop is held once for the node, not at every pass.
+M.STOP_DISPATCH, M.STOP_WRITE = "dispatch", "dispatch_write"
+M.STOPPED_DETAIL = "the dispatch held the loop past MG_TASK_BUSY_LIMIT_SECONDS and was stopped by the busy guard "
+  .. "before submit (not run again at this attempt until a reload)"
+M.STOPPED_LINE = "dispatch stopped by the busy guard before submit: its node is FAILED (ENGINE_ERROR) at its next claim"
+M.WRITE_STOPPED_LINE = "a dispatch's outcome write was stopped by the busy guard: "
+  .. "its node is left READY by this process until a reload"
+
 -- dispatch(s, row[, nodes[, commit]]): the claimed node, locks held; row
 -- is the claim's (CLAIM_SQL), nodes its request's nodes read after it.
 -- commit: the outcome's write ends the claim's pipeline transaction
@@ -303,7 +325,15 @@ function M.dispatch(s, row, nodes, commit)
   local starting = req.request_state == "APPROVED"
   local approved_at = starting and metrics.epoch(req.approved_at) or nil
   local progress = {}
-  local ok, outcome = pcall(pipeline, s, g, node, progress)
+  local attempt_no = node.attempt_no + 1
+  local ok, outcome
+  if busy_stops.stopped(busy_stops.key(node.id, attempt_no, M.STOP_DISPATCH)) then
+    ok, outcome = true, { attempt_no = attempt_no, answer = { status = "FAILED", error_code = "ENGINE_ERROR",
+      error_detail = M.STOPPED_DETAIL } }
+  else
+    ok, outcome = busy_stops.watched(busy_stops.key(node.id, attempt_no, M.STOP_DISPATCH), M.STOPPED_LINE,
+      executors.CALLS, pipeline, s, g, node, progress)
+  end
   if not ok then
     -- An engine error (not the executor's): record it rather than loop on
     -- the node.  Past submit the provider may have acted: UNKNOWN.
@@ -325,7 +355,8 @@ function M.dispatch(s, row, nodes, commit)
   -- a savepoint taken is not released: COMMIT ends it (one round trip less).
   -- A failure of the outcome's write after submit is marked so (the
   -- provider was asked): the tick raises it rather than holding it back
-  local written, werr = pcall(record, s, g, node, outcome, starting, commit)
+  local written, werr = busy_stops.watched(busy_stops.key(node.id, outcome.attempt_no, M.STOP_WRITE),
+    M.WRITE_STOPPED_LINE, nil, record, s, g, node, outcome, starting, commit)
   if not written then
     if type(werr) == "table" and progress.submitted then werr.after_submit = true end
     error(werr, 0)
@@ -430,6 +461,7 @@ M.draining = false
 
 local function claim_statement(tried, class)
   local ids = still_held(held_nodes)
+  for _, id in ipairs(busy_stops.held(M.STOP_WRITE)) do ids[#ids + 1] = id end
   for _, id in ipairs(tried) do ids[#ids + 1] = id end
   return { M.CLAIM_ONE_SQL, "{" .. table.concat(ids, ",") .. "}", class, paced_out() }
 end

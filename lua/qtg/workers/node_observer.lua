@@ -29,11 +29,20 @@
 -- (since started_at) goes to UNKNOWN with OBSERVATION_TIMEOUT without calling
 -- the executor; never FAILED.
 --
+-- The busy guard (qtg.busy_stops): an observation it stopped outside the
+-- executor's call (whose stop qtg.executors answers: UNKNOWN), in engine or
+-- policy code on this node's data (the observe intervals, the state rules
+-- of the outcome's write), leaves the node as it is for this process until
+-- a reload (the snapshot's $4 passes it over): writing anything about it
+-- runs the same code.  The loop is held once for the node, not at every
+-- pass.
+--
 -- Answers: OBSERVING (next_observe_at from qtg.observe_intervals; the
 -- executor's retry_after_seconds wins, clamped to 600, floored as above),
 -- COMPLETED (advance the DAG), FAILED, UNKNOWN; a raise or a malformed answer
 -- is UNKNOWN with EXECUTOR_ERROR / EXECUTOR_BAD_RESPONSE.
 local qtg = require "qtg"
+local busy_stops = require "qtg.busy_stops"
 local context = require "qtg.context"
 local executors = require "qtg.executors"
 local nodes_db = require "qtg.nodes"
@@ -48,7 +57,8 @@ M.TIMEOUT_CODE = "OBSERVATION_TIMEOUT"
 
 M.MAX_PER_PASS = 200
 
--- $1: network class, $2: batch (due nodes of the spec's snapshot), $3: cap.
+-- $1: network class, $2: batch (due nodes of the spec's snapshot), $3: cap,
+-- $4: the ids of nodes this process leaves alone (text[], the busy guard's).
 -- `first` is the spec's snapshot: the first $2 due nodes in FIFO order of
 -- their requests (each with its request); the outer select takes every due
 -- node of the requests it names, in request order.  Both read a request's
@@ -76,6 +86,7 @@ WITH first AS MATERIALIZED (
       WHERE n.request_id = r.id
         AND n.node_state IN ('SUBMITTED', 'OBSERVING')
         AND coalesce(n.next_observe_at, '-infinity') <= now()
+        AND NOT (n.id::text = ANY ($4::text[]))
       LIMIT $2) due
    WHERE r.request_state = 'EXECUTING'
      AND r.network_class = $1
@@ -91,6 +102,7 @@ SELECT n.id, n.request_id, n.executor, n.due_for
     WHERE n.request_id = f.id
       AND n.node_state IN ('SUBMITTED', 'OBSERVING')
       AND coalesce(n.next_observe_at, '-infinity') <= now()
+      AND NOT (n.id::text = ANY ($4::text[]))
     ORDER BY n.node_key
     LIMIT $3) n
  ORDER BY f.created_at ASC, n.request_id, n.node_key
@@ -135,12 +147,11 @@ local function timed_out(row)
   return type(row.claim_age_seconds) == "number" and row.claim_age_seconds > limit, limit
 end
 
--- observe_claimed(s, row[, nodes[, commit]]): the node and request are
--- locked; row is the claim's (CLAIM_SQL), nodes the request's nodes read
--- after it.  commit: the write ends the claim's pipeline transaction
--- (committed on return, its last write carrying the commit: qtg.nodes.apply).
-function M.observe_claimed(s, row, nodes, commit)
-  local g, node = nodes_db.claimed(s, row, nodes)
+M.STOP_OBSERVATION = "observation"
+M.STOPPED_LINE = "an observation was stopped by the busy guard outside the executor's call: "
+  .. "its node is left as it is by this process until a reload"
+
+local function observe_node(s, g, node, row, commit)
   local over, limit = timed_out(row)
   if over then
     return nodes_db.apply(s, g, node, { node_state = "UNKNOWN", error_code = M.TIMEOUT_CODE,
@@ -155,6 +166,24 @@ function M.observe_claimed(s, row, nodes, commit)
   end
   local answer, err = executors.call(adapter, "observe", context.observe_context(g.request, node))
   return nodes_db.apply_answer(s, g, node, M.ACTOR, "observe", fields, answer, err, nil, commit)
+end
+
+-- observe_claimed(s, row[, nodes[, commit]]): the node and request are
+-- locked; row is the claim's (CLAIM_SQL), nodes the request's nodes read
+-- after it.  commit: the write ends the claim's pipeline transaction
+-- (committed on return, its last write carrying the commit: qtg.nodes.apply).
+function M.observe_claimed(s, row, nodes, commit)
+  local g, node = nodes_db.claimed(s, row, nodes)
+  local ok, res = busy_stops.watched(busy_stops.key(node.id, node.attempt_no, M.STOP_OBSERVATION), M.STOPPED_LINE,
+    executors.CALLS, observe_node, s, g, node, row, commit)
+  if not ok then error(res, 0) end
+  return res
+end
+
+-- held() -> the snapshot's $4: the nodes whose observation the busy guard
+-- stopped outside the executor's call
+function M.held()
+  return "{" .. table.concat(busy_stops.held(M.STOP_OBSERVATION), ",") .. "}"
 end
 
 -- $1 node id, $2 seconds: put a claimed node back, due when the executor's
@@ -266,7 +295,7 @@ end
 function M.tick(s)
   local class = qtg.settings.network_class
   local rows = s:query(M.SNAPSHOT_SQL, class, qtg.settings.node_observe_batch_size or 10,
-    M.MAX_PER_PASS)
+    M.MAX_PER_PASS, M.held())
   if #rows == 0 then return 0 end
   -- with several processes, requests another process has just made due
   -- are left to it for a moment (qtg.observe_affinity)

@@ -23,7 +23,17 @@
 -- SUBMITTING one becomes UNKNOWN).  A raise or malformed answer leaves the
 -- node where it is with EXECUTOR_ERROR / EXECUTOR_BAD_RESPONSE recorded
 -- (updated_at moves, so the arm's other nodes come first next time).
+--
+-- The busy guard (qtg.busy_stops): a node whose observe() it stopped at
+-- this attempt is not observed again by this process (qtg.executors answers
+-- the call with the stop: UNKNOWN), so a recover() that finds it in flight
+-- leaves it UNKNOWN, the reason recorded, instead of moving it to
+-- SUBMITTED for an observation that would put it back at every pass.  A
+-- recovery it stopped outside the executor's call (engine or policy code:
+-- the state rules of the outcome's write) leaves the node as it is for
+-- this process until a reload (the arm's $6 passes it over).
 local qtg = require "qtg"
+local busy_stops = require "qtg.busy_stops"
 local canon = require "qtg.canon_json"
 local context = require "qtg.context"
 local executors = require "qtg.executors"
@@ -45,7 +55,8 @@ M.LANES = {
 }
 
 -- $1 network class, $2 grace seconds, $3 patterns (JSON array), $4 limit,
--- $5 1 = the lane's patterns match, 0 = none of them matches ("other").
+-- $5 1 = the lane's patterns match, 0 = none of them matches ("other"),
+-- $6 the ids of nodes this process leaves alone (text[], the busy guard's).
 -- Each node's request is read by its key: `(...) IS TRUE` keeps the
 -- EXECUTING index out of that lookup (qtg.workers.node_dispatcher,
 -- claim_sql), where a plan from statistics that saw no request executing
@@ -62,6 +73,7 @@ SELECT movement_request_nodes.id AS node_id, movement_requests.id AS request_id,
    AND movement_requests.network_class = $1
    AND (movement_request_nodes.action_type LIKE ANY (ARRAY(SELECT jsonb_array_elements_text($3::jsonb))))
        = ($5::int = 1)
+   AND NOT (movement_request_nodes.id::text = ANY ($6::text[]))
  ORDER BY movement_request_nodes.updated_at ASC
  LIMIT $4
    FOR UPDATE OF movement_request_nodes, movement_requests SKIP LOCKED]]
@@ -81,10 +93,13 @@ local function lane_filter(i)
   return all, 0
 end
 
--- recover_claimed(s, row) -> node[, false when paced out]: the node and
--- request are locked; row is the claim's (ARM_SQL).
-function M.recover_claimed(s, row)
-  local g, node = nodes_db.claimed(s, row)
+M.STOP_RECOVERY = "recovery"
+M.STOPPED_LINE = "a recovery was stopped by the busy guard outside the executor's call: "
+  .. "its node is left as it is by this process until a reload"
+M.UNOBSERVABLE_DETAIL = "recover() found it in flight, but its observe() held the loop past "
+  .. "MG_TASK_BUSY_LIMIT_SECONDS at this attempt and is not called again until a reload"
+
+local function recover_node(s, g, node)
   local adapter, why = executors.get(node.executor)
   local answer, err
   if adapter then
@@ -95,6 +110,10 @@ function M.recover_claimed(s, row)
     err = executors.error(executors.NOT_REGISTERED, why)
   end
   local fields = {}
+  if answer and answer.status == "SUBMITTED"
+      and busy_stops.stopped(busy_stops.key(node.id, node.attempt_no, "observe")) then
+    answer, err = nil, executors.error(executors.ERROR, M.UNOBSERVABLE_DETAIL)
+  end
   if not answer then
     qtg.log.warn("recover failed", { worker = "node_recovery", node_id = node.id,
       error_code = err.code, error = err.message })
@@ -106,6 +125,16 @@ function M.recover_claimed(s, row)
     fields.started_now = true
   end
   return nodes_db.apply_answer(s, g, node, M.ACTOR, "recover", fields, answer, err)
+end
+
+-- recover_claimed(s, row) -> node[, false when paced out]: the node and
+-- request are locked; row is the claim's (ARM_SQL).
+function M.recover_claimed(s, row)
+  local g, node = nodes_db.claimed(s, row)
+  local ok, res, recovered = busy_stops.watched(busy_stops.key(node.id, node.attempt_no, M.STOP_RECOVERY),
+    M.STOPPED_LINE, executors.CALLS, recover_node, s, g, node)
+  if not ok then error(res, 0) end
+  return res, recovered
 end
 
 -- arm_sizes(batch) -> the number each arm may take, in arm order: each
@@ -130,12 +159,13 @@ end
 function M.tick(s)
   local sizes = M.arm_sizes(qtg.settings.node_recovery_batch_size or 10)
   local total, failed = 0, nil
+  local held = "{" .. table.concat(busy_stops.held(M.STOP_RECOVERY), ",") .. "}"
   for i, lane in ipairs(M.LANES) do
     if sizes[i] > 0 then
       local patterns, match = lane_filter(i)
       local ok, err = pcall(s.pipeline_transaction, s, function()
         local rows = s:query(M.ARM_SQL, qtg.settings.network_class, lane.grace_seconds,
-          canon.encode(patterns), sizes[i], match)
+          canon.encode(patterns), sizes[i], match, held)
         local seen = {}
         for _, row in ipairs(rows) do
           if not seen[row.request_id] then

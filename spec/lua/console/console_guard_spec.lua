@@ -168,7 +168,7 @@ describe("console guard", function()
     local out = raw("eprint('calling') return require('qtg.executors').call({ observe = function() "
       .. "while true do qtg.sleep(0.05) end end }, 'observe', " .. ctx .. ")", "@o", "i")
     assert.matches("o calling\nx interrupted: stopped by the operator", out, 1, true)
-    local after = raw("ecollectgarbage() collectgarbage() return #require('qtg.executors').stopped_calls()")
+    local after = raw("ecollectgarbage() collectgarbage() return #require('qtg.busy_stops').keys()")
     assert.matches("r 0", after, 1, true)
     local again = raw("ereturn (require('qtg.executors').call({ observe = function() return { status = 'OBSERVING' } end }, "
       .. "'observe', " .. ctx .. ")).status")

@@ -11,7 +11,15 @@
 --     38: 0 of 3 requests in 100 s);
 --   * a preflight that never yields: the node is FAILED, EXECUTOR_ERROR,
 --     its detail naming the busy guard, after one stop;
---   * an observe that never yields: the node goes UNKNOWN after one stop.
+--   * an observe that never yields: the node goes UNKNOWN after one stop,
+--     and recovery, finding it in flight, leaves it UNKNOWN (before, it
+--     moved it to SUBMITTED, whose observation put it back, at every pass).
+-- And engine or policy code on one node's data that never yields (an
+-- override of qtg.ref or qtg.state beside the sim's), each held once:
+--   * a `$ref` resolution: the node is FAILED, ENGINE_ERROR;
+--   * the state rules in a dispatch's, an observation's, a recovery's
+--     outcome write: the node is left as it was by the process, which goes
+--     on with the others (before, each pass claimed it and was held again).
 local qtg = require "qtg"
 
 local common, engine, host
@@ -40,6 +48,43 @@ end
 return M
 ]]
 
+-- $ref resolution, first spinning when the node's config asks for it
+local REF_OVERRIDE = [[
+local qtg = require "qtg"
+local real = dofile(qtg.root .. "/lua/qtg/ref.lua")
+local M = {}
+for k, v in pairs(real) do M[k] = v end
+function M.resolve(config, map)
+  if type(config) == "table" and config.spin == "ref" then
+    local x = 0
+    while true do x = x + 1 end
+  end
+  return real.resolve(config, map)
+end
+return M
+]]
+
+-- The state rules, first spinning when a node of one of these keys is in
+-- the state named: the write after a dispatch (SUBMITTED), an observation
+-- or a recovery (COMPLETED) of it
+local STATE_OVERRIDE = [[
+local qtg = require "qtg"
+local real = dofile(qtg.root .. "/lua/qtg/state.lua")
+local M = {}
+for k, v in pairs(real) do M[k] = v end
+local SPIN = { spin_write = "SUBMITTED", spin_observed = "COMPLETED", spin_recovered = "COMPLETED" }
+function M.derive_request_state(nodes)
+  for _, n in ipairs(nodes) do
+    if SPIN[n.node_key] == n.node_state then
+      local x = 0
+      while true do x = x + 1 end
+    end
+  end
+  return real.derive_request_state(nodes)
+end
+return M
+]]
+
 local function node_of(id)
   return common.query([[SELECT node_state, error_code, error_detail, attempt_no FROM movement_request_nodes
                          WHERE request_id = $1::uuid]], id)[1]
@@ -58,6 +103,20 @@ end
 -- to are visible)
 local stopped
 
+-- node_id(request id) -> its one node's id
+local function node_id(request_id)
+  return common.query("SELECT id::text AS id FROM movement_request_nodes WHERE request_id = $1::uuid",
+    request_id)[1].id
+end
+
+-- how often the node was written SUBMITTED (its audit rows, promoted or not)
+local function times_submitted(id)
+  return tonumber(common.query([[
+    SELECT count(*) AS n FROM (SELECT action, entity_id FROM audit_outbox
+                               UNION ALL SELECT action, entity_id FROM audit_events) a
+     WHERE a.entity_id = $1 AND lower(a.action) = 'node.submitted']], id)[1].n)
+end
+
 describe("an executor call the busy guard stops", function()
   local d, class, dir
   setup(function()
@@ -67,16 +126,27 @@ describe("an executor call the busy guard stops", function()
     dir = host.tmpdir()
     os.execute("mkdir -p " .. common.quote(dir .. "/qtg/executors") .. " && chmod -R 755 " .. common.quote(dir))
     host.write(dir .. "/qtg/executors/sim.lua", OVERRIDE)
+    host.write(dir .. "/qtg/ref.lua", REF_OVERRIDE)
+    host.write(dir .. "/qtg/state.lua", STATE_OVERRIDE)
     qtg.db.with_session(function(s)
       for _, call in ipairs({ "submit", "preflight", "observe" }) do
         local sim = { observes = 1, retry_after_seconds = 0 }
         engine.load_doc(s, engine.doc(SPIN .. call, { { "a", "action", "withdrawal", { sim = sim, spin = call } } }))
       end
+      engine.load_doc(s, engine.doc(SPIN .. "ref", { { "a", "action", "withdrawal", { sim = { observes = 1,
+        retry_after_seconds = 0 }, spin = "ref" } } }))
+      engine.load_doc(s, engine.doc(SPIN .. "write", { { "spin_write", "action", "withdrawal", { sim = {
+        observes = 1, retry_after_seconds = 0 } } } }))
+      engine.load_doc(s, engine.doc(SPIN .. "observed", { { "spin_observed", "action", "withdrawal", { sim = {
+        observes = 1, retry_after_seconds = 0 } } } }))
+      engine.load_doc(s, engine.doc(SPIN .. "recovered", { { "spin_recovered", "action", "withdrawal", { sim = {
+        unknown = "submit", recover = "completed", retry_after_seconds = 0 } } } }))
       engine.load_doc(s, engine.doc(SPIN .. "plain", { { "a", "action", "withdrawal", { sim = { observes = 1,
         retry_after_seconds = 0 } } } }))
     end)
     class = common.uid("busy", 4)
     d = host.start(host.base_env({ MG_LUA_PATH = dir, MG_NETWORK_CLASS = class, MG_TASK_BUSY_LIMIT_SECONDS = "1",
+      MG_CONSOLE_ENABLED = "true", MG_CONSOLE_SOCKET = dir .. "/console.sock",
       MG_NODE_DISPATCH_INTERVAL_SECONDS = "0.2", MG_NODE_OBSERVE_INTERVAL_SECONDS = "0.2",
       MG_NODE_RECOVERY_INTERVAL_SECONDS = "0.5" }), { "run" })
     common.wait_log(d, '"msg":"qtgd running"', 30, "the daemon to run")
@@ -86,12 +156,12 @@ describe("an executor call the busy guard stops", function()
     os.execute("rm -rf " .. common.quote(dir))
   end)
 
-  stopped = function(id)
+  stopped = function(id, what)
     local n
     common.wait_for(function()
       n = 0
       for line in (host.read(d.log) or ""):gmatch("[^\n]+") do
-        if line:find(STOPPED, 1, true) and line:find(id, 1, true) then n = n + 1 end
+        if line:find(what or STOPPED, 1, true) and line:find(id, 1, true) then n = n + 1 end
       end
       return n > 0, n
     end, 10, function() return "the stop of " .. id .. " in the log: " .. (host.read(d.log) or ""):sub(-6000) end)
@@ -159,9 +229,92 @@ describe("an executor call the busy guard stops", function()
       return (host.read(d.log) or ""):find("observe held the loop past MG_TASK_BUSY_LIMIT_SECONDS and was stopped "
         .. "by the busy guard", 1, true) ~= nil
     end, 10, "the node's UNKNOWN in the log")
-    -- a few passes later still one stop for it
+    -- recovery finds it in flight and leaves it UNKNOWN, saying why: it
+    -- is never SUBMITTED again for an observation this process would not
+    -- make
+    local unobservable = require("qtg.workers.node_recovery").UNOBSERVABLE_DETAIL
+    common.wait_for(function()
+      local n = node_of(poison)
+      return n.error_detail == unobservable, n.node_state .. " " .. tostring(n.error_detail)
+    end, 10, "recovery to leave the node UNKNOWN")
+    -- a few passes later still one stop for it, UNKNOWN, written SUBMITTED once
     qtg.sleep(2)
-    assert.equal(1, stopped(common.query("SELECT id::text AS id FROM movement_request_nodes WHERE request_id = $1::uuid",
-      poison)[1].id))
+    local id = node_id(poison)
+    assert.equal(1, stopped(id))
+    assert.equal("UNKNOWN", node_of(poison).node_state)
+    assert.equal(1, times_submitted(id))
+  end)
+
+  it("in a $ref resolution: the node is FAILED with ENGINE_ERROR after one stop", function()
+    local poison = make(SPIN .. "ref")
+    local behind = make(SPIN .. "plain")
+    common.wait_for(function()
+      return node_of(poison).node_state == "FAILED" and states({ behind })[1] == "COMPLETED", node_of(poison).node_state
+    end, 30, "the stopped node to fail and the one behind it to complete")
+    local n = node_of(poison)
+    assert.equal("ENGINE_ERROR", n.error_code)
+    assert.equal(require("qtg.workers.node_dispatcher").STOPPED_DETAIL, n.error_detail)
+    assert.equal(1, n.attempt_no)
+    assert.equal("FAILED", states({ poison })[1])
+    assert.equal(1, stopped(node_id(poison), "dispatch stopped by the busy guard before submit"))
+  end)
+
+  -- held(request, state, line): the node stays in state, its stop logged
+  -- once, while the requests made after it complete
+  local function held(template, state, line)
+    local poison = make(template)
+    local id = node_id(poison)
+    local behind = { make(SPIN .. "plain"), make(SPIN .. "plain") }
+    assert.equal(1, stopped(id, line))
+    common.wait_for(function()
+      local st = states(behind)
+      return st[1] == "COMPLETED" and st[2] == "COMPLETED", table.concat(st, ",")
+    end, 30, "the requests behind the held node to complete")
+    qtg.sleep(2)
+    assert.equal(state, node_of(poison).node_state)
+    assert.equal(1, stopped(id, line))
+    return poison, id
+  end
+
+  local held_requests = {}
+
+  it("in the state rules of a dispatch's outcome write: the node stays READY, held once", function()
+    local poison = held(SPIN .. "write", "READY", "a dispatch's outcome write was stopped by the busy guard")
+    assert.equal(0, node_of(poison).attempt_no)
+    assert.equal("APPROVED", states({ poison })[1])
+    held_requests[#held_requests + 1] = poison
+  end)
+
+  it("in the state rules of an observation's write: the node stays SUBMITTED, held once", function()
+    local poison, id = held(SPIN .. "observed", "SUBMITTED", "an observation was stopped by the busy guard")
+    assert.equal(1, times_submitted(id))
+    held_requests[#held_requests + 1] = poison
+  end)
+
+  it("in the state rules of a recovery's write: the node stays UNKNOWN, held once", function()
+    held_requests[#held_requests + 1] = held(SPIN .. "recovered", "UNKNOWN", "a recovery was stopped by the busy guard")
+  end)
+
+  it("counts each stop on /metrics' qtg_busy_stops_total, by what was stopped", function()
+    local code = "local m = require('qtg.metrics') local out = {} for _, w in ipairs({ 'submit', 'preflight', "
+      .. "'observe', 'dispatch', 'dispatch_write', 'observation', 'recovery', 'prepare' }) do "
+      .. "out[#out + 1] = w .. '=' .. tostring(m.value('qtg_busy_stops_total', { what = w })) end "
+      .. "return table.concat(out, ' ')"
+    local rc, out = host.run({}, { common.quote(host.bin), "console", "--socket", common.quote(dir .. "/console.sock"),
+      "-e", common.quote(code) })
+    assert.equal(0, rc, out)
+    assert.truthy(out:find("submit=1 preflight=1 observe=1 dispatch=1 dispatch_write=1 observation=1 recovery=1 "
+      .. "prepare=nil", 1, true), out)
+  end)
+
+  it("a reload of the mended state rules forgets the stops: the held nodes go on and complete", function()
+    assert.equal(3, #held_requests)
+    host.write(dir .. "/qtg/state.lua", "local qtg = require 'qtg' return dofile(qtg.root .. '/lua/qtg/state.lua')")
+    host.signal(d, "HUP")
+    common.wait_log(d, "policy reloaded", 20, "the reload")
+    common.wait_for(function()
+      local st = states(held_requests)
+      return st[1] == "COMPLETED" and st[2] == "COMPLETED" and st[3] == "COMPLETED", table.concat(st, ",")
+    end, 30, "the held requests to complete after the reload")
   end)
 end)
