@@ -12,8 +12,8 @@
 -- with qtg.busy_collecting() true).  A piece of work that never finished
 -- was stopped, and its key is kept; the workers ask for it before working
 -- on a node (qtg.executors answers the call with its error, the workers
--- record an engine error or leave the node alone: docs/reliability.md,
--- "A node the busy guard stopped").
+-- record an engine error or leave the node alone: docs/operations.md,
+-- "Lua that never yields"; docs/conformance.md, 13).
 --
 -- A key is "node id:attempt:what".  The keys are this process's and a
 -- reload forgets them (this module is reloaded), as it replaces the code an
@@ -109,13 +109,6 @@ end
 function M.stopped(key)
   take_notes()
   return stopped[key] == true
-end
-
-local function first_stopped(node_id, attempt_no, whats)
-  for _, what in ipairs(whats) do
-    if stopped[M.key(node_id, attempt_no, what)] then return what end
-  end
-  return nil
 end
 
 -- held(what) -> the ids of the nodes whose work `what` was stopped, sorted
