@@ -27,12 +27,26 @@ static int qtg_lua_monotonic(lua_State *L) {
   return 1;
 }
 
-/* busy_collecting() -> true while the host collects what a task the busy
- * guard stopped held (qtg_task_finish): a finalizer running then knows its
- * object went with such a task (qtg.executors' watch of a call). */
+/* busy_collecting() -> the serial of the task the busy guard stopped and
+ * the monotonic time (qtg.monotonic) its stopped resume began, while the
+ * host collects what that task held (qtg_task_finish); false otherwise.
+ * A finalizer running then tells whether its object went with that task,
+ * and how long it had held the loop (qtg.busy_stops' watch). */
 static int qtg_lua_busy_collecting(lua_State *L) {
   qtg_host *h = qtg_host_from_lua(L);
-  lua_pushboolean(L, h != NULL && h->busy_collecting);
+  if (h == NULL || h->busy_collecting == 0) {
+    lua_pushboolean(L, 0);
+    return 1;
+  }
+  lua_pushnumber(L, (lua_Number)h->busy_collecting);
+  lua_pushnumber(L, (double)h->busy_resume_since / 1e9);
+  return 2;
+}
+
+/* task_serial() -> the running task's serial (from 1), 0 outside a task */
+static int qtg_lua_task_serial(lua_State *L) {
+  qtg_host *h = qtg_host_from_lua(L);
+  lua_pushnumber(L, h != NULL && h->current ? (lua_Number)qtg_task_serial(h->current) : 0);
   return 1;
 }
 
@@ -351,6 +365,7 @@ static const luaL_Reg qtg_core_funcs[] = {
   {"now", qtg_lua_now},
   {"monotonic", qtg_lua_monotonic},
   {"busy_collecting", qtg_lua_busy_collecting},
+  {"task_serial", qtg_lua_task_serial},
   {"raw_sleep", qtg_lua_sleep},
   {"spawn", qtg_lua_spawn},
   {"spawn_unowned", qtg_lua_spawn_unowned},

@@ -74,6 +74,8 @@ struct qtg_busy {
   int target_ref;                 /* ... anchored here; LUA_NOREF: the whole task */
   qtg_task *target_task;          /* the task it runs in */
   qtg_task *stopped;              /* the last task stopped whole, until it ends */
+  uint64_t target_since;          /* the struck resume's start (uv_hrtime()) */
+  uint64_t stopped_since;         /* ... of the resume in which stopped was stopped */
   char where[256];                /* where the strike found it: "file:line" */
   lua_Hook saved_hook;            /* what the hook replaced */
   int saved_mask, saved_count;
@@ -87,7 +89,10 @@ static void qtg_busy_unhook(struct qtg_busy *b) {
   if (!atomic_load_explicit(&b->hooked, memory_order_relaxed)) return;
   lua_State *L = b->h->L;
   if (b->target_ref != LUA_NOREF) luaL_unref(L, LUA_REGISTRYINDEX, b->target_ref);
-  else if (b->target_task) b->stopped = b->target_task;
+  else if (b->target_task) {
+    b->stopped = b->target_task;
+    b->stopped_since = b->target_since;
+  }
   b->target_ref = LUA_NOREF;
   b->target = NULL;
   b->target_task = NULL;
@@ -116,6 +121,7 @@ static int qtg_busy_pick(struct qtg_busy *b, lua_State *L, lua_Debug *ar) {
   char *where = b->where;
   snprintf(where, sizeof b->where, "?");
   uint64_t since = atomic_load_explicit(&b->since, memory_order_relaxed);
+  b->target_since = since;
   snprintf(held, sizeof held, "%.1f", since ? (double)(uv_hrtime() - since) / 1e9 : 0.0);
   snprintf(limit, sizeof limit, "%g", b->limit_s);
   if (lua_getinfo(L, "Sl", ar)) snprintf(where, sizeof b->where, "%s:%d", ar->short_src, ar->currentline);
@@ -336,10 +342,12 @@ void qtg_busy_leave(struct qtg_busy *b) {
   qtg_busy_unhook(b); /* a strike whose hook never ran: the resume ended first */
 }
 
-int qtg_busy_task_ended(struct qtg_busy *b, qtg_task *t) {
+int qtg_busy_task_ended(struct qtg_busy *b, qtg_task *t, uint64_t *resume_since) {
+  *resume_since = 0;
   if (!b) return 0;
   if (atomic_load_explicit(&b->hooked, memory_order_relaxed) && b->target_task == t) qtg_busy_unhook(b);
   if (b->stopped != t) return 0;
   b->stopped = NULL;
+  *resume_since = b->stopped_since;
   return 1;
 }

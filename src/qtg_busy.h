@@ -16,7 +16,9 @@ void qtg_busy_stop(qtg_host *h);
 void qtg_busy_enter(struct qtg_busy *b, qtg_task *t);
 void qtg_busy_leave(struct qtg_busy *b);
 /* 1 when t was being stopped: its strike is over, and what it held is
- * garbage once its coroutine is let go of (the caller collects it). */
-int qtg_busy_task_ended(struct qtg_busy *b, qtg_task *t);
+ * garbage once its coroutine is let go of (the caller collects it);
+ * *resume_since: when the resume it was stopped in began (uv_hrtime()),
+ * 0 when it was not stopped. */
+int qtg_busy_task_ended(struct qtg_busy *b, qtg_task *t, uint64_t *resume_since);
 
 #endif

@@ -20,13 +20,16 @@
 #include "qtg_lua_path.h"
 #include "qtg_modules_decl.h"
 
+enum { QTG_TASK_INTERRUPTED = 1, QTG_TASK_BARE_YIELD = 2 };
+
 struct qtg_task {
   qtg_host *h;
   lua_State *co;
   int co_ref;
   int flags;
   int waiting;
-  int interrupted;
+  int interrupted;        /* raise at the next resume: QTG_TASK_INTERRUPTED, QTG_TASK_BARE_YIELD */
+  int bare_yields;        /* bare coroutine.yield()s answered with a raise */
   qtg_task_done_cb done;
   void *data;
   void (*cancel)(qtg_task *, void *);
@@ -35,6 +38,7 @@ struct qtg_task {
   qtg_task *ready_next;  /* queued by qtg_task_resume_later */
   int ready_nres;
   uint64_t owner;        /* qtg_task_set_owner; inherited at spawn */
+  uint64_t serial;       /* this task's number in its host, from 1 */
   char name[64];
 };
 
@@ -219,7 +223,8 @@ static void qtg_task_run(qtg_task *t, int nargs);
 
 static void qtg_task_finish(qtg_task *t, int ok, int nres) {
   qtg_host *h = t->h;
-  int stopped = qtg_busy_task_ended(h->busy, t);
+  uint64_t resume_since = 0, serial = t->serial;
+  int stopped = qtg_busy_task_ended(h->busy, t, &resume_since);
   if (!ok && !(t->flags & QTG_TASK_QUIET)) qtg_task_log_error(t);
   if (t->done) t->done(t, ok, nres, t->data);
   qtg_unref(h->L, t->co_ref);
@@ -228,9 +233,11 @@ static void qtg_task_finish(qtg_task *t, int ok, int nres) {
    * release, a rollback): what it held is garbage now, collected at once so
    * that its __gc hands it back. */
   if (stopped) {
-    h->busy_collecting = 1;   /* finalizers may ask: qtg.busy_collecting() */
+    h->busy_collecting = serial;   /* finalizers may ask: qtg.busy_collecting() */
+    h->busy_resume_since = resume_since;
     lua_gc(h->L, LUA_GCCOLLECT, 0);
     h->busy_collecting = 0;
+    h->busy_resume_since = 0;
   }
   /* Tasks woken by this one's end (joiners) run only now, so they see it
    * gone: no nested resume observes a half-finished task. */
@@ -261,8 +268,11 @@ static void qtg_task_interrupt_hook(lua_State *L, lua_Debug *ar) {
   qtg_host *h = qtg_host_from_lua(L);
   qtg_task *t = h ? h->current : NULL;
   if (!t || t->co != L || !t->interrupted) return;
+  int why = t->interrupted;
   t->interrupted = 0;
   lua_sethook(L, h->saved_hook, h->saved_hook_mask, h->saved_hook_count);
+  if (why == QTG_TASK_BARE_YIELD)
+    qtg_raise(L, "usage", "coroutine.yield() outside a host binding in task '%s' (use qtg.sleep or I/O)", t->name);
   qtg_raise(L, "interrupted", "interrupted");
 }
 
@@ -276,7 +286,17 @@ static void qtg_task_run(qtg_task *t, int nargs) {
   qtg_busy_leave(h->busy);
   if (st == LUA_YIELD) {
     if (t->waiting) return;
-    /* A bare coroutine.yield() in task code would strand the task. */
+    /* A bare coroutine.yield() in task code would strand the task.  The
+     * first is answered with a raise where it yielded, so the code around
+     * it (an executor's call under pcall) sees an error of its own and the
+     * work is recorded; one more ends the task (a loop of yields under
+     * pcall would never end). */
+    if (t->bare_yields++ == 0) {
+      lua_settop(t->co, 0);
+      t->interrupted = QTG_TASK_BARE_YIELD;
+      qtg_task_resume(t, 0);
+      return;
+    }
     lua_settop(t->co, 0);
     qtg_push_error(t->co, "usage",
                    "coroutine.yield() outside a host binding in task '%s' (use qtg.sleep or I/O)",
@@ -305,6 +325,7 @@ qtg_task *qtg_task_spawn(qtg_host *h, const char *name, int nargs, int flags,
   t->done = done;
   t->data = data;
   t->owner = (flags & QTG_TASK_UNOWNED) || !h->current ? 0 : h->current->owner;
+  t->serial = ++h->task_serials;
   snprintf(t->name, sizeof t->name, "%s", name ? name : "task");
   t->co = lua_newthread(L);
   lua_insert(L, -(nargs + 2));           /* thread below fn and args */
@@ -355,13 +376,14 @@ void qtg_task_interrupt(qtg_task *t) {
   /* A waiting task without a cancel hook raises when it is resumed.  (A
    * running task cannot be interrupted from here: the loop is single
    * threaded; the console's guard hook handles Lua that never yields.) */
-  t->interrupted = 1;
+  t->interrupted = QTG_TASK_INTERRUPTED;
 }
 
 int qtg_task_waiting(qtg_task *t) { return t->waiting; }
 
 void qtg_task_set_owner(qtg_task *t, uint64_t owner) { t->owner = owner; }
 uint64_t qtg_task_owner(qtg_task *t) { return t->owner; }
+uint64_t qtg_task_serial(qtg_task *t) { return t->serial; }
 
 /* Process-wide by nature: a signal is sent to the process, not to a host. */
 static volatile sig_atomic_t qtg_stop_signal;

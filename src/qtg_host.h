@@ -69,7 +69,9 @@ struct qtg_host {
   struct qtg_api *api;          /* HTTP API server (src/qtg_api.c) */
   struct qtg_watchdog *watchdog; /* systemd watchdog pings (qtg_notify.c) */
   struct qtg_busy *busy;        /* stops a task that holds the loop (qtg_busy.c) */
-  int busy_collecting;          /* collecting what a task the busy guard stopped held */
+  uint64_t busy_collecting;     /* collecting what a task the busy guard stopped held: its serial; 0: not */
+  uint64_t busy_resume_since;   /* ... and when the resume it was stopped in began (uv_hrtime()) */
+  uint64_t task_serials;        /* the last task's serial (qtg_task_serial) */
   qtg_task *current;            /* task whose code is running now */
   qtg_task *tasks;              /* every live task (freed at close) */
   qtg_task *ready;              /* woken inside a task's end, run after it */
@@ -132,6 +134,7 @@ int qtg_task_waiting(qtg_task *t);
  * a console command spawns and runs at once is still that command's. */
 void qtg_task_set_owner(qtg_task *t, uint64_t owner);
 uint64_t qtg_task_owner(qtg_task *t);
+uint64_t qtg_task_serial(qtg_task *t);   /* its number in its host, from 1 */
 
 /* SIGTERM/SIGINT seen by the process (0: none yet), noted by the signal
  * handler itself, before the loop turns: code that holds the loop (the

@@ -34,9 +34,10 @@ local function split(key)
   return key:match("^(.-):(.-):(.-)$")
 end
 
-local function first_stopped(node_id, attempt_no, whats)
+-- the first of whats whose key for the node and attempt is in set
+local function first_of(set, node_id, attempt_no, whats)
   for _, what in ipairs(whats) do
-    if stopped[M.key(node_id, attempt_no, what)] then return what end
+    if set[M.key(node_id, attempt_no, what)] then return what end
   end
   return nil
 end
@@ -48,47 +49,51 @@ end
 
 -- Take what the finalizers noted (all of one stop's at once: the host
 -- collects in full after a stop): a piece of work whose inner piece (an
--- executor's call inside a dispatch) was stopped too is that piece's stop,
--- not its own.  Each stop is logged once and counted; the oldest past MAX
+-- executor's call inside a dispatch) was stopped in the same collection
+-- is that piece's stop, not its own (an inner piece stopped earlier at the
+-- same attempt is answered without running: it cannot have been this
+-- stop).  Each stop is logged once and counted; the oldest past MAX
 -- are dropped.
 local function take_notes()
   if #noted == 0 then return end
-  local taken = noted
+  local taken, fresh = noted, {}
   noted = {}
-  for _, n in ipairs(taken) do stopped[n[1]] = stopped[n[1]] or "new" end
+  for _, n in ipairs(taken) do
+    if not stopped[n[1]] then fresh[n[1]] = true end
+  end
   for _, n in ipairs(taken) do
     local key, line, inner = n[1], n[2], n[3]
     local node, attempt, what = split(key)
-    if stopped[key] == "new" then
-      if inner and first_stopped(node, attempt, inner) then
-        stopped[key] = nil
-      else
-        stopped[key] = true
-        order[#order + 1] = key
-        qtg.log.error(line, { node_id = node, attempt_no = attempt, call = what })
-        require("qtg.metrics").count("qtg_busy_stops_total", { what = what })
-      end
+    if fresh[key] and not stopped[key] and not (inner and first_of(fresh, node, attempt, inner)) then
+      stopped[key] = true
+      order[#order + 1] = key
+      qtg.log.error(line, { node_id = node, attempt_no = attempt, call = what })
+      require("qtg.metrics").count("qtg_busy_stops_total", { what = what })
     end
   end
   while #order > M.MAX do stopped[table.remove(order, 1)] = nil end
 end
 
 -- watch(key, line[, inner]) -> a userdata and its finish(w).  Collected
--- unfinished while the host collects what a task the busy guard stopped
--- held, the work was stopped (an interrupt, the console's guard, a task
--- collected at close are not busy stops), and blamed when it had run half
--- the limit at least: the guard measures the task's whole resume, which
--- may have held the loop before the work began.  line: the error logged
--- once for it.  inner: the whats of work watched inside this one (for the
--- same node and attempt), whose stop is not this one's.  finish(w) takes
--- the userdata, which keeps it alive until then.
+-- unfinished while the host collects what the task it was made in held,
+-- that task stopped by the busy guard (qtg.busy_collecting names the task;
+-- an interrupt, the console's guard, a task that ended otherwise and is
+-- collected later are not its stops), the work was stopped, and it is
+-- blamed when it had held the loop half the limit at least in the resume
+-- the guard stopped (the guard measures the whole resume, which may have
+-- held the loop before the work began).  line: the error logged once for
+-- it.  inner: the whats of work watched inside this one (for the same node
+-- and attempt), whose stop, in the same collection, is not this one's.
+-- finish(w) takes the userdata, which keeps it alive until then.
 function M.watch(key, line, inner)
-  local finished, started = false, qtg.monotonic()
+  local finished, started, task = false, qtg.monotonic(), qtg.task_serial()
   local w = newproxy(true)
   getmetatable(w).__gc = function()
-    if finished or not qtg.busy_collecting() then return end
+    if finished then return end
+    local stopped_task, resume_began = qtg.busy_collecting()
+    if stopped_task ~= task then return end
     local limit = tonumber(qtg.settings.task_busy_limit_seconds) or 0
-    if qtg.monotonic() - started >= limit / 2 then note(key, line, inner) end
+    if qtg.monotonic() - math.max(started, resume_began) >= limit / 2 then note(key, line, inner) end
   end
   return w, function(kept) finished = kept ~= nil end
 end

@@ -287,15 +287,24 @@ function M.call(adapter, fname, ...)
     return nil, M.error(M.ERROR, string.format("%s held the loop past MG_TASK_BUSY_LIMIT_SECONDS and was stopped "
       .. "by the busy guard (not called again at this attempt until a reload)", fname))
   end
-  local ok, answer
-  if key then ok, answer = busy_stops.watched(key, STOPPED_LINE, nil, f, ...) else ok, answer = pcall(f, ...) end
+  -- the answer's check is part of the call: it reads what the adapter
+  -- returned (a metatable of its own included), so a stop or a raise there
+  -- is the call's
+  local w, finish
+  if key then w, finish = busy_stops.watch(key, STOPPED_LINE) end
+  local ok, answer = pcall(f, ...)
+  local read, checked, why = true, nil, nil
+  if ok then read, checked, why = pcall(M.check, fname, answer) end
+  if finish then finish(w) end
   if not ok then
     -- the signer could not be asked: not the executor's failure, and not
     -- final; the dispatcher rolls the attempt back (node stays READY)
     if type(answer) == "table" and answer.kind == "signer_unavailable" then error(answer, 0) end
     return nil, M.error(M.ERROR, string.format("%s raised: %s", fname, raised_text(answer)))
   end
-  local checked, why = M.check(fname, answer)
+  if not read then
+    return nil, M.error(M.BAD_RESPONSE, string.format("%s answered what cannot be read: %s", fname, errors.text(checked)))
+  end
   if not checked then return nil, M.error(M.BAD_RESPONSE, why) end
   return checked
 end

@@ -262,6 +262,7 @@ local function pipeline(s, g, node, progress)
     signature = sig
   end
   local key = context.idempotency_key(node.id, attempt_no)
+  if progress.before_submit then progress.before_submit() end
   progress.submitted = true
   progress.attempt_no, progress.key = attempt_no, key
   local answer, serr = executors.call(adapter, "submit", ctx,
@@ -331,8 +332,13 @@ function M.dispatch(s, row, nodes, commit)
     ok, outcome = true, { attempt_no = attempt_no, answer = { status = "FAILED", error_code = "ENGINE_ERROR",
       error_detail = M.STOPPED_DETAIL } }
   else
-    ok, outcome = busy_stops.watched(busy_stops.key(node.id, attempt_no, M.STOP_DISPATCH), M.STOPPED_LINE,
-      executors.CALLS, pipeline, s, g, node, progress)
+    -- watched until the submit call: a stop from there on is the call's
+    -- (qtg.executors: UNKNOWN, for recovery), or the outcome write's
+    local w, finish = busy_stops.watch(busy_stops.key(node.id, attempt_no, M.STOP_DISPATCH), M.STOPPED_LINE,
+      executors.CALLS)
+    progress.before_submit = function() finish(w) end
+    ok, outcome = pcall(pipeline, s, g, node, progress)
+    finish(w)
   end
   if not ok then
     -- An engine error (not the executor's): record it rather than loop on
