@@ -20,16 +20,13 @@
 #include "qtg_lua_path.h"
 #include "qtg_modules_decl.h"
 
-enum { QTG_TASK_INTERRUPTED = 1, QTG_TASK_BARE_YIELD = 2 };
-
 struct qtg_task {
   qtg_host *h;
   lua_State *co;
   int co_ref;
   int flags;
   int waiting;
-  int interrupted;        /* raise at the next resume: QTG_TASK_INTERRUPTED, QTG_TASK_BARE_YIELD */
-  int bare_yields;        /* bare coroutine.yield()s answered with a raise */
+  int interrupted;
   qtg_task_done_cb done;
   void *data;
   void (*cancel)(qtg_task *, void *);
@@ -268,11 +265,8 @@ static void qtg_task_interrupt_hook(lua_State *L, lua_Debug *ar) {
   qtg_host *h = qtg_host_from_lua(L);
   qtg_task *t = h ? h->current : NULL;
   if (!t || t->co != L || !t->interrupted) return;
-  int why = t->interrupted;
   t->interrupted = 0;
   lua_sethook(L, h->saved_hook, h->saved_hook_mask, h->saved_hook_count);
-  if (why == QTG_TASK_BARE_YIELD)
-    qtg_raise(L, "usage", "coroutine.yield() outside a host binding in task '%s' (use qtg.sleep or I/O)", t->name);
   qtg_raise(L, "interrupted", "interrupted");
 }
 
@@ -286,17 +280,9 @@ static void qtg_task_run(qtg_task *t, int nargs) {
   qtg_busy_leave(h->busy);
   if (st == LUA_YIELD) {
     if (t->waiting) return;
-    /* A bare coroutine.yield() in task code would strand the task.  The
-     * first is answered with a raise where it yielded, so the code around
-     * it (an executor's call under pcall) sees an error of its own and the
-     * work is recorded; one more ends the task (a loop of yields under
-     * pcall would never end). */
-    if (t->bare_yields++ == 0) {
-      lua_settop(t->co, 0);
-      t->interrupted = QTG_TASK_BARE_YIELD;
-      qtg_task_resume(t, 0);
-      return;
-    }
+    /* A yield that no host binding made would strand the task (Lua's
+     * coroutine.yield of a task's own thread raises instead: see
+     * qtg_host_guarded_yield; this is any other way to yield). */
     lua_settop(t->co, 0);
     qtg_push_error(t->co, "usage",
                    "coroutine.yield() outside a host binding in task '%s' (use qtg.sleep or I/O)",
@@ -376,7 +362,7 @@ void qtg_task_interrupt(qtg_task *t) {
   /* A waiting task without a cancel hook raises when it is resumed.  (A
    * running task cannot be interrupted from here: the loop is single
    * threaded; the console's guard hook handles Lua that never yields.) */
-  t->interrupted = QTG_TASK_INTERRUPTED;
+  t->interrupted = 1;
 }
 
 int qtg_task_waiting(qtg_task *t) { return t->waiting; }
@@ -417,6 +403,31 @@ static const qtg_subsystem qtg_subsystems[] = {
 static int qtg_host_jit_on_refused(lua_State *L) {
   return qtg_raise(L, "usage", "jit.on: LuaJIT's compiler stays off in qtgd (the interpreter is the one "
                    "found correct, and the units forbid run-time code: MemoryDenyWriteExecute)");
+}
+
+/* coroutine.yield in the daemon.  The host's functions yield a task's own
+ * thread from C, with what resumes it arranged; a Lua yield of that thread
+ * reaches the scheduler with nothing to resume it, and the task had to end
+ * (an adapter's observe that yielded so failed the observer's tick at
+ * every pass, its node unrecorded).  It raises a usage error where it is
+ * called instead, so the code around it (an executor's call under pcall)
+ * sees an error of its own; a coroutine's yield inside a task
+ * (coroutine.wrap) is Lua's. */
+static int qtg_host_guarded_yield(lua_State *L) {
+  qtg_host *h = qtg_host_from_lua(L);
+  if (h && h->current && qtg_task_thread(h->current) == L)
+    return qtg_raise(L, "usage", "coroutine.yield() outside a host binding in task '%s' (use qtg.sleep or I/O)",
+                     qtg_task_name(h->current));
+  return lua_yield(L, lua_gettop(L));
+}
+
+static void qtg_host_guard_yield(lua_State *L) {
+  lua_getglobal(L, "coroutine");
+  if (lua_istable(L, -1)) {
+    lua_pushcfunction(L, qtg_host_guarded_yield);
+    lua_setfield(L, -2, "yield");
+  }
+  lua_pop(L, 1);
 }
 
 static void qtg_host_refuse_jit_on(lua_State *L) {
@@ -519,6 +530,7 @@ int qtg_host_init(qtg_host *h, qtg_settings *s, const char *root_dir) {
    * (docs/performance.md, "Where qtgd's CPU goes"). */
   luaJIT_setmode(h->L, 0, LUAJIT_MODE_ENGINE | LUAJIT_MODE_OFF);
   qtg_host_refuse_jit_on(h->L);
+  qtg_host_guard_yield(h->L);
   lua_pushlightuserdata(h->L, (void *)&qtg_host_key);
   lua_pushlightuserdata(h->L, h);
   lua_rawset(h->L, LUA_REGISTRYINDEX);

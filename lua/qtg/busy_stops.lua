@@ -9,9 +9,9 @@
 -- one node's piece of work (an executor's call, the dispatcher's pipeline,
 -- an outcome's write): a userdata whose finalizer runs when the stopped
 -- task's garbage is collected (the host collects at once after a stop,
--- with qtg.busy_collecting() true).  A piece of work that never finished
--- was stopped, and its key is kept; the workers ask for it before working
--- on a node (qtg.executors answers the call with its error, the workers
+-- with qtg.busy_collecting() naming that task).  A piece of work that
+-- never finished was stopped, and its key is kept; the workers ask for it
+-- before working on a node (qtg.executors answers the call with its error, the workers
 -- record an engine error or leave the node alone: docs/operations.md,
 -- "Lua that never yields"; docs/conformance.md, 13).
 --
@@ -84,7 +84,8 @@ end
 -- held the loop before the work began).  line: the error logged once for
 -- it.  inner: the whats of work watched inside this one (for the same node
 -- and attempt), whose stop, in the same collection, is not this one's.
--- finish(w) takes the userdata, which keeps it alive until then.
+-- finish(w) takes the userdata, which keeps it alive until then;
+-- retarget(key, line, inner) names the work it watches from then on.
 function M.watch(key, line, inner)
   local finished, started, task = false, qtg.monotonic(), qtg.task_serial()
   local w = newproxy(true)
@@ -95,7 +96,8 @@ function M.watch(key, line, inner)
     local limit = tonumber(qtg.settings.task_busy_limit_seconds) or 0
     if qtg.monotonic() - math.max(started, resume_began) >= limit / 2 then note(key, line, inner) end
   end
-  return w, function(kept) finished = kept ~= nil end
+  return w, function(kept) finished = kept ~= nil end,
+    function(k, l, i) key, line, inner = k, l, i end
 end
 
 local function after_finish(finish, w, ...)

@@ -259,7 +259,7 @@ end
 -- (a review, session 38: one adapter looping on one request's data held
 -- the daemon 30 s in every 30 s).
 M.CALLS = { "preflight", "prepare", "submit", "observe", "recover" }
-local STOPPED_LINE = "executor call stopped by the busy guard: its node is answered so from now on"
+M.STOPPED_LINE = "executor call stopped by the busy guard: its node is answered so from now on"
 
 local function stop_key(fname, ctx)
   if type(ctx) ~= "table" or ctx.request_node_id == nil then return nil end
@@ -291,7 +291,7 @@ function M.call(adapter, fname, ...)
   -- returned (a metatable of its own included), so a stop or a raise there
   -- is the call's
   local w, finish
-  if key then w, finish = busy_stops.watch(key, STOPPED_LINE) end
+  if key then w, finish = busy_stops.watch(key, M.STOPPED_LINE) end
   local ok, answer = pcall(f, ...)
   local read, checked, why = true, nil, nil
   if ok then read, checked, why = pcall(M.check, fname, answer) end

@@ -332,11 +332,15 @@ function M.dispatch(s, row, nodes, commit)
     ok, outcome = true, { attempt_no = attempt_no, answer = { status = "FAILED", error_code = "ENGINE_ERROR",
       error_detail = M.STOPPED_DETAIL } }
   else
-    -- watched until the submit call: a stop from there on is the call's
-    -- (qtg.executors: UNKNOWN, for recovery), or the outcome write's
-    local w, finish = busy_stops.watch(busy_stops.key(node.id, attempt_no, M.STOP_DISPATCH), M.STOPPED_LINE,
-      executors.CALLS)
-    progress.before_submit = function() finish(w) end
+    -- from the submit call on, a stop is the submit's (qtg.executors
+    -- answers it: UNKNOWN, for recovery), the provider may have acted:
+    -- also when the call's own watch, begun late in the stopped resume,
+    -- is not blamed
+    local w, finish, retarget = busy_stops.watch(busy_stops.key(node.id, attempt_no, M.STOP_DISPATCH),
+      M.STOPPED_LINE, executors.CALLS)
+    progress.before_submit = function()
+      retarget(busy_stops.key(node.id, attempt_no, "submit"), executors.STOPPED_LINE, nil)
+    end
     ok, outcome = pcall(pipeline, s, g, node, progress)
     finish(w)
   end
