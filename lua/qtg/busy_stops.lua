@@ -11,9 +11,9 @@
 -- task's garbage is collected (the host collects at once after a stop,
 -- with qtg.busy_collecting() naming that task).  A piece of work that
 -- never finished was stopped, and its key is kept; the workers ask for it
--- before working on a node (qtg.executors answers the call with its error, the workers
--- record an engine error or leave the node alone: docs/operations.md,
--- "Lua that never yields"; docs/conformance.md, 13).
+-- before working on a node (qtg.executors answers the call with its
+-- error, the workers record an engine error or leave the node alone:
+-- docs/operations.md, "Lua that never yields"; docs/conformance.md, 13).
 --
 -- A key is "node id:attempt:what".  The keys are this process's and a
 -- reload forgets them (this module is reloaded), as it replaces the code an
