@@ -18,7 +18,10 @@ const puppeteer = require('puppeteer-core');
 
 const plan = JSON.parse(readFileSync(process.argv[2], 'utf8'));
 mkdirSync(plan.out, { recursive: true });
-const TIMEOUT = 20000;
+// Each wait's bound.  Generous: under the suite's valgrind pass the machine's
+// two cores run the spec process under valgrind, the daemon and Chromium, and
+// one page of the 10,000-request list once took longer than 20 s there.
+const TIMEOUT = 60000;
 
 async function signIn(page, token) {
   await page.goto(`${plan.base}/ui/`, { waitUntil: 'domcontentloaded' });

@@ -202,7 +202,7 @@ describe("the web console in a browser", function()
     host.write(out .. "/plan.json", cjson.encode(plan))
     local _, node_path = host.run({}, { common.quote(host.root .. "/tools/browser"), "node-path" })
     node_path = node_path:match("[^\n]+")
-    local rc2, log = host.run({ NODE_PATH = node_path }, { "timeout", "150", "node",
+    local rc2, log = host.run({ NODE_PATH = node_path }, { "timeout", "300", "node",
       common.quote(host.root .. "/spec/ui/driver.mjs"), common.quote(out .. "/plan.json") })
     assert.equal(0, rc2, "the browser driver failed: " .. log)
     report = cjson.decode(host.read(plan.report))
