@@ -57,10 +57,15 @@ M.LANES = {
 -- $1 network class, $2 grace seconds, $3 patterns (JSON array), $4 limit,
 -- $5 1 = the lane's patterns match, 0 = none of them matches ("other"),
 -- $6 the ids of nodes this process leaves alone (text[], the busy guard's).
--- Each node's request is read by its key: `(...) IS TRUE` keeps the
--- EXECUTING index out of that lookup (qtg.workers.node_dispatcher,
--- claim_sql), where a plan from statistics that saw no request executing
--- would walk that whole index for each node.
+-- The arm walks the recoverable index in its order and reads each node's
+-- request by its key.  The request's test is one opaque boolean
+-- (`coalesce(...)`, which the planner rates at one in two): with its two
+-- comparisons visible, statistics that saw no request executing (a quiet
+-- hour, then a burst) and some UNKNOWN nodes of ended requests rated the
+-- requests side at one row, and the plan read every request, probed the
+-- nodes of each executing one and sorted them all at every pass.  The same
+-- test keeps the EXECUTING index out of the lookup by key
+-- (qtg.workers.node_dispatcher, claim_sql).
 M.ARM_SQL = [[
 SELECT movement_request_nodes.id AS node_id, movement_requests.id AS request_id,
        movement_requests.*
@@ -69,8 +74,8 @@ SELECT movement_request_nodes.id AS node_id, movement_requests.id AS request_id,
  WHERE (movement_request_nodes.node_state = 'UNKNOWN'
         OR (movement_request_nodes.node_state = 'SUBMITTING'
             AND movement_request_nodes.updated_at < now() - $2::float8 * interval '1 second'))
-   AND (movement_requests.request_state = 'EXECUTING') IS TRUE
-   AND movement_requests.network_class = $1
+   AND coalesce(movement_requests.request_state = 'EXECUTING'
+                AND movement_requests.network_class = $1, false)
    AND (movement_request_nodes.action_type LIKE ANY (ARRAY(SELECT jsonb_array_elements_text($3::jsonb))))
        = ($5::int = 1)
    AND NOT (movement_request_nodes.id::text = ANY ($6::text[]))
