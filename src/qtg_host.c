@@ -393,9 +393,6 @@ static const qtg_subsystem qtg_subsystems[] = {
 };
 #define QTG_NSUBSYSTEMS (sizeof qtg_subsystems / sizeof qtg_subsystems[0])
 
-/* Module search path: the operator's override directory first, then the
- * packaged lua/, then Debian's Lua 5.1 directories (cjson, lfs, busted; the
- * C modules' directory is the build machine's multiarch one, from CMake). */
 /* jit.on() would undo the engine's LUAJIT_MODE_OFF below, and under the
  * units' MemoryDenyWriteExecute LuaJIT then aborts the whole process when
  * it first makes code ("runtime code generation failed").  A policy or a
@@ -421,20 +418,14 @@ static int qtg_host_guarded_yield(lua_State *L) {
   return lua_yield(L, lua_gettop(L));
 }
 
-static void qtg_host_guard_yield(lua_State *L) {
-  lua_getglobal(L, "coroutine");
+/* Replace library.field (a standard library's function) with fn; nothing
+ * when the library is not loaded. */
+static void qtg_host_replace_library_function(lua_State *L, const char *library, const char *field,
+                                              lua_CFunction fn) {
+  lua_getglobal(L, library);
   if (lua_istable(L, -1)) {
-    lua_pushcfunction(L, qtg_host_guarded_yield);
-    lua_setfield(L, -2, "yield");
-  }
-  lua_pop(L, 1);
-}
-
-static void qtg_host_refuse_jit_on(lua_State *L) {
-  lua_getglobal(L, "jit");
-  if (lua_istable(L, -1)) {
-    lua_pushcfunction(L, qtg_host_jit_on_refused);
-    lua_setfield(L, -2, "on");
+    lua_pushcfunction(L, fn);
+    lua_setfield(L, -2, field);
   }
   lua_pop(L, 1);
 }
@@ -481,6 +472,9 @@ static void qtg_host_add_override_searcher(lua_State *L, int package, const char
   lua_pop(L, 1);
 }
 
+/* Module search path: the operator's override directory first, then the
+ * packaged lua/, then Debian's Lua 5.1 directories (cjson, lfs, busted; the
+ * C modules' directory is the build machine's multiarch one, from CMake). */
 static void qtg_host_set_paths(qtg_host *h) {
   lua_State *L = h->L;
   const char *over = qtg_settings_str(h->settings, QTG_S_LUA_PATH);
@@ -529,8 +523,8 @@ int qtg_host_init(qtg_host *h, qtg_settings *s, const char *root_dir) {
    * runs in short steps between C calls, which traces do not cross
    * (docs/performance.md, "Where qtgd's CPU goes"). */
   luaJIT_setmode(h->L, 0, LUAJIT_MODE_ENGINE | LUAJIT_MODE_OFF);
-  qtg_host_refuse_jit_on(h->L);
-  qtg_host_guard_yield(h->L);
+  qtg_host_replace_library_function(h->L, "jit", "on", qtg_host_jit_on_refused);
+  qtg_host_replace_library_function(h->L, "coroutine", "yield", qtg_host_guarded_yield);
   lua_pushlightuserdata(h->L, (void *)&qtg_host_key);
   lua_pushlightuserdata(h->L, h);
   lua_rawset(h->L, LUA_REGISTRYINDEX);
