@@ -133,6 +133,33 @@ function M.held(what)
   return out
 end
 
+-- What this process does with a node whose work `what` was stopped (the
+-- workers' rules above); any other what is an executor's call.
+M.EFFECTS = {
+  dispatch = "recorded FAILED (ENGINE_ERROR) at its next claim, nothing sent",
+  dispatch_write = "left as it is by this process until a reload",
+  observation = "left as it is by this process until a reload",
+  recovery = "left as it is by this process until a reload",
+}
+M.CALL_EFFECT = "this call is answered with the busy guard's error at this attempt until a reload"
+
+-- of(node_ids) -> { {node_id, attempt_no, what, effect}, ... }: the stops
+-- kept for those nodes, oldest first (the console's req(id))
+function M.of(node_ids)
+  take_notes()
+  local wanted = {}
+  for _, id in ipairs(node_ids) do wanted[tostring(id)] = true end
+  local out = {}
+  for _, key in ipairs(order) do
+    local node, attempt, what = split(key)
+    if wanted[node] then
+      out[#out + 1] = { node_id = node, attempt_no = tonumber(attempt), what = what,
+                        effect = M.EFFECTS[what] or M.CALL_EFFECT }
+    end
+  end
+  return out
+end
+
 -- keys() -> every key kept, oldest first
 function M.keys()
   take_notes()

@@ -208,7 +208,7 @@ local REQUEST_ORDER = { "id", "created", "template_key", "request_state", "netwo
                         "approved_by", "approvals", "created_at", "updated_at", "expires_at",
                         "finished_at", "last_error_code", "reason", "manual_steps", "attestation_statements",
                         "current_frontier",
-                        "callback_url", "idempotency_key", "intent", "nodes", "callbacks" }
+                        "callback_url", "idempotency_key", "intent", "nodes", "busy_stops", "callbacks" }
 local REQUEST_COLUMNS = { "id", "template_key", "request_state", "created_at", "created_by",
                           "last_error_code" }
 local CALLBACK_COLUMNS = { "id", "event_type", "status", "attempts", "last_status", "last_error",
@@ -229,6 +229,18 @@ local function request_detail(s, id)
     SELECT n.*, pn.ordinal FROM movement_request_nodes n
       JOIN plan_nodes pn ON pn.id = n.plan_node_id
      WHERE n.request_id = $1::uuid ORDER BY pn.ordinal, n.node_key]], id), NODE_COLUMNS)
+  -- work on its nodes this process's busy guard stopped (qtg.busy_stops)
+  local key_of, ids = {}, {}
+  for _, n in ipairs(r.nodes) do
+    key_of[tostring(n.id)] = n.node_key
+    ids[#ids + 1] = n.id
+  end
+  local stops = {}
+  for _, st in ipairs(require("qtg.busy_stops").of(ids)) do
+    stops[#stops + 1] = string.format("%s (node %s), attempt %d: %s stopped by the busy guard; %s",
+      tostring(key_of[st.node_id]), st.node_id, st.attempt_no or 0, st.what, st.effect)
+  end
+  if #stops > 0 then r.busy_stops = stops end
   -- what an operator must do for a manual step, and what to give
   local manual, attestations = {}, {}
   local signed = require "qtg.signed_approvals"

@@ -357,6 +357,20 @@ describe("an executor call the busy guard stops", function()
       1, true), n.error_detail)
   end)
 
+  -- shown(request[, what, effect]): the console's req(id) lists the stop of
+  -- the request's node under busy_stops, with what this process does (no
+  -- what: lists none)
+  local function shown(request, what, effect)
+    local rc, out = host.run({}, { common.quote(host.bin), "console", "--socket", common.quote(dir .. "/console.sock"),
+      "-e", common.quote("return req('" .. request .. "')") })
+    assert.equal(0, rc, out)
+    assert.truthy(out:find(request, 1, true), out)
+    if not what then return assert.falsy(out:find("busy_stops", 1, true), out) end
+    assert.truthy(out:find("busy_stops", 1, true), out)
+    assert.truthy(out:find("(node " .. node_id(request) .. "), attempt ", 1, true), out)
+    assert.truthy(out:find(what .. " stopped by the busy guard; " .. effect, 1, true), out)
+  end
+
   it("in a $ref resolution: the node is FAILED with ENGINE_ERROR after one stop", function()
     local poison = make(SPIN .. "ref")
     local behind = make(SPIN .. "plain")
@@ -369,6 +383,8 @@ describe("an executor call the busy guard stops", function()
     assert.equal(1, n.attempt_no)
     assert.equal("FAILED", states({ poison })[1])
     assert.equal(1, stopped(node_id(poison), "dispatch stopped by the busy guard before submit"))
+    shown(poison, "dispatch", "recorded FAILED (ENGINE_ERROR) at its next claim, nothing sent")
+    shown(behind)
   end)
 
   -- held(request, state, line): the node stays in state, its stop logged
@@ -394,12 +410,14 @@ describe("an executor call the busy guard stops", function()
     local poison = held(SPIN .. "write", "READY", "a dispatch's outcome write was stopped by the busy guard")
     assert.equal(0, node_of(poison).attempt_no)
     assert.equal("APPROVED", states({ poison })[1])
+    shown(poison, "dispatch_write", "left as it is by this process until a reload")
     held_requests[#held_requests + 1] = poison
   end)
 
   it("in the state rules of an observation's write: the node stays SUBMITTED, held once", function()
     local poison, id = held(SPIN .. "observed", "SUBMITTED", "an observation was stopped by the busy guard")
     assert.equal(1, times_submitted(id))
+    shown(poison, "observation", "left as it is by this process until a reload")
     held_requests[#held_requests + 1] = poison
   end)
 
