@@ -86,6 +86,7 @@ typedef struct {
   int db_tcp_timeout;           /* MG_DB_TCP_TIMEOUT_SECONDS (qtg_pg_tcp_params) */
   long allowed_uid;
   const char *key_classes;      /* MG_SIGNER_KEY_CLASSES, checked at start */
+  long nonce_ahead_max;         /* MG_SIGNER_NONCE_AHEAD_MAX, 0 no bound */
   qtg_approvers *approvers;     /* MG_SIGNER_APPROVERS, NULL when unset */
   const char *approvers_path;   /* "" when unset */
   long approvers_writer;        /* the uid that must not own it, -1 none */
@@ -319,6 +320,16 @@ static const char qtg_signerd_filled_sql[] =
     "SELECT e.id FROM public.signer_events e"
     " WHERE e.decision = 'granted' AND e.code = 'FILL_GRANTED' AND e.chain_id = $1::bigint"
     "   AND e.signer_address = $2 AND e.nonce = $3::bigint ORDER BY e.id LIMIT 1";
+
+/* The highest nonce this signer granted the sender on the chain (a fill
+ * counts: one is granted only where a transfer was), and whether the
+ * nonce asked ($3) is more than the bound ($4) above it, or above -1 for a
+ * sender never granted there.  One probe of signer_events_at_nonce. */
+static const char qtg_signerd_highest_grant_sql[] =
+    "SELECT max(e.nonce)::text, $3::numeric > coalesce(max(e.nonce), -1)::numeric + $4::numeric"
+    " FROM public.signer_events e"
+    " WHERE e.decision = 'granted' AND e.nonce IS NOT NULL AND e.chain_id = $1::bigint"
+    "   AND e.signer_address = $2";
 
 /* An earlier grant for the same planned transfer of the request at another
  * chain, sender or nonce (sql/0171): signer_events is the signer's own
@@ -733,6 +744,30 @@ static int qtg_signerd_check_filled(qtg_signerd *d, PGconn *db, qtg_decision *de
              "else is signed there", dec->nonce, dec->chain, dec->address, id);
 }
 
+/* Bytes signed far ahead of the chain can be kept (a runtime that hides
+ * its rows) until the sender's nonce reaches them: a transfer is signed
+ * at most MG_SIGNER_NONCE_AHEAD_MAX above the highest nonce this signer
+ * granted its sender on its chain, so such bytes wait behind at most that
+ * many transactions (docs/security.md, "A signature ahead of the chain").
+ * 0, -1 refused (dec filled), -2 the database failed. */
+static int qtg_signerd_check_ahead(qtg_signerd *d, PGconn *db, qtg_decision *dec) {
+  if (d->nonce_ahead_max <= 0) return 0;
+  char bound[24];
+  snprintf(bound, sizeof bound, "%ld", d->nonce_ahead_max);
+  const char *p[4] = {dec->chain, dec->address, dec->nonce, bound};
+  PGresult *r = qtg_signerd_query(d, db, qtg_signerd_highest_grant_sql, 4, p, "reading the highest grant");
+  if (r == NULL) return -2;
+  int ahead = PQntuples(r) == 1 && !PQgetisnull(r, 0, 1) && strcmp(PQgetvalue(r, 0, 1), "t") == 0;
+  char highest[24];
+  snprintf(highest, sizeof highest, "%s", PQntuples(r) == 1 && !PQgetisnull(r, 0, 0) ? PQgetvalue(r, 0, 0)
+                                                                                      : "none");
+  PQclear(r);
+  if (!ahead) return 0;
+  QTG_REFUSE(dec, "NONCE_TOO_FAR_AHEAD", "nonce %s is more than %ld above the highest nonce this signer granted "
+             "%s on chain %s (%s): MG_SIGNER_NONCE_AHEAD_MAX", dec->nonce, d->nonce_ahead_max, dec->address,
+             dec->chain, highest);
+}
+
 /* The nonce: one the daemon reserved for this node and payload, and the
  * only one this transfer is signed at.  From the one-nonce check on, the
  * decision runs in the transaction qtg_signerd_grant_begin opens, which
@@ -759,6 +794,8 @@ static int qtg_signerd_decide_nonce(qtg_signerd *d, PGconn *db, const qtg_signer
   int rc = qtg_signerd_check_earlier(d, db, l, dec);
   if (rc != 0) return rc;
   rc = qtg_signerd_check_filled(d, db, dec);
+  if (rc != 0) return rc;
+  rc = qtg_signerd_check_ahead(d, db, dec);
   if (rc != 0) return rc;
   uint8_t sighash[32];
   qtg_signature sig;
@@ -1427,6 +1464,9 @@ static void qtg_signerd_warn_unbound(const qtg_signerd *d) {
                        "class the file does not name"
                      : "");
   if (n == 0) return;
+  if (d->nonce_ahead_max == 0)
+    qtg_log_warn("signer: MG_SIGNER_NONCE_AHEAD_MAX=0: a transfer is signed at a nonce any distance "
+                 "ahead of the chain, whose bytes can wait for it unseen (docs/security.md)");
   if (d->key_classes == NULL || d->key_classes[0] == '\0') {
     qtg_log_warn("signer: MG_SIGNER_KEY_CLASSES is not set: every key signs for requests of "
                  "every network class");
@@ -1504,6 +1544,7 @@ int qtg_signerd_main(const qtg_settings *s, const char *db_url, const char *root
   cfg.refuse_signer_key_owner = d.allowed_uid != (long)getuid();
   cfg.signer_key_refused_uid = d.allowed_uid;
   d.key_classes = qtg_settings_str(s, QTG_S_SIGNER_KEY_CLASSES);
+  d.nonce_ahead_max = (long)qtg_settings_num(s, QTG_S_SIGNER_NONCE_AHEAD_MAX);
   const char *approvers = qtg_settings_str(s, QTG_S_SIGNER_APPROVERS);
   /* the daemon's uid must not own the enrolment (when it is another uid than ours) */
   long writer = d.allowed_uid != (long)getuid() ? d.allowed_uid : -1;
@@ -1549,9 +1590,10 @@ int qtg_signerd_main(const qtg_settings *s, const char *db_url, const char *root
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGHUP, &sa, NULL);
   signal(SIGPIPE, SIG_IGN);
-  char uid[24];
+  char uid[24], ahead[24];
   snprintf(uid, sizeof uid, "%ld", d.allowed_uid);
-  const char *f[] = {"socket", path, "allowed_uid", uid, NULL};
+  snprintf(ahead, sizeof ahead, "%ld", d.nonce_ahead_max);
+  const char *f[] = {"socket", path, "allowed_uid", uid, "nonce_ahead_max", ahead, NULL};
   qtg_log_fields(QTG_LOG_INFO, "signer: listening", f);
   qtg_notify_send("READY=1", 7, err, sizeof err);
   while (!qtg_signerd_stop) {

@@ -59,12 +59,25 @@ local function events_of(request_id)
   return s:query([[SELECT * FROM signer_events WHERE request_id = $1::uuid ORDER BY id]], request_id)
 end
 
+-- A signer for env: the cases use nonce ranges of their own, far apart on
+-- one chain and sender, so the bound on nonces ahead is far (unless env
+-- sets it; false: the default, for the bound's own case).
+local SPREAD = "100000"
+local function start_signer(env)
+  if env.MG_SIGNER_NONCE_AHEAD_MAX == nil then
+    env.MG_SIGNER_NONCE_AHEAD_MAX = SPREAD
+  elseif env.MG_SIGNER_NONCE_AHEAD_MAX == false then
+    env.MG_SIGNER_NONCE_AHEAD_MAX = nil
+  end
+  return sup.start_signer(env)
+end
+
 -- the signer answering this process (its default socket) for the key files
 local function start_local_signer(keys_env, extra)
   local env = sup.run_env("unused", { MG_SIGNER_KEYS = keys_env,
     MG_SIGNER_SOCKET = qtg.signer.socket_path() })
   for k, v in pairs(extra or {}) do env[k] = v end
-  return sup.start_signer(env)
+  return start_signer(env)
 end
 
 -- the answer to each line, each asked on a connection of its own of the
@@ -572,7 +585,7 @@ describe("qtgd signer", function()
     local senv = {}
     for k, v in pairs(env) do senv[k] = v end
     senv.MG_SIGNER_KEYS = keys
-    sup.start_signer(senv)
+    start_signer(senv)
     sup.wait_states(s, { req.id }, { COMPLETED = true, FAILED = true, MANUAL_INTERVENTION = true }, 60, { h })
     assert.equal("COMPLETED", engine.request(s, req.id).request_state, sup.detail(s, req.id))
     assert.equal(AMOUNT_WEI, sup.balance(anvil.url, dest))
@@ -584,7 +597,7 @@ describe("qtgd signer", function()
       .. common.quote(sockdir))
     local keys = "sa=" .. sup.key_file(dir, "sa", DEV[1].key)
     local env = sup.run_env("unused", { MG_SIGNER_KEYS = keys, MG_SIGNER_SOCKET = sockdir .. "/signer.sock" })
-    sup.start_signer(env)
+    start_signer(env)
     local mode = io.popen("stat -c %a " .. common.quote(sockdir .. "/signer.sock")):read("*l")
     assert.equal("600", mode)
     local client = [[/usr/bin/python3 -c 'import socket,sys
@@ -671,6 +684,72 @@ print(c.makefile().readline().strip())' ]]
     assert.equal(2, #granted)
   end)
 
+  -- The daemon's role writes the reservations the signer grants: it can
+  -- have a transfer signed at a nonce the chain is far from, keep the
+  -- bytes and drop its rows, and broadcast them once the sender's nonce
+  -- gets there.  The signer grants at most MG_SIGNER_NONCE_AHEAD_MAX (64 by
+  -- default) above the highest nonce its own log shows granted to the
+  -- sender on the chain, from -1 for a sender it never granted there: a
+  -- fresh key here.
+  it("signs a transfer at most MG_SIGNER_NONCE_AHEAD_MAX above the sender's highest grant", function()
+    local h = start_local_signer("sa=" .. sup.key_file(dir, "sa", sup.random_key()),
+      { MG_SIGNER_NONCE_AHEAD_MAX = false })
+    assert.truthy(sup.host.read(h.log):find('"nonce_ahead_max":"64"', 1, true), sup.host.read(h.log))
+    local answer = qtg.signer.raw_call("ADDRESS sa")
+    local from = answer:match("^OK (0x%x+)$")
+    assert.truthy(from, answer)
+    local dest = sup.random_address()
+    -- a transfer of its own at nonce n: the signer's answer
+    local function sign_at(n, over)
+      local req = sup.create(s, "sign_t_a", new_class(), intent(dest))
+      local node = engine.nodes(s, req.id).transfer
+      local f = { to = dest, nonce = n }
+      for k, v in pairs(over or {}) do f[k] = v end
+      local p = payload(f)
+      reserve(node.id, from, n, p.signing_hash)
+      return ask_sa(req.id, node.id, p)
+    end
+    -- the sender's first grant on the chain: at most 63
+    local sig, err = sign_at(64)
+    assert.is_nil(sig)
+    assert.equal("NONCE_TOO_FAR_AHEAD", err.code, tostring(err.message))
+    assert.truthy(err.message:find("nonce 64 is more than 64 above the highest nonce this signer granted", 1, true)
+      and err.message:find("(none)", 1, true), err.message)
+    assert.truthy(sign_at(63))
+    -- then at most 64 above the highest grant
+    assert.truthy(sign_at(127))
+    sig, err = sign_at(192)
+    assert.is_nil(sig)
+    assert.equal("NONCE_TOO_FAR_AHEAD", err.code, tostring(err.message))
+    assert.truthy(err.message:find("(127)", 1, true), err.message)
+    -- a nonce below the highest grant (another transfer's, a replacement):
+    -- granted
+    assert.truthy(sign_at(100))
+    -- the daemon's role cannot raise the highest grant: signer_events is
+    -- the signer's own, and the refusals at 64 and 192 do not count
+    local ok, refusal = as_runtime([[INSERT INTO signer_events (decision, code, reason, signer_address,
+                                      chain_id, nonce) VALUES ('granted', 'GRANTED', 'forged', $1, $2, 1000)]],
+      from, CHAIN)
+    assert.is_false(ok, "the daemon's role wrote a grant")
+    assert.equal("42501", refusal.sqlstate, tostring(refusal.message))
+    sig, err = sign_at(200)
+    assert.is_nil(sig)
+    assert.equal("NONCE_TOO_FAR_AHEAD", err.code, tostring(err.message))
+    local rows = s:query([[SELECT decision, code, nonce FROM signer_events WHERE signer_address = $1
+                            AND chain_id = $2 ORDER BY id]], from, CHAIN)
+    local seen = {}
+    for _, r in ipairs(rows) do seen[#seen + 1] = r.decision .. " " .. r.code .. " " .. r.nonce end
+    assert.same({ "refused NONCE_TOO_FAR_AHEAD 64", "granted GRANTED 63", "granted GRANTED 127",
+                  "refused NONCE_TOO_FAR_AHEAD 192", "granted GRANTED 100", "refused NONCE_TOO_FAR_AHEAD 200" }, seen)
+    -- MG_SIGNER_NONCE_AHEAD_MAX=0: no bound, said at start
+    sup.host.stop_all()
+    h = start_local_signer("sa=" .. sup.key_file(dir, "sa", sup.random_key()), { MG_SIGNER_NONCE_AHEAD_MAX = "0" })
+    assert.truthy(sup.host.read(h.log):find("MG_SIGNER_NONCE_AHEAD_MAX=0: a transfer is signed at a nonce any distance",
+      1, true), sup.host.read(h.log))
+    from = qtg.signer.raw_call("ADDRESS sa"):match("^OK (0x%x+)$")
+    assert.truthy(sign_at(5000))
+  end)
+
   -- Two signers share one database (a qtgd host each, docs/operations.md
   -- section 4).  The daemon's role holds evm_nonce_reservation locked while
   -- one SIGN for the same approved transfer goes to each, at two nonces
@@ -684,7 +763,7 @@ print(c.makefile().readline().strip())' ]]
     local keys = "sa=" .. sup.key_file(dir, "sa", DEV[1].key)
     local socks = { dir .. "/race-a.sock", dir .. "/race-b.sock" }
     for _, sock in ipairs(socks) do
-      sup.start_signer(sup.run_env("unused", { MG_SIGNER_KEYS = keys, MG_SIGNER_SOCKET = sock }))
+      start_signer(sup.run_env("unused", { MG_SIGNER_KEYS = keys, MG_SIGNER_SOCKET = sock }))
     end
     -- one client process per signer: it writes the answer to a file
     local script = dir .. "/race.py"
