@@ -91,6 +91,20 @@ function M.by_id(s, id)
   return row_of(s:query(M.ROW_SQL .. " WHERE r.id = $1", id))
 end
 
+-- fill_at(s, row) -> the newest fill of qtg's (evm_fills) sent or mined at
+-- the row's chain, sender and nonce, {id=, tx_hash=, status=}, or nil.
+-- Such a fill was asked for to void the bytes there (the kept bytes of a
+-- grant, or a live transfer cancelled with `cancel = true`): they are not
+-- sent again, by the node's executor nor by the reaper.
+M.FILL_AT_SQL = [[
+SELECT id, tx_hash, status FROM evm_fills
+ WHERE chain_id = $1 AND address = $2 AND nonce = $3 AND status IN ('sent', 'mined')
+ ORDER BY id DESC LIMIT 1]]
+
+function M.fill_at(s, row)
+  return s:query(M.FILL_AT_SQL, row.chain_id, row.address, row.nonce)[1]
+end
+
 -- reusable(row) -> true when a new dispatch of the row's node must send
 -- exactly these signed bytes again.
 function M.reusable_signed(row)

@@ -26,7 +26,8 @@
 --      signed/broadcast, not mined, node knows the hash -> broadcast, wait
 --      signed/broadcast, node does not know it -> rebroadcast the SAME bytes
 --             (never new ones); after MG_EVM_NONCE_REAPER_MAX_REBROADCASTS
---             refusals -> surfaced
+--             refusals -> surfaced; a fill of qtg's sent or mined at the
+--             nonce (qtg.evm_nonces.fill_at) -> noted, never sent again
 --      stored bytes that do not hash to the stored tx_hash, a mined tx whose
 --      sender or nonce differ from the row, a node that answers another hash
 --      for our bytes -> impossible: the row's last_error is written, then
@@ -242,9 +243,9 @@ local function watch(s, row, owner, url, latest)
   if receipt then return mined(s, row, owner, url, receipt, latest) end
   if row.nonce >= latest then
     nonces.clear_taken(row, s)
-    local sent = s:query([[SELECT id, tx_hash FROM evm_fills WHERE chain_id = $1 AND address = $2 AND nonce = $3
-                             AND status = 'sent' ORDER BY id DESC LIMIT 1]], row.chain_id, row.address, row.nonce)[1]
-    local way = sent and string.format("a fill is sent there (fill %d, %s), watched until mined", sent.id, sent.tx_hash)
+    local sent = nonces.fill_at(s, row)
+    local way = sent and string.format("a fill is %s there (fill %d, %s), watched until mined", sent.status, sent.id,
+      sent.tx_hash)
       or string.format("fill the nonce (at the console: fill_nonce(%d, '%s', %d); docs/evm.md)", row.chain_id,
         row.address, row.nonce)
     return note(s, row, owner, string.format("surfaced, and nonce %d is still free: the signed bytes of %s can "
@@ -274,7 +275,13 @@ local function reconcile_signed(s, row, owner, url, latest)
     if row.status == "signed" then return settle(s, row, owner, "broadcast", { latest = latest }) end
     return note(s, row, owner, "still pending in the node's pool")
   end
-  -- Unknown to the node: send the very same bytes again.
+  -- Unknown to the node: send the very same bytes again, unless a fill of
+  -- qtg's was sent at their nonce to void them (qtg.evm_fill).
+  local f = nonces.fill_at(s, row)
+  if f then
+    return note(s, row, owner, string.format("a fill is %s at nonce %d (fill %d, %s) to void these bytes: "
+      .. "they are not sent again", f.status, row.nonce, f.id, f.tx_hash))
+  end
   local hash, serr = evm_rpc.send_raw_transaction(url, row.signed_raw_tx)
   if hash and not hex_eq(hash, row.tx_hash) then
     return impossible(s, row, owner, "the node answered hash " .. hash .. " for bytes that hash to " .. row.tx_hash)

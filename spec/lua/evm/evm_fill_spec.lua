@@ -371,6 +371,55 @@ describe("filling a nonce", function()
     assert.truthy(row.last_error:find("fill " .. r2.tx_hash .. " was mined at this nonce", 1, true), row.last_error)
   end)
 
+  -- A transfer cancelled with cancel = true is still in flight on its own
+  -- bytes: its node's observation and recovery, and the reaper, find them
+  -- gone from the pool (the fill replaced them there, or a pool lost both)
+  -- and would send them again, racing the fill for the nonce.  None does
+  -- once a fill of qtg's is sent at their nonce.
+  it("sends a cancelled transfer's bytes no more once a fill is sent at their nonce", function()
+    start_signer("fc", 3)
+    local rpc = require "qtg.evm_rpc"
+    local ex = require "qtg.executors.evm_transfer"
+    local low = { max_fee_per_gas = "3000000000", max_priority_fee_per_gas = "1000000000" }
+    local g = kept_grant("fill_t_c", "fc", 3, 1, low)
+    local from, n = g.from, g.nonce
+    local hash = "0x" .. qtg.crypto.keccak256_hex(qtg.crypto.unhex(g.raw:sub(3)))
+    s:query([[UPDATE evm_nonce_reservation SET status = 'signed', signed_raw_tx = $2, tx_hash = $3
+               WHERE request_node_id = $1::uuid]], g.node, g.raw, hash)
+    s:query("UPDATE evm_nonce_reservation SET status = 'broadcast' WHERE request_node_id = $1::uuid", g.node)
+    s:query("UPDATE movement_request_nodes SET node_state = 'SUBMITTED' WHERE id = $1::uuid", g.node)
+    s:query([[INSERT INTO evm_transfer_tx (reservation_id, request_node_id, attempt_no, chain_id, from_address, fields)
+              SELECT id, request_node_id, 1, chain_id, address, $2::jsonb FROM evm_nonce_reservation
+               WHERE request_node_id = $1::uuid]], g.node, require("cjson").encode(low))
+    assert.equal(hash, (rpc.send_raw_transaction(anvil.url, g.raw)))
+    local r = fill(g.class, { chain_id = CHAIN, sender = from, nonce = n, cancel = true })
+    assert.is_true(r.sent)
+    sup.rpc(anvil.url, "anvil_dropAllTransactions", {})
+    local octx = { action_type = ex.TRANSFER, request_node_id = g.node, node_config = {} }
+    local settings = { evm_rpc_urls = CHAIN .. "=" .. anvil.url }
+    local fill_id = fill_row(r.tx_hash).id
+    for _, look in ipairs({ "observe", "recover" }) do
+      local a = cond.with_settings(settings, ex[look], octx)
+      assert.equal("UNKNOWN", a.status, look)
+      assert.equal("EVM_NONCE_FILLED", a.error_code, look)
+      assert.truthy(a.error_detail:find(("fill %d (%s, sent)"):format(fill_id, r.tx_hash), 1, true), a.error_detail)
+      assert.is_false(rpc.get_transaction_by_hash(anvil.url, hash), look .. " sent the cancelled transfer again")
+    end
+    reaper_pass()
+    assert.is_false(rpc.get_transaction_by_hash(anvil.url, hash), "the reaper sent the cancelled transfer again")
+    local res = s:query("SELECT status, last_error FROM evm_nonce_reservation WHERE request_node_id = $1::uuid",
+      g.node)[1]
+    assert.equal("broadcast", res.status)
+    assert.truthy(res.last_error:find(("a fill is sent at nonce %d (fill %d, %s) to void these bytes: they are not "
+      .. "sent again"):format(n, fill_id, r.tx_hash), 1, true), res.last_error)
+    -- the fill is sent again by the reaper, and mined once the nonce before
+    -- it is used; the transfer never is
+    assert.truthy(rpc.get_transaction_by_hash(anvil.url, r.tx_hash), "the fill in the pool again")
+    use_nonce(from, n - 1)
+    mined_fill(r, from, n)
+    assert.equal("0", sup.balance(anvil.url, g.dest))
+  end)
+
   it("alerts the operators when the chain uses a filled nonce for another transaction", function()
     start_signer("fa", 1)
     local g = kept_grant("fill_t_a", "fa", 1, 1)
