@@ -127,6 +127,7 @@ local NODE_SET = {
   node_state = { "node_state = $%d" },
   attempt_no = { "attempt_no = $%d::int" },
   idempotency_key = { "idempotency_key = $%d" },
+  carried_idempotency_key = { "carried_idempotency_key = $%d" },
   side_effect = { "side_effect = $%d::boolean" },
   observe_count = { "observe_count = $%d::int" },
   next_observe_in = { "next_observe_at = clock_timestamp() + $%d::float8 * interval '1 second'" },

@@ -31,7 +31,9 @@
 -- candidate of another executor.  Nothing is failed for pacing.
 -- Every submit carries context.idempotency_key(node id, attempt_no): if this
 -- transaction is lost after the provider call, the node is READY again with
--- the same attempt_no and the resubmission carries the same key.
+-- the same attempt_no and the resubmission carries the same key.  An
+-- attempt that ends before its submit hands the key it would have carried
+-- to the next (M.key_of): its replay of a lost dispatch may be what ended.
 local qtg = require "qtg"
 local busy_stops = require "qtg.busy_stops"
 local canon = require "qtg.canon_json"
@@ -208,6 +210,17 @@ local function plan_of(s, node, progress)
   return row, pv
 end
 
+-- key_of(node, attempt_no) -> the idempotency key a submit of this attempt
+-- carries: the one an earlier attempt that ended before its submit would
+-- have carried (sql/0211: that attempt may have replayed a dispatch whose
+-- transaction was lost after the provider acted, with that key), else the
+-- attempt's own.
+function M.key_of(node, attempt_no)
+  local carried = node.carried_idempotency_key
+  if carried ~= nil and carried ~= NULL then return carried end
+  return context.idempotency_key(node.id, attempt_no)
+end
+
 -- The pipeline: -> outcome {attempt_no =, idempotency_key =,
 -- resolved_config =, answer =, err =} for nodes.apply_answer (answer, err
 -- as qtg.executors.call returns them; a refusal before submit is a FAILED
@@ -261,7 +274,7 @@ local function pipeline(s, g, node, progress)
     metrics.count("qtg_signer_decisions_total", { outcome = "granted", code = "" })
     signature = sig
   end
-  local key = context.idempotency_key(node.id, attempt_no)
+  local key = M.key_of(node, attempt_no)
   if progress.before_submit then progress.before_submit() end
   progress.submitted = true
   progress.attempt_no, progress.key = attempt_no, key
@@ -278,9 +291,17 @@ local STARTING = { to = "EXECUTING", action = "request.executing" }
 
 -- Write the outcome of this attempt and what follows from it (commit: and
 -- commit the transaction, its last write carrying the commit).
+-- An attempt that ended before its submit carries its key to the next
+-- (M.key_of); one that reached it clears a carried key.
 local function record(s, g, node, outcome, starting, commit)
   local fields = { attempt_no = outcome.attempt_no, started_now = true,
                    idempotency_key = outcome.idempotency_key, resolved_config = outcome.resolved_config }
+  local carried = node.carried_idempotency_key
+  if outcome.idempotency_key == nil then
+    fields.carried_idempotency_key = M.key_of(node, outcome.attempt_no)
+  elseif carried ~= nil and carried ~= NULL then
+    fields.carried_idempotency_key = NULL
+  end
   nodes_db.apply_answer(s, g, node, M.ACTOR, "submit", fields, outcome.answer, outcome.err,
     starting and STARTING or nil, commit)
   local code = node.error_code

@@ -119,6 +119,49 @@ describe("engine pipeline", function()
   before_each(function() sup.park_others(s) end)
 
   describe("bad input", function()
+    -- A dispatch whose transaction was lost after the provider acted (a
+    -- crash before the commit) leaves the node READY at its attempt; here
+    -- the provider's side of it is the sim's submit under the attempt's
+    -- key.  The replay ends before its submit (the executor no longer
+    -- allowed on the class, as after a settings change): FAILED, nothing
+    -- sent by it.  The operator's retry must carry the key the lost call
+    -- carried, so the provider deduplicates it, and not pay a second time.
+    it("a retry after a replay that ended before its submit carries the lost attempt's key", function()
+      local t = one("spec_pl_carried_key", { observes = 0, side_effect = true })
+      local req = sup.create_approved(s, t)
+      local a = sup.nodes(s, req.id).a
+      local dispatcher = require "qtg.workers.node_dispatcher"
+      local lost_key = require("qtg.context").idempotency_key(a.id, 1)
+      assert.equal(lost_key, dispatcher.key_of(a, 1))
+      local sim = require "qtg.executors.sim"
+      assert.equal("COMPLETED", sim.submit({ node_config = { sim = { observes = 0, side_effect = true } },
+        request_node_id = a.id, attempt_no = 1, action_type = "withdrawal" }, { idempotency_key = lost_key }).status)
+      local cond = require "spec.lua.support.conditional"
+      assert.equal(1, cond.with_settings({ sim_network_classes = "none-such" }, sup.tick, "node_dispatcher"))
+      a = sup.nodes(s, req.id).a
+      assert.same({ "FAILED", 1, "EXECUTOR_NOT_ALLOWED", lost_key },
+        { a.node_state, a.attempt_no, a.error_code, a.carried_idempotency_key })
+      -- the column holds a key or nothing
+      assert.has_error(function()
+        s:query("UPDATE movement_request_nodes SET carried_idempotency_key = '' WHERE id = $1::uuid", a.id)
+      end)
+      -- a second replay that ends before its submit carries the same key on
+      requests.retry(s, a.id, sup.ACTOR)
+      assert.equal(1, cond.with_settings({ sim_network_classes = "none-such" }, sup.tick, "node_dispatcher"))
+      a = sup.nodes(s, req.id).a
+      assert.same({ "FAILED", 2, lost_key }, { a.node_state, a.attempt_no, a.carried_idempotency_key })
+      requests.retry(s, a.id, sup.ACTOR)
+      assert.is_true(sup.drive(s, sup.state_is(req.id, "COMPLETED"), 10))
+      a = sup.nodes(s, req.id).a
+      assert.same({ "COMPLETED", 3, lost_key }, { a.node_state, a.attempt_no, a.idempotency_key })
+      assert.equal(qtg.db.NULL, a.carried_idempotency_key)
+      local rows = ledger(a.id)
+      assert.equal(1, #rows, "the provider acted twice")
+      assert.same({ lost_key, 2 }, { rows[1].idempotency_key, rows[1].submit_count })
+      -- a retry after an attempt that reached the provider takes a new key
+      assert.equal(require("qtg.context").idempotency_key(a.id, 4), dispatcher.key_of(a, 4))
+    end)
+
     it("an unresolvable $ref fails the node with CONFIG_REF_UNRESOLVED", function()
       local t = two("spec_pl_badref", false, { observes = 0 }, { id = "$ref:a.receipt.missing" })
       local req = sup.create_approved(s, t)
