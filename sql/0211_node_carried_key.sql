@@ -1,5 +1,5 @@
 -- 0211_node_carried_key.sql -- the idempotency key a node's next submit
--- carries after an attempt that ended before its submit (docs/reliability.md,
+-- carries after an attempt that ended before its submit (docs/data-model.md,
 -- "A replay that ends before its submit").
 --
 -- A dispatch whose transaction is lost after the provider's call (a crash,

@@ -91,18 +91,26 @@ function M.by_id(s, id)
   return row_of(s:query(M.ROW_SQL .. " WHERE r.id = $1", id))
 end
 
--- fill_at(s, row) -> the newest fill of qtg's (evm_fills) sent or mined at
--- the row's chain, sender and nonce, {id=, tx_hash=, status=}, or nil.
--- Such a fill was asked for to void the bytes there (the kept bytes of a
--- grant, or a live transfer cancelled with `cancel = true`): they are not
--- sent again, by the node's executor nor by the reaper.
+-- fill_at(s, row) -> the newest fill of qtg's (evm_fills) sent, mined or
+-- dropped at the row's chain, sender and nonce, {id=, tx_hash=, status=},
+-- or nil.  Such a fill was asked for to void the bytes there (the kept
+-- bytes of a grant, or a live transfer cancelled with `cancel = true`):
+-- they are not sent, by the node's executor nor by the reaper.  A dropped
+-- fill counts too: the operator's cancel stands until the nonce is filled
+-- again or the chain settles it.
 M.FILL_AT_SQL = [[
 SELECT id, tx_hash, status FROM evm_fills
- WHERE chain_id = $1 AND address = $2 AND nonce = $3 AND status IN ('sent', 'mined')
+ WHERE chain_id = $1 AND address = $2 AND nonce = $3 AND status IN ('sent', 'mined', 'dropped')
  ORDER BY id DESC LIMIT 1]]
 
 function M.fill_at(s, row)
   return s:query(M.FILL_AT_SQL, row.chain_id, row.address, row.nonce)[1]
+end
+
+-- read_fill_at(row): fill_at on a fresh session (the executor's look
+-- before it sends bytes).
+function M.read_fill_at(row)
+  return M.read(function(s) return M.fill_at(s, row) end)
 end
 
 -- reusable(row) -> true when a new dispatch of the row's node must send

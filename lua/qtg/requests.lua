@@ -690,7 +690,8 @@ end
 
 -- ------------------------------------------------------------------ retry
 -- A FAILED or UNKNOWN node back to READY; its next dispatch is attempt
--- attempt_no + 1 with a new idempotency key.  The request returns to
+-- attempt_no + 1 with a new idempotency key (or the one the failed attempt
+-- would have carried, when it ended before its submit: sql/0211).  The request returns to
 -- EXECUTING, and then to what its nodes derive: FAILED again while another
 -- node is FAILED, MANUAL_INTERVENTION while one is UNKNOWN beside a
 -- completed side effect (retry those too, then it stays EXECUTING).

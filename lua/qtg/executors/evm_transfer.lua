@@ -300,18 +300,16 @@ end
 -- still hold and mine them, so a refusal of this send proves nothing about
 -- them -- it is "unknown" (EVM_REBROADCAST_REFUSED) and the row keeps its
 -- status; only the chain (their nonce used by another transaction) can say
--- they are dead.  Bytes a fill of qtg's was sent to void (qtg.evm_fill) go
--- out only once: a rebroadcast would race the fill for the nonce.
+-- they are dead.  Bytes a fill of qtg's was sent to void (qtg.evm_fill) are
+-- not sent, first time or again: they would race the fill for the nonce.
 function M.broadcast(url, row, again)
-  if again then
-    local f = nonces.read(function(s) return nonces.fill_at(s, row) end)
-    if f then
-      local why = string.format("fill %s (%s, %s) was sent at nonce %d of %s on chain %d to void transaction %s: "
-        .. "its bytes are not sent again; whichever of the two the chain mines settles the node", tostring(f.id),
-        f.tx_hash, f.status, row.nonce, row.address, row.chain_id, row.tx_hash)
-      nonces.note(row.id, why)
-      return "unknown", fail("EVM_NONCE_FILLED", why)
-    end
+  local f = nonces.read_fill_at(row)
+  if f then
+    local why = string.format("fill %s (%s, %s) was sent at nonce %d of %s on chain %d to void transaction %s: "
+      .. "its bytes are not sent; whichever transaction the chain mines at the nonce settles the node",
+      tostring(f.id), f.tx_hash, f.status, row.nonce, row.address, row.chain_id, row.tx_hash)
+    nonces.note(row.id, why)
+    return "unknown", fail("EVM_NONCE_FILLED", why)
   end
   local h, err = rpc.send_raw_transaction(url, row.signed_raw_tx)
   if h then

@@ -10,7 +10,10 @@
 --   observe(octx)             -> result
 --   recover(octx)             -> result
 --   health()                  -> {state = "healthy"|"degraded"|"down", detail =}
--- and may declare its provider's limits, RATE_LIMITS = {submit =, observe =,
+-- A submit that answers is taken to have reached the provider with its key
+-- (node_dispatcher.key_of): a check that can refuse before asking the
+-- provider belongs in preflight or prepare.
+-- An adapter may declare its provider's limits, RATE_LIMITS = {submit =, observe =,
 -- recover = {per_second =, burst =}, shared =, max_hold_seconds =}, which
 -- the workers keep to (qtg.pacing, docs/pacing.md).
 -- ctx is the ExecutionContext (qtg.context.build); octx is the observe

@@ -26,8 +26,8 @@
 --      signed/broadcast, not mined, node knows the hash -> broadcast, wait
 --      signed/broadcast, node does not know it -> rebroadcast the SAME bytes
 --             (never new ones); after MG_EVM_NONCE_REAPER_MAX_REBROADCASTS
---             refusals -> surfaced; a fill of qtg's sent or mined at the
---             nonce (qtg.evm_nonces.fill_at) -> noted, never sent again
+--             refusals -> surfaced; a fill of qtg's sent, mined or dropped
+--             at the nonce (qtg.evm_nonces.fill_at) -> noted, never sent again
 --      stored bytes that do not hash to the stored tx_hash, a mined tx whose
 --      sender or nonce differ from the row, a node that answers another hash
 --      for our bytes -> impossible: the row's last_error is written, then
@@ -244,6 +244,7 @@ local function watch(s, row, owner, url, latest)
   if row.nonce >= latest then
     nonces.clear_taken(row, s)
     local sent = nonces.fill_at(s, row)
+    if sent and sent.status == "dropped" then sent = nil end
     local way = sent and string.format("a fill is %s there (fill %d, %s), watched until mined", sent.status, sent.id,
       sent.tx_hash)
       or string.format("fill the nonce (at the console: fill_nonce(%d, '%s', %d); docs/evm.md)", row.chain_id,

@@ -420,6 +420,42 @@ describe("filling a nonce", function()
     assert.equal("0", sup.balance(anvil.url, g.dest))
   end)
 
+  -- A fill asked for while the transfer's dispatch is still open (its node
+  -- READY, so not in flight: no `cancel = true` is needed) comes before the
+  -- transfer's first send; and a fill the reaper dropped (the RPC refused
+  -- it) still stands for the operator's intent.  Neither lets the
+  -- transfer's bytes out.
+  it("sends no transfer's bytes at a nonce a fill was sent at first, nor after the fill is dropped", function()
+    start_signer("fc", 3)
+    local rpc = require "qtg.evm_rpc"
+    local ex = require "qtg.executors.evm_transfer"
+    local nonces = require "qtg.evm_nonces"
+    local g = kept_grant("fill_t_c", "fc", 3, 1)
+    local from, n = g.from, g.nonce
+    local hash = "0x" .. qtg.crypto.keccak256_hex(qtg.crypto.unhex(g.raw:sub(3)))
+    local r = fill(g.class, { chain_id = CHAIN, sender = from, nonce = n })
+    assert.is_true(r.sent)
+    -- the dispatch stores the signed bytes, then sends them: not sent
+    s:query([[UPDATE evm_nonce_reservation SET status = 'signed', signed_raw_tx = $2, tx_hash = $3
+               WHERE request_node_id = $1::uuid]], g.node, g.raw, hash)
+    local row = nonces.read(function(x) return nonces.for_node(x, g.node) end)
+    local st, err = cond.with_settings({ evm_rpc_urls = CHAIN .. "=" .. anvil.url }, ex.broadcast, anvil.url, row)
+    assert.equal("unknown", st)
+    assert.equal("EVM_NONCE_FILLED", err.code, tostring(err.message))
+    assert.is_false(rpc.get_transaction_by_hash(anvil.url, hash), "the first send went out beside the fill")
+    -- the fill dropped, as the reaper settles one the RPC keeps refusing:
+    -- recovery still leaves the bytes unsent
+    local fill_id = fill_row(r.tx_hash).id
+    s:query([[UPDATE evm_fills SET status = 'dropped', settled_at = clock_timestamp() WHERE id = $1]], fill_id)
+    sup.rpc(anvil.url, "anvil_dropAllTransactions", {})
+    local a = cond.with_settings({ evm_rpc_urls = CHAIN .. "=" .. anvil.url }, ex.recover,
+      { action_type = ex.TRANSFER, request_node_id = g.node, node_config = {} })
+    assert.equal("UNKNOWN", a.status)
+    assert.equal("EVM_NONCE_FILLED", a.error_code)
+    assert.truthy(a.error_detail:find(("fill %d (%s, dropped)"):format(fill_id, r.tx_hash), 1, true), a.error_detail)
+    assert.is_false(rpc.get_transaction_by_hash(anvil.url, hash), "recovery sent the bytes after the fill dropped")
+  end)
+
   it("alerts the operators when the chain uses a filled nonce for another transaction", function()
     start_signer("fa", 1)
     local g = kept_grant("fill_t_a", "fa", 1, 1)

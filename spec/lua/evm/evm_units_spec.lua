@@ -310,6 +310,7 @@ describe("evm_transfer executor: an RPC that answers for another transaction", f
     stub(exe, "endpoint", function() return "http://rpc.invalid" end)
     stub(rpc, "chain_id", function() return 31337 end)
     stub(nonces, "read", function() return row end)
+    stub(nonces, "read_fill_at", function() return nil end)
     for _, k in ipairs({ "mark_mined", "surface", "mark_broadcast", "note" }) do
       stub(nonces, k, function() calls[#calls + 1] = k end)
     end
