@@ -747,8 +747,9 @@ static int qtg_signerd_check_filled(qtg_signerd *d, PGconn *db, qtg_decision *de
 /* Bytes signed far ahead of the chain can be kept (a runtime that hides
  * its rows) until the sender's nonce reaches them: a transfer is signed
  * at most MG_SIGNER_NONCE_AHEAD_MAX above the highest nonce this signer
- * granted its sender on its chain, so such bytes wait behind at most that
- * many transactions (docs/security.md, "A signature ahead of the chain").
+ * granted its sender on its chain, so bytes kept from one grant wait
+ * behind at most that many of its nonces; each further grant at the edge
+ * moves it on (docs/security.md, "A signature ahead of the chain").
  * 0, -1 refused (dec filled), -2 the database failed. */
 static int qtg_signerd_check_ahead(qtg_signerd *d, PGconn *db, qtg_decision *dec) {
   if (d->nonce_ahead_max <= 0) return 0;
