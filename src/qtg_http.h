@@ -50,6 +50,10 @@ const char *qtg_http_kind_name(qtg_http_kind kind);
 enum {
   QTG_HTTP_DEFAULT_MAX_BODY = 8 * 1024 * 1024,
   QTG_HTTP_MAX_HEADER_BYTES = 256 * 1024,
+  /* Header lines of one response: a real one has a few dozen.  More is a
+   * bad response, refused before anything reads them (each is a string and
+   * a table field in Lua). */
+  QTG_HTTP_MAX_HEADER_LINES = 256,
   QTG_HTTP_MAX_REDIRECTS = 5,
   QTG_HTTP_MAX_PIN = 16,
   /* Idle connections kept for reuse (CURLMOPT_MAXCONNECTS).  libcurl's

@@ -143,6 +143,11 @@ static size_t qtg_http_header_cb(char *line, size_t size, size_t nitems,
       return 0;
     }
   }
+  _Static_assert(QTG_HTTP_MAX_HEADER_LINES == 256, "the refusal names the limit");
+  if (c->nheaders == QTG_HTTP_MAX_HEADER_LINES) {
+    c->bad_response = "more than 256 header lines";
+    return 0;
+  }
   if (c->nheaders == c->headers_cap) {
     size_t cap = c->headers_cap ? c->headers_cap * 2 : 16;
     qtg_http_header *p = realloc(c->headers, cap * sizeof *p);
