@@ -12,7 +12,8 @@ M.PROTOCOL_VERSION = "1.0"
 -- The submit idempotency key of one attempt of one node.  Deterministic, so a
 -- resubmission of the same attempt after a crash carries the same key and the
 -- provider deduplicates it; a retry (attempt_no + 1) gets a new key, unless
--- the attempt before it ended before its submit (node_dispatcher.key_of).
+-- the attempt before it ended before its submit or left the node UNKNOWN
+-- (node_dispatcher.key_of, qtg.requests.retry).
 function M.idempotency_key(request_node_id, attempt_no)
   return string.format("qtg:%s:%d", request_node_id, attempt_no)
 end

@@ -708,8 +708,17 @@ function M.retry(s, node_id, actor)
     node = g.by_key[node.node_key]
     local previous = { error_code = node.error_code, error_detail = node.error_detail,
                        node_state = node.node_state, attempt_no = node.attempt_no }
-    nodes_db.set_node_state(s, g, node, { node_state = "READY", error_code = NULL,
-      error_detail = NULL, next_observe_in = NULL, clear_finished = true }, actor)
+    local fields = { node_state = "READY", error_code = NULL, error_detail = NULL,
+                     next_observe_in = NULL, clear_finished = true }
+    -- An UNKNOWN node's last submit may have acted: the next attempt
+    -- carries that submit's key, so the provider answers what it did under
+    -- it (or acts now, when it never saw it) instead of acting again.
+    local last_key = node.idempotency_key
+    if node.node_state == "UNKNOWN" and last_key ~= nil and last_key ~= NULL then
+      fields.carried_idempotency_key = last_key
+      previous.carried_idempotency_key = last_key
+    end
+    nodes_db.set_node_state(s, g, node, fields, actor)
     if req.request_state ~= "EXECUTING" then
       -- the request's own transition is audited too (the callback is node_retried's)
       nodes_db.write_request(s, req, { request_state = "EXECUTING", clear_finished = true }, nil,

@@ -33,7 +33,8 @@
 -- transaction is lost after the provider call, the node is READY again with
 -- the same attempt_no and the resubmission carries the same key.  An
 -- attempt that ends before its submit hands the key it would have carried
--- to the next (M.key_of): its replay of a lost dispatch may be what ended.
+-- to the next (M.key_of): its replay of a lost dispatch may be what ended;
+-- a retry of an UNKNOWN node hands on its last submit's key.
 local qtg = require "qtg"
 local busy_stops = require "qtg.busy_stops"
 local canon = require "qtg.canon_json"
@@ -213,8 +214,9 @@ end
 -- key_of(node, attempt_no) -> the idempotency key a submit of this attempt
 -- carries: the one an earlier attempt that ended before its submit would
 -- have carried (sql/0211: that attempt may have replayed a dispatch whose
--- transaction was lost after the provider acted, with that key), else the
--- attempt's own.
+-- transaction was lost after the provider acted, with that key) or the
+-- one an operator's retry of an UNKNOWN node handed on (qtg.requests.retry:
+-- its last submit may have acted), else the attempt's own.
 function M.key_of(node, attempt_no)
   local carried = node.carried_idempotency_key
   if carried ~= nil and carried ~= NULL then return carried end

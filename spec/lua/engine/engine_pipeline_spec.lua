@@ -162,6 +162,41 @@ describe("engine pipeline", function()
       assert.equal(require("qtg.context").idempotency_key(a.id, 4), dispatcher.key_of(a, 4))
     end)
 
+    -- The attack: the provider took the submit, a later observe could not
+    -- say what became of it, and anyone holding `operate` (the request's
+    -- own maker, a client's token of scope own) retried the node: the next
+    -- attempt went out under a new key and the provider acted twice.
+    it("a retry of an UNKNOWN node carries its last submit's key: the provider acts once", function()
+      local t = one("spec_pl_unknown_retry", { observes = 3, unknown_at_observe = 1, side_effect = true,
+                                               retry_after_seconds = 0 })
+      local req = sup.create_approved(s, t)
+      assert.equal(1, sup.tick("node_dispatcher"))
+      local a = sup.nodes(s, req.id).a
+      local key = require("qtg.context").idempotency_key(a.id, 1)
+      assert.same({ "SUBMITTED", key }, { a.node_state, a.idempotency_key })
+      assert.is_true(sup.drive(s, function() return sup.nodes(s, req.id).a.node_state == "UNKNOWN" end, 10,
+        { "node_observer" }))
+      local maker = { actor = sup.INITIATOR, kind = "operator", name = "spec-initiator", roles = { "read", "operate" } }
+      assert.equal(sup.INITIATOR, sup.request(s, req.id).created_by)
+      requests.retry(s, a.id, maker)
+      a = sup.nodes(s, req.id).a
+      assert.same({ "READY", key }, { a.node_state, a.carried_idempotency_key })
+      assert.is_true(sup.drive(s, sup.state_is(req.id, "COMPLETED"), 20))
+      a = sup.nodes(s, req.id).a
+      assert.same({ "COMPLETED", 2, key }, { a.node_state, a.attempt_no, a.idempotency_key })
+      assert.equal(qtg.db.NULL, a.carried_idempotency_key)
+      local rows = ledger(a.id)
+      assert.equal(1, #rows, "the provider acted twice")
+      assert.same({ key, 2 }, { rows[1].idempotency_key, rows[1].submit_count })
+      local retried = {}
+      for _, r in ipairs(sup.audit(s, req.id)) do
+        if r.action == "node.retry" then retried[#retried + 1] = r end
+      end
+      assert.equal(1, #retried)
+      assert.same({ sup.INITIATOR, "UNKNOWN", key },
+        { retried[1].actor, retried[1].detail.node_state, retried[1].detail.carried_idempotency_key })
+    end)
+
     it("an unresolvable $ref fails the node with CONFIG_REF_UNRESOLVED", function()
       local t = two("spec_pl_badref", false, { observes = 0 }, { id = "$ref:a.receipt.missing" })
       local req = sup.create_approved(s, t)
