@@ -9,13 +9,30 @@ local M = {}
 
 M.PROTOCOL_VERSION = "1.0"
 
+local NULL = require("cjson").null
+
+local function present(x)
+  if x == NULL then return nil end
+  return x
+end
+
 -- The submit idempotency key of one attempt of one node.  Deterministic, so a
 -- resubmission of the same attempt after a crash carries the same key and the
 -- provider deduplicates it; a retry (attempt_no + 1) gets a new key, unless
 -- the attempt before it ended before its submit or left the node UNKNOWN
--- (node_dispatcher.key_of, qtg.requests.retry).
+-- (M.key_of, qtg.requests.retry).
 function M.idempotency_key(request_node_id, attempt_no)
   return string.format("qtg:%s:%d", request_node_id, attempt_no)
+end
+
+-- key_of(node, attempt_no) -> the idempotency key a submit of this attempt
+-- carries: the one an earlier attempt that ended before its submit would
+-- have carried (sql/0211: that attempt may have replayed a dispatch whose
+-- transaction was lost after the provider acted, with that key) or the
+-- one an operator's retry of an UNKNOWN node handed on (qtg.requests.retry:
+-- its last submit may have acted), else the attempt's own.
+function M.key_of(node, attempt_no)
+  return present(node.carried_idempotency_key) or M.idempotency_key(node.id, attempt_no)
 end
 
 local function by_key(a, b) return a.node_key < b.node_key end
@@ -94,12 +111,6 @@ function M.build(a)
   }
 end
 
-local NULL = require("cjson").null
-
-local function present(x)
-  if x == NULL then return nil end
-  return x
-end
 
 -- observe_context(request, node) -> the context observe() and recover() receive
 -- (the node as it is: attempt_no is the attempt being observed).

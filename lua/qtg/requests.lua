@@ -35,6 +35,7 @@ local nodes_db = require "qtg.nodes"
 local outbox = require "qtg.outbox"
 local templates = require "qtg.templates"
 local executors = require "qtg.executors"
+local context = require "qtg.context"
 local principals = require "qtg.principals"
 local approvals = require "qtg.approvals"
 local signed = require "qtg.signed_approvals"
@@ -590,7 +591,34 @@ end
 -- UNKNOWN node's request may have reached the provider and nothing recovers
 -- it once its request is CANCELLED: such a cancel needs `reconciled` (the
 -- canceller found out from the provider what the node did), recorded with
--- the reason and the UNKNOWN nodes.
+-- the reason and the UNKNOWN nodes.  So does a READY node whose executor's
+-- records hold a submit under the key its next attempt carries
+-- (qtg.executors.sent_before), or cannot tell: a dispatch whose
+-- transaction was lost after the provider acted leaves its node READY, and
+-- only its replay (same key) would record what the provider did.
+local function sent_before(req, node)
+  local adapter = executors.get(node.executor)
+  if not adapter then return false end
+  local octx = context.observe_context(req, node)
+  octx.idempotency_key = context.key_of(node, node.attempt_no + 1)
+  local sent, why = executors.sent_before(adapter, octx)
+  return sent, why, octx.idempotency_key
+end
+
+local function check_ready_cancel(req, node, reconciled)
+  local sent, why, key = sent_before(req, node)
+  if sent == false then return false end
+  if reconciled ~= true then
+    refuse("illegal_transition", "cannot cancel request %s: node %s is READY and %s under the key its next "
+      .. "attempt carries (%s): a dispatch lost after the provider acted leaves its node READY; resume or wait "
+      .. "for the dispatcher to send it again under that key (the provider answers what it did), or find out "
+      .. "from the provider what it did and cancel with reconciled = true", req.id, node.node_key,
+      sent and "its executor's records hold a submit" or ("nobody can tell whether a submit went out (" .. why .. ")"),
+      key)
+  end
+  return true
+end
+
 function M.cancel(s, id, actor, reason, reconciled)
   check_actor(actor)
   return in_tx(s, function()
@@ -606,7 +634,9 @@ function M.cancel(s, id, actor, reason, reconciled)
           "cannot cancel request %s: node %s is %s (in flight); wait for it or resolve it first",
           id, n.node_key, n.node_state)
       end
-      if n.node_state == "UNKNOWN" then
+      if n.node_state == "READY" and check_ready_cancel(req, n, reconciled) then
+        unknown[#unknown + 1] = n.node_key
+      elseif n.node_state == "UNKNOWN" then
         if reconciled ~= true then
           refuse("illegal_transition",
             "cannot cancel request %s: node %s is UNKNOWN (its submit may have reached the provider, and nothing "

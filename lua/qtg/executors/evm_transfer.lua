@@ -734,6 +734,14 @@ function M.recover(octx)
   return observe_chain(octx, true)
 end
 
+-- sent_before: a transfer node holds signed bytes that are not dead (a
+-- dispatch lost after their send, a retried UNKNOWN transfer): they may be
+-- on the chain whatever the node's state says.
+function M.sent_before(octx)
+  if octx.action_type ~= M.TRANSFER then return false end
+  return nonces.reusable_signed(nonces.read(function(s) return nonces.for_node(s, octx.request_node_id) end))
+end
+
 -- health(): every configured endpoint answers eth_chainId with its chain.
 function M.health()
   local eps, why, n = rpc.endpoints(qtg.settings.evm_rpc_urls or "")

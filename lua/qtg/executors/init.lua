@@ -10,8 +10,16 @@
 --   observe(octx)             -> result
 --   recover(octx)             -> result
 --   health()                  -> {state = "healthy"|"degraded"|"down", detail =}
+--   sent_before(octx)         -> true | false   (optional) whether the
+--                                 executor's own records hold a submit of
+--                                 this node under octx.idempotency_key (the
+--                                 key its next attempt carries): a dispatch
+--                                 lost after the provider acted leaves the
+--                                 node READY, and a cancel asks this first
+--                                 (qtg.requests.cancel); raise when it
+--                                 cannot tell
 -- A submit that answers is taken to have reached the provider with its key
--- (node_dispatcher.key_of): a check that can refuse before asking the
+-- (qtg.context.key_of): a check that can refuse before asking the
 -- provider belongs in preflight or prepare.
 -- An adapter may declare its provider's limits, RATE_LIMITS = {submit =, observe =,
 -- recover = {per_second =, burst =}, shared =, max_hold_seconds =}, which
@@ -143,6 +151,10 @@ function M.validate(adapter)
     end
   end
   if not any then errs[#errs + 1] = "an executor module needs one of " .. table.concat(M.CALLS, ", ") end
+  local sent = field(adapter, "sent_before")
+  if sent ~= nil and type(sent) ~= "function" then
+    errs[#errs + 1] = "sent_before must be a function (got " .. type(sent) .. ")"
+  end
   local ok, why = require("qtg.pacing").check_declaration(field(adapter, "RATE_LIMITS"))
   if not ok then errs[#errs + 1] = why end
   return errs
@@ -249,6 +261,20 @@ end
 local function raised_text(e)
   if M.is_error(e) then return e.code .. ": " .. e.message end
   return errors.text(e)
+end
+
+-- sent_before(adapter, octx) -> true | false, or nil + reason when the
+-- adapter cannot tell (it raised, or answered something else): false for
+-- an adapter that keeps no such records (no sent_before).
+function M.sent_before(adapter, octx)
+  local f = field(adapter, "sent_before")
+  if f == nil then return false end
+  local ok, answer = pcall(f, octx)
+  if not ok then return nil, "sent_before raised: " .. raised_text(answer) end
+  if type(answer) ~= "boolean" then
+    return nil, "sent_before returned a " .. type(answer) .. ", not a boolean"
+  end
+  return answer
 end
 
 -- ---- calls the busy guard stopped

@@ -18,7 +18,7 @@
 -- written on the sim's own session (committed independently of the
 -- dispatcher's transaction, as a real provider's books would be); the same key
 -- twice is deduplicated (submit_count + 1).  Observe counts live in the same
--- row, as a provider's own state would.
+-- row, as a provider's own state would; sent_before reads it by key.
 -- The ledger's writes commit asynchronously (synchronous_commit off for
 -- their statement, ASYNC below): the sim stands for a remote provider, whose
 -- books cost that provider's disk, not a WAL flush of ours.  Nothing is lost
@@ -239,6 +239,12 @@ function M.recover(octx)
              side_effect = row.side_effect }
   end
   return { status = "SUBMITTED", side_effect = row.side_effect, provider_refs = { sim_key = row.idempotency_key } }
+end
+
+-- sent_before(octx): the ledger holds a submit under the key (a dispatch
+-- lost after the sim took it leaves the node READY).
+function M.sent_before(octx)
+  return ledger_row(octx.idempotency_key) ~= nil
 end
 
 function M.health()

@@ -33,7 +33,7 @@
 -- transaction is lost after the provider call, the node is READY again with
 -- the same attempt_no and the resubmission carries the same key.  An
 -- attempt that ends before its submit hands the key it would have carried
--- to the next (M.key_of): its replay of a lost dispatch may be what ended;
+-- to the next (qtg.context.key_of): its replay of a lost dispatch may be what ended;
 -- a retry of an UNKNOWN node hands on its last submit's key.
 local qtg = require "qtg"
 local busy_stops = require "qtg.busy_stops"
@@ -211,18 +211,6 @@ local function plan_of(s, node, progress)
   return row, pv
 end
 
--- key_of(node, attempt_no) -> the idempotency key a submit of this attempt
--- carries: the one an earlier attempt that ended before its submit would
--- have carried (sql/0211: that attempt may have replayed a dispatch whose
--- transaction was lost after the provider acted, with that key) or the
--- one an operator's retry of an UNKNOWN node handed on (qtg.requests.retry:
--- its last submit may have acted), else the attempt's own.
-function M.key_of(node, attempt_no)
-  local carried = node.carried_idempotency_key
-  if carried ~= nil and carried ~= NULL then return carried end
-  return context.idempotency_key(node.id, attempt_no)
-end
-
 -- The pipeline: -> outcome {attempt_no =, idempotency_key =,
 -- resolved_config =, answer =, err =} for nodes.apply_answer (answer, err
 -- as qtg.executors.call returns them; a refusal before submit is a FAILED
@@ -276,7 +264,7 @@ local function pipeline(s, g, node, progress)
     metrics.count("qtg_signer_decisions_total", { outcome = "granted", code = "" })
     signature = sig
   end
-  local key = M.key_of(node, attempt_no)
+  local key = context.key_of(node, attempt_no)
   if progress.before_submit then progress.before_submit() end
   progress.submitted = true
   progress.attempt_no, progress.key = attempt_no, key
@@ -294,13 +282,13 @@ local STARTING = { to = "EXECUTING", action = "request.executing" }
 -- Write the outcome of this attempt and what follows from it (commit: and
 -- commit the transaction, its last write carrying the commit).
 -- An attempt that ended before its submit carries its key to the next
--- (M.key_of); one that reached it clears a carried key.
+-- (qtg.context.key_of); one that reached it clears a carried key.
 local function record(s, g, node, outcome, starting, commit)
   local fields = { attempt_no = outcome.attempt_no, started_now = true,
                    idempotency_key = outcome.idempotency_key, resolved_config = outcome.resolved_config }
   local carried = node.carried_idempotency_key
   if outcome.idempotency_key == nil then
-    fields.carried_idempotency_key = M.key_of(node, outcome.attempt_no)
+    fields.carried_idempotency_key = context.key_of(node, outcome.attempt_no)
   elseif carried ~= nil and carried ~= NULL then
     fields.carried_idempotency_key = NULL
   end

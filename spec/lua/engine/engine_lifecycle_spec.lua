@@ -204,6 +204,49 @@ describe("request lifecycle", function()
       local detail = type(audit.detail) == "table" and audit.detail or require("cjson").decode(audit.detail)
       assert.same({ "a" }, detail.reconciled_unknown_nodes)
     end)
+
+    -- A dispatch whose transaction is lost after the provider acted (a
+    -- crash, a lost connection before the commit) leaves its node READY;
+    -- a cancel then closed the request with the provider's submission on
+    -- its books and nothing in qtg saying so.
+    it("cancel beside a READY node whose provider holds a submit under its next key needs the same word", function()
+      local req = sup.create_approved(s, CHAIN)
+      local a = sup.nodes(s, req.id).a
+      local context = require "qtg.context"
+      local key = context.key_of(a, 1)
+      local sim = require "qtg.executors.sim"
+      -- the provider's side of the lost dispatch: its books, not ours
+      assert.equal("COMPLETED", sim.submit({ node_config = { sim = { observes = 0, side_effect = true } },
+        request_node_id = a.id, attempt_no = 1, action_type = "withdrawal" }, { idempotency_key = key }).status)
+      for _, word in ipairs({ "none", false, "yes" }) do
+        if word == "none" then word = nil end
+        local err = sup.refused("illegal_transition", requests.cancel, s, req.id, sup.ACTOR, "changed my mind", word)
+        assert.matches("node a is READY and its executor's records hold a submit", err.message, 1, true)
+        assert.matches(key, err.message, 1, true)
+      end
+      assert.same({ "APPROVED", "READY" }, { sup.request(s, req.id).request_state, sup.nodes(s, req.id).a.node_state })
+      -- an executor that cannot tell counts as one that holds a submit
+      local executors = require "qtg.executors"
+      local saved = sim.sent_before
+      sim.sent_before = function() error("the provider's lookup timed out") end
+      local ok, err = pcall(requests.cancel, s, req.id, sup.ACTOR, "changed my mind")
+      sim.sent_before = saved
+      assert.is_false(ok)
+      assert.matches("nobody can tell whether a submit went out", err.message, 1, true)
+      assert.matches("the provider's lookup timed out", err.message, 1, true)
+      assert.same({ false }, { executors.sent_before({}, {}) })
+      -- a READY node the provider never saw is cancelled without a word
+      local clean = sup.create_approved(s, CHAIN)
+      assert.equal("CANCELLED", requests.cancel(s, clean.id, sup.ACTOR, "not needed").request_state)
+      -- with the canceller's word, recorded
+      requests.cancel(s, req.id, sup.ACTOR, "the provider shows the withdrawal; booked by hand", true)
+      assert.equal("CANCELLED", sup.request(s, req.id).request_state)
+      local audit = s:query([[SELECT detail FROM audit_outbox WHERE entity_id = $1 AND action = 'request.cancel'
+                              UNION ALL SELECT detail FROM audit_events WHERE entity_id = $1 AND action = 'request.cancel']],
+        req.id)[1]
+      local detail = type(audit.detail) == "table" and audit.detail or require("cjson").decode(audit.detail)
+      assert.same({ "a" }, detail.reconciled_unknown_nodes)
+    end)
   end)
 
   describe("manual steps", function()

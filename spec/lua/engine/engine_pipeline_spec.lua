@@ -130,9 +130,9 @@ describe("engine pipeline", function()
       local t = one("spec_pl_carried_key", { observes = 0, side_effect = true })
       local req = sup.create_approved(s, t)
       local a = sup.nodes(s, req.id).a
-      local dispatcher = require "qtg.workers.node_dispatcher"
-      local lost_key = require("qtg.context").idempotency_key(a.id, 1)
-      assert.equal(lost_key, dispatcher.key_of(a, 1))
+      local context = require "qtg.context"
+      local lost_key = context.idempotency_key(a.id, 1)
+      assert.equal(lost_key, context.key_of(a, 1))
       local sim = require "qtg.executors.sim"
       assert.equal("COMPLETED", sim.submit({ node_config = { sim = { observes = 0, side_effect = true } },
         request_node_id = a.id, attempt_no = 1, action_type = "withdrawal" }, { idempotency_key = lost_key }).status)
@@ -159,7 +159,7 @@ describe("engine pipeline", function()
       assert.equal(1, #rows, "the provider acted twice")
       assert.same({ lost_key, 2 }, { rows[1].idempotency_key, rows[1].submit_count })
       -- a retry after an attempt that reached the provider takes a new key
-      assert.equal(require("qtg.context").idempotency_key(a.id, 4), dispatcher.key_of(a, 4))
+      assert.equal(context.idempotency_key(a.id, 4), context.key_of(a, 4))
     end)
 
     -- The attack: the provider took the submit, a later observe could not

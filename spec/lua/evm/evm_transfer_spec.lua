@@ -393,6 +393,12 @@ describe("evm_transfer on a real anvil chain", function()
       "another class's reaper to settle the reservation")
     stop(other)
     assert.equal("READY", transfer_node(req.id).node_state)
+    -- its bytes are on the chain: a cancel now would close the request
+    -- with the money moved and nothing in qtg saying so
+    local ok, err = require("spec.lua.support.conditional").with_settings({ network_class = class }, pcall,
+      require("qtg.requests").cancel, s, req.id, "console:spec", "changed my mind")
+    assert.is_false(ok)
+    assert.matches("node transfer is READY and its executor's records hold a submit", tostring(err.message), 1, true)
     local d = sup.start_run(env_for(class, CHAIN .. "=" .. anvil.url, { MG_EVM_NONCE_REAPER_ENABLED = "false" }))
     completes_once(d, req, tx_hash, dest, sender, n0)
     assert.equal(0, sup.log_count(d, "signing refused"))
