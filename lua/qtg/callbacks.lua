@@ -157,13 +157,7 @@ end
 -- receiver answered (a byte that starts no character, a character the cut
 -- split, becomes U+FFFD): PostgreSQL refuses any other text, and the
 -- outcome write that failed on it would leave the row due first for ever.
-local function clip(s)
-  s = tostring(s):gsub("[%z\1-\31\127]", " ")
-  local long = #s > M.MAX_ERROR_BYTES
-  if long then s = s:sub(1, M.MAX_ERROR_BYTES) end
-  s = canon.text_repaired(s)
-  return long and s .. "..." or s
-end
+local function clip(s) return canon.excerpt(s, M.MAX_ERROR_BYTES) end
 M.clip = clip
 
 -- write_args(writes) -> the ids written (a bigint[] literal) and the

@@ -144,6 +144,20 @@ function M.text_repaired(s)
   return table.concat(out)
 end
 
+-- excerpt(v, max) -> a peer's text made storable: tostring(v) with its
+-- control bytes blanked, cut at max bytes ("..." marks a cut) and made
+-- valid UTF-8 (M.text_repaired).  Bodies and error messages of HTTP peers,
+-- RPC nodes and providers go through it before they are logged or written:
+-- PostgreSQL refuses text that is not UTF-8 or holds a NUL, and a cut at a
+-- byte count can split a character even in an honest peer's answer.
+function M.excerpt(v, max)
+  local s = tostring(v):gsub("[%z\1-\31\127]", " ")
+  local long = #s > max
+  if long then s = s:sub(1, max) end
+  s = M.text_repaired(s)
+  return long and s .. "..." or s
+end
+
 -- The steps from v to its first string, value or key, that fails
 -- M.text_ok, last step first; nil when none does.  The path's text is made
 -- only for what is found: made at every level on the way down, a document

@@ -426,6 +426,20 @@ describe("canonical JSON", function()
     assert.equal("-42", canon.encode(-42))
   end)
 
+  it("excerpt: a peer's text made storable, controls blanked, cut at a byte budget, repaired", function()
+    local R = "\239\191\189" -- U+FFFD
+    assert.equal("short", canon.excerpt("short", 10))
+    assert.equal("a b c", canon.excerpt("a\0b\nc", 10))
+    assert.equal("caf\195\169", canon.excerpt("caf\195\169", 5))           -- whole at the budget
+    assert.equal("caf" .. R .. "...", canon.excerpt("caf\195\169!", 4))   -- split by the cut
+    assert.equal("x" .. R .. R .. "...", canon.excerpt("x\226\128\162 y", 3))
+    assert.equal("caf" .. R .. " " .. R, canon.excerpt("caf\233 \255", 100)) -- latin-1, 0xff
+    assert.equal("nil", canon.excerpt(nil, 10))
+    for _, s in ipairs({ "\255\254", string.rep("\226\128\162", 50), "\237\160\128", "\192\175" }) do
+      for max = 1, 12 do assert.is_true(canon.text_ok(canon.excerpt(s, max))) end
+    end
+  end)
+
   it("escapes quotes, backslashes and control bytes, in values and keys", function()
     assert.equal('{"k\\"ey\\n":"a\\\\b\\u0000c\\u007f\\t"}', canon.encode({ ['k"ey\n'] = "a\\b\0c\127\t" }))
     for b = 0, 255 do
