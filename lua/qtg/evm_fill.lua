@@ -22,6 +22,7 @@
 -- What binds the signature is the signer's (qtg_signerd.c, FILL): this
 -- module picks the fees and sends the bytes.
 local qtg = require("qtg")
+local canon = require("qtg.canon_json")
 local errors = require("qtg.errors")
 local rpc = require("qtg.evm_rpc")
 local evm_tx = require("qtg.evm_tx")
@@ -276,10 +277,7 @@ SELECT id, tx_hash, status FROM evm_fills
  WHERE chain_id = $1 AND address = $2 AND nonce = $3 AND id <> $4 AND status IN ('sent', 'mined', 'dropped')
  ORDER BY id]]
 
-local function clip(v)
-  local text = tostring(v):gsub("%c", " ")
-  return #text > 500 and text:sub(1, 500) .. "..." or text
-end
+local function clip(v) return canon.excerpt(v, 500) end
 
 local function entity(row) return string.format("%d/%s/%d", row.chain_id, row.address, row.nonce) end
 

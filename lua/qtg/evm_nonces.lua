@@ -23,6 +23,7 @@
 --      the chain's count is taken again;
 --   3. otherwise max(highest reserved + 1, chain's "latest" count).
 local qtg = require "qtg"
+local canon = require "qtg.canon_json"
 
 local M = {}
 
@@ -262,8 +263,11 @@ function M.mark_mined(id, block, succeeded)
 end
 
 -- surface(id, reason, outcome): operators decide (the reaper leaves it);
--- outcome "nonce_taken" or "rejected" (sql/0050).
+-- outcome "nonce_taken" or "rejected" (sql/0050).  The reason often quotes
+-- a node's error: it is stored as valid text (canon.text_repaired), or the
+-- write would fail and the refusal go unrecorded.
 function M.surface(id, reason, outcome)
+  reason = canon.text_repaired(tostring(reason))
   M.with_tx(function(s)
     s:query([[UPDATE evm_nonce_reservation SET status = 'surfaced', surfaced_reason = $2,
                      last_checked_at = clock_timestamp()
@@ -339,7 +343,9 @@ function M.clear_taken(row, s)
   M.with_tx(function(x) x:query(M.CLEAR_TAKEN_SQL, row.id) end)
 end
 
+-- note(id, text): the row's last_error, stored as valid text (see surface).
 function M.note(id, text)
+  text = canon.text_repaired(tostring(text))
   M.with_tx(function(s)
     s:query([[UPDATE evm_nonce_reservation SET last_error = $2, last_checked_at = clock_timestamp()
                WHERE id = $1]], id, text)

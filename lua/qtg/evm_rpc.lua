@@ -144,19 +144,18 @@ function M.request(url, method, params, opts)
   end
   if resp.status < 200 or resp.status > 299 then
     ctx.status = resp.status
-    return fail("status", string.format("HTTP %d: %s", resp.status,
-      (resp.body or ""):sub(1, 200):gsub("[%c]", " ")), ctx)
+    return fail("status", string.format("HTTP %d: %s", resp.status, canon.excerpt(resp.body or "", 200)), ctx)
   end
   local doc = canon.decode(resp.body or "", json)
   if type(doc) ~= "table" or doc.jsonrpc ~= "2.0" or doc.id ~= 1 then
-    return fail("garbage", "not a JSON-RPC 2.0 response: " .. (resp.body or ""):sub(1, 120):gsub("[%c]", " "), ctx)
+    return fail("garbage", "not a JSON-RPC 2.0 response: " .. canon.excerpt(resp.body or "", 120), ctx)
   end
   if doc.error ~= nil then
     local e = doc.error
     if type(e) ~= "table" then return fail("garbage", "error member is not an object", ctx) end
     ctx.code = tonumber(e.code)
     ctx.data = e.data ~= cjson.null and e.data or nil
-    local message = type(e.message) == "string" and e.message:sub(1, 300):gsub("[%c]", " ")
+    local message = type(e.message) == "string" and canon.excerpt(e.message, 300)
       or "(an error without a text message)"
     return fail("rpc", message, ctx)
   end

@@ -481,3 +481,79 @@ describe("evm_transfer executor: a nonce the RPC reads as taken", function()
     assert.equal(qtg.db.NULL, r.nonce_taken_since)
   end)
 end)
+
+-- A node's error is any bytes: a message cut at 300 bytes inside a
+-- character, latin-1, 0xff and NUL, a 502 page split at byte 200.  Each is
+-- valid text from evm_rpc on, and a refusal is recorded on the reservation.
+describe("evm_transfer executor: a node's error that is not text", function()
+  local canon = require "qtg.canon_json"
+  local rpc = require "qtg.evm_rpc"
+  local R = "\239\191\189" -- U+FFFD
+  local s, prov, dir, sup
+  setup(function()
+    sup = require "spec.lua.support.conditional"
+    s = qtg.db.acquire()
+    dir = sup.tmpdir()
+    prov = sup.start_providers(dir)
+  end)
+  teardown(function()
+    s:release()
+    sup.stop_all()
+  end)
+
+  local function answer(status, body)
+    prov.control({ service = "rpc", mode = "raw", status = status, body_hex = qtg.crypto.hex(body) })
+  end
+  local function rpc_error(message)
+    return '{"jsonrpc":"2.0","id":1,"error":{"code":-32000,"message":"' .. message .. '"}}'
+  end
+  local REFUSED = "insufficient funds for gas * price + value: "
+  local SPLIT = REFUSED .. string.rep("x", 299 - #REFUSED) .. "\195\169 tail"
+
+  it("makes every error message valid text at the source", function()
+    local cases = {
+      { 200, rpc_error(SPLIT), "rpc", REFUSED .. string.rep("x", 299 - #REFUSED) .. R .. "..." },
+      { 200, rpc_error("insufficient funds caf\233 \255\\u0000 end"), "rpc", "insufficient funds caf" .. R .. " " .. R .. "  end" },
+      { 502, "<html><title>502 Bad Gateway</title>" .. string.rep(" ", 162) .. "\226\128\162 down</html>", "status",
+        "HTTP 502: <html><title>502 Bad Gateway</title>" .. string.rep(" ", 162) .. R .. R .. "..." },
+      { 200, "<html>Erreur caf\233\0</html>", "garbage", "not a JSON-RPC 2.0 response: <html>Erreur caf" .. R .. " </html>" },
+    }
+    for _, c in ipairs(cases) do
+      answer(c[1], c[2])
+      local h, err = rpc.send_raw_transaction(prov.url .. "/rpc", "0x02aa")
+      assert.is_nil(h)
+      assert.equal(c[3], err.kind)
+      assert.equal(c[4], err.message)
+      assert.is_true(canon.text_ok(tostring(err)))
+    end
+    prov.control({ service = "rpc", mode = "ok" })
+  end)
+
+  local function reservation()
+    local address = "0x" .. qtg.crypto.hex(qtg.crypto.random_bytes(20))
+    local row = s:query([[INSERT INTO evm_nonce_reservation (chain_id, address, nonce, status, payload_hash, signed_raw_tx, tx_hash)
+                          VALUES (31337, $1, 4, 'signed', $2, '0x02aa', $3) RETURNING *]],
+      address, "0x" .. string.rep("d", 64), "0x" .. qtg.crypto.keccak256_hex(qtg.crypto.unhex("0x02aa")))[1]
+    row.to_address, row.value_wei = "0x" .. string.rep("2", 40), "1"
+    return row
+  end
+
+  it("records a refusal cut inside a character: a first send FAILED and surfaced, a re-send noted", function()
+    answer(200, rpc_error(SPLIT))
+    local row = reservation()
+    local st, err = exe.broadcast(prov.url .. "/rpc", row, false)
+    assert.equal("failed", st)
+    assert.equal("EVM_TX_REJECTED", err.code)
+    local r = s:query("SELECT status, surfaced_reason FROM evm_nonce_reservation WHERE id = $1", row.id)[1]
+    assert.equal("surfaced", r.status)
+    assert.matches(R .. "...", r.surfaced_reason, 1, true)
+    answer(200, rpc_error("insufficient funds \255\\u0000"))
+    row = reservation()
+    st, err = exe.broadcast(prov.url .. "/rpc", row, true)
+    assert.equal("unknown", st)
+    assert.equal("EVM_REBROADCAST_REFUSED", err.code)
+    assert.matches("insufficient funds " .. R .. " ", s:query("SELECT last_error FROM evm_nonce_reservation WHERE id = $1",
+      row.id)[1].last_error, 1, true)
+    prov.control({ service = "rpc", mode = "ok" })
+  end)
+end)
