@@ -70,9 +70,17 @@ ON CONFLICT (network_class, source, subject) WHERE status = 'open' DO UPDATE
  WHERE (f.observed, f.expected, f.severity) IS DISTINCT FROM (EXCLUDED.observed, EXCLUDED.expected, EXCLUDED.severity)
 RETURNING id, (xmax = 0) AS inserted]]
 
+-- A provider's text as stored: valid UTF-8 (canon.text_repaired) whatever
+-- the caller checked, since PostgreSQL refuses anything else; nil stays nil.
+local function stored(v)
+  if v == nil or v == qtg.db.NULL then return v end
+  return canon.text_repaired(tostring(v))
+end
+
 -- open(s, class, source, f): f = {subject, baseline_id, severity, expected,
 -- observed, detail}.  Returns "opened", "changed" or nil (already open as is).
 function M.open(s, class, source, f)
+  f.subject, f.expected, f.observed = stored(f.subject), stored(f.expected), stored(f.observed)
   local r = s:query(M.OPEN_SQL, class, source, f.subject, f.baseline_id or qtg.db.NULL,
     f.severity or "warning", f.expected or qtg.db.NULL, f.observed or qtg.db.NULL,
     canon.encode(f.detail or {}))[1]
@@ -113,12 +121,15 @@ end
 
 -- check(s, t): one drift_checks row.  t = {class, source, scope, ok,
 -- checked, drifted, errors (array of text), started_at (epoch seconds)}.
+-- The errors quote nodes and providers: each is stored as valid text.
 function M.check(s, t)
+  local errors = canon.array()
+  for i, e in ipairs(t.errors or {}) do errors[i] = stored(e) end
   s:query([[
     INSERT INTO drift_checks (network_class, source, scope, ok, checked, drifted, errors, process_id, started_at)
     VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8, to_timestamp($9))]],
     t.class, t.source, t.scope, t.ok, t.checked or 0, t.drifted or 0,
-    canon.encode(canon.array(t.errors or {})), require("qtg.heartbeats").process_id(), t.started_at)
+    canon.encode(errors), require("qtg.heartbeats").process_id(), t.started_at)
 end
 
 -- recent(s, class, source, seconds): a check of this source finished less

@@ -30,8 +30,18 @@ json.decode_max_depth(32)
 
 local SEVERITIES = { info = true, warning = true, critical = true }
 
+-- A provider's field as stored text: a string of at most max bytes (500)
+-- that PostgreSQL takes (canon.text_ok); nil for anything else.
 local function text(v, max)
-  return type(v) == "string" and #v <= (max or 500) and v or nil
+  return type(v) == "string" and #v <= (max or 500) and canon.text_ok(v) and v or nil
+end
+
+-- lanes_checked goes to an int column: absent is 0, anything but a whole
+-- number in [0, 2^31) is a malformed report.
+local function lanes_checked(v)
+  if v == nil or v == cjson.null then return 0 end
+  if type(v) ~= "number" or v < 0 or v >= 2 ^ 31 or v % 1 ~= 0 then return nil end
+  return v
 end
 
 -- poll(settings) -> array of findings, lanes_checked; or nil, reason.
@@ -44,16 +54,16 @@ function M.poll(settings)
   }
   if not resp then return nil, string.format("ccip sidecar: %s: %s", err.kind, err.message) end
   if resp.status ~= 200 then
-    return nil, string.format("ccip sidecar: HTTP %d: %s", resp.status, (resp.body or ""):sub(1, 120):gsub("%c", " "))
+    return nil, string.format("ccip sidecar: HTTP %d: %s", resp.status, canon.excerpt(resp.body or "", 120))
   end
   local doc = canon.decode(resp.body or "", json)
   if type(doc) ~= "table" or type(doc.findings) ~= "table" then
-    return nil, "ccip sidecar: answer is not a drift report: " .. (resp.body or ""):sub(1, 120):gsub("%c", " ")
+    return nil, "ccip sidecar: answer is not a drift report: " .. canon.excerpt(resp.body or "", 120)
   end
   local out = {}
   for i, f in ipairs(doc.findings) do
     if type(f) ~= "table" or not text(f.subject, 300) or f.subject == "" then
-      return nil, string.format("ccip sidecar: findings[%d] has no subject", i)
+      return nil, string.format("ccip sidecar: findings[%d] has no subject (text of at most 300 bytes)", i)
     end
     local sev = f.severity == nil and "warning" or f.severity
     if not SEVERITIES[sev] then return nil, string.format("ccip sidecar: findings[%d] has severity %s", i, tostring(sev)) end
@@ -61,7 +71,12 @@ function M.poll(settings)
                observed = text(f.observed),
                detail = { lane = text(f.lane, 200), field = text(f.field, 200) } }
   end
-  return out, tonumber(doc.lanes_checked) or 0
+  local lanes = lanes_checked(doc.lanes_checked)
+  if not lanes then
+    return nil, "ccip sidecar: lanes_checked is not a whole number in [0, 2^31): "
+      .. canon.excerpt(cjson.encode(doc.lanes_checked), 40)
+  end
+  return out, lanes
 end
 
 function M.tick(s)

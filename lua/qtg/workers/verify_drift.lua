@@ -17,9 +17,13 @@
 --     for kind call; equal to `expected` -> its open finding is resolved;
 --     different -> a finding is opened (and announced once); an error (no
 --     endpoint, malformed address, timeout, garbage, error status) changes
---     no finding and is listed in the lane's drift_checks row.
+--     no finding and is listed in the lane's drift_checks row;
+--   * each lane's findings and check are written under a savepoint of the
+--     pass's transaction: a lane whose write fails is rolled back alone and
+--     recorded as a failed check, the other lanes' findings stand.
 -- Returns the number of baselines checked.
 local qtg = require("qtg")
+local canon = require("qtg.canon_json")
 local evm_rpc = require("qtg.evm_rpc")
 local drift = require("qtg.drift")
 
@@ -85,34 +89,54 @@ local function run_chain(url, chain, list, settings)
   return results
 end
 
+M.LANE_SAVEPOINT = "verify_drift_lane"
+
+-- One lane's writes: its findings opened, the ones seen as expected
+-- resolved, its drift_checks row.
+local function write_lane(s, class, key, lane, started)
+  for _, f in ipairs(lane.open) do drift.open(s, class, "verify", f) end
+  drift.resolve(s, class, "verify", lane.resolve)
+  drift.check(s, { class = class, source = "verify", scope = key, ok = #lane.errors == 0,
+    checked = lane.checked, drifted = lane.drifted, errors = lane.errors, started_at = started })
+end
+
 local function record(s, class, list, results, started)
   local lanes, order = {}, {}
   for i, b in ipairs(list) do
     local key = b.chain_id .. ":" .. b.lane
     if not lanes[key] then
-      lanes[key] = { checked = 0, drifted = 0, errors = {}, resolve = {} }
+      lanes[key] = { checked = 0, drifted = 0, errors = {}, resolve = {}, open = {} }
       order[#order + 1] = key
     end
     local lane, r = lanes[key], results[i]
     if r.error then
-      lane.errors[#lane.errors + 1] = string.format("%s (%s): %s", b.name, subject(b), tostring(r.error):sub(1, 300))
+      lane.errors[#lane.errors + 1] = string.format("%s (%s): %s", b.name, subject(b), canon.excerpt(r.error, 300))
     else
       lane.checked = lane.checked + 1
       if r.observed == b.expected:lower() then
         lane.resolve[#lane.resolve + 1] = subject(b)
       else
         lane.drifted = lane.drifted + 1
-        drift.open(s, class, "verify", { subject = subject(b), baseline_id = b.id, severity = "critical",
+        lane.open[#lane.open + 1] = { subject = subject(b), baseline_id = b.id, severity = "critical",
           expected = b.expected, observed = r.observed,
-          detail = { chain_id = b.chain_id, lane = b.lane, name = b.name, kind = b.kind, address = b.address } })
+          detail = { chain_id = b.chain_id, lane = b.lane, name = b.name, kind = b.kind, address = b.address } }
       end
     end
   end
   for _, key in ipairs(order) do
     local lane = lanes[key]
-    drift.resolve(s, class, "verify", lane.resolve)
-    drift.check(s, { class = class, source = "verify", scope = key, ok = #lane.errors == 0,
-      checked = lane.checked, drifted = lane.drifted, errors = lane.errors, started_at = started })
+    s:savepoint(M.LANE_SAVEPOINT)
+    local ok, err = pcall(write_lane, s, class, key, lane, started)
+    if ok then
+      s:release_savepoint(M.LANE_SAVEPOINT)
+    else
+      s:rollback_to(M.LANE_SAVEPOINT)
+      local why = "recording the lane failed: " .. canon.excerpt(err, 300)
+      qtg.log.error("verify_drift: lane not recorded", { worker = "verify_drift", lane = key, error = why })
+      lane.errors[#lane.errors + 1] = why
+      drift.check(s, { class = class, source = "verify", scope = key, ok = false, checked = lane.checked,
+        drifted = lane.drifted, errors = lane.errors, started_at = started })
+    end
     if #lane.errors > 0 then
       qtg.log.warn("verify_drift: lane not fully checked", { worker = "verify_drift", lane = key,
         errors = #lane.errors, first_error = lane.errors[1] })

@@ -126,6 +126,58 @@ describe("verify_drift", function()
     assert.same({}, findings(class, "verify"), "an error is never a finding")
   end)
 
+  -- A node's answer is any bytes: a 502 page whose bullet straddles byte
+  -- 200, where evm_rpc cuts a body, then latin-1, 0xff and a NUL.
+  it("records a lane whose node answers bytes that are not text, and the other lanes' findings stand", function()
+    local class = sup.uid("vd-bytes")
+    baseline(class, { chain_id = CHAIN, lane = "router", name = "code", kind = "code_hash", address = contract,
+                      expected = keccak("0x6000") })
+    baseline(class, { chain_id = 31338, lane = "flaky", name = "a", kind = "call", address = contract,
+                      call_data = "0x", expected = WORD42 })
+    local page = "<html><title>502 Bad Gateway</title>" .. string.rep(" ", 162) .. "\226\128\162 caf\233 \255\0</html>"
+    prov.control({ service = "rpc", mode = "raw", status = 502, body_hex = qtg.crypto.hex(page) })
+    assert.equals(2, sup.tick("verify_drift", over(class)))
+    prov.control({ service = "rpc", mode = "ok" })
+    local f = findings(class, "verify")
+    assert.equals(1, #f)
+    assert.equals("open", f[1].status)
+    local by = {}
+    for _, c in ipairs(checks(class, "verify")) do by[c.scope] = c end
+    assert.same({ true, 1 }, { by[CHAIN .. ":router"].ok, by[CHAIN .. ":router"].drifted })
+    assert.is_false(by["31338:flaky"].ok)
+    local e = by["31338:flaky"].errors[1]
+    assert.matches("HTTP 502: <html>", e, 1, true)
+    assert.matches("\239\191\189...", e, 1, true) -- the split bullet, repaired, and the cut marked
+  end)
+
+  it("rolls back a lane whose write fails alone, and records it as a failed check", function()
+    local class = sup.uid("vd-lane")
+    baseline(class, { chain_id = CHAIN, lane = "a", name = "code", kind = "code_hash", address = contract,
+                      expected = keccak("0x6000") })
+    baseline(class, { chain_id = CHAIN, lane = "b", name = "code", kind = "code_hash", address = contract,
+                      expected = keccak("0x6000") })
+    local drift = require("qtg.drift")
+    local check, failed = drift.check, false
+    drift.check = function(x, t)
+      if t.scope == CHAIN .. ":a" and not failed then
+        failed = true
+        x:query("SELECT 1 / 0") -- a statement the database refuses: the transaction is aborted
+      end
+      return check(x, t)
+    end
+    local ok, n = pcall(sup.tick, "verify_drift", over(class))
+    drift.check = check
+    assert.is_true(ok, tostring(n))
+    assert.equals(2, n)
+    local f = findings(class, "verify")
+    assert.equals(1, #f, "lane b's finding stands, lane a's is rolled back")
+    local by = {}
+    for _, c in ipairs(checks(class, "verify")) do by[c.scope] = c end
+    assert.is_false(by[CHAIN .. ":a"].ok)
+    assert.matches("recording the lane failed: .*division by zero", by[CHAIN .. ":a"].errors[1])
+    assert.same({ true, 1 }, { by[CHAIN .. ":b"].ok, by[CHAIN .. ":b"].drifted })
+  end)
+
   it("keeps at most MG_VERIFY_DRIFT_CONCURRENCY calls in flight per chain and bounds each lane", function()
     local class = sup.uid("vd-conc")
     for i = 1, 6 do
@@ -230,6 +282,41 @@ describe("ccip_drift", function()
       assert.equals("open", f[1].status, "a failed poll resolves nothing")
     end
     prov.control({ service = "ccip", mode = "ok" })
+  end)
+
+  -- A sidecar's answer is any bytes: a character split at the 120-byte
+  -- excerpt, latin-1, 0xff and NUL in a body or a field, numbers an int
+  -- column cannot hold.
+  it("records a failed poll whatever bytes the sidecar answers, and refuses fields that are not text", function()
+    local class = sup.uid("cd-bytes")
+    local R = "\239\191\189" -- U+FFFD
+    local cases = {
+      { 500, string.rep("x", 119) .. "\195\169tail", "ccip sidecar: HTTP 500: " .. string.rep("x", 119) .. R .. "..." },
+      { 502, "Erreur caf\233 \255\0 fin", "ccip sidecar: HTTP 502: Erreur caf" .. R .. " " .. R .. "  fin" },
+      { 200, '{"findings":[{"subject":"a\\u0000b"}],"lanes_checked":1}',
+        "ccip sidecar: findings[1] has no subject (text of at most 300 bytes)" },
+      { 200, '{"findings":[{"subject":"a\255b"}],"lanes_checked":1}',
+        "ccip sidecar: findings[1] has no subject (text of at most 300 bytes)" },
+      { 200, '{"findings":[],"lanes_checked":1.5}', "ccip sidecar: lanes_checked is not a whole number in [0, 2^31): 1.5" },
+      { 200, '{"findings":[],"lanes_checked":1e300}', "ccip sidecar: lanes_checked is not a whole number in [0, 2^31): 1e+300" },
+      { 200, '{"findings":[],"lanes_checked":-1}', "ccip sidecar: lanes_checked is not a whole number in [0, 2^31): -1" },
+    }
+    for i, c in ipairs(cases) do
+      prov.control({ service = "ccip", mode = "raw", status = c[1], body_hex = qtg.crypto.hex(c[2]) })
+      assert.equals(0, sup.tick("ccip_drift", over(class)))
+      local ch = checks(class, "ccip")
+      assert.equals(i, #ch)
+      assert.is_false(ch[i].ok)
+      assert.equals(c[3], ch[i].errors[1])
+    end
+    -- an expected or observed value that is not text is left out, the finding recorded
+    prov.control({ service = "ccip", mode = "raw", status = 200, body_hex = qtg.crypto.hex(
+      '{"findings":[{"subject":"s1","expected":"\255","observed":"a\\u0000"}],"lanes_checked":1}') })
+    assert.equals(1, sup.tick("ccip_drift", over(class)))
+    prov.control({ service = "ccip", mode = "ok" })
+    local f = findings(class, "ccip")
+    assert.equals(1, #f)
+    assert.same({ "ccip:s1", qtg.db.NULL, qtg.db.NULL }, { f[1].subject, f[1].expected, f[1].observed })
   end)
 
   it("two processes at once poll once between them", function()
