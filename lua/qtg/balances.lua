@@ -34,10 +34,6 @@ local function is_decimal(v)
 end
 M.is_decimal = is_decimal
 
-local function body_excerpt(b)
-  return ((b or ""):sub(1, 120):gsub("%c", " "))
-end
-
 -- The Gateway API: POST {base}/v1/balances {"token":"USDC","sources":[{"depositor":...}]}
 -- -> {"token":"USDC","balances":[{"domain":n,"depositor":"0x..","balance":"12.5"}]}.
 -- A source without a domain asks for every domain of that depositor.
@@ -65,19 +61,22 @@ function M.gateway_fetch(settings)
   }
   if not resp then return nil, string.format("gateway: %s: %s", err.kind, err.message) end
   if resp.status ~= 200 then
-    return nil, string.format("gateway: HTTP %d: %s", resp.status, body_excerpt(resp.body))
+    return nil, string.format("gateway: HTTP %d: %s", resp.status, canon.excerpt(resp.body or "", 120))
   end
   local doc = canon.decode(resp.body or "", json)
   if type(doc) ~= "table" or doc.token ~= "USDC" or type(doc.balances) ~= "table" then
-    return nil, "gateway: answer is not a USDC balances object: " .. body_excerpt(resp.body)
+    return nil, "gateway: answer is not a USDC balances object: " .. canon.excerpt(resp.body or "", 120)
   end
   local amounts, domains = {}, canon.array()
   for i, b in ipairs(doc.balances) do
     if type(b) ~= "table" or not is_decimal(b.balance) or type(b.domain) ~= "number" then
       return nil, string.format("gateway: balances[%d] lacks a decimal balance and a domain", i)
     end
+    if type(b.depositor) ~= "string" or #b.depositor > 200 or not canon.text_ok(b.depositor) then
+      return nil, string.format("gateway: balances[%d] has no depositor text (at most 200 bytes of UTF-8, no NUL)", i)
+    end
     amounts[#amounts + 1] = b.balance
-    domains[#domains + 1] = { domain = b.domain, depositor = tostring(b.depositor), balance = b.balance }
+    domains[#domains + 1] = { domain = b.domain, depositor = b.depositor, balance = b.balance }
   end
   return { { asset = "USDC", amounts = amounts, detail = { domains = domains, depositors = #sources } } }
 end
@@ -110,10 +109,9 @@ INSERT INTO balance_snapshots (network_class, venue_key, asset, ok, error, sourc
 VALUES ($1, $2, $3, false, $4, $5, $6)
 RETURNING id]]
 
-local function clip(s)
-  s = tostring(s):gsub("%c", " ")
-  return #s > 500 and s:sub(1, 500) .. "..." or s
-end
+-- A failed fetch's reason as stored and logged: whatever a fetcher (an
+-- operator's included) answered, at most 500 bytes of valid text.
+local function clip(s) return canon.excerpt(s, 500) end
 
 -- fetch(fetcher) -> fetched: the venue's answer, {fetcher=, res=, why=}
 -- (res nil: why says what failed).  Needs no database session.

@@ -100,16 +100,16 @@ function M.fetch_page(venue, cursor, settings)
   }
   if not resp then return nil, string.format("%s: %s", err.kind, err.message) end
   if resp.status ~= 200 then
-    return nil, string.format("HTTP %d: %s", resp.status, (resp.body or ""):sub(1, 120):gsub("%c", " "))
+    return nil, string.format("HTTP %d: %s", resp.status, canon.excerpt(resp.body or "", 120))
   end
   local doc = canon.decode(resp.body or "", json)
   if type(doc) ~= "table" or type(doc.transfers) ~= "table" then
-    return nil, "answer is not a transfers page: " .. (resp.body or ""):sub(1, 120):gsub("%c", " ")
+    return nil, "answer is not a transfers page: " .. canon.excerpt(resp.body or "", 120)
   end
   local next_cursor = doc.next_cursor
   if next_cursor == cjson.null then next_cursor = nil end
-  if next_cursor ~= nil and (type(next_cursor) ~= "string" or #next_cursor > 1000) then
-    return nil, "next_cursor is not text"
+  if next_cursor ~= nil and (type(next_cursor) ~= "string" or #next_cursor > 1000 or not canon.text_ok(next_cursor)) then
+    return nil, "next_cursor is not text (at most 1000 bytes of UTF-8, no NUL)"
   end
   local out = {}
   for i, t in ipairs(doc.transfers) do

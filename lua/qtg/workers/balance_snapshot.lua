@@ -10,11 +10,14 @@
 -- The advisory lock is held across the fetch (bounded by
 -- MG_PROVIDER_TIMEOUT_SECONDS); nothing else ever waits on it (try-lock).
 -- A fetch that fails is stored as an error snapshot (the reason is visible
--- in the console's balances()) and the pass goes on.
+-- in the console's balances()) and the pass goes on.  A venue whose pass
+-- raises all the same (a write the database refused) is rolled back and
+-- logged, and the other venues and the retention still run.
 --
 -- Retention: snapshots of this class older than
 -- MG_BALANCE_SNAPSHOT_RETENTION_SECONDS are deleted, RETENTION_BATCH per pass.
 local qtg = require("qtg")
+local canon = require("qtg.canon_json")
 local balances = require("qtg.balances")
 local heartbeats = require("qtg.heartbeats")
 
@@ -50,7 +53,13 @@ function M.tick(s)
   local settings = qtg.settings
   local written = 0
   for _, fetcher in ipairs(balances.FETCHERS) do
-    written = written + one_venue(s, fetcher, settings)
+    local ok, n = pcall(one_venue, s, fetcher, settings)
+    if ok then
+      written = written + n
+    else
+      qtg.log.error("balance snapshot not stored", { worker = "balance_snapshot", venue_key = fetcher.venue_key,
+        error = canon.excerpt(n, 500) })
+    end
   end
   local _, deleted = s:query(M.RETENTION_SQL, settings.network_class,
     settings.balance_snapshot_retention_seconds, M.RETENTION_BATCH)

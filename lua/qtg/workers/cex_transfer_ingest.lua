@@ -61,10 +61,7 @@ UPDATE cex_ingest_cursors
        updated_at = clock_timestamp()
  WHERE network_class = $1 AND venue = $2]]
 
-local function clip(s)
-  s = tostring(s):gsub("%c", " ")
-  return #s > 500 and s:sub(1, 500) .. "..." or s
-end
+local function clip(s) return canon.excerpt(s, 500) end
 
 -- The last version of each transfer id of a page (an upsert cannot touch
 -- one row twice in a statement).

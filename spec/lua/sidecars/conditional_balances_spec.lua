@@ -114,6 +114,52 @@ describe("balance_snapshot", function()
     prov.control({ service = "gateway", mode = "ok" })
   end)
 
+  -- A provider's answer is any bytes: a character split at the 120-byte
+  -- excerpt, latin-1, 0xff and NUL in a body or a depositor.
+  it("records an error snapshot whatever bytes the gateway answers, and refuses a depositor that is not text", function()
+    local class = sup.uid("bal-bytes")
+    local R = "\239\191\189" -- U+FFFD
+    local function page(depositor)
+      return '{"token":"USDC","balances":[{"domain":0,"balance":"1","depositor":' .. depositor .. '}]}'
+    end
+    local no_dep = "gateway: balances[1] has no depositor text (at most 200 bytes of UTF-8, no NUL)"
+    local cases = {
+      { 500, string.rep("x", 119) .. "\226\128\162tail", "gateway: HTTP 500: " .. string.rep("x", 119) .. R .. "..." },
+      { 500, "Erreur caf\233 \255\0 fin", "gateway: HTTP 500: Erreur caf" .. R .. " " .. R .. "  fin" },
+      { 200, page('"0x\255"'), no_dep },
+      { 200, page('"0x\\u0000"'), no_dep },
+      { 200, page('{"a":1}'), no_dep },
+      { 200, page('12'), no_dep },
+    }
+    for i, c in ipairs(cases) do
+      prov.control({ service = "gateway", mode = "raw", status = c[1], body_hex = qtg.crypto.hex(c[2]) })
+      assert.equals(1, sup.tick("balance_snapshot", over(class)))
+      local rows = snapshots(class)
+      assert.equals(i, #rows)
+      assert.is_false(rows[i].ok)
+      assert.equals(c[3], rows[i].error)
+    end
+    prov.control({ service = "gateway", mode = "ok" })
+  end)
+
+  it("stores the other venues and runs retention when one venue's write fails", function()
+    local class = sup.uid("bal-iso")
+    local balances = require("qtg.balances")
+    local fetchers = balances.FETCHERS
+    prov.control({ service = "gateway", mode = "ok", state = { gateway_balances = { [DEP1] = { ["0"] = "7" } } } })
+    -- a fetcher whose amount PostgreSQL refuses: its venue's write raises
+    balances.FETCHERS = { { venue_key = "broken", fetch = function() return { { asset = "USDC", amounts = { "x" } } } end },
+                          fetchers[1] }
+    s:query([[INSERT INTO balance_snapshots (network_class, venue_key, asset, ok, amount, captured_at)
+              VALUES ($1, 'gateway', 'USDC', true, 1, now() - interval '30 days')]], class)
+    local ok, n = pcall(sup.tick, "balance_snapshot", over(class, { gateway_depositors = DEP1 }))
+    balances.FETCHERS = fetchers
+    assert.is_true(ok, tostring(n))
+    assert.equals(2, n) -- the gateway's snapshot, and the old one deleted
+    local rows = snapshots(class)
+    assert.same({ { "gateway", true, "7" } }, { { rows[1].venue_key, rows[1].ok, rows[1].amount } })
+  end)
+
   it("two processes at once store one snapshot per interval, and retention deletes old ones", function()
     local class = sup.uid("bal-two")
     prov.control({ service = "gateway", mode = "slow", state = { delay = 0.3,

@@ -117,6 +117,30 @@ describe("cex_transfer_ingest", function()
     assert.equals(qtg.db.NULL, cursor(class, "binance").last_error)
   end)
 
+  -- A venue API's answer is any bytes: a character split at the 120-byte
+  -- excerpt, latin-1, 0xff and NUL in a body or the next cursor.  The
+  -- venue's own answer is what last_error says, not PostgreSQL's refusal.
+  it("records what a venue API answered whatever its bytes, and refuses a next_cursor that is not text", function()
+    local class = sup.uid("cex-bytes")
+    local R = "\239\191\189" -- U+FFFD
+    local cursor_refused = "next_cursor is not text (at most 1000 bytes of UTF-8, no NUL)"
+    local cases = {
+      { 500, string.rep("x", 119) .. "\195\169tail", "HTTP 500: " .. string.rep("x", 119) .. R .. "..." },
+      { 500, "Erreur caf\233 \255\0 fin", "HTTP 500: Erreur caf" .. R .. " " .. R .. "  fin" },
+      { 200, '{"transfers":[],"next_cursor":"c\255","has_more":false}', cursor_refused },
+      { 200, '{"transfers":[],"next_cursor":"c\\u0000d","has_more":false}', cursor_refused },
+    }
+    for i, c in ipairs(cases) do
+      prov.control({ service = "cex", mode = "raw", status = c[1], body_hex = qtg.crypto.hex(c[2]) })
+      assert.equals(0, sup.tick("cex_transfer_ingest", over(class, "binance")))
+      local cur = cursor(class, "binance")
+      assert.equals(c[3], cur.last_error)
+      assert.equals(i, cur.consecutive_failures)
+      assert.equals(qtg.db.NULL, cur.cursor)
+    end
+    prov.control({ service = "cex", mode = "ok" })
+  end)
+
   -- One pass over "bad,good": the tick returns normally with good's n
   -- transfers; bad's error is on its cursor, which did not move, and none of
   -- its page is stored.
