@@ -50,7 +50,12 @@
 -- replaced, taken (operators alerted) or dropped.
 -- An RPC failure (timeout, error status, garbage) is written to the row's
 -- last_error and the lease is dropped: the row is tried again next pass.
+-- Each row is isolated: a row whose reconciliation raises (a write the
+-- database refused) is logged and keeps its lease until it expires, and the
+-- other rows, of every chain, are reconciled all the same; an impossible
+-- state (qtg.fatal) still stops the pass.
 local qtg = require("qtg")
+local canon = require("qtg.canon_json")
 local evm_rpc = require("qtg.evm_rpc")
 local nonces = require("qtg.evm_nonces")
 local outbox = require("qtg.outbox")
@@ -110,11 +115,7 @@ local function log_fields(row, extra)
   return f
 end
 
-local function clip(s)
-  s = tostring(s):gsub("[%c]", " ")
-  if #s > 500 then s = s:sub(1, 500) .. "..." end
-  return s
-end
+local function clip(s) return canon.excerpt(s, 500) end
 
 -- Write an error note on the row and drop the lease (own transaction).
 local function note(s, row, owner, message)
@@ -326,6 +327,16 @@ local function reconcile(s, row, owner, url, latest)
   return reconcile_signed(s, row, owner, url, latest)
 end
 
+-- isolated(s, row, fn, ...): fn(...) for one row; a raise other than
+-- qtg.fatal is logged and the pass goes on with the next row.
+local function isolated(s, row, fn, ...)
+  local ok, err = pcall(fn, ...)
+  if ok then return end
+  if type(err) == "table" and err.fatal then error(err, 0) end
+  if s:in_transaction() then pcall(s.rollback, s) end
+  qtg.log.error("nonce reservation not reconciled", log_fields(row, { error = clip(err) }))
+end
+
 -- The arms, in the order a pass claims and reconciles them.
 M.ARMS = { M.CLAIM_SQL, M.WATCH_SQL, fills.WATCH_SQL }
 
@@ -363,7 +374,7 @@ function M.tick(s)
     local url = eps[chain]
     local cid, cerr = evm_rpc.chain_id(url)
     if cid == nil then
-      for _, row in ipairs(list) do note(s, row, owner, "eth_chainId: " .. tostring(cerr)) end
+      for _, row in ipairs(list) do isolated(s, row, note, s, row, owner, "eth_chainId: " .. tostring(cerr)) end
     elseif cid ~= chain then
       impossible(s, list[1], owner, string.format("the endpoint for chain %d answers eth_chainId %d", chain, cid))
     else
@@ -377,9 +388,9 @@ function M.tick(s)
           if not n then counts[row.address .. ":err"] = tostring(err) end
         end
         if latest == false then
-          note(s, row, owner, "eth_getTransactionCount: " .. counts[row.address .. ":err"])
+          isolated(s, row, note, s, row, owner, "eth_getTransactionCount: " .. counts[row.address .. ":err"])
         else
-          reconcile(s, row, owner, url, latest)
+          isolated(s, row, reconcile, s, row, owner, url, latest)
         end
       end
     end

@@ -415,6 +415,49 @@ describe("evm_nonce_reaper", function()
     for _, id in ipairs(ids) do assert.equals("released", row(id).status) end
   end)
 
+  -- A node's error is any bytes: a 502 page whose bullet straddles byte
+  -- 200 (where evm_rpc cuts a body), latin-1, 0xff and NUL.  It is noted on
+  -- that chain's rows, and the rows of the other chains are reconciled.
+  it("notes a node's error whatever its bytes, and reconciles the other chains' rows", function()
+    local page = "<html><title>502 Bad Gateway</title>" .. string.rep(" ", 162) .. "\226\128\162 caf\233 \255\0</html>"
+    prov.control({ service = "rpc", mode = "raw", status = 502, body_hex = qtg.crypto.hex(page) })
+    local bad = reservation{ chain = 31338, address = A, nonce = 5001 }
+    local good = reservation{ chain = CHAIN, address = A, nonce = 5001 }
+    local ok, n = pcall(sup.tick, "evm_nonce_reaper", { evm_rpc_urls = CHAIN .. "=" .. chain.url .. ",31338="
+      .. prov.url .. "/rpc", evm_nonce_reaper_age_seconds = 60 })
+    prov.control({ service = "rpc", mode = "ok" })
+    assert.is_true(ok, tostring(n))
+    assert.equals(2, n)
+    local r = row(bad)
+    assert.equals("reserved", r.status)
+    assert.matches("eth_chainId: .*HTTP 502: <html>.*\239\191\189%.%.%.$", r.last_error)
+    assert.equals("released", row(good).status)
+    sup.query("DELETE FROM evm_nonce_reservation WHERE id = ANY($1::bigint[])", "{" .. bad .. "," .. good .. "}")
+  end)
+
+  it("a row whose reconciliation raises keeps its lease, and the other rows are reconciled", function()
+    local outbox = require("qtg.outbox")
+    local audit, raised = outbox.audit, false
+    outbox.audit = function(x, ...)
+      if not raised then
+        raised = true
+        x:query("SELECT 1 / 0") -- a write the database refuses
+      end
+      return audit(x, ...)
+    end
+    local ids = { reservation{ chain = CHAIN, address = A, nonce = 5002 },
+                  reservation{ chain = CHAIN, address = A, nonce = 5003 } }
+    local ok, n = pcall(sup.tick, "evm_nonce_reaper", over())
+    outbox.audit = audit
+    assert.is_true(ok, tostring(n))
+    assert.equals(2, n)
+    local r1, r2 = row(ids[1]), row(ids[2])
+    assert.equals("reserved", r1.status)
+    assert.is_not.equals(qtg.db.NULL, r1.reap_lease_owner, "left to its lease")
+    assert.equals("released", r2.status)
+    sup.query("DELETE FROM evm_nonce_reservation WHERE id = ANY($1::bigint[])", "{" .. ids[1] .. "," .. ids[2] .. "}")
+  end)
+
   -- A quantity with a leading zero, a receipt status that is neither 0x0
   -- nor 0x1: a node's garbage, noted on the row and looked at again, not
   -- an impossible state that stops the process at every start.
