@@ -241,9 +241,10 @@ function M.check(call, answer)
   if call == "prepare" and answer.signer_key and not answer.payload_hash then
     return nil, "prepare asks for signing without a payload_hash"
   end
-  -- a provider's error text, cut at a byte count or not UTF-8 at all, is
-  -- kept as valid text (U+FFFD) rather than failing the node's write
-  for _, field in ipairs({ "error_code", "error_detail" }) do
+  -- a provider's error text (a health detail often quotes a node's), cut
+  -- at a byte count or not UTF-8 at all, is kept as valid text (U+FFFD)
+  -- rather than failing the node's or the component's write
+  for _, field in ipairs({ "error_code", "error_detail", "detail" }) do
     if type(answer[field]) == "string" then answer[field] = canon.text_repaired(answer[field]) end
   end
   return answer

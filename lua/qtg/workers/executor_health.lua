@@ -58,12 +58,21 @@ local function sorted_keys(t)
   return out
 end
 
--- An error as one short line (a missing module's message lists every path).
+-- An error as one short line of valid text (a missing module's message
+-- lists every path; a node's error can be any bytes).
 local function text(v)
   if type(v) == "table" and v.message then v = v.message end
-  v = tostring(v):match("^[^\n]*")
-  if #v > 300 then v = v:sub(1, 300) .. "..." end
-  return v
+  return canon.excerpt(tostring(v):match("^[^\n]*"), 300)
+end
+
+-- storable(row) -> row, its detail and error made fit for the one write
+-- of every component: a component whose answer PostgreSQL would refuse
+-- is recorded down with the reason, and the others are recorded as they are.
+local function storable(row)
+  local ok, why = canon.storable(row, row.kind .. "/" .. row.name)
+  if ok then return row end
+  return { kind = row.kind, name = row.name, state = "down",
+           error = text("health answer not storable: " .. why) }
 end
 
 -- One executor adapter -> {state, detail, error}.
@@ -135,8 +144,8 @@ function M.tick(s)
 
   local rows, present, observations = {}, {}, {}
   for i, r in ipairs(results) do
-    rows[i] = { kind = r.kind, name = r.name, state = r.state, error = r.error,
-                detail = (r.detail and next(r.detail)) and r.detail or nil }
+    rows[i] = storable({ kind = r.kind, name = r.name, state = r.state, error = r.error,
+                         detail = (r.detail and next(r.detail)) and r.detail or nil })
     present[i] = r.kind .. "/" .. r.name
     if r.kind == "signer" then
       observations[#observations + 1] = { signer_key = r.name, observed = r.observed }

@@ -332,6 +332,29 @@ describe("executor_health", function()
     assert.matches("failed to load", h.spec_missing.last_error, 1, true)
   end)
 
+  -- A health detail or a raise often quotes a node or a provider: any
+  -- bytes, a character split where a message was cut, latin-1, 0xff, NUL.
+  it("records every component's health whatever bytes a detail or an error holds", function()
+    local R = "\239\191\189" -- U+FFFD
+    package.loaded["spec.executor.spec_bytes_detail"] = { health = function()
+      return { state = "degraded", detail = "HTTP 502: " .. string.rep("x", 10) .. "\226\128 caf\233 \255\0" } end }
+    package.loaded["spec.executor.spec_bytes_raise"] = { health = function()
+      error(string.rep("\195\169", 200), 0) end }
+    executors.ADAPTERS.spec_bytes_detail = "spec.executor.spec_bytes_detail"
+    executors.ADAPTERS.spec_bytes_raise = "spec.executor.spec_bytes_raise"
+    local ok, n = pcall(tick, "executor_health")
+    executors.ADAPTERS.spec_bytes_detail, executors.ADAPTERS.spec_bytes_raise = nil, nil
+    package.loaded["spec.executor.spec_bytes_detail"], package.loaded["spec.executor.spec_bytes_raise"] = nil, nil
+    assert.is_true(ok, tostring(n))
+    local h = health()
+    assert.equals("healthy", h.sim.health_state)
+    assert.equals("degraded", h.spec_bytes_detail.health_state)
+    assert.equals("HTTP 502: " .. string.rep("x", 10) .. R .. R .. " caf" .. R .. " " .. R .. R,
+      h.spec_bytes_detail.detail.detail)
+    assert.equals("down", h.spec_bytes_raise.health_state)
+    assert.matches("^EXECUTOR_ERROR: health raised: [\195\169]+" .. R .. "%.%.%.$", h.spec_bytes_raise.last_error)
+  end)
+
   it("keeps state_changed_at while a state holds and marks a component that left unknown", function()
     tick("executor_health")
     local before = health()
