@@ -13,9 +13,11 @@
  *         canonical text again, and canon_json.storable never raises.
  *   odd   log: the text split at 0x1f into a message and field pairs, written
  *         by the JSON-lines logger (qtg_log_fields) to a memory file: the
- *         output is exactly one line, it decodes as one JSON object, and when
- *         it was not cut to the line limit its msg and fields read back equal
- *         to the input.  qtg_json_quote is also run into buffers of every
+ *         output is exactly one line of valid UTF-8, it decodes as one JSON
+ *         object, and when it was not cut to the line limit its msg and
+ *         fields read back equal to the input made valid UTF-8
+ *         (canon_json.text_repaired: U+FFFD for each byte that starts no
+ *         character).  qtg_json_quote is also run into buffers of every
  *         small size: it never writes past the capacity and always returns
  *         the full length.
  * The Lua state is plain LuaJIT with the packaged lua/ and Debian's cjson,
@@ -64,14 +66,16 @@ static const char fuzz_json_lua[] =
     "local function log_check(line, msg, fields, cut)\n"
     "  local n = select(2, line:gsub('\\n', ''))\n"
     "  if n ~= 1 or line:sub(-2) ~= '}\\n' then return 'not exactly one line ending in }' end\n"
+    "  if not canon.text_ok(line) then return 'not valid UTF-8: ' .. line:sub(1, 300) end\n"
     "  local ok, t = pcall(cjson.decode, line)\n"
     "  if not ok or type(t) ~= 'table' then return 'not one JSON object: ' .. tostring(t) .. ': ' .. line:sub(1, 300) end\n"
     "  if type(t.time) ~= 'string' or type(t.level) ~= 'string' or type(t.msg) ~= 'string' then\n"
     "    return 'time, level or msg missing'\n"
     "  end\n"
     "  if cut then return nil end\n"
-    "  local want = { msg = msg }  -- a repeated name: the last one wins\n"
-    "  for i = 1, #fields, 2 do want[fields[i]] = fields[i + 1] end\n"
+    "  local fix = canon.text_repaired\n"
+    "  local want = { msg = fix(msg) }  -- a repeated name: the last one wins\n"
+    "  for i = 1, #fields, 2 do want[fix(fields[i])] = fix(fields[i + 1]) end\n"
     "  for k, v in pairs(want) do\n"
     "    if k ~= 'time' and k ~= 'level' and t[k] ~= v then return 'field ' .. k .. ' changed' end\n"
     "  end\n"

@@ -78,7 +78,31 @@ void qtg_log_set_level(qtg_log_level level) { qtg_log_threshold = level; }
 qtg_log_level qtg_log_get_level(void) { return qtg_log_threshold; }
 const char *qtg_log_level_name(qtg_log_level level) { return qtg_log_names[level]; }
 
+/* The length of the valid UTF-8 sequence at s[i] (i < len, s[i] >= 0x80),
+ * or 0: no overlong form, no surrogate, nothing past U+10FFFF, none cut
+ * by the end of s (the rules of lua/qtg/canon_json.lua's text_ok). */
+static size_t qtg_utf8_len(const unsigned char *s, size_t i, size_t len) {
+  unsigned char c = s[i];
+  size_t n;
+  if (c >= 0xC2 && c <= 0xDF) n = 2;
+  else if (c >= 0xE0 && c <= 0xEF) n = 3;
+  else if (c >= 0xF0 && c <= 0xF4) n = 4;
+  else return 0;
+  if (len - i < n) return 0;
+  unsigned char c2 = s[i + 1];
+  if ((c == 0xE0 && c2 < 0xA0) || (c == 0xED && c2 > 0x9F) || (c == 0xF0 && c2 < 0x90) ||
+      (c == 0xF4 && c2 > 0x8F))
+    return 0;
+  for (size_t k = 1; k < n; k++)
+    if ((s[i + k] & 0xC0) != 0x80) return 0;
+  return n;
+}
+
+/* Control bytes are escaped, and each byte that starts no valid UTF-8
+ * sequence becomes U+FFFD: a log line is valid UTF-8 JSON whatever bytes a
+ * peer's text (a body excerpt, an error message) carried. */
 size_t qtg_json_quote(char *buf, size_t cap, const char *s, size_t len) {
+  const unsigned char *u = (const unsigned char *)s;
   size_t n = 0;
 #define PUT(c) do { if (n < cap) buf[n] = (c); n++; } while (0)
   PUT('"');
@@ -95,8 +119,16 @@ size_t qtg_json_quote(char *buf, size_t cap, const char *s, size_t len) {
         char esc[8];
         snprintf(esc, sizeof esc, "\\u%04x", c);
         for (int k = 0; esc[k]; k++) PUT(esc[k]);
-      } else {
+      } else if (c < 0x80) {
         PUT((char)c);
+      } else {
+        size_t m = qtg_utf8_len(u, i, len);
+        if (m == 0) {
+          PUT((char)0xEF); PUT((char)0xBF); PUT((char)0xBD);
+        } else {
+          for (size_t k = 0; k < m; k++) PUT((char)u[i + k]);
+          i += m - 1;
+        }
       }
     }
   }

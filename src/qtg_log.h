@@ -37,7 +37,8 @@ int qtg_log_get_repeat_window(void);
 void qtg_logf(qtg_log_level level, const char *key, const char *val, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
-/* Append s to buf as a JSON string (with quotes); returns bytes it needs. */
+/* Append s to buf as a JSON string (with quotes), valid UTF-8 (each byte
+ * that starts no valid sequence becomes U+FFFD); returns bytes it needs. */
 size_t qtg_json_quote(char *buf, size_t cap, const char *s, size_t len);
 
 #define qtg_log_info(...) qtg_logf(QTG_LOG_INFO, NULL, NULL, __VA_ARGS__)

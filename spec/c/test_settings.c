@@ -110,6 +110,15 @@ static void test_json_quote(qtg_test_counts *c) {
   /* too small a buffer reports the size it needs and never overflows */
   char tiny[4];
   CHECK(c, qtg_json_quote(tiny, sizeof tiny, in, sizeof in - 1) == n);
+  /* valid UTF-8 is kept; latin-1, 0xff, a character cut at the end, an
+   * overlong form and a surrogate each become U+FFFD, byte by byte */
+  const char bad[] = "caf\xc3\xa9 \xe2\x80\xa2 caf\xe9 \xff \xc0\xaf \xed\xa0\x80 \xe2\x80";
+  n = qtg_json_quote(buf, sizeof buf, bad, sizeof bad - 1);
+  CHECK(c, n < sizeof buf);
+  buf[n < sizeof buf ? n : sizeof buf - 1] = '\0';
+  CHECK_STR(c, buf, "\"caf\xc3\xa9 \xe2\x80\xa2 caf\xef\xbf\xbd \xef\xbf\xbd \xef\xbf\xbd\xef\xbf\xbd "
+                    "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd \xef\xbf\xbd\xef\xbf\xbd\"");
+  CHECK(c, qtg_json_quote(tiny, sizeof tiny, bad, sizeof bad - 1) == n);
 }
 
 int main(void) {
