@@ -126,6 +126,15 @@ describe("engine pipeline", function()
     -- allowed on the class, as after a settings change): FAILED, nothing
     -- sent by it.  The operator's retry must carry the key the lost call
     -- carried, so the provider deduplicates it, and not pay a second time.
+    -- a: a completed node whose submits all carried key; its provider took
+    -- the key twice and acted once, and no key is left to carry
+    local function acted_once(a, key)
+      assert.equal(qtg.db.NULL, a.carried_idempotency_key)
+      local rows = ledger(a.id)
+      assert.equal(1, #rows, "the provider acted twice")
+      assert.same({ key, 2 }, { rows[1].idempotency_key, rows[1].submit_count })
+    end
+
     it("a retry after a replay that ended before its submit carries the lost attempt's key", function()
       local t = one("spec_pl_carried_key", { observes = 0, side_effect = true })
       local req = sup.create_approved(s, t)
@@ -154,10 +163,7 @@ describe("engine pipeline", function()
       assert.is_true(sup.drive(s, sup.state_is(req.id, "COMPLETED"), 10))
       a = sup.nodes(s, req.id).a
       assert.same({ "COMPLETED", 3, lost_key }, { a.node_state, a.attempt_no, a.idempotency_key })
-      assert.equal(qtg.db.NULL, a.carried_idempotency_key)
-      local rows = ledger(a.id)
-      assert.equal(1, #rows, "the provider acted twice")
-      assert.same({ lost_key, 2 }, { rows[1].idempotency_key, rows[1].submit_count })
+      acted_once(a, lost_key)
       -- a retry after an attempt that reached the provider takes a new key
       assert.equal(context.idempotency_key(a.id, 4), context.key_of(a, 4))
     end)
@@ -184,10 +190,7 @@ describe("engine pipeline", function()
       assert.is_true(sup.drive(s, sup.state_is(req.id, "COMPLETED"), 20))
       a = sup.nodes(s, req.id).a
       assert.same({ "COMPLETED", 2, key }, { a.node_state, a.attempt_no, a.idempotency_key })
-      assert.equal(qtg.db.NULL, a.carried_idempotency_key)
-      local rows = ledger(a.id)
-      assert.equal(1, #rows, "the provider acted twice")
-      assert.same({ key, 2 }, { rows[1].idempotency_key, rows[1].submit_count })
+      acted_once(a, key)
       local retried = {}
       for _, r in ipairs(sup.audit(s, req.id)) do
         if r.action == "node.retry" then retried[#retried + 1] = r end
