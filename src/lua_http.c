@@ -49,45 +49,57 @@ static void qtg_lua_http_push_error(lua_State *L, const char *kind,
 }
 
 /* {status=, headers=, body=}; repeated header names are joined with ", "
- * (RFC 9110 5.3), in the order received.  The values of each name are
- * gathered in a list first and joined once, so the work is linear in the
- * headers' bytes: joining as each repeat arrives copied the whole value so
- * far every time, and a response of many repeats held the loop. */
+ * (RFC 9110 5.3), in the order received.  A name's first value goes
+ * straight into the table; the values of a name that repeats are gathered
+ * in a list (made only then) and joined once at the end, so the work is
+ * linear in the headers' bytes: joining as each repeat arrived copied the
+ * whole value so far every time, and a response of many repeats held the
+ * loop. */
 static void qtg_lua_http_push_headers(lua_State *L,
                                       const qtg_http_response *res) {
-  int lists, headers;
+  int headers, lists = 0;
   lua_createtable(L, 0, (int)res->nheaders);
-  lists = lua_gettop(L);
+  headers = lua_gettop(L);
   for (size_t i = 0; i < res->nheaders; i++) {
-    lua_getfield(L, lists, res->headers[i].name);
+    const char *name = res->headers[i].name;
+    lua_getfield(L, headers, name);
     if (lua_isnil(L, -1)) {
       lua_pop(L, 1);
-      lua_createtable(L, 1, 0);
+      lua_pushstring(L, res->headers[i].value);
+      lua_setfield(L, headers, name);
+      continue;
+    }
+    if (lists == 0) {                     /* the first repeat */
+      lua_newtable(L);
+      lua_insert(L, -2);                  /* lists below the first value */
+      lists = lua_gettop(L) - 1;
+    }
+    lua_getfield(L, lists, name);         /* first value, list or nil */
+    if (lua_isnil(L, -1)) {
+      lua_pop(L, 1);
+      lua_createtable(L, 4, 0);
+      lua_pushvalue(L, -2);
+      lua_rawseti(L, -2, 1);
       lua_pushvalue(L, -1);
-      lua_setfield(L, lists, res->headers[i].name);
+      lua_setfield(L, lists, name);
     }
     lua_pushstring(L, res->headers[i].value);
     lua_rawseti(L, -2, (int)lua_objlen(L, -2) + 1);
-    lua_pop(L, 1);
+    lua_pop(L, 2);                        /* the list and the first value */
   }
-  lua_createtable(L, 0, (int)res->nheaders);
-  headers = lua_gettop(L);
+  if (lists == 0) return;
   lua_pushnil(L);
   while (lua_next(L, lists) != 0) {       /* name, list */
     int list = lua_gettop(L);
     int n = (int)lua_objlen(L, list);
-    if (n == 1) {
-      lua_rawgeti(L, list, 1);
-    } else {
-      luaL_Buffer b;                      /* may use the stack above list */
-      luaL_buffinit(L, &b);
-      for (int k = 1; k <= n; k++) {
-        if (k > 1) luaL_addlstring(&b, ", ", 2);
-        lua_rawgeti(L, list, k);
-        luaL_addvalue(&b);
-      }
-      luaL_pushresult(&b);
-    }                                     /* name, list, value */
+    luaL_Buffer b;                        /* may use the stack above list */
+    luaL_buffinit(L, &b);
+    for (int k = 1; k <= n; k++) {
+      if (k > 1) luaL_addlstring(&b, ", ", 2);
+      lua_rawgeti(L, list, k);
+      luaL_addvalue(&b);
+    }
+    luaL_pushresult(&b);                  /* name, list, value */
     lua_pushvalue(L, list - 1);
     lua_insert(L, -2);                    /* name, list, name, value */
     lua_rawset(L, headers);

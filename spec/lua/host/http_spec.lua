@@ -40,6 +40,13 @@ describe("qtg.http.request's headers", function()
     assert.equals("{}", resp.body)
   end)
 
+  it("joins each repeated name's values apart when names take turns", function()
+    local h = receiver("turns", { "--header-lines", "7", "--header-name", "X-Rep,X-Other,X-Rep,Set-Cookie" })
+    local resp = assert(post(h))
+    assert.same({ "v1, v3, v5, v7", "v2, v6", "v4" },
+      { resp.headers["x-rep"], resp.headers["x-other"], resp.headers["set-cookie"] })
+  end)
+
   it("refuses a response of more than 256 header lines as a bad response", function()
     local h = receiver("too-many", { "--header-lines", "255" })
     local resp, err = post(h)
