@@ -76,12 +76,19 @@ typedef struct qtg_api_conn qtg_api_conn;
  * or is answered). */
 enum { QTG_OWES_NOTHING = 0, QTG_OWES_HEADERS, QTG_OWES_BODY };
 
-/* A connection (MHD_OPTION_NOTIFY_CONNECTION's socket context). */
+/* A connection (MHD_OPTION_NOTIFY_CONNECTION's socket context).
+ * `unseen`: the record qtg_api_uri made for its current request while the
+ * access handler has not seen it.  libmicrohttpd reports a request's
+ * completion only once the handler has seen it, so a request it gives up
+ * on before that (a request line and headers larger than its memory pool)
+ * would leave the record with nobody to free it: the connection frees it
+ * at its next request line or when it closes. */
 struct qtg_api_conn {
   qtg_api_listener *l;
   struct MHD_Connection *conn;
   double since;
   int owes, cut;
+  qtg_api_req *unseen;
   qtg_api_conn *prev, *next;
 };
 
@@ -133,6 +140,7 @@ struct qtg_api {
   double request_timeout, header_timeout, body_timeout;
   unsigned max_connections, max_per_ip, idle_timeout;
   uint64_t served, refused_too_large, timed_out, cut_slow;
+  size_t records;               /* request records alive (stats(): a leak shows) */
 };
 
 static void qtg_api_schedule(qtg_api_listener *l);
@@ -148,8 +156,20 @@ static void qtg_api_req_free_answer(qtg_api_req *r) {
   r->answer = NULL;
 }
 
+/* A new request record (one reference: MHD's), counted while it lives. */
+static qtg_api_req *qtg_api_req_new(qtg_api_listener *l, struct MHD_Connection *conn) {
+  qtg_api_req *r = calloc(1, sizeof *r);
+  if (!r) return NULL;
+  r->l = l;
+  r->conn = conn;
+  r->refs = 1;
+  l->api->records++;
+  return r;
+}
+
 static void qtg_api_req_unref(qtg_api_req *r) {
   if (--r->refs > 0) return;
+  r->l->api->records--;
   qtg_api_req_free_answer(r);
   free(r->raw_path);
   free(r->body);
@@ -398,6 +418,7 @@ static void qtg_api_connection(void *cls, struct MHD_Connection *conn, void **so
     api->conns = c;
     *socket_context = c;
   } else if (toe == MHD_CONNECTION_NOTIFY_CLOSED && c) {
+    if (c->unseen) qtg_api_req_unref(c->unseen);
     if (c->prev) c->prev->next = c->next;
     else if (api->conns == c) api->conns = c->next;
     if (c->next) c->next->prev = c->prev;
@@ -414,20 +435,23 @@ static void qtg_api_connection(void *cls, struct MHD_Connection *conn, void **so
  * handler makes a record without a raw path and answers 503. */
 static void *qtg_api_uri(void *cls, const char *uri, struct MHD_Connection *conn) {
   qtg_api_listener *l = cls;
-  qtg_api_req *r = calloc(1, sizeof *r);
+  qtg_api_conn *c = qtg_api_conn_of(conn);
+  if (c && c->unseen) {         /* the last request was given up unseen */
+    qtg_api_req_unref(c->unseen);
+    c->unseen = NULL;
+  }
+  qtg_api_req *r = qtg_api_req_new(l, conn);
   if (!r) return NULL;
-  r->l = l;
-  r->conn = conn;
-  r->refs = 1;
   if (!uri) uri = "";
   size_t n = strcspn(uri, "?");
   r->raw_path = malloc(n + 1);
   if (!r->raw_path) {
-    free(r);
+    qtg_api_req_unref(r);
     return NULL;
   }
   memcpy(r->raw_path, uri, n);
   r->raw_path[n] = 0;
+  if (c) c->unseen = r;
   return r;
 }
 
@@ -539,17 +563,15 @@ static enum MHD_Result qtg_api_access(void *cls, struct MHD_Connection *conn, co
   struct qtg_api *api = l->api;
   qtg_api_req *r = *con_cls;
   if (!r) {
-    r = calloc(1, sizeof *r);
+    r = qtg_api_req_new(l, conn);
     if (!r) return MHD_NO;
-    r->l = l;
-    r->conn = conn;
-    r->refs = 1;
     *con_cls = r;
   }
   if (!r->started) {
     r->started = 1;
     r->conn = conn;
     qtg_api_conn *c = qtg_api_conn_of(conn);
+    if (c && c->unseen == r) c->unseen = NULL;   /* its completion frees it now */
     if (c) {                    /* the headers are in; the body is owed from now */
       c->owes = QTG_OWES_BODY;
       c->since = qtg_api_now(api);
@@ -640,6 +662,7 @@ static void qtg_api_completed(void *cls, struct MHD_Connection *conn, void **con
   if (c) {                      /* the next request's headers are owed from now */
     c->owes = QTG_OWES_HEADERS;
     c->since = qtg_api_now(l->api);
+    if (r && c->unseen == r) c->unseen = NULL;
   }
   if (!r) return;
   *con_cls = NULL;
@@ -1048,12 +1071,20 @@ static int qtg_api_lua_addresses(lua_State *L) {
   return 1;
 }
 
-/* stats() -> {listeners=, running=, served=, refused_too_large=, timed_out=, cut_slow=} */
+/* stats() -> {listeners=, running=, served=, refused_too_large=, timed_out=,
+ * cut_slow=, connections=, records=}: records counts the request records
+ * alive (running, being answered, or made for a request line whose headers
+ * are still coming), connections the open connections. */
 static int qtg_api_lua_stats(lua_State *L) {
   struct qtg_api *api = qtg_api_check(L);
-  int running = 0;
+  int running = 0, connections = 0;
   for (qtg_api_req *r = api->running; r; r = r->next) running++;
-  lua_createtable(L, 0, 6);
+  for (qtg_api_conn *c = api->conns; c; c = c->next) connections++;
+  lua_createtable(L, 0, 8);
+  lua_pushinteger(L, connections);
+  lua_setfield(L, -2, "connections");
+  lua_pushnumber(L, (lua_Number)api->records);
+  lua_setfield(L, -2, "records");
   lua_pushinteger(L, api->nlisteners);
   lua_setfield(L, -2, "listeners");
   lua_pushinteger(L, running);

@@ -139,6 +139,14 @@ function M.render(s)
   family(out, "qtg_db_oldest_statement_seconds", "gauge",
     "how long this process's oldest statement in flight has run (0: none, or MG_DB_SLOW_WARN_SECONDS=0)",
     { { value = db.oldest_seconds } }, {})
+  -- this process's API connections and request records (a record that
+  -- outlived its connection would show as a count that only grows)
+  local api = qtg.api_server.stats()
+  family(out, "qtg_api_connections_open", "gauge", "connections open to this process's API",
+    { { value = api.connections } }, {})
+  family(out, "qtg_api_request_records", "gauge",
+    "request records this process's API holds: requests running or being answered, and request lines whose "
+      .. "headers are still coming", { { value = api.records } }, {})
   -- HTTP, signer decisions, approve -> SUBMITTED (qtg.metrics)
   counters.render(out)
   return table.concat(out, "\n") .. "\n"
