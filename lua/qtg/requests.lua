@@ -231,6 +231,11 @@ local function check_create_args(args)
   if type(args.template_key) ~= "string" or args.template_key == "" then
     refuse("invalid_input", "template_key is required")
   end
+  -- a key no template can have is refused as such, not echoed back in a
+  -- "not loaded" (a client's megabyte stored with its idempotency key)
+  if not templates.is_key(args.template_key) then
+    refuse("invalid_input", "template_key must be a template's key ([a-z][a-z0-9_]*, at most 63 characters)")
+  end
   if type(args.idempotency_key) ~= "string" or args.idempotency_key == ""
       or #args.idempotency_key > M.MAX_IDEMPOTENCY_KEY then
     refuse("invalid_input", "idempotency_key is required (1 to %d characters)", M.MAX_IDEMPOTENCY_KEY)

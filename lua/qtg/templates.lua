@@ -141,12 +141,17 @@ local function check_unknown_fields(t, allowed, where, add)
   end
 end
 
+-- is_key(v): v is a key as templates and their nodes name them.
+function M.is_key(v)
+  return type(v) == "string" and #v <= MAX_KEY and v:match(KEY_PATTERN) ~= nil
+end
+
 local function check_key(v, what, where, add)
   if type(v) ~= "string" then
     add(where, "missing field %q (a string)", what)
     return false
   end
-  if not v:match(KEY_PATTERN) or #v > MAX_KEY then
+  if not M.is_key(v) then
     add(where, "%s %q must match [a-z][a-z0-9_]* (at most %d characters)", what, v, MAX_KEY)
     return false
   end

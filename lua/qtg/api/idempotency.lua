@@ -18,6 +18,12 @@
 -- since the first may have committed.  A 5xx answer is not stored: the key is freed for a retry.
 -- Refusals before the route runs (authentication, role, rate limit,
 -- ownership, a malformed body) are not stored either: nothing was done.
+-- A key is kept MG_API_IDEMPOTENCY_RETENTION_SECONDS (a day) from its
+-- first request: each answer stored deletes up to PURGE_BATCH keys older
+-- than that, of any client, so the table holds about a day of keys
+-- however many a client sends.  A repeat after that runs again: a create
+-- finds its request by the request's own key, an action is refused by the
+-- state it left.
 local qtg = require "qtg"
 local canon = require "qtg.canon_json"
 local problem = require "qtg.api.problem"
@@ -36,6 +42,26 @@ ON CONFLICT (client, network_class, idempotency_key) DO UPDATE
    AND api_idempotency_keys.created_at < clock_timestamp() - $6::float8 * interval '1 second'
    AND api_idempotency_keys.request_hash = EXCLUDED.request_hash
 RETURNING client]]
+
+M.PURGE_BATCH = 16
+
+-- $1 retention seconds, $2 batch: the oldest keys past the retention, by
+-- the created_at index.
+M.PURGE_SQL = [[
+DELETE FROM api_idempotency_keys
+ WHERE ctid = ANY (ARRAY(SELECT ctid FROM api_idempotency_keys
+                          WHERE created_at < clock_timestamp() - $1::float8 * interval '1 second'
+                          ORDER BY created_at LIMIT $2))]]
+
+-- purge(s): one batch of keys past the retention deleted; a failure is
+-- logged, never the answer's.
+function M.purge(s)
+  if s:in_transaction() then return end
+  local ok, err = pcall(s.query, s, M.PURGE_SQL, qtg.settings.api_idempotency_retention_seconds, M.PURGE_BATCH)
+  if not ok then
+    qtg.log.warn("idempotency keys past their retention not deleted", { error = canon.excerpt(err, 300) })
+  end
+end
 
 function M.request_hash(method, path, body)
   return qtg.crypto.sha256_hex(method .. " " .. path .. "\n" .. (body and canon.encode(body) or ""))
@@ -113,6 +139,7 @@ function M.finish(s, claim, call)
              completed_at = clock_timestamp()
        WHERE client = $1 AND network_class = $2 AND idempotency_key = $3]], claim.client, claim.class, claim.key,
       status, text, headers["Content-Type"] or "application/json", headers.Location)
+    M.purge(s)
   end
   return status, headers, text
 end

@@ -12,6 +12,9 @@ local errors = require "qtg.errors"
 
 local M = {}
 
+-- The longest detail a problem document carries (bytes; "..." marks a cut).
+M.MAX_DETAIL = 2048
+
 -- kind -> status, title
 M.KINDS = {
   bad_request            = { 400, "Bad Request" },
@@ -55,8 +58,10 @@ function M.document(e)
   local doc = { type = "urn:qtg:problem:" .. (M.KINDS[e.kind] and e.kind or "internal"),
                 title = def[2], status = def[1], kind = M.KINDS[e.kind] and e.kind or "internal",
                 -- a detail may repeat what the client sent (a path, a
-                -- header): the body stays valid UTF-8 whatever it was
-                detail = canon.text_repaired(tostring(e.public_message or e.message or def[2])) }
+                -- header): the body stays valid UTF-8 whatever it was, and
+                -- at most MAX_DETAIL bytes (it is stored with an
+                -- idempotency key)
+                detail = canon.excerpt(e.public_message or e.message or def[2], M.MAX_DETAIL) }
   for k, v in pairs(e) do
     if not RESERVED[k] and doc[k] == nil and type(k) == "string" then doc[k] = v end
   end

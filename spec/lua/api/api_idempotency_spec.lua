@@ -109,6 +109,48 @@ describe("HTTP API Idempotency-Key", function()
     assert.equal(first.json.id, same.json.id)
   end)
 
+  -- A key's stored answer used to be kept for good, and a create naming a
+  -- template by a megabyte of text stored that megabyte back in its "not
+  -- loaded": a client of scope own filled the table at its rate limit (a
+  -- review, session 42).
+  it("keeps a key's answer a day, deleting older ones as answers are stored, and stores no client's megabyte", function()
+    local old = common.uid("o", 4)
+    local first = create(d1, old)
+    assert.equal(201, first.status, first.body)
+    rows([[UPDATE api_idempotency_keys SET created_at = now() - interval '25 hours'
+            WHERE client = $1 AND idempotency_key = $2]], operator_name, old)
+    local kept = common.uid("k", 4)
+    assert.equal(201, create(d1, kept).status)
+    assert.same({}, rows("SELECT 1 FROM api_idempotency_keys WHERE client = $1 AND idempotency_key = $2",
+      operator_name, old))
+    assert.equal(1, #rows("SELECT 1 FROM api_idempotency_keys WHERE client = $1 AND idempotency_key = $2",
+      operator_name, kept))
+    -- the repeat of a create past the retention finds its request
+    local again = create(d1, old)
+    assert.equal(200, again.status, again.body)
+    assert.equal(first.json.id, again.json.id)
+    -- a template key no template can have: refused as such, not echoed
+    for _, bad in ipairs({ string.rep("t", 200000), "Otc", "otc-settlement", "1otc", "otc\0x" }) do
+      local key = common.uid("b", 4)
+      local r = api.call(d1, "POST", "/v3/requests", { token = operator, key = key,
+        json = { template_key = bad, intent = api.OTC_INTENT } })
+      -- (a NUL is refused with the body, before the route: 400)
+      assert.truthy((r.status == 422 and r.json.kind == "invalid_input")
+        or (r.status == 400 and r.json.kind == "bad_request"), r.body:sub(1, 300))
+      assert.truthy(#r.body < 1000, "the answer repeats the key: " .. #r.body .. " bytes")
+      local stored = rows([[SELECT length(response_body) AS n FROM api_idempotency_keys
+                             WHERE client = $1 AND idempotency_key = $2]], operator_name, key)[1]
+      assert.truthy(stored == nil or stored.n < 1000, "stored " .. tostring(stored and stored.n) .. " bytes")
+    end
+    -- any detail is cut at problem.MAX_DETAIL bytes, and stays UTF-8
+    local problem = require "qtg.api.problem"
+    local _, doc = problem.document({ kind = "not_found", message = "x" .. string.rep("\195\169", 5000) })
+    -- "x" and 1,023 whole characters (2,047 bytes), U+FFFD for the one the
+    -- cut split, and "..."
+    assert.equal(problem.MAX_DETAIL - 1 + 3 + 3, #doc.detail)
+    assert.equal("\239\191\189...", doc.detail:sub(-6))
+  end)
+
   -- The row a first try that died leaves (no status, past its take-over
   -- time) is taken over by a repeat of that request only: another path or
   -- body under the key ran in its place, although the first may have
