@@ -163,10 +163,13 @@ local function authorize(s, route, req)
 end
 
 -- The checks every route passes on session s, in order: the token, its
--- role, its rate, ownership, the body.  Returns the handler's ctx.
+-- role, its rate, the query, ownership, the body.  The query is checked
+-- after the token: its refusal names the route's parameters, which only a
+-- client the API serves may read.  Returns the handler's ctx.
 local function admit(s, route, params, query, req)
   local principal = authorize(s, route, req)
   rate_limit(principal)
+  check_query(route, query, req.query_repeated)
   ownership.check(s, route, params, principal)
   local body = parse_body(route, req)
   return { s = s, principal = principal, params = params, query = query, body = body,
@@ -215,8 +218,8 @@ end
 
 local function run_route(route, params, req)
   local query = req.query or {}
-  check_query(route, query, req.query_repeated)
   if route.public then
+    check_query(route, query, req.query_repeated)
     local status, doc, headers = route.handler({ params = params, query = query, req = req })
     return encode(status, doc, headers)
   end

@@ -256,6 +256,13 @@ describe("HTTP API hardening", function()
       local r = api.call(d, "GET", path, { token = path:match("^/v3/approvals") and approver or reader })
       expect_problem(400, "bad_request", r, path)
     end
+    -- without a token, a bad or unknown parameter is 401 like any other
+    -- request: its 400 names the route's parameters (a review, session 42)
+    for _, path in ipairs({ cases[1], "/v3/requests?x=1", "/v3/callbacks?cursor=1&cursor=2" }) do
+      local r = api.call(d, "GET", path, {})
+      expect_problem(401, "unauthorized", r, path)
+      assert.falsy(r.body:find("template_key", 1, true) or r.body:find("takes", 1, true), r.body)
+    end
     local id = api.call(d, "POST", "/v3/requests", { token = operator, key = common.uid("k", 4),
       json = { template_key = "otc_settlement_manual", intent = api.OTC_INTENT } }).json.id
     for _, c in ipairs({ "99999999999999999999999", "0x10", "1.5", "" }) do
