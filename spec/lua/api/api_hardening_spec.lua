@@ -60,22 +60,32 @@ def read_all(s):
     return got
 ]]
 
+-- python_against(d, script[, input]) -> rc, output of a python3 script
+-- run with the daemon's host and port as its arguments (input: its stdin)
+local function python_against(daemon, script, input)
+  local dir = host.tmpdir()
+  host.write(dir .. "/client.py", script)
+  local words = { "python3", common.quote(dir .. "/client.py") }
+  words[3], words[4] = daemon.address:match("^(.-):(%d+)$")
+  if input then
+    host.write(dir .. "/in", input)
+    words[5], words[6] = "<", common.quote(dir .. "/in")
+  end
+  local rc, out = host.run({}, words)
+  os.execute("rm -rf " .. common.quote(dir))
+  return rc, out
+end
+
 -- raw(d, bytes) -> everything the daemon sent back until it closed the
 -- connection (or 5 s passed: then "...TIMEOUT" is appended)
 local function raw(daemon, bytes)
-  local script = PY_READ_ALL .. [[
+  local rc, out = python_against(daemon, PY_READ_ALL .. [[
 host, port = sys.argv[1], int(sys.argv[2])
 data = sys.stdin.buffer.read()
 s = socket.create_connection((host, port), timeout=5)
 s.sendall(data)
 sys.stdout.write(read_all(s).decode("latin-1"))
-]]
-  local dir = host.tmpdir()
-  host.write(dir .. "/raw.py", script)
-  host.write(dir .. "/in", bytes)
-  local h, port = daemon.address:match("^(.-):(%d+)$")
-  local rc, out = host.run({}, { "python3", common.quote(dir .. "/raw.py"), h, port, "<", common.quote(dir .. "/in") })
-  os.execute("rm -rf " .. common.quote(dir))
+]], bytes)
   assert.equal(0, rc, out)
   return out
 end
@@ -507,11 +517,7 @@ print("early:%d" % (early[0] if early else -1))
 print("late:%d" % len(open_))
 print("served:%s" % served)
 ]]
-    local dir = host.tmpdir()
-    host.write(dir .. "/slow.py", script)
-    local h, port = d3.address:match("^(.-):(%d+)$")
-    local rc, out = host.run({}, { "python3", common.quote(dir .. "/slow.py"), h, port })
-    os.execute("rm -rf " .. common.quote(dir))
+    local rc, out = python_against(d3, script)
     assert.equal(0, rc, out)
     -- while trickling: no more than the per-address share held
     local early = tonumber(out:match("early:(%-?%d+)"))
@@ -572,11 +578,7 @@ for i in range(20):
                     b"Connection: close\r\n\r\n{}", True))
 print("half_closed:" + ",".join(sorted(answers)))
 ]]
-    local dir = host.tmpdir()
-    host.write(dir .. "/halfsent.py", script)
-    local h, port = d4.address:match("^(.-):(%d+)$")
-    local rc, out = host.run({}, { "python3", common.quote(dir .. "/halfsent.py"), h, port })
-    os.execute("rm -rf " .. common.quote(dir))
+    local rc, out = python_against(d4, script)
     api.stop(d4)
     assert.equal(0, rc, out)
     for i = 0, 2 do assert.truthy(out:find("round" .. i .. ":served", 1, true), out) end
@@ -603,11 +605,7 @@ for i in range(20):
     s.close()
 print("sent")
 ]]
-    local dir = host.tmpdir()
-    host.write(dir .. "/overflow.py", script)
-    local h, port = d5.address:match("^(.-):(%d+)$")
-    local rc, out = host.run({}, { "python3", common.quote(dir .. "/overflow.py"), h, port })
-    os.execute("rm -rf " .. common.quote(dir))
+    local rc, out = python_against(d5, script)
     assert.equal(0, rc, out)
     local token = api.token("read")
     local function gauge(text, name) return tonumber(text:match("\n" .. name .. " (%d+)")) end
@@ -650,11 +648,7 @@ while time.monotonic() - start < 6.0 and closed is None:
     time.sleep(0.2)
 print("closed_after:%s" % ("never" if closed is None else "%.1f" % closed))
 ]]
-    local dir = host.tmpdir()
-    host.write(dir .. "/slowbody.py", script)
-    local h, port = d3.address:match("^(.-):(%d+)$")
-    local rc, out = host.run({}, { "python3", common.quote(dir .. "/slowbody.py"), h, port })
-    os.execute("rm -rf " .. common.quote(dir))
+    local rc, out = python_against(d3, script)
     assert.equal(0, rc, out)
     local after = tonumber(out:match("closed_after:([%d.]+)"))
     assert.truthy(after and after >= 1.2 and after < 4.0, out)
