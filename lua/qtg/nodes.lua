@@ -130,6 +130,7 @@ local NODE_SET = {
   carried_idempotency_key = { "carried_idempotency_key = $%d" },
   side_effect = { "side_effect = $%d::boolean" },
   observe_count = { "observe_count = $%d::int" },
+  unknown_observations = { "unknown_observations = $%d::int" },
   next_observe_in = { "next_observe_at = clock_timestamp() + $%d::float8 * interval '1 second'" },
   error_code = { "error_code = $%d" },
   error_detail = { "error_detail = $%d" },

@@ -40,6 +40,21 @@ function M.delay(action_type, retry_after_seconds)
   return math.max(d, M.floor())
 end
 
+-- after_unknowns(action_type, n) -> the least seconds until a node that
+-- recovery found in flight is observed again, after its last n
+-- observations in a row ended UNKNOWN (sql/0212).  One such observation is
+-- a passing fault: 0 (the recover answer's hint stands).  From the second
+-- the action's interval, doubled for each one past the second, clamped to
+-- MAX_BACKOFF_SECONDS (10, 20, 40 ... 600 s for an action of the default
+-- interval): an observe() that fails every time then costs a few writes an
+-- hour, not two a minute.
+function M.after_unknowns(action_type, n)
+  n = tonumber(n) or 0
+  if n < 2 then return 0 end
+  local d = math.min(M.default_for(action_type) * 2 ^ math.min(n - 2, 30), M.MAX_BACKOFF_SECONDS)
+  return math.max(d, M.floor())
+end
+
 -- floor() -> MG_NODE_OBSERVE_MIN_INTERVAL_SECONDS (0 when unset).
 function M.floor()
   local ok, settings = pcall(function() return require("qtg").settings end)

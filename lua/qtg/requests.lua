@@ -744,7 +744,7 @@ function M.retry(s, node_id, actor)
     local previous = { error_code = node.error_code, error_detail = node.error_detail,
                        node_state = node.node_state, attempt_no = node.attempt_no }
     local fields = { node_state = "READY", error_code = NULL, error_detail = NULL,
-                     next_observe_in = NULL, clear_finished = true }
+                     next_observe_in = NULL, clear_finished = true, unknown_observations = 0 }
     -- An UNKNOWN node's last submit may have acted: the next attempt
     -- carries that submit's key, so the provider answers what it did under
     -- it (or acts now, when it never saw it) instead of acting again.

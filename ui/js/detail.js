@@ -9,6 +9,13 @@ import { requestActions, nodeActions, run, stopping } from './actions.js';
 
 const TERMINAL = ['COMPLETED', 'REJECTED', 'CANCELLED', 'EXPIRED'];
 const IN_FLIGHT = ['SUBMITTING', 'SUBMITTED', 'OBSERVING'];
+
+// unknownRun(n) -> a clause naming a run of observations that ended UNKNOWN
+// (the executor's observe() fails while recovery finds the node in flight).
+function unknownRun(n) {
+  const k = n.unknown_observations || 0;
+  return k > 0 ? `; its last ${k} observation${k === 1 ? '' : 's'} in a row ended UNKNOWN` : '';
+}
 const REFRESH_MS = 4000;
 
 // whyWaiting(req, workers) -> lines saying what the request waits for.
@@ -52,10 +59,13 @@ export function whyWaiting(req, workers) {
       lines.push(`Node ${n.node_key} is ready; the next dispatcher pass submits it.`);
     } else if (IN_FLIGHT.includes(n.node_state)) {
       lines.push(`Node ${n.node_key} is ${n.node_state}${n.next_observe_at
-        ? `; next observation ${when(n.next_observe_at)} (observed ${n.observe_count} times)` : ''}.`);
+        ? `; next observation ${when(n.next_observe_at)} (observed ${n.observe_count} times)` : ''}`
+        + `${unknownRun(n)}.`);
     } else if (n.node_state === 'UNKNOWN') {
       lines.push(`Node ${n.node_key}: outcome unknown${n.error_code ? ` (${n.error_code})` : ''}`
-        + `${n.next_observe_at ? `; checked again ${when(n.next_observe_at)}` : '; needs a retry or resolution'}.`);
+        + `${n.state_since ? ` since ${when(n.state_since)}` : ''}`
+        + `${n.next_observe_at ? `; checked again ${when(n.next_observe_at)}` : '; needs a retry or resolution'}`
+        + `${unknownRun(n)}.`);
     } else if (n.node_state === 'FAILED') {
       lines.push(`Node ${n.node_key} failed after attempt ${n.attempt_no}: ${n.error_code || ''} ${n.error_detail || ''}`
         + `${n.next_observe_at ? `; backoff until ${when(n.next_observe_at)}` : ''}.`);

@@ -14,6 +14,10 @@ local M = {}
 
 M.CACHE_SECONDS = 2
 
+-- qtg_nodes_repeatedly_unknown counts the nodes at this many observations
+-- in a row that ended UNKNOWN (sql/0212) or more.
+M.REPEATEDLY_UNKNOWN = 3
+
 local counters = require "qtg.metrics"
 
 function M.observe_http(route, method, status, seconds)
@@ -50,12 +54,19 @@ local GAUGES = {
       SELECT n.node_state AS state, n.action_type, count(*) AS value
         FROM movement_request_nodes n JOIN movement_requests r ON r.id = n.request_id
        WHERE r.network_class = $1 GROUP BY 1, 2 ORDER BY 1, 2]] },
-  { name = "qtg_node_oldest_age_seconds", help = "age of the oldest node in each non-terminal state (since its last change)",
+  { name = "qtg_node_oldest_age_seconds", help = "how long the oldest node in each non-terminal state has been in it",
     labels = { "state" }, sql = [[
-      SELECT n.node_state AS state, extract(epoch FROM now() - min(n.updated_at))::float8 AS value
+      SELECT n.node_state AS state, extract(epoch FROM now() - min(coalesce(n.state_since, n.updated_at)))::float8 AS value
         FROM movement_request_nodes n JOIN movement_requests r ON r.id = n.request_id
         JOIN node_states s ON s.state = n.node_state
        WHERE r.network_class = $1 AND NOT s.terminal GROUP BY 1 ORDER BY 1]] },
+  { name = "qtg_nodes_repeatedly_unknown",
+    help = "nodes in flight whose last " .. M.REPEATEDLY_UNKNOWN .. " or more observations in a row ended UNKNOWN",
+    labels = {}, sql = [[
+      SELECT count(*) AS value
+        FROM movement_request_nodes n JOIN movement_requests r ON r.id = n.request_id
+       WHERE r.network_class = $1 AND n.unknown_observations >= ]] .. M.REPEATEDLY_UNKNOWN .. [[
+         AND n.node_state IN ('SUBMITTED', 'OBSERVING', 'UNKNOWN')]] },
   { name = "qtg_requests", help = "requests by state", labels = { "state" }, sql = [[
       SELECT request_state AS state, count(*) AS value FROM movement_requests
        WHERE network_class = $1 GROUP BY 1 ORDER BY 1]] },
@@ -80,6 +91,8 @@ local GAUGES = {
               FROM audit_outbox o WHERE NOT EXISTS (SELECT 1 FROM audit_events e WHERE e.outbox_id = o.id)
               AND $1::text IS NOT NULL]] },
 }
+
+M.GAUGES = GAUGES
 
 local cache -- {at=, lines=}
 

@@ -164,7 +164,7 @@ local REQUEST_FIELDS = { "id", "template_key", "request_state", "network_class",
   "approval_digest" }
 local NODE_FIELDS = { "id", "node_key", "node_kind", "action_type", "executor", "node_state", "attempt_no",
   "observe_count", "provider_refs", "error_code", "error_detail", "started_at", "finished_at",
-  "next_observe_at", "updated_at", "side_effect" }
+  "next_observe_at", "updated_at", "side_effect", "state_since", "unknown_observations" }
 
 local function pick(row, fields)
   local out = {}

@@ -151,6 +151,17 @@ M.STOP_OBSERVATION = "observation"
 M.STOPPED_LINE = "an observation was stopped by the busy guard outside the executor's call: "
   .. "its node is left as it is by this process until a reload"
 
+-- unknown_observations(node, answer) -> the node's count of observations in
+-- a row that ended UNKNOWN after this one (sql/0212): one more when the
+-- observation ends UNKNOWN (no answer: a raise, garbage, no executor; or
+-- an UNKNOWN status), 0 after any other answer.
+function M.unknown_observations(node, answer)
+  if answer == nil or answer.status == "UNKNOWN" then
+    return (tonumber(node.unknown_observations) or 0) + 1
+  end
+  return 0
+end
+
 local function observe_node(s, g, node, row, commit)
   local over, limit = timed_out(row)
   if over then
@@ -161,10 +172,12 @@ local function observe_node(s, g, node, row, commit)
   local fields = { observe_count = node.observe_count + 1 }
   local adapter, why = executors.get(node.executor)
   if not adapter then
+    fields.unknown_observations = M.unknown_observations(node, nil)
     return nodes_db.apply_answer(s, g, node, M.ACTOR, "observe", fields, nil,
       executors.error(executors.NOT_REGISTERED, why), nil, commit)
   end
   local answer, err = executors.call(adapter, "observe", context.observe_context(g.request, node))
+  fields.unknown_observations = M.unknown_observations(node, answer)
   return nodes_db.apply_answer(s, g, node, M.ACTOR, "observe", fields, answer, err, nil, commit)
 end
 

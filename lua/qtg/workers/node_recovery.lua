@@ -18,11 +18,15 @@
 -- the next pass).  A node recovery finds in flight (SUBMITTED) is observed
 -- no sooner than the observe floor (MG_NODE_OBSERVE_MIN_INTERVAL_SECONDS).
 --
--- recover() answers SUBMITTED (observed again at once), COMPLETED (the DAG
--- advances), FAILED, or UNKNOWN (still unknown: an UNKNOWN node stays, a
--- SUBMITTING one becomes UNKNOWN).  A raise or malformed answer leaves the
--- node where it is with EXECUTOR_ERROR / EXECUTOR_BAD_RESPONSE recorded
--- (updated_at moves, so the arm's other nodes come first next time).
+-- recover() answers SUBMITTED (observed again at once; after two or more
+-- observations in a row that ended UNKNOWN, later by their count:
+-- observe_intervals.after_unknowns),
+-- COMPLETED (the DAG advances), FAILED, or UNKNOWN (still unknown: an
+-- UNKNOWN node stays, a SUBMITTING one becomes UNKNOWN).  A raise or
+-- malformed answer leaves the node where it is with EXECUTOR_ERROR /
+-- EXECUTOR_BAD_RESPONSE recorded (updated_at moves, so the arm's other
+-- nodes come first next time; state_since does not, so the node's age in
+-- its state, which /metrics reports, keeps growing).
 --
 -- The busy guard (qtg.busy_stops): a node whose observe() it stopped at
 -- this attempt is not observed again by this process (qtg.executors answers
@@ -37,10 +41,13 @@ local busy_stops = require "qtg.busy_stops"
 local canon = require "qtg.canon_json"
 local context = require "qtg.context"
 local executors = require "qtg.executors"
+local intervals = require "qtg.observe_intervals"
 local nodes_db = require "qtg.nodes"
 local pacing = require "qtg.pacing"
 
 local M = {}
+
+local NULL = qtg.db.NULL
 
 M.ACTOR = "system:node_recovery"
 
@@ -104,6 +111,19 @@ M.STOPPED_LINE = "a recovery was stopped by the busy guard outside the executor'
 M.UNOBSERVABLE_DETAIL = "recover() found it in flight, but its observe() held the loop past "
   .. "MG_TASK_BUSY_LIMIT_SECONDS at this attempt and is not called again until a reload"
 
+-- unknown_run_detail(node, seconds) -> the error_detail of a node recovery
+-- found in flight after observations in a row ended UNKNOWN: their count,
+-- the last one's error, and when it is observed again.
+function M.unknown_run_detail(node, seconds)
+  local last = node.error_code ~= NULL and node.error_code or "none"
+  if node.error_detail ~= NULL and node.error_detail ~= nil then
+    last = last .. ": " .. canon.excerpt(node.error_detail, 300)
+  end
+  return string.format("recover() found it in flight after its last %d observations in a row ended UNKNOWN "
+    .. "(the last: %s); observed again in %.0f s, later after each one more", node.unknown_observations,
+    last, seconds)
+end
+
 local function recover_node(s, g, node)
   local adapter, why = executors.get(node.executor)
   local answer, err
@@ -129,7 +149,13 @@ local function recover_node(s, g, node)
     -- an operator's resume would land back in MANUAL_INTERVENTION each time.
     fields.started_now = true
   end
-  return nodes_db.apply_answer(s, g, node, M.ACTOR, "recover", fields, answer, err)
+  fields = nodes_db.answer_fields(node, "recover", fields, answer, err)
+  local later = intervals.after_unknowns(node.action_type, node.unknown_observations)
+  if fields.node_state == "SUBMITTED" and later > 0 then
+    fields.next_observe_in = math.max(fields.next_observe_in, later)
+    if fields.error_detail == NULL then fields.error_detail = M.unknown_run_detail(node, fields.next_observe_in) end
+  end
+  return nodes_db.apply(s, g, node, fields, M.ACTOR)
 end
 
 -- recover_claimed(s, row) -> node[, false when paced out]: the node and

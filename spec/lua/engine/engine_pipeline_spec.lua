@@ -1092,6 +1092,102 @@ describe("engine pipeline", function()
       assert.equal(2, rows[1].observe_count)
     end)
 
+    -- /metrics' gauges, their SQL as the API runs it
+    local function gauge(name, label)
+      for _, g in ipairs(require("qtg.api.metrics").GAUGES) do
+        if g.name == name then
+          for _, row in ipairs(s:query(g.sql, qtg.settings.network_class)) do
+            if label == nil or row.state == label then return tonumber(row.value) end
+          end
+          return 0
+        end
+      end
+      error("no gauge " .. name)
+    end
+
+    -- An observe() that raised every time while the provider had the
+    -- transfer in flight went UNKNOWN, was recovered to SUBMITTED and went
+    -- UNKNOWN again, twice a minute for good: no state lasted long enough
+    -- for an alert to see.
+    it("an observe that fails every time is observed later at each round, and /metrics counts the node", function()
+      local req = sup.create_approved(s, one("spec_pl_observe_raises", { observes = 3, raise = "observe",
+        retry_after_seconds = 0 }))
+      local before = gauge("qtg_nodes_repeatedly_unknown")
+      sup.tick("node_dispatcher")
+      local function round()
+        s:query("UPDATE movement_request_nodes SET next_observe_at = now() WHERE request_id = $1::uuid", req.id)
+        assert.equal(1, sup.tick("node_observer"))
+        local a = sup.nodes(s, req.id).a
+        assert.equal("UNKNOWN", a.node_state)
+        assert.equal("EXECUTOR_ERROR", a.error_code)
+        assert.equal(1, sup.tick("node_recovery"))
+        a = sup.nodes(s, req.id).a
+        assert.equal("SUBMITTED", a.node_state)
+        local due = s:query("SELECT extract(epoch FROM next_observe_at - now())::float8 AS s FROM movement_request_nodes WHERE id = $1::uuid",
+          a.id)[1].s
+        return a, due
+      end
+      local a, due = round()   -- one UNKNOWN observation is a passing fault: observed again at once
+      assert.equal(1, a.unknown_observations)
+      assert.is_true(due < 2, "due in " .. due)
+      local waits = {}
+      for i = 2, 4 do
+        a, due = round()
+        assert.equal(i, a.unknown_observations)
+        waits[#waits + 1] = due
+        assert.equal(0, sup.tick("node_observer"))  -- not due: nothing observed, nothing written
+        assert.equal("SUBMITTED", sup.nodes(s, req.id).a.node_state)
+        assert.matches("after its last " .. i .. " observations in a row ended UNKNOWN %(the last: EXECUTOR_ERROR",
+          a.error_detail)
+      end
+      -- 10, 20, 40 s for an action of the default interval
+      assert.is_true(waits[1] > 8 and waits[1] <= 10, "first wait " .. waits[1])
+      assert.is_true(waits[2] > 18 and waits[2] <= 20, "second wait " .. waits[2])
+      assert.is_true(waits[3] > 38 and waits[3] <= 40, "third wait " .. waits[3])
+      assert.equal(before + 1, gauge("qtg_nodes_repeatedly_unknown"))
+      assert.equal("EXECUTING", sup.request(s, req.id).request_state)
+      -- a good answer ends the run: the executor mended (the ledger says the
+      -- transfer completed), the node completes and is counted no more
+      s:query("UPDATE movement_request_nodes SET next_observe_at = now(), resolved_config = resolved_config #- '{sim,raise}' WHERE id = $1::uuid",
+        a.id)
+      assert.is_true(sup.drive(s, sup.state_is(req.id, "COMPLETED"), 10, { "node_observer" }))
+      assert.equal(0, sup.nodes(s, req.id).a.unknown_observations)
+      assert.equal(before, gauge("qtg_nodes_repeatedly_unknown"))
+    end)
+
+    -- Recovery writes an UNKNOWN node it cannot settle at every pass, so
+    -- the node's updated_at is never older than a pass: an age taken from
+    -- it said a node stuck for days was a minute old.
+    it("a node recovery cannot settle keeps its age in UNKNOWN: /metrics' oldest age is since it entered", function()
+      local req = sup.create_approved(s, one("spec_pl_stuck_unknown", { unknown = "submit", raise = "recover" }))
+      sup.tick("node_dispatcher")
+      local a = sup.nodes(s, req.id).a
+      assert.equal("UNKNOWN", a.node_state)
+      local week = 7 * 86400
+      -- a week ago (the write moves updated_at, not state_since: the trigger
+      -- moves that at a change of state only)
+      s:query("UPDATE movement_request_nodes SET state_since = state_since - interval '7 days' WHERE id = $1::uuid",
+        a.id)
+      assert.is_true(gauge("qtg_node_oldest_age_seconds", "UNKNOWN") >= week)
+      assert.equal(1, sup.tick("node_recovery"))
+      local after = sup.nodes(s, req.id).a
+      assert.equal("UNKNOWN", after.node_state)
+      assert.equal("EXECUTOR_ERROR", after.error_code)
+      local ages = s:query([[SELECT extract(epoch FROM now() - updated_at)::float8 AS written,
+                                    extract(epoch FROM now() - state_since)::float8 AS since
+                               FROM movement_request_nodes WHERE id = $1::uuid]], a.id)[1]
+      assert.is_true(ages.written < 60, "written " .. ages.written .. " s ago")   -- the pass wrote it
+      assert.is_true(ages.since >= week, "in UNKNOWN for " .. ages.since .. " s")
+      assert.is_true(gauge("qtg_node_oldest_age_seconds", "UNKNOWN") >= week)
+      -- a change of state starts the age again
+      s:query("UPDATE movement_request_nodes SET resolved_config = resolved_config #- '{sim,raise}' WHERE id = $1::uuid", a.id)
+      assert.equal(1, sup.tick("node_recovery"))
+      ages = s:query("SELECT node_state, extract(epoch FROM now() - state_since)::float8 AS since FROM movement_request_nodes WHERE id = $1::uuid",
+        a.id)[1]
+      assert.equal("SUBMITTED", ages.node_state)
+      assert.is_true(ages.since < 60, "in SUBMITTED for " .. ages.since .. " s")
+    end)
+
     it("a completed side effect plus an UNKNOWN node needs intervention and is not swept until resumed", function()
       local t = two("spec_pl_intervene", true, { unknown_at_observe = 1, observes = 2, retry_after_seconds = 0 })
       local req = sup.create_approved(s, t)
