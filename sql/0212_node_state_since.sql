@@ -23,14 +23,11 @@ ALTER TABLE movement_request_nodes
   ADD COLUMN unknown_observations int NOT NULL DEFAULT 0 CHECK (unknown_observations >= 0);
 ALTER TABLE movement_request_nodes ALTER COLUMN state_since SET DEFAULT clock_timestamp();
 
--- The nodes still in flight take their last write as their state's start
--- (the best there is); ended nodes keep NULL.  The transition trigger is
--- off for this write only, so updated_at stays as it was.
-ALTER TABLE movement_request_nodes DISABLE TRIGGER movement_request_nodes_transition;
-UPDATE movement_request_nodes SET state_since = updated_at
- WHERE state_since IS NULL
-   AND node_state IN (SELECT state FROM node_states WHERE NOT terminal);
-ALTER TABLE movement_request_nodes ENABLE TRIGGER movement_request_nodes_transition;
+-- Rows written before this migration keep state_since NULL until their
+-- next change of state (readers take updated_at for it: the best there
+-- is).  No row is rewritten here: an UPDATE of the live nodes would queue
+-- their deferred triggers, and the table could not be altered after it in
+-- the same transaction on a database with work in flight.
 
 CREATE OR REPLACE FUNCTION qtg_check_node_transition() RETURNS trigger
 LANGUAGE plpgsql AS $$
