@@ -2,6 +2,7 @@
 -- model (the /metrics route renders them after the table gauges).
 --
 --   metrics.count(name, labels[, n])       add n (1) to a counter
+--   metrics.zero(name, labels)             make a counter's series at 0
 --   metrics.observe(name, labels, value)   put a value in a histogram
 --   metrics.render(out)                     append every family's lines
 --   metrics.value(name, labels)             what a series holds (for specs)
@@ -12,6 +13,11 @@
 -- names; label values must be small enums (states, codes, route and worker
 -- names), never ids.  The module is kept across reloads (qtg.reload's KEEP)
 -- so a policy reload does not reset the counters.
+--
+-- A counter an alert watches for its first event exists at 0 from the
+-- start (FAMILIES' `zero`, or metrics.zero by the module that knows the
+-- label values): a series that first appears at 1 has no increase to
+-- Prometheus, so the first refusal or busy stop would never alert.
 local M = {}
 
 M.BUCKETS = { 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10 }
@@ -24,6 +30,15 @@ M.FAMILIES = {
   qtg_signer_decisions_total = { type = "counter",
     help = "answers of the signer to this process's sign calls (granted, refused with its code, unavailable)",
     labels = { "outcome", "code" } },
+  qtg_signer_refusals_total = { type = "counter",
+    help = "sign calls of this process the signer refused (any code: qtg_signer_decisions_total has each)",
+    labels = {}, zero = { {} } },
+  qtg_http_server_errors_total = { type = "counter",
+    help = "API requests this process answered with a 5xx status (any route: qtg_http_requests_total has each)",
+    labels = {}, zero = { {} } },
+  qtg_metrics_gauge_errors_total = { type = "counter",
+    help = "collections of a /metrics table gauge whose statement failed (that gauge is left out of the answer)",
+    labels = { "gauge" } },
   qtg_busy_stops_total = { type = "counter",
     help = "work on a node the busy guard stopped (an executor's call, dispatch, an outcome's write), by what it was",
     labels = { "what" } },
@@ -60,6 +75,11 @@ function M.count(name, labels, n)
   s.value = s.value + (n or 1)
 end
 
+-- zero(name, labels): the series exists (at 0 unless counted already).
+function M.zero(name, labels)
+  slot(name, labels)
+end
+
 function M.observe(name, labels, value)
   local s = slot(name, labels)
   for i, le in ipairs(M.BUCKETS) do if value <= le then s.buckets[i] = s.buckets[i] + 1 end end
@@ -75,6 +95,10 @@ function M.value(name, labels)
   if not s then return nil end
   if fam.type == "counter" then return s.value end
   return { buckets = s.buckets, sum = s.sum, count = s.count }
+end
+
+for name, fam in pairs(M.FAMILIES) do
+  for _, labels in ipairs(fam.zero or {}) do M.zero(name, labels) end
 end
 
 local function esc(v)

@@ -22,6 +22,7 @@ local counters = require "qtg.metrics"
 
 function M.observe_http(route, method, status, seconds)
   counters.count("qtg_http_requests_total", { route = route, method = method, status = tostring(status) })
+  if tonumber(status) and tonumber(status) >= 500 then counters.count("qtg_http_server_errors_total", {}) end
   counters.observe("qtg_http_request_duration_seconds", { route = route }, seconds)
 end
 
@@ -77,10 +78,16 @@ local GAUGES = {
     labels = {}, sql = [[
       SELECT coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 AS value FROM movement_requests
        WHERE network_class = $1 AND request_state = 'PENDING_APPROVAL']] },
-  { name = "qtg_callbacks", help = "callback rows by status (pending, dlq)", labels = { "status" }, sql = [[
+  -- A dead letter an operator redelivered is answered (its copy is a row
+  -- of its own, counted as it goes): dlq counts those nobody redelivered,
+  -- so the alert on it clears once each is.
+  { name = "qtg_callbacks", help = "callback rows by status: pending, and dlq not redelivered",
+    labels = { "status" }, sql = [[
       SELECT o.status, count(*) AS value FROM movement_callback_outbox o
         JOIN movement_requests r ON r.id = o.request_id
-       WHERE r.network_class = $1 AND o.status IN ('pending', 'dlq') GROUP BY 1 ORDER BY 1]] },
+       WHERE r.network_class = $1 AND o.status IN ('pending', 'dlq')
+         AND NOT EXISTS (SELECT 1 FROM movement_callback_outbox c WHERE c.redelivery_of = o.id)
+       GROUP BY 1 ORDER BY 1]] },
   { name = "qtg_callback_oldest_undelivered_age_seconds", help = "age of the oldest pending callback row",
     labels = {}, sql = [[
       SELECT coalesce(extract(epoch FROM now() - min(o.created_at)), 0)::float8 AS value
@@ -93,25 +100,40 @@ local GAUGES = {
 }
 
 M.GAUGES = GAUGES
+for _, g in ipairs(GAUGES) do counters.zero("qtg_metrics_gauge_errors_total", { gauge = g.name }) end
 
 local cache -- {at=, lines=}
 
+-- collect(s) -> the gauges' lines, and whether every statement answered.
+-- A gauge whose statement fails (a statement timeout on a large history)
+-- is left out, logged and counted (qtg_metrics_gauge_errors_total), and
+-- the collection is not cached, so the next scrape asks again.
 local function collect(s)
-  local out = {}
+  local out, whole = {}, true
   for _, g in ipairs(GAUGES) do
     local ok, rows = pcall(s.query, s, g.sql, qtg.settings.network_class)
-    if ok then family(out, g.name, "gauge", g.help, rows, g.labels) end
+    if ok then
+      family(out, g.name, "gauge", g.help, rows, g.labels)
+    else
+      whole = false
+      counters.count("qtg_metrics_gauge_errors_total", { gauge = g.name })
+      qtg.log.warn("a /metrics gauge's statement failed: the gauge is left out of this answer",
+        { gauge = g.name, error = require("qtg.errors").text(rows) })
+    end
   end
-  return out
+  return out, whole
 end
 
 function M.render(s)
   local now = qtg.monotonic()
-  if not cache or now - cache.at >= M.CACHE_SECONDS then
-    cache = { at = now, lines = collect(s) }
+  local lines = cache and now - cache.at < M.CACHE_SECONDS and cache.lines
+  if not lines then
+    local whole
+    lines, whole = collect(s)
+    cache = whole and { at = now, lines = lines } or nil
   end
   local out = {}
-  for i, l in ipairs(cache.lines) do out[i] = l end
+  for i, l in ipairs(lines) do out[i] = l end
   -- build info
   family(out, "qtg_build_info", "gauge", "the running qtgd", { { version = qtg.version or "unknown",
     network_class = qtg.settings.network_class, value = 1 } }, { "version", "network_class" })
@@ -123,6 +145,28 @@ function M.render(s)
   end
   family(out, "qtg_worker_passes_total", "counter", "worker passes run by this process", passes, { "worker" })
   family(out, "qtg_worker_errors_total", "counter", "worker passes that failed in this process", errors, { "worker" })
+  -- what each worker is doing now: a worker that fails every pass backs off
+  -- to a pass a minute (its error rate stays low), one that is paused, dead
+  -- or inside a pass that does not end makes no error at all
+  local states, consecutive, since, intervals = {}, {}, {}, {}
+  local wall = qtg.now()
+  for _, w in ipairs(qtg.runtime.workers()) do
+    states[#states + 1] = { worker = w.name, group = w.group, state = w.paused and "paused" or w.state, value = 1 }
+    consecutive[#consecutive + 1] = { worker = w.name, value = w.consecutive_errors }
+    intervals[#intervals + 1] = { worker = w.name, value = w.interval }
+    if w.last_tick_at then
+      since[#since + 1] = { worker = w.name, value = math.max(0, wall - w.last_tick_at) }
+    end
+  end
+  family(out, "qtg_worker_state", "gauge",
+    "each worker of this process, 1 under its state (sleeping, running, paused, stopped, dead) and group",
+    states, { "worker", "group", "state" })
+  family(out, "qtg_worker_consecutive_errors", "gauge",
+    "passes in a row that failed, per worker of this process (0 after a pass that did not)", consecutive, { "worker" })
+  family(out, "qtg_worker_last_pass_age_seconds", "gauge",
+    "seconds since each worker of this process last ended a pass (none before its first)", since, { "worker" })
+  family(out, "qtg_worker_interval_seconds", "gauge", "each worker's interval between passes in this process",
+    intervals, { "worker" })
   -- each worker's pass durations, as the runtime keeps them
   out[#out + 1] = "# HELP qtg_worker_pass_duration_seconds time one worker pass took in this process"
   out[#out + 1] = "# TYPE qtg_worker_pass_duration_seconds histogram"

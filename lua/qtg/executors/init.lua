@@ -129,7 +129,7 @@ end
 -- with at least one of the calls, each call present a function, its
 -- RATE_LIMITS well formed (qtg.pacing).  A module that is not (a `return
 -- 42`, a `submit` that is a string) would fail every node dispatched to it.
-M.CALLS = { "preflight", "prepare", "submit", "observe", "recover", "health" }
+M.ADAPTER_CALLS = { "preflight", "prepare", "submit", "observe", "recover", "health" }
 
 -- adapter[name] as a call reads it (through __index: an adapter may
 -- extend another), nil when that lookup raises
@@ -143,14 +143,14 @@ function M.validate(adapter)
     return { "an executor module must return a table of its functions (got " .. type(adapter) .. ")" }
   end
   local errs, any = {}, false
-  for _, fname in ipairs(M.CALLS) do
+  for _, fname in ipairs(M.ADAPTER_CALLS) do
     local f = field(adapter, fname)
     if f ~= nil then
       any = true
       if type(f) ~= "function" then errs[#errs + 1] = fname .. " must be a function (got " .. type(f) .. ")" end
     end
   end
-  if not any then errs[#errs + 1] = "an executor module needs one of " .. table.concat(M.CALLS, ", ") end
+  if not any then errs[#errs + 1] = "an executor module needs one of " .. table.concat(M.ADAPTER_CALLS, ", ") end
   local sent = field(adapter, "sent_before")
   if sent ~= nil and type(sent) ~= "function" then
     errs[#errs + 1] = "sent_before must be a function (got " .. type(sent) .. ")"
@@ -289,6 +289,14 @@ end
 -- (a review, session 38: one adapter looping on one request's data held
 -- the daemon 30 s in every 30 s).
 M.CALLS = { "preflight", "prepare", "submit", "observe", "recover" }
+
+-- Every `what` the busy guard can count exists at 0 from the start (an
+-- alert on the first stop: qtg.metrics): the engine's own and each call.
+do
+  local metrics = require "qtg.metrics"
+  for what in pairs(busy_stops.EFFECTS) do metrics.zero("qtg_busy_stops_total", { what = what }) end
+  for _, what in ipairs(M.CALLS) do metrics.zero("qtg_busy_stops_total", { what = what }) end
+end
 M.STOPPED_LINE = "executor call stopped by the busy guard: its node is answered so from now on"
 
 local function stop_key(fname, ctx)

@@ -256,6 +256,7 @@ local function pipeline(s, g, node, progress)
       end
       local code = type(err) == "table" and tostring(err.code) or "SIGNER_ERROR"
       metrics.count("qtg_signer_decisions_total", { outcome = "refused", code = code })
+      metrics.count("qtg_signer_refusals_total", {})
       local why = type(err) == "table" and tostring(err.message) or tostring(err)
       qtg.log.warn("signing refused", { worker = "node_dispatcher", request_id = g.request.id,
         node_id = node.id, node_key = node.node_key, attempt_no = attempt_no, code = code, reason = why })

@@ -679,6 +679,72 @@ return M]])
       assert.falsy(r.body:match("%x%x%x%x%x%x%x%x%-%x%x%x%x%-"))
     end)
 
+    -- What the example alerts of docs/operations.md read.  A counter that
+    -- first appears at 1 has no increase to Prometheus (the first signer
+    -- refusal or busy stop never alerted); a worker failing every pass backs
+    -- off to one error a minute, under any error-rate rule.
+    it("/metrics has the alerted counters at 0 from the start and each worker's state and failures in a row", function()
+      local body = api.call(d, "GET", "/metrics", { token = reader }).body
+      for _, line in ipairs({ "qtg_signer_refusals_total 0", "qtg_http_server_errors_total 0",
+                              'qtg_busy_stops_total{what="dispatch"} 0', 'qtg_busy_stops_total{what="observation"} 0',
+                              'qtg_busy_stops_total{what="submit"} 0' }) do
+        assert.truthy(body:find("\n" .. line .. "\n", 1, true), line)
+      end
+      assert.truthy(body:find('\nqtg_worker_state{worker="node_dispatcher",group="core",state="', 1, true), body)
+      assert.truthy(body:find('\nqtg_worker_consecutive_errors{worker="node_dispatcher"} 0\n', 1, true), body)
+      local age = tonumber(body:match('\nqtg_worker_last_pass_age_seconds{worker="node_dispatcher"} ([%d%.e+-]+)'))
+      assert.truthy(age and age >= 0 and age < 60, body)
+    end)
+
+    -- A dead letter an operator redelivered is answered: counted, the
+    -- alert on dead letters never cleared after the first.
+    it("/metrics counts the dead letters nobody redelivered", function()
+      local req = create(operator, common.uid("dlq", 4)).json
+      local function dlq()
+        local x = api.call(d, "GET", "/metrics", { token = reader }).body
+        return tonumber(x:match('\nqtg_callbacks{status="dlq"} (%d+)')) or 0
+      end
+      local function dead_row()
+        return rows([[INSERT INTO movement_callback_outbox (request_id, event_type, payload, status, attempts, max_attempts)
+                      VALUES ($1::uuid, 'request_created', '{}', 'dlq', 5, 5) RETURNING id]], req.id)[1].id
+      end
+      local base = dlq()
+      local first, second = dead_row(), dead_row()
+      assert.is_true(common.wait_for(function() return dlq() == base + 2 end, 10, "two dead letters counted"))
+      rows([[INSERT INTO movement_callback_outbox (request_id, event_type, payload, status, attempts, max_attempts,
+                                                   delivered_at, redelivery_of)
+             SELECT request_id, event_type, payload, 'delivered', 1, 5, now(), id FROM movement_callback_outbox
+              WHERE id = $1]], first)
+      assert.is_true(common.wait_for(function() return dlq() == base + 1 end, 10, "the redelivered one not counted"))
+      assert.is_number(second)
+    end)
+
+    -- A gauge whose statement failed was left out of a 200 answer without a
+    -- word, and the short answer was cached: an alert on it went quiet.
+    it("/metrics logs and counts a gauge whose statement failed, and asks again at the next scrape", function()
+      local ld = api.start({ MG_DB_LOCK_TIMEOUT_SECONDS = "1" })
+      local lreader = api.token("read", { class = ld.class })
+      local ok, err = pcall(function()
+        local lock = qtg.db.acquire()
+        lock:begin()
+        lock:exec("LOCK TABLE audit_outbox IN ACCESS EXCLUSIVE MODE")
+        local r = api.call(ld, "GET", "/metrics", { token = lreader })
+        lock:rollback()
+        lock:release()
+        assert.equal(200, r.status)
+        assert.falsy(r.body:find("\nqtg_audit_outbox_lag_seconds ", 1, true), r.body)
+        assert.truthy(r.body:find('\nqtg_metrics_gauge_errors_total{gauge="qtg_audit_outbox_lag_seconds"} 1\n', 1, true),
+          r.body)
+        assert.truthy(r.body:find("\nqtg_requests", 1, true) or r.body:find("# TYPE qtg_requests gauge", 1, true))
+        common.wait_log(ld.h, "a /metrics gauge's statement failed", 10, "the failed gauge logged")
+        -- not cached: the next scrape, within the cache's 2 s, has it again
+        r = api.call(ld, "GET", "/metrics", { token = lreader })
+        assert.truthy(r.body:find("\nqtg_audit_outbox_lag_seconds ", 1, true), r.body)
+      end)
+      api.stop(ld)
+      assert(ok, err)
+    end)
+
     it("/metrics has each worker's pass durations and the approve -> SUBMITTED latency", function()
       local req = create(operator, common.uid("lat", 4)).json
       local second = api.token("read,approve")

@@ -441,7 +441,12 @@ return { registry = function() return { { name = %q, group = "sidecar", interval
       { "an executor whose submit is not a function", "qtg/executors/sim.lua", "return { submit = 'no' }\n",
         "qtg.executors.sim", "submit must be a function (got string)" },
       { "an executor with none of the calls", "qtg/executors/manual.lua", "return { probe = true }\n",
-        "qtg.executors.manual", "an executor module needs one of preflight" },
+        "qtg.executors.manual", "an executor module needs one of preflight, prepare, submit, observe, recover, health" },
+      -- health is a call too (the list the busy guard watches has no health:
+      -- under one name, that list had replaced this one)
+      { "an executor whose health is not a function", "qtg/executors/sim.lua",
+        "return { submit = function() end, health = 'fine' }\n",
+        "qtg.executors.sim", "health must be a function (got string)" },
       { "an executor whose rate limits are malformed", "qtg/executors/sim.lua",
         "return { submit = function() end, RATE_LIMITS = { submit = { per_second = 0 } } }\n",
         "qtg.executors.sim", "RATE_LIMITS.submit.per_second must be a number > 0" },
