@@ -66,6 +66,7 @@ install(FILES ${QTG_GEN_DIR}/changelog.gz ${QTG_PKG_DIR}/copyright
 file(GLOB QTG_DOCS ${CMAKE_SOURCE_DIR}/docs/*.md)
 install(FILES ${CMAKE_SOURCE_DIR}/README.md ${QTG_DOCS} DESTINATION ${CMAKE_INSTALL_DOCDIR})
 install(FILES ${QTG_GEN_DIR}/qtgd.8.gz DESTINATION ${CMAKE_INSTALL_MANDIR}/man8)
+install(FILES ${QTG_PKG_DIR}/qtg-alerts.yml DESTINATION ${CMAKE_INSTALL_DOCDIR}/examples)
 
 # ---- the .deb --------------------------------------------------------------------
 set(CPACK_GENERATOR DEB)
