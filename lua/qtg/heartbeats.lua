@@ -13,7 +13,12 @@
 -- start(), stop(): the flush task.  Under `qtgd run` (qtg.main starts it
 -- after the seed) it flushes every FLUSH_EVERY seconds, so liveness is at
 -- most about FLUSH_EVERY s old while the process is healthy, and a row whose
--- updated_at is older than STALE_AFTER means the process is gone or stuck.
+-- updated_at is older than STALE_AFTER means the process is gone or its
+-- loop is stuck.  A fresh row says the process lives, not that the worker
+-- works: a worker whose passes fail, that is paused or whose pass does not
+-- end shows in its own columns (last_tick_at, consecutive_errors) and on
+-- /metrics (qtg_worker_state, qtg_worker_consecutive_errors,
+-- qtg_worker_last_pass_age_seconds).
 local qtg = require("qtg")
 local canon = require("qtg.canon_json")
 
