@@ -151,6 +151,16 @@ describe("generic plans of the hot statements", function()
             p.plan)
         end
       end
+      -- the /metrics gauges of live nodes read no history either
+      for _, g in ipairs(require("qtg.api.metrics").GAUGES) do
+        if g.indexed then
+          local plan = hot.generic_plan(s, g.sql, { class }, true)
+          local scans = hot.seq_scans(plan)
+          if #scans > 0 then
+            bad[#bad + 1] = ("gauge %s: Seq Scan on %s\n%s"):format(g.name, table.concat(scans, ", "), plan)
+          end
+        end
+      end
       assert.equal(0, #bad, table.concat(bad, "\n\n"))
     end)
     s:rollback()
