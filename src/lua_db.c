@@ -940,6 +940,13 @@ static const char *qtg_db_describe(void *data) {
   return w->task ? qtg_task_name(w->task) : NULL;
 }
 
+/* The pool found its server read-only (qtg_pg_pool_on_read_only): the
+ * wake-up listener, on the same server, moves with it. */
+static void qtg_db_read_only(void *data) {
+  qtg_host *h = data;
+  if (h->listener) qtg_pg_listener_reconnect(h->listener);
+}
+
 int qtg_pg_open(qtg_host *h, char *err, size_t errlen) {
   const char *url = qtg_settings_str(h->settings, QTG_S_DATABASE_URL);
   h->listen_ref = LUA_NOREF;
@@ -960,6 +967,7 @@ int qtg_pg_open(qtg_host *h, char *err, size_t errlen) {
     snprintf(err, errlen, "out of memory creating the PostgreSQL pool");
     return -1;
   }
+  qtg_pg_pool_on_read_only(h->pool, qtg_db_read_only, h);
   return 0;
 }
 

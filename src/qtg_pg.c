@@ -131,6 +131,7 @@ struct qtg_pg_conn {
   qtg_pg_after_commit *after_commit, **after_commit_tail;
   int after_commit_n;
   int after_commit_asked;    /* opened with QTG_PG_POOL_OPTIONS */
+  unsigned read_only_epoch;  /* the pool's when opened (qtg_pg_read_only_seen) */
   int release_later;         /* qtg_pg_release_later: released on the next turn */
   int in_share;              /* held by the share's acquire */
   /* the command in flight, for the slow-statement watch (a pool's only) */
@@ -171,6 +172,10 @@ struct qtg_pg_pool {
   /* releases deferred to the loop's next turn (qtg_pg_release_later) */
   uv_timer_t *later_timer;
   int nlater;
+  /* a server that said it is read-only (qtg_pg_read_only_seen) */
+  unsigned read_only_epoch;
+  void (*read_only)(void *data);
+  void *read_only_data;
 };
 
 struct qtg_pg_listener {
@@ -784,6 +789,7 @@ static qtg_pg_conn *qtg_pg_conn_start(uv_loop_t *loop, const char *conninfo, qtg
   c->fd = -1;
   c->after_commit_tail = &c->after_commit;
   c->after_commit_asked = pool && pool->committed;
+  c->read_only_epoch = pool ? pool->read_only_epoch : 0;
   /* UTC and ISO dates on every session, so time values read the same
    * whatever the server's defaults are.  Generic plans: every statement is
    * prepared once per connection and the claims' state predicates are
@@ -815,6 +821,46 @@ static qtg_pg_conn *qtg_pg_conn_start(uv_loop_t *loop, const char *conninfo, qtg
   return c;
 }
 
+/* A connection opened before its pool last heard "read-only" is closed
+ * at its release, never handed out again. */
+static int qtg_pg_stale(const qtg_pg_conn *c) {
+  return c->pool && c->read_only_epoch != c->pool->read_only_epoch;
+}
+
+/* A statement failed with SQLSTATE 25006 (read_only_sql_transaction): the
+ * server this connection reached is not a primary any more (fenced with
+ * default_transaction_read_only, or a standby), and every connection the
+ * pool holds may be on it.  A pooled connection is kept while it works, so
+ * without this the daemon stayed on a fenced old primary for good, its
+ * workers failing at every pass, while the new primary got no work.  The
+ * pool's epoch moves on: its idle connections are closed now, those in use
+ * at their release, and the next ones are opened through MG_DATABASE_URL
+ * (whose target_session_attrs=read-write passes a read-only server over);
+ * the owner is told (the wake-up listener reconnects the same way).  Only
+ * a connection of the current epoch moves it, once. */
+static void qtg_pg_read_only_seen(qtg_pg_conn *c, PGresult *const *res, int n) {
+  qtg_pg_pool *p = c->pool;
+  if (!p || qtg_pg_stale(c)) return;
+  int seen = 0;
+  for (int i = 0; i < n && !seen; i++) {
+    const char *st = res[i] && PQresultStatus(res[i]) == PGRES_FATAL_ERROR
+                         ? PQresultErrorField(res[i], PG_DIAG_SQLSTATE)
+                         : NULL;
+    seen = st && strcmp(st, "25006") == 0;
+  }
+  if (!seen) return;
+  p->read_only_epoch++;
+  qtg_log_warn("PostgreSQL %s:%s is read-only (SQLSTATE 25006): the pool closes its connections to it and opens "
+               "new ones through MG_DATABASE_URL",
+               PQhost(c->pg) ? PQhost(c->pg) : "?", PQport(c->pg) ? PQport(c->pg) : "?");
+  qtg_pg_conn *next;
+  for (qtg_pg_conn *o = p->conns; o; o = next) {
+    next = o->next;
+    if (o != c && o->state == QTG_PG_IDLE && !o->in_use) qtg_pg_conn_destroy(o);
+  }
+  if (p->read_only) p->read_only(p->read_only_data);
+}
+
 /* Hand the finished command's result to its owner.  The callback may use
  * or release the connection, so c is not touched after it. */
 static void qtg_pg_deliver(qtg_pg_conn *c, const char *err) {
@@ -828,6 +874,7 @@ static void qtg_pg_deliver(qtg_pg_conn *c, const char *err) {
   memcpy(all, c->batch_res, (size_t)n * sizeof *all);
   all[n] = res;
   qtg_pg_slow_done(c, all, n + 1, err);
+  if (!err) qtg_pg_read_only_seen(c, all, n + 1);
   c->last = NULL;
   c->has_cb = 0;
   c->cb = NULL;
@@ -1220,6 +1267,11 @@ void qtg_pg_pool_on_commit(qtg_pg_pool *p, qtg_pg_notify_cb cb, void *data) {
   p->committed_data = data;
 }
 
+void qtg_pg_pool_on_read_only(qtg_pg_pool *p, void (*cb)(void *data), void *data) {
+  p->read_only = cb;
+  p->read_only_data = data;
+}
+
 void qtg_pg_pool_free(qtg_pg_pool *p) {
   if (!p) return;
   if (p->slow_timer) uv_close((uv_handle_t *)p->slow_timer, qtg_pg_poll_closed);
@@ -1327,7 +1379,7 @@ int qtg_pg_acquire(qtg_pg_pool *p, int in_share, qtg_pg_acquire_cb cb, void *dat
         /* A server restart leaves its goodbye in the socket before our
          * poll callback runs: read it now rather than hand out a corpse. */
         if (!PQconsumeInput(c->pg) || PQstatus(c->pg) == CONNECTION_BAD ||
-            c->after_commit_asked != (p->committed != NULL)) {
+            c->after_commit_asked != (p->committed != NULL) || qtg_pg_stale(c)) {
           qtg_pg_conn_destroy(c); /* or opened before after-commit notifications were switched */
           continue;
         }
@@ -1381,7 +1433,8 @@ static void qtg_pg_release_after_rollback(qtg_pg_conn *c, PGresult *res, const c
 void qtg_pg_release(qtg_pg_conn *c) {
   qtg_pg_pool *p = c->pool;
   if (!c->in_use) return;
-  if (c->state == QTG_PG_BROKEN || c->state == QTG_PG_BUSY || PQstatus(c->pg) == CONNECTION_BAD) {
+  if (c->state == QTG_PG_BROKEN || c->state == QTG_PG_BUSY || PQstatus(c->pg) == CONNECTION_BAD ||
+      qtg_pg_stale(c)) {
     int was_share = c->in_share;
     qtg_pg_conn_destroy(c);
     /* a waiter of the share may have room now, on an idle connection */
@@ -1819,6 +1872,10 @@ int qtg_pg_listener_remove(qtg_pg_listener *l, const char *channel) {
     return 0;
   }
   return -1;
+}
+
+void qtg_pg_listener_reconnect(qtg_pg_listener *l) {
+  if (l && l->conn) qtg_pg_conn_fail(l->conn, "its pool found the server read-only");
 }
 
 void qtg_pg_listener_free(qtg_pg_listener *l) {

@@ -78,6 +78,12 @@ int qtg_pg_pool_new(uv_loop_t *loop, const char *conninfo, const qtg_pg_pool_con
  * Connections opened the other way are closed when next released or found
  * idle. */
 void qtg_pg_pool_on_commit(qtg_pg_pool *pool, qtg_pg_notify_cb cb, void *data);
+/* A statement of a pool session that fails with SQLSTATE 25006 (the
+ * server is read-only: a fenced old primary, a standby) closes the pool's
+ * connections (idle ones at once, the others at their release; new ones
+ * are opened through the conninfo, whose target_session_attrs=read-write
+ * passes such a server over) and calls cb(data) once for it. */
+void qtg_pg_pool_on_read_only(qtg_pg_pool *pool, void (*cb)(void *data), void *data);
 /* Parse such a NOTICE's message: 0 and the channel's length (it starts
  * after the prefix) and the payload (the rest, after one space); -1 when
  * msg is not one (no prefix, an empty channel, no space after it). */
@@ -204,6 +210,9 @@ typedef struct {
 int qtg_pg_tcp_params(int tcp_timeout, qtg_pg_tcp_values *t, const char **keys, const char **vals);
 int qtg_pg_listener_add(qtg_pg_listener *l, const char *channel);
 int qtg_pg_listener_remove(qtg_pg_listener *l, const char *channel);
+/* Drop the listener's connection and open another in 1 s (its channels
+ * listened again, each told of a catch-up: as after a lost connection). */
+void qtg_pg_listener_reconnect(qtg_pg_listener *l);
 void qtg_pg_listener_free(qtg_pg_listener *l);
 
 #endif

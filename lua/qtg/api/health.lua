@@ -14,8 +14,13 @@ local M = {}
 M.MIGRATIONS_CACHE_SECONDS = 10
 local migrations_cache -- {at=, status=, detail=}
 
+-- A server that answers but is read-only (a fenced old primary, a standby
+-- MG_DATABASE_URL led to) takes no work: not ready.
 local function database(s)
-  s:query("SELECT 1")
+  local r = s:query([[SELECT pg_is_in_recovery() AS standby,
+                             current_setting('transaction_read_only') = 'on' AS read_only]])[1]
+  if r.standby then return "failing", "reachable, but a standby (in recovery): it takes no writes" end
+  if r.read_only then return "failing", "reachable, but read-only (default_transaction_read_only): it takes no writes" end
   return "ok", "reachable"
 end
 
