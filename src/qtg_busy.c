@@ -206,26 +206,46 @@ static void qtg_busy_abort(struct qtg_busy *b, uint64_t since, uint64_t held_ns)
   abort();
 }
 
+/* A wake of the guard's thread this much later than its tick means the
+ * whole process did not run meanwhile. */
+#define QTG_BUSY_FROZEN_NS 1000000000ull
+
 /* The guard's thread: a strike when a resume has held the loop the limit,
  * another every half limit while it still does (the hook of the last one
- * gone), and the abort at QTG_BUSY_ABORT_AT limits. */
+ * gone), and the abort at QTG_BUSY_ABORT_AT limits.
+ *
+ * Time the process was frozen (SIGSTOP, a cgroup freezer, `docker pause`,
+ * a paused VM) is not time the loop was held: every thread stood still,
+ * and the monotonic clock ran on.  This thread wakes every tick, so a wake
+ * QTG_BUSY_FROZEN_NS or more past its tick is such a freeze, and its
+ * length is taken off the resume's time.  Without it a freeze of a limit
+ * stopped the healthy task that happened to run (a reload, a callback
+ * lane: sent again) and one of 2.5 limits aborted the process (a review,
+ * session 43).  A C call that blocks still counts: this thread wakes on
+ * time through it. */
 static void qtg_busy_watch(void *arg) {
   struct qtg_busy *b = arg;
   uint64_t tick = b->limit_ns / 10, last_strike = 0;
   if (tick > 250000000ull) tick = 250000000ull;
   if (tick < 10000000ull) tick = 10000000ull;
   uint64_t abort_ns = (uint64_t)((double)b->limit_ns * QTG_BUSY_ABORT_AT);
+  uint64_t last_wake = uv_hrtime(), frozen = 0, frozen_gen = 0;
   uv_mutex_lock(&b->lock);
   while (!b->stop) {
     (void)uv_cond_timedwait(&b->cond, &b->lock, tick); /* a timeout is the usual wake */
     if (b->stop) break;
+    uint64_t now = uv_hrtime();
+    uint64_t gap = now > last_wake ? now - last_wake : 0;
+    last_wake = now;
     uint64_t gen = atomic_load_explicit(&b->generation, memory_order_relaxed);
     uint64_t since = atomic_load_explicit(&b->since, memory_order_relaxed);
     int console = atomic_load_explicit(&b->console, memory_order_relaxed);
     if (gen != atomic_load_explicit(&b->generation, memory_order_relaxed)) continue; /* changed under us */
+    if (gen != frozen_gen) frozen = 0, frozen_gen = gen;
+    if (gap >= tick + QTG_BUSY_FROZEN_NS) frozen += gap - tick;
     if (since == 0 || console) continue;
-    uint64_t now = uv_hrtime();
     uint64_t held = now > since ? now - since : 0;
+    held = held > frozen ? held - frozen : 0;
     if (held >= abort_ns) {
       qtg_busy_abort(b, since, held);
     } else if (held >= b->limit_ns && !atomic_load_explicit(&b->hooked, memory_order_relaxed) &&

@@ -95,11 +95,41 @@ function M.run()
   return 0
 end
 
+-- SIGHUPs are coalesced: one reload runs at a time, and the signals that
+-- come while it does make one more when it ends (it reads the files as
+-- they are then).  Each signal ran a whole reload on the loop before: 100
+-- signals 20 ms apart (a configuration tool reloading once per file it
+-- changed) made 101 reloads, and with a module slow to load they held the
+-- loop 45 s (a review, session 43).
+-- A reload the busy guard stopped whole never clears `running`: one whose
+-- start is older than 3 busy limits (it would have been stopped by then)
+-- no longer holds the next back.
+local sighup = { running = false, again = false, started = 0 }
+
+local function reload_running()
+  if not sighup.running then return false end
+  local limit = tonumber(qtg.settings.task_busy_limit_seconds) or 0
+  return limit <= 0 or qtg.monotonic() - sighup.started < 3 * limit
+end
+
 function M.on_sighup()
-  qtg.systemd.notify("RELOADING=1\nMONOTONIC_USEC=" .. qtg.systemd.monotonic_usec())
-  local report = reload.reload("sighup")
-  qtg.systemd.notify(report and report.ok and "READY=1\nSTATUS=policy reloaded"
-                     or "READY=1\nSTATUS=policy reload failed; the old code keeps running")
+  if reload_running() then
+    sighup.again = true
+    return
+  end
+  sighup.running = true
+  local report
+  repeat
+    sighup.again = false
+    sighup.started = qtg.monotonic()
+    qtg.systemd.notify("RELOADING=1\nMONOTONIC_USEC=" .. qtg.systemd.monotonic_usec())
+    local ok, r = pcall(reload.reload, "sighup")
+    report = ok and r or nil
+    if not ok then qtg.log.error("policy reload raised", { error = require("qtg.errors").text(r) }) end
+    qtg.systemd.notify(report and report.ok and "READY=1\nSTATUS=policy reloaded"
+                       or "READY=1\nSTATUS=policy reload failed; the old code keeps running")
+  until not sighup.again
+  sighup.running = false
   -- after READY: a core worker failing its first passes is logged (warn)
   if report and report.ok then pcall(reload.watch, report, reload.WATCH_SECONDS) end
 end

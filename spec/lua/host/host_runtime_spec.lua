@@ -281,6 +281,34 @@ return M]],
     assert.are.equal(0, support.stop(p, 20))
   end)
 
+  -- The guard measured wall time, which runs on while the whole process is
+  -- frozen (SIGSTOP, a cgroup freezer, a paused VM): a freeze of a limit
+  -- stopped the healthy task that happened to run, one of 2.5 limits
+  -- aborted the process.  Here a tick spins about a second of its own time around a
+  -- 4 s freeze, under a 3 s limit: it is not a loop held.
+  it("does not count time the process was frozen as the loop held", function()
+    local dir = override_dir({{name = "frozen", group = "core", module = "t.frozen", interval = 3600}}, {
+      ["t.frozen"] = [[
+local qtg = require "qtg"
+local M = {}
+function M.tick(s)
+  s:query("INSERT INTO spec_ticks (worker) VALUES ('frozen-started')")
+  -- the shell's parent is this process: stopped 0.3 s into the spin, for 4 s
+  os.execute("(sleep 0.3; kill -STOP $PPID; sleep 4; kill -CONT $PPID) >/dev/null 2>&1 &")
+  local t0 = qtg.monotonic()
+  while qtg.monotonic() - t0 < 5 do end
+  s:query("INSERT INTO spec_ticks (worker) VALUES ('frozen-done')")
+  return 1
+end
+return M]]})
+    local p = support.start(support.base_env{MG_LUA_PATH = dir, MG_TASK_BUSY_LIMIT_SECONDS = "3"}, {"run"})
+    assert.is_truthy(support.eventually(function() return ticks("frozen-done") == 1 end, 30), support.read(p.log))
+    local log = support.read(p.log)
+    assert.is_nil(log:find("held the loop", 1, true), log)
+    assert.are.equal(1, ticks("frozen-started"))
+    assert.are.equal(0, support.stop(p, 20))
+  end)
+
   it("aborts the process when a tick is stuck where no Lua runs, naming it", function()
     -- a pattern that backtracks for ever: one C call, no Lua instruction
     local dir = override_dir({{name = "matcher", group = "core", module = "t.matcher", interval = 3600}}, {
@@ -311,6 +339,37 @@ return M]]})
     end, 30)
     assert.is_truthy(failed, support.read(p.log))
     assert.matches("busy: [^\"]*t/steady.lua:2: held the loop longer than MG_TASK_BUSY_LIMIT_SECONDS", failed)
+    local before = ticks("steady")
+    assert.is_truthy(support.eventually(function() return ticks("steady") >= before + 3 end, 20))
+    assert.are.equal(0, support.stop(p, 20))
+  end)
+
+  -- Each SIGHUP ran a whole reload on the loop: a burst (a configuration
+  -- tool reloading once per file it changed) held the loop one reload per
+  -- signal.  They are coalesced: one runs, and those that come meanwhile
+  -- make one more.
+  it("coalesces SIGHUPs: one reload at a time and one after it for those that came meanwhile", function()
+    local dir = override_dir({{name = "steady", group = "core", module = "t.steady", interval = 0.1}},
+                             {["t.steady"] = ticker("steady")})
+    local p = support.start(support.base_env{MG_LUA_PATH = dir}, {"run"})
+    assert.is_truthy(support.eventually(function() return ticks("steady") >= 2 end, 20))
+    -- a module that takes 0.4 s to load
+    support.write(dir .. "/t/steady.lua", "local t0 = os.clock() while os.clock() - t0 < 0.4 do end\n"
+      .. ticker("steady"))
+    for _ = 1, 20 do
+      support.signal(p, "HUP")
+      qtg.sleep(0.05)
+    end
+    local function reloads()
+      local n = 0
+      for _ in (support.read(p.log) or ""):gmatch('"msg":"policy reloaded"') do n = n + 1 end
+      return n
+    end
+    -- a second of signals, reloads of 0.4 s: a few reloads, not twenty
+    assert.is_truthy(support.eventually(function() return reloads() >= 2 end, 30), support.read(p.log))
+    qtg.sleep(2)
+    local n = reloads()
+    assert.is_true(n >= 2 and n <= 5, n .. " reloads for 20 signals")
     local before = ticks("steady")
     assert.is_truthy(support.eventually(function() return ticks("steady") >= before + 3 end, 20))
     assert.are.equal(0, support.stop(p, 20))
