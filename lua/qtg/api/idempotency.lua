@@ -124,10 +124,20 @@ function M.finish(s, claim, call)
     else
       -- the key is freed for a retry; when the failure took the session
       -- with it (the request interrupted at its deadline, a lost
-      -- connection) it cannot be, and the first request's claim is taken
-      -- over after twice the request timeout instead (above): the failure
-      -- is raised as it was, not the freeing's
-      pcall(forget)
+      -- connection), on a session of its own: the answer said "retry",
+      -- and the retry met 409 idempotency_in_flight for twice the request
+      -- timeout (a review, session 43).  Freeing it early is safe: a
+      -- repeated create finds its request by the request's own key, a
+      -- repeated action is refused by the state the first one left.  Only
+      -- when that fails too is the claim taken over after twice the
+      -- request timeout (above).  The failure is raised as it was.
+      if not pcall(forget) then
+        local freed, err = pcall(qtg.db.with_session, function(fresh) M.release(fresh, claim) end)
+        if not freed then
+          qtg.log.warn("an Idempotency-Key could not be freed after its request failed",
+            { key = claim.key, error = require("qtg.errors").text(err) })
+        end
+      end
       error(status, 0)
     end
   end

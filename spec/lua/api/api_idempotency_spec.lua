@@ -11,6 +11,7 @@
 --     and the first request is neither returned nor changed;
 --   * a replayed 201 carries its Location;
 --   * every key the API accepts fits, whatever the token's name.
+local qtg = require "qtg"
 local cjson = require "cjson"
 
 local api, common, host
@@ -184,6 +185,32 @@ describe("HTTP API Idempotency-Key", function()
     assert.equal("/v3/requests/" .. a.json.id .. "/cancel",
       rows("SELECT path FROM api_idempotency_keys WHERE client = $1 AND idempotency_key = $2",
         operator_name, key)[1].path)
+  end)
+
+  -- A request whose failure took its session (a lost connection, the
+  -- request timeout) answered 503 "retry", and its key could not be freed
+  -- on that session: the retry met 409 idempotency_in_flight for twice the
+  -- request timeout.  The key is freed on a session of its own.
+  it("frees the key of a request whose session was lost, so the retry runs at once", function()
+    local idem = require "qtg.api.idempotency"
+    local principal = { name = common.uid("lost", 4) }
+    local key = common.uid("k", 4)
+    local req = { method = "POST", path = "/v3/requests", headers = { ["idempotency-key"] = key } }
+    local s = qtg.db.acquire()
+    local claim = idem.begin(s, principal, { method = "POST", path = "/v3/requests" }, req, { amount = "1" })
+    assert.equal(key, claim.key)
+    local function held()
+      return #rows("SELECT 1 FROM api_idempotency_keys WHERE client = $1 AND idempotency_key = $2",
+        principal.name, key)
+    end
+    assert.equal(1, held())
+    local pid = s:query("SELECT pg_backend_pid() AS pid")[1].pid
+    rows("SELECT pg_terminate_backend($1::int)", pid)
+    local ok, err = pcall(idem.finish, s, claim, function() return s:query("SELECT 1") end)
+    s:release()
+    assert.is_false(ok)
+    assert.equal("connection", err.kind)   -- the failure is raised as it was
+    assert.equal(0, held())
   end)
 
   it("refuses, in the console's create too, a reused key for another maker or body", function()
