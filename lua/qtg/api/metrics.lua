@@ -50,19 +50,72 @@ local function family(out, name, kind, help, samples, order)
 end
 
 -- ------------------------------------------------------------ the collector
--- indexed: the gauge reads its table through partial indexes, never
--- whole (plans_spec checks its generic plan with 10,000 rows of history).
+-- The ended states: no transition leaves them (the terminal rows of
+-- node_states and request_states), so their counts only grow, with the
+-- history.  A gauge's `sql` counts the live states through the partial
+-- indexes at each collection; its `history_sql` counts the ended ones, a
+-- read of the whole history, at most once in M.HISTORY_SECONDS per process
+-- (metrics_spec checks these lists against the tables).
+M.HISTORY_SECONDS = 60
+M.ENDED_NODE_STATES = { "CANCELLED", "COMPLETED", "SKIPPED" }
+M.ENDED_REQUEST_STATES = { "CANCELLED", "COMPLETED", "EXPIRED", "REJECTED" }
+
+local function quoted(list)
+  local out = {}
+  for i, v in ipairs(list) do out[i] = "'" .. v .. "'" end
+  return table.concat(out, ", ")
+end
+
+-- The requests of class $1 in a live state, one arm per partial index:
+-- movement_requests_pending_expiry, _dispatchable and _held (sql/0213).
+-- A BLOCKED node belongs to one of them (a request that ends cancels its
+-- nodes that have not started).
+local LIVE_REQUESTS = [[
+  SELECT id, request_state FROM movement_requests
+   WHERE request_state = 'PENDING_APPROVAL' AND network_class = $1
+  UNION ALL
+  SELECT id, request_state FROM movement_requests
+   WHERE request_state IN ('APPROVED', 'EXECUTING') AND network_class = $1
+  UNION ALL
+  SELECT id, request_state FROM movement_requests
+   WHERE request_state IN ('WAITING_MANUAL_ACTION', 'MANUAL_INTERVENTION', 'FAILED') AND network_class = $1]]
+
+-- Each gauge's `sql` reads its tables through partial indexes, never whole
+-- (plans_spec checks its generic plan with 10,000 rows of history), so a
+-- collection costs what is live, not what has been.
 local GAUGES = {
-  { name = "qtg_nodes", help = "nodes by state and action_type", labels = { "state", "action_type" }, sql = [[
+  { name = "qtg_nodes", help = "nodes by state and action_type (the ended states "
+      .. "COMPLETED, SKIPPED and CANCELLED counted at most " .. M.HISTORY_SECONDS .. " s ago)",
+    labels = { "state", "action_type" }, sql = [[
+      SELECT n.node_state AS state, n.action_type, count(*) AS value
+        FROM (SELECT request_id, node_state, action_type FROM movement_request_nodes
+               WHERE node_state = 'READY'
+              UNION ALL
+              SELECT request_id, node_state, action_type FROM movement_request_nodes
+               WHERE node_state IN ('SUBMITTED', 'OBSERVING')
+              UNION ALL
+              SELECT request_id, node_state, action_type FROM movement_request_nodes
+               WHERE node_state IN ('UNKNOWN', 'SUBMITTING')
+              UNION ALL
+              SELECT request_id, node_state, action_type FROM movement_request_nodes
+               WHERE node_state = 'FAILED'
+              UNION ALL
+              SELECT request_id, node_state, action_type FROM movement_request_nodes
+               WHERE request_id = ANY (ARRAY (SELECT id FROM (]] .. LIVE_REQUESTS .. [[) r))
+                 AND node_state = 'BLOCKED') n
+       WHERE (SELECT r.network_class FROM movement_requests r WHERE r.id = n.request_id) = $1
+       GROUP BY 1, 2 ORDER BY 1, 2]],
+    history_sql = [[
       SELECT n.node_state AS state, n.action_type, count(*) AS value
         FROM movement_request_nodes n JOIN movement_requests r ON r.id = n.request_id
-       WHERE r.network_class = $1 GROUP BY 1, 2 ORDER BY 1, 2]] },
+       WHERE r.network_class = $1 AND n.node_state IN (]] .. quoted(M.ENDED_NODE_STATES) .. [[)
+       GROUP BY 1, 2 ORDER BY 1, 2]] },
   -- The node gauges below read the live states through the claims' partial
   -- indexes (one arm each: ready, observable, recoverable, troubled) and
   -- each node's request by its key, never the ended history: a scan of
   -- every node grew with the years.  BLOCKED nodes (waiting on a
   -- predecessor, whose own age tells) are left out.
-  { name = "qtg_node_oldest_age_seconds", indexed = true,
+  { name = "qtg_node_oldest_age_seconds",
     help = "how long the oldest node in each live state (READY, SUBMITTING, SUBMITTED, OBSERVING, UNKNOWN, FAILED) has been in it",
     labels = { "state" }, sql = [[
       SELECT n.node_state AS state, extract(epoch FROM now() - min(coalesce(n.state_since, n.updated_at)))::float8 AS value
@@ -79,7 +132,7 @@ local GAUGES = {
                WHERE node_state = 'FAILED') n
        WHERE (SELECT r.network_class FROM movement_requests r WHERE r.id = n.request_id) = $1
        GROUP BY 1 ORDER BY 1]] },
-  { name = "qtg_nodes_repeatedly_unknown", indexed = true,
+  { name = "qtg_nodes_repeatedly_unknown",
     help = "nodes in flight whose last " .. M.REPEATEDLY_UNKNOWN .. " or more observations in a row ended UNKNOWN",
     labels = {}, sql = [[
       SELECT count(*) AS value
@@ -90,9 +143,16 @@ local GAUGES = {
                WHERE node_state IN ('UNKNOWN', 'SUBMITTING')) n
        WHERE n.unknown_observations >= ]] .. M.REPEATEDLY_UNKNOWN .. [[
          AND (SELECT r.network_class FROM movement_requests r WHERE r.id = n.request_id) = $1]] },
-  { name = "qtg_requests", help = "requests by state", labels = { "state" }, sql = [[
+  { name = "qtg_requests", help = "requests by state (the ended states COMPLETED, "
+      .. "REJECTED, CANCELLED and EXPIRED counted at most " .. M.HISTORY_SECONDS .. " s ago)",
+    labels = { "state" }, sql = [[
+      SELECT r.request_state AS state, count(*) AS value
+        FROM (]] .. LIVE_REQUESTS .. [[) r
+       GROUP BY 1 ORDER BY 1]],
+    history_sql = [[
       SELECT request_state AS state, count(*) AS value FROM movement_requests
-       WHERE network_class = $1 GROUP BY 1 ORDER BY 1]] },
+       WHERE network_class = $1 AND request_state IN (]] .. quoted(M.ENDED_REQUEST_STATES) .. [[)
+       GROUP BY 1 ORDER BY 1]] },
   { name = "qtg_approvals_pending", help = "requests waiting for approval", labels = {}, sql = [[
       SELECT count(*) AS value FROM movement_requests
        WHERE network_class = $1 AND request_state = 'PENDING_APPROVAL']] },
@@ -102,45 +162,81 @@ local GAUGES = {
        WHERE network_class = $1 AND request_state = 'PENDING_APPROVAL']] },
   -- A dead letter an operator redelivered is answered (its copy is a row
   -- of its own, counted as it goes): dlq counts those nobody redelivered,
-  -- so the alert on it clears once each is.
+  -- so the alert on it clears once each is.  Only a dead letter is ever
+  -- redelivered, so only that arm asks.
   { name = "qtg_callbacks", help = "callback rows by status: pending, and dlq not redelivered",
     labels = { "status" }, sql = [[
-      SELECT o.status, count(*) AS value FROM movement_callback_outbox o
-        JOIN movement_requests r ON r.id = o.request_id
-       WHERE r.network_class = $1 AND o.status IN ('pending', 'dlq')
-         AND NOT EXISTS (SELECT 1 FROM movement_callback_outbox c WHERE c.redelivery_of = o.id)
+      SELECT o.status, count(*) AS value
+        FROM (SELECT status, request_id FROM movement_callback_outbox WHERE status = 'pending'
+              UNION ALL
+              SELECT d.status, d.request_id FROM movement_callback_outbox d
+               WHERE d.status = 'dlq'
+                 AND NOT EXISTS (SELECT 1 FROM movement_callback_outbox c WHERE c.redelivery_of = d.id)) o
+       WHERE (SELECT r.network_class FROM movement_requests r WHERE r.id = o.request_id) = $1
        GROUP BY 1 ORDER BY 1]] },
-  { name = "qtg_callback_oldest_undelivered_age_seconds", help = "age of the oldest pending callback row",
+  -- the pending index in its order, to the first row of the class
+  { name = "qtg_callback_oldest_undelivered_age_seconds",
+    help = "age of the oldest pending callback row", labels = {}, sql = [[
+      SELECT coalesce(extract(epoch FROM now() - (
+        SELECT o.created_at FROM movement_callback_outbox o
+         WHERE o.status = 'pending'
+           AND (SELECT r.network_class FROM movement_requests r WHERE r.id = o.request_id) = $1
+         ORDER BY o.created_at, o.id LIMIT 1)), 0)::float8 AS value]] },
+  -- The outbox is a queue the promoter empties (a row leaves it in the
+  -- transaction that writes its audit event): its first row by id is the
+  -- oldest waiting.  Not per class: the audit chain is the database's.
+  { name = "qtg_audit_outbox_lag_seconds", help = "age of the oldest audit record not yet promoted",
     labels = {}, sql = [[
-      SELECT coalesce(extract(epoch FROM now() - min(o.created_at)), 0)::float8 AS value
-        FROM movement_callback_outbox o JOIN movement_requests r ON r.id = o.request_id
-       WHERE r.network_class = $1 AND o.status = 'pending']] },
-  { name = "qtg_audit_outbox_lag_seconds", help = "age of the oldest audit record not yet promoted", labels = {},
-    sql = [[SELECT coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 AS value
-              FROM audit_outbox o WHERE NOT EXISTS (SELECT 1 FROM audit_events e WHERE e.outbox_id = o.id)
-              AND $1::text IS NOT NULL]] },
+      SELECT coalesce(extract(epoch FROM now() - (
+        SELECT created_at FROM audit_outbox ORDER BY id LIMIT 1)), 0)::float8 AS value
+       WHERE $1::text IS NOT NULL]] },
 }
 
 M.GAUGES = GAUGES
 for _, g in ipairs(GAUGES) do counters.zero("qtg_metrics_gauge_errors_total", { gauge = g.name }) end
 
 local cache -- {at=, lines=}
+local history = {} -- gauge name -> {at=, rows=}: its ended states' counts
+
+local function failed(g, err, what)
+  counters.count("qtg_metrics_gauge_errors_total", { gauge = g.name })
+  qtg.log.warn(what, { gauge = g.name, error = require("qtg.errors").text(err) })
+end
+
+-- ended_rows(s, g, now) -> the counts of g's ended states, read again when
+-- older than M.HISTORY_SECONDS; when that read fails, the last ones read
+-- (nil before any) and false.
+local function ended_rows(s, g, now)
+  local h = history[g.name]
+  if h and now - h.at < M.HISTORY_SECONDS then return h.rows, true end
+  local ok, rows = pcall(s.query, s, g.history_sql, qtg.settings.network_class)
+  if not ok then return h and h.rows, false, rows end
+  history[g.name] = { at = now, rows = rows }
+  return rows, true
+end
 
 -- collect(s) -> the gauges' lines, and whether every statement answered.
 -- A gauge whose statement fails (a statement timeout on a large history)
 -- is left out, logged and counted (qtg_metrics_gauge_errors_total), and
 -- the collection is not cached, so the next scrape asks again.
 local function collect(s)
-  local out, whole = {}, true
+  local out, whole, now = {}, true, qtg.monotonic()
   for _, g in ipairs(GAUGES) do
     local ok, rows = pcall(s.query, s, g.sql, qtg.settings.network_class)
+    if ok and g.history_sql then
+      local ended, fresh, err = ended_rows(s, g, now)
+      if not fresh then
+        whole = false
+        failed(g, err, "a /metrics gauge's count of its ended states failed: the gauge shows the last one read, "
+          .. "if any")
+      end
+      for _, r in ipairs(ended or {}) do rows[#rows + 1] = r end
+    end
     if ok then
       family(out, g.name, "gauge", g.help, rows, g.labels)
     else
       whole = false
-      counters.count("qtg_metrics_gauge_errors_total", { gauge = g.name })
-      qtg.log.warn("a /metrics gauge's statement failed: the gauge is left out of this answer",
-        { gauge = g.name, error = require("qtg.errors").text(rows) })
+      failed(g, rows, "a /metrics gauge's statement failed: the gauge is left out of this answer")
     end
   end
   return out, whole

@@ -151,16 +151,32 @@ describe("generic plans of the hot statements", function()
             p.plan)
         end
       end
-      -- the /metrics gauges of live nodes read no history either
+      assert.equal(0, #bad, table.concat(bad, "\n\n"))
+    end)
+    s:rollback()
+    if not ok then error(err, 0) end
+  end)
+
+  -- The /metrics gauges read the live rows through partial indexes, never
+  -- the history: here one request in 500 is live (as in a
+  -- system that has run for a while), the rest COMPLETED with their
+  -- callbacks delivered.  A gauge's history_sql (the ended states, read
+  -- once a minute) is the one place a gauge may read every row.
+  it("the /metrics gauges read no history", function()
+    local class = qtg.settings.network_class
+    s:begin()
+    local ok, err = pcall(function()
+      load(s, class, 500)
+      local bad, n = {}, 0
       for _, g in ipairs(require("qtg.api.metrics").GAUGES) do
-        if g.indexed then
-          local plan = hot.generic_plan(s, g.sql, { class }, true)
-          local scans = hot.seq_scans(plan)
-          if #scans > 0 then
-            bad[#bad + 1] = ("gauge %s: Seq Scan on %s\n%s"):format(g.name, table.concat(scans, ", "), plan)
-          end
+        n = n + 1
+        local plan = hot.generic_plan(s, g.sql, { class }, true)
+        local scans = hot.seq_scans(plan)
+        if #scans > 0 then
+          bad[#bad + 1] = ("gauge %s: Seq Scan on %s\n%s"):format(g.name, table.concat(scans, ", "), plan)
         end
       end
+      assert.is_true(n >= 9, "gauges: " .. n)
       assert.equal(0, #bad, table.concat(bad, "\n\n"))
     end)
     s:rollback()
