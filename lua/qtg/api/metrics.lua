@@ -66,6 +66,12 @@ local function quoted(list)
   return table.concat(out, ", ")
 end
 
+-- a row's request is of class $1: one probe of the request's key, so a
+-- walk of a partial index is not joined to the requests it does not need
+local function of_class(request_id)
+  return "(SELECT r.network_class FROM movement_requests r WHERE r.id = " .. request_id .. ") = $1"
+end
+
 -- The requests of class $1 in a live state, one arm per partial index:
 -- movement_requests_pending_expiry, _dispatchable and _held (sql/0213).
 -- A BLOCKED node belongs to one of them (a request that ends cancels its
@@ -80,6 +86,17 @@ local LIVE_REQUESTS = [[
   SELECT id, request_state FROM movement_requests
    WHERE request_state IN ('WAITING_MANUAL_ACTION', 'MANUAL_INTERVENTION', 'FAILED') AND network_class = $1]]
 
+-- The nodes in a live state other than BLOCKED, one arm per partial index of
+-- the claims (ready, observable, recoverable, troubled), with these columns.
+local function started_nodes(columns)
+  local arms = {}
+  for i, states in ipairs({ "= 'READY'", "IN ('SUBMITTED', 'OBSERVING')", "IN ('UNKNOWN', 'SUBMITTING')",
+                            "= 'FAILED'" }) do
+    arms[i] = "SELECT " .. columns .. " FROM movement_request_nodes WHERE node_state " .. states
+  end
+  return table.concat(arms, "\n UNION ALL\n")
+end
+
 -- Each gauge's `sql` reads its tables through partial indexes, never whole
 -- (plans_spec checks its generic plan with 10,000 rows of history), so a
 -- collection costs what is live, not what has been.
@@ -88,49 +105,26 @@ local GAUGES = {
       .. "COMPLETED, SKIPPED and CANCELLED counted at most " .. M.HISTORY_SECONDS .. " s ago)",
     labels = { "state", "action_type" }, sql = [[
       SELECT n.node_state AS state, n.action_type, count(*) AS value
-        FROM (SELECT request_id, node_state, action_type FROM movement_request_nodes
-               WHERE node_state = 'READY'
-              UNION ALL
-              SELECT request_id, node_state, action_type FROM movement_request_nodes
-               WHERE node_state IN ('SUBMITTED', 'OBSERVING')
-              UNION ALL
-              SELECT request_id, node_state, action_type FROM movement_request_nodes
-               WHERE node_state IN ('UNKNOWN', 'SUBMITTING')
-              UNION ALL
-              SELECT request_id, node_state, action_type FROM movement_request_nodes
-               WHERE node_state = 'FAILED'
+        FROM (]] .. started_nodes("request_id, node_state, action_type") .. [[
               UNION ALL
               SELECT request_id, node_state, action_type FROM movement_request_nodes
                WHERE request_id = ANY (ARRAY (SELECT id FROM (]] .. LIVE_REQUESTS .. [[) r))
                  AND node_state = 'BLOCKED') n
-       WHERE (SELECT r.network_class FROM movement_requests r WHERE r.id = n.request_id) = $1
+       WHERE ]] .. of_class("n.request_id") .. [[
        GROUP BY 1, 2 ORDER BY 1, 2]],
     history_sql = [[
       SELECT n.node_state AS state, n.action_type, count(*) AS value
         FROM movement_request_nodes n JOIN movement_requests r ON r.id = n.request_id
        WHERE r.network_class = $1 AND n.node_state IN (]] .. quoted(M.ENDED_NODE_STATES) .. [[)
        GROUP BY 1, 2 ORDER BY 1, 2]] },
-  -- The node gauges below read the live states through the claims' partial
-  -- indexes (one arm each: ready, observable, recoverable, troubled) and
-  -- each node's request by its key, never the ended history: a scan of
-  -- every node grew with the years.  BLOCKED nodes (waiting on a
-  -- predecessor, whose own age tells) are left out.
+  -- BLOCKED nodes (waiting on a predecessor, whose own age tells) are left
+  -- out of the ages.
   { name = "qtg_node_oldest_age_seconds",
     help = "how long the oldest node in each live state (READY, SUBMITTING, SUBMITTED, OBSERVING, UNKNOWN, FAILED) has been in it",
     labels = { "state" }, sql = [[
       SELECT n.node_state AS state, extract(epoch FROM now() - min(coalesce(n.state_since, n.updated_at)))::float8 AS value
-        FROM (SELECT request_id, node_state, state_since, updated_at FROM movement_request_nodes
-               WHERE node_state = 'READY'
-              UNION ALL
-              SELECT request_id, node_state, state_since, updated_at FROM movement_request_nodes
-               WHERE node_state IN ('SUBMITTED', 'OBSERVING')
-              UNION ALL
-              SELECT request_id, node_state, state_since, updated_at FROM movement_request_nodes
-               WHERE node_state IN ('UNKNOWN', 'SUBMITTING')
-              UNION ALL
-              SELECT request_id, node_state, state_since, updated_at FROM movement_request_nodes
-               WHERE node_state = 'FAILED') n
-       WHERE (SELECT r.network_class FROM movement_requests r WHERE r.id = n.request_id) = $1
+        FROM (]] .. started_nodes("request_id, node_state, state_since, updated_at") .. [[) n
+       WHERE ]] .. of_class("n.request_id") .. [[
        GROUP BY 1 ORDER BY 1]] },
   { name = "qtg_nodes_repeatedly_unknown",
     help = "nodes in flight whose last " .. M.REPEATEDLY_UNKNOWN .. " or more observations in a row ended UNKNOWN",
@@ -142,7 +136,7 @@ local GAUGES = {
               SELECT request_id, unknown_observations FROM movement_request_nodes
                WHERE node_state IN ('UNKNOWN', 'SUBMITTING')) n
        WHERE n.unknown_observations >= ]] .. M.REPEATEDLY_UNKNOWN .. [[
-         AND (SELECT r.network_class FROM movement_requests r WHERE r.id = n.request_id) = $1]] },
+         AND ]] .. of_class("n.request_id") },
   { name = "qtg_requests", help = "requests by state (the ended states COMPLETED, "
       .. "REJECTED, CANCELLED and EXPIRED counted at most " .. M.HISTORY_SECONDS .. " s ago)",
     labels = { "state" }, sql = [[
@@ -172,7 +166,7 @@ local GAUGES = {
               SELECT d.status, d.request_id FROM movement_callback_outbox d
                WHERE d.status = 'dlq'
                  AND NOT EXISTS (SELECT 1 FROM movement_callback_outbox c WHERE c.redelivery_of = d.id)) o
-       WHERE (SELECT r.network_class FROM movement_requests r WHERE r.id = o.request_id) = $1
+       WHERE ]] .. of_class("o.request_id") .. [[
        GROUP BY 1 ORDER BY 1]] },
   -- the pending index in its order, to the first row of the class
   { name = "qtg_callback_oldest_undelivered_age_seconds",
@@ -180,7 +174,7 @@ local GAUGES = {
       SELECT coalesce(extract(epoch FROM now() - (
         SELECT o.created_at FROM movement_callback_outbox o
          WHERE o.status = 'pending'
-           AND (SELECT r.network_class FROM movement_requests r WHERE r.id = o.request_id) = $1
+           AND ]] .. of_class("o.request_id") .. [[
          ORDER BY o.created_at, o.id LIMIT 1)), 0)::float8 AS value]] },
   -- The outbox is a queue the promoter empties (a row leaves it in the
   -- transaction that writes its audit event): its first row by id is the
