@@ -753,6 +753,15 @@ function M.retry(s, node_id, actor)
       fields.carried_idempotency_key = last_key
       previous.carried_idempotency_key = last_key
     end
+    -- A FAILED node's next attempt is a new one: what the failed attempt
+    -- reported (a transaction hash, an order, an address) is not its, and
+    -- would otherwise stay beside what it reports (refs are merged), for an
+    -- observe to look the failed attempt up by, or a successor's $ref to
+    -- take.  The audit row keeps them.
+    if node.node_state == "FAILED" and type(node.provider_refs) == "table" and next(node.provider_refs) then
+      fields.provider_refs = {}
+      previous.provider_refs = node.provider_refs
+    end
     nodes_db.set_node_state(s, g, node, fields, actor)
     if req.request_state ~= "EXECUTING" then
       -- the request's own transition is audited too (the callback is node_retried's)

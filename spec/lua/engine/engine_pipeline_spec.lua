@@ -537,6 +537,34 @@ describe("engine pipeline", function()
       assert.equal("EXECUTING", sup.request(s, req.id).request_state)
     end)
 
+    -- Refs are merged into a node's: what a failed attempt reported (here
+    -- an address besides its key) stayed beside the next attempt's, for an
+    -- observe to look the failed attempt up by or a successor's $ref to take.
+    it("a retry of a FAILED node starts its next attempt with no provider_refs; the audit row keeps them", function()
+      sup.load_doc(s, sup.doc("spec_pl_retry_refs", {
+        { "a", "action", "withdrawal", { sim = { fail = "observe", retry_after_seconds = 0 } } },
+      }))
+      local req = sup.create_approved(s, "spec_pl_retry_refs")
+      assert.is_true(sup.drive(s, sup.state_is(req.id, "FAILED"), 10, { "node_dispatcher", "node_observer" }))
+      local a = sup.nodes(s, req.id).a
+      local first_key = a.idempotency_key
+      assert.same({ sim_key = first_key }, a.provider_refs)
+      -- as a provider would report it with the failed attempt
+      s:query([[UPDATE movement_request_nodes SET provider_refs = provider_refs || '{"deposit_address": "0xold"}'
+                 WHERE id = $1::uuid]], a.id)
+      requests.retry(s, a.id, sup.ACTOR)
+      a = sup.nodes(s, req.id).a
+      assert.same({}, a.provider_refs)
+      local audit = s:query([[SELECT detail FROM audit_outbox WHERE entity_id = $1 AND action = 'node.retry']], a.id)
+      assert.equal(1, #audit)
+      assert.same({ sim_key = first_key, deposit_address = "0xold" }, audit[1].detail.provider_refs)
+      assert.equal(1, sup.tick("node_dispatcher"))
+      a = sup.nodes(s, req.id).a
+      assert.equal(2, a.attempt_no)
+      assert.are_not.equal(first_key, a.idempotency_key)
+      assert.same({ sim_key = a.idempotency_key }, a.provider_refs)
+    end)
+
     -- Bound for MANUAL_INTERVENTION (an UNKNOWN node beside a payment that
     -- went through) while a node is in flight: held, and nothing more starts.
     it("starts nothing beside an UNKNOWN node once a payment went through, and ends MANUAL_INTERVENTION", function()
