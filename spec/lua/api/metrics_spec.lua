@@ -34,25 +34,13 @@ local function full_counts()
 end
 
 -- n requests of template T in request_state, with node a in a_state and
--- nodes b, c in rest_state (SQL literals), in s's open transaction
+-- nodes b, c in rest_state, in s's open transaction
 local function insert(n, request_state, a_state, rest_state)
-  s:query([[
-    WITH pv AS (
-      SELECT pv.id, pv.compiled_plan_hash FROM plan_versions pv
-        JOIN movement_templates t ON t.id = pv.template_id
-       WHERE t.template_key = $3 ORDER BY pv.version DESC LIMIT 1),
-    r AS (
-      INSERT INTO movement_requests (network_class, template_key, plan_version_id, compiled_plan_hash,
-             request_state, intent, idempotency_key, created_by)
-      SELECT $1, $3, pv.id, pv.compiled_plan_hash, $4, '{}', $5 || '-' || g, 'spec'
-        FROM pv, generate_series(1, $2::int) g
-      RETURNING id, plan_version_id)
-    INSERT INTO movement_request_nodes (request_id, plan_node_id, node_key, node_kind, action_type, executor,
-           node_state)
-    SELECT r.id, pn.id, pn.node_key, pn.node_kind, pn.action_type, pn.executor,
-           CASE pn.node_key WHEN 'a' THEN $6 ELSE $7 END
-      FROM r JOIN plan_nodes pn ON pn.plan_version_id = r.plan_version_id]],
-    qtg.settings.network_class, n, T, request_state, common.uid("metrics", 6), a_state, rest_state)
+  local function lit(v) return "'" .. v .. "'" end
+  sup.insert_requests(s, qtg.settings.network_class, n, T, common.uid("metrics", 6), {
+    request = lit(request_state),
+    node = "CASE pn.node_key WHEN 'a' THEN " .. lit(a_state) .. " ELSE " .. lit(rest_state) .. " END",
+  })
 end
 
 describe("qtg.api.metrics, the table gauges", function()

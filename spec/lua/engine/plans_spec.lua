@@ -15,33 +15,8 @@ local sup
 local T = "spec_plans_chain"
 local N = 10000
 
--- Insert n requests of template T (idempotency keys prefix-1 .. prefix-n,
--- each created a second after the one before) and their nodes, in s's open
--- transaction.  states: SQL expressions of the request's state (of g, its
--- number, and e.every), of each node's state (of r.request_state and
--- pn.node_key) and of its next_observe_at.
 local function insert_requests(s, class, n, prefix, states, every)
-  s:query([[
-    WITH pv AS (
-      SELECT pv.id, pv.compiled_plan_hash FROM plan_versions pv
-        JOIN movement_templates t ON t.id = pv.template_id
-       WHERE t.template_key = $3 ORDER BY pv.version DESC LIMIT 1),
-    r AS (
-      INSERT INTO movement_requests (network_class, template_key, plan_version_id,
-             compiled_plan_hash, request_state, intent, idempotency_key, created_by,
-             callback_url, created_at)
-      SELECT $1, $3, pv.id, pv.compiled_plan_hash, ]] .. states.request .. [[,
-             '{}', $4 || '-' || g, 'spec', 'http://127.0.0.1:9/cb',
-             clock_timestamp() - make_interval(secs => $2 - g)
-        FROM pv, generate_series(1, $2::int) g, (SELECT $5::int AS every) e
-      RETURNING id, plan_version_id, request_state, idempotency_key)
-    INSERT INTO movement_request_nodes (request_id, plan_node_id, node_key, node_kind,
-           action_type, executor, node_state, next_observe_at)
-    SELECT r.id, pn.id, pn.node_key, pn.node_kind, pn.action_type, pn.executor,
-           ]] .. states.node .. [[, ]] .. states.next_observe_at .. [[
-
-      FROM r JOIN plan_nodes pn ON pn.plan_version_id = r.plan_version_id]], class, n, T, prefix,
-    every or 0)
+  sup.insert_requests(s, class, n, T, prefix, states, every)
 end
 
 -- Load N requests of template T (one in `every` APPROVED with a READY node,
