@@ -167,9 +167,11 @@ local function check_intent(intent, add)
   local types = intent.types or {}
   if not is_object(types) then add("intent", "\"types\" must be an object"); types = {} end
   for _, f in ipairs(is_array(required) and required or {}) do
-    if type(f) ~= "string" or f == "" then add("intent", "required field names must be strings") end
+    if type(f) ~= "string" or f == "" then add("intent", "required field names must be strings")
+    else check_key(f, "required field", "intent", add) end
   end
   for _, f in ipairs(sorted_keys(types)) do
+    check_key(f, "typed field", "intent", add)
     local spec, why = type_spec(types[f])
     if not spec and why == "unknown type" then
       add("intent", "field %q has unknown type %q (known: %s)", f,
@@ -569,6 +571,27 @@ function M.load_dir(s, dir, hash)
 end
 
 -- --------------------------------------------------------------- intents
+-- A key shown in a refusal: bytes other than a key's escaped.
+local function shown_key(k)
+  return (tostring(k):sub(1, 80):gsub("[^%w_]", function(c) return string.format("\\x%02x", c:byte()) end))
+end
+
+-- The intent is what approvers read (the approval document, the web
+-- console's cards): its field names are keys ([a-z][a-z0-9_]*), so none
+-- can pass for another on an approver's screen (a Cyrillic "а" in
+-- "аmount" stood as a second "intent.amount" beside the real one; a
+-- control character).  Fields a template does not declare stay allowed:
+-- approval policies and risk controls read some (a destination, a chain).
+local function check_intent_keys(intent)
+  for _, k in ipairs(sorted_keys(intent)) do
+    if not M.is_key(k) then
+      return nil, string.format("intent field name \"%s\" must match [a-z][a-z0-9_]* (at most %d characters)",
+        shown_key(k), MAX_KEY)
+    end
+  end
+  return true
+end
+
 -- validate_intent(schema, intent) -> true | nil, message
 function M.validate_intent(schema, intent)
   if type(intent) ~= "table" or canon.is_array(intent) and next(intent) ~= nil then
@@ -576,6 +599,8 @@ function M.validate_intent(schema, intent)
   end
   local storable, why_not = canon.storable(intent)
   if not storable then return nil, "intent cannot be stored: " .. why_not end
+  local keys_ok, keys_why = check_intent_keys(intent)
+  if not keys_ok then return nil, keys_why end
   local missing = {}
   for _, f in ipairs(schema.required or {}) do
     local v = intent[f]

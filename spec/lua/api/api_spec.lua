@@ -253,6 +253,16 @@ describe("HTTP API", function()
       expect(422, "invalid_input", post({ json = { template_key = 5, intent = api.OTC_INTENT } }))
       expect(422, "invalid_input", post({ json = { intent = api.OTC_INTENT } }))
       expect(422, "invalid_intent", post({ json = { template_key = "otc_settlement_manual", intent = { asset = "USDC" } } }))
+      -- a second "amount" and "destination" in look-alike letters (Cyrillic а, ѕ): they stood on the
+      -- approver's card beside the real ones, the same to the eye
+      for _, name in ipairs({ "\208\176mount", "de\209\149tination", "amount\226\128\139", "Amount" }) do
+        local lookalike = {}
+        for k, v in pairs(api.OTC_INTENT) do lookalike[k] = v end
+        lookalike[name] = "0.01"
+        local r = post({ json = { template_key = "otc_settlement_manual", intent = lookalike } })
+        expect(422, "invalid_intent", r)
+        assert.truthy(r.json.detail:find("intent field name", 1, true), r.json.detail)
+      end
       expect(404, "not_found", post({ json = { template_key = "no_such_template", intent = {} } }))
       expect(400, "bad_request", post({ body = "{\"template_key\":\"a\\u0000\",\"intent\":{}}",
                                         headers = { ["Content-Type"] = "application/json" } }))

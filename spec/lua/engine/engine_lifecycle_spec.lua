@@ -93,6 +93,25 @@ describe("request lifecycle", function()
       assert.matches("destination", err.message)
     end)
 
+    -- The intent is what approvers read: a field named "аmount" (a
+    -- Cyrillic а) stood on the approval card as a second intent.amount
+    -- beside the real one, the same to the eye.
+    it("refuses an intent field name that is not a key, naming it escaped, and writes nothing", function()
+      local key = sup.uid("idem")
+      for _, bad in ipairs({ "\208\176mount", "amount\27[2K", "Amount", "amount-x", "1amount", "",
+                             string.rep("a", 64), "amount\226\128\174" }) do
+        local intent = { asset = "USDC", amount = "25" }
+        intent[bad] = "0.01"
+        local err = sup.refused("invalid_intent", sup.create, s, CHAIN, { idempotency_key = key, intent = intent })
+        assert.matches("intent field name", err.message)
+        assert.is_nil(err.message:find("[%c\128-\255]"), err.message)
+      end
+      assert.equal(0, s:query("SELECT count(*)::int AS n FROM movement_requests WHERE idempotency_key = $1", key)[1].n)
+      -- a field the template does not declare, named as a key, is taken (policies read some)
+      local req = sup.create(s, CHAIN, { intent = { asset = "USDC", amount = "25", desk_ticket = "t-4" } })
+      assert.equal("t-4", req.intent.desk_ticket)
+    end)
+
     it("refuses an unknown template, a missing key and a bad callback URL", function()
       sup.refused("not_found", sup.create, s, "no_such_template")
       sup.refused("invalid_input", requests.create, s, { template_key = CHAIN, intent = sup.INTENT }, sup.ACTOR)

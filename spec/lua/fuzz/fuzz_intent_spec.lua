@@ -72,6 +72,12 @@ end
 -- The independent reading: ok, or false + why.
 local function oracle(schema, intent)
   if type(intent) ~= "table" then return false, "not a table" end
+  -- field names: lower-case ASCII letters, digits and _, a letter first, 63 at most
+  for k in pairs(intent) do
+    if type(k) ~= "string" or #k == 0 or #k > 63 or k:find("[^a-z0-9_]") or not k:sub(1, 1):find("[a-z]") then
+      return false, "field name"
+    end
+  end
   for _, f in ipairs(schema.required or {}) do
     local v = intent[f]
     if v == nil or v == NULL or v == "" then return false, "missing " .. f end
