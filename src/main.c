@@ -292,7 +292,8 @@ static int qtg_run_command(const char *root, qtg_settings *s, const char *cmd, i
    * (ExecStartPre): Lua that never yields must not hold either for good. */
   if (ms.daemon || strcmp(cmd, "check") == 0) {
     char err[256];
-    if (qtg_busy_start(&h, qtg_settings_num(s, QTG_S_TASK_BUSY_LIMIT_SECONDS), err, sizeof err) != 0) {
+    if (qtg_busy_start(&h, qtg_settings_num(s, QTG_S_TASK_BUSY_LIMIT_SECONDS),
+                       qtg_settings_num(s, QTG_S_CONSOLE_BUSY_LIMIT_SECONDS), err, sizeof err) != 0) {
       qtg_log_error("%s", err);
       qtg_host_close(&h);
       return 1;

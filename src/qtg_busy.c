@@ -25,7 +25,12 @@
  *     service manager restarts the process, and the server ends its
  *     sessions and lets go of their locks.
  *
- * A console command's tasks (an owner) are left to the console's guard.
+ * A console command's tasks (an owner) are left to the console's guard,
+ * which is a count hook as well: console code can take it off
+ * (debug.sethook()) or run where LuaJIT keeps hooks off (a __gc
+ * finalizer), and then nothing else stops it, SIGTERM included (that stop
+ * is the same hook).  So the abort applies to them too, at 2.5 times
+ * MG_CONSOLE_BUSY_LIMIT_SECONDS, with no strike of this guard's before it.
  *
  * Process-wide by nature: a signal handler reaches its host through one
  * static pointer, so a process has one guard (a second start is refused). */
@@ -52,6 +57,7 @@
 struct qtg_busy {
   qtg_host *h;
   uint64_t limit_ns;
+  uint64_t console_abort_ns;      /* a console command's resume aborts the process here; 0: never */
   double limit_s;
   pthread_t loop_thread;
   uv_thread_t thread;
@@ -189,7 +195,7 @@ static void qtg_busy_write(const char *msg, const char *task) {
  * Lua instruction runs (a C call that does not return) or the code keeps
  * starting new coroutines.  Its task's name is read while that resume
  * still runs (since unchanged), so the task is still there. */
-static void qtg_busy_abort(struct qtg_busy *b, uint64_t since, uint64_t held_ns) {
+static void qtg_busy_abort(struct qtg_busy *b, uint64_t since, uint64_t held_ns, int console) {
   char task[64] = "", msg[200];
   const char *name = atomic_load_explicit(&b->name, memory_order_relaxed);
   if (name) {
@@ -199,9 +205,14 @@ static void qtg_busy_abort(struct qtg_busy *b, uint64_t since, uint64_t held_ns)
     task[i] = '\0';
   }
   if (atomic_load_explicit(&b->since, memory_order_relaxed) != since) return; /* it ended after all */
-  snprintf(msg, sizeof msg, "a task has held the loop %.1f s, %.1f times MG_TASK_BUSY_LIMIT_SECONDS, "
-           "and could not be stopped (a C call that does not return?): aborting", (double)held_ns / 1e9,
-           QTG_BUSY_ABORT_AT);
+  if (console)
+    snprintf(msg, sizeof msg, "a console command has held the loop %.1f s, %.1f times "
+             "MG_CONSOLE_BUSY_LIMIT_SECONDS, and its guard could not stop it (its hook taken off, a finalizer, "
+             "a C call that does not return?): aborting", (double)held_ns / 1e9, QTG_BUSY_ABORT_AT);
+  else
+    snprintf(msg, sizeof msg, "a task has held the loop %.1f s, %.1f times MG_TASK_BUSY_LIMIT_SECONDS, "
+             "and could not be stopped (a C call that does not return?): aborting", (double)held_ns / 1e9,
+             QTG_BUSY_ABORT_AT);
   qtg_busy_write(msg, name ? task : NULL);
   abort();
 }
@@ -243,11 +254,13 @@ static void qtg_busy_watch(void *arg) {
     if (gen != atomic_load_explicit(&b->generation, memory_order_relaxed)) continue; /* changed under us */
     if (gen != frozen_gen) frozen = 0, frozen_gen = gen;
     if (gap >= tick + QTG_BUSY_FROZEN_NS) frozen += gap - tick;
-    if (since == 0 || console) continue;
+    if (since == 0) continue;
     uint64_t held = now > since ? now - since : 0;
     held = held > frozen ? held - frozen : 0;
-    if (held >= abort_ns) {
-      qtg_busy_abort(b, since, held);
+    if (console) {
+      if (b->console_abort_ns && held >= b->console_abort_ns) qtg_busy_abort(b, since, held, 1);
+    } else if (held >= abort_ns) {
+      qtg_busy_abort(b, since, held, 0);
     } else if (held >= b->limit_ns && !atomic_load_explicit(&b->hooked, memory_order_relaxed) &&
                (last_strike < since || now - last_strike >= b->limit_ns / 2)) {
       last_strike = now;
@@ -258,7 +271,7 @@ static void qtg_busy_watch(void *arg) {
   uv_mutex_unlock(&b->lock);
 }
 
-int qtg_busy_start(qtg_host *h, double limit_seconds, char *err, size_t errlen) {
+int qtg_busy_start(qtg_host *h, double limit_seconds, double console_limit_seconds, char *err, size_t errlen) {
   h->busy = NULL;
   if (limit_seconds <= 0) return 0; /* 0: off */
   if (qtg_busy_instance) {
@@ -274,6 +287,8 @@ int qtg_busy_start(qtg_host *h, double limit_seconds, char *err, size_t errlen) 
   b->target_ref = LUA_NOREF;
   b->limit_s = limit_seconds;
   b->limit_ns = (uint64_t)(limit_seconds * 1e9);
+  if (console_limit_seconds > 0)
+    b->console_abort_ns = (uint64_t)(console_limit_seconds * 1e9 * QTG_BUSY_ABORT_AT);
   b->loop_thread = pthread_self();
   if (uv_mutex_init(&b->lock) != 0) {
     free(b);

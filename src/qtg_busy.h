@@ -7,8 +7,10 @@
 
 #include "qtg_host.h"
 
-/* 0, or -1 with a message (a second guard in one process, no thread). */
-int qtg_busy_start(qtg_host *h, double limit_seconds, char *err, size_t errlen);
+/* 0, or -1 with a message (a second guard in one process, no thread).
+ * console_limit_seconds: MG_CONSOLE_BUSY_LIMIT_SECONDS (0: off), whose 2.5
+ * times aborts a console command's resume that its own guard did not stop. */
+int qtg_busy_start(qtg_host *h, double limit_seconds, double console_limit_seconds, char *err, size_t errlen);
 /* Stops the guard's thread and puts back any hook it set; h->busy NULL. */
 void qtg_busy_stop(qtg_host *h);
 
