@@ -82,6 +82,33 @@ void qtg_console_frame_header(unsigned char hdr[5], int type, size_t len) {
 
 /* ---- binding the socket ----------------------------------------------------- */
 
+/* dir's parent is ours or root's and writable by no one else (a root-owned
+ * sticky one aside: nobody can rename what is not theirs in it). */
+static int qtg_console_check_parent(const char *dir, const char *what, const char *setting, char *err,
+                                    size_t errlen) {
+  char parent[sizeof(((struct sockaddr_un *)0)->sun_path)];
+  snprintf(parent, sizeof parent, "%s", dir);
+  char *slash = strrchr(parent, '/');
+  if (!slash) snprintf(parent, sizeof parent, ".");
+  else if (slash == parent) slash[1] = '\0';
+  else *slash = '\0';
+  struct stat st;
+  if (stat(parent, &st) != 0) {
+    snprintf(err, errlen, "cannot stat %s, the parent of the %s %s: %s", parent, what, dir, strerror(errno));
+    return -1;
+  }
+  int sticky_root = st.st_uid == 0 && (st.st_mode & S_ISVTX);
+  if ((st.st_uid != geteuid() && st.st_uid != 0) ||
+      ((st.st_mode & (S_IWGRP | S_IWOTH)) && !sticky_root)) {
+    snprintf(err, errlen, "%s %s (%s): its parent %s is owned by uid %lu with mode %04o, so another user "
+             "could put a directory of their own in its place; use a directory whose parents only this "
+             "user or root can write", what, dir, setting, parent, (unsigned long)st.st_uid,
+             (unsigned)(st.st_mode & 07777));
+    return -1;
+  }
+  return 0;
+}
+
 /* Create missing directories of path's parent (0700 for the ones we make)
  * and, when it is the run directory, narrow it to at most 0750 (see the
  * header comment). */
@@ -109,14 +136,20 @@ static int qtg_console_prepare_dir(const char *path, int is_run_dir, char *err, 
     snprintf(err, errlen, "console directory %s is not a directory", dir);
     return -1;
   }
-  /* An explicit MG_CONSOLE_SOCKET: its directory must be ours or root's and
-   * writable by no one else (a root-owned sticky one, /tmp, aside), or
-   * another user could replace the socket with one of their own. */
-  if (!is_run_dir && st.st_uid != geteuid() && st.st_uid != 0) {
-    snprintf(err, errlen, "console directory %s (MG_CONSOLE_SOCKET) is owned by uid %lu, not by this "
-             "user or root", dir, (unsigned long)st.st_uid);
+  /* The socket's directory must be ours or root's, and so must its parent,
+   * writable by no one else (a root-owned sticky one, /tmp, aside): else
+   * another user could replace the socket, or the directory, with one of
+   * their own and take the commands a console client sends (the client
+   * trusts the owner of a directory only that owner can write).  The run
+   * directory is held to it too: its default signer socket lives there. */
+  const char *what = is_run_dir ? "run directory" : "console directory";
+  const char *setting = is_run_dir ? "MG_RUN_DIR" : "MG_CONSOLE_SOCKET";
+  if (st.st_uid != geteuid() && st.st_uid != 0) {
+    snprintf(err, errlen, "%s %s (%s) is owned by uid %lu, not by this user or root: its owner could "
+             "replace the sockets in it", what, dir, setting, (unsigned long)st.st_uid);
     return -1;
   }
+  if (qtg_console_check_parent(dir, what, setting, err, errlen) != 0) return -1;
   if (!is_run_dir && (st.st_mode & (S_IWGRP | S_IWOTH)) && !(st.st_uid == 0 && (st.st_mode & S_ISVTX))) {
     snprintf(err, errlen, "console directory %s (MG_CONSOLE_SOCKET) is writable by others (mode %04o): "
              "another user could replace the socket; use a directory only this user can write",

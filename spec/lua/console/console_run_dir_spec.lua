@@ -119,6 +119,36 @@ describe("the console's run directory", function()
     stop(h)
   end)
 
+  -- A run directory another uid owns (a name it made first under /tmp), or
+  -- one whose parent another uid can write, was taken: that uid could put
+  -- its own socket where root's `qtgd console` sends its commands.
+  it("is refused when another uid owns it or can write its parent, naming the setting", function()
+    if not ROOT then
+      pending("not root: cannot make a directory another uid owns")
+      return
+    end
+    local function refused(run_dir)
+      local env = host.base_env({ MG_CONSOLE_ENABLED = "true", MG_RUN_DIR = run_dir, MG_WORKERS_ENABLED = "false",
+                                  MG_NETWORK_CLASS = common.uid("rundir", 4) })
+      local h = host.start(env, { "run" })
+      local rc = host.wait_exit(h, 30)
+      return rc, host.read(h.log) or ""
+    end
+    local theirs = dir .. "/theirs"
+    assert(os.execute(("mkdir %s && chmod 700 %s && chown 65534 %s"):format(q(theirs), q(theirs), q(theirs))) == 0)
+    local rc, log = refused(theirs)
+    assert.are_not.equal(0, rc, log)
+    assert.truthy(log:find("run directory " .. theirs .. " (MG_RUN_DIR) is owned by uid 65534, not by this user or root",
+      1, true), log)
+    local open = dir .. "/open"
+    assert(os.execute(("mkdir -p %s/run && chmod 777 %s && chmod 700 %s/run"):format(q(open), q(open), q(open))) == 0)
+    rc, log = refused(open .. "/run")
+    assert.are_not.equal(0, rc, log)
+    assert.truthy(log:find("its parent " .. open .. " is owned by uid 0 with mode 0777, so another user could put "
+      .. "a directory of their own in its place", 1, true), log)
+    assert.is_nil(io.open(open .. "/run/console.sock"), "no socket made")
+  end)
+
   it("is narrowed to 0750 when it is open wider: no group write, nothing for others", function()
     d = start("777", false)
     assert.equal("750", mode_of(run))
