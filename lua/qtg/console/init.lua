@@ -16,13 +16,18 @@ local commands = require("qtg.console.commands")
 
 local M = {}
 
+-- print() writes control characters other than tab and newline escaped
+-- (view.visible), as the console's tables do: text a client or a provider
+-- wrote (an intent's asset in the signer's reading of a request) must not
+-- move the operator's cursor or erase the lines being read.
 local function printer(session)
   local server = require("qtg").console_server
+  local visible = require("qtg.console.view").visible
   return function(...)
     local n = select("#", ...)
     local parts = {}
     for i = 1, n do parts[i] = tostring((select(i, ...))) end
-    server.write(session.id, "o", table.concat(parts, "\t") .. "\n")
+    server.write(session.id, "o", visible(table.concat(parts, "\t"), true) .. "\n")
   end
 end
 

@@ -153,6 +153,15 @@ describe("console guard", function()
     end)
   end
 
+  -- print() wrote a client's text raw: an escape sequence in an intent's
+  -- asset moved the approver's cursor up and erased the line there.
+  it("print() writes control characters escaped, tabs and newlines kept", function()
+    local out = raw([[eprint("ETH\27[1A\27[2KX", "b\tc\194\155d") print("two\nlines")]])
+    assert.truthy(out:find("o ETH\\x1b[1A\\x1b[2KX\tb\tc\\u009bd\n", 1, true), out)
+    assert.is_nil(out:find("\27", 1, true), out)
+    assert.truthy(out:find("o two | lines", 1, true), out)
+  end)
+
   it("xpcall in console code still answers as xpcall (values kept, the handler's result on an error)", function()
     assert.equal("r 4", eval("=select('#', xpcall(function(a) return a, nil, 3 end, error, 1))"))
     assert.equal('r "handled: boom"',
@@ -402,6 +411,27 @@ describe("console guard", function()
     local log = sup.read(d.log)
     assert.equals(0, code, log)
     assert.is_nil(log:find("Sanitizer", 1, true), log)
+  end)
+
+  -- The console's guard and its SIGTERM stop are a count hook, and console
+  -- code can take it off: such a command held the loop for good, SIGTERM
+  -- unserved.  The busy guard aborts it at 2.5 console limits.
+  it("a command that takes its guard's hook off is ended with the process at 2.5 limits, naming why", function()
+    local run = tmp .. "/unhooked"
+    os.execute("mkdir -p " .. q(run) .. " && chmod 700 " .. q(run))
+    local d = sup.start(sup.base_env({ MG_CONSOLE_ENABLED = "true", MG_RUN_DIR = run,
+                                       MG_NETWORK_CLASS = "guard-unhooked",
+                                       MG_CONSOLE_BUSY_LIMIT_SECONDS = "1", MG_TASK_BUSY_LIMIT_SECONDS = "1" }),
+      { "run" })
+    local dsock = run .. "/console.sock"
+    assert(sup.eventually(function() return os.execute("test -S " .. q(dsock)) == 0 end, 30), sup.read(d.log))
+    common.background(table.concat({ "python3", q(client), q(dsock), q("edebug.sethook() while true do end") }, " "),
+      tmp .. "/unhooked.out")
+    local rc = sup.wait_exit(d, 30)
+    local log = sup.read(d.log)
+    assert.equals(134, rc, log) -- SIGABRT: the service manager restarts it
+    assert.matches('a console command has held the loop [%d.]+ s, 2.5 times MG_CONSOLE_BUSY_LIMIT_SECONDS, and its '
+      .. 'guard could not stop it', log)
   end)
 
   it("SIGTERM during a runaway command stops the daemon within its grace period", function()
