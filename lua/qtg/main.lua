@@ -31,6 +31,7 @@ end
 
 function M.start_workers(settings)
   local registry = require("qtg.workers").registry(settings)
+  reload.warn_missing_workers(registry, "at start")
   local plan = load_workers(registry)
   for _, p in ipairs(plan) do
     local w = p.spec
@@ -66,6 +67,7 @@ function M.run()
     qtg.log.info("signed approvals: only votes signed by enrolled persons count",
       {persons = enrolment:count(), deployment = enrolment:deployment(), file = settings.signer_approvers})
   end
+  reload.record_start()
   if settings.console_enabled then qtg.console_server.start() end
   if settings.api_listen ~= "" then
     local aok, aerr = pcall(qtg.api_server.start, settings.api_listen)

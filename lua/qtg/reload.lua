@@ -46,6 +46,41 @@ M.KEEP = { ["qtg"] = true, ["qtg.main"] = true, ["qtg.cli"] = true, ["qtg.reload
 M.KEEP_PREFIXES = { "qtg.cli." }
 M.MAX_DEPTH = 8
 
+-- The workers that move and watch money in flight.  A registry that does
+-- not run one of them (an override that drops node_observer, a settings
+-- typo that skips it) is said at warn at start and at each reload, and by
+-- `qtgd check`: a payment submitted would sit unwatched.  It is not
+-- refused, since a fleet may split them over its hosts; the example alert
+-- QtgNodeWorkerMissing fires when no process of the fleet runs one
+-- (packaging/qtg-alerts.yml).
+M.REQUIRED_WORKERS = { "node_dispatcher", "node_observer", "node_recovery" }
+
+-- missing_workers(registry) -> the required workers the registry does not
+-- run (absent, disabled or skipped), in M.REQUIRED_WORKERS order; none
+-- while workers are off.
+function M.missing_workers(registry)
+  if not qtg.settings.workers_enabled or type(registry) ~= "table" then return {} end
+  local runs = {}
+  for _, w in ipairs(registry) do
+    if type(w) == "table" and w.enabled and not w.skip_reason then runs[w.name] = true end
+  end
+  local out = {}
+  for _, name in ipairs(M.REQUIRED_WORKERS) do
+    if not runs[name] then out[#out + 1] = name end
+  end
+  return out
+end
+
+-- warn_missing_workers(registry, when): the warning, when one is missing.
+function M.warn_missing_workers(registry, when)
+  local missing = M.missing_workers(registry)
+  if #missing == 0 then return missing end
+  qtg.log.warn("this process does not run " .. table.concat(missing, ", ") .. " (" .. when .. "): they move "
+    .. "and watch money in flight, so another process must, or nodes sit unwatched",
+    { missing = table.concat(missing, ","), network_class = qtg.settings.network_class })
+  return missing
+end
+
 -- What start_worker and set_interval accept (src/qtg_runtime.c): a registry
 -- the runtime would refuse half-way through applying it is refused whole.
 M.WORKER_NAME_MAX = 63
@@ -121,6 +156,32 @@ function M.files(root)
     end
   end
   walk(root, "", 0)
+  return out
+end
+
+-- ---- what is in force ---------------------------------------------------------
+
+-- overrides() -> {root =, digest =, files = {{module, file, sha256}, ...}}:
+-- every script of the override directory (MG_LUA_PATH) with the SHA-256 of
+-- its text, as it is now; root nil and files empty without one.  The
+-- start's and each reload's audit rows carry it, so which policy code ran
+-- when (an approval rule, a venue adapter) is on the record, as each
+-- console chunk is; digest (of the list) tells two sets apart in a log line.
+function M.overrides()
+  local over = qtg.settings.lua_path
+  local out = { files = {} }
+  if type(over) ~= "string" or over == "" then return out end
+  out.root = over
+  local lines = {}
+  for _, f in ipairs(M.files(over)) do
+    local fh = io.open(f.file, "rb")
+    local text = fh and fh:read("*a")
+    if fh then fh:close() end
+    local digest = text and qtg.crypto.sha256_hex(text) or "unreadable"
+    out.files[#out.files + 1] = { module = f.name, file = f.file, sha256 = digest }
+    lines[#lines + 1] = f.name .. " " .. digest
+  end
+  out.digest = qtg.crypto.sha256_hex(table.concat(lines, "\n"))
   return out
 end
 
@@ -507,7 +568,7 @@ end
 
 local function audit(report)
   local detail = { ok = report.ok, modules = #report.modules, started = report.started,
-                   stopped = report.stopped }
+                   stopped = report.stopped, version = qtg.version, overrides = report.overrides }
   if not report.ok then
     detail.errors = {}
     for i, e in ipairs(report.errors) do
@@ -520,6 +581,19 @@ local function audit(report)
   if not ok then qtg.log.warn("reload: cannot write the audit record: " .. message_of(err)) end
 end
 
+-- record_start(): the policy code a starting daemon runs, logged and
+-- audited (action policy.start), as a reload's is.
+function M.record_start()
+  local o = M.overrides()
+  qtg.log.info("policy in force", { version = qtg.version, overrides = #o.files, root = o.root,
+    overrides_digest = o.digest })
+  local ok, err = pcall(qtg.db.with_session, function(s)
+    require("qtg.outbox").audit(s, "system:start", "policy.start", "policy", "lua", nil,
+      { version = qtg.version, overrides = o })
+  end)
+  if not ok then qtg.log.warn("start: cannot write the policy audit record: " .. message_of(err)) end
+end
+
 -- reload(who) -> report {ok, actor, modules, started, stopped, updated,
 -- interval_changed, errors, approvers_error (the enrolment of signed
 -- approvals could not be read again)}.  Never raises for a broken script: the report
@@ -530,6 +604,7 @@ function M.reload(who, opts)
   local report = { ok = false, actor = actor_of(who), modules = {}, started = {}, stopped = {},
                    updated = {}, interval_changed = {}, errors = {}, failing = {}, unwatched = {} }
   local policy_path, roots = M.policy_path(), M.roots()
+  report.overrides = M.overrides()
   local before = {}
   for name, mod in pairs(package.loaded) do before[name] = mod end
   -- the override directory's ownership and modes as they are now, not as
@@ -567,8 +642,16 @@ function M.reload(who, opts)
     end
   end
   if report.ok then
-    qtg.log.info("policy reloaded", { actor = report.actor, modules = #report.modules,
-      started = table.concat(report.started, ","), stopped = table.concat(report.stopped, ",") })
+    local wok, wmod = pcall(require, "qtg.workers")
+    if wok and type(wmod) == "table" and type(wmod.registry) == "function" then
+      local rok, reg = pcall(wmod.registry, qtg.settings)
+      if rok then report.missing_workers = M.warn_missing_workers(reg, "after the reload by " .. report.actor) end
+    end
+    -- a worker stopped is one that watched something: warn
+    local log = #report.stopped > 0 and qtg.log.warn or qtg.log.info
+    log("policy reloaded", { actor = report.actor, modules = #report.modules,
+      started = table.concat(report.started, ","), stopped = table.concat(report.stopped, ","),
+      overrides = #report.overrides.files, overrides_digest = report.overrides.digest })
   else
     local first = report.errors[1]
     qtg.log.error(report.partly_applied

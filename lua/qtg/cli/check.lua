@@ -581,6 +581,11 @@ function M.check_policies(report)
     add(report, "FAIL", "policies", "qtg.workers.registry(settings) failed: " .. message_of(registry))
     return false
   end
+  local missing = require("qtg.reload").missing_workers(registry)
+  if #missing > 0 then
+    add(report, "warn", "policies", "the worker registry does not run " .. table.concat(missing, ", ")
+      .. ": they move and watch money in flight, so another process must, or nodes sit unwatched")
+  end
   for _, w in ipairs(registry) do
     if w.skip_reason then
       add(report, "warn", "policies", ("worker %s is enabled but skipped: %s"):format(w.name, w.skip_reason))

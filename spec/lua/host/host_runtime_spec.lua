@@ -374,6 +374,55 @@ return M]]})
     assert.are.equal(0, support.stop(p, 20))
   end)
 
+  -- Which policy code ran when: a reload's audit row said how many modules
+  -- it loaded and no more, so an override that approved everything, loaded
+  -- and then removed, left two rows the same (a review, session 44).
+  it("records the override scripts in force, each with its SHA-256, at start and at each reload", function()
+    local dir = override_dir({{name = "steady", group = "core", module = "t.steady", interval = 0.1}},
+                             {["t.steady"] = ticker("steady")})
+    local p = support.start(support.base_env{MG_LUA_PATH = dir}, {"run"})
+    assert.is_truthy(support.eventually(function() return ticks("steady") >= 2 end, 20))
+    local function audited(action)
+      return support.query([[
+        SELECT detail FROM (SELECT action, detail, created_at FROM audit_outbox
+                            UNION ALL SELECT action, detail, created_at FROM audit_events) a
+         WHERE action = $1 AND detail->'overrides'->>'root' = $2 ORDER BY created_at]], action, dir)
+    end
+    local function digests(detail)
+      local out = {}
+      for _, f in ipairs(detail.overrides.files) do out[f.module] = f.sha256 end
+      return out
+    end
+    local function sha256_of(path) return qtg.crypto.sha256_hex(support.read(path)) end
+    local start = audited("policy.start")
+    assert.are.equal(1, #start)
+    assert.same({ ["qtg.workers"] = sha256_of(dir .. "/qtg/workers/init.lua"),
+                  ["t.steady"] = sha256_of(dir .. "/t/steady.lua") }, digests(start[1].detail))
+    local first = support.read(dir .. "/t/steady.lua")
+    -- the operator edits a script and reloads
+    support.write(dir .. "/t/steady.lua", first .. "\n-- edited\n")
+    support.signal(p, "HUP")
+    assert.is_truthy(support.eventually(function() return #audited("policy.reload") == 1 end, 30), support.read(p.log))
+    local reload = audited("policy.reload")[1].detail
+    assert.is_true(reload.ok)
+    local after = digests(reload)
+    assert.are.equal(sha256_of(dir .. "/t/steady.lua"), after["t.steady"])
+    assert.are_not.equal(qtg.crypto.sha256_hex(first), after["t.steady"])
+    assert.are_not.equal(start[1].detail.overrides.digest, reload.overrides.digest)
+    local log = support.read(p.log)
+    assert.truthy(log:find('"overrides_digest":"' .. reload.overrides.digest .. '"', 1, true))
+    -- this registry runs none of the node workers: said at start and at the reload
+    assert.truthy(log:find("this process does not run node_dispatcher, node_observer, node_recovery (at start)",
+      1, true), log)
+    assert.truthy(log:find("this process does not run node_dispatcher, node_observer, node_recovery (after the "
+      .. "reload by system:sighup)", 1, true), log)
+    assert.are.equal(0, support.stop(p, 20))
+    -- and `qtgd check` warns of it
+    local _, out = support.run(support.base_env{MG_LUA_PATH = dir}, { support.bin, "check" })
+    assert.truthy(out:find("the worker registry does not run node_dispatcher, node_observer, node_recovery", 1, true),
+      out)
+  end)
+
   it("a core worker dying stops the process non-zero and stops the others", function()
     local dir = override_dir({
       {name = "doomed", group = "core", module = "t.doomed", interval = 0.2},
