@@ -51,6 +51,63 @@ function M.grant_roles(s, log)
   if said ~= "granted" then (log or function() end)("roles: " .. tostring(said)) end
 end
 
+-- A migration waits at most LOCK_WAIT_SECONDS for a table's lock, then
+-- lets go, says who holds it and tries again, LOCK_TRIES times: a lock
+-- request that waits queues every later reader of that table behind it,
+-- so an idle transaction anywhere (an operator's psql, a report) held
+-- every daemon's workers for as long as it stayed open (a review, session
+-- 44).  The statements themselves have no bound.
+M.LOCK_WAIT_SECONDS = 5
+M.LOCK_TRIES = 60
+M.LOCK_PAUSE_SECONDS = 2
+
+-- who_holds(s) -> the oldest open transactions of this database as text
+-- (the lock the migration waited for is let go of by then, so the
+-- likeliest holders: an idle one is the usual culprit)
+local function who_holds(s)
+  local ok, rows = pcall(s.query, s, [[
+    SELECT pid, coalesce(nullif(application_name, ''), '-') AS app, state,
+           to_char(xact_start, 'YYYY-MM-DD HH24:MI:SS') AS since
+      FROM pg_stat_activity
+     WHERE datname = current_database() AND pid <> pg_backend_pid() AND xact_start IS NOT NULL
+     ORDER BY xact_start LIMIT 5]])
+  if not ok or #rows == 0 then return "a session that has ended" end
+  local out = {}
+  for i, r in ipairs(rows) do
+    out[i] = ("pid %s (%s, %s, in a transaction since %s)"):format(r.pid, r.app, r.state, r.since)
+  end
+  return "one of " .. table.concat(out, ", ")
+end
+
+-- apply_one(s, name, body, sum, log): the file and its schema_migrations
+-- row in one transaction, its lock waits bounded (M.LOCK_WAIT_SECONDS,
+-- tried M.LOCK_TRIES times).
+local function apply_one(s, name, body, sum, log)
+  for try = 1, M.LOCK_TRIES do
+    local blocked = false
+    local ok, err = pcall(s.transaction, s, function()
+      s:exec(("SET LOCAL lock_timeout = '%ds'"):format(M.LOCK_WAIT_SECONDS))
+      -- the file's own error is reported with its name, detail and hint
+      -- (the INSERT's as it is)
+      local ran, ferr = pcall(s.exec, s, body)
+      if not ran then
+        blocked = type(ferr) == "table" and ferr.sqlstate == "55P03" and try < M.LOCK_TRIES
+        local said = { tostring(type(ferr) == "table" and ferr.message or ferr) }
+        for _, k in ipairs({ "detail", "hint" }) do
+          if type(ferr) == "table" and ferr[k] then said[#said + 1] = k .. ": " .. tostring(ferr[k]) end
+        end
+        error(("migration %s failed: %s"):format(name, table.concat(said, "; ")), 0)
+      end
+      s:query("INSERT INTO schema_migrations (version, checksum) VALUES ($1, $2)", name, sum)
+    end)
+    if ok then return end
+    if not blocked then error(err, 0) end
+    log(("migration %s waits for a lock: held by %s; trying again (%d of %d)"):format(name, who_holds(s), try,
+      M.LOCK_TRIES))
+    qtg.sleep(M.LOCK_PAUSE_SECONDS)
+  end
+end
+
 -- Returns applied, skipped counts; raises a message on refusal or failure.
 function M.apply(s, dir, log)
   log = log or function() end
@@ -59,11 +116,13 @@ function M.apply(s, dir, log)
   -- (MG_DB_STATEMENT_TIMEOUT_SECONDS, MG_DB_LOCK_TIMEOUT_SECONDS) are for
   -- the workers' statements, not for this.
   require("qtg.cli").unbound(s)
-  s:exec([[CREATE TABLE IF NOT EXISTS schema_migrations (
-    version text PRIMARY KEY, checksum text NOT NULL,
-    applied_at timestamptz NOT NULL DEFAULT now())]])
+  -- the lock first: two first migrators creating the table at once race
+  -- in the catalog (one failed with a duplicate key of pg_type)
   s:query("SELECT pg_advisory_lock($1)", MIGRATION_LOCK)
   local ok, applied, skipped = pcall(function()
+    s:exec([[CREATE TABLE IF NOT EXISTS schema_migrations (
+      version text PRIMARY KEY, checksum text NOT NULL,
+      applied_at timestamptz NOT NULL DEFAULT now())]])
     local done = applied_versions(s)
     local napplied, nskipped = 0, 0
     for _, name in ipairs(list_files(dir)) do
@@ -77,19 +136,7 @@ function M.apply(s, dir, log)
         end
         nskipped = nskipped + 1
       else
-        s:transaction(function()
-          -- the file's own error is reported with its name, detail and hint
-          -- (the INSERT's as it is)
-          local ran, err = pcall(s.exec, s, body)
-          if not ran then
-            local said = { tostring(err) }
-            for _, k in ipairs({ "detail", "hint" }) do
-              if type(err) == "table" and err[k] then said[#said + 1] = k .. ": " .. tostring(err[k]) end
-            end
-            error(("migration %s failed: %s"):format(name, table.concat(said, "; ")), 0)
-          end
-          s:query("INSERT INTO schema_migrations (version, checksum) VALUES ($1, $2)", name, sum)
-        end)
+        apply_one(s, name, body, sum, log)
         log("applied " .. name)
         napplied = napplied + 1
       end

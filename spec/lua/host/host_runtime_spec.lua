@@ -619,6 +619,62 @@ describe("qtgd migrate", function()
     support.query("DELETE FROM schema_migrations WHERE version LIKE '990%'")
   end)
 
+  -- Two first migrators at once (hosts provisioned together) both created
+  -- schema_migrations before the advisory lock: one failed on a duplicate
+  -- key of pg_type.
+  it("two migrators on a new database both succeed, one after the other", function()
+    local dir = support.tmpdir()
+    support.write(dir .. "/9901_spec_race.sql", "CREATE TABLE spec_mig_race (id int);")
+    local base = support.base_env().MG_DATABASE_URL
+    for round = 1, 4 do
+      local db = "spec_mig_race_" .. round
+      support.query("DROP DATABASE IF EXISTS " .. db .. " WITH (FORCE)")
+      support.query("CREATE DATABASE " .. db)
+      local url = base:gsub("^(postgres[%w]*://[^/]*/)[^?]*", "%1" .. db)
+      local a = support.start(support.base_env{MG_DATABASE_URL = url}, {"migrate", dir})
+      local b = support.start(support.base_env{MG_DATABASE_URL = url}, {"migrate", dir})
+      local ra, rb = support.wait_exit(a, 60), support.wait_exit(b, 60)
+      assert.are.equal(0, ra, support.read(a.log))
+      assert.are.equal(0, rb, support.read(b.log))
+      local logs = (support.read(a.log) or "") .. (support.read(b.log) or "")
+      local n = 0
+      for _ in logs:gmatch("applied 9901_spec_race.sql") do n = n + 1 end
+      assert.are.equal(1, n, logs)
+      support.query("DROP DATABASE " .. db .. " WITH (FORCE)")
+    end
+  end)
+
+  -- A migration's lock request that waits queues every later reader of
+  -- the table behind it: one idle transaction anywhere held every
+  -- daemon's workers as long as it stayed open.
+  it("a migration waiting for a table's lock lets go, names the open transactions, and goes in after them", function()
+    local dir = support.tmpdir()
+    support.query("DROP TABLE IF EXISTS spec_mig_lock")
+    support.query("CREATE TABLE spec_mig_lock (id int)")
+    support.query("DELETE FROM schema_migrations WHERE version LIKE '990%'")
+    support.write(dir .. "/9904_spec_lock.sql", "ALTER TABLE spec_mig_lock ADD COLUMN v int;")
+    local holder = qtg.db.acquire()
+    local ok, err = pcall(function()
+      holder:begin()
+      local pid = holder:query("SELECT pg_backend_pid() AS pid, count(*) FROM spec_mig_lock")[1].pid
+      local h = support.start(support.base_env(), {"migrate", dir})
+      assert.is_truthy(support.eventually(function()
+        return (support.read(h.log) or ""):find("migration 9904_spec_lock.sql waits for a lock: held by one of pid "
+          .. pid, 1, true)
+      end, 30), support.read(h.log))
+      holder:rollback()
+      assert.are.equal(0, support.wait_exit(h, 60), support.read(h.log))
+      assert.truthy(support.read(h.log):find("applied 9904_spec_lock.sql", 1, true))
+      assert.are.equal(1, #support.query([[SELECT 1 FROM information_schema.columns
+                                            WHERE table_name = 'spec_mig_lock' AND column_name = 'v']]))
+    end)
+    if holder:in_transaction() then holder:rollback() end
+    holder:release()
+    support.query("DROP TABLE IF EXISTS spec_mig_lock")
+    support.query("DELETE FROM schema_migrations WHERE version LIKE '990%'")
+    assert(ok, err)
+  end)
+
   it("without MG_DATABASE_URL, starts the private cluster under the repo and uses it (the embedded default)", function()
     -- a repo of links to this one's lua/, sql/ and tools/, with no var/:
     -- nothing there yet for tools/pg to find
