@@ -53,9 +53,37 @@ local function warn_unknown_settings()
   end
 end
 
+-- The database's schema against this qtgd's migrations: a file not applied
+-- or edited since stops the start (every worker would fail each pass on a
+-- table that is not there, while the API and the readiness notice said
+-- the daemon was up); versions this qtgd does not know (a newer one
+-- migrated the database, and this one was rolled back to) are said at
+-- warn.  A database that cannot be asked now is the workers' to wait for.
+local function schema_ready()
+  local migrate = require("qtg.cli.migrate")
+  local ok, pending, changed, unknown = pcall(qtg.db.with_session, function(s)
+    return migrate.pending(s, migrate.dir())
+  end)
+  if not ok then
+    qtg.log.warn("cannot read the database's migrations at start: " .. errors.text(pending))
+    return true
+  end
+  if #pending > 0 or #changed > 0 then
+    qtg.log.error("the database is not migrated for this qtgd: run `qtgd migrate`", {
+      pending = table.concat(pending, ","), changed = table.concat(changed, ",") })
+    return false
+  end
+  if #unknown > 0 then
+    qtg.log.warn("the database has migrations this qtgd does not know: a newer qtgd migrated it, and this one "
+      .. "was not made for that schema", { unknown = table.concat(unknown, ",") })
+  end
+  return true
+end
+
 function M.run()
   local settings = qtg.settings
   warn_unknown_settings()
+  if not schema_ready() then return 1 end
   -- signed approvals: a file the daemon cannot read or parse stops it here,
   -- not at the first vote
   local eok, enrolment = pcall(require("qtg.signed_approvals").enrolment)

@@ -644,6 +644,38 @@ describe("qtgd migrate", function()
     end
   end)
 
+  -- `qtgd run` on a database nobody migrated opened its API and console
+  -- and said READY, then every worker failed each pass; one a newer qtgd
+  -- migrated started without a word.
+  it("run refuses a database with migrations not applied, and warns of ones it does not know", function()
+    local base = support.base_env().MG_DATABASE_URL
+    local db = "spec_run_unmigrated"
+    support.query("DROP DATABASE IF EXISTS " .. db .. " WITH (FORCE)")
+    support.query("CREATE DATABASE " .. db)
+    local url = base:gsub("^(postgres[%w]*://[^/]*/)[^?]*", "%1" .. db)
+    local env = support.base_env{MG_DATABASE_URL = url, MG_CONSOLE_ENABLED = "false"}
+    local p = support.start(env, {"run"})
+    assert.are.equal(1, support.wait_exit(p, 60), support.read(p.log))
+    assert.truthy(support.read(p.log):find("the database is not migrated for this qtgd: run `qtgd migrate`", 1, true))
+    assert.is_nil(support.read(p.log):find("qtgd running", 1, true))
+    local rc, out = support.run(env, {support.bin, "migrate"})
+    assert.are.equal(0, rc, out)
+    -- a version of a newer qtgd's, written in that database
+    local script = support.tmpdir() .. "/newer.lua"
+    support.write(script, "require('qtg').db.with_session(function(s) s:query([[INSERT INTO schema_migrations "
+      .. "(version, checksum) VALUES ('9999_from_a_newer_qtgd.sql', 'x')]]) end) return 0")
+    rc, out = support.run(env, {support.bin, "exec", script})
+    assert.are.equal(0, rc, out)
+    p = support.start(env, {"run"})
+    assert.is_truthy(support.eventually(function()
+      return (support.read(p.log) or ""):find("qtgd running", 1, true)
+    end, 60), support.read(p.log))
+    assert.truthy(support.read(p.log):find("the database has migrations this qtgd does not know", 1, true),
+      support.read(p.log))
+    assert.are.equal(0, support.stop(p, 20))
+    support.query("DROP DATABASE " .. db .. " WITH (FORCE)")
+  end)
+
   -- A migration's lock request that waits queues every later reader of
   -- the table behind it: one idle transaction anywhere held every
   -- daemon's workers as long as it stayed open.
