@@ -826,12 +826,22 @@ static int qtg_api_bind_tcp(qtg_api_listener *l, const char *entry, char *err, s
     memmove(host, host + 1, strlen(host));
     host[strlen(host) - 1] = 0;
   }
+  /* 0-65535 in at most 5 digits: getaddrinfo keeps a larger number's low
+   * 16 bits (74016 listened on 8480, somewhere nobody expected the API) */
   const char *port = colon + 1;
-  for (const char *p = port; *p; p++)
-    if (*p < '0' || *p > '9') {
-      snprintf(err, errlen, "MG_API_LISTEN: bad port in '%s'", entry);
+  unsigned long value = 0;
+  size_t digits = 0;
+  for (const char *p = port; *p; p++, digits++) {
+    if (*p < '0' || *p > '9' || digits >= 5) {
+      snprintf(err, errlen, "MG_API_LISTEN: bad port in '%s' (a number from 0 to 65535)", entry);
       return -1;
     }
+    value = value * 10 + (unsigned long)(*p - '0');
+  }
+  if (value > 65535) {
+    snprintf(err, errlen, "MG_API_LISTEN: bad port in '%s' (a number from 0 to 65535)", entry);
+    return -1;
+  }
   struct addrinfo hints, *res = NULL;
   memset(&hints, 0, sizeof hints);
   hints.ai_family = AF_UNSPEC;

@@ -518,6 +518,18 @@ describe("qtgd command line", function()
     end
   end)
 
+  -- A port past 65535 listened on its low 16 bits (74016 on 8480).
+  it("refuses an API address it cannot listen on as written, naming the setting", function()
+    for _, v in ipairs({ "127.0.0.1:74016", "127.0.0.1:65536", "127.0.0.1:000080", "127.0.0.1:-1", "127.0.0.1:8a",
+                         "abc" }) do
+      local rc, out = support.run(support.base_env{MG_API_LISTEN = v, MG_CONSOLE_ENABLED = "false"},
+        {support.bin, "run"})
+      assert.are.equal(1, rc, v .. ": " .. out)
+      assert.truthy(out:find("MG_API_LISTEN", 1, true), out)
+      assert.is_nil(out:find('"msg":"api listening"', 1, true), out)
+    end
+  end)
+
   it("gives usage and exit 2 for unknown commands and options", function()
     local rc, out = support.run({}, {support.bin, "frobnicate"})
     assert.are.equal(2, rc)
