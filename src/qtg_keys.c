@@ -177,6 +177,13 @@ static int qtg_keys_load_callback(qtg_keys *k, const qtg_keys_config *cfg,
       qtg_wipe(buf, sizeof buf);
       return -1;
     }
+    if (len < QTG_CALLBACK_KEY_MIN) {
+      snprintf(err, errlen, "MG_CALLBACK_KEY_FILE: the key in %s is %zu bytes; a callback key must be at "
+               "least %d (head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n' makes one)", file, len,
+               QTG_CALLBACK_KEY_MIN);
+      qtg_wipe(buf, sizeof buf);
+      return -1;
+    }
     rc = qtg_keys_set_callback_key(k, buf, len);
     qtg_wipe(buf, sizeof buf);
     if (rc != 0) {
@@ -190,6 +197,11 @@ static int qtg_keys_load_callback(qtg_keys *k, const qtg_keys_config *cfg,
     if (len > QTG_CALLBACK_KEY_MAX) {
       snprintf(err, errlen, "MG_CALLBACK_KEY is longer than %d bytes",
                QTG_CALLBACK_KEY_MAX);
+      return -1;
+    }
+    if (len < QTG_CALLBACK_KEY_MIN) {
+      snprintf(err, errlen, "MG_CALLBACK_KEY is %zu bytes; a callback key must be at least %d "
+               "(better in a file: MG_CALLBACK_KEY_FILE)", len, QTG_CALLBACK_KEY_MIN);
       return -1;
     }
     if (qtg_keys_set_callback_key(k, (const uint8_t *)inline_key, len) != 0) {

@@ -25,7 +25,10 @@ typedef struct qtg_keys qtg_keys;
 
 enum {
   QTG_KEY_NAME_MAX = 64,          /* signer key names: [A-Za-z0-9_.-]{1,64} */
-  QTG_CALLBACK_KEY_MAX = 4096     /* bytes in a callback key (file) */
+  QTG_CALLBACK_KEY_MAX = 4096,    /* bytes in a callback key (file) */
+  QTG_CALLBACK_KEY_MIN = 32       /* ... at least: HMAC-SHA-256's own length; a shorter
+                                   * one can be guessed, and a forged "completed" callback is
+                                   * what a receiver releases goods on */
 };
 
 /* Where the keys come from; any field may be NULL or "" (= not set). */

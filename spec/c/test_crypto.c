@@ -138,7 +138,7 @@ static void test_callback_key(void) {
   char path[512], err[512], hex[65];
   uint8_t mac[32], want[32];
   qtg_keys *k = NULL;
-  static const char secret[] = "qtg-test-secret";
+  static const char secret[] = "qtg-test-secret-0123456789abcdef";
   /* The illustrative callback vector from the notes: "{ts}\n{nonce}\n{hex(sha256(body))}". */
   static const char body[] = "{\"id\":\"req_1\",\"status\":\"completed\"}";
   char msg[256];
@@ -152,19 +152,19 @@ static void test_callback_key(void) {
 
   /* 0600 with a trailing newline: loaded, newline stripped. */
   snprintf(path, sizeof path, "%s/callback.key", tmpdir);
-  write_file(path, "qtg-test-secret\n", 16, 0600);
+  write_file(path, "qtg-test-secret-0123456789abcdef\n", 33, 0600);
   CHECK(&tc, load(path, NULL, "k7", &k, err, sizeof err) == 0);
   CHECK(&tc, qtg_keys_has_callback_key(k));
   CHECK_STR(&tc, qtg_keys_callback_key_id(k), "k7");
   CHECK(&tc, qtg_keys_callback_hmac(k, msg, strlen(msg), mac) == 0);
   hex_of(mac, 32, hex);
-  CHECK_STR(&tc, hex, "f97c6e60c770f450f936aca9644d02653e48ba8967a6fdaacb4304f4b5bed0a9");
+  CHECK_STR(&tc, hex, "16f3027b27be7bc137eaccb898c05e6c987789ea4f0ffb2bacf0815ad5d069a2");
   CHECK(&tc, qtg_hmac_sha256(secret, strlen(secret), msg, strlen(msg), want) == 0);
   CHECK(&tc, memcmp(mac, want, 32) == 0);
   qtg_keys_free(k);
 
   /* 0400 is fine too; only one newline is stripped. */
-  write_file(path, "qtg-test-secret\n\n", 17, 0400);
+  write_file(path, "qtg-test-secret-0123456789abcdef\n\n", 34, 0400);
   CHECK(&tc, load(path, NULL, NULL, &k, err, sizeof err) == 0);
   CHECK_STR(&tc, qtg_keys_callback_key_id(k), "k1");   /* the default id */
   CHECK(&tc, qtg_keys_callback_hmac(k, msg, strlen(msg), mac) == 0);
@@ -172,15 +172,24 @@ static void test_callback_key(void) {
   qtg_keys_free(k);
 
   /* Group- or world-accessible files are refused, naming file and mode. */
-  write_file(path, "qtg-test-secret\n", 16, 0644);
+  write_file(path, "qtg-test-secret-0123456789abcdef\n", 33, 0644);
   CHECK(&tc, load(path, NULL, NULL, &k, err, sizeof err) == -1 && k == NULL);
   CHECK(&tc, strstr(err, "MG_CALLBACK_KEY_FILE") != NULL && strstr(err, path) != NULL &&
                  strstr(err, "0644") != NULL);
-  CHECK(&tc, strstr(err, "qtg-test-secret") == NULL);
-  write_file(path, "qtg-test-secret\n", 16, 0640);
+  CHECK(&tc, strstr(err, "qtg-test-secret-0123456789abcdef") == NULL);
+  write_file(path, "qtg-test-secret-0123456789abcdef\n", 33, 0640);
   CHECK(&tc, load(path, NULL, NULL, &k, err, sizeof err) == -1 && strstr(err, "0640") != NULL);
-  write_file(path, "qtg-test-secret\n", 16, 0602);
+  write_file(path, "qtg-test-secret-0123456789abcdef\n", 33, 0602);
   CHECK(&tc, load(path, NULL, NULL, &k, err, sizeof err) == -1 && strstr(err, "0602") != NULL);
+
+  /* Shorter than 32 bytes, in a file or inline: refused, naming the setting
+   * and the length, never the bytes. */
+  write_file(path, "qtg-test-secret-0123456789abcde\n", 32, 0600);   /* 31 bytes */
+  CHECK(&tc, load(path, NULL, NULL, &k, err, sizeof err) == -1 && k == NULL);
+  CHECK(&tc, strstr(err, "MG_CALLBACK_KEY_FILE") != NULL && strstr(err, "31 bytes") != NULL &&
+                 strstr(err, "at least 32") != NULL && strstr(err, "qtg-test-secret") == NULL);
+  CHECK(&tc, load(NULL, "ab", NULL, &k, err, sizeof err) == -1 && k == NULL);
+  CHECK(&tc, strstr(err, "MG_CALLBACK_KEY is 2 bytes") != NULL && strstr(err, "at least 32") != NULL);
 
   /* Missing, empty, a directory, too large. */
   snprintf(path, sizeof path, "%s/missing.key", tmpdir);
@@ -233,7 +242,7 @@ static void test_client_key(void) {
   uint8_t secret[32];
   memset(secret, 0x5a, sizeof secret);
   snprintf(path, sizeof path, "%s/host.key", tmpdir);
-  write_file(path, "qtg-test-secret\n", 16, 0600);
+  write_file(path, "qtg-test-secret-0123456789abcdef\n", 33, 0600);
   snprintf(cpath, sizeof cpath, "%s/clients.key", tmpdir);
   write_file(cpath, secret_hex, 64, 0600);
   qtg_keys_config cfg = {path, NULL, NULL, NULL, 0, 0, cpath};
@@ -313,7 +322,7 @@ static const char lua_crypto_spec[] =
     "       '5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843')\n"
     "-- the callback MAC of the illustrative vector, under the key held by C\n"
     "local msg = '1700000000\\nn_01HZX\\n' .. c.sha256_hex('{\"id\":\"req_1\",\"status\":\"completed\"}')\n"
-    "assert(c.hmac_callback(msg) == 'f97c6e60c770f450f936aca9644d02653e48ba8967a6fdaacb4304f4b5bed0a9')\n"
+    "assert(c.hmac_callback(msg) == '16f3027b27be7bc137eaccb898c05e6c987789ea4f0ffb2bacf0815ad5d069a2')\n"
     "assert(c.callback_key_id() == 'k9')\n"
     "assert(c.hex('\\0\\255a') == '00ff61' and c.unhex('00FF61') == '\\0\\255a' and c.unhex('0x00ff61') == '\\0\\255a')\n"
     "assert(c.unhex('') == '')\n"
@@ -336,7 +345,7 @@ static const char lua_crypto_spec[] =
     "for _, bad in ipairs{-1, 1.5, 2^21, 'x'} do assert(not pcall(c.random_bytes, bad)) end\n"
     "assert(not pcall(c.sha256))\n"
     "assert(key_reachable('keccak256_hex'), 'the walk cannot see qtg.crypto')\n"
-    "assert(not key_reachable('qtg-test-secret'), 'callback key reachable from Lua')\n"
+    "assert(not key_reachable('qtg-test-secret-0123456789abcdef'), 'callback key reachable from Lua')\n"
     "return 'done'\n";
 
 static void test_lua(void) {
@@ -351,7 +360,7 @@ static void test_lua(void) {
   char err[256] = "";
 
   snprintf(keyfile, sizeof keyfile, "%s/lua-callback.key", tmpdir);
-  write_file(keyfile, "qtg-test-secret\n", 16, 0600);
+  write_file(keyfile, "qtg-test-secret-0123456789abcdef\n", 33, 0600);
   snprintf(envfile, sizeof envfile, "MG_CALLBACK_KEY_FILE=%s", keyfile);
   memset(&s, 0, sizeof s);
   if (qtg_settings_load(&s, qtg_test_env_lookup, env, err, sizeof err) != 0 ||
@@ -385,7 +394,7 @@ static void test_lua(void) {
 
   /* An inline MG_CALLBACK_KEY works and is not reachable from Lua either
    * (qtg.settings leaves secrets out). */
-  env[5] = "MG_CALLBACK_KEY=inline-secret-7f3a";
+  env[5] = "MG_CALLBACK_KEY=inline-secret-7f3a-0123456789abcdef";
   memset(&s, 0, sizeof s);
   if (qtg_settings_load(&s, qtg_test_env_lookup, env, err, sizeof err) != 0 ||
       qtg_host_init(&h, &s, root ? root : QTG_SOURCE_DIR) != 0) {
@@ -395,8 +404,8 @@ static void test_lua(void) {
   run_lua(&h,
           LUA_KEY_WALKER
           "local c = require('qtg').crypto\n"
-          "assert(c.hmac_callback('m') == c.hmac_sha256_hex('inline-secret-7f3a', 'm'))\n"
-          "assert(not key_reachable('inline-secret-7f3a'), 'inline key reachable from Lua')\n"
+          "assert(c.hmac_callback('m') == c.hmac_sha256_hex('inline-secret-7f3a-0123456789abcdef', 'm'))\n"
+          "assert(not key_reachable('inline-secret-7f3a-0123456789abcdef'), 'inline key reachable from Lua')\n"
           "return 'done'\n",
           &st);
   CHECK(&tc, st.done && st.ok);
@@ -405,7 +414,7 @@ static void test_lua(void) {
   qtg_settings_free(&s);
 
   /* A loose key file stops the host at start-up. */
-  write_file(keyfile, "qtg-test-secret\n", 16, 0644);
+  write_file(keyfile, "qtg-test-secret-0123456789abcdef\n", 33, 0644);
   env[5] = envfile;
   memset(&s, 0, sizeof s);
   CHECK(&tc, qtg_settings_load(&s, qtg_test_env_lookup, env, err, sizeof err) == 0);

@@ -153,7 +153,7 @@ function B.start_daemon(tag, extra_env)
     MG_NETWORK_CLASS = B.CLASS,
     MG_CONSOLE_ENABLED = "false",
     MG_RUN_DIR = B.dir,
-    MG_CALLBACK_KEY = "qtg-bench-callback-key",
+    MG_CALLBACK_KEY = "qtg-bench-callback-key-0123456789ab",
     MG_LOG_LEVEL = "warn",
   }
   for k, v in pairs(extra_env or {}) do env[k] = v end

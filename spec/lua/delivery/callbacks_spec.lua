@@ -44,8 +44,8 @@ describe("callback policy", function()
       qtg.crypto.sha256_hex(body))
     local msg = callbacks.signed_message(1700000000, "n_01HZX", body)
     assert.equals("1700000000\nn_01HZX\n35e88809634a59b5412958118a60784b90d819ea4a78d6e158cb0f9a63de8903", msg)
-    assert.equals("f97c6e60c770f450f936aca9644d02653e48ba8967a6fdaacb4304f4b5bed0a9",
-      qtg.crypto.hmac_sha256_hex("qtg-test-secret", msg))
+    assert.equals("16f3027b27be7bc137eaccb898c05e6c987789ea4f0ffb2bacf0815ad5d069a2",
+      qtg.crypto.hmac_sha256_hex("qtg-test-secret-0123456789abcdef", msg))
   end)
 
   it("backs off 2^min(attempts, 6) seconds and refuses a bad attempt count", function()

@@ -9,7 +9,7 @@ local cjson = require "cjson"
 local sup -- spec/lua/support/conditional.lua
 local side -- spec/lua/support/sidecar.lua
 
-local KEY = "notify-spec-secret"
+local KEY = "notify-spec-secret-0123456789abcdef"
 
 local function count(sql, ...) return sup.query(sql, ...)[1].n end
 
