@@ -585,11 +585,13 @@ end
 -- audited (action policy.start), as a reload's is.
 function M.record_start()
   local o = M.overrides()
+  local stand_in = require("qtg.executors").stand_in_here(qtg.settings.network_class)
   qtg.log.info("policy in force", { version = qtg.version, overrides = #o.files, root = o.root,
     overrides_digest = o.digest })
+  if stand_in then qtg.log.warn(stand_in .. "; a class that moves real money must not be listed") end
   local ok, err = pcall(qtg.db.with_session, function(s)
     require("qtg.outbox").audit(s, "system:start", "policy.start", "policy", "lua", nil,
-      { version = qtg.version, overrides = o })
+      { version = qtg.version, overrides = o, network_class = qtg.settings.network_class, stand_in = stand_in })
   end)
   if not ok then qtg.log.warn("start: cannot write the policy audit record: " .. message_of(err)) end
 end

@@ -189,6 +189,8 @@ function M.check_settings(report, opts)
     add(report, "ok", "settings", ("%s valid (%d set, the rest default); network class %s")
       :format(plural(#known, "setting"), n, settings.network_class))
   end
+  local stand_in = require("qtg.executors").stand_in_here(settings.network_class)
+  if stand_in then add(report, "warn", "settings", stand_in .. "; a class that moves real money must not be listed") end
   local keys_error = qtg.crypto.keys_error()
   if keys_error then
     add(report, "FAIL", "settings", keys_error)
@@ -317,7 +319,8 @@ function M.check_role(report, s)
   if r.superuser then
     add(report, level, "db role", ("%s is a superuser: it can disable the audit trail's guards;"
       .. " run the daemon as a member of qtg_runtime (docs/operations.md)%s"):format(user,
-      level == "warn" and (" (a warning on the development class " .. class .. ")") or ""))
+      level == "warn" and (" (a warning: MG_SIM_NETWORK_CLASSES lets the stand-in executor run on " .. class
+        .. ", which is taken for a class that moves no real money)") or ""))
   elseif r.owned > 0 then
     add(report, level, "db role", ("%s owns %s: it can alter them and disable their triggers;"
       .. " migrate as the owner, run the daemon as a member of qtg_runtime"):format(user,

@@ -124,6 +124,25 @@ function M.allowed(name, class)
     tostring(class), setting:upper(), list)
 end
 
+-- stand_in_here(class) -> a sentence when a stand-in executor may run on
+-- the daemon's own network class (its nodes complete with no money moved:
+-- on a class that moves real money, clients' callbacks would say
+-- "completed" for nothing), else nil.  Said at warn at start, by `qtgd
+-- check`, and in the policy.start audit row: one line of qtg.env
+-- (MG_SIM_NETWORK_CLASSES=*) is enough to turn it on.
+function M.stand_in_here(class)
+  local out = {}
+  for name, setting in pairs(M.RESTRICTED) do
+    if M.allowed(name, class) then
+      out[#out + 1] = ("the stand-in executor %s may run on this network class %s (MG_%s=%s): its nodes "
+        .. "complete with no money moved"):format(name, tostring(class), setting:upper(),
+        tostring(require("qtg").settings[setting]))
+    end
+  end
+  table.sort(out)
+  return out[1] and table.concat(out, "; ") or nil
+end
+
 -- validate(adapter) -> list of errors (empty: usable): what reload and
 -- `qtgd check` ask of an adapter module before any node needs it.  A table
 -- with at least one of the calls, each call present a function, its

@@ -396,6 +396,11 @@ return M]]})
     local function sha256_of(path) return qtg.crypto.sha256_hex(support.read(path)) end
     local start = audited("policy.start")
     assert.are.equal(1, #start)
+    -- the specs let the stand-in executor run on every class (spec/env.sh): said at warn and on the record
+    assert.matches("the stand%-in executor sim may run on this network class [^ ]+ %(MG_SIM_NETWORK_CLASSES=%*%)",
+      start[1].detail.stand_in)
+    assert.truthy(support.read(p.log):find("the stand-in executor sim may run on this network class", 1, true),
+      support.read(p.log))
     assert.same({ ["qtg.workers"] = sha256_of(dir .. "/qtg/workers/init.lua"),
                   ["t.steady"] = sha256_of(dir .. "/t/steady.lua") }, digests(start[1].detail))
     local first = support.read(dir .. "/t/steady.lua")
@@ -421,6 +426,7 @@ return M]]})
     local _, out = support.run(support.base_env{MG_LUA_PATH = dir}, { support.bin, "check" })
     assert.truthy(out:find("the worker registry does not run node_dispatcher, node_observer, node_recovery", 1, true),
       out)
+    assert.truthy(out:find("the stand-in executor sim may run on this network class", 1, true), out)
   end)
 
   it("a core worker dying stops the process non-zero and stops the others", function()
