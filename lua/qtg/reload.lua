@@ -161,6 +161,39 @@ end
 
 -- ---- what is in force ---------------------------------------------------------
 
+-- The executors the class's live nodes name (READY, SUBMITTING, SUBMITTED,
+-- OBSERVING, UNKNOWN: the claims' partial indexes) that the executor
+-- registry now in force has no adapter for.  A reload that drops one
+-- (an executors override with a typo) sends each such node UNKNOWN
+-- (EXECUTOR_NOT_REGISTERED) at its next pass; recovery settles it once
+-- the adapter is back, but the reload should say so: it is said at warn.
+M.LIVE_EXECUTORS_SQL = [[
+  SELECT DISTINCT n.executor FROM (
+    SELECT executor, request_id FROM movement_request_nodes WHERE node_state = 'READY'
+    UNION ALL
+    SELECT executor, request_id FROM movement_request_nodes WHERE node_state IN ('SUBMITTED', 'OBSERVING')
+    UNION ALL
+    SELECT executor, request_id FROM movement_request_nodes WHERE node_state IN ('UNKNOWN', 'SUBMITTING')) n
+   WHERE (SELECT r.network_class FROM movement_requests r WHERE r.id = n.request_id) = $1
+   ORDER BY 1]]
+
+function M.warn_unadapted_nodes(when)
+  local ok, rows = pcall(qtg.db.with_session, function(s)
+    return s:query(M.LIVE_EXECUTORS_SQL, qtg.settings.network_class)
+  end)
+  if not ok then return {} end
+  local executors, missing = require("qtg.executors"), {}
+  for _, r in ipairs(rows) do
+    if not executors.known_executor(r.executor) then missing[#missing + 1] = r.executor end
+  end
+  if #missing > 0 then
+    qtg.log.warn("nodes in flight name executors the policy in force has no adapter for (" .. when .. "): they go "
+      .. "UNKNOWN (EXECUTOR_NOT_REGISTERED) at their next pass, and recovery settles them once it is back",
+      { executors = table.concat(missing, ","), network_class = qtg.settings.network_class })
+  end
+  return missing
+end
+
 -- overrides() -> {root =, digest =, files = {{module, file, sha256}, ...}}:
 -- every script of the override directory (MG_LUA_PATH) with the SHA-256 of
 -- its text, as it is now; root nil and files empty without one.  The
@@ -649,6 +682,7 @@ function M.reload(who, opts)
       local rok, reg = pcall(wmod.registry, qtg.settings)
       if rok then report.missing_workers = M.warn_missing_workers(reg, "after the reload by " .. report.actor) end
     end
+    report.unadapted = M.warn_unadapted_nodes("after the reload by " .. report.actor)
     -- a worker stopped is one that watched something: warn
     local log = #report.stopped > 0 and qtg.log.warn or qtg.log.info
     log("policy reloaded", { actor = report.actor, modules = #report.modules,

@@ -429,6 +429,39 @@ return M]]})
     assert.truthy(out:find("the stand-in executor sim may run on this network class", 1, true), out)
   end)
 
+  -- A reload that dropped an executor (an executors override with a typo)
+  -- was "policy reloaded" at info, and every node of it in flight went
+  -- UNKNOWN at its next pass.
+  it("a reload that drops the executor of nodes in flight says so at warn, naming it", function()
+    local class = common.uid("unadapted", 4)
+    local dir = support.tmpdir()
+    local eng = require("spec.lua.support.engine")
+    local T = "spec_rt_unadapted"
+    -- a READY sim node of a request waiting for approval: nothing moves it meanwhile
+    qtg.db.with_session(function(s)
+      eng.load_doc(s, eng.doc(T, { { "a", "action", "withdrawal", { sim = {} } } }))
+      s:begin()
+      eng.insert_requests(s, class, 1, T, common.uid("ua", 4), { request = "'PENDING_APPROVAL'", node = "'READY'" })
+      s:commit()
+    end)
+    local p = support.start(support.base_env{MG_LUA_PATH = dir, MG_NETWORK_CLASS = class,
+                                              MG_WORKERS_ENABLED = "false"}, {"run"})
+    assert.is_truthy(support.eventually(function()
+      return (support.read(p.log) or ""):find("qtgd running", 1, true)
+    end, 30), support.read(p.log))
+    support.write(dir .. "/qtg/executors/init.lua", ("local M = dofile(%q)\nM.ADAPTERS.sim = nil\nreturn M\n")
+      :format(support.root .. "/lua/qtg/executors/init.lua"))
+    support.signal(p, "HUP")
+    local line = support.eventually(function()
+      return (support.read(p.log) or ""):match('[^\n]*nodes in flight name executors the policy in force has no '
+        .. 'adapter for %(after the reload by system:sighup%)[^\n]*')
+    end, 30)
+    assert.is_truthy(line, support.read(p.log))
+    assert.truthy(line:find('"executors":"sim"', 1, true), line)
+    assert.truthy(line:find('"level":"warn"', 1, true), line)
+    assert.are.equal(0, support.stop(p, 20))
+  end)
+
   it("a core worker dying stops the process non-zero and stops the others", function()
     local dir = override_dir({
       {name = "doomed", group = "core", module = "t.doomed", interval = 0.2},
