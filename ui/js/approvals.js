@@ -8,7 +8,7 @@
 // pasted here and sent with the vote), and Approve / Reject with a
 // confirmation.
 import * as api from './api.js';
-import { h, clear, when, shortId } from './dom.js';
+import { h, clear, when, shortId, printable } from './dom.js';
 import { REQUEST_ACTIONS, run } from './actions.js';
 
 const APPROVE = REQUEST_ACTIONS.find((a) => a.key === 'approve');
@@ -19,7 +19,7 @@ function fields(obj, prefix = '') {
   for (const key of Object.keys(obj || {}).sort()) {
     const v = obj[key];
     if (v && typeof v === 'object' && !Array.isArray(v)) out.push(...fields(v, `${prefix}${key}.`));
-    else out.push([`${prefix}${key}`, v === null ? 'null' : typeof v === 'string' ? v : JSON.stringify(v)]);
+    else out.push([printable(`${prefix}${key}`), printable(v === null ? 'null' : typeof v === 'string' ? v : JSON.stringify(v))]);
   }
   return out;
 }

@@ -3,7 +3,7 @@
 // approvals, the intent, and the audit timeline (GET .../events, paged).
 // Refreshed every few seconds while the request is not terminal.
 import * as api from './api.js';
-import { h, clear, badge, when, json, table } from './dom.js';
+import { h, clear, badge, when, json, table, printable } from './dom.js';
 import { drawDag } from './dag.js';
 import { requestActions, nodeActions, run, stopping } from './actions.js';
 
@@ -88,7 +88,7 @@ function flat(obj, prefix = '') {
   const out = [];
   for (const [k, v] of Object.entries(obj || {})) {
     if (v && typeof v === 'object' && !Array.isArray(v)) out.push(...flat(v, `${prefix}${k}.`));
-    else out.push([`${prefix}${k}`, typeof v === 'string' ? v : JSON.stringify(v)]);
+    else out.push([printable(`${prefix}${k}`), printable(typeof v === 'string' ? v : JSON.stringify(v))]);
   }
   return out;
 }

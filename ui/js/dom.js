@@ -51,6 +51,14 @@ export function ago(d) {
 
 export function shortId(id) { return String(id).slice(0, 8); }
 
+// printable(s): s with every character outside printable ASCII written as
+// \u{X} (as `qtgd approver sign` shows them): on an approval card a value
+// in look-alike letters, or with a right-to-left override, must not read as
+// the text it imitates.
+export function printable(s) {
+  return String(s).replace(/[^\x20-\x7e]/gu, (c) => `\\u{${c.codePointAt(0).toString(16)}}`);
+}
+
 export function badge(state) {
   return h('span', { class: `badge st-${String(state).toLowerCase()}`, 'data-state': state }, state);
 }

@@ -158,7 +158,8 @@ describe("the web console in a browser", function()
                             WHERE request_id = $1::uuid AND node_key = 'withdrawal_status']], ids.stopping)
       common.unfrozen(s, "UPDATE movement_requests SET request_state = 'EXECUTING' WHERE id = $1::uuid", ids.stopping)
     end)
-    ids.approve = create(intent{ amount = "12" })
+    -- a note of the maker's with a right-to-left override (U+202E) in it
+    ids.approve = create(intent{ amount = "12", desk_note = "ok\226\128\174lave" })
     ids.reject = create(intent{ amount = "13" })
     ids.read_only = create(intent{ amount = "14" })
     -- dead letters: one to redeliver, one counted by filter
@@ -253,6 +254,8 @@ describe("the web console in a browser", function()
     local db = rows([[SELECT qtg_approval_digest(r) AS digest FROM movement_requests r WHERE id = $1::uuid]], ids.approve)[1]
     assert.equal(db.digest, s.digest)
     assert.equal("12", s.fields["intent.amount"])
+    -- shown as written, escaped: a right-to-left override cannot turn the text around
+    assert.equal("ok\\u{202e}lave", s.fields["intent.desk_note"])
     assert.equal(api.OTC_INTENT.destination, s.fields["intent.destination"])
     -- the statement shown is the request's, and the pasted signature went with the vote
     assert.equal(statement, s.statement)
