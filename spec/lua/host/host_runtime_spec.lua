@@ -676,12 +676,11 @@ describe("qtgd migrate", function()
   it("two migrators on a new database both succeed, one after the other", function()
     local dir = support.tmpdir()
     support.write(dir .. "/9901_spec_race.sql", "CREATE TABLE spec_mig_race (id int);")
-    local base = support.base_env().MG_DATABASE_URL
     for round = 1, 4 do
       local db = "spec_mig_race_" .. round
       support.query("DROP DATABASE IF EXISTS " .. db .. " WITH (FORCE)")
       support.query("CREATE DATABASE " .. db)
-      local url = base:gsub("^(postgres[%w]*://[^/]*/)[^?]*", "%1" .. db)
+      local url = common.database_url(db)
       local a = support.start(support.base_env{MG_DATABASE_URL = url}, {"migrate", dir})
       local b = support.start(support.base_env{MG_DATABASE_URL = url}, {"migrate", dir})
       local ra, rb = support.wait_exit(a, 60), support.wait_exit(b, 60)
@@ -699,11 +698,10 @@ describe("qtgd migrate", function()
   -- and said READY, then every worker failed each pass; one a newer qtgd
   -- migrated started without a word.
   it("run refuses a database with migrations not applied, and warns of ones it does not know", function()
-    local base = support.base_env().MG_DATABASE_URL
     local db = "spec_run_unmigrated"
     support.query("DROP DATABASE IF EXISTS " .. db .. " WITH (FORCE)")
     support.query("CREATE DATABASE " .. db)
-    local url = base:gsub("^(postgres[%w]*://[^/]*/)[^?]*", "%1" .. db)
+    local url = common.database_url(db)
     local env = support.base_env{MG_DATABASE_URL = url, MG_CONSOLE_ENABLED = "false"}
     local p = support.start(env, {"run"})
     assert.are.equal(1, support.wait_exit(p, 60), support.read(p.log))
