@@ -80,9 +80,30 @@ local function schema_ready()
   return true
 end
 
+-- systemd's watchdog (WatchdogSec=, $WATCHDOG_USEC for this process) ends
+-- a process whose loop is held before the busy guard's last resort can
+-- when 2.5 busy limits reach it: the guard's stop and its log line never
+-- come.  Said at warn (the unit's comments state the bound).
+local function warn_watchdog(settings)
+  local pid = tonumber(os.getenv("WATCHDOG_PID") or "")
+  local usec = tonumber(os.getenv("WATCHDOG_USEC") or "")
+  if not usec or usec <= 0 or (pid and pid ~= qtg.pid()) then return end
+  local seconds = usec / 1e6
+  for _, limit in ipairs({ { "MG_TASK_BUSY_LIMIT_SECONDS", settings.task_busy_limit_seconds },
+                           { "MG_CONSOLE_BUSY_LIMIT_SECONDS", settings.console_busy_limit_seconds } }) do
+    local v = tonumber(limit[2])
+    if v and v > 0 and 2.5 * v >= seconds then
+      qtg.log.warn(("%s=%g: 2.5 times it reaches the service's watchdog (%g s), which ends a held loop first, "
+        .. "without the busy guard's stop or its log line; keep it under %g"):format(limit[1], v, seconds,
+        seconds / 2.5), { setting = limit[1] })
+    end
+  end
+end
+
 function M.run()
   local settings = qtg.settings
   warn_unknown_settings()
+  warn_watchdog(settings)
   if not schema_ready() then return 1 end
   -- signed approvals: a file the daemon cannot read or parse stops it here,
   -- not at the first vote

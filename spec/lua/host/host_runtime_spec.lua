@@ -569,6 +569,21 @@ describe("qtgd command line", function()
     end
   end)
 
+  -- systemd's watchdog ends a held loop before the busy guard can when
+  -- 2.5 limits reach it: said at start.
+  it("warns at start of a busy limit the service's watchdog would overtake", function()
+    local p = support.start(support.base_env{WATCHDOG_USEC = "10000000", MG_TASK_BUSY_LIMIT_SECONDS = "5",
+                                              MG_CONSOLE_BUSY_LIMIT_SECONDS = "3"}, {"run"})
+    assert.is_truthy(support.eventually(function()
+      return (support.read(p.log) or ""):find("qtgd running", 1, true)
+    end, 30), support.read(p.log))
+    local log = support.read(p.log)
+    assert.truthy(log:find("MG_TASK_BUSY_LIMIT_SECONDS=5: 2.5 times it reaches the service's watchdog (10 s)", 1, true),
+      log)
+    assert.is_nil(log:find("MG_CONSOLE_BUSY_LIMIT_SECONDS=3:", 1, true), log)
+    assert.are.equal(0, support.stop(p, 20))
+  end)
+
   it("gives usage and exit 2 for unknown commands and options", function()
     local rc, out = support.run({}, {support.bin, "frobnicate"})
     assert.are.equal(2, rc)
