@@ -144,6 +144,11 @@ describe("templates", function()
       "node withdraw: timeout_policy.observe_seconds must be a positive number" },
     { "an unknown intent type", function(d) d.intent.types = { amount = "money" } end,
       'intent: field "amount" has unknown type "money"' },
+    -- the intent's field names are what approvers read: keys only
+    { "a required intent field in look-alike letters", function(d) d.intent.required = { "asset", "\208\176mount" } end,
+      'intent: required field "\208\176mount" must match [a-z][a-z0-9_]*' },
+    { "a typed intent field that is not a key", function(d) d.intent.types = { Amount = "decimal" } end,
+      'intent: typed field "Amount" must match [a-z][a-z0-9_]*' },
     { "a bound an intent type does not take", function(d)
         d.intent.types = { amount = { type = "decimal", min = 1 } } end,
       'intent: field "amount": "decimal" takes no "min"' },
